@@ -1,0 +1,1 @@
+"""The fabric broker: routing loop (``server``) and session registry (``registry``)."""

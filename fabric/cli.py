@@ -1,0 +1,145 @@
+"""The ``fabric`` command: a thin shell over the library (every command is a Python call)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from typing import Any, Callable
+
+import click
+
+from .config import resolve_secret
+from .errors import DeviceNotHostable, FabricError
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def token_options(role: str, env: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--{role}token`` and ``--{role}token-file`` options, also read from ``env``."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        command = click.option(
+            f"--{role}token-file", type=click.Path(dir_okay=False),
+            help=f"File holding the {role or 'client '}token (mode 0600). Takes precedence "
+                 f"over ${env} and --{role}token.")(command)
+        return click.option(
+            f"--{role}token", metavar="TOKEN",
+            help=f"The {role or 'client '}token itself (visible in ps; prefer the file or "
+                 f"${env}).")(command)
+    return decorate
+
+
+def _secret(value: str | None, file: str | None, env: str, what: str) -> str:
+    try:
+        secret = resolve_secret(value, file, env)
+    except FabricError as exc:
+        raise click.UsageError(exc.message) from None
+    if not secret:
+        raise click.UsageError(f"No {what} given: use --{what.replace(' ', '-')}-file, "
+                               f"${env} or --{what.replace(' ', '-')}.")
+    return secret
+
+
+timing = [
+    click.option("--heartbeat", type=float, default=1.0, show_default=True,
+                 help="Seconds between heartbeats between broker and workers."),
+    click.option("--liveness", type=int, default=3, show_default=True,
+                 help="Heartbeats missed before the peer is declared lost."),
+    click.option("--log-level", default="info", show_default=True,
+                 type=click.Choice(["debug", "info", "warning", "error"])),
+]
+
+
+def _with(options: list[Callable[..., Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+@click.group()
+@click.version_option(package_name="fabric-arrays")
+def main() -> None:
+    """Fabric: numpy-style arrays on devices served by worker processes behind a broker."""
+
+
+@main.command()
+@click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
+              help="Address clients and the admin CLI connect to (tcp://host:port, ipc://path;"
+                   " port * picks a free one).")
+@click.option("--backend", default="tcp://127.0.0.1:5556", show_default=True,
+              help="Address workers connect to.")
+@token_options("", "FABRIC_TOKEN")
+@token_options("worker-", "FABRIC_WORKER_TOKEN")
+@token_options("admin-", "FABRIC_ADMIN_TOKEN")
+@click.option("--open-timeout", type=float, default=5.0, show_default=True,
+              help="Seconds a worker may take to open a session before the client is refused.")
+@click.option("--lease", type=float, default=10.0, show_default=True,
+              help="Idle seconds after which the broker checks a client is still connected.")
+@_with(timing)
+def broker(frontend: str, backend: str, token: str | None, token_file: str | None,
+           worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
+           admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
+           liveness: int, log_level: str) -> None:
+    """Run a broker: route clients' sessions to the workers that own their devices.
+
+    Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
+    cleanly on SIGINT or SIGTERM.
+    """
+    from broker.registry import Limits
+    from broker.server import announce_on_stdout, serve
+
+    _logging(log_level)
+    client = _secret(token, token_file, "FABRIC_TOKEN", "token")
+    worker = _secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
+    admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
+    limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
+                    lease=lease)
+    serve(frontend, backend, client_token=client, worker_token=worker, admin_token=admin,
+          limits=limits, announce=announce_on_stdout)
+
+
+@main.command()
+@click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
+              help="The broker's backend address.")
+@click.option("--backend", default="numpy", show_default=True,
+              help="Device backend to host: numpy. (capture and remote devices cannot host a "
+                   "server and are refused.)")
+@click.option("--devices", type=int, default=1, show_default=True,
+              help="How many devices this worker hosts.")
+@click.option("--name", default=None, help="Worker name, unique in the cluster "
+              "[default: worker-HOST-PID].")
+@token_options("worker-", "FABRIC_WORKER_TOKEN")
+@_with(timing)
+def worker(broker_address: str, backend: str, devices: int, name: str | None,
+           worker_token: str | None, worker_token_file: str | None, heartbeat: float,
+           liveness: int, log_level: str) -> None:
+    """Run a worker: host DEVICES devices of BACKEND for the broker at --broker."""
+    from workers.worker import RegistrationRefused, serve
+
+    _logging(log_level)
+    token = _secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
+    try:
+        serve(broker_address, token=token, backend=backend, devices=devices,
+              name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
+              heartbeat=heartbeat, liveness=liveness)
+    except DeviceNotHostable as exc:
+        click.echo(exc.message, err=True)
+        sys.exit(2)
+    except (RegistrationRefused, ValueError) as exc:
+        click.echo(f"fabric worker: {exc}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--workers", type=int, default=2, show_default=True)
+def demo(workers: int) -> None:
+    """Start a local broker with WORKERS workers, list devices, open a session on each."""
+    from .demo import run
+
+    run(workers)

@@ -1,0 +1,309 @@
+"""The client: a connection to a broker, and sessions bound to one device each.
+
+Rule: a ``Connection`` owns one DEALER socket and its monitor and is used only from the
+thread that made it; every wait on it has a deadline. During the handshake the socket
+monitor turns "nothing listening", "closed before WELCOME" and "not a ZeroMQ peer" into
+typed errors at once instead of waiting for the timeout.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from . import protocol
+from .errors import (
+    ConnectError,
+    FabricError,
+    HandshakeTimeout,
+    RequestTimeout,
+    ServerDisconnected,
+    SessionLost,
+    VersionMismatch,
+    error_from_wire,
+)
+from .pending import PendingTable
+from .protocol import PROTOCOL_VERSION, Kind, Message
+
+# How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
+# ZeroMQ (an HTTP server, say) is found out this fast rather than at the full timeout.
+ZMTP_HANDSHAKE_LIMIT = 1.5
+_WATCHED_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
+                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device of the cluster: its global index, the worker that owns it, what it is."""
+
+    index: int
+    worker: str
+    backend: str
+    settings: dict[str, Any]
+    local: int = 0
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> "Device":
+        return cls(int(body["index"]), str(body["worker"]), str(body["backend"]),
+                   dict(body.get("settings", {})), int(body.get("local", 0)))
+
+
+def resolve_token(token: str | None) -> str:
+    """The token given, else ``FABRIC_TOKEN``; a clear error when there is neither."""
+    token = token if token is not None else os.environ.get("FABRIC_TOKEN")
+    if not token:
+        raise ConnectError("No token given: pass token=..., or set FABRIC_TOKEN.")
+    return token
+
+
+class Connection:
+    """One DEALER connection to a broker's frontend, used by the thread that made it."""
+
+    def __init__(self, address: str, *, handshake_limit: float = ZMTP_HANDSHAKE_LIMIT) -> None:
+        self.address = address
+        self.pending = PendingTable()
+        self._thread = threading.get_ident()
+        self._context = zmq.Context.instance()
+        self.socket = self._context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.HANDSHAKE_IVL, int(handshake_limit * 1000))
+        self.socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        self._monitor = self.socket.get_monitor_socket(_WATCHED_EVENTS)
+        self._poller = zmq.Poller()
+        self._poller.register(self.socket, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self.established = False  # set once a reply proves a fabric broker is there
+        self.closed = False
+        self.error: FabricError | None = None  # why the connection is unusable, if it is
+        try:
+            self.socket.connect(address)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ConnectError(f"Cannot connect to {address!r}: {exc}. Use an address like "
+                               "tcp://host:port or ipc:///path.") from None
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self._thread:
+            raise FabricError("A fabric connection is used only by the thread that opened it: "
+                              "open a session per thread.")
+
+    def send(self, message: Message) -> None:
+        """Queue a message to the broker (no reply expected)."""
+        self._check_thread()
+        if self.error is not None:
+            raise self.error
+        self.socket.send_multipart(protocol.encode(message), copy=False)
+
+    def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
+        """Send a request and wait for its reply (matched by request id) until the deadline."""
+        request = self.pending.new_request()
+        self.send(Message(message.kind, message.session, request, message.body,
+                          message.buffers))
+        return self.wait(request, time.monotonic() + timeout, session=session)
+
+    def wait(self, request: int, deadline: float, *, session: int = 0) -> Message:
+        """Wait for the reply to ``request``; raise the typed error if anything fails first."""
+        self._check_thread()
+        try:
+            while True:
+                reply = self.pending.take(request)
+                if reply is not None:
+                    return reply
+                if session in self.pending.lost:
+                    raise self.pending.lost[session]
+                if self.error is not None:
+                    raise self.error
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout_error(deadline)
+                for sock, _ in self._poller.poll(remaining * 1000):
+                    if sock is self._monitor:
+                        self._on_event(recv_monitor_message(self._monitor))
+                    else:
+                        self._drain()
+        except BaseException:
+            self.pending.forget(request)
+            raise
+
+    def _timeout_error(self, deadline: float) -> FabricError:
+        if not self.established:
+            return HandshakeTimeout(
+                f"No answer from {self.address} before the deadline: the broker may be "
+                "overloaded, or the address belongs to another ZeroMQ service. Check the "
+                "address, or raise timeout=.")
+        return RequestTimeout(f"The broker at {self.address} did not answer in time: check "
+                              "that it and the device's worker are running, or raise timeout=.")
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                frames = self.socket.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            message = protocol.decode(frames)
+            self.established = True
+            self.pending.on_message(message)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED or kind == zmq.EVENT_CONNECTED:
+            return
+        if self.established:
+            if kind == zmq.EVENT_DISCONNECTED:
+                self.error = SessionLost(
+                    f"The connection to the broker at {self.address} was lost: its sessions "
+                    "are gone. Open a new session once the broker is back.")
+            return
+        if kind == zmq.EVENT_CONNECT_RETRIED:
+            self.error = ConnectError(
+                f"Nothing is listening at {self.address}: start a broker there "
+                "(fabric broker --frontend ...) or check the address.")
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            self.error = ConnectError(
+                f"The peer at {self.address} is not a fabric broker (it broke the ZeroMQ "
+                "handshake): check the address and port.")
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.error = ConnectError(
+                f"The broker at {self.address} refused the connection's security handshake: "
+                "check encryption settings and keys.")
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and event["value"] == errno.EAGAIN:
+            self.error = ConnectError(
+                f"The peer at {self.address} did not complete a ZeroMQ handshake: it is not a "
+                "fabric broker (an HTTP server?). Check the address and port.")
+        elif kind in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_DISCONNECTED):
+            self.error = ServerDisconnected(
+                f"Server disconnected during initialization: {self.address} closed the "
+                "connection before the broker answered. Check that the address is a fabric "
+                "broker's frontend and read the broker's log.")
+
+    def close(self, linger: float = 0.0) -> None:
+        """Close the socket and its monitor; safe to call twice."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.socket.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
+        self.socket.close(linger=int(linger * 1000))
+
+
+def _check_version(reply: Message) -> None:
+    if reply.version != PROTOCOL_VERSION:
+        raise VersionMismatch(
+            f"The broker speaks protocol version {reply.version} and this client speaks "
+            f"{PROTOCOL_VERSION}: install matching fabric versions.",
+            client_version=PROTOCOL_VERSION, server_version=reply.version)
+
+
+def _raise_for(reply: Message, expected: Kind) -> Message:
+    _check_version(reply)
+    if reply.kind in (Kind.REJECT, Kind.ERROR):
+        raise error_from_wire(reply.body)
+    if reply.kind != expected:
+        raise ConnectError(f"The peer answered with {reply.kind.name}, not {expected.name}: "
+                           "it is not a fabric broker's frontend.")
+    return reply
+
+
+class Session:
+    """A session bound to one device; use as a context manager or call ``close()``."""
+
+    def __init__(self, connection: Connection, session_id: int, welcome: Message,
+                 timeout: float) -> None:
+        self.connection = connection
+        self.id = session_id
+        self.timeout = timeout
+        self.device = Device.from_wire(welcome.body["device"])
+        self.device_count: int = welcome.body["device_count"]
+        self.server: str = welcome.body["server"]
+        self.closed = False
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (f"<fabric.Session {self.id:#x} {state} on device {self.device.index} "
+                f"({self.device.backend}, worker {self.device.worker})>")
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+        if self.closed:
+            raise SessionLost(f"Session {self.id:#x} is closed: open a new session.")
+        reply = self.connection.request(Message(Kind.REQUEST, self.id, body=body),
+                                        self.timeout if timeout is None else timeout,
+                                        session=self.id)
+        return _raise_for(reply, Kind.REPLY)
+
+    def sync(self, timeout: float | None = None) -> None:
+        """Wait until the device has run everything sent so far; raise its first error."""
+        self._request({"op": "sync"}, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Close the session and free everything it holds on the device (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.connection.error is None and self.id not in self.connection.pending.lost:
+                reply = self.connection.request(Message(Kind.CLOSE, self.id),
+                                                self.timeout if timeout is None else timeout,
+                                                session=self.id)
+                _check_version(reply)
+        except SessionLost:
+            pass  # already gone on the broker: nothing left to free
+        finally:
+            self.connection.close()
+
+
+def connect(address: str, *, token: str | None = None, device: int = 0,
+            timeout: float = 10.0) -> Session:
+    """Open a session on ``device`` of the broker at ``address``.
+
+    Fails fast with a typed error: ``ConnectError`` when nothing listens there or the peer
+    is not a fabric broker, ``ServerDisconnected`` when it closes before answering,
+    ``VersionMismatch``, ``AuthenticationError``, ``NoSuchDevice`` or another
+    ``HandshakeError`` when the broker refuses, ``HandshakeTimeout`` at ``timeout``.
+    """
+    token = resolve_token(token)
+    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
+    session_id = secrets.randbits(64) or 1
+    hello = Message(Kind.HELLO, session_id, body={
+        "token": token, "device": device, "client": f"pid {os.getpid()}"})
+    try:
+        welcome = _raise_for(connection.request(hello, timeout), Kind.WELCOME)
+    except HandshakeTimeout:
+        # A slow broker may still open it: ask it to drop the session, best effort.
+        connection.socket.send_multipart(protocol.encode(Message(Kind.CLOSE, session_id)),
+                                         flags=zmq.NOBLOCK)
+        connection.close(linger=0.2)
+        raise
+    except BaseException:
+        connection.close()
+        raise
+    return Session(connection, session_id, welcome, timeout)
+
+
+def devices(address: str, *, token: str | None = None, timeout: float = 10.0) -> list[Device]:
+    """Every device of every worker registered with the broker at ``address``."""
+    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
+    try:
+        reply = connection.request(Message(Kind.DEVICES, body={"token": resolve_token(token)}),
+                                   timeout)
+        return [Device.from_wire(d) for d in _raise_for(reply, Kind.DEVICE_LIST).body["devices"]]
+    finally:
+        connection.close()

@@ -1,0 +1,176 @@
+"""Start a broker and workers as child processes on this machine, and stop them all.
+
+Rule: every process a ``LocalCluster`` starts is ended by it, on ``stop()``, on leaving the
+``with`` block, or at interpreter exit, with SIGTERM first and SIGKILL after a deadline.
+Tokens reach the children through their environment, never their command line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from .client import Device, Session, connect, devices
+from .config import new_token
+from .errors import ClusterError, ConnectError
+
+
+def _read_line(proc: subprocess.Popen, deadline: float) -> str:
+    # The broker prints one JSON line when bound; wait for it without blocking forever.
+    line = b""
+    while not line.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or proc.poll() is not None:
+            return ""
+        ready, _, _ = select.select([proc.stdout], [], [], remaining)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                return ""
+            line += chunk
+    return line.decode()
+
+
+class LocalCluster:
+    """A broker and ``workers`` worker processes on loopback; a context manager."""
+
+    def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
+                 heartbeat: float = 1.0, liveness: int = 3, start_timeout: float = 30.0,
+                 broker_args: tuple[str, ...] = ()) -> None:
+        self.n_workers = workers
+        self.backend = backend
+        self.devices_per_worker = devices_per_worker
+        self.heartbeat = heartbeat
+        self.liveness = liveness
+        self.start_timeout = start_timeout
+        self.broker_args = broker_args
+        self.token, self.worker_token, self.admin_token = new_token(), new_token(), new_token()
+        self.broker: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+        self.address = ""
+        self.backend_address = ""
+        self._logdir = tempfile.TemporaryDirectory(prefix="fabric-cluster-")
+
+    # -- processes --------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, "FABRIC_TOKEN": self.token,
+                "FABRIC_WORKER_TOKEN": self.worker_token, "FABRIC_ADMIN_TOKEN": self.admin_token,
+                "PYTHONUNBUFFERED": "1"}
+
+    def _log(self, name: str) -> Any:
+        return open(os.path.join(self._logdir.name, f"{name}.log"), "wb")
+
+    def log_tail(self, name: str, lines: int = 10) -> str:
+        """The last lines a child process logged (``broker`` or ``worker-N``)."""
+        try:
+            with open(os.path.join(self._logdir.name, f"{name}.log"), "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def start_broker(self) -> None:
+        """Start the broker on free loopback ports and learn its addresses."""
+        with self._log("broker") as log:
+            self.broker = subprocess.Popen(
+                [sys.executable, "-m", "fabric", "broker", "--frontend", "tcp://127.0.0.1:*",
+                 "--backend", "tcp://127.0.0.1:*", "--heartbeat", str(self.heartbeat),
+                 "--liveness", str(self.liveness), *self.broker_args],
+                stdout=subprocess.PIPE, stderr=log, env=self._env())
+        line = _read_line(self.broker, time.monotonic() + self.start_timeout)
+        if not line:
+            raise ClusterError("The broker did not start:\n" + self.log_tail("broker"))
+        ready = json.loads(line)
+        self.address, self.backend_address = ready["frontend"], ready["backend"]
+
+    def start_worker(self, index: int) -> subprocess.Popen:
+        """Start (or restart) worker ``index``; it registers as ``worker-{index}``."""
+        with self._log(f"worker-{index}") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fabric", "worker", "--broker", self.backend_address,
+                 "--backend", self.backend, "--devices", str(self.devices_per_worker),
+                 "--name", f"worker-{index}", "--heartbeat", str(self.heartbeat),
+                 "--liveness", str(self.liveness)],
+                stdout=log, stderr=subprocess.STDOUT, env=self._env())
+        if index < len(self.workers):
+            self.workers[index] = proc
+        else:
+            self.workers.append(proc)
+        return proc
+
+    def wait_for_devices(self, count: int, timeout: float | None = None) -> list[Device]:
+        """Wait until the broker lists ``count`` devices; name the worker that failed."""
+        deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
+        found: list[Device] = []
+        while time.monotonic() < deadline:
+            for i, proc in enumerate(self.workers):
+                if proc.poll() is not None:
+                    raise ClusterError(f"worker-{i} exited with code {proc.returncode}:\n"
+                                       + self.log_tail(f"worker-{i}"))
+            try:
+                found = devices(self.address, token=self.token, timeout=2.0)
+            except ConnectError:
+                found = []
+            if len(found) == count:
+                return found
+            time.sleep(0.05)
+        registered = {d.worker for d in found}
+        missing = [f"worker-{i}" for i in range(len(self.workers))
+                   if f"worker-{i}" not in registered]
+        raise ClusterError(f"{', '.join(missing) or 'a worker'} did not register in time:\n"
+                           + "\n".join(self.log_tail(m) for m in missing))
+
+    def start(self) -> "LocalCluster":
+        """Start the broker and every worker, and wait until all devices are registered."""
+        atexit.register(self.stop)
+        try:
+            self.start_broker()
+            for i in range(self.n_workers):
+                self.start_worker(i)
+            self.wait_for_devices(self.n_workers * self.devices_per_worker)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End every child process: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        procs = [p for p in [*self.workers, self.broker] if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop()
+        self._logdir.cleanup()
+
+    # -- use --------------------------------------------------------------------------------
+
+    def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
+        """Open a session on ``device`` of this cluster."""
+        return connect(self.address, token=self.token, device=device, timeout=timeout)
+
+    def devices(self) -> list[Device]:
+        """Every device registered with this cluster's broker."""
+        return devices(self.address, token=self.token)

@@ -1,0 +1,49 @@
+"""The client's pending-request table, sans I/O.
+
+Rule: replies are matched to requests by request id alone, in whatever order they arrive;
+a session-level ERROR (say, its worker was lost) is remembered against the session so that
+every later call on it fails at once with the same typed error.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .errors import FabricError, SessionLost, error_from_wire
+from .protocol import Kind, Message
+
+
+class PendingTable:
+    """Requests in flight, replies not yet taken, and sessions known to be lost."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._waiting: set[int] = set()
+        self._replies: dict[int, Message] = {}
+        self.lost: dict[int, FabricError] = {}
+
+    def new_request(self) -> int:
+        """Allocate a request id and start waiting for its reply."""
+        request = next(self._ids)
+        self._waiting.add(request)
+        return request
+
+    def on_message(self, message: Message) -> None:
+        """File an incoming message: a reply to a waiting request, or news about a session."""
+        if message.request in self._waiting:
+            self._waiting.discard(message.request)
+            self._replies[message.request] = message
+        elif message.kind == Kind.ERROR and message.session:
+            error = error_from_wire(message.body)
+            if isinstance(error, SessionLost):
+                self.lost[message.session] = error
+        # Anything else (a liveness PING, a reply to a request given up on) needs no answer.
+
+    def take(self, request: int) -> Message | None:
+        """The reply to ``request`` if it has arrived."""
+        return self._replies.pop(request, None)
+
+    def forget(self, request: int) -> None:
+        """Stop waiting for ``request`` (its deadline passed); a late reply is dropped."""
+        self._waiting.discard(request)
+        self._replies.pop(request, None)

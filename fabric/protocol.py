@@ -1,0 +1,180 @@
+"""The fabric wire protocol, sans I/O: message kinds, the header frame, bodies, validation.
+
+Rule: every rule about what goes on the wire lives here, and nothing here touches a socket,
+a thread or a clock. Decoding any bytes either returns a valid ``Message`` or raises
+``ProtocolError``; nothing else escapes.
+
+A message is a list of frames::
+
+    [header, body, *buffers]
+
+``header`` is a fixed 22-byte struct (magic, version, kind, flags, session id, request id);
+``body`` is a msgpack map; ``buffers`` are raw array bytes described by the body. The broker
+routes data kinds by the header alone and never decodes their body or buffers.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import msgpack
+
+from .errors import FabricError, ProtocolError
+
+PROTOCOL_VERSION = 1
+MAGIC = b"FB"
+HEADER = struct.Struct("!2sHBBQQ")  # magic, version, kind, flags, session id, request id
+HEADER_SIZE = HEADER.size
+MAX_ID = 2**64 - 1
+
+
+class Kind(enum.IntEnum):
+    """Every message kind; the comment names who sends it to whom."""
+
+    # client <-> broker, control
+    HELLO = 1  # client -> broker: open a session
+    WELCOME = 2  # broker -> client: session open
+    REJECT = 3  # broker -> client: handshake refused (code, reason)
+    CLOSE = 4  # client -> broker -> worker: close a session
+    CLOSED = 5  # worker -> broker -> client
+    DEVICES = 6  # client -> broker: list devices
+    DEVICE_LIST = 7  # broker -> client
+    ERROR = 8  # anyone -> anyone: typed error about a session or request
+    PING = 9  # liveness probe, answered by PONG
+    PONG = 10
+    # worker <-> broker, control
+    REGISTER = 20  # worker -> broker: token, name, devices
+    REGISTERED = 21  # broker -> worker
+    HEARTBEAT = 22  # both ways; any traffic also counts as a heartbeat
+    OPEN = 23  # broker -> worker: open a session on a local device
+    OPENED = 24  # worker -> broker
+    # data, routed by session id; the broker never decodes these bodies
+    SUBMIT = 40  # client -> worker: a batch of fire-and-forget ops
+    REQUEST = 41  # client -> worker: a read or sync that expects a REPLY
+    REPLY = 42  # worker -> client
+
+
+DATA_KINDS = frozenset({Kind.SUBMIT, Kind.REQUEST, Kind.REPLY})
+KNOWN_KINDS = frozenset(int(k) for k in Kind)
+
+# Required body fields per control kind, with their types. Extra fields are allowed (newer
+# minor additions); missing or mistyped ones are a ProtocolError naming the field.
+_ERROR_FIELDS = {"code": str, "message": str, "details": dict}
+BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
+    Kind.HELLO: {"token": str, "device": int},
+    Kind.WELCOME: {"device": dict, "device_count": int, "server": str, "heartbeat": (int, float)},
+    Kind.REJECT: _ERROR_FIELDS,
+    Kind.ERROR: _ERROR_FIELDS,
+    Kind.DEVICES: {"token": str},
+    Kind.DEVICE_LIST: {"devices": list, "server": str},
+    Kind.REGISTER: {"token": str, "name": str, "backend": str, "devices": list},
+    Kind.REGISTERED: {"server": str, "heartbeat": (int, float)},
+    Kind.OPEN: {"device": int},
+}
+
+
+@dataclass(frozen=True)
+class Header:
+    """The fixed first frame of every message."""
+
+    kind: Kind
+    session: int = 0
+    request: int = 0
+    version: int = PROTOCOL_VERSION
+    flags: int = 0
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, self.version, self.kind, self.flags, self.session, self.request)
+
+
+@dataclass(frozen=True)
+class Message:
+    """A decoded message: header fields, the msgpack body, and any raw buffers."""
+
+    kind: Kind
+    session: int = 0
+    request: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    buffers: Sequence[Any] = ()
+    version: int = PROTOCOL_VERSION
+
+    @property
+    def header(self) -> Header:
+        return Header(self.kind, self.session, self.request, self.version)
+
+
+def _as_bytes(frame: Any) -> bytes | memoryview:
+    # zmq.Frame exposes .buffer; bytes, bytearray and memoryview are used as they are.
+    buffer = getattr(frame, "buffer", frame)
+    return buffer if isinstance(buffer, (bytes, memoryview)) else memoryview(buffer)
+
+
+def decode_header(frame: Any) -> Header:
+    """Parse the header frame; raise ProtocolError for anything that is not one."""
+    data = _as_bytes(frame)
+    if len(data) != HEADER_SIZE:
+        raise ProtocolError(
+            f"The header frame is {len(data)} bytes, not {HEADER_SIZE}: "
+            "the peer is not speaking the fabric protocol."
+        )
+    magic, version, kind, flags, session, request = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError("The header frame has the wrong magic: the peer is not a fabric peer.")
+    if kind not in KNOWN_KINDS:
+        raise ProtocolError(f"Unknown message kind {kind}: upgrade the older peer.", kind=kind)
+    return Header(Kind(kind), session, request, version, flags)
+
+
+def pack_body(body: dict[str, Any]) -> bytes:
+    """Encode a msgpack body."""
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def unpack_body(frame: Any) -> dict[str, Any]:
+    """Decode a msgpack body; raise ProtocolError unless it is one map."""
+    try:
+        body = msgpack.unpackb(_as_bytes(frame), raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises many types for bad input; all mean the same
+        raise ProtocolError(f"The message body is not valid msgpack ({exc}).") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"The message body is a {type(body).__name__}, not a map.")
+    return body
+
+
+def validate_body(kind: Kind, body: dict[str, Any]) -> None:
+    """Check the required fields of a control body; raise ProtocolError naming the bad field."""
+    for name, expected in BODY_SCHEMAS.get(kind, {}).items():
+        value = body.get(name)
+        if not isinstance(value, expected) or isinstance(value, bool) and expected is int:
+            raise ProtocolError(
+                f"{kind.name} body field {name!r} is missing or has the wrong type.",
+                field=name,
+            )
+
+
+def encode(message: Message) -> list[Any]:
+    """Frames for a message: header, msgpack body, then the raw buffers as they are."""
+    return [message.header.pack(), pack_body(message.body), *message.buffers]
+
+
+def decode(frames: Sequence[Any]) -> Message:
+    """Decode and validate a full message (after any routing identity was removed)."""
+    if len(frames) < 2:
+        raise ProtocolError(
+            f"A message has {len(frames)} frame(s); at least a header and a body are needed."
+        )
+    header = decode_header(frames[0])
+    body = unpack_body(frames[1])
+    if header.version == PROTOCOL_VERSION:
+        validate_body(header.kind, body)
+    return Message(header.kind, header.session, header.request, body, tuple(frames[2:]),
+                   header.version)
+
+
+def error_message(error: FabricError, *, kind: Kind = Kind.ERROR, session: int = 0,
+                  request: int = 0) -> Message:
+    """An ERROR (or REJECT) message carrying a typed error."""
+    return Message(kind, session, request, error.to_wire())

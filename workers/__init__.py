@@ -1,0 +1,1 @@
+"""The fabric worker process (``worker``), its per-device executor and backends."""

@@ -1,0 +1,23 @@
+"""The numpy device: every op runs eagerly with numpy on arrays held in worker memory."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+
+class NumpyDevice:
+    """One numpy device of a worker; ``index`` is its local index on that worker."""
+
+    backend = "numpy"
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def settings(self) -> dict[str, Any]:
+        """What the device is, as shown in WELCOME and ``fabric.devices()``."""
+        return {"backend": self.backend, "version": np.__version__,
+                "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
+                "fuses": []}
