@@ -32,6 +32,7 @@ from .errors import (
 )
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
+from .tensor import TensorSession
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
 # ZeroMQ (an HTTP server, say) is found out this fast rather than at the full timeout.
@@ -217,8 +218,12 @@ def _raise_for(reply: Message, expected: Kind) -> Message:
     return reply
 
 
-class Session:
-    """A session bound to one device; use as a context manager or call ``close()``."""
+class Session(TensorSession):
+    """A session bound to one device; use as a context manager or call ``close()``.
+
+    Arrays live on the device: create them with ``asarray``, ``zeros``, ``ones``, ``full``,
+    ``empty``, ``arange``, ``linspace``, ``eye`` or ``random``; ops on them are streamed.
+    """
 
     def __init__(self, connection: Connection, session_id: int, welcome: Message,
                  timeout: float) -> None:
@@ -229,6 +234,7 @@ class Session:
         self.device_count: int = welcome.body["device_count"]
         self.server: str = welcome.body["server"]
         self.closed = False
+        self._init_stream()
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -241,22 +247,22 @@ class Session:
     def __exit__(self, *_: Any) -> None:
         self.close()
 
-    def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+    def _check_open(self) -> None:
         if self.closed:
             raise SessionLost(f"Session {self.id:#x} is closed: open a new session.")
+
+    def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+        self._check_open()
         reply = self.connection.request(Message(Kind.REQUEST, self.id, body=body),
                                         self.timeout if timeout is None else timeout,
                                         session=self.id)
         return _raise_for(reply, Kind.REPLY)
 
-    def sync(self, timeout: float | None = None) -> None:
-        """Wait until the device has run everything sent so far; raise its first error."""
-        self._request({"op": "sync"}, timeout)
-
     def close(self, timeout: float | None = None) -> None:
         """Close the session and free everything it holds on the device (idempotent)."""
         if self.closed:
             return
+        self._batch, self._buffers, self._released = [], [], []  # closing frees it all
         self.closed = True
         try:
             if self.connection.error is None and self.id not in self.connection.pending.lost:

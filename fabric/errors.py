@@ -103,6 +103,12 @@ class RemoteError(FabricError):
     code = "remote_error"
 
 
+class QuotaExceeded(RemoteError):
+    """An op would take the session past the worker's memory limit; the worker goes on."""
+
+    code = "quota_exceeded"
+
+
 class ProtocolError(FabricError):
     """A message did not follow the fabric wire protocol."""
 
@@ -141,7 +147,9 @@ def error_from_wire(body: dict[str, Any]) -> FabricError:
     """Rebuild the typed error carried by a REJECT or ERROR body (unknown codes stay generic)."""
     cls = ERRORS_BY_CODE.get(str(body.get("code")), FabricError)
     details = body.get("details")
-    error = cls(str(body.get("message", "")), **(details if isinstance(details, dict) else {}))
+    error = cls(str(body.get("message", "")))
+    # Assigned, not passed as keywords: a peer's details may hold non-string keys or "message".
+    error.details = dict(details) if isinstance(details, dict) else {}
     if cls is FabricError:
         error.code = str(body.get("code"))
     return error

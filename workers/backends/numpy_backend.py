@@ -21,3 +21,7 @@ class NumpyDevice:
         return {"backend": self.backend, "version": np.__version__,
                 "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
                 "fuses": []}
+
+    def run(self, op: Any, inputs: list[Any], params: dict[str, Any]) -> Any:
+        """Run one op of the shared table eagerly."""
+        return op.impl(*inputs, **params)

@@ -1,0 +1,314 @@
+"""The op table shared by the client and the workers.
+
+Rule: an op is defined once, here: its name, its numpy implementation, and how its result's
+shape and dtype follow from its inputs. The client infers every result from this table, so a
+bad shape raises numpy's own error at the call site before anything is sent; the numpy
+device runs the very same implementation, so the inference cannot drift from execution.
+
+Inference reuses numpy's rules instead of restating them:
+- shapes of views (indexing, reshape, transpose, ...) come from applying the op to a
+  zero-strided stand-in of the real shape, which costs nothing and raises numpy's errors;
+- elementwise shapes come from ``np.broadcast_shapes``;
+- dtypes come from applying the op to tiny stand-ins (all dimensions 1) of the real dtypes,
+  so type promotion, Python-scalar weak typing and unsupported dtype combinations behave
+  exactly as numpy's do. Results are cached per signature.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
+
+Shape = tuple[int, ...]
+
+
+class Spec:
+    """What inference needs to know of a tensor argument: its shape and dtype.
+
+    ``fabric.Tensor`` is a Spec, so inference takes tensors as they are.
+    """
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: Shape, dtype: np.dtype) -> None:
+        self.shape = shape
+        self.dtype = dtype
+
+
+def _stand_in(arg: Any, tiny: bool) -> Any:
+    """A zero-cost numpy stand-in for a Spec (tiny: every dimension 1); scalars as they are."""
+    if not isinstance(arg, Spec):
+        return arg
+    shape = (1,) * len(arg.shape) if tiny else arg.shape
+    return np.broadcast_to(np.zeros((), arg.dtype), shape)
+
+
+def _apply(impl: Callable[..., Any], args: Sequence[Any], params: dict[str, Any],
+           tiny: bool) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.asarray(impl(*[_stand_in(a, tiny) for a in args], **params))
+
+
+# -- shape rules ---------------------------------------------------------------------------
+
+def _elementwise_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    shapes = [a.shape for a in args if isinstance(a, Spec)]
+    first = shapes[0] if shapes else ()
+    if all(s == first for s in shapes):
+        return first
+    return np.broadcast_shapes(*shapes)
+
+
+def _view_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    return _apply(op.impl, args, params, tiny=False).shape
+
+
+def _reduce_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    shape = args[0].shape
+    axis = params.get("axis")
+    if axis is None:
+        axes = tuple(range(len(shape)))
+    elif op.single_axis:
+        axes = (normalize_axis_index(axis, len(shape)),)
+    else:
+        axes = normalize_axis_tuple(axis, len(shape))
+    if (op.single_axis or op.name in ("min", "max")) and any(shape[a] == 0 for a in axes):
+        raise ValueError(f"zero-size array to reduction operation {op.name} which has "
+                         "no identity")
+    if params.get("keepdims"):
+        return tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def _core_mismatch(a: Shape, b: Shape, k_a: int, k_b: int) -> ValueError:
+    return ValueError(f"matmul: Input operand 1 has a mismatch in its core dimension 0, with "
+                      f"gufunc signature (n?,k),(k,m?)->(n?,m?) (size {b[k_b]} is different "
+                      f"from {a[k_a]})")
+
+
+def _matmul_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    a, b = (x.shape if isinstance(x, Spec) else () for x in args)
+    if not a or not b:
+        raise ValueError("matmul: Input operand does not have enough dimensions (has 0, "
+                         "gufunc core with signature (n?,k),(k,m?)->(n?,m?) requires 1)")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise _core_mismatch(a2, b2, -1, -2)
+    batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    return batch + (() if len(a) == 1 else (a2[-2],)) + (() if len(b) == 1 else (b2[-1],))
+
+
+def _dot_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    a, b = (x.shape for x in args)
+    if not a or not b:
+        return np.broadcast_shapes(a, b)
+    k_b = -1 if len(b) == 1 else -2
+    if a[-1] != b[k_b]:
+        raise ValueError(f"shapes {a} and {b} not aligned: {a[-1]} (dim {len(a) - 1}) != "
+                         f"{b[k_b]} (dim {len(b) + k_b})")
+    return a[:-1] + b[:-2] + b[-1:] if len(b) > 1 else a[:-1]
+
+
+def _join_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    shapes = [a.shape for a in args]
+    if not shapes:
+        raise ValueError("need at least one array to concatenate")
+    axis = params.get("axis", 0)
+    if op.name == "stack":
+        if any(s != shapes[0] for s in shapes):
+            raise ValueError("all input arrays must have the same shape")
+        axis = normalize_axis_index(axis, len(shapes[0]) + 1)
+        return shapes[0][:axis] + (len(shapes),) + shapes[0][axis:]
+    first = shapes[0]
+    if not first:
+        raise ValueError("zero-dimensional arrays cannot be concatenated")
+    axis = normalize_axis_index(axis, len(first))
+    for i, shape in enumerate(shapes[1:], 1):
+        if len(shape) != len(first):
+            raise ValueError(
+                f"all the input array dimensions except for the concatenation axis must match "
+                f"exactly, but the array at index 0 has {len(first)} dimension(s) and the "
+                f"array at index {i} has {len(shape)} dimension(s)")
+        for d, (m, n) in enumerate(zip(first, shape)):
+            if d != axis and m != n:
+                raise ValueError(
+                    f"all the input array dimensions except for the concatenation axis must "
+                    f"match exactly, but along dimension {d}, the array at index 0 has size "
+                    f"{m} and the array at index {i} has size {n}")
+    return first[:axis] + (sum(s[axis] for s in shapes),) + first[axis + 1:]
+
+
+def _creation_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    if op.name == "arange":
+        start, stop, step = params["start"], params["stop"], params["step"]
+        if step == 0:
+            raise ZeroDivisionError("arange: step must not be zero")
+        return (max(0, math.ceil((stop - start) / step)),)
+    if op.name == "linspace":
+        if params["num"] < 0:
+            raise ValueError(f"Number of samples, {params['num']}, must be non-negative.")
+        return (params["num"],)
+    if op.name == "eye":
+        return (params["n"], params["n"] if params["m"] is None else params["m"])
+    shape = tuple(params["shape"])
+    if any(n < 0 for n in shape):
+        raise ValueError("negative dimensions are not allowed")
+    return shape
+
+
+# -- dtype rules ---------------------------------------------------------------------------
+
+def _tiny_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    return _apply(op.impl, args, params, tiny=True).dtype
+
+
+def _same_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    return args[0].dtype
+
+
+def _param_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    return np.dtype(params["dtype"])
+
+
+# -- the table -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Op:
+    """One op: numpy implementation, shape rule, dtype rule, and how it may be fused."""
+
+    name: str
+    impl: Callable[..., Any]
+    shape_rule: Callable[["Op", Sequence[Any], dict[str, Any]], Shape]
+    dtype_rule: Callable[["Op", Sequence[Any], dict[str, Any]], np.dtype]
+    elementwise: bool = False
+    single_axis: bool = False  # argmin/argmax take one axis, not a tuple
+
+    def infer(self, args: Sequence[Any], params: dict[str, Any]) -> tuple[Shape, np.dtype]:
+        """Result shape and dtype, or numpy's own error for these arguments."""
+        shape = self.shape_rule(self, args, params)
+        if self.dtype_rule is _tiny_dtype:  # the only rule worth caching
+            return shape, _cached_dtype(self.name, _signature(args), _freeze(params))
+        return shape, self.dtype_rule(self, args, params)
+
+
+def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
+    # Tensors count by dtype and ndim; scalars by their type (Python scalars are weak in
+    # numpy's promotion, numpy scalars are not).
+    return tuple((len(a.shape), a.dtype) if isinstance(a, Spec)
+                 else (type(a), a if isinstance(a, np.generic) else None)
+                 for a in args)
+
+
+def _freeze(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+
+
+@lru_cache(maxsize=4096)
+def _cached_dtype(name: str, signature: tuple[Any, ...],
+                  params: tuple[tuple[str, Any], ...]) -> np.dtype:
+    op = OPS[name]
+    args = [Spec((1,) * ndim_or_type, dtype) if isinstance(ndim_or_type, int)
+            else _example_scalar(ndim_or_type, dtype) for ndim_or_type, dtype in signature]
+    return op.dtype_rule(op, args, dict(params))
+
+
+def _example_scalar(kind: type, value: Any) -> Any:
+    # A value of the scalar's type that no op can fail on (1, not 0, for division).
+    return value if value is not None else (None if kind is type(None) else kind(1))
+
+
+def _index(array: np.ndarray, index: Any) -> np.ndarray:
+    return array[index]
+
+
+def _where(condition: Any, x: Any, y: Any) -> np.ndarray:
+    return np.where(condition, x, y)
+
+
+def _clip(a: Any, a_min: Any, a_max: Any) -> np.ndarray:
+    return np.clip(a, a_min, a_max)
+
+
+def _astype(a: np.ndarray, dtype: str) -> np.ndarray:
+    return a.astype(dtype)
+
+
+def _copy(a: np.ndarray) -> np.ndarray:
+    return np.array(a, copy=True)
+
+
+def _reduction(func: Callable[..., Any]) -> Callable[..., Any]:
+    def run(a: np.ndarray, **params: Any) -> Any:
+        return np.asarray(func(a, **params))
+    return run
+
+
+def _elementwise(ufunc: np.ufunc) -> Op:
+    return Op(ufunc.__name__, ufunc, _elementwise_shape, _tiny_dtype, elementwise=True)
+
+
+BINARY_UFUNCS = [
+    np.add, np.subtract, np.multiply, np.true_divide, np.floor_divide, np.remainder, np.power,
+    np.less, np.less_equal, np.equal, np.not_equal, np.greater_equal, np.greater,
+    np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift,
+    np.logical_and, np.logical_or, np.logical_xor, np.maximum, np.minimum, np.fmax, np.fmin,
+    np.arctan2, np.hypot, np.fmod, np.copysign,
+]
+UNARY_UFUNCS = [
+    np.negative, np.positive, np.absolute, np.invert, np.logical_not, np.exp, np.exp2,
+    np.expm1, np.log, np.log2, np.log10, np.log1p, np.sqrt, np.cbrt, np.square, np.sin,
+    np.cos, np.tan, np.arcsin, np.arccos, np.arctan, np.sinh, np.cosh, np.tanh, np.arcsinh,
+    np.arccosh, np.arctanh, np.floor, np.ceil, np.rint, np.trunc, np.sign, np.isnan, np.isinf,
+    np.isfinite, np.reciprocal, np.conjugate, np.deg2rad, np.rad2deg,
+]
+REDUCTIONS = {
+    "sum": np.sum, "prod": np.prod, "mean": np.mean, "std": np.std, "var": np.var,
+    "min": np.min, "max": np.max, "any": np.any, "all": np.all,
+    "argmin": np.argmin, "argmax": np.argmax,
+}
+
+
+def _creation(name: str, impl: Callable[..., Any]) -> Op:
+    return Op(name, impl, _creation_shape, _param_dtype)
+
+
+OPS: dict[str, Op] = {op.name: op for op in [
+    *[_elementwise(u) for u in BINARY_UFUNCS + UNARY_UFUNCS],
+    Op("where", _where, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("clip", _clip, _elementwise_shape, _tiny_dtype, elementwise=True),
+    *[Op(name, _reduction(func), _reduce_shape, _tiny_dtype,
+         single_axis=name.startswith("arg")) for name, func in REDUCTIONS.items()],
+    Op("matmul", np.matmul, _matmul_shape, _tiny_dtype),
+    Op("dot", np.dot, _dot_shape, _tiny_dtype),
+    Op("getitem", _index, _view_shape, _same_dtype),
+    Op("reshape", np.reshape, _view_shape, _same_dtype),
+    Op("transpose", np.transpose, _view_shape, _same_dtype),
+    Op("swapaxes", np.swapaxes, _view_shape, _same_dtype),
+    Op("expand_dims", np.expand_dims, _view_shape, _same_dtype),
+    Op("squeeze", np.squeeze, _view_shape, _same_dtype),
+    Op("broadcast_to", np.broadcast_to, _view_shape, _same_dtype),
+    Op("astype", _astype, _elementwise_shape, _param_dtype, elementwise=True),
+    Op("copy", _copy, _elementwise_shape, _same_dtype),
+    Op("concatenate", lambda *arrays, axis=0: np.concatenate(arrays, axis=axis),
+       _join_shape, _tiny_dtype),
+    Op("stack", lambda *arrays, axis=0: np.stack(arrays, axis=axis), _join_shape, _tiny_dtype),
+    _creation("zeros", lambda shape, dtype: np.zeros(shape, dtype)),
+    _creation("ones", lambda shape, dtype: np.ones(shape, dtype)),
+    _creation("empty", lambda shape, dtype: np.empty(shape, dtype)),
+    _creation("full", lambda shape, dtype, fill_value: np.full(shape, fill_value, dtype)),
+    _creation("arange", lambda start, stop, step, dtype: np.arange(start, stop, step, dtype)),
+    _creation("linspace", lambda start, stop, num, endpoint, dtype:
+              np.linspace(start, stop, num, endpoint=endpoint, dtype=dtype)),
+    _creation("eye", lambda n, m, k, dtype: np.eye(n, m, k, dtype)),
+    _creation("uniform", lambda rng, shape, low, high, dtype:
+              rng.uniform(low, high, shape).astype(dtype, copy=False)),
+    _creation("normal", lambda rng, shape, loc, scale, dtype:
+              rng.normal(loc, scale, shape).astype(dtype, copy=False)),
+]}
+RANDOM_OPS = frozenset({"uniform", "normal"})  # the executor passes the session's generator

@@ -1,0 +1,495 @@
+"""Tensors: handles to arrays that live on a session's device, and the op stream behind them.
+
+Rule: a tensor's shape and dtype are known on the client from the op table (``fabric.ops``)
+before anything is sent; ops are fire-and-forget and batched; only reads and syncs wait.
+An op that fails on the worker poisons its outputs, and the error comes back at the next read
+or sync that depends on it, naming the op and the line of user code that created it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections import OrderedDict
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .errors import RemoteError, error_from_wire
+from .ops import OPS, RANDOM_OPS, Spec
+from .protocol import Kind, Message
+
+MAX_BATCH_OPS = 4096  # flush the op batch at this many ops ...
+MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes
+_REMEMBERED_ORIGINS = 4096  # origins kept for freed tensors, to name them in late errors
+
+
+def encode_index(index: Any) -> list[Any]:
+    """Basic numpy indexing (ints, slices, None, ...) as msgpack-able items."""
+    items = index if isinstance(index, tuple) else (index,)
+    encoded = []
+    for item in items:
+        if item is Ellipsis:
+            encoded.append("...")
+        elif isinstance(item, slice):
+            encoded.append([item.start, item.stop, item.step])
+        elif item is None or isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            encoded.append(None if item is None else int(item))
+        else:
+            raise TypeError(f"Index {item!r} is not supported on fabric tensors: use ints, "
+                            "slices, None and ... (advanced indexing is not supported yet).")
+    return encoded
+
+
+def decode_index(encoded: list[Any]) -> tuple[Any, ...]:
+    """The inverse of ``encode_index``."""
+    return tuple(Ellipsis if item == "..." else slice(*item) if isinstance(item, list) else item
+                 for item in encoded)
+
+
+def _origin() -> tuple[str, int]:
+    """The first frame outside fabric: the user's line that issued the op."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("fabric"):
+        frame = frame.f_back
+    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
+
+
+class Tensor(Spec):
+    """An array on a session's device. Nothing is read back until ``numpy()``."""
+
+    __slots__ = ("session", "id", "__weakref__")
+    __array_priority__ = 1000  # numpy defers binary operators to us
+
+    def __init__(self, session: "TensorSession", tensor_id: int, shape: tuple[int, ...],
+                 dtype: np.dtype) -> None:
+        super().__init__(shape, dtype)
+        self.session = session
+        self.id = tensor_id
+
+    def __del__(self) -> None:
+        session = getattr(self, "session", None)
+        if session is not None:
+            session._release(self.id)
+
+    # -- description, without reading ----------------------------------------------------
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def T(self) -> "Tensor":
+        return self.transpose()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (f"<fabric.Tensor shape={self.shape} dtype={self.dtype} id={self.id} "
+                f"device={self.session.device.index}>")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def numpy(self) -> np.ndarray:
+        """Read the array back: an ordinary, writable numpy array."""
+        return self.session._read(self)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = self.numpy()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def item(self) -> Any:
+        return self.numpy().item()
+
+    def __bool__(self) -> bool:
+        return bool(self.numpy())
+
+    def __float__(self) -> float:
+        return float(self.numpy())
+
+    def __int__(self) -> int:
+        return int(self.numpy())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "iub":
+            raise TypeError("only integer tensors can be used as an index")
+        return int(self.numpy())
+
+    # -- ops -------------------------------------------------------------------------------
+
+    def _op(self, name: str, *args: Any, **params: Any) -> "Tensor":
+        return self.session._op(name, (self, *args), params)
+
+    def __getitem__(self, index: Any) -> "Tensor":
+        if isinstance(index, Tensor) or isinstance(index, (list, np.ndarray)):
+            raise TypeError("Advanced indexing (with arrays or tensors) is not supported on "
+                            "fabric tensors yet: use ints, slices, None and ....")
+        wire = {"index": encode_index(index)}
+        return self.session._op("getitem", (self,), {"index": index}, wire)
+
+    def reshape(self, *shape: Any) -> "Tensor":
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return self._op("reshape", shape=tuple(int(n) for n in shape))
+
+    def transpose(self, *axes: Any) -> "Tensor":
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        return self._op("transpose", axes=tuple(axes) if axes else None)
+
+    def swapaxes(self, axis1: int, axis2: int) -> "Tensor":
+        return self._op("swapaxes", axis1=axis1, axis2=axis2)
+
+    def squeeze(self, axis: int | tuple[int, ...] | None = None) -> "Tensor":
+        return self._op("squeeze", axis=axis)
+
+    def astype(self, dtype: Any) -> "Tensor":
+        return self._op("astype", dtype=np.dtype(dtype).str)
+
+    def copy(self) -> "Tensor":
+        return self._op("copy")
+
+    def clip(self, a_min: Any = None, a_max: Any = None) -> "Tensor":
+        return self.session._op("clip", (self, a_min, a_max), {})
+
+    def dot(self, other: Any) -> "Tensor":
+        return self._op("dot", other)
+
+    def __matmul__(self, other: Any) -> "Tensor":
+        return self._op("matmul", other)
+
+    def __rmatmul__(self, other: Any) -> "Tensor":
+        return self.session._op("matmul", (other, self), {})
+
+    def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
+                **extra: Any) -> "Tensor":
+        axis = tuple(axis) if isinstance(axis, list) else axis
+        return self._op(name, axis=axis, keepdims=keepdims, **extra)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("sum", axis, keepdims)
+
+    def prod(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("prod", axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("mean", axis, keepdims)
+
+    def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> "Tensor":
+        return self._reduce("std", axis, keepdims, ddof=ddof)
+
+    def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> "Tensor":
+        return self._reduce("var", axis, keepdims, ddof=ddof)
+
+    def min(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("min", axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("max", axis, keepdims)
+
+    def any(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("any", axis, keepdims)
+
+    def all(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("all", axis, keepdims)
+
+    def argmin(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("argmin", axis, keepdims)
+
+    def argmax(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
+        return self._reduce("argmax", axis, keepdims)
+
+    # -- numpy interoperability: everything stays remote ------------------------------------
+
+    def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any,
+                        **kwargs: Any) -> Any:
+        if method != "__call__" or kwargs or ufunc.__name__ not in OPS:
+            raise TypeError(f"numpy.{ufunc.__name__}"
+                            f"{'' if method == '__call__' else '.' + method}"
+                            f"{' with ' + ', '.join(kwargs) if kwargs else ''} is not "
+                            "supported on fabric tensors; read the tensor with .numpy() "
+                            "first if you mean to compute locally.")
+        return self.session._op(ufunc.__name__, inputs, {})
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        handler = ARRAY_FUNCTIONS.get(func)
+        if handler is None:
+            raise TypeError(f"numpy.{func.__name__} is not supported on fabric tensors; read "
+                            "the tensor with .numpy() first if you mean to compute locally.")
+        return handler(*args, **kwargs)
+
+
+def _binary(name: str, reflected: bool = False) -> Any:
+    if reflected:
+        def method(self: Tensor, other: Any) -> Tensor:
+            return self.session._op(name, (other, self), {})
+    else:
+        def method(self: Tensor, other: Any) -> Tensor:
+            return self.session._op(name, (self, other), {})
+    return method
+
+
+def _unary(name: str) -> Any:
+    def method(self: Tensor) -> Tensor:
+        return self.session._op(name, (self,), {})
+    return method
+
+
+for _dunder, _name in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
+                       ("truediv", "divide"), ("floordiv", "floor_divide"), ("mod", "remainder"),
+                       ("pow", "power"), ("and", "bitwise_and"), ("or", "bitwise_or"),
+                       ("xor", "bitwise_xor"), ("lshift", "left_shift"),
+                       ("rshift", "right_shift")]:
+    setattr(Tensor, f"__{_dunder}__", _binary(_name))
+    setattr(Tensor, f"__r{_dunder}__", _binary(_name, reflected=True))
+for _dunder, _name in [("lt", "less"), ("le", "less_equal"), ("eq", "equal"),
+                       ("ne", "not_equal"), ("ge", "greater_equal"), ("gt", "greater")]:
+    setattr(Tensor, f"__{_dunder}__", _binary(_name))
+for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolute"),
+                       ("invert", "invert")]:
+    setattr(Tensor, f"__{_dunder}__", _unary(_name))
+Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
+
+
+def _session_of(tensors: Iterable[Any]) -> "TensorSession":
+    for t in tensors:
+        if isinstance(t, Tensor):
+            return t.session
+    raise TypeError("At least one argument must be a fabric tensor.")
+
+
+def _reduction_function(name: str) -> Any:
+    def function(a: Tensor, axis: Any = None, *, keepdims: bool = False, **extra: Any) -> Tensor:
+        return a._reduce(name, axis, keepdims, **extra)
+    return function
+
+
+def _join_function(name: str) -> Any:
+    def function(arrays: Sequence[Any], axis: int = 0) -> Tensor:
+        return _session_of(arrays)._op(name, tuple(arrays), {"axis": axis})
+    return function
+
+
+ARRAY_FUNCTIONS: dict[Any, Any] = {
+    **{getattr(np, name): _reduction_function(name)
+       for name in ["sum", "prod", "mean", "std", "var", "min", "max", "any", "all",
+                    "argmin", "argmax"]},
+    np.amin: _reduction_function("min"),
+    np.amax: _reduction_function("max"),
+    np.where: lambda condition, x, y: _session_of((condition, x, y))._op(
+        "where", (condition, x, y), {}),
+    np.clip: lambda a, a_min=None, a_max=None: a.clip(a_min, a_max),
+    np.dot: lambda a, b: _session_of((a, b))._op("dot", (a, b), {}),
+    np.reshape: lambda a, shape: a.reshape(shape),
+    np.transpose: lambda a, axes=None: a.transpose(*(axes or ())),
+    np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
+    np.squeeze: lambda a, axis=None: a.squeeze(axis),
+    np.expand_dims: lambda a, axis: a._op("expand_dims", axis=axis),
+    np.concatenate: _join_function("concatenate"),
+    np.stack: _join_function("stack"),
+    np.copy: lambda a: a.copy(),
+    np.shape: lambda a: a.shape,
+    np.ndim: lambda a: a.ndim,
+    np.size: lambda a: a.size,
+}
+
+
+class Random:
+    """Seeded random tensors on the device: ``seed``, ``uniform``, ``normal``."""
+
+    def __init__(self, session: "TensorSession") -> None:
+        self._session = session
+
+    def seed(self, seed: int) -> None:
+        """Reset the session's generator on the device; later draws are reproducible."""
+        self._session._enqueue(["seed", 0, [], {"seed": int(seed)}])
+
+    def uniform(self, low: float = 0.0, high: float = 1.0, size: Any = (),
+                dtype: Any = "float64") -> Tensor:
+        return self._session._create("uniform", size, dtype, low=low, high=high)
+
+    def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = (),
+               dtype: Any = "float64") -> Tensor:
+        return self._session._create("normal", size, dtype, loc=loc, scale=scale)
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+
+
+class TensorSession:
+    """The op stream of a session: creation, batching, reads, releases. Mixed into Session."""
+
+    def _init_stream(self) -> None:
+        self._ids = itertools.count(1)
+        self._batch: list[list[Any]] = []
+        self._buffers: list[Any] = []
+        self._batch_bytes = 0
+        self._released: list[int] = []  # appended from __del__, possibly in another thread
+        self._origins: dict[int, tuple[str, int]] = {}
+        self._freed_origins: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self.random = Random(self)
+
+    # -- building ops ------------------------------------------------------------------------
+
+    def _wire_arg(self, arg: Any) -> Any:
+        if isinstance(arg, Tensor):
+            if arg.session is not self:
+                raise ValueError(f"{arg!r} lives on another session: move it with "
+                                 ".to(session) first.")
+            return arg.id
+        if arg is None:
+            return None
+        if isinstance(arg, np.generic):
+            return [arg.item(), arg.dtype.str]
+        if isinstance(arg, (bool, int, float)):
+            return [arg]
+        raise TypeError(f"Cannot use {type(arg).__name__} in a fabric op: use tensors, "
+                        "numpy arrays or Python scalars.")
+
+    def _as_operand(self, arg: Any) -> Any:
+        if isinstance(arg, (np.ndarray, list)):
+            return self.asarray(arg)
+        return arg
+
+    def _op(self, name: str, args: Sequence[Any], params: dict[str, Any],
+            wire_params: dict[str, Any] | None = None) -> Tensor:
+        args = [self._as_operand(a) for a in args]
+        shape, dtype = OPS[name].infer(args, params)  # numpy's error, here, before sending
+        return self._emit(name, args, shape, dtype, params if wire_params is None else wire_params)
+
+    def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
+              params: dict[str, Any]) -> Tensor:
+        wire_args = [self._wire_arg(a) for a in args]
+        tensor = Tensor(self, next(self._ids), shape, dtype)
+        self._origins[tensor.id] = _origin()
+        self._enqueue([name, tensor.id, wire_args, params])
+        return tensor
+
+    def _enqueue(self, op: list[Any], buffer: Any = None) -> None:
+        self._check_open()
+        self._batch.append(op)
+        if buffer is not None:
+            self._buffers.append(buffer)
+            self._batch_bytes += buffer.nbytes
+        if len(self._batch) >= MAX_BATCH_OPS or self._batch_bytes >= MAX_BATCH_BYTES:
+            self.flush()
+
+    def _create(self, name: str, shape: Any, dtype: Any, **params: Any) -> Tensor:
+        params = {"shape": list(_shape(shape)), "dtype": np.dtype(dtype).str, **params}
+        shape, dtype = OPS[name].infer((), params)
+        return self._emit(name, (), shape, dtype, params)
+
+    # -- creation ----------------------------------------------------------------------------
+
+    def asarray(self, array: Any, dtype: Any = None) -> Tensor:
+        """Upload an array (any layout or byte order) to the device."""
+        if isinstance(array, Tensor):
+            return array if dtype is None else array.astype(dtype)
+        array = np.asarray(array, dtype=dtype)
+        if array.dtype.hasobject or array.dtype.kind not in "biufc":
+            raise TypeError(f"dtype {array.dtype} cannot be sent to a device: use a numeric "
+                            "or bool dtype.")
+        if not array.dtype.isnative:
+            array = array.astype(array.dtype.newbyteorder("="))
+        array = np.ascontiguousarray(array)
+        tensor = Tensor(self, next(self._ids), array.shape, array.dtype)
+        self._origins[tensor.id] = _origin()
+        self._enqueue(["put", tensor.id, [], {"dtype": array.dtype.str,
+                                              "shape": list(array.shape),
+                                              "buffer": len(self._buffers)}],
+                      buffer=array.reshape(-1).view(np.uint8))
+        return tensor
+
+    def zeros(self, shape: Any, dtype: Any = "float64") -> Tensor:
+        return self._create("zeros", shape, dtype)
+
+    def ones(self, shape: Any, dtype: Any = "float64") -> Tensor:
+        return self._create("ones", shape, dtype)
+
+    def empty(self, shape: Any, dtype: Any = "float64") -> Tensor:
+        return self._create("empty", shape, dtype)
+
+    def full(self, shape: Any, fill_value: Any, dtype: Any = None) -> Tensor:
+        dtype = np.asarray(fill_value).dtype if dtype is None else dtype
+        return self._create("full", shape, dtype, fill_value=fill_value)
+
+    def arange(self, start: float, stop: float | None = None, step: float = 1,
+               dtype: Any = None) -> Tensor:
+        if stop is None:
+            start, stop = 0, start
+        dtype = np.arange(start, start + step, step).dtype if dtype is None else dtype
+        params = {"start": start, "stop": stop, "step": step, "dtype": np.dtype(dtype).str}
+        shape, dtype = OPS["arange"].infer((), params)
+        return self._emit("arange", (), shape, dtype, params)
+
+    def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True,
+                 dtype: Any = "float64") -> Tensor:
+        params = {"start": start, "stop": stop, "num": int(num), "endpoint": endpoint,
+                  "dtype": np.dtype(dtype).str}
+        shape, dtype = OPS["linspace"].infer((), params)
+        return self._emit("linspace", (), shape, dtype, params)
+
+    def eye(self, n: int, m: int | None = None, k: int = 0, dtype: Any = "float64") -> Tensor:
+        params = {"n": int(n), "m": m, "k": int(k), "dtype": np.dtype(dtype).str}
+        shape, dtype = OPS["eye"].infer((), params)
+        return self._emit("eye", (), shape, dtype, params)
+
+    # -- the stream --------------------------------------------------------------------------
+
+    def _release(self, tensor_id: int) -> None:
+        self._released.append(tensor_id)
+
+    def flush(self) -> None:
+        """Send the batched ops now (reads, syncs and close do this for you)."""
+        if not self._batch and not self._released:
+            return
+        released, self._released = self._released, []
+        for tensor_id in released:
+            origin = self._origins.pop(tensor_id, None)
+            if origin is not None:
+                self._freed_origins[tensor_id] = origin
+        while len(self._freed_origins) > _REMEMBERED_ORIGINS:
+            self._freed_origins.popitem(last=False)
+        body = {"ops": self._batch, "free": released}
+        buffers = self._buffers
+        self._batch, self._buffers, self._batch_bytes = [], [], 0
+        self.connection.send(Message(Kind.SUBMIT, self.id, body=body, buffers=buffers))
+
+    def _remote_error(self, wire: dict[str, Any]) -> Exception:
+        error = error_from_wire(wire)
+        tensor_id = error.details.get("tensor")
+        origin = self._origins.get(tensor_id) or self._freed_origins.get(tensor_id)
+        if isinstance(error, RemoteError) and origin is not None:
+            error.details["origin"] = f"{origin[0]}:{origin[1]}"
+            error.args = (f"{error.message}\n  the op was issued at {origin[0]}, line "
+                          f"{origin[1]}",)
+        return error
+
+    def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+        """Flush, send a request to the device and return its reply (raising its error)."""
+        self.flush()
+        reply = self._request(body, timeout)
+        if "error" in reply.body:
+            raise self._remote_error(reply.body["error"])
+        return reply
+
+    def _read(self, tensor: Tensor) -> np.ndarray:
+        reply = self._call({"op": "read", "id": tensor.id})
+        dtype, shape = np.dtype(reply.body["dtype"]), tuple(reply.body["shape"])
+        array = np.frombuffer(reply.buffers[0], dtype=dtype) if reply.buffers else \
+            np.empty(0, dtype)
+        return array.reshape(shape).copy()  # an ordinary, writable, owned array
+
+    def sync(self, timeout: float | None = None) -> None:
+        """Wait until the device has run everything sent so far; raise its first error."""
+        self._call({"op": "sync"}, timeout)
