@@ -57,11 +57,14 @@ def _apply(impl: Callable[..., Any], args: Sequence[Any], params: dict[str, Any]
 # -- shape rules ---------------------------------------------------------------------------
 
 def _elementwise_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
-    shapes = [a.shape for a in args if isinstance(a, Spec)]
-    first = shapes[0] if shapes else ()
-    if all(s == first for s in shapes):
-        return first
-    return np.broadcast_shapes(*shapes)
+    first = None
+    for arg in args:
+        if isinstance(arg, Spec):
+            if first is None:
+                first = arg.shape
+            elif arg.shape != first:  # the rare case pays for numpy's full rule
+                return np.broadcast_shapes(*[a.shape for a in args if isinstance(a, Spec)])
+    return () if first is None else first
 
 
 def _view_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
@@ -193,16 +196,17 @@ class Op:
         """Result shape and dtype, or numpy's own error for these arguments."""
         shape = self.shape_rule(self, args, params)
         if self.dtype_rule is _tiny_dtype:  # the only rule worth caching
-            return shape, _cached_dtype(self.name, _signature(args), _freeze(params))
+            return shape, _cached_dtype(self.name, _signature(args),
+                                        _freeze(params) if params else ())
         return shape, self.dtype_rule(self, args, params)
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
     # Tensors count by dtype and ndim; scalars by their type (Python scalars are weak in
     # numpy's promotion, numpy scalars are not).
-    return tuple((len(a.shape), a.dtype) if isinstance(a, Spec)
-                 else (type(a), a if isinstance(a, np.generic) else None)
-                 for a in args)
+    return tuple([(len(a.shape), a.dtype) if isinstance(a, Spec)
+                  else (type(a), a if isinstance(a, np.generic) else None)
+                  for a in args])
 
 
 def _freeze(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
