@@ -37,6 +37,9 @@ from .tensor import TensorSession
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
 # ZeroMQ (an HTTP server, say) is found out this fast rather than at the full timeout.
 ZMTP_HANDSHAKE_LIMIT = 1.5
+# Messages queued towards the broker before ``send`` waits: this, with the op batch limits,
+# bounds the client's memory for unsent work (backpressure instead of growth).
+SEND_QUEUE = 64
 _WATCHED_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
@@ -79,6 +82,8 @@ class Connection:
         self.socket.setsockopt(zmq.HANDSHAKE_IVL, int(handshake_limit * 1000))
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        self.socket.setsockopt(zmq.SNDHWM, SEND_QUEUE)
+        self.set_send_timeout(10.0)
         self._monitor = self.socket.get_monitor_socket(_WATCHED_EVENTS)
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
@@ -98,12 +103,23 @@ class Connection:
             raise FabricError("A fabric connection is used only by the thread that opened it: "
                               "open a session per thread.")
 
+    def set_send_timeout(self, seconds: float) -> None:
+        """How long ``send`` may wait for room in the queue to the broker."""
+        self.send_timeout = seconds
+        self.socket.setsockopt(zmq.SNDTIMEO, int(seconds * 1000))
+
     def send(self, message: Message) -> None:
         """Queue a message to the broker (no reply expected)."""
         self._check_thread()
         if self.error is not None:
             raise self.error
-        self.socket.send_multipart(protocol.encode(message), copy=False)
+        try:
+            self.socket.send_multipart(protocol.encode(message), copy=False)
+        except zmq.Again:
+            raise RequestTimeout(
+                f"The broker at {self.address} took none of the {SEND_QUEUE} queued messages "
+                f"in {self.send_timeout:g} s: it or the device's worker is overloaded or gone."
+            ) from None
 
     def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
         """Send a request and wait for its reply (matched by request id) until the deadline."""
@@ -231,6 +247,7 @@ class Session(TensorSession):
         self.device_count: int = welcome.body["device_count"]
         self.server: str = welcome.body["server"]
         self.closed = False
+        connection.set_send_timeout(timeout)
         self._init_stream()
 
     def __repr__(self) -> str:

@@ -342,6 +342,7 @@ class TensorSession:
         self._released: list[int] = []  # appended from __del__, possibly in another thread
         self._origins: dict[int, tuple[str, int]] = {}
         self._freed_origins: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
         self.random = Random(self)
 
     # -- building ops ------------------------------------------------------------------------
@@ -470,6 +471,9 @@ class TensorSession:
             self._freed_origins.popitem(last=False)
         body = {"ops": self._batch, "free": released}
         buffers = self._buffers
+        self._counts["ops_sent"] += len(self._batch)
+        self._counts["batches_sent"] += 1
+        self._counts["bytes_uploaded"] += self._batch_bytes
         self._batch, self._buffers, self._batch_bytes = [], [], 0
         self.connection.send(Message(Kind.SUBMIT, self.id, body=body, buffers=buffers))
 
@@ -501,3 +505,8 @@ class TensorSession:
     def sync(self, timeout: float | None = None) -> None:
         """Wait until the device has run everything sent so far; raise its first error."""
         self._call({"op": "sync"}, timeout)
+
+    def stats(self) -> dict[str, int]:
+        """Counts for this session: what the client sent, what the device holds and ran."""
+        device = self._call({"op": "stats"}).body  # flushes first, so counts are current
+        return {**self._counts, **device}

@@ -188,7 +188,9 @@ class Executor:
     def _stats(self, session: SessionState, message: Message) -> list[Message]:
         return [Message(Kind.REPLY, message.session, message.request, {
             "tensors": len(session.tensors), "resident_bytes": session.resident,
-            "ops": session.ops, "poisoned": len(session.poisoned)})]
+            "ops": session.ops, "poisoned": len(session.poisoned),
+            "device_sessions": len(self.sessions),
+            "device_resident_bytes": sum(s.resident for s in self.sessions.values())})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats}

@@ -1,0 +1,71 @@
+"""Shared fixtures: real broker and worker processes on loopback, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric import LocalCluster
+
+# Short heartbeats keep fault tests fast; the code paths are the same as the defaults.
+HEARTBEAT = 0.2
+
+
+def child_pids() -> set[int]:
+    """Live child processes of this test process (zombies excluded)."""
+    me = str(os.getpid())
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            found.add(int(entry.name))
+    return found
+
+
+def our_threads() -> set[threading.Thread]:
+    # pyzmq's zero-copy garbage collector is one thread per process, started on first use.
+    return {t for t in threading.enumerate() if type(t).__name__ != "GarbageCollectorThread"}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Every test ends the processes and threads it started (module fixtures excepted)."""
+    children_before = child_pids()
+    threads_before = our_threads()
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (
+            child_pids() - children_before or our_threads() - threads_before):
+        time.sleep(0.05)
+    assert not child_pids() - children_before, "the test left child processes running"
+    assert not our_threads() - threads_before, "the test left threads running"
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """One broker and two workers for a whole module of tests that do not harm them."""
+    with LocalCluster(workers=2, heartbeat=HEARTBEAT) as running:
+        yield running
+
+
+@pytest.fixture
+def session(shared_cluster):
+    """A fresh session on device 0 of the shared cluster, closed after the test."""
+    with shared_cluster.connect(device=0) as opened:
+        yield opened
+
+
+@pytest.fixture
+def cluster():
+    """A broker and two one-device numpy workers, with short heartbeats."""
+    with LocalCluster(workers=2, heartbeat=HEARTBEAT) as running:
+        yield running

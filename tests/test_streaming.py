@@ -1,0 +1,171 @@
+"""End-to-end: op streaming, deferred errors, lifetimes, quotas and transfers, on real processes."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.errors import QuotaExceeded, RemoteError
+from fabric.tensor import MAX_BATCH_OPS
+
+
+def test_the_readme_example_matches_numpy(session):
+    a_np = np.random.default_rng(1).random((200, 200))
+    a = session.asarray(a_np)
+    b = session.ones((200, 200), dtype="float32")
+    c = (a @ b).sum(axis=0) / 2 + np.sin(a[0])
+    assert isinstance(c, fabric.tensor.Tensor)
+    expected = (a_np @ np.ones((200, 200), "float32")).sum(axis=0) / 2 + np.sin(a_np[0])
+    assert (c.shape, c.dtype) == (expected.shape, expected.dtype)
+    np.testing.assert_allclose(c.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(c), expected, rtol=1e-12)
+
+
+def test_ops_are_batched_not_sent_one_by_one(session):
+    x = session.zeros(100)
+    for _ in range(3000):
+        x = x + 1.0
+    assert len(session._batch) <= MAX_BATCH_OPS  # unsent work stays bounded
+    assert x.numpy()[0] == 3000
+    stats = session.stats()
+    assert stats["ops_sent"] == 3001
+    assert stats["batches_sent"] <= 3  # one message per batch, not per op
+    assert stats["ops"] == 3001  # the device ran every op
+
+
+def test_a_shape_mismatch_fails_at_the_call_site_before_sending(session):
+    a, b, c = session.zeros((3, 4)), session.zeros((5,)), session.zeros((5, 2))
+    queued = len(session._batch)
+    with pytest.raises(ValueError):
+        a + b
+    with pytest.raises(ValueError):
+        a @ c
+    assert len(session._batch) == queued
+
+
+def test_a_failed_op_poisons_its_outputs_and_is_raised_at_the_next_read(session):
+    ints = session.asarray(np.arange(1, 4))
+    bad = ints ** -1  # numpy refuses negative integer powers: only the device finds out
+    downstream = (bad + 1).sum()
+    good = ints * 2
+    with pytest.raises(RemoteError) as caught:
+        downstream.numpy()
+    error = caught.value
+    assert error.details["op"] == "power"
+    assert "Integers to negative integer powers" in str(error)
+    assert "test_streaming.py" in error.details["origin"]  # the user's line that made the op
+    # The session and the worker go on: unrelated tensors read fine, new ops run.
+    np.testing.assert_array_equal(good.numpy(), [2, 4, 6])
+    np.testing.assert_array_equal((good + 1).numpy(), [3, 5, 7])
+
+
+def test_sync_raises_the_first_error_once(session):
+    session.asarray(np.arange(3)) ** -2
+    with pytest.raises(RemoteError, match="power"):
+        session.sync()
+    session.sync()  # reported once; the session is healthy again
+
+
+def test_garbage_collected_tensors_are_freed_on_the_worker(session):
+    kept = session.ones(1000)
+    dropped = [session.ones(1000) for _ in range(10)]
+    session.sync()
+    assert session.stats()["tensors"] == 11
+    del dropped
+    gc.collect()
+    stats = session.stats()
+    assert stats["tensors"] == 1
+    assert stats["resident_bytes"] == kept.nbytes
+
+
+def test_closing_a_session_frees_everything_it_held(shared_cluster):
+    with shared_cluster.connect(device=1) as first:
+        kept = first.ones(10_000)  # noqa: F841 (held until the session closes)
+        first.sync()
+        held = first.stats()["device_resident_bytes"]
+    assert held >= 80_000
+    with shared_cluster.connect(device=1) as second:
+        stats = second.stats()
+        assert stats["device_sessions"] == 1
+        assert stats["device_resident_bytes"] == 0
+
+
+def test_memory_limit_gives_quota_exceeded_and_the_worker_survives():
+    with fabric.LocalCluster(workers=1, worker_args=("--memory-limit", "100000")) as cluster:
+        with cluster.connect() as session:
+            small = session.ones(1000)  # 8 kB
+            big = session.ones(20_000)  # 160 kB: past the limit
+            with pytest.raises(QuotaExceeded, match="memory-limit"):
+                big.numpy()
+            assert small.sum().numpy() == 1000
+            del big
+            session.sync()
+        with cluster.connect() as again:
+            assert again.arange(5).sum().numpy() == 10
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(24.0).reshape(4, 6)[:, ::2],  # non-contiguous
+    lambda: np.arange(24.0).reshape(4, 6).T,  # Fortran order
+    lambda: np.arange(10, dtype=">f8"),  # big-endian
+    lambda: np.arange(10, dtype=">i4"),
+    lambda: np.array([True, False, True]),
+    lambda: np.zeros((0, 3)),
+    lambda: np.float32(2.5).reshape(()),
+], ids=["strided", "transposed", "big-endian-float", "big-endian-int", "bool", "empty",
+        "0-d"])
+def test_uploads_of_any_layout_read_back_equal(session, make):
+    original = make()
+    back = session.asarray(original).numpy()
+    np.testing.assert_array_equal(back, original)
+    assert back.dtype == original.dtype.newbyteorder("=")
+    assert back.flags.writeable and back.flags.owndata or back.base is not None
+    back[...] = 0  # an ordinary writable array
+
+
+def test_large_arrays_travel_intact(session):
+    original = np.random.default_rng(7).random(3_000_000)  # 24 MB: zero-copy frames
+    tensor = session.asarray(original)
+    back = tensor.numpy()
+    np.testing.assert_array_equal(back, original)
+    back[0] = -1.0
+    assert tensor[0].numpy() == original[0]  # the client's copy is its own
+
+
+def test_seeded_random_is_reproducible(session, shared_cluster):
+    session.random.seed(42)
+    first = session.random.normal(size=(3, 4)).numpy()
+    session.random.seed(42)
+    again = session.random.normal(size=(3, 4)).numpy()
+    with shared_cluster.connect(device=1) as other:
+        other.random.seed(42)
+        elsewhere = other.random.normal(size=(3, 4)).numpy()
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first, elsewhere)
+
+
+def test_a_tensor_from_another_session_is_refused(session, shared_cluster):
+    with shared_cluster.connect(device=1) as other:
+        with pytest.raises(ValueError, match="another session"):
+            session.ones(3) + other.ones(3)
+
+
+def test_unsupported_numpy_functions_raise_type_error_instead_of_downloading(session):
+    t = session.ones(5)
+    with pytest.raises(TypeError, match="cumsum"):
+        np.cumsum(t)
+    with pytest.raises(TypeError, match="reduce"):
+        np.add.reduce(t)
+
+
+def test_using_a_closed_session_fails_clearly(shared_cluster):
+    session = shared_cluster.connect(device=0)
+    tensor = session.ones(3)
+    session.close()
+    with pytest.raises(fabric.SessionLost, match="closed"):
+        tensor.numpy()
+    with pytest.raises(fabric.SessionLost, match="closed"):
+        session.ones(3)
