@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import RemoteError, error_from_wire
+from .errors import ProtocolError, RemoteError, error_from_wire
 from .ops import OPS, RANDOM_OPS, Spec
 from .protocol import Kind, Message
 
@@ -49,6 +49,35 @@ def decode_index(encoded: list[Any]) -> tuple[Any, ...]:
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+ZERO_COPY_BYTES = 64 << 10  # pyzmq's own crossover between copying and sharing a frame
+
+
+class _FrameMemory:
+    """A received frame's bytes, shown to numpy as writable memory.
+
+    A frame received from another process is this process's alone, so writing into it is
+    safe; pyzmq only offers a read-only view, and copying 256 MiB costs more than moving it.
+    """
+
+    def __init__(self, frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.frame = frame  # kept alive as long as any array uses its memory
+        address = np.frombuffer(frame.buffer, np.uint8).ctypes.data
+        self.__array_interface__ = {"data": (address, False), "shape": shape,
+                                    "typestr": dtype.str, "version": 3}
+
+
+def array_from_frame(frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """An ordinary writable array over a received frame: shared when large, else copied."""
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buffer = getattr(frame, "buffer", frame)
+    if len(buffer) != size:
+        raise ProtocolError(f"A buffer of {len(buffer)} bytes cannot hold {shape} {dtype}.")
+    if size >= ZERO_COPY_BYTES and hasattr(frame, "buffer") and \
+            np.frombuffer(buffer, np.uint8).ctypes.data % dtype.alignment == 0:
+        return np.asarray(_FrameMemory(frame, dtype, shape))
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy()
 
 
 def _origin() -> tuple[str, int]:
@@ -497,10 +526,10 @@ class TensorSession:
 
     def _read(self, tensor: Tensor) -> np.ndarray:
         reply = self._call({"op": "read", "id": tensor.id})
-        dtype, shape = np.dtype(reply.body["dtype"]), tuple(reply.body["shape"])
-        array = np.frombuffer(reply.buffers[0], dtype=dtype) if reply.buffers else \
-            np.empty(0, dtype)
-        return array.reshape(shape).copy()  # an ordinary, writable, owned array
+        if len(reply.buffers) != 1:
+            raise ProtocolError("A read reply must carry exactly one buffer.")
+        return array_from_frame(reply.buffers[0], np.dtype(reply.body["dtype"]),
+                                tuple(reply.body["shape"]))
 
     def sync(self, timeout: float | None = None) -> None:
         """Wait until the device has run everything sent so far; raise its first error."""
