@@ -1,0 +1,106 @@
+"""Sans-I/O tests of a device's executor: the worker's rules without sockets or processes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fabric.errors import error_from_wire
+from fabric.protocol import Kind, Message
+from workers.backends.numpy_backend import NumpyDevice
+from workers.executor import Executor
+
+SESSION = 0x5E55
+
+
+def opened(memory_limit: int | None = None) -> Executor:
+    executor = Executor(NumpyDevice(0), memory_limit)
+    assert executor.handle(Message(Kind.OPEN, SESSION, 1, {"device": 0}))[0].kind == Kind.OPENED
+    return executor
+
+
+def submit(executor: Executor, *ops: list, free: list[int] = (), buffers: tuple = ()) -> None:
+    body = {"ops": list(ops), "free": list(free)}
+    assert executor.handle(Message(Kind.SUBMIT, SESSION, 0, body, buffers)) == []
+
+
+def request(executor: Executor, **body) -> Message:
+    [reply] = executor.handle(Message(Kind.REQUEST, SESSION, 9, body))
+    assert (reply.kind, reply.session, reply.request) == (Kind.REPLY, SESSION, 9)
+    return reply
+
+
+def read(executor: Executor, tensor_id: int) -> np.ndarray:
+    reply = request(executor, op="read", id=tensor_id)
+    assert "error" not in reply.body, reply.body
+    return np.frombuffer(reply.buffers[0], reply.body["dtype"]).reshape(reply.body["shape"])
+
+
+def test_ops_run_in_submission_order_and_reads_return_the_result():
+    executor = opened()
+    data = np.arange(6.0)
+    submit(executor,
+           ["put", 1, [], {"dtype": "<f8", "shape": [2, 3], "buffer": 0}],
+           ["multiply", 2, [1, [2.0]], {}],
+           ["sum", 3, [2], {"axis": 1, "keepdims": False}],
+           buffers=(data.tobytes(),))
+    np.testing.assert_array_equal(read(executor, 3), [6.0, 24.0])
+
+
+def test_a_failed_op_poisons_everything_downstream_and_sync_reports_it_once():
+    executor = opened()
+    submit(executor,
+           ["arange", 1, [], {"start": 1, "stop": 4, "step": 1, "dtype": "<i8"}],
+           ["power", 2, [1, [-1]], {}],
+           ["add", 3, [2, [1]], {}],
+           ["multiply", 4, [1, [2]], {}])
+    poisoned = error_from_wire(request(executor, op="read", id=3).body["error"])
+    assert poisoned.details["op"] == "power" and poisoned.details["tensor"] == 2
+    np.testing.assert_array_equal(read(executor, 4), [2, 4, 6])
+    # The read reported the error, so the next sync does not raise it again.
+    assert request(executor, op="sync").body == {"ok": True}
+
+
+def test_sync_reports_the_first_unreported_error():
+    executor = opened()
+    submit(executor, ["ones", 1, [], {"shape": [2], "dtype": "<f8"}],
+           ["reshape", 2, [1], {"shape": [3]}])
+    error = error_from_wire(request(executor, op="sync").body["error"])
+    assert error.code == "remote_error" and "reshape" in error.message
+    assert request(executor, op="sync").body == {"ok": True}
+
+
+def test_frees_release_memory_and_the_limit_gives_quota_exceeded():
+    executor = opened(memory_limit=1000)
+    submit(executor, ["zeros", 1, [], {"shape": [100], "dtype": "<f8"}],  # 800 bytes
+           ["zeros", 2, [], {"shape": [100], "dtype": "<f8"}])  # past the limit
+    error = error_from_wire(request(executor, op="read", id=2).body["error"])
+    assert error.code == "quota_exceeded"
+    submit(executor, free=[1])
+    assert request(executor, op="stats").body["resident_bytes"] == 0
+    submit(executor, ["zeros", 3, [], {"shape": [100], "dtype": "<f8"}])
+    assert read(executor, 3).shape == (100,)
+
+
+def test_malformed_ops_and_unknown_requests_are_errors_not_crashes():
+    executor = opened()
+    submit(executor, ["add"], ["no_such_op", 1, [], {}], ["add", 2, [99, 98], {}])
+    assert request(executor, op="sync").body["error"]["code"] == "protocol_error"
+    assert request(executor, op="teleport").body["error"]["code"] == "protocol_error"
+    assert request(executor, op="read", id=12345).body["error"]["code"] == "protocol_error"
+
+
+def test_messages_for_unknown_sessions_are_answered_and_close_is_idempotent():
+    executor = Executor(NumpyDevice(0))
+    [reply] = executor.handle(Message(Kind.REQUEST, 77, 3, {"op": "sync"}))
+    assert reply.body["error"]["code"] == "session_lost"
+    assert executor.handle(Message(Kind.SUBMIT, 77, 0, {"ops": [], "free": []})) == []
+    assert executor.handle(Message(Kind.CLOSE, 77, 4))[0].kind == Kind.CLOSED
+
+
+def test_closing_frees_the_session_and_reopening_twice_is_refused():
+    executor = opened()
+    submit(executor, ["ones", 1, [], {"shape": [10], "dtype": "<f8"}])
+    [again] = executor.handle(Message(Kind.OPEN, SESSION, 2, {"device": 0}))
+    assert again.kind == Kind.REJECT
+    assert executor.handle(Message(Kind.CLOSE, SESSION, 5))[0].kind == Kind.CLOSED
+    assert executor.sessions == {}
