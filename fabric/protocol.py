@@ -148,7 +148,8 @@ def validate_body(kind: Kind, body: dict[str, Any]) -> None:
     """Check the required fields of a control body; raise ProtocolError naming the bad field."""
     for name, expected in BODY_SCHEMAS.get(kind, {}).items():
         value = body.get(name)
-        if not isinstance(value, expected) or isinstance(value, bool) and expected is int:
+        allowed = expected if isinstance(expected, tuple) else (expected,)
+        if not isinstance(value, expected) or isinstance(value, bool) and bool not in allowed:
             raise ProtocolError(
                 f"{kind.name} body field {name!r} is missing or has the wrong type.",
                 field=name,

@@ -1,0 +1,104 @@
+"""The client's pending-request table, fed messages by hand."""
+
+from __future__ import annotations
+
+from fabric import protocol
+from fabric.errors import RemoteError, SessionLost
+from fabric.pending import PendingTable
+from fabric.protocol import Kind, Message
+
+
+def reply(request: int, session: int = 1, body: dict | None = None) -> Message:
+    return Message(Kind.REPLY, session, request, body or {"for": request})
+
+
+def session_error(session: int, error, request: int = 0) -> Message:
+    return protocol.error_message(error, session=session, request=request)
+
+
+def test_request_ids_are_fresh_and_never_zero():
+    table = PendingTable()
+    ids = [table.new_request() for _ in range(5)]
+    assert len(set(ids)) == 5
+    assert 0 not in ids  # 0 means "no request" in the header
+
+
+def test_replies_are_matched_out_of_order_by_request_id():
+    table = PendingTable()
+    first, second, third = (table.new_request() for _ in range(3))
+    table.on_message(reply(third))
+    table.on_message(reply(first))
+    assert table.take(second) is None
+    assert table.take(first).body == {"for": first}
+    table.on_message(reply(second))
+    assert table.take(third).body == {"for": third}
+    assert table.take(second).body == {"for": second}
+
+
+def test_a_reply_is_taken_once():
+    table = PendingTable()
+    request = table.new_request()
+    message = reply(request)
+    table.on_message(message)
+    assert table.take(request) is message
+    assert table.take(request) is None
+
+
+def test_a_duplicate_reply_is_not_filed_twice():
+    table = PendingTable()
+    request = table.new_request()
+    table.on_message(reply(request, body={"n": 1}))
+    table.on_message(reply(request, body={"n": 2}))
+    assert table.take(request).body == {"n": 1}
+    assert table.take(request) is None
+
+
+def test_session_lost_error_is_recorded_against_the_session():
+    table = PendingTable()
+    table.on_message(session_error(7, SessionLost("Worker w is gone.", worker="w", session=7)))
+    assert set(table.lost) == {7}
+    error = table.lost[7]
+    assert isinstance(error, SessionLost)
+    assert error.message == "Worker w is gone."
+    assert error.details == {"worker": "w", "session": 7}
+
+
+def test_other_errors_and_session_zero_do_not_mark_a_session_lost():
+    table = PendingTable()
+    table.on_message(session_error(7, RemoteError("An op failed.")))
+    table.on_message(session_error(0, SessionLost("No session.")))
+    table.on_message(Message(Kind.PING, 7))
+    assert table.lost == {}
+
+
+def test_an_error_answering_a_waiting_request_is_its_reply():
+    table = PendingTable()
+    request = table.new_request()
+    message = session_error(3, RemoteError("Bad op."), request=request)
+    table.on_message(message)
+    assert table.take(request) is message
+
+
+def test_late_reply_to_a_forgotten_request_is_dropped():
+    table = PendingTable()
+    kept, forgotten = table.new_request(), table.new_request()
+    table.forget(forgotten)
+    table.on_message(reply(forgotten))
+    table.on_message(reply(kept))
+    assert table.take(forgotten) is None
+    assert table.take(kept) is not None
+    assert table.lost == {}
+
+
+def test_forget_drops_a_reply_that_already_arrived():
+    table = PendingTable()
+    request = table.new_request()
+    table.on_message(reply(request))
+    table.forget(request)
+    assert table.take(request) is None
+
+
+def test_reply_to_a_request_never_made_is_dropped():
+    table = PendingTable()
+    table.on_message(reply(99))
+    assert table.take(99) is None
