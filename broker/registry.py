@@ -154,6 +154,7 @@ class Registry:
     def _rebuild_devices(self) -> None:
         # Devices are numbered by worker name, then local index, so a worker that restarts
         # under the same name serves the same global indexes again.
+        previous = self._device_owner
         self.devices, self._device_owner = [], []
         for worker in sorted(self.workers.values(), key=lambda w: w.name):
             for local, settings in enumerate(worker.devices):
@@ -162,6 +163,10 @@ class Registry:
                     "index": len(self.devices), "worker": worker.name, "local": local,
                     "backend": worker.backend, "settings": settings,
                 })
+        # Renumbering moves the devices of live sessions too: keep each on its own device.
+        index = {owner: i for i, owner in enumerate(self._device_owner)}
+        for session in self.sessions.values():
+            session.device = index[previous[session.device]]
 
     def device_of(self, session: Session) -> dict[str, Any]:
         return self.devices[session.device]
@@ -170,6 +175,7 @@ class Registry:
 
     def from_client(self, identity: bytes, frames: Sequence[Any], now: float) -> list[Send]:
         """A message from the frontend (routing identity already split off)."""
+        header = None  # once read, an error answer names the request it answers
         try:
             if len(frames) < 2:
                 raise ProtocolError("A message needs a header frame and a body frame.")
@@ -184,7 +190,7 @@ class Registry:
                     client_version=header.version, server_version=PROTOCOL_VERSION))
             message = protocol.decode(frames)
         except ProtocolError as exc:
-            return self._bad_input(Side.FRONTEND, identity, exc)
+            return self._bad_input(Side.FRONTEND, identity, exc, header)
         handler = self._client_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.FRONTEND, identity, ProtocolError(
@@ -280,6 +286,7 @@ class Registry:
 
     def from_worker(self, identity: bytes, frames: Sequence[Any], now: float) -> list[Send]:
         """A message from the backend (routing identity already split off)."""
+        header = None  # once read, an error answer names the request it answers
         try:
             if len(frames) < 2:
                 raise ProtocolError("A message needs a header frame and a body frame.")
@@ -306,11 +313,16 @@ class Registry:
                     reason="not_registered"), session=header.session, request=header.request)]
             message = protocol.decode(frames)
         except ProtocolError as exc:
-            return self._bad_input(Side.BACKEND, identity, exc)
+            return self._bad_input(Side.BACKEND, identity, exc, header)
         handler = self._worker_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
                 f"A {message.kind.name} message is not accepted from a worker."), header)
+        if message.version != PROTOCOL_VERSION:  # its body was not validated
+            return self._bad_input(Side.BACKEND, identity, ProtocolError(
+                f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
+                "install matching fabric versions.", worker_version=message.version,
+                server_version=PROTOCOL_VERSION), header)
         return handler(self, worker, message, now)
 
     def _route_worker_data(self, worker: Worker, header: Header,

@@ -50,7 +50,8 @@ timing = [
     click.option("--liveness", type=int, default=3, show_default=True,
                  help="Heartbeats missed before the peer is declared lost."),
     click.option("--log-level", default="info", show_default=True,
-                 type=click.Choice(["debug", "info", "warning", "error"])),
+                 type=click.Choice(["debug", "info", "warning", "error"]),
+                 help="How much to log to stderr (tokens are never logged)."),
 ]
 
 
@@ -114,20 +115,25 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
               help="How many devices this worker hosts.")
 @click.option("--name", default=None, help="Worker name, unique in the cluster "
               "[default: worker-HOST-PID].")
+@click.option("--memory-limit", type=int, default=None,
+              help="Most bytes one session may keep resident on a device; going past it "
+                   "fails the op with QuotaExceeded and the worker goes on [default: none].")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @_with(timing)
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
-           worker_token: str | None, worker_token_file: str | None, heartbeat: float,
-           liveness: int, log_level: str) -> None:
+           memory_limit: int | None, worker_token: str | None, worker_token_file: str | None,
+           heartbeat: float, liveness: int, log_level: str) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker."""
+    from workers.backends import device_class
     from workers.worker import RegistrationRefused, serve
 
     _logging(log_level)
-    token = _secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
     try:
+        device_class(backend)  # a backend that can never be hosted is refused before the token
+        token = _secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
-              heartbeat=heartbeat, liveness=liveness)
+              heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit)
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)

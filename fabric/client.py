@@ -135,6 +135,11 @@ class Connection:
             while True:
                 reply = self.pending.take(request)
                 if reply is not None:
+                    if (session in self.pending.lost and reply.kind == Kind.ERROR
+                            and reply.body.get("code") == SessionLost.code):
+                        # The broker's earlier notice says why the session ended; this
+                        # answer only says it is gone.
+                        raise self.pending.lost[session]
                     return reply
                 if session in self.pending.lost:
                     raise self.pending.lost[session]

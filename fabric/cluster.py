@@ -39,12 +39,25 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str:
     return line.decode()
 
 
+def _end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """End and reap one child: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 class LocalCluster:
     """A broker and ``workers`` worker processes on loopback; a context manager."""
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
                  heartbeat: float = 1.0, liveness: int = 3, start_timeout: float = 30.0,
-                 broker_args: tuple[str, ...] = ()) -> None:
+                 broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> None:
         self.n_workers = workers
         self.backend = backend
         self.devices_per_worker = devices_per_worker
@@ -52,6 +65,7 @@ class LocalCluster:
         self.liveness = liveness
         self.start_timeout = start_timeout
         self.broker_args = broker_args
+        self.worker_args = worker_args
         self.token, self.worker_token, self.admin_token = new_token(), new_token(), new_token()
         self.broker: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -67,7 +81,8 @@ class LocalCluster:
                 "PYTHONUNBUFFERED": "1"}
 
     def _log(self, name: str) -> Any:
-        return open(os.path.join(self._logdir.name, f"{name}.log"), "wb")
+        # Appended to, so a restarted process's log follows its predecessor's.
+        return open(os.path.join(self._logdir.name, f"{name}.log"), "ab")
 
     def log_tail(self, name: str, lines: int = 10) -> str:
         """The last lines a child process logged (``broker`` or ``worker-N``)."""
@@ -77,12 +92,13 @@ class LocalCluster:
         except OSError:
             return ""
 
-    def start_broker(self) -> None:
-        """Start the broker on free loopback ports and learn its addresses."""
+    def start_broker(self, frontend: str = "tcp://127.0.0.1:*",
+                     backend: str = "tcp://127.0.0.1:*") -> None:
+        """Start the broker (on free loopback ports by default) and learn its addresses."""
         with self._log("broker") as log:
             self.broker = subprocess.Popen(
-                [sys.executable, "-m", "fabric", "broker", "--frontend", "tcp://127.0.0.1:*",
-                 "--backend", "tcp://127.0.0.1:*", "--heartbeat", str(self.heartbeat),
+                [sys.executable, "-m", "fabric", "broker", "--frontend", frontend,
+                 "--backend", backend, "--heartbeat", str(self.heartbeat),
                  "--liveness", str(self.liveness), *self.broker_args],
                 stdout=subprocess.PIPE, stderr=log, env=self._env())
         line = _read_line(self.broker, time.monotonic() + self.start_timeout)
@@ -91,14 +107,28 @@ class LocalCluster:
         ready = json.loads(line)
         self.address, self.backend_address = ready["frontend"], ready["backend"]
 
+    def restart_broker(self, timeout: float = 5.0) -> None:
+        """Stop the broker and start it again on the same addresses with the same tokens.
+
+        Its sessions are lost; the workers notice and register again by themselves.
+        """
+        if self.broker is not None:
+            _end(self.broker, timeout)
+        self.start_broker(self.address, self.backend_address)
+
     def start_worker(self, index: int) -> subprocess.Popen:
-        """Start (or restart) worker ``index``; it registers as ``worker-{index}``."""
+        """Start (or restart) worker ``index``; it registers as ``worker-{index}``.
+
+        A previous process for ``index`` is ended (and reaped) first.
+        """
+        if index < len(self.workers):
+            _end(self.workers[index])
         with self._log(f"worker-{index}") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "fabric", "worker", "--broker", self.backend_address,
                  "--backend", self.backend, "--devices", str(self.devices_per_worker),
                  "--name", f"worker-{index}", "--heartbeat", str(self.heartbeat),
-                 "--liveness", str(self.liveness)],
+                 "--liveness", str(self.liveness), *self.worker_args],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env())
         if index < len(self.workers):
             self.workers[index] = proc
@@ -149,13 +179,7 @@ class LocalCluster:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+            _end(proc, max(0.0, deadline - time.monotonic()))
         atexit.unregister(self.stop)
 
     def __enter__(self) -> "LocalCluster":

@@ -17,6 +17,7 @@ Inference reuses numpy's rules instead of restating them:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Sequence
@@ -108,7 +109,7 @@ def _matmul_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shap
 
 
 def _dot_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
-    a, b = (x.shape for x in args)
+    a, b = (x.shape if isinstance(x, Spec) else () for x in args)  # a scalar multiplies
     if not a or not b:
         return np.broadcast_shapes(a, b)
     k_b = -1 if len(b) == 1 else -2
@@ -123,6 +124,8 @@ def _join_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     if not shapes:
         raise ValueError("need at least one array to concatenate")
     axis = params.get("axis", 0)
+    if axis is None and op.name == "concatenate":  # numpy flattens every array first
+        return (sum(math.prod(s) for s in shapes),)
     if op.name == "stack":
         if any(s != shapes[0] for s in shapes):
             raise ValueError("all input arrays must have the same shape")
@@ -158,7 +161,10 @@ def _creation_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Sh
             raise ValueError(f"Number of samples, {params['num']}, must be non-negative.")
         return (params["num"],)
     if op.name == "eye":
-        return (params["n"], params["n"] if params["m"] is None else params["m"])
+        shape = (params["n"], params["n"] if params["m"] is None else params["m"])
+        if any(n < 0 for n in shape):
+            raise ValueError("negative dimensions are not allowed")
+        return shape
     shape = tuple(params["shape"])
     if any(n < 0 for n in shape):
         raise ValueError("negative dimensions are not allowed")
@@ -168,7 +174,9 @@ def _creation_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Sh
 # -- dtype rules ---------------------------------------------------------------------------
 
 def _tiny_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
-    return _apply(op.impl, args, params, tiny=True).dtype
+    with warnings.catch_warnings():  # size-1 stand-ins warn where real data may not
+        warnings.simplefilter("ignore")  # (std with ddof=1: "Degrees of freedom <= 0")
+        return _apply(op.impl, args, params, tiny=True).dtype
 
 
 def _same_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
@@ -203,10 +211,29 @@ class Op:
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
     # Tensors count by dtype and ndim; scalars by their type (Python scalars are weak in
-    # numpy's promotion, numpy scalars are not).
+    # numpy's promotion, numpy scalars are not), Python ints also by their range and sign.
     return tuple([(len(a.shape), a.dtype) if isinstance(a, Spec)
+                  else (int, _weak_int(a)) if type(a) is int
                   else (type(a), a if isinstance(a, np.generic) else None)
                   for a in args])
+
+
+_POSITIVE_BOUNDS = (255, 2**15 - 1, 2**16 - 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1)
+_NEGATIVE_BOUNDS = (-2**15, -2**31, -2**63)
+
+
+def _weak_int(value: int) -> int:
+    """A stand-in for a Python int: same sign, and out of bounds for the same integer dtypes.
+
+    A weak Python int keeps the tensor's dtype, but numpy raises OverflowError when it does
+    not fit that dtype and ValueError when it is a negative power of an integer: the stand-in
+    makes inference raise exactly when numpy would (1, not 0, so no division by zero).
+    """
+    if -128 <= value <= 127:
+        return 1 if value >= 0 else -1
+    if value > 0:
+        return next((bound for bound in _POSITIVE_BOUNDS if value <= bound), value)
+    return next((bound for bound in _NEGATIVE_BOUNDS if value >= bound), value)
 
 
 def _freeze(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

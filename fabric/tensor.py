@@ -192,8 +192,12 @@ class Tensor(Spec):
     def copy(self) -> "Tensor":
         return self._op("copy")
 
-    def clip(self, a_min: Any = None, a_max: Any = None) -> "Tensor":
-        return self.session._op("clip", (self, a_min, a_max), {})
+    def clip(self, a_min: Any = None, a_max: Any = None, *, min: Any = None,
+             max: Any = None) -> "Tensor":
+        """Limit values to [a_min, a_max] (``min=``/``max=`` as in NumPy 2 also work)."""
+        lower = a_min if min is None else min
+        upper = a_max if max is None else max
+        return self.session._op("clip", (self, lower, upper), {})
 
     def dot(self, other: Any) -> "Tensor":
         return self._op("dot", other)
@@ -321,7 +325,7 @@ ARRAY_FUNCTIONS: dict[Any, Any] = {
     np.amax: _reduction_function("max"),
     np.where: lambda condition, x, y: _session_of((condition, x, y))._op(
         "where", (condition, x, y), {}),
-    np.clip: lambda a, a_min=None, a_max=None: a.clip(a_min, a_max),
+    np.clip: lambda a, a_min=None, a_max=None, **bounds: a.clip(a_min, a_max, **bounds),
     np.dot: lambda a, b: _session_of((a, b))._op("dot", (a, b), {}),
     np.reshape: lambda a, shape: a.reshape(shape),
     np.transpose: lambda a, axes=None: a.transpose(*(axes or ())),
@@ -386,6 +390,8 @@ class TensorSession:
             return None
         if isinstance(arg, np.generic):
             return [arg.item(), arg.dtype.str]
+        if isinstance(arg, int) and not -2**63 <= arg < 2**64:
+            return [float(arg)]  # only a float tensor accepts it, which makes it a float
         if isinstance(arg, (bool, int, float)):
             return [arg]
         raise TypeError(f"Cannot use {type(arg).__name__} in a fabric op: use tensors, "
@@ -405,7 +411,7 @@ class TensorSession:
               params: dict[str, Any]) -> Tensor:
         # The common cases inline: this runs once per op and bounds the op rate.
         wire_args = [a.id if type(a) is Tensor and a.session is self else
-                     [a] if type(a) is float or type(a) is int else self._wire_arg(a)
+                     [a] if type(a) is float else self._wire_arg(a)
                      for a in args]
         tensor = Tensor(self, next(self._ids), shape, dtype)
         self._origins[tensor.id] = _origin()
@@ -432,6 +438,9 @@ class TensorSession:
     def asarray(self, array: Any, dtype: Any = None) -> Tensor:
         """Upload an array (any layout or byte order) to the device."""
         if isinstance(array, Tensor):
+            if array.session is not self:
+                raise ValueError(f"{array!r} lives on another session: read it with .numpy() "
+                                 "and upload that, or move it with .to(session).")
             return array if dtype is None else array.astype(dtype)
         array = np.asarray(array, dtype=dtype)
         if array.dtype.hasobject or array.dtype.kind not in "biufc":
@@ -439,7 +448,7 @@ class TensorSession:
                             "or bool dtype.")
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(array).reshape(array.shape)  # (keeps 0-d arrays 0-d)
         tensor = Tensor(self, next(self._ids), array.shape, array.dtype)
         self._origins[tensor.id] = _origin()
         self._enqueue(["put", tensor.id, [], {"dtype": array.dtype.str,
@@ -492,19 +501,22 @@ class TensorSession:
         if not self._batch and not self._released:
             return
         released, self._released = self._released, []
+        body = {"ops": self._batch, "free": released}
+        try:
+            self.connection.send(Message(Kind.SUBMIT, self.id, body=body, buffers=self._buffers))
+        except BaseException:
+            self._released = released + self._released  # nothing is lost: sent next time
+            raise
         for tensor_id in released:
             origin = self._origins.pop(tensor_id, None)
             if origin is not None:
                 self._freed_origins[tensor_id] = origin
         while len(self._freed_origins) > _REMEMBERED_ORIGINS:
             self._freed_origins.popitem(last=False)
-        body = {"ops": self._batch, "free": released}
-        buffers = self._buffers
         self._counts["ops_sent"] += len(self._batch)
         self._counts["batches_sent"] += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
         self._batch, self._buffers, self._batch_bytes = [], [], 0
-        self.connection.send(Message(Kind.SUBMIT, self.id, body=body, buffers=buffers))
 
     def _remote_error(self, wire: dict[str, Any]) -> Exception:
         error = error_from_wire(wire)

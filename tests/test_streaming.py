@@ -48,7 +48,8 @@ def test_a_shape_mismatch_fails_at_the_call_site_before_sending(session):
 
 def test_a_failed_op_poisons_its_outputs_and_is_raised_at_the_next_read(session):
     ints = session.asarray(np.arange(1, 4))
-    bad = ints ** -1  # numpy refuses negative integer powers: only the device finds out
+    # numpy refuses negative integer powers; with a tensor exponent only the device finds out.
+    bad = ints ** session.asarray(np.array([-1, -1, -1]))
     downstream = (bad + 1).sum()
     good = ints * 2
     with pytest.raises(RemoteError) as caught:
@@ -63,7 +64,7 @@ def test_a_failed_op_poisons_its_outputs_and_is_raised_at_the_next_read(session)
 
 
 def test_sync_raises_the_first_error_once(session):
-    session.asarray(np.arange(3)) ** -2
+    session.asarray(np.arange(3)) ** session.asarray(np.array([-2, -2, -2]))
     with pytest.raises(RemoteError, match="power"):
         session.sync()
     session.sync()  # reported once; the session is healthy again

@@ -150,6 +150,8 @@ class Executor:
             params = {"index": decode_index(params["index"])}
         elif name in RANDOM_OPS:
             params = {**params, "rng": session.rng}
+        elif type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
+            params = {**params, "axis": tuple(params["axis"])}  # which numpy refuses
         return np.asarray(self.device.run(OPS[name], inputs, params))
 
     # -- requests -------------------------------------------------------------------------

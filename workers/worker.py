@@ -59,7 +59,8 @@ class Worker:
     """A worker hosting ``devices`` devices of one backend for the broker at ``broker``."""
 
     def __init__(self, broker: str, *, token: str, backend: str = "numpy", devices: int = 1,
-                 name: str, heartbeat: float = 1.0, liveness: int = 3) -> None:
+                 name: str, heartbeat: float = 1.0, liveness: int = 3,
+                 memory_limit: int | None = None) -> None:
         cls = device_class(backend)  # refuses capture/remote before anything starts
         self.broker = broker
         self.token = token
@@ -76,7 +77,8 @@ class Worker:
             pair = self.context.socket(zmq.PAIR)
             pair.bind(address)
             thread = threading.Thread(target=_device_thread, name=f"device-{i}", daemon=True,
-                                      args=(self.context, address, Executor(device)))
+                                      args=(self.context, address,
+                                            Executor(device, memory_limit)))
             thread.start()
             self._pairs.append(pair)
             self._threads.append(thread)

@@ -1,0 +1,131 @@
+"""Hand-driven peers for end-to-end tests: raw zmq sockets and fake servers.
+
+Rule: every peer here is a context manager that closes its socket (and joins its thread)
+on exit, and every receive has a deadline. Nothing here mocks fabric: the raw peers speak
+frames built with ``fabric.protocol`` (or deliberately broken ones) to real processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import zmq
+
+from fabric import protocol
+from fabric.protocol import PROTOCOL_VERSION, Header, Kind, Message
+
+
+def free_tcp_address() -> str:
+    """A loopback address where nothing listens (bound once, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def free_ipc_address() -> tuple[str, tempfile.TemporaryDirectory]:
+    """An ipc:// path in a fresh directory where nothing listens (clean up the directory)."""
+    tmp = tempfile.TemporaryDirectory(prefix="fabric-test-")
+    return f"ipc://{tmp.name}/nothing", tmp
+
+
+def frames_of(kind: Kind, body: dict[str, Any] | None = None, *, session: int = 0,
+              request: int = 0, version: int = PROTOCOL_VERSION) -> list[bytes]:
+    """The frames of a message, with any header version (valid or not)."""
+    return [Header(kind, session, request, version).pack(), protocol.pack_body(body or {})]
+
+
+class RawDealer:
+    """A DEALER connected to a broker socket, sending frames as given."""
+
+    def __init__(self, address: str) -> None:
+        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(address)
+
+    def __enter__(self) -> "RawDealer":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+    def send(self, frames: Sequence[bytes]) -> None:
+        self.socket.send_multipart(list(frames))
+
+    def send_message(self, message: Message) -> None:
+        self.send(protocol.encode(message))
+
+    def recv(self, timeout: float = 2.0) -> list[bytes]:
+        """The next message's frames; AssertionError when none arrives before the deadline."""
+        if not self.socket.poll(timeout * 1000, zmq.POLLIN):
+            raise AssertionError(f"no answer within {timeout} s")
+        return self.socket.recv_multipart()
+
+    def recv_message(self, timeout: float = 2.0) -> Message:
+        """The next message, decoded (a decode failure fails the test)."""
+        return protocol.decode(self.recv(timeout))
+
+    def recv_until(self, predicate: Callable[[Message], bool], timeout: float = 2.0,
+                   ) -> Message:
+        """The first message that matches, skipping others (heartbeats, say), by a deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"no matching answer within {timeout} s")
+            message = self.recv_message(remaining)
+            if predicate(message):
+                return message
+
+
+class ServerThread:
+    """Run ``target(stop_event)`` in a thread; exit sets the event and joins the thread.
+
+    ``target`` must return soon after the event is set (it polls with short timeouts).
+    ``closed_at`` is for the target to record when it closed its end, by time.monotonic().
+    """
+
+    def __init__(self, target: Callable[["ServerThread"], None]) -> None:
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.address = ""
+        self.closed_at: float | None = None
+        self.received: list[list[bytes]] = []
+        self.error: BaseException | None = None
+        self._target = target
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._target(self)
+        except BaseException as exc:  # reported by __exit__
+            self.error = exc
+        finally:
+            self.ready.set()
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        if not self.ready.wait(5.0) or not self.address:
+            self.stop.set()
+            self._thread.join(5.0)
+            raise AssertionError(f"the test server did not start: {self.error!r}")
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop.set()
+        self._thread.join(5.0)
+        assert not self._thread.is_alive(), "the test server thread did not stop"
+
+
+def poll_until(stop: threading.Event, sock: zmq.Socket, deadline: float) -> bool:
+    """Wait for a message on ``sock`` until ``deadline`` or ``stop``; True if one is ready."""
+    while not stop.is_set() and time.monotonic() < deadline:
+        if sock.poll(50, zmq.POLLIN):
+            return True
+    return False

@@ -1,0 +1,224 @@
+"""End-to-end: malformed and misdirected messages from raw zmq peers against the real broker.
+
+Each bad message gets a typed ERROR or REJECT answer where the broker can answer (decoded
+here, code checked), the broker keeps running, and afterwards a well-behaved client still
+opens a session and syncs on both devices.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rawpeers import RawDealer, frames_of
+
+import fabric
+from fabric import protocol
+from fabric.errors import error_from_wire
+from fabric.protocol import HEADER_SIZE, MAGIC, PROTOCOL_VERSION, Header, Kind
+
+GOOD_HEADER = Header(Kind.DEVICES, session=7, request=9).pack()
+GOOD_BODY = protocol.pack_body({"token": "x"})
+
+
+def _welcome_body() -> dict:
+    return {"device": {}, "device_count": 1, "server": "me", "heartbeat": 1.0}
+
+
+# (name, frames) sent on the frontend; every one is answered with ERROR protocol_error.
+FRONTEND_GARBAGE = [
+    ("single frame", [GOOD_HEADER]),
+    ("empty frame", [b""]),
+    ("garbage header", [b"GET / HTTP/1.1\r\n\r\n", GOOD_BODY]),
+    ("wrong magic", [b"XX" + GOOD_HEADER[2:], GOOD_BODY]),
+    ("truncated header", [GOOD_HEADER[:-1], GOOD_BODY]),
+    ("oversized header", [GOOD_HEADER + b"\0", GOOD_BODY]),
+    ("unknown kind", [GOOD_HEADER[:4] + bytes([99]) + GOOD_HEADER[5:], GOOD_BODY]),
+    ("garbage body", [GOOD_HEADER, b"\xc1\xff\x00 not msgpack"]),
+    ("body not a map", [GOOD_HEADER, protocol.pack_body([1, 2, 3])]),  # type: ignore[arg-type]
+    ("hello missing token", frames_of(Kind.HELLO, {"device": 0}, session=5, request=9)),
+    ("hello device not int", frames_of(Kind.HELLO, {"token": "t", "device": "0"},
+                                       session=5, request=9)),
+    ("welcome from a client", frames_of(Kind.WELCOME, _welcome_body(), session=5,
+                                        request=9)),
+    ("registered from a client", frames_of(Kind.REGISTERED, {"server": "s", "heartbeat": 1},
+                                           request=9)),
+    ("devices of another version", frames_of(Kind.DEVICES, {"token": "x"}, request=9,
+                                             version=PROTOCOL_VERSION + 1)),
+]
+
+
+def test_the_garbage_is_what_it_says():
+    header = FRONTEND_GARBAGE[6][1][0]
+    assert len(header) == HEADER_SIZE and header[:2] == MAGIC and header[4] == 99
+
+
+def assert_broker_serves(cluster) -> None:
+    assert cluster.broker.poll() is None, cluster.log_tail("broker", 50)
+    listed = fabric.devices(cluster.address, token=cluster.token, timeout=5)
+    assert [d.worker for d in listed] == ["worker-0", "worker-1"]
+    for device in (0, 1):
+        with cluster.connect(device=device, timeout=5) as session:
+            session.sync()
+
+
+def test_malformed_frontend_messages_get_protocol_errors(cluster):
+    with RawDealer(cluster.address) as dealer:
+        for name, frames in FRONTEND_GARBAGE:
+            dealer.send(frames)
+            answer = dealer.recv_message(timeout=2)
+            assert answer.kind == Kind.ERROR, name
+            error = error_from_wire(answer.body)
+            assert type(error) is fabric.ProtocolError, (name, answer.body)
+            assert error.message, name
+            # Where the header could be read, the answer names the request it answers.
+            if len(frames) == 2 and len(frames[0]) == HEADER_SIZE and frames[0][:2] == MAGIC \
+                    and frames[0][4] != 99:
+                assert answer.request == protocol.decode_header(frames[0]).request, name
+        # The same socket is still served after all of it.
+        dealer.send(frames_of(Kind.DEVICES, {"token": cluster.token}, request=77))
+        listing = dealer.recv_message(timeout=2)
+        assert listing.kind == Kind.DEVICE_LIST and listing.request == 77
+        assert len(listing.body["devices"]) == 2
+    assert_broker_serves(cluster)
+
+
+def test_a_client_sending_a_bad_hello_body_fails_fast(cluster):
+    # The broker answers the HELLO's own request id, so the client does not wait it out.
+    started = time.monotonic()
+    with pytest.raises(fabric.ProtocolError) as info:
+        fabric.connect(cluster.address, token=cluster.token, device="0", timeout=10)
+    assert time.monotonic() - started < 1.0
+    assert "'device'" in info.value.message
+    assert_broker_serves(cluster)
+
+
+def test_messages_for_sessions_that_do_not_exist_get_session_lost(cluster):
+    with RawDealer(cluster.address) as dealer:
+        for kind in (Kind.SUBMIT, Kind.REQUEST, Kind.REPLY):
+            dealer.send([Header(kind, session=0xBAD, request=3).pack(), b"never decoded"])
+            answer = dealer.recv_message(timeout=2)
+            assert answer.kind == Kind.ERROR
+            assert (answer.session, answer.request) == (0xBAD, 3)
+            assert error_from_wire(answer.body).code == "session_lost"
+        dealer.send(frames_of(Kind.CLOSE, session=0xBAD, request=4))
+        answer = dealer.recv_message(timeout=2)
+        assert answer.kind == Kind.ERROR and answer.request == 4
+        assert error_from_wire(answer.body).code == "session_lost"
+    assert_broker_serves(cluster)
+
+
+def test_a_client_cannot_reach_into_another_clients_session(cluster):
+    with cluster.connect(device=0, timeout=5) as session, RawDealer(cluster.address) as thief:
+        thief.send([Header(Kind.REQUEST, session=session.id, request=1).pack(),
+                    protocol.pack_body({"op": "sync"})])
+        answer = thief.recv_message(timeout=2)
+        assert answer.kind == Kind.ERROR
+        assert error_from_wire(answer.body).code == "session_lost"
+        thief.send(frames_of(Kind.CLOSE, session=session.id, request=2))
+        answer = thief.recv_message(timeout=2)
+        assert error_from_wire(answer.body).code == "session_lost"
+        session.sync()  # still open for its owner
+    assert_broker_serves(cluster)
+
+
+_register_body = {"token": "", "name": "impostor", "backend": "numpy", "devices": [{}]}
+
+# (name, frames) sent on the backend by a peer that never registered.
+BACKEND_GARBAGE = [
+    ("single frame", [GOOD_HEADER]),
+    ("garbage header", [b"\x00" * 3, GOOD_BODY]),
+    ("wrong magic", [b"XX" + GOOD_HEADER[2:], GOOD_BODY]),
+    ("truncated header", [GOOD_HEADER[:-1], GOOD_BODY]),
+    ("oversized header", [GOOD_HEADER + b"\0", GOOD_BODY]),
+    ("unknown kind", [GOOD_HEADER[:4] + bytes([99]) + GOOD_HEADER[5:], GOOD_BODY]),
+    ("register with garbage body", [Header(Kind.REGISTER, request=9).pack(), b"\xc1"]),
+    ("register missing fields", frames_of(Kind.REGISTER, {"token": "x"}, request=9)),
+]
+
+
+@pytest.mark.parametrize("kind", [Kind.HEARTBEAT, Kind.OPENED, Kind.CLOSED, Kind.REPLY,
+                                  Kind.ERROR])
+def test_worker_messages_from_an_unregistered_worker_are_refused(cluster, kind):
+    with RawDealer(cluster.backend_address) as stranger:
+        stranger.send(frames_of(kind, {}, session=0x51, request=6))
+        answer = stranger.recv_message(timeout=2)
+        assert answer.kind == Kind.ERROR
+        assert (answer.session, answer.request) == (0x51, 6)
+        error = error_from_wire(answer.body)
+        assert type(error) is fabric.ProtocolError
+        assert error.details.get("reason") == "not_registered"
+        assert "send REGISTER first" in error.message
+    assert_broker_serves(cluster)
+
+
+def test_malformed_backend_messages_get_protocol_errors(cluster):
+    with RawDealer(cluster.backend_address) as stranger:
+        for name, frames in BACKEND_GARBAGE:
+            stranger.send(frames)
+            answer = stranger.recv_message(timeout=2)
+            assert answer.kind == Kind.ERROR, name
+            assert type(error_from_wire(answer.body)) is fabric.ProtocolError, name
+    assert_broker_serves(cluster)
+
+
+@pytest.mark.parametrize("case", ["wrong token", "empty token", "other version",
+                                  "devices not maps"])
+def test_bad_registrations_are_refused(cluster, case):
+    body = dict(_register_body, token="wrong-worker-token")
+    version, expected_kind, expected_code = PROTOCOL_VERSION, Kind.REJECT, "unauthorized"
+    if case == "empty token":
+        body["token"] = ""
+    elif case == "other version":
+        body["token"] = cluster.worker_token
+        version, expected_code = PROTOCOL_VERSION + 1, "version_mismatch"
+    elif case == "devices not maps":
+        body.update(token=cluster.worker_token, devices=[1, 2])
+        expected_kind, expected_code = Kind.ERROR, "protocol_error"
+    with RawDealer(cluster.backend_address) as impostor:
+        impostor.send(frames_of(Kind.REGISTER, body, request=3, version=version))
+        answer = impostor.recv_message(timeout=2)
+        assert answer.kind == expected_kind
+        assert error_from_wire(answer.body).code == expected_code
+        # Still a stranger: nothing it sends is taken as a registered worker's.
+        impostor.send(frames_of(Kind.HEARTBEAT, {}, request=4))
+        answer = impostor.recv_message(timeout=2)
+        assert error_from_wire(answer.body).details.get("reason") == "not_registered"
+    listed = fabric.devices(cluster.address, token=cluster.token)
+    assert "impostor" not in {d.worker for d in listed}
+    assert_broker_serves(cluster)
+
+
+def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(cluster):
+    # A HELLO sent to the backend is from an unregistered worker; a REGISTER sent to the
+    # frontend is not a client message.
+    with RawDealer(cluster.backend_address) as lost_client:
+        lost_client.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
+                                   session=0x77, request=1))
+        answer = lost_client.recv_message(timeout=2)
+        assert error_from_wire(answer.body).details.get("reason") == "not_registered"
+    with RawDealer(cluster.address) as lost_worker:
+        lost_worker.send(frames_of(Kind.REGISTER, dict(_register_body,
+                                                       token=cluster.worker_token), request=1))
+        answer = lost_worker.recv_message(timeout=2)
+        assert answer.kind == Kind.ERROR and answer.request == 1
+        assert error_from_wire(answer.body).code == "protocol_error"
+    assert_broker_serves(cluster)
+
+
+def test_well_behaved_clients_are_served_after_a_flood_of_garbage(cluster):
+    with RawDealer(cluster.address) as front, RawDealer(cluster.backend_address) as back:
+        for _ in range(20):
+            for _, frames in FRONTEND_GARBAGE:
+                front.send(frames)
+            for _, frames in BACKEND_GARBAGE:
+                back.send(frames)
+        answers = 0
+        try:
+            while True:
+                front.recv(timeout=0.5)
+                answers += 1
+        except AssertionError:
+            pass
+        assert answers == 20 * len(FRONTEND_GARBAGE)
+    assert_broker_serves(cluster)

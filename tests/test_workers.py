@@ -1,0 +1,220 @@
+"""End-to-end: worker processes and the broker's view of them, through the real CLI.
+
+Refused backends and tokens, a worker lost and restarted, a broker restarted under its
+workers, the CLI's help, and tokens that never reach a log or a command line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+from conftest import HEARTBEAT
+
+import fabric
+from fabric import LocalCluster
+from fabric.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parent.parent
+WRONG_WORKER_TOKEN = "not-the-worker-token-3f9a1c"
+WRONG_CLIENT_TOKEN = "not-the-client-token-77b2e0"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 20.0,
+            ) -> subprocess.CompletedProcess:
+    """Run ``python -m fabric ARGS`` to completion (killed and reaped at ``timeout``)."""
+    return subprocess.run([sys.executable, "-m", "fabric", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _env_without_tokens() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if k not in ("FABRIC_TOKEN", "FABRIC_WORKER_TOKEN", "FABRIC_ADMIN_TOKEN")}
+
+
+def _workers_listed(cluster) -> list[str]:
+    return [d.worker for d in fabric.devices(cluster.address, token=cluster.token, timeout=5)]
+
+
+def _device_of(cluster, worker: str) -> int:
+    return next(d.index for d in fabric.devices(cluster.address, token=cluster.token)
+                if d.worker == worker)
+
+
+# -- backends that cannot host a server ------------------------------------------------------
+
+@pytest.mark.parametrize("with_token", [True, False], ids=["token", "no-token"])
+@pytest.mark.parametrize("backend", ["capture", "remote"])
+def test_worker_refuses_a_device_that_cannot_host_a_server(backend, with_token):
+    env = _env_without_tokens()
+    if with_token:
+        env["FABRIC_WORKER_TOKEN"] = "some-token"
+    done = run_cli("worker", "--backend", backend, "--broker", "tcp://127.0.0.1:1", env=env)
+    assert done.returncode == 2, done.stderr
+    assert f"Cannot host a remote server on a {backend} device" in done.stderr
+    assert "--backend numpy" in done.stderr  # what to use instead
+    assert "Traceback" not in done.stderr
+
+
+# -- worker tokens -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["wrong", "client"])
+def test_worker_with_a_wrong_token_is_refused_and_exits(cluster, which):
+    token = WRONG_WORKER_TOKEN if which == "wrong" else cluster.token
+    env = {**os.environ, "FABRIC_WORKER_TOKEN": token}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.backend_address,
+         "--name", "impostor", "--heartbeat", str(HEARTBEAT)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode not in (0, None)
+    assert "refused the worker token" in err
+    assert "start the worker with the cluster's worker token" in err
+    assert token not in out + err
+    assert "Traceback" not in err
+    assert _workers_listed(cluster) == ["worker-0", "worker-1"]
+    with cluster.connect(device=1, timeout=5) as session:
+        session.sync()
+
+
+# -- workers lost and restarted --------------------------------------------------------------
+
+def test_killed_worker_is_declared_lost_and_a_restarted_one_serves_again(cluster):
+    victim = cluster.workers[1]
+    session = cluster.connect(device=_device_of(cluster, "worker-1"), timeout=5)
+    try:
+        session.sync()
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        victim.wait(5)  # reaped
+        # The broker declares it lost within about liveness heartbeats.
+        bound = HEARTBEAT * cluster.liveness + 0.5
+        while "worker-1" in _workers_listed(cluster):
+            assert time.monotonic() - killed < bound, "the dead worker is still listed"
+            time.sleep(0.02)
+        assert _workers_listed(cluster) == ["worker-0"]
+        # Its session fails with a typed error instead of hanging until the timeout.
+        with pytest.raises(fabric.SessionLost) as lost:
+            session.sync(timeout=5)
+        assert "worker-1" in lost.value.message and "Open a new session" in lost.value.message
+    finally:
+        session.close()
+    # The other worker never stopped serving.
+    with cluster.connect(device=_device_of(cluster, "worker-0"), timeout=5) as other:
+        other.sync()
+    cluster.start_worker(1)
+    assert [d.worker for d in cluster.wait_for_devices(2, timeout=10)] == [
+        "worker-0", "worker-1"]
+    with cluster.connect(device=_device_of(cluster, "worker-1"), timeout=5) as again:
+        assert again.device.worker == "worker-1"
+        again.sync()
+
+
+def _registrations(cluster, index: int) -> int:
+    return cluster.log_tail(f"worker-{index}", 1000).count("registered with")
+
+
+def test_start_worker_ends_the_process_it_replaces(cluster):
+    old = cluster.workers[0]
+    new = cluster.start_worker(0)
+    assert old.poll() is not None  # ended and reaped, not orphaned
+    assert cluster.workers[0] is new
+    # The broker may list the old registration until it notices the old process is gone;
+    # wait for the new process to be registered (both append to the same log).
+    deadline = time.monotonic() + 10
+    while _registrations(cluster, 0) < 2:
+        assert time.monotonic() < deadline, cluster.log_tail("worker-0", 50)
+        assert new.poll() is None, cluster.log_tail("worker-0", 50)
+        time.sleep(0.02)
+    cluster.wait_for_devices(2, timeout=10)
+    with cluster.connect(device=0, timeout=5) as session:
+        assert session.device.worker == "worker-0"
+        session.sync()
+
+
+def test_workers_register_again_after_a_broker_restart(cluster):
+    address, backend_address = cluster.address, cluster.backend_address
+    before = cluster.connect(device=0, timeout=5)
+    try:
+        before.sync()
+        old_broker = cluster.broker
+        cluster.restart_broker()
+        assert old_broker.poll() is not None
+        assert (cluster.address, cluster.backend_address) == (address, backend_address)
+        # A session of the old broker is gone, and says so.
+        with pytest.raises(fabric.SessionLost):
+            before.sync(timeout=5)
+    finally:
+        before.close()
+    restarted = time.monotonic()
+    listed = cluster.wait_for_devices(2, timeout=5)
+    assert [d.worker for d in listed] == ["worker-0", "worker-1"]
+    assert time.monotonic() - restarted < 5
+    assert all(proc.poll() is None for proc in cluster.workers)  # the same processes
+    for device in (0, 1):
+        with cluster.connect(device=device, timeout=5) as session:
+            assert session.device.worker == f"worker-{device}"
+            session.sync()
+
+
+# -- the CLI explains itself -----------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["broker", "worker"])
+def test_help_explains_every_option(command):
+    done = run_cli(command, "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())  # unwrap click's columns
+    cmd = cli_main.commands[command]
+    assert cmd.help and cmd.help.split(":")[0] in text
+    options = [p for p in cmd.get_params(click.Context(cmd)) if isinstance(p, click.Option)]
+    assert len(options) > 5
+    for option in options:
+        assert option.help and option.help.strip(), f"{option.opts[0]} has no help"
+        for name in option.opts:
+            assert name in text, f"{name} is not in the help"
+        # the sentence itself is shown (its first words, as click may wrap or cut it)
+        assert " ".join(option.help.split()[:4]) in text, option.opts[0]
+
+
+# -- tokens stay secret ----------------------------------------------------------------------
+
+def test_tokens_never_reach_a_log_or_a_command_line():
+    with LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                      broker_args=("--log-level", "debug")) as cluster:
+        secrets = [cluster.token, cluster.worker_token, cluster.admin_token,
+                   WRONG_CLIENT_TOKEN, WRONG_WORKER_TOKEN]
+        with cluster.connect(device=0, timeout=5) as session:
+            session.sync()
+        for token in (WRONG_CLIENT_TOKEN, cluster.worker_token, cluster.admin_token):
+            with pytest.raises(fabric.AuthenticationError):
+                fabric.connect(cluster.address, token=token, timeout=5)
+            with pytest.raises(fabric.AuthenticationError):
+                fabric.devices(cluster.address, token=token, timeout=5)
+        for token in (WRONG_WORKER_TOKEN, cluster.token):  # the client token is not a worker's
+            done = run_cli("worker", "--broker", cluster.backend_address, "--name", "rogue",
+                           "--log-level", "debug",
+                           env={**os.environ, "FABRIC_WORKER_TOKEN": token})
+            assert done.returncode == 1, done.stderr
+            assert all(s not in done.stdout + done.stderr for s in secrets)
+        assert [d.worker for d in cluster.devices()] == ["worker-0"]
+        for proc in (cluster.broker, *cluster.workers):
+            cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
+            assert all(s not in cmdline for s in secrets), "a token is on a command line"
+        broker_log = cluster.log_tail("broker", 1000)
+        worker_log = cluster.log_tail("worker-0", 1000)
+    assert "rejected handshake" in broker_log  # the log was written, at debug level
+    assert "refused a worker registration" in broker_log
+    for secret in secrets:
+        assert secret not in broker_log
+        assert secret not in worker_log
