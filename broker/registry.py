@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import hmac
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple, Sequence
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
+    DeviceOffline,
     DuplicateSession,
     FabricError,
     HandshakeError,
@@ -58,7 +60,8 @@ class SessionState(enum.Enum):
 class Session:
     id: int
     client: bytes
-    device: int
+    device: int  # global index
+    local: int  # index on its worker
     worker: bytes
     state: SessionState
     created: float
@@ -91,6 +94,15 @@ class Limits:
     lease: float = 10.0  # idle time after which the broker checks a client is still there
 
 
+MAX_REMEMBERED_WORKERS = 1024  # offline workers whose device indexes are kept for them
+
+
+def _natural(name: str) -> list[Any]:
+    """Sort key that orders worker-2 before worker-10."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in re.split(r"(\d+)", name)]
+
+
 def _frames_size(frames: Sequence[Any]) -> int:
     return sum(len(f) for f in frames)
 
@@ -116,8 +128,11 @@ class Registry:
         self.started = now
         self.sessions: dict[int, Session] = {}
         self.workers: dict[bytes, Worker] = {}
-        self.devices: list[dict[str, Any]] = []  # global index -> device description
-        self._device_owner: list[tuple[bytes, int]] = []  # global index -> (worker, local)
+        self.devices: list[dict[str, Any]] = []  # the online devices, by global index
+        self._device_info: dict[int, dict[str, Any]] = {}  # global index -> description
+        self._device_owner: dict[int, tuple[bytes, int]] = {}  # global index -> (worker, local)
+        self._known: dict[str, int] = {}  # every worker name seen -> its device count
+        self.device_count = 0  # global indexes in use, online or not
         self._next_heartbeat = now
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
@@ -152,24 +167,36 @@ class Registry:
         return [self._error(side, identity, error, session=session, request=request)]
 
     def _rebuild_devices(self) -> None:
-        # Devices are numbered by worker name, then local index, so a worker that restarts
-        # under the same name serves the same global indexes again.
-        previous = self._device_owner
-        self.devices, self._device_owner = [], []
-        for worker in sorted(self.workers.values(), key=lambda w: w.name):
-            for local, settings in enumerate(worker.devices):
-                self._device_owner.append((worker.identity, local))
-                self.devices.append({
-                    "index": len(self.devices), "worker": worker.name, "local": local,
-                    "backend": worker.backend, "settings": settings,
-                })
-        # Renumbering moves the devices of live sessions too: keep each on its own device.
-        index = {owner: i for i, owner in enumerate(self._device_owner)}
-        for session in self.sessions.values():
-            session.device = index[previous[session.device]]
+        # Devices are numbered by worker name (naturally sorted: worker-2 before worker-10),
+        # then local index, over every worker seen so far: a lost worker keeps its indexes,
+        # so no other device moves, and it gets them back when it registers again.
+        while len(self._known) > MAX_REMEMBERED_WORKERS:  # forget the oldest offline one
+            online = {w.name for w in self.workers.values()}
+            oldest = next((name for name in self._known if name not in online), None)
+            if oldest is None:
+                break
+            del self._known[oldest]
+        online = {w.name: w for w in self.workers.values()}
+        self.devices, self._device_info, self._device_owner = [], {}, {}
+        index = 0
+        for name in sorted(self._known, key=_natural):
+            worker = online.get(name)
+            for local in range(self._known[name]):
+                if worker is not None:
+                    info = {"index": index, "worker": name, "local": local,
+                            "backend": worker.backend, "settings": worker.devices[local]}
+                    self.devices.append(info)
+                    self._device_info[index] = info
+                    self._device_owner[index] = (worker.identity, local)
+                index += 1
+        self.device_count = index
+        for session in self.sessions.values():  # a new name may sort before theirs
+            worker = self.workers[session.worker]
+            session.device = next(i for i, owner in self._device_owner.items()
+                                  if owner == (worker.identity, session.local))
 
     def device_of(self, session: Session) -> dict[str, Any]:
-        return self.devices[session.device]
+        return self._device_info[session.device]
 
     # -- clients -----------------------------------------------------------------------
 
@@ -222,18 +249,22 @@ class Registry:
             return self._reject(identity, header, AuthenticationError(
                 "The broker refused the token: check the client token you were given."))
         device = body["device"]
-        if not 0 <= device < len(self.devices):
+        if not 0 <= device < self.device_count:
             return self._reject(identity, header, NoSuchDevice(
-                f"Device {device} does not exist: this cluster has {len(self.devices)} "
+                f"Device {device} does not exist: this cluster has {self.device_count} "
                 f"device(s), numbered from 0; list them with fabric.devices().",
-                device=device, device_count=len(self.devices)))
+                device=device, device_count=self.device_count))
+        if device not in self._device_owner:
+            return self._reject(identity, header, DeviceOffline(
+                f"Device {device} is offline: its worker is not connected. Retry when it "
+                "is back, or choose another device from fabric.devices().", device=device))
         if message.session == 0 or message.session in self.sessions:
             return self._reject(identity, header, DuplicateSession(
                 f"Session id {message.session:#x} is already in use (or zero): "
                 "let the client choose a fresh random id.", session=message.session))
         worker, local = self._device_owner[device]
         self.sessions[message.session] = Session(
-            id=message.session, client=identity, device=device, worker=worker,
+            id=message.session, client=identity, device=device, local=local, worker=worker,
             state=SessionState.OPENING, created=now, last_seen=now,
             hello_request=message.request, deadline=now + self.limits.open_timeout)
         self.workers[worker].sessions.add(message.session)
@@ -354,6 +385,8 @@ class Registry:
             sends += self._lose_worker(old, "the worker re-registered")
         self.workers[identity] = Worker(identity, body["name"], body["backend"],
                                         list(body["devices"]), registered=now, last_seen=now)
+        self._known.pop(body["name"], None)  # re-inserted last: the newest is forgotten last
+        self._known[body["name"]] = len(body["devices"])
         self._rebuild_devices()
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
@@ -374,7 +407,7 @@ class Registry:
         session.deadline = float("inf")
         return [self._message(Side.FRONTEND, session.client, Message(
             Kind.WELCOME, session.id, session.hello_request,
-            {"device": self.device_of(session), "device_count": len(self.devices),
+            {"device": self.device_of(session), "device_count": self.device_count,
              "server": self.server, "heartbeat": self.limits.heartbeat}))]
 
     def _on_closed(self, worker: Worker, message: Message, now: float) -> list[Send]:

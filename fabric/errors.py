@@ -79,6 +79,12 @@ class NoSuchDevice(HandshakeError):
         return self.details.get("device_count")
 
 
+class DeviceOffline(HandshakeError):
+    """The device exists but its worker is not connected now."""
+
+    code = "device_offline"
+
+
 class DuplicateSession(HandshakeError):
     """A session with this id is already open on the broker."""
 

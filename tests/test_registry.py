@@ -119,11 +119,12 @@ def check_invariants(registry: Registry) -> None:
         assert session.id == session_id
         assert session.worker in registry.workers
         assert session_id in registry.workers[session.worker].sessions
-        assert 0 <= session.device < len(registry.devices)
-        assert registry.devices[session.device]["worker"] == registry.workers[session.worker].name
+        assert registry.device_of(session)["worker"] == registry.workers[session.worker].name
+        assert registry.device_of(session)["index"] == session.device
     for identity, worker in registry.workers.items():
         assert all(registry.sessions[s].worker == identity for s in worker.sessions)
-    assert [d["index"] for d in registry.devices] == list(range(len(registry.devices)))
+    indexes = [d["index"] for d in registry.devices]
+    assert indexes == sorted(set(indexes)) and all(i < registry.device_count for i in indexes)
 
 
 # -- worker registration -------------------------------------------------------------------
@@ -538,25 +539,34 @@ def test_a_lost_worker_stops_getting_heartbeats():
     assert registry.tick(5.0) == []
 
 
-def test_a_session_keeps_its_device_when_other_workers_come_and_go():
-    registry = two_workers()
+def test_device_indexes_stay_put_when_workers_come_and_go():
+    registry = two_workers()  # "a": device 0; "b": devices 1 and 2
     open_session(registry, C1, session=7, device=2)  # "b" local 1
     hello(registry, C2, session=8, device=1)  # "b" local 0, still opening
-    registry.unroutable(Side.BACKEND, A, 1.0)  # "a" goes: every "b" device moves down one
-    assert registry.device_of(registry.sessions[7]) == registry.devices[1]
-    assert registry.devices[1]["local"] == 1
-    # A worker that sorts first arrives: indexes move up again.
+    registry.unroutable(Side.BACKEND, A, 1.0)  # "a" goes: its index stays reserved for it
+    assert [d["index"] for d in registry.devices] == [1, 2]
+    assert registry.device_of(registry.sessions[7])["index"] == 2
+    offline = error_from_wire(decoded(hello(registry, C1, session=9, device=0)[0]).body)
+    assert offline.code == "device_offline"
+    registry.from_worker(b"a-again", register_frames("a", [{}]), 1.0)  # back on index 0
+    assert [d["index"] for d in registry.devices] == [0, 1, 2]
+    # A new worker whose name sorts first arrives: indexes move up, sessions follow.
     registry.from_worker(b"worker-0", register_frames("0", [{}]), 1.0)
     check_invariants(registry)
+    assert registry.device_of(registry.sessions[7])["index"] == 3
     welcome = only(registry.from_worker(B, frames(Kind.OPENED, 8, 1), 1.0), Side.FRONTEND, C2,
                    Kind.WELCOME)
     assert (welcome.body["device"]["worker"], welcome.body["device"]["local"]) == ("b", 0)
-    assert welcome.body["device"] == registry.devices[1]
-    # Losing "b" tells both clients, naming the device index each session has now.
+    # Losing "b" tells both clients, naming each session's device.
     sends = registry.unroutable(Side.BACKEND, B, 2.0)
     details = {s.identity: error_from_wire(decoded(s).body).details for s in sends}
-    assert details[C1]["device"] == 2 and details[C2]["device"] == 1
+    assert details[C1]["device"] == 3 and details[C2]["device"] == 2
     assert registry.sessions == {}
+
+
+def test_workers_are_numbered_in_natural_name_order():
+    registry = make_registry((B, "worker-10", 1), (A, "worker-2", 1))
+    assert [d["worker"] for d in registry.devices] == ["worker-2", "worker-10"]
 
 
 def test_opening_past_the_open_timeout_is_rejected_and_closed_on_the_worker():
