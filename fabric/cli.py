@@ -6,9 +6,11 @@ import logging
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import click
+import zmq
 
 from .config import resolve_secret
 from .errors import DeviceNotHostable, FabricError
@@ -101,8 +103,11 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
     admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
                     lease=lease)
-    serve(frontend, backend, client_token=client, worker_token=worker, admin_token=admin,
-          limits=limits, announce=announce_on_stdout)
+    try:
+        serve(frontend, backend, client_token=client, worker_token=worker, admin_token=admin,
+              limits=limits, announce=announce_on_stdout)
+    except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
+        raise click.ClickException(f"cannot serve on {frontend} / {backend}: {exc}") from None
 
 
 @main.command()
@@ -139,6 +144,65 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
         sys.exit(2)
     except (RegistrationRefused, ValueError) as exc:
         click.echo(f"fabric worker: {exc}", err=True)
+        sys.exit(1)
+
+
+@main.group()
+def cluster() -> None:
+    """Run a broker and workers on this machine as one unit."""
+
+
+@cluster.command("up")
+@click.option("--workers", type=int, default=2, show_default=True,
+              help="How many worker processes to start.")
+@click.option("--backend", default="numpy", show_default=True, help="Device backend.")
+@click.option("--devices-per-worker", type=int, default=1, show_default=True)
+@click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
+              help="Address for clients and admin (port * picks a free one).")
+@click.option("--backend-address", default="tcp://127.0.0.1:5556", show_default=True,
+              help="Address the workers connect to.")
+@click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
+              help="Where to write addresses and tokens (mode 0600) "
+                   "[default: ~/.config/fabric/cluster.json].")
+@click.option("--memory-limit", type=int, default=None,
+              help="Per-session resident byte limit on each device.")
+@_with(timing[:2])
+def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
+               backend_address: str, connection_file: str | None, memory_limit: int | None,
+               heartbeat: float, liveness: int) -> None:
+    """Start a broker and WORKERS workers, write a connection file, serve until Ctrl-C.
+
+    Generates fresh client, admin and worker tokens. Ctrl-C or SIGTERM stops every process;
+    if the launcher itself is killed, its children notice and stop too. Exits 1 when a
+    process fails to start or dies.
+    """
+    from .cluster import LocalCluster
+    from .config import default_connection_file
+
+    running = LocalCluster(
+        workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
+        liveness=liveness, frontend=frontend, backend_address=backend_address,
+        worker_args=("--memory-limit", str(memory_limit)) if memory_limit else ())
+    try:
+        running.start()
+    except FabricError as exc:
+        raise click.ClickException(exc.message.replace("\n", " ")) from None
+    path = Path(connection_file or default_connection_file())
+    try:
+        running.write_connection_file(path)
+        click.echo(f"fabric cluster up: broker at {running.address} with {workers} {backend} "
+                   f"worker(s), {workers * devices_per_worker} device(s); logs in "
+                   f"{running.log_dir}")
+        click.echo(f"connection file: {path}")
+        click.echo(f"connect:  import fabric; session = fabric.connect(connection_file="
+                   f"{str(path)!r})")
+        click.echo("Ctrl-C stops everything.", err=True)
+        reason = running.watch()
+        click.echo(f"fabric cluster up: {reason}; stopping everything", err=True)
+    finally:
+        running.__exit__()
+        path.unlink(missing_ok=True)  # a stale file would only mislead
+    if not reason.startswith("stopped by"):
         sys.exit(1)
 
 

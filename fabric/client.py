@@ -8,13 +8,14 @@ typed errors at once instead of waiting for the timeout.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -30,6 +31,7 @@ from .errors import (
     VersionMismatch,
     error_from_wire,
 )
+from .config import CONNECTION_FILE_ENV, load_connection_file
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .tensor import TensorSession
@@ -252,6 +254,7 @@ class Session(TensorSession):
         self.device_count: int = welcome.body["device_count"]
         self.server: str = welcome.body["server"]
         self.closed = False
+        self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         connection.set_send_timeout(timeout)
         self._init_stream()
 
@@ -293,24 +296,61 @@ class Session(TensorSession):
             pass  # already gone on the broker: nothing left to free
         finally:
             self.connection.close()
+            if self.on_close is not None:
+                self.on_close()
 
 
-def connect(address: str, *, token: str | None = None, device: int = 0,
-            timeout: float = 10.0) -> Session:
+def _target(address: str | None, token: str | None,
+            connection_file: str | None) -> tuple[str, str, str | None] | None:
+    """The address, token and connection file (if one was used) from the arguments or the
+    environment; None when nothing names a cluster (the embedded local cluster)."""
+    if address is None and (connection_file or os.environ.get(CONNECTION_FILE_ENV)):
+        info = load_connection_file(connection_file)
+        return info["address"], token or info["token"], info["path"]
+    if address is None:
+        return None
+    return address, resolve_token(token), None
+
+
+@contextlib.contextmanager
+def _blaming(connection_file: str | None) -> Iterator[None]:
+    """Name the connection file in a connect error: it may be stale."""
+    try:
+        yield
+    except ConnectError as exc:
+        if connection_file is not None:
+            exc.args = (f"{exc.message} (The address came from {connection_file}: it may be "
+                        "stale; is fabric cluster up still running?)",)
+        raise
+
+
+def connect(address: str | None = None, *, token: str | None = None, device: int = 0,
+            timeout: float = 10.0, connection_file: str | None = None) -> Session:
     """Open a session on ``device`` of the broker at ``address``.
+
+    With no address, the address and token come from ``connection_file`` (or the file named
+    by $FABRIC_CONNECTION_FILE, as written by ``fabric cluster up``); with neither, an
+    embedded local cluster is started for this process and stopped when its last session
+    closes or the interpreter exits.
 
     Fails fast with a typed error: ``ConnectError`` when nothing listens there or the peer
     is not a fabric broker, ``ServerDisconnected`` when it closes before answering,
     ``VersionMismatch``, ``AuthenticationError``, ``NoSuchDevice`` or another
     ``HandshakeError`` when the broker refuses, ``HandshakeTimeout`` at ``timeout``.
     """
-    token = resolve_token(token)
+    target = _target(address, token, connection_file)
+    if target is None:
+        from .cluster import embedded_session  # the cluster module imports this one
+
+        return embedded_session(device, timeout)
+    address, token, source = target
     connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
     session_id = secrets.randbits(64) or 1
     hello = Message(Kind.HELLO, session_id, body={
         "token": token, "device": device, "client": f"pid {os.getpid()}"})
     try:
-        welcome = _raise_for(connection.request(hello, timeout), Kind.WELCOME)
+        with _blaming(source):
+            welcome = _raise_for(connection.request(hello, timeout), Kind.WELCOME)
     except HandshakeTimeout:
         # A slow broker may still open it: ask it to drop the session, best effort.
         connection.socket.send_multipart(protocol.encode(Message(Kind.CLOSE, session_id)),
@@ -323,12 +363,19 @@ def connect(address: str, *, token: str | None = None, device: int = 0,
     return Session(connection, session_id, welcome, timeout)
 
 
-def devices(address: str, *, token: str | None = None, timeout: float = 10.0) -> list[Device]:
-    """Every device of every worker registered with the broker at ``address``."""
+def devices(address: str | None = None, *, token: str | None = None, timeout: float = 10.0,
+            connection_file: str | None = None) -> list[Device]:
+    """Every device of every worker registered with the broker at ``address`` (or the one a
+    connection file names)."""
+    target = _target(address, token, connection_file)
+    if target is None:
+        raise ConnectError("No address given: pass one, or a connection_file, or set "
+                           f"{CONNECTION_FILE_ENV}.")
+    address, token, source = target
     connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
     try:
-        reply = connection.request(Message(Kind.DEVICES, body={"token": resolve_token(token)}),
-                                   timeout)
+        with _blaming(source):
+            reply = connection.request(Message(Kind.DEVICES, body={"token": token}), timeout)
         return [Device.from_wire(d) for d in _raise_for(reply, Kind.DEVICE_LIST).body["devices"]]
     finally:
         connection.close()

@@ -15,12 +15,28 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
 from .client import Device, Session, connect, devices
-from .config import new_token
+from .config import new_token, write_connection_file
 from .errors import ClusterError, ConnectError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: get SIGTERM when the launcher dies, however it dies (Linux)."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return  # not Linux: the children notice through heartbeats instead
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> str:
@@ -57,8 +73,10 @@ class LocalCluster:
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
                  heartbeat: float = 1.0, liveness: int = 3, start_timeout: float = 30.0,
+                 frontend: str = "tcp://127.0.0.1:*", backend_address: str = "tcp://127.0.0.1:*",
                  broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> None:
         self.n_workers = workers
+        self.frontend = frontend
         self.backend = backend
         self.devices_per_worker = devices_per_worker
         self.heartbeat = heartbeat
@@ -70,7 +88,7 @@ class LocalCluster:
         self.broker: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
         self.address = ""
-        self.backend_address = ""
+        self.backend_address = backend_address
         self._logdir = tempfile.TemporaryDirectory(prefix="fabric-cluster-")
 
     # -- processes --------------------------------------------------------------------------
@@ -84,6 +102,11 @@ class LocalCluster:
         # Appended to, so a restarted process's log follows its predecessor's.
         return open(os.path.join(self._logdir.name, f"{name}.log"), "ab")
 
+    @property
+    def log_dir(self) -> str:
+        """Where the children's logs are (removed when the cluster is left)."""
+        return self._logdir.name
+
     def log_tail(self, name: str, lines: int = 10) -> str:
         """The last lines a child process logged (``broker`` or ``worker-N``)."""
         try:
@@ -92,18 +115,21 @@ class LocalCluster:
         except OSError:
             return ""
 
-    def start_broker(self, frontend: str = "tcp://127.0.0.1:*",
-                     backend: str = "tcp://127.0.0.1:*") -> None:
+    def start_broker(self, frontend: str | None = None, backend: str | None = None) -> None:
         """Start the broker (on free loopback ports by default) and learn its addresses."""
         with self._log("broker") as log:
             self.broker = subprocess.Popen(
-                [sys.executable, "-m", "fabric", "broker", "--frontend", frontend,
-                 "--backend", backend, "--heartbeat", str(self.heartbeat),
+                [sys.executable, "-m", "fabric", "broker",
+                 "--frontend", frontend or self.frontend,
+                 "--backend", backend or self.backend_address,
+                 "--heartbeat", str(self.heartbeat),
                  "--liveness", str(self.liveness), *self.broker_args],
-                stdout=subprocess.PIPE, stderr=log, env=self._env())
+                stdout=subprocess.PIPE, stderr=log, env=self._env(),
+                preexec_fn=_die_with_parent)
         line = _read_line(self.broker, time.monotonic() + self.start_timeout)
         if not line:
-            raise ClusterError("The broker did not start:\n" + self.log_tail("broker"))
+            _end(self.broker)
+            raise ClusterError("The broker did not start: " + self.log_tail("broker", 1))
         ready = json.loads(line)
         self.address, self.backend_address = ready["frontend"], ready["backend"]
 
@@ -129,7 +155,8 @@ class LocalCluster:
                  "--backend", self.backend, "--devices", str(self.devices_per_worker),
                  "--name", f"worker-{index}", "--heartbeat", str(self.heartbeat),
                  "--liveness", str(self.liveness), *self.worker_args],
-                stdout=log, stderr=subprocess.STDOUT, env=self._env())
+                stdout=log, stderr=subprocess.STDOUT, env=self._env(),
+                preexec_fn=_die_with_parent)
         if index < len(self.workers):
             self.workers[index] = proc
         else:
@@ -198,3 +225,67 @@ class LocalCluster:
     def devices(self) -> list[Device]:
         """Every device registered with this cluster's broker."""
         return devices(self.address, token=self.token)
+
+    def connection_info(self) -> dict[str, str]:
+        """Addresses and tokens, as a connection file holds them."""
+        return {"address": self.address, "backend_address": self.backend_address,
+                "token": self.token, "admin_token": self.admin_token,
+                "worker_token": self.worker_token}
+
+    def write_connection_file(self, path: str | os.PathLike[str]) -> str:
+        """Write this cluster's connection file (mode 0600); returns its path."""
+        return str(write_connection_file(path, self.connection_info()))
+
+    def watch(self, poll: float = 0.2) -> str:
+        """Block until SIGINT/SIGTERM or a child process dies; say which happened."""
+        stopping: list[str] = []
+        previous = {sig: signal.signal(sig, lambda n, _: stopping.append(signal.Signals(n).name))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not stopping:
+                for name, proc in [("broker", self.broker),
+                                   *((f"worker-{i}", p) for i, p in enumerate(self.workers))]:
+                    if proc is not None and proc.poll() is not None:
+                        return (f"{name} exited with code {proc.returncode}: "
+                                + self.log_tail(name, 3))
+                time.sleep(poll)
+            return f"stopped by {stopping[0]}"
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+_embedded: LocalCluster | None = None
+_embedded_sessions = 0
+_embedded_lock = threading.Lock()
+
+
+def embedded_session(device: int, timeout: float) -> Session:
+    """A session on the embedded local cluster, started on first use (one worker per core).
+
+    The cluster stops when its last session closes, or at interpreter exit. Its backend is
+    numpy unless FABRIC_BACKEND says otherwise.
+    """
+    global _embedded, _embedded_sessions
+    with _embedded_lock:
+        if _embedded is None:
+            _embedded = LocalCluster(workers=os.cpu_count() or 1,
+                                     backend=os.environ.get("FABRIC_BACKEND", "numpy")).start()
+        cluster = _embedded
+        _embedded_sessions += 1
+    try:
+        session = cluster.connect(device=device, timeout=timeout)
+    except BaseException:
+        _release_embedded()
+        raise
+    session.on_close = _release_embedded
+    return session
+
+
+def _release_embedded() -> None:
+    global _embedded, _embedded_sessions
+    with _embedded_lock:
+        _embedded_sessions -= 1
+        if _embedded_sessions == 0 and _embedded is not None:
+            cluster, _embedded = _embedded, None
+            cluster.__exit__()

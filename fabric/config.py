@@ -6,6 +6,7 @@ variable, or a command-line value, in that order; it is never logged or printed.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import stat
@@ -47,3 +48,43 @@ def resolve_secret(value: str | None, file: str | None, env: str) -> str | None:
     if file:
         return read_secret_file(file)
     return os.environ.get(env) or value or None
+
+
+CONNECTION_FILE_ENV = "FABRIC_CONNECTION_FILE"
+_CONNECTION_KEYS = ("address", "backend_address", "token", "admin_token", "worker_token")
+
+
+def default_connection_file() -> Path:
+    """Where ``fabric cluster up`` writes its connection file unless told otherwise."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "fabric" / "cluster.json"
+
+
+def write_connection_file(path: str | os.PathLike[str], info: dict[str, str]) -> Path:
+    """Write addresses and tokens as JSON, mode 0600 from the start; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_secret_file(path, json.dumps({k: info[k] for k in _CONNECTION_KEYS}, indent=2))
+    return path
+
+
+def load_connection_file(path: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """Addresses and tokens from a connection file (``path``, else $FABRIC_CONNECTION_FILE).
+
+    Raises ConfigError with a sentence that says what to do when it is missing, readable by
+    others, or not a fabric connection file.
+    """
+    path = path or os.environ.get(CONNECTION_FILE_ENV)
+    if not path:
+        raise ConfigError(f"No connection file given: pass one, or set {CONNECTION_FILE_ENV}.")
+    text = read_secret_file(path)
+    try:
+        info = json.loads(text)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict) or not all(isinstance(info.get(k), str) for k in
+                                             ("address", "token")):
+        raise ConfigError(f"{path} is not a fabric connection file: write one with "
+                          "fabric cluster up --connection-file.")
+    info["path"] = str(path)
+    return info

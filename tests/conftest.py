@@ -17,7 +17,12 @@ HEARTBEAT = 0.2
 
 def child_pids() -> set[int]:
     """Live child processes of this test process (zombies excluded)."""
-    me = str(os.getpid())
+    return children_of(os.getpid())
+
+
+def children_of(pid: int) -> set[int]:
+    """Live child processes of ``pid`` (zombies excluded)."""
+    me = str(pid)
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

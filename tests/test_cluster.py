@@ -1,0 +1,139 @@
+"""End-to-end: `fabric cluster up`, connection files, and the embedded local cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fabric
+from fabric.errors import ConfigError, ConnectError
+
+from conftest import child_pids, children_of
+
+
+def wait_until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def cluster_up(tmp_path):
+    """A `fabric cluster up` process with two workers on free ports; ended by the test."""
+    path = tmp_path / "conn.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "2",
+         "--frontend", "tcp://127.0.0.1:*", "--backend-address", "tcp://127.0.0.1:*",
+         "--connection-file", str(path), "--heartbeat", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: path.exists() or proc.poll() is not None, 30, "the connection file")
+        assert proc.poll() is None, proc.stderr.read()
+        yield proc, path
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_cluster_up_serves_through_its_connection_file_and_stops_on_ctrl_c(cluster_up,
+                                                                          monkeypatch):
+    proc, path = cluster_up
+    assert path.stat().st_mode & 0o777 == 0o600
+    info = json.loads(path.read_text())
+    with fabric.connect(connection_file=str(path), device=1) as session:
+        assert session.device.worker == "worker-1"
+        assert session.arange(10).sum().numpy() == 45
+    monkeypatch.setenv("FABRIC_CONNECTION_FILE", str(path))
+    assert [d.index for d in fabric.devices()] == [0, 1]
+    with fabric.connect(device=0) as session:
+        assert session.device.index == 0
+    children = children_of(proc.pid)
+    assert len(children) == 3  # a broker and two workers
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert info["address"] in out and "connection file" in out
+    assert info["token"] not in out + err  # printed: where the file is, never the tokens
+    assert not any(Path(f"/proc/{pid}").exists() for pid in children)
+    assert not path.exists()
+
+
+def test_children_stop_when_the_launcher_is_killed(cluster_up):
+    proc, _ = cluster_up
+    children = wait_until(lambda: children_of(proc.pid) if len(children_of(proc.pid)) == 3
+                          else None, 10, "three children")
+    proc.kill()
+    proc.wait(10)
+    wait_until(lambda: not any(Path(f"/proc/{pid}/stat").exists()
+                               and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+                               for pid in children), 10, "the orphaned children to stop")
+
+
+def test_cluster_up_on_a_port_in_use_fails_with_one_clear_line(tmp_path):
+    with fabric.LocalCluster(workers=0) as taken:
+        port = taken.address.rsplit(":", 1)[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "fabric", "cluster", "up", "--frontend",
+             f"tcp://127.0.0.1:{port}", "--backend-address", "tcp://127.0.0.1:*",
+             "--connection-file", str(tmp_path / "c.json")],
+            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "Address already in use" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_a_stale_connection_file_names_itself(tmp_path):
+    with fabric.LocalCluster(workers=0) as gone:
+        path = gone.write_connection_file(tmp_path / "stale.json")
+    started = time.monotonic()
+    with pytest.raises(ConnectError, match="stale"):
+        fabric.connect(connection_file=path, timeout=10)
+    assert time.monotonic() - started < 2
+
+
+def test_connection_files_readable_by_others_or_malformed_are_refused(tmp_path):
+    loose = tmp_path / "loose.json"
+    loose.write_text(json.dumps({"address": "tcp://127.0.0.1:1", "token": "t"}))
+    loose.chmod(0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        fabric.connect(connection_file=str(loose))
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    garbage.chmod(0o600)
+    with pytest.raises(ConfigError, match="not a fabric connection file"):
+        fabric.connect(connection_file=str(garbage))
+    with pytest.raises(ConfigError, match="Cannot read"):
+        fabric.connect(connection_file=str(tmp_path / "missing.json"))
+
+
+def test_connect_with_nothing_named_runs_an_embedded_cluster_and_stops_it():
+    script = (
+        "import os, fabric\n"
+        "os.environ.pop('FABRIC_CONNECTION_FILE', None)\n"
+        "s = fabric.connect()\n"
+        "print(s.device_count, s.arange(4).sum().numpy())\n"
+        "s.close()\n"
+        "import fabric.cluster as c\n"
+        "print(c._embedded is None)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "FABRIC_CONNECTION_FILE"}
+    before = child_pids()
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    count, total, stopped = result.stdout.split()
+    assert int(count) == (os.cpu_count() or 1) and int(total) == 6 and stopped == "True"
+    assert child_pids() == before
