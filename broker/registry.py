@@ -6,8 +6,14 @@ serves it, what happens when a peer vanishes or a deadline passes. The I/O loop
 the ``Send`` items it returns; nothing here touches a socket or reads the clock.
 
 Checks on HELLO, in order and before any state is created: protocol version, client token
-(constant-time), device index, duplicate session id. Data messages are routed by the header
-alone: their body and buffers are handed on as the frame objects that arrived.
+(constant-time), device index, device online, worker not draining, duplicate session id. Data
+messages are routed by the header alone: their body and buffers are handed on as the frame
+objects that arrived.
+
+Traffic is counted per session on the hot path (messages, bytes, SUBMITs as op batches) and
+folded into per-device totals when a session ends, so per-device and per-worker figures cost
+nothing per message. ADMIN requests are answered here, after a constant-time check of the
+admin token; the commands themselves live in ``broker.admin``.
 """
 
 from __future__ import annotations
@@ -23,16 +29,25 @@ from typing import Any, NamedTuple, Sequence
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
+    DeviceDraining,
     DeviceOffline,
     DuplicateSession,
     FabricError,
     HandshakeError,
     NoSuchDevice,
+    NotFound,
     ProtocolError,
     SessionLost,
     VersionMismatch,
 )
-from fabric.protocol import DATA_KINDS, PROTOCOL_VERSION, Header, Kind, Message
+from fabric.protocol import (
+    CLIENT_DATA_KINDS,
+    PROTOCOL_VERSION,
+    WORKER_DATA_KINDS,
+    Header,
+    Kind,
+    Message,
+)
 
 log = logging.getLogger("fabric.broker")
 
@@ -69,8 +84,10 @@ class Session:
     hello_request: int
     deadline: float = float("inf")  # for OPENING and CLOSING
     probed: float = 0.0  # when the broker last checked an idle client was still there
-    messages: int = 0
+    messages: int = 0  # data messages both ways
     bytes: int = 0
+    submits: int = 0  # SUBMIT messages: batches of ops (bodies are never decoded here)
+    errors: int = 0  # ERROR messages from the worker about this session
 
 
 @dataclass
@@ -82,6 +99,26 @@ class Worker:
     registered: float
     last_seen: float
     sessions: set[int] = field(default_factory=set)
+    draining: bool = False  # set by an administrator: no new sessions, existing ones go on
+
+
+@dataclass
+class Traffic:
+    """Totals of the sessions that have ended on one device (by worker name, local index)."""
+
+    sessions: int = 0
+    messages: int = 0
+    bytes: int = 0
+    submits: int = 0
+    errors: int = 0
+
+    def add(self, session: Session | Traffic) -> None:
+        """Fold a session's (or another total's) counts into this one."""
+        self.messages += session.messages
+        self.bytes += session.bytes
+        self.submits += session.submits
+        self.errors += session.errors
+        self.sessions += session.sessions if isinstance(session, Traffic) else 1
 
 
 @dataclass(frozen=True)
@@ -133,9 +170,12 @@ class Registry:
         self._device_owner: dict[int, tuple[bytes, int]] = {}  # global index -> (worker, local)
         self._known: dict[str, int] = {}  # every worker name seen -> its device count
         self.device_count = 0  # global indexes in use, online or not
+        self.device_slots: list[tuple[str, int]] = []  # global index -> (worker name, local)
         self._next_heartbeat = now
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
+        self.retired: dict[tuple[str, int], Traffic] = {}  # (worker name, local) -> totals
+        self.stopping = False  # set by the admin ``shutdown``: the I/O loop stops
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -176,12 +216,16 @@ class Registry:
             if oldest is None:
                 break
             del self._known[oldest]
+            for key in [k for k in self.retired if k[0] == oldest]:
+                del self.retired[key]
         online = {w.name: w for w in self.workers.values()}
         self.devices, self._device_info, self._device_owner = [], {}, {}
+        self.device_slots = []
         index = 0
         for name in sorted(self._known, key=_natural):
             worker = online.get(name)
             for local in range(self._known[name]):
+                self.device_slots.append((name, local))
                 if worker is not None:
                     info = {"index": index, "worker": name, "local": local,
                             "backend": worker.backend, "settings": worker.devices[local]}
@@ -207,7 +251,7 @@ class Registry:
             if len(frames) < 2:
                 raise ProtocolError("A message needs a header frame and a body frame.")
             header = protocol.decode_header(frames[0])
-            if header.kind in DATA_KINDS:
+            if header.kind in CLIENT_DATA_KINDS and header.version == PROTOCOL_VERSION:
                 return self._route_client_data(identity, header, frames, now)
             if header.kind == Kind.HELLO and header.version != PROTOCOL_VERSION:
                 # Checked before the body: another version may lay out its body differently.
@@ -218,15 +262,15 @@ class Registry:
             message = protocol.decode(frames)
         except ProtocolError as exc:
             return self._bad_input(Side.FRONTEND, identity, exc, header)
-        handler = self._client_handlers.get(message.kind)
-        if handler is None:
-            return self._bad_input(Side.FRONTEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a client."), header)
         if message.version != PROTOCOL_VERSION:
             return self._bad_input(Side.FRONTEND, identity, ProtocolError(
                 f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
                 "install matching fabric versions.", client_version=message.version,
                 server_version=PROTOCOL_VERSION), header)
+        handler = self._client_handlers.get(message.kind)
+        if handler is None:
+            return self._bad_input(Side.FRONTEND, identity, ProtocolError(
+                f"A {message.kind.name} message is not accepted from a client."), header)
         return handler(self, identity, message, now)
 
     def _route_client_data(self, identity: bytes, header: Header, frames: Sequence[Any],
@@ -240,6 +284,8 @@ class Registry:
         session.last_seen = now
         session.messages += 1
         session.bytes += _frames_size(frames)
+        if header.kind is Kind.SUBMIT:  # enum members are singletons: the cheapest test
+            session.submits += 1
         return [Send(Side.BACKEND, session.worker, list(frames))]
 
     def _on_hello(self, identity: bytes, message: Message, now: float) -> list[Send]:
@@ -258,11 +304,17 @@ class Registry:
             return self._reject(identity, header, DeviceOffline(
                 f"Device {device} is offline: its worker is not connected. Retry when it "
                 "is back, or choose another device from fabric.devices().", device=device))
+        worker, local = self._device_owner[device]
+        if self.workers[worker].draining:
+            name = self.workers[worker].name
+            return self._reject(identity, header, DeviceDraining(
+                f"Device {device} is draining: an administrator stopped its worker {name} "
+                "from taking new sessions. Choose another device from fabric.devices().",
+                device=device, worker=name))
         if message.session == 0 or message.session in self.sessions:
             return self._reject(identity, header, DuplicateSession(
                 f"Session id {message.session:#x} is already in use (or zero): "
                 "let the client choose a fresh random id.", session=message.session))
-        worker, local = self._device_owner[device]
         self.sessions[message.session] = Session(
             id=message.session, client=identity, device=device, local=local, worker=worker,
             state=SessionState.OPENING, created=now, last_seen=now,
@@ -306,11 +358,34 @@ class Registry:
         return [self._message(Side.FRONTEND, identity, Message(
             Kind.PONG, message.session, message.request))]
 
+    def _on_admin(self, identity: bytes, message: Message, now: float) -> list[Send]:
+        from . import admin  # it reads this module's state; imported late to avoid a cycle
+
+        if not self._token_ok(message.body["token"], self._admin_token):
+            self.rejects["admin_unauthorized"] += 1
+            log.warning("refused an admin command from %s: not the admin token",
+                        identity.hex())
+            return [self._error(Side.FRONTEND, identity, AuthenticationError(
+                "The broker refused the token: admin commands need the admin token "
+                "(FABRIC_ADMIN_TOKEN, or the admin_token of the connection file)."),
+                kind=Kind.REJECT, request=message.request)]
+        command = message.body["command"]
+        try:
+            result, sends = admin.run(self, command, message.body["args"], now)
+        except FabricError as exc:
+            self.counters["admin_errors"] += 1
+            return [self._error(Side.FRONTEND, identity, exc, request=message.request)]
+        self.counters["admin_commands"] += 1
+        log.info("admin command %s from %s", command, identity.hex())
+        return sends + [self._message(Side.FRONTEND, identity, Message(
+            Kind.ADMIN_REPLY, 0, message.request, {"command": command, "result": result}))]
+
     _client_handlers = {
         Kind.HELLO: _on_hello,
         Kind.DEVICES: _on_devices,
         Kind.CLOSE: _on_close,
         Kind.PING: _on_ping,
+        Kind.ADMIN: _on_admin,
     }
 
     # -- workers -----------------------------------------------------------------------
@@ -325,7 +400,7 @@ class Registry:
             worker = self.workers.get(identity)
             if worker is not None:
                 worker.last_seen = now
-                if header.kind in DATA_KINDS:
+                if header.kind in WORKER_DATA_KINDS and header.version == PROTOCOL_VERSION:
                     return self._route_worker_data(worker, header, frames)
             if header.kind == Kind.REGISTER:
                 if header.version != PROTOCOL_VERSION:
@@ -345,20 +420,31 @@ class Registry:
             message = protocol.decode(frames)
         except ProtocolError as exc:
             return self._bad_input(Side.BACKEND, identity, exc, header)
-        handler = self._worker_handlers.get(message.kind)
-        if handler is None:
-            return self._bad_input(Side.BACKEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a worker."), header)
         if message.version != PROTOCOL_VERSION:  # its body was not validated
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
                 f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
                 "install matching fabric versions.", worker_version=message.version,
                 server_version=PROTOCOL_VERSION), header)
+        handler = self._worker_handlers.get(message.kind)
+        if handler is None:
+            return self._bad_input(Side.BACKEND, identity, ProtocolError(
+                f"A {message.kind.name} message is not accepted from a worker."), header)
         return handler(self, worker, message, now)
 
     def _route_worker_data(self, worker: Worker, header: Header,
                            frames: Sequence[Any]) -> list[Send]:
         session = self.sessions.get(header.session)
+        if header.kind == Kind.TRANSFER:
+            # A tensor moving between sessions: the sender must own the source session (the
+            # request field); knowing the destination's random 64-bit id is the capability.
+            source = self.sessions.get(header.request)
+            if (source is None or source.worker != worker.identity or session is None
+                    or session.state != SessionState.OPEN):
+                self.counters["refused_transfers"] += 1
+                return []
+            session.messages += 1
+            session.bytes += _frames_size(frames)
+            return [Send(Side.BACKEND, session.worker, list(frames))]
         if session is None or session.worker != worker.identity:
             self.counters["stale_worker_data"] += 1  # the session closed meanwhile
             return []
@@ -428,6 +514,7 @@ class Registry:
             self.rejects[str(message.body["code"])] += 1
             return [self._message(Side.FRONTEND, session.client, Message(
                 Kind.REJECT, session.id, session.hello_request, message.body))]
+        session.errors += 1
         return [self._message(Side.FRONTEND, session.client, Message(
             Kind.ERROR, session.id, message.request, message.body))]
 
@@ -446,10 +533,25 @@ class Registry:
     # -- peers that vanish, deadlines, heartbeats -----------------------------------------
 
     def _forget(self, session: Session) -> None:
-        self.sessions.pop(session.id, None)
-        worker = self.workers.get(session.worker)
-        if worker is not None:
-            worker.sessions.discard(session.id)
+        if self.sessions.pop(session.id, None) is None:
+            return
+        worker = self.workers[session.worker]  # a session never outlives its worker here
+        worker.sessions.discard(session.id)
+        self.retired.setdefault((worker.name, session.local), Traffic()).add(session)
+
+    def _end_for_client(self, session: Session, *, opening: FabricError,
+                        lost: FabricError) -> Send:
+        """What tells a session's client that the broker ended it, by the session's state:
+        ``opening`` is the REJECT of a pending HELLO, ``lost`` the ERROR for an open session;
+        a client that was closing gets its CLOSED."""
+        if session.state == SessionState.OPENING:
+            self.rejects[str(opening.details.get("reason", opening.code))] += 1
+            return self._error(Side.FRONTEND, session.client, opening, kind=Kind.REJECT,
+                               session=session.id, request=session.hello_request)
+        if session.state == SessionState.CLOSING:
+            return self._message(Side.FRONTEND, session.client, Message(
+                Kind.CLOSED, session.id, session.hello_request))
+        return self._error(Side.FRONTEND, session.client, lost, session=session.id)
 
     def _drop_session(self, session: Session, *, notify_worker: bool) -> list[Send]:
         self._forget(session)
@@ -464,25 +566,16 @@ class Registry:
         self.counters["workers_lost"] += 1
         sends: list[Send] = []
         for session_id in sorted(worker.sessions):
-            session = self.sessions.pop(session_id)
+            session = self.sessions[session_id]
             device = self.device_of(session)["index"]
-            if session.state == SessionState.OPENING:
-                self.rejects["worker_lost"] += 1
-                error: FabricError = HandshakeError(
-                    f"Worker {worker.name} owning device {device} was lost while the session "
-                    f"was opening ({why}): retry, or choose another device.",
-                    device=device, worker=worker.name, reason="worker_lost")
-                sends.append(self._error(Side.FRONTEND, session.client, error, kind=Kind.REJECT,
-                                         session=session.id, request=session.hello_request))
-            elif session.state == SessionState.CLOSING:
-                sends.append(self._message(Side.FRONTEND, session.client, Message(
-                    Kind.CLOSED, session.id, session.hello_request)))
-            else:
-                sends.append(self._error(Side.FRONTEND, session.client, SessionLost(
-                    f"Session {session.id:#x} on device {device} is lost: worker "
-                    f"{worker.name} {why}. Open a new session.",
-                    device=device, worker=worker.name, session=session.id),
-                    session=session.id))
+            self._forget(session)
+            sends.append(self._end_for_client(session, opening=HandshakeError(
+                f"Worker {worker.name} owning device {device} was lost while the session "
+                f"was opening ({why}): retry, or choose another device.",
+                device=device, worker=worker.name, reason="worker_lost"), lost=SessionLost(
+                f"Session {session.id:#x} on device {device} is lost: worker "
+                f"{worker.name} {why}. Open a new session.",
+                device=device, worker=worker.name, session=session.id)))
         del self.workers[worker.identity]
         self._rebuild_devices()
         return sends
@@ -540,6 +633,51 @@ class Registry:
                                            Message(Kind.PING, session.id)))
         return sends
 
+    # -- administration (the commands are in broker.admin) -----------------------------------
+
+    def close_session(self, session_id: int) -> list[Send]:
+        """End a session for an administrator: closed on its worker, its client told.
+
+        Raises NotFound, changing nothing, when the broker has no such session.
+        """
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise NotFound(f"Session {session_id:#x} does not exist on this broker: list the "
+                           "open ones with fabric admin sessions.", session=session_id)
+        device = session.device
+        sends = self._drop_session(session, notify_worker=True)
+        sends.append(self._end_for_client(session, opening=HandshakeError(
+            f"The session on device {device} was closed by an administrator while it was "
+            "opening: open a new session.", device=device, reason="closed_by_admin"),
+            lost=SessionLost(
+            f"Session {session.id:#x} on device {device} was closed by an administrator: "
+            "open a new session.", device=device, session=session.id,
+            reason="closed_by_admin")))
+        self.counters["sessions_closed_by_admin"] += 1
+        log.info("session %#x closed by an administrator", session.id)
+        return sends
+
+    def worker_named(self, name: str) -> Worker:
+        """The connected worker called ``name``; NotFound when there is none."""
+        for worker in self.workers.values():
+            if worker.name == name:
+                return worker
+        known = ", ".join(sorted((w.name for w in self.workers.values()), key=_natural))
+        raise NotFound(f"No worker named {name!r} is connected to this broker "
+                       f"(connected: {known or 'none'}): list them with fabric admin workers.",
+                       worker=name)
+
+    def drain(self, name: str, draining: bool = True) -> Worker:
+        """Stop (or, with ``draining=False``, resume) new sessions on a worker's devices.
+
+        Existing sessions go on. Raises NotFound, changing nothing, for an unknown worker.
+        """
+        worker = self.worker_named(name)
+        worker.draining = draining
+        log.info("worker %s %s by an administrator", name,
+                 "drained" if draining else "undrained")
+        return worker
+
     def shutdown(self) -> list[Send]:
         """Tell every client its session ends because the broker stops."""
         sends = []
@@ -550,10 +688,7 @@ class Registry:
         return sends
 
     def status(self, now: float) -> dict[str, Any]:
-        """A summary for logs and, later, the admin CLI."""
-        return {
-            "server": self.server, "uptime": now - self.started,
-            "workers": len(self.workers), "devices": len(self.devices),
-            "sessions": len(self.sessions), "rejects": dict(self.rejects),
-            "counters": dict(self.counters),
-        }
+        """A summary for logs and the admin ``status`` command."""
+        from . import admin
+
+        return admin.status(self, now)

@@ -88,7 +88,7 @@ class Broker:
         registry = self.registry
         from_side = {self.frontend: registry.from_client, self.backend: registry.from_worker}
         try:
-            while self._running:
+            while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
                 self._send(registry.tick(now))
                 timeout_ms = max(0.0, min(0.1, registry.next_deadline() - now)) * 1000

@@ -1,5 +1,7 @@
 """Fabric: numpy-style arrays that live on remote devices, served over ZeroMQ."""
 
+from .admin import Admin
+from .capture import Trace, capture
 from .client import Device, Session, connect, devices
 from .cluster import LocalCluster
 from .errors import (
@@ -7,6 +9,7 @@ from .errors import (
     ConnectError,
     DeviceNotHostable,
     FabricError,
+    GraphError,
     HandshakeError,
     HandshakeTimeout,
     NoSuchDevice,
@@ -14,15 +17,18 @@ from .errors import (
     RemoteError,
     ServerDisconnected,
     SessionLost,
+    TraceError,
     VersionMismatch,
 )
+from .graph import Function, function
 from .protocol import PROTOCOL_VERSION
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PROTOCOL_VERSION", "AuthenticationError", "ConnectError", "Device", "DeviceNotHostable",
-    "FabricError", "HandshakeError", "HandshakeTimeout", "LocalCluster", "NoSuchDevice",
-    "ProtocolError", "RemoteError", "ServerDisconnected", "Session", "SessionLost",
-    "VersionMismatch", "connect", "devices",
+    "PROTOCOL_VERSION", "Admin", "AuthenticationError", "ConnectError", "Device",
+    "DeviceNotHostable", "FabricError", "Function", "GraphError", "HandshakeError",
+    "HandshakeTimeout", "LocalCluster", "NoSuchDevice", "ProtocolError", "RemoteError",
+    "ServerDisconnected", "Session", "SessionLost", "Trace", "TraceError", "VersionMismatch",
+    "capture", "connect", "devices", "function",
 ]

@@ -91,6 +91,7 @@ class Connection:
         self._poller.register(self.socket, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
         self.established = False  # set once a reply proves a fabric broker is there
+        self.users = 0  # sessions open over this connection
         self.closed = False
         self.error: FabricError | None = None  # why the connection is unusable, if it is
         try:
@@ -246,8 +247,10 @@ class Session(TensorSession):
     """
 
     def __init__(self, connection: Connection, session_id: int, welcome: Message,
-                 timeout: float) -> None:
+                 timeout: float, token: str) -> None:
         self.connection = connection
+        connection.users += 1
+        self._token = token
         self.id = session_id
         self.timeout = timeout
         self.device = Device.from_wire(welcome.body["device"])
@@ -268,6 +271,13 @@ class Session(TensorSession):
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+    def open(self, device: int, timeout: float | None = None) -> "Session":
+        """Another session, on ``device``, over this session's connection (one connection
+        serves sessions on any number of devices; it closes with its last session)."""
+        self._check_open()
+        return _open_session(self.connection, self._token, device,
+                             self.timeout if timeout is None else timeout)
 
     def _check_open(self) -> None:
         if self.closed:
@@ -295,7 +305,9 @@ class Session(TensorSession):
         except SessionLost:
             pass  # already gone on the broker: nothing left to free
         finally:
-            self.connection.close()
+            self.connection.users -= 1
+            if not self.connection.users:
+                self.connection.close()
             if self.on_close is not None:
                 self.on_close()
 
@@ -345,22 +357,30 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
         return embedded_session(device, timeout)
     address, token, source = target
     connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
+    with _blaming(source):
+        return _open_session(connection, token, device, timeout)
+
+
+def _open_session(connection: Connection, token: str, device: int, timeout: float) -> Session:
+    """HELLO on ``connection``; the session, or the typed error (closing an unused
+    connection)."""
     session_id = secrets.randbits(64) or 1
     hello = Message(Kind.HELLO, session_id, body={
         "token": token, "device": device, "client": f"pid {os.getpid()}"})
     try:
-        with _blaming(source):
-            welcome = _raise_for(connection.request(hello, timeout), Kind.WELCOME)
+        welcome = _raise_for(connection.request(hello, timeout), Kind.WELCOME)
     except HandshakeTimeout:
         # A slow broker may still open it: ask it to drop the session, best effort.
         connection.socket.send_multipart(protocol.encode(Message(Kind.CLOSE, session_id)),
                                          flags=zmq.NOBLOCK)
-        connection.close(linger=0.2)
+        if not connection.users:
+            connection.close(linger=0.2)
         raise
     except BaseException:
-        connection.close()
+        if not connection.users:
+            connection.close()
         raise
-    return Session(connection, session_id, welcome, timeout)
+    return Session(connection, session_id, welcome, timeout, token)
 
 
 def devices(address: str | None = None, *, token: str | None = None, timeout: float = 10.0,

@@ -85,6 +85,12 @@ class DeviceOffline(HandshakeError):
     code = "device_offline"
 
 
+class DeviceDraining(DeviceOffline):
+    """The device's worker is being drained by an administrator: it takes no new sessions."""
+
+    code = "device_draining"
+
+
 class DuplicateSession(HandshakeError):
     """A session with this id is already open on the broker."""
 
@@ -115,6 +121,18 @@ class QuotaExceeded(RemoteError):
     code = "quota_exceeded"
 
 
+class GraphError(RemoteError):
+    """A graph call the worker cannot run: unknown graph, wrong bindings, a freed input."""
+
+    code = "graph_error"
+
+
+class TraceError(FabricError, TypeError):
+    """A traced function did something that needs tensor values (``bool(t)``, ``t.numpy()``)."""
+
+    code = "trace_error"
+
+
 class ProtocolError(FabricError):
     """A message did not follow the fabric wire protocol."""
 
@@ -125,6 +143,12 @@ class DeviceNotHostable(FabricError):
     """A worker was asked to host a device that cannot serve remote sessions."""
 
     code = "device_not_hostable"
+
+
+class NotFound(FabricError):
+    """An admin command named a session or worker the broker does not have."""
+
+    code = "not_found"
 
 
 class ConfigError(FabricError):

@@ -36,7 +36,9 @@ class PendingTable:
         elif message.kind == Kind.ERROR and message.session:
             error = error_from_wire(message.body)
             if isinstance(error, SessionLost):
-                self.lost[message.session] = error
+                # The first notice names the cause (worker lost, closed by an administrator);
+                # later ones only say the broker no longer knows the session.
+                self.lost.setdefault(message.session, error)
         # Anything else (a liveness PING, a reply to a request given up on) needs no answer.
 
     def take(self, request: int) -> Message | None:

@@ -51,13 +51,21 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 22  # both ways; any traffic also counts as a heartbeat
     OPEN = 23  # broker -> worker: open a session on a local device
     OPENED = 24  # worker -> broker
+    # admin <-> broker, control: answered by the broker itself, no session needed
+    ADMIN = 30  # admin -> broker: a command (token, command, args)
+    ADMIN_REPLY = 31  # broker -> admin: the command's result
     # data, routed by session id; the broker never decodes these bodies
     SUBMIT = 40  # client -> worker: a batch of fire-and-forget ops
     REQUEST = 41  # client -> worker: a read or sync that expects a REPLY
     REPLY = 42  # worker -> client
+    # worker -> broker -> worker: a tensor moved between sessions; the header's session is
+    # the destination session and its request field the source session
+    TRANSFER = 43
 
 
-DATA_KINDS = frozenset({Kind.SUBMIT, Kind.REQUEST, Kind.REPLY})
+CLIENT_DATA_KINDS = frozenset({Kind.SUBMIT, Kind.REQUEST})
+WORKER_DATA_KINDS = frozenset({Kind.REPLY, Kind.TRANSFER})
+DATA_KINDS = CLIENT_DATA_KINDS | WORKER_DATA_KINDS
 KNOWN_KINDS = frozenset(int(k) for k in Kind)
 
 # Required body fields per control kind, with their types. Extra fields are allowed (newer
@@ -73,6 +81,8 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.REGISTER: {"token": str, "name": str, "backend": str, "devices": list},
     Kind.REGISTERED: {"server": str, "heartbeat": (int, float)},
     Kind.OPEN: {"device": int},
+    Kind.ADMIN: {"token": str, "command": str, "args": dict},
+    Kind.ADMIN_REPLY: {"command": str, "result": dict},
 }
 
 

@@ -48,6 +48,15 @@ def decode_index(encoded: list[Any]) -> tuple[Any, ...]:
                  for item in encoded)
 
 
+def decode_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """An op's params from the wire, as its numpy implementation takes them."""
+    if name == "getitem":
+        return {"index": decode_index(params["index"])}
+    if type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
+        return {**params, "axis": tuple(params["axis"])}  # which numpy refuses
+    return params
+
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -78,6 +87,13 @@ def array_from_frame(frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.
             np.frombuffer(buffer, np.uint8).ctypes.data % dtype.alignment == 0:
         return np.asarray(_FrameMemory(frame, dtype, shape))
     return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy()
+
+
+def decode_scalar(arg: list[Any] | None) -> Any:
+    """A scalar op argument from the wire: [value] (Python) or [value, dtype] (numpy)."""
+    if arg is None:
+        return None
+    return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
 
 
 def _origin() -> tuple[str, int]:
@@ -134,6 +150,11 @@ class Tensor(Spec):
                 f"device={self.session.device.index}>")
 
     # -- reading ---------------------------------------------------------------------------
+
+    def to(self, session: "TensorSession") -> "Tensor":
+        """This array on another session's device, sent worker to worker (in memory when
+        both devices are on one worker), never through this client."""
+        return self if session is self.session else session._receive_from(self)
 
     def numpy(self) -> np.ndarray:
         """Read the array back: an ordinary, writable numpy array."""
@@ -367,6 +388,8 @@ def _shape(shape: Any) -> tuple[int, ...]:
 class TensorSession:
     """The op stream of a session: creation, batching, reads, releases. Mixed into Session."""
 
+    tracing = False  # True for fabric.graph.Tracer, which records ops instead of sending them
+
     def _init_stream(self) -> None:
         self._ids = itertools.count(1)
         self._batch: list[list[Any]] = []
@@ -376,6 +399,8 @@ class TensorSession:
         self._origins: dict[int, tuple[str, int]] = {}
         self._freed_origins: OrderedDict[int, tuple[str, int]] = OrderedDict()
         self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
+        self._captures: list[Any] = []  # open fabric.capture traces
+        self._graphs: OrderedDict[int, Any] = OrderedDict()  # fabric.graph: held by the worker
         self.random = Random(self)
 
     # -- building ops ------------------------------------------------------------------------
@@ -383,6 +408,8 @@ class TensorSession:
     def _wire_arg(self, arg: Any) -> Any:
         if isinstance(arg, Tensor):
             if arg.session is not self:
+                if self.tracing or arg.session.tracing:  # a traced function's mix-up
+                    raise (self if self.tracing else arg.session)._refuse_capture(arg)
                 raise ValueError(f"{arg!r} lives on another session: move it with "
                                  ".to(session) first.")
             return arg.id
@@ -415,12 +442,15 @@ class TensorSession:
                      for a in args]
         tensor = Tensor(self, next(self._ids), shape, dtype)
         self._origins[tensor.id] = _origin()
-        self._enqueue([name, tensor.id, wire_args, params])
+        self._enqueue([name, tensor.id, wire_args, params], None, tensor)
         return tensor
 
-    def _enqueue(self, op: list[Any], buffer: Any = None) -> None:
+    def _enqueue(self, op: list[Any], buffer: Any = None, result: Spec | None = None) -> None:
         if self.closed:
             self._check_open()
+        if self._captures:  # fabric.capture: record the op as it is sent
+            for trace in self._captures:
+                trace.record(op, buffer, result)
         self._batch.append(op)
         if buffer is not None:
             self._buffers.append(buffer)
@@ -454,7 +484,7 @@ class TensorSession:
         self._enqueue(["put", tensor.id, [], {"dtype": array.dtype.str,
                                               "shape": list(array.shape),
                                               "buffer": len(self._buffers)}],
-                      buffer=array.reshape(-1).view(np.uint8))
+                      array.reshape(-1).view(np.uint8), tensor)
         return tensor
 
     def zeros(self, shape: Any, dtype: Any = "float64") -> Tensor:
@@ -493,6 +523,14 @@ class TensorSession:
 
     # -- the stream --------------------------------------------------------------------------
 
+    def _receive_from(self, source: Tensor) -> Tensor:
+        tensor = Tensor(self, next(self._ids), source.shape, source.dtype)
+        self._origins[tensor.id] = _origin()
+        source.session._enqueue(["send", 0, [source.id], {"session": self.id, "id": tensor.id}])
+        source.session.flush()
+        self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
+        return tensor
+
     def _release(self, tensor_id: int) -> None:
         self._released.append(tensor_id)
 
@@ -526,6 +564,10 @@ class TensorSession:
             error.details["origin"] = f"{origin[0]}:{origin[1]}"
             error.args = (f"{error.message}\n  the op was issued at {origin[0]}, line "
                           f"{origin[1]}",)
+        graph, index = self._graphs.get(error.details.get("graph")), error.details.get("graph_op")
+        if graph is not None and type(index) is int and 0 <= index < len(graph.origins):
+            file, line = graph.origins[index]
+            error.args = (f"{error.args[0]}\n  inside {graph.name}, at {file}, line {line}",)
         return error
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
@@ -546,6 +588,15 @@ class TensorSession:
     def sync(self, timeout: float | None = None) -> None:
         """Wait until the device has run everything sent so far; raise its first error."""
         self._call({"op": "sync"}, timeout)
+
+    def compile(self, fn: Any) -> Any:
+        """``fn`` traced once per input signature and replayed on this session's device.
+
+        Like ``@fabric.function``, bound to this session: numpy array arguments are
+        uploaded to it, and tensors of other sessions are refused.
+        """
+        from .graph import Function  # graph builds on this module
+        return Function(fn, session=self)
 
     def stats(self) -> dict[str, int]:
         """Counts for this session: what the client sent, what the device holds and ran."""

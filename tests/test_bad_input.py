@@ -95,12 +95,17 @@ def test_a_client_sending_a_bad_hello_body_fails_fast(cluster):
 
 def test_messages_for_sessions_that_do_not_exist_get_session_lost(cluster):
     with RawDealer(cluster.address) as dealer:
-        for kind in (Kind.SUBMIT, Kind.REQUEST, Kind.REPLY):
+        for kind in (Kind.SUBMIT, Kind.REQUEST):
             dealer.send([Header(kind, session=0xBAD, request=3).pack(), b"never decoded"])
             answer = dealer.recv_message(timeout=2)
             assert answer.kind == Kind.ERROR
             assert (answer.session, answer.request) == (0xBAD, 3)
             assert error_from_wire(answer.body).code == "session_lost"
+        for kind in (Kind.REPLY, Kind.TRANSFER):  # worker kinds are refused from a client
+            dealer.send(frames_of(kind, session=0xBAD, request=5))
+            answer = dealer.recv_message(timeout=2)
+            assert (answer.kind, answer.request) == (Kind.ERROR, 5)
+            assert error_from_wire(answer.body).code == "protocol_error"
         dealer.send(frames_of(Kind.CLOSE, session=0xBAD, request=4))
         answer = dealer.recv_message(timeout=2)
         assert answer.kind == Kind.ERROR and answer.request == 4

@@ -26,13 +26,18 @@ STABLE_CODES = {
     "VersionMismatch": "version_mismatch",
     "AuthenticationError": "unauthorized",
     "NoSuchDevice": "no_such_device",
+    "DeviceOffline": "device_offline",
+    "DeviceDraining": "device_draining",
     "DuplicateSession": "duplicate_session",
     "SessionLost": "session_lost",
     "RequestTimeout": "timeout",
     "RemoteError": "remote_error",
     "QuotaExceeded": "quota_exceeded",
+    "GraphError": "graph_error",
+    "TraceError": "trace_error",
     "ProtocolError": "protocol_error",
     "DeviceNotHostable": "device_not_hostable",
+    "NotFound": "not_found",
     "ConfigError": "config_error",
     "ClusterError": "cluster_error",
 }
@@ -124,7 +129,8 @@ def test_handshake_errors_are_connect_errors():
     handshake_classes = [cls for cls in ALL if issubclass(cls, HandshakeError)]
     assert {cls.__name__ for cls in handshake_classes} == {
         "HandshakeError", "ServerDisconnected", "HandshakeTimeout", "VersionMismatch",
-        "AuthenticationError", "NoSuchDevice", "DuplicateSession"}
+        "AuthenticationError", "NoSuchDevice", "DeviceOffline", "DeviceDraining",
+        "DuplicateSession"}
     for cls in handshake_classes:
         assert issubclass(cls, ConnectError)
         assert isinstance(error_from_wire(cls("x").to_wire()), ConnectError)

@@ -4,6 +4,10 @@ Rule: every rule about a session's life on the worker lives here: open, close, r
 ops in submission order, poisoning the outputs of an op that fails (and of every op that
 reads a poisoned tensor), the per-session memory limit, and answering reads and syncs. The
 device thread feeds it decoded messages and sends back what it returns.
+
+Telemetry: a device may count its own work in integer attributes named in
+``DEVICE_COUNTERS`` (the numexpr device counts ops it fused and expressions it evaluated);
+what they grow by while one session's message is handled is credited to that session.
 """
 
 from __future__ import annotations
@@ -16,7 +20,11 @@ import numpy as np
 from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
 from fabric.ops import OPS, RANDOM_OPS
 from fabric.protocol import Kind, Message
-from fabric.tensor import decode_index
+from fabric.tensor import decode_params, decode_scalar
+
+from .graphs import GraphOps, SessionGraphs
+
+DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")
 
 
 @dataclass
@@ -29,19 +37,20 @@ class SessionState:
     resident: int = 0  # bytes held in ``tensors``
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ops: int = 0
+    outgoing: list[Message] = field(default_factory=list)  # TRANSFERs made by "send" ops
+    awaiting: dict[int, list[Message]] = field(default_factory=dict)  # id -> "await" requests
+    graphs: SessionGraphs = field(default_factory=SessionGraphs)
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEVICE_COUNTERS, 0))
 
 
-def _scalar(arg: list[Any]) -> Any:
-    return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
-
-
-class Executor:
+class Executor(GraphOps):
     """The sessions of one device and the messages addressed to them."""
 
     def __init__(self, device: Any, memory_limit: int | None = None) -> None:
         self.device = device
         self.memory_limit = memory_limit
         self.sessions: dict[int, SessionState] = {}
+        self._counted = [name for name in DEVICE_COUNTERS if hasattr(device, name)]
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -52,12 +61,19 @@ class Executor:
         if message.kind != Kind.OPEN and message.session not in self.sessions:
             if message.kind == Kind.CLOSE:
                 return [Message(Kind.CLOSED, message.session, message.request)]
-            if message.kind == Kind.SUBMIT:
+            if message.kind in (Kind.SUBMIT, Kind.TRANSFER):
                 return []  # nothing to answer; the next request reports the lost session
             return [_reply_error(message, SessionLost(
                 f"Session {message.session:#x} is not open on this worker: open a new "
                 "session.", session=message.session))]
-        return handler(self, message)
+        session = self.sessions.get(message.session)
+        if session is None or not self._counted:
+            return handler(self, message)
+        before = [getattr(self.device, name) for name in self._counted]
+        replies = handler(self, message)
+        for name, count in zip(self._counted, before):
+            session.counters[name] += getattr(self.device, name) - count
+        return replies
 
     # -- session life ----------------------------------------------------------------------
 
@@ -89,7 +105,8 @@ class Executor:
             self._run(session, op, message.buffers)
         for tensor_id in free:
             self._drop(session, tensor_id)
-        return []
+        outgoing, session.outgoing = session.outgoing, []
+        return outgoing
 
     def _store(self, session: SessionState, tensor_id: int, array: np.ndarray) -> None:
         self._drop(session, tensor_id)
@@ -119,6 +136,11 @@ class Executor:
             if name == "seed":
                 session.rng = np.random.default_rng(params["seed"])
                 return
+            if name == "send":
+                session.outgoing.append(self._transfer(session, args[0], params))
+                return
+            if name in self._graph_ops:
+                return self._graph_ops[name](self, session, out, args, params)
             inputs = []
             for arg in args:
                 if type(arg) is int:
@@ -127,18 +149,27 @@ class Executor:
                         return
                     inputs.append(session.tensors[arg])
                 else:
-                    inputs.append(None if arg is None else _scalar(arg))
+                    inputs.append(decode_scalar(arg))
             self._store(session, out, self._compute(session, name, inputs, params, buffers))
         except Exception as exc:  # any failure of the op becomes the poison of its output
+            self._poison(session, (out,), self._op_error(name, out, exc))
+
+    def _op_error(self, name: str, tensor: int, exc: Exception) -> dict[str, Any]:
+        """The wire error for op ``name`` (making ``tensor``) failing with ``exc``."""
+        if isinstance(exc, FabricError):
+            error = exc.to_wire()
+            error["details"].update(op=name, tensor=tensor)
+            return error
+        return RemoteError(f"{name} failed on device {self.device.index}: "
+                           f"{type(exc).__name__}: {exc}", op=name, tensor=tensor).to_wire()
+
+    def _poison(self, session: SessionState, outs: Any, error: dict[str, Any],
+                report: bool = True) -> None:
+        """Make ``error`` the value of every tensor in ``outs``; report it at the next sync."""
+        for out in outs:
             self._drop(session, out)
-            if isinstance(exc, FabricError):
-                error = exc.to_wire()
-                error["details"].update(op=name, tensor=out)
-            else:
-                error = RemoteError(
-                    f"{name} failed on device {self.device.index}: {type(exc).__name__}: "
-                    f"{exc}", op=name, tensor=out).to_wire()
             session.poisoned[out] = error
+        if report:
             session.unreported.append(error)
 
     def _compute(self, session: SessionState, name: str, inputs: list[Any],
@@ -146,13 +177,53 @@ class Executor:
         if name == "put":
             return np.frombuffer(buffers[params["buffer"]], dtype=np.dtype(params["dtype"])) \
                 .reshape(params["shape"])
-        if name == "getitem":
-            params = {"index": decode_index(params["index"])}
-        elif name in RANDOM_OPS:
+        params = decode_params(name, params)
+        if name in RANDOM_OPS:
             params = {**params, "rng": session.rng}
-        elif type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
-            params = {**params, "axis": tuple(params["axis"])}  # which numpy refuses
         return np.asarray(self.device.run(OPS[name], inputs, params))
+
+    # -- tensors moving between sessions ----------------------------------------------------
+
+    def _transfer(self, session: SessionState, tensor_id: int,
+                  params: dict[str, Any]) -> Message:
+        """The TRANSFER that carries a tensor (or its poison) to another session."""
+        body: dict[str, Any] = {"id": params["id"]}
+        buffers: tuple[Any, ...] = ()
+        if tensor_id in session.poisoned:
+            body["error"] = session.poisoned[tensor_id]
+        elif tensor_id not in session.tensors:
+            body["error"] = ProtocolError(f"Tensor {tensor_id} does not exist in the session "
+                                          "it was moved from.").to_wire()
+        else:
+            array = session.tensors[tensor_id]
+            body.update(dtype=array.dtype.str, shape=list(array.shape))
+            buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
+        return Message(Kind.TRANSFER, params["session"], session.id, body, buffers)
+
+    def _receive(self, message: Message) -> list[Message]:
+        """A tensor sent from another session arrives: store it, answer who awaits it."""
+        session = self.sessions[message.session]
+        body = message.body
+        tensor_id = body.get("id")
+        try:
+            if "error" in body:
+                session.poisoned[tensor_id] = body["error"]
+            else:
+                array = np.frombuffer(message.buffers[0], np.dtype(body["dtype"]))
+                self._store(session, tensor_id, array.reshape(body["shape"]))
+        except Exception as exc:  # a malformed transfer or the quota: poison, as for an op
+            session.poisoned[tensor_id] = RemoteError(
+                f"The tensor moved to this session could not be stored: "
+                f"{type(exc).__name__}: {exc}", op="to", tensor=tensor_id).to_wire()
+        return [Message(Kind.REPLY, request.session, request.request, {"ok": True})
+                for request in session.awaiting.pop(tensor_id, [])]
+
+    def _await(self, session: SessionState, message: Message) -> list[Message]:
+        tensor_id = message.body.get("id")
+        if tensor_id in session.tensors or tensor_id in session.poisoned:
+            return [Message(Kind.REPLY, message.session, message.request, {"ok": True})]
+        session.awaiting.setdefault(tensor_id, []).append(message)
+        return []  # answered when the tensor arrives
 
     # -- requests -------------------------------------------------------------------------
 
@@ -192,12 +263,13 @@ class Executor:
             "tensors": len(session.tensors), "resident_bytes": session.resident,
             "ops": session.ops, "poisoned": len(session.poisoned),
             "device_sessions": len(self.sessions),
-            "device_resident_bytes": sum(s.resident for s in self.sessions.values())})]
+            "device_resident_bytes": sum(s.resident for s in self.sessions.values()),
+            **session.counters, **session.graphs.stats()})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
-        "sync": _sync, "read": _read, "stats": _stats}
+        "sync": _sync, "read": _read, "stats": _stats, "await": _await}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
-                 Kind.REQUEST: _request}
+                 Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 
 
 def _error(message: Message, error: FabricError, kind: Kind = Kind.ERROR) -> Message:

@@ -145,6 +145,10 @@ class Worker:
         header = protocol.decode_header(frames[0])
         if header.kind in (Kind.CLOSED, Kind.REJECT):  # the session is gone from the device
             self._session_device.pop(header.session, None)
+        elif header.kind == Kind.TRANSFER and header.session in self._session_device:
+            # Both sessions live on this worker: the tensor moves in memory, not via the broker.
+            self._pairs[self._session_device[header.session]].send_multipart(frames, copy=False)
+            return
         self.dealer.send_multipart(frames, copy=False)
 
     def _from_broker(self, frames: list[zmq.Frame]) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,3 +26,7 @@ class NumpyDevice:
     def run(self, op: Any, inputs: list[Any], params: dict[str, Any]) -> Any:
         """Run one op of the shared table eagerly."""
         return op.impl(*inputs, **params)
+
+    def bind(self, op: Any, params: dict[str, Any]) -> Callable[..., Any]:
+        """``op`` with its params bound: a function of its inputs, for compiled graphs."""
+        return functools.partial(op.impl, **params) if params else op.impl

@@ -1,0 +1,199 @@
+"""The broker's admin commands, sans I/O: what ``fabric admin`` and ``fabric.Admin`` ask for.
+
+Rule: every command is a function of the registry and the clock that returns a plain,
+msgpack-able dict (and the messages the registry must send, for commands that change
+something); nothing here touches a socket or reads the clock. Read-only commands change
+nothing; a command that names a missing session or worker raises ``NotFound`` before it
+changes anything. No result ever holds a token.
+
+Traffic figures are what the broker sees without decoding data bodies: data messages and
+bytes both ways, ``submits`` (SUBMIT messages, each a batch of ops: the op count itself is in
+the body, which the broker never reads) and ``errors`` (ERROR messages from the worker about
+a session; op errors reported inside a REPLY body are not visible here). Times are ages in
+seconds, measured on the broker's monotonic clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from fabric.errors import ProtocolError
+from fabric.protocol import MAX_ID, PROTOCOL_VERSION
+
+from .registry import Send, Traffic
+
+if TYPE_CHECKING:
+    from .registry import Registry
+
+Result = tuple[dict[str, Any], list[Send]]
+
+
+def _traffic(total: Traffic) -> dict[str, int]:
+    return {"messages": total.messages, "bytes": total.bytes, "submits": total.submits,
+            "errors": total.errors}
+
+
+def device_traffic(registry: Registry) -> dict[tuple[str, int], Traffic]:
+    """Totals per device (worker name, local index): ended sessions plus the open ones."""
+    totals: dict[tuple[str, int], Traffic] = {}
+    for key, retired in registry.retired.items():
+        totals.setdefault(key, Traffic()).add(retired)
+    for session in registry.sessions.values():
+        key = (registry.workers[session.worker].name, session.local)
+        totals.setdefault(key, Traffic()).add(session)
+    return totals
+
+
+def status(registry: Registry, now: float) -> dict[str, Any]:
+    """The broker at a glance: identity, uptime, peers, traffic and its rates, rejections."""
+    uptime = max(now - registry.started, 0.0)
+    total = Traffic()
+    for traffic in device_traffic(registry).values():
+        total.add(traffic)
+    states: dict[str, int] = {}
+    for session in registry.sessions.values():
+        states[session.state.value] = states.get(session.state.value, 0) + 1
+    return {
+        "server": registry.server,
+        "protocol_version": PROTOCOL_VERSION,
+        "uptime": uptime,
+        "workers": len(registry.workers),
+        "workers_draining": sorted(w.name for w in registry.workers.values() if w.draining),
+        "devices_online": len(registry.devices),
+        "devices_total": registry.device_count,
+        "sessions": len(registry.sessions),
+        "sessions_by_state": states,
+        "sessions_ended": total.sessions,
+        "traffic": _traffic(total),
+        "rates": {"messages_per_s": total.messages / uptime if uptime else 0.0,
+                  "bytes_per_s": total.bytes / uptime if uptime else 0.0},
+        "rejects": dict(registry.rejects),
+        "protocol_errors": {"frontend": registry.counters["frontend_protocol_errors"],
+                            "backend": registry.counters["backend_protocol_errors"]},
+        "counters": dict(registry.counters),
+    }
+
+
+def workers(registry: Registry, now: float) -> dict[str, Any]:
+    """Every connected worker with its devices, ages, sessions, drain state and traffic."""
+    totals = device_traffic(registry)
+    rows = []
+    for worker in registry.workers.values():
+        total = Traffic()
+        for local in range(len(worker.devices)):
+            total.add(totals.get((worker.name, local), Traffic()))
+        indexes = [d["index"] for d in registry.devices if d["worker"] == worker.name]
+        rows.append({
+            "name": worker.name, "backend": worker.backend, "devices": indexes,
+            "registered_ago": now - worker.registered, "last_seen_ago": now - worker.last_seen,
+            "sessions": len(worker.sessions), "draining": worker.draining,
+            **_traffic(total)})
+    rows.sort(key=lambda row: row["devices"][:1] or [registry.device_count])
+    return {"workers": rows}
+
+
+def devices(registry: Registry, now: float) -> dict[str, Any]:
+    """Every device index, online or not, with its worker, sessions and traffic."""
+    totals = device_traffic(registry)
+    by_name = {w.name: w for w in registry.workers.values()}
+    online = {d["index"] for d in registry.devices}
+    rows = []
+    for index, (name, local) in enumerate(registry.device_slots):
+        worker = by_name.get(name)
+        sessions = 0 if worker is None else sum(
+            1 for s in worker.sessions if registry.sessions[s].local == local)
+        rows.append({
+            "index": index, "worker": name, "local": local,
+            "backend": worker.backend if worker else None, "online": index in online,
+            "draining": bool(worker and worker.draining), "sessions": sessions,
+            **_traffic(totals.get((name, local), Traffic()))})
+    return {"devices": rows}
+
+
+def sessions(registry: Registry, now: float) -> dict[str, Any]:
+    """Every session the broker knows, oldest first."""
+    rows = []
+    for session in sorted(registry.sessions.values(), key=lambda s: (s.created, s.id)):
+        rows.append({
+            "id": f"{session.id:#018x}", "client": session.client.hex(),
+            "device": session.device, "worker": registry.workers[session.worker].name,
+            "state": session.state.value, "created_ago": now - session.created,
+            "last_seen_ago": now - session.last_seen, "messages": session.messages,
+            "bytes": session.bytes, "submits": session.submits, "errors": session.errors})
+    return {"sessions": rows}
+
+
+# -- arguments and the command table -----------------------------------------------------------
+
+
+def _arg(args: dict[str, Any], name: str, kind: type, command: str) -> Any:
+    value = args.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ProtocolError(f"The admin command {command} needs the argument {name!r} "
+                            f"({kind.__name__}).", field=name)
+    return value
+
+
+def _session_id(args: dict[str, Any]) -> int:
+    session = _arg(args, "session", int, "close-session")
+    if not 0 < session <= MAX_ID:
+        raise ProtocolError(f"Session id {session} is out of range: ids are 1 to 2**64-1.",
+                            field="session")
+    return session
+
+
+def _read_only(view: Callable[[Registry, float], dict[str, Any]],
+               ) -> Callable[[Registry, dict[str, Any], float], Result]:
+    return lambda registry, args, now: (view(registry, now), [])
+
+
+def _ping(registry: Registry, args: dict[str, Any], now: float) -> Result:
+    return {"server": registry.server, "protocol_version": PROTOCOL_VERSION,
+            "uptime": now - registry.started}, []
+
+
+def _close_session(registry: Registry, args: dict[str, Any], now: float) -> Result:
+    session = _session_id(args)
+    sends = registry.close_session(session)
+    return {"session": f"{session:#018x}", "closed": True}, sends
+
+
+def _set_draining(draining: bool) -> Callable[[Registry, dict[str, Any], float], Result]:
+    def command(registry: Registry, args: dict[str, Any], now: float) -> Result:
+        name = _arg(args, "worker", str, "drain" if draining else "undrain")
+        worker = registry.drain(name, draining)
+        return {"worker": worker.name, "draining": worker.draining,
+                "sessions": len(worker.sessions)}, []
+    return command
+
+
+def _shutdown(registry: Registry, args: dict[str, Any], now: float) -> Result:
+    registry.stopping = True  # the loop sends this reply, then stops and tells the clients
+    return {"server": registry.server, "stopping": True,
+            "sessions": len(registry.sessions)}, []
+
+
+COMMANDS: dict[str, Callable[[Registry, dict[str, Any], float], Result]] = {
+    "ping": _ping,
+    "status": _read_only(status),
+    "workers": _read_only(workers),
+    "devices": _read_only(devices),
+    "sessions": _read_only(sessions),
+    "close-session": _close_session,
+    "drain": _set_draining(True),
+    "undrain": _set_draining(False),
+    "shutdown": _shutdown,
+}
+
+
+def run(registry: Registry, command: str, args: dict[str, Any], now: float) -> Result:
+    """Run one admin command: its result and the messages to send.
+
+    Raises ProtocolError for an unknown command or bad arguments and NotFound for a missing
+    session or worker; either way nothing has changed.
+    """
+    handler = COMMANDS.get(command)
+    if handler is None:
+        raise ProtocolError(f"Unknown admin command {command!r}: use one of "
+                            f"{', '.join(COMMANDS)}.", command=command)
+    return handler(registry, args, now)

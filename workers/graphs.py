@@ -1,0 +1,288 @@
+"""Graphs on the worker: each session's registered graphs, compiled once, and their calls.
+
+Rule: a graph is checked and compiled once, when it is registered (op names, every local id
+defined before it is read, input specs), so a call only checks its bindings and runs the
+compiled plan. Every way a call can fail (a graph the session does not hold, bindings of the
+wrong count, shape or dtype, an input freed meanwhile, an op failing inside) poisons all of
+the call's outputs with an error naming the graph, reported at the next read or sync like
+any op's; the session goes on. Intermediate results live only during the call, and each is
+dropped as soon as the last op that reads it has run.
+
+What a session's cache holds is decided by the client (``fabric.graph``), which mirrors it
+and says ``graph_free`` before it registers past the bound; the bound here is the same size
+and evicts the least recently used graph only for a client that does not.
+
+A graph compiles to a plan, ``plan(inputs, rng) -> outputs`` (arrays in, arrays out; ``rng``
+is the session's generator, for random ops). Devices take part through optional hooks:
+
+- ``device.compile_graph(ops, inputs, outputs)``: called once at registration with the
+  graph's wire ops (``[name, out, args, params]`` on local ids, ``1..inputs`` being the
+  inputs) and its output ids; returns a plan (a device that fuses elementwise chains compiles
+  them here), or None to get the default plan below.
+- ``device.bind(op, params)``: the function of its inputs the device runs ``op`` with; the
+  default plan is straight-line Python calling one per op, generated at registration. A
+  device without it is called through ``device.run``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+
+from fabric.errors import GraphError, ProtocolError
+from fabric.graph import GRAPH_CACHE_SIZE
+from fabric.ops import OPS, RANDOM_OPS, Op
+from fabric.tensor import decode_params, decode_scalar
+
+Plan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
+_FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops
+
+
+@dataclass
+class Graph:
+    """A registered graph: what a call binds, and the plan that runs it."""
+
+    id: int
+    name: str
+    inputs: list[tuple[tuple[int, ...], np.dtype]]
+    outputs: int
+    op_names: list[str]
+    wire_bytes: int  # what sending its ops one by one would cost
+    plan: Plan | None = None
+    error: dict[str, Any] | None = None  # a registration that failed: every call raises it
+    called: bool = False  # the first call comes with the registration; later ones replay
+
+    def label(self) -> str:
+        return f"graph {self.name!r} (#{self.id})"
+
+    @property
+    def filename(self) -> str:
+        """The file name of its generated plan, found again in tracebacks."""
+        return f"<fabric graph {self.id}>"
+
+
+def _check(condition: bool, graph_id: Any, what: str) -> None:
+    if not condition:
+        raise ProtocolError(f"graph_register #{graph_id}: {what}.", graph=graph_id)
+
+
+def register(params: dict[str, Any], device: Any) -> Graph:
+    """Check a ``graph_register`` op's params and compile the graph for ``device``.
+
+    Raises ProtocolError naming what is malformed; a failing device hook raises its error.
+    """
+    graph_id = params.get("graph")
+    _check(type(graph_id) is int, graph_id, "'graph' must be an int")
+    ops, inputs, outputs = params.get("ops"), params.get("inputs"), params.get("outputs")
+    _check(isinstance(ops, list) and isinstance(inputs, list) and isinstance(outputs, list)
+           and outputs, graph_id, "'ops', 'inputs' and 'outputs' must be lists, with at least "
+           "one output")
+    try:
+        specs = [(tuple(int(n) for n in shape), np.dtype(dtype)) for shape, dtype in inputs]
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"graph_register #{graph_id}: bad input spec: {exc}.",
+                            graph=graph_id) from None
+    defined = set(range(1, len(specs) + 1))
+    for op in ops:
+        _check(isinstance(op, list) and len(op) == 4, graph_id, f"malformed op {op!r}")
+        name, out, args, op_params = op
+        _check(name in OPS, graph_id, f"unknown op {name!r}")
+        _check(type(out) is int and out not in defined, graph_id,
+               f"op {name} must define a new local id, not {out!r}")
+        _check(isinstance(args, list) and isinstance(op_params, dict), graph_id,
+               f"op {name} needs a list of args and a dict of params")
+        for arg in args:
+            _check(arg in defined if type(arg) is int else
+                   arg is None or isinstance(arg, list) and 1 <= len(arg) <= 2, graph_id,
+                   f"op {name} reads {arg!r}, which is neither a defined local id nor a scalar")
+        defined.add(out)
+    _check(all(type(o) is int and o in defined for o in outputs), graph_id,
+           "every output must be a defined local id")
+    graph = Graph(graph_id, str(params.get("name", "")), specs, len(outputs),
+                  [op[0] for op in ops], len(msgpack.packb(ops)))
+    compile_graph = getattr(device, "compile_graph", None)
+    if compile_graph is not None:
+        graph.plan = compile_graph(ops, len(specs), outputs)
+    if graph.plan is None:
+        graph.plan = generate(graph, ops, outputs, _binder(device))
+    return graph
+
+
+def _binder(device: Any) -> Callable[[Op, dict[str, Any]], Callable[..., Any]]:
+    bind = getattr(device, "bind", None)
+    if bind is not None:
+        return bind
+    return lambda op, params: lambda *inputs: device.run(op, list(inputs), params)
+
+
+def generate(graph: Graph, ops: list[list[Any]], outputs: list[int],
+             bind: Callable[[Op, dict[str, Any]], Callable[..., Any]]) -> Plan:
+    """The default plan: one line of straight-line Python per op, each calling ``bind``'s
+    function for it, and deleting what no later op reads.
+
+    Only names made here go into the source; functions and constants reach it through the
+    namespace, so nothing from the wire is ever evaluated as code.
+    """
+    names = {local: f"a{i}" for i, local in enumerate(range(1, len(graph.inputs) + 1))}
+    namespace: dict[str, Any] = {}
+    last_read = {arg: index for index, op in enumerate(ops) for arg in op[2] if type(arg) is int}
+    keep = set(names) | set(outputs)
+    lines = ["def plan(inputs, rng):", f"    {''.join(n + ', ' for n in names.values())}= inputs"]
+    for index, (name, out, args, params) in enumerate(ops):
+        namespace[f"f{index}"] = bind(OPS[name], decode_params(name, params))
+        call_args = []
+        for position, arg in enumerate(args):
+            if type(arg) is int:
+                call_args.append(names[arg])
+            else:
+                call_args.append(f"k{index}_{position}")
+                namespace[call_args[-1]] = None if arg is None else decode_scalar(arg)
+        if name in RANDOM_OPS:
+            call_args.append("rng=rng")
+        dead = sorted({names[a] for a in args if type(a) is int and a not in keep
+                       and last_read[a] == index})
+        names[out] = f"r{index}"
+        lines.append(f"    r{index} = f{index}({', '.join(call_args)})"
+                     + (f"; del {', '.join(dead)}" if dead else ""))
+    lines.append(f"    return [{', '.join(names[o] for o in outputs)}]")
+    exec(compile("\n".join(lines), graph.filename, "exec"), namespace)
+    return namespace["plan"]
+
+
+def failed_op(graph: Graph, exc: BaseException) -> int | None:
+    """The index of the op of ``graph``'s generated plan that raised ``exc``, if it was one."""
+    tb, index = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == graph.filename:
+            index = tb.tb_lineno - _FIRST_OP_LINE
+        tb = tb.tb_next
+    return index
+
+
+class SessionGraphs:
+    """One session's graphs, least recently used first, and what they saved it."""
+
+    def __init__(self, limit: int = GRAPH_CACHE_SIZE) -> None:
+        self.limit = limit
+        self.held: OrderedDict[int, Graph] = OrderedDict()
+        self.registrations = 0
+        self.replays = 0
+        self.bytes_saved = 0
+
+    def add(self, graph: Graph) -> None:
+        """Hold ``graph`` (replacing one with its id), evicting past the bound."""
+        self.held.pop(graph.id, None)
+        self.held[graph.id] = graph
+        self.registrations += 1
+        while len(self.held) > self.limit:
+            self.held.popitem(last=False)
+
+    def lookup(self, graph_id: Any, call_bytes: int) -> Graph | None:
+        """The graph a call names, marked most recently used; counts a replay."""
+        graph = self.held.get(graph_id)
+        if graph is not None:
+            self.held.move_to_end(graph_id)
+            if graph.called:
+                self.replays += 1
+                self.bytes_saved += graph.wire_bytes - call_bytes
+            graph.called = True
+        return graph
+
+    def stats(self) -> dict[str, int]:
+        return {"graphs": len(self.held), "graph_registrations": self.registrations,
+                "graph_replays": self.replays, "bytes_saved_by_replay": self.bytes_saved}
+
+
+class _Inherited(Exception):
+    """A call's outputs take an error already reported: a poisoned input, a failed registration."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class GraphOps:
+    """The executor's graph ops, mixed into ``Executor``: register, call, free."""
+
+    def _graph_register(self, session: Any, out: int, args: list[Any],
+                        params: dict[str, Any]) -> None:
+        try:
+            graph = register(params, self.device)
+        except Exception as exc:
+            if type(params.get("graph")) is not int:
+                raise  # nothing to hold: the op's error is all there is
+            # Held anyway, broken: the client counts it as held, and its calls say why.
+            graph = Graph(params["graph"], str(params.get("name", "")), [], 0, [], 0,
+                          error=self._op_error("graph_register", 0, exc))
+            graph.error["message"] += f" (registering {graph.label()})"
+            graph.error["details"].update(graph=graph.id, graph_name=graph.name)
+            session.unreported.append(graph.error)
+        session.graphs.add(graph)
+
+    def _graph_free(self, session: Any, out: int, args: list[Any],
+                    params: dict[str, Any]) -> None:
+        session.graphs.held.pop(params.get("graph"), None)
+
+    def _graph_call(self, session: Any, out: int, args: list[Any],
+                    params: dict[str, Any]) -> None:
+        count = params.get("outputs")
+        if type(count) is not int or count < 1 or type(out) is not int:
+            raise ProtocolError("graph_call needs an int first output id and an int "
+                                "'outputs' count of at least 1.")
+        outs = range(out, out + count)
+        graph_id = params.get("graph")
+        graph = session.graphs.lookup(graph_id, len(msgpack.packb(
+            ["graph_call", out, args, params])))
+        try:
+            for tensor_id, array in zip(outs, self._replay(session, graph, args, count)):
+                self._store(session, tensor_id, np.asarray(array))
+        except _Inherited as inherited:
+            self._poison(session, outs, inherited.error, report=False)
+        except Exception as exc:
+            label = graph.label() if graph is not None else f"graph #{graph_id}"
+            index = None if graph is None else failed_op(graph, exc)
+            if isinstance(exc, GraphError):
+                error = GraphError(f"The {label} {exc.message}", op="graph_call",
+                                   tensor=out).to_wire()
+            elif index is not None:
+                error = self._op_error(graph.op_names[index], out, exc)
+                error["message"] += f" (op {index} of {label})"
+                error["details"]["graph_op"] = index
+            else:  # a device's plan failed, or the outputs are past the memory limit
+                error = self._op_error("graph_call", out, exc)
+                error["message"] += f" (calling {label})"
+            error["details"].update(graph=graph_id, graph_name=graph and graph.name)
+            self._poison(session, outs, error)
+
+    def _replay(self, session: Any, graph: Graph | None, args: list[Any],
+                count: int) -> list[Any]:
+        """The outputs of one call of ``graph`` on the tensors ``args``."""
+        if graph is None:
+            raise GraphError("is not held by this session on the worker (freed, or never "
+                             "registered): register it again.")
+        if graph.error is not None:
+            raise _Inherited(graph.error)
+        if len(args) != len(graph.inputs) or count != graph.outputs:
+            raise GraphError(f"takes {len(graph.inputs)} inputs and gives {graph.outputs} "
+                             f"outputs, but the call bound {len(args)} and asked for {count}.")
+        inputs = []
+        for position, (arg, (shape, dtype)) in enumerate(zip(args, graph.inputs), 1):
+            if arg in session.poisoned:  # poison flows through a call as through an op
+                raise _Inherited(session.poisoned[arg])
+            array = session.tensors.get(arg) if type(arg) is int else None
+            if array is None:
+                raise GraphError(f"reads tensor {arg!r} as input {position}, but it does not "
+                                 "exist in this session (freed before the call?).")
+            if array.shape != shape or array.dtype != dtype:
+                raise GraphError(f"takes a {shape} {dtype} tensor as input {position}, but "
+                                 f"tensor {arg} is {array.shape} {array.dtype}: trace the "
+                                 "function for this signature.")
+            inputs.append(array)
+        return graph.plan(inputs, session.rng)
+
+    _graph_ops: dict[str, Callable[..., None]] = {
+        "graph_register": _graph_register, "graph_call": _graph_call, "graph_free": _graph_free}
