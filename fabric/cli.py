@@ -128,7 +128,7 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
               help="The broker's backend address.")
 @click.option("--backend", default="numpy", show_default=True,
-              help="Device backend to host: numpy. (capture and remote devices cannot host a "
+              help="Backend to host: numpy or numexpr. (capture and remote devices cannot host a "
                    "server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")

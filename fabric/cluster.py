@@ -17,11 +17,14 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import Device, Session, connect, devices
 from .config import new_token, write_connection_file
 from .errors import ClusterError, ConnectError
+
+if TYPE_CHECKING:
+    from .admin import Admin
 
 _PR_SET_PDEATHSIG = 1
 
@@ -225,6 +228,12 @@ class LocalCluster:
     def devices(self) -> list[Device]:
         """Every device registered with this cluster's broker."""
         return devices(self.address, token=self.token)
+
+    def admin(self, timeout: float = 5.0) -> "Admin":
+        """The broker's admin commands, with this cluster's admin token."""
+        from .admin import Admin  # admin builds on the client, as this module does
+
+        return Admin(self.address, token=self.admin_token, timeout=timeout)
 
     def connection_info(self) -> dict[str, str]:
         """Addresses and tokens, as a connection file holds them."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fabric.errors import error_from_wire
@@ -12,8 +14,8 @@ from workers.executor import Executor
 SESSION = 0x5E55
 
 
-def opened(memory_limit: int | None = None) -> Executor:
-    executor = Executor(NumpyDevice(0), memory_limit)
+def opened(memory_limit: int | None = None, device: Any = None) -> Executor:
+    executor = Executor(device or NumpyDevice(0), memory_limit)
     assert executor.handle(Message(Kind.OPEN, SESSION, 1, {"device": 0}))[0].kind == Kind.OPENED
     return executor
 

@@ -6,13 +6,16 @@ also driven directly on ``workers.executor.Executor``, with the helpers of test_
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from test_executor import SESSION, opened, read, request, submit
 
 import fabric
 from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
-from fabric.graph import GRAPH_CACHE_SIZE, Graph, call
+from fabric.graph import GRAPH_CACHE_SIZE, Graph, Tracer, _flatten, call, trace
+from fabric.ops import Spec
 from fabric.protocol import Kind, Message
 from workers.backends.numpy_backend import NumpyDevice
 from workers.executor import Executor
@@ -231,7 +234,7 @@ def test_an_unknown_graph_and_wrong_bindings_give_typed_errors(session):
                    graph.origins, graph.register_op)
     session._graphs[forged.id] = forged  # the client believes the worker holds it
     unknown = call(session, forged, [a, b, c])
-    with pytest.raises(GraphError, match="'forged'|#1000000000") as caught:
+    with pytest.raises(GraphError, match="#1000000000") as caught:
         unknown[0].numpy()
     assert "not held" in str(caught.value)
     with pytest.raises(GraphError):
@@ -264,8 +267,8 @@ def call_graph(executor: Executor, first: int, inputs: list, graph: int = 7,
     submit(executor, ["graph_call", first, inputs, {"graph": graph, "outputs": outputs}])
 
 
-def with_inputs(executor: Executor | None = None) -> Executor:
-    executor = executor or opened()
+def with_inputs(device: NumpyDevice | None = None) -> Executor:
+    executor = opened(device=device)
     submit(executor, ["arange", 1, [], {"start": 0, "stop": 3, "step": 1, "dtype": "<f8"}],
            ["ones", 2, [], {"shape": [3], "dtype": "<f8"}])
     return executor
@@ -316,9 +319,7 @@ def test_worker_wrong_bindings_are_graph_errors_naming_the_graph(inputs, outputs
     call_graph(executor, 10, inputs, outputs=outputs)
     error = error_from_wire(request(executor, op="sync").body["error"])
     assert isinstance(error, GraphError) and error.details["graph"] == 7
-    assert "'axpy'" in error.message
-    assert error.message == pytest.approx(error.message) and __import__("re").search(
-        says, error.message), error.message
+    assert "'axpy'" in error.message and re.search(says, error.message), error.message
     assert isinstance(error_of(executor, 10), GraphError)
     call_graph(executor, 20, [1, 2])
     assert read(executor, 21) == 9.0
@@ -394,26 +395,27 @@ class CompilingDevice(NumpyDevice):
     def __init__(self, index: int) -> None:
         super().__init__(index)
         self.compiled: list[tuple[int, list]] = []
+        self.broken = False
         self.ops_fused = 0
         self.expressions_evaluated = 0
 
     def compile_graph(self, ops: list, inputs: int, outputs: list[int]):
+        if self.broken:
+            raise ValueError("this device cannot compile that")
         self.compiled.append((inputs, outputs))
-        if ops[0][0] == "teleport":
-            raise ValueError("cannot compile")
 
-        def plan(arrays, rng):
+        def plan(arrays, rng):  # AXPY's outputs, as one "expression"
             self.ops_fused += len(ops)
             self.expressions_evaluated += 1
-            return [arrays[0] * 2 + arrays[1], (arrays[0] * 2 + arrays[1]).sum()]
+            result = arrays[0] * 2 + arrays[1]
+            return [result, result.sum()]
         return plan
 
 
 def test_worker_uses_a_devices_compiled_plan_and_credits_its_counters():
     device = CompilingDevice(0)
-    executor = with_inputs(Executor(device))
+    executor = with_inputs(device)
     executor.handle(Message(Kind.OPEN, SESSION + 1, 1, {"device": 0}))
-    assert executor.handle(Message(Kind.OPEN, SESSION, 1, {"device": 0}))[0].kind == Kind.REJECT
     register(executor)
     assert device.compiled == [(2, [4, 5])]  # once, at registration
     call_graph(executor, 10, [1, 2])
@@ -421,38 +423,28 @@ def test_worker_uses_a_devices_compiled_plan_and_credits_its_counters():
     np.testing.assert_array_equal(read(executor, 20), [1.0, 3.0, 5.0])
     stats = request(executor, op="stats").body
     assert (stats["ops_fused"], stats["expressions_evaluated"]) == (6, 2)
-    other = executor.handle(Message(Kind.REQUEST, SESSION + 1, 2, {"op": "stats"}))[0].body
-    assert other["ops_fused"] == 0  # credited to the session that ran them
+    [other] = executor.handle(Message(Kind.REQUEST, SESSION + 1, 2, {"op": "stats"}))
+    assert other.body["ops_fused"] == 0  # credited to the session that ran them
 
 
 def test_worker_a_device_that_fails_to_compile_makes_a_broken_graph():
-    executor = with_inputs(Executor(CompilingDevice(0)))
-    register(executor, {**AXPY, "ops": [["teleport", 3, [1], {}]] * 0 + AXPY["ops"],
-                        "graph": 8})
-    executor.device.compile_graph = lambda ops, inputs, outputs: 1 / 0
+    executor = with_inputs(CompilingDevice(0))
+    register(executor)
+    executor.device.broken = True
     register(executor, {**AXPY, "graph": 9})
     error = error_from_wire(request(executor, op="sync").body["error"])
-    assert "ZeroDivisionError" in error.message and "'axpy' (#9)" in error.message
+    assert "cannot compile" in error.message and "'axpy' (#9)" in error.message
     call_graph(executor, 10, [1, 2], graph=9)
-    assert "ZeroDivisionError" in error_of(executor, 10).message
-    call_graph(executor, 20, [1, 2], graph=8)
+    assert "cannot compile" in error_of(executor, 10).message
+    call_graph(executor, 20, [1, 2])  # the graph compiled before is fine
     assert read(executor, 21) == 9.0
 
 
 def test_worker_runs_graphs_traced_by_the_client():
-    graph_ops = fabric.graph.trace  # the client's trace is what the worker registers
     executor = with_inputs()
-
-    class Placeholder(fabric.tensor.Tensor):
-        pass
-
-    leaves = [fabric.tensor.Tensor.__new__(fabric.tensor.Tensor) for _ in range(3)]
-    for leaf in leaves:
-        leaf.shape, leaf.dtype, leaf.session, leaf.id = (3,), np.dtype("f8"), None, 0
-    structure = fabric.graph._flatten((tuple(leaves), {}), [])
-    graph = graph_ops(step, "step", structure, leaves)
-    for leaf in leaves:
-        leaf.session = None
+    inputs = Tracer("inputs")
+    leaves = [inputs.placeholder(Spec((3,), np.dtype("f8"))) for _ in range(3)]
+    graph = trace(step, "step", _flatten((tuple(leaves), {}), []), leaves)
     submit(executor, graph.register_op, ["ones", 3, [], {"shape": [3], "dtype": "<f8"}])
     call_graph(executor, 10, [1, 2, 3], graph=graph.id)
     expected = step(np.arange(3.0), np.ones(3), np.ones(3))

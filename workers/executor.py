@@ -152,10 +152,29 @@ class Executor(GraphOps):
                     inputs.append(decode_scalar(arg))
             self._store(session, out, self._compute(session, name, inputs, params, buffers))
         except Exception as exc:  # any failure of the op becomes the poison of its output
-            self._poison(session, (out,), self._op_error(name, out, exc))
+            self._fail(session, name, out, exc)
+
+    def _materialize(self, session: SessionState, tensor_id: Any) -> None:
+        """Compute a value the device deferred (the numexpr device's fused chains)."""
+        value = session.tensors.get(tensor_id)
+        if value is not None and not isinstance(value, np.ndarray):
+            try:
+                session.tensors[tensor_id] = self.device.materialize(value)
+            except Exception as exc:
+                self._fail(session, value.op, tensor_id, exc)
+
+    def _fail(self, session: SessionState, name: str, out: Any, exc: Exception) -> None:
+        """Poison ``out`` with op ``name`` failing; where a fused chain failed, the op that
+        failed in it is named and the tensors holding its result are poisoned too."""
+        failed = getattr(exc, "deferred", None)
+        held = [t for t, v in session.tensors.items() if v is failed and t != out]
+        outs = (*held, out) if failed is not None else (out,)
+        self._poison(session, outs, self._op_error(name, outs[0], exc))
 
     def _op_error(self, name: str, tensor: int, exc: Exception) -> dict[str, Any]:
         """The wire error for op ``name`` (making ``tensor``) failing with ``exc``."""
+        if getattr(exc, "deferred", None) is not None:  # a fused chain failed at this op
+            name, exc = exc.deferred.op, exc.cause
         if isinstance(exc, FabricError):
             error = exc.to_wire()
             error["details"].update(op=name, tensor=tensor)
@@ -180,7 +199,7 @@ class Executor(GraphOps):
         params = decode_params(name, params)
         if name in RANDOM_OPS:
             params = {**params, "rng": session.rng}
-        return np.asarray(self.device.run(OPS[name], inputs, params))
+        return self.device.run(OPS[name], inputs, params)  # an array, or a deferred value
 
     # -- tensors moving between sessions ----------------------------------------------------
 
@@ -236,6 +255,8 @@ class Executor(GraphOps):
         return handler(self, session, message)
 
     def _sync(self, session: SessionState, message: Message) -> list[Message]:
+        for tensor_id in [t for t, v in session.tensors.items() if not isinstance(v, np.ndarray)]:
+            self._materialize(session, tensor_id)  # "ran everything", errors included
         if session.unreported:
             error = session.unreported[0]
             session.unreported.clear()
@@ -244,6 +265,7 @@ class Executor(GraphOps):
 
     def _read(self, session: SessionState, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
+        self._materialize(session, tensor_id)
         if tensor_id in session.poisoned:
             error = session.poisoned[tensor_id]
             if error in session.unreported:

@@ -271,10 +271,10 @@ class GraphOps:
                              f"outputs, but the call bound {len(args)} and asked for {count}.")
         inputs = []
         for position, (arg, (shape, dtype)) in enumerate(zip(args, graph.inputs), 1):
-            if arg in session.poisoned:  # poison flows through a call as through an op
-                raise _Inherited(session.poisoned[arg])
             array = session.tensors.get(arg) if type(arg) is int else None
             if array is None:
+                if type(arg) is int and arg in session.poisoned:  # poison flows through a
+                    raise _Inherited(session.poisoned[arg])  # call as through an op
                 raise GraphError(f"reads tensor {arg!r} as input {position}, but it does not "
                                  "exist in this session (freed before the call?).")
             if array.shape != shape or array.dtype != dtype:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from fabric.errors import DeviceNotHostable
 
+from .numexpr_backend import NumexprDevice
 from .numpy_backend import NumpyDevice
 
-BACKENDS = {"numpy": NumpyDevice}
+BACKENDS = {"numpy": NumpyDevice, "numexpr": NumexprDevice}
 
 NOT_HOSTABLE = {
     "capture": "a capture device records the ops a client issues; wrap a session in "
@@ -22,7 +23,7 @@ NOT_HOSTABLE = {
 }
 
 
-def device_class(backend: str) -> type[NumpyDevice]:
+def device_class(backend: str) -> type[NumpyDevice] | type[NumexprDevice]:
     """The device class for a backend name; DeviceNotHostable or ValueError otherwise."""
     if backend in NOT_HOSTABLE:
         raise DeviceNotHostable(

@@ -60,13 +60,17 @@ class Deferred:
     ``operands`` are deferred values of exactly the dtype the template expects, or leaves:
     ``(array, dtype)`` pairs, the dtype being the one numexpr is told (it casts the array).
     ``shape``, ``dtype`` and ``nbytes`` are those of the result, so the executor charges the
-    memory quota as if the value were computed, exactly as on the numpy device.
+    memory quota as if the value were computed, exactly as on the numpy device. Code that
+    takes it for an array (``np.asarray``) gets it evaluated by its device.
     """
 
-    __slots__ = ("op", "shape", "dtype", "template", "operands", "ops", "leaves", "value")
+    __slots__ = ("device", "op", "shape", "dtype", "template", "operands", "ops", "leaves",
+                 "value")
 
-    def __init__(self, op: str, shape: tuple[int, ...], dtype: np.dtype, template: str,
-                 operands: tuple[Any, ...], ops: int, leaves: frozenset) -> None:
+    def __init__(self, device: "NumexprDevice", op: str, shape: tuple[int, ...],
+                 dtype: np.dtype, template: str, operands: tuple[Any, ...], ops: int,
+                 leaves: frozenset) -> None:
+        self.device = device
         self.op = op
         self.shape = shape
         self.dtype = dtype
@@ -88,9 +92,9 @@ class Deferred:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    def __array__(self, *_: Any, **__: Any) -> np.ndarray:
-        raise TypeError("A deferred numexpr value must be materialized by its device first "
-                        "(device.materialize(value)).")
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = self.device.materialize(self)
+        return array if dtype is None else array.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
         state = "evaluated" if self.value is not None else f"{self.ops} ops deferred"
@@ -333,15 +337,19 @@ def _shape(inputs: Sequence[Any]) -> tuple[int, ...]:
 class NumexprDevice:
     """One numexpr device of a worker; ``index`` is its local index on that worker.
 
-    ``counts`` says what it did: ops ``deferred`` into expressions, numexpr ``evaluations``,
-    ops run ``eager`` with numpy, programs ``compiled``.
+    Counters (the executor credits ``ops_fused`` and ``expressions_evaluated`` to sessions):
+    ops deferred into expressions, numexpr evaluations, ops run eagerly with numpy, and
+    programs compiled.
     """
 
     backend = "numexpr"
 
     def __init__(self, index: int) -> None:
         self.index = index
-        self.counts = {"deferred": 0, "evaluations": 0, "eager": 0, "compiled": 0}
+        self.ops_fused = 0
+        self.expressions_evaluated = 0
+        self.ops_eager = 0
+        self.programs_compiled = 0
         self._programs: OrderedDict[tuple[str, str], tuple[Any, bool]] = OrderedDict()
         self._scalars: dict[tuple[Any, ...], np.ndarray] = {}
 
@@ -362,10 +370,10 @@ class NumexprDevice:
         if op.elementwise and not params:
             deferred = self._defer(op.name, inputs)
             if deferred is not None:
-                self.counts["deferred"] += 1
+                self.ops_fused += 1
                 return deferred
         arrays = [self.materialize(x) if type(x) is Deferred else x for x in inputs]
-        self.counts["eager"] += 1
+        self.ops_eager += 1
         return np.asarray(op.impl(*arrays, **params))
 
     def _defer(self, name: str, inputs: list[Any]) -> Deferred | None:
@@ -381,8 +389,8 @@ class NumexprDevice:
             operands = [(self.materialize(o), o.dtype) if type(o) is Deferred else o
                         for o in operands]
             ops, leaves = _size(operands, how.uses)
-        return Deferred(name, _shape(inputs), how.out, how.template, tuple(operands), ops,
-                        leaves)
+        return Deferred(self, name, _shape(inputs), how.out, how.template, tuple(operands),
+                        ops, leaves)
 
     def _operand(self, value: Any, dtype: np.dtype) -> Any:
         """``value`` as an operand numexpr sees with ``dtype``."""
@@ -397,7 +405,8 @@ class NumexprDevice:
             template, constants = cast
             operands = (value, *constants)
             ops, leaves = _size(operands, (1,) * len(operands))
-            return Deferred(value.op, value.shape, dtype, template, operands, ops, leaves)
+            return Deferred(self, value.op, value.shape, dtype, template, operands, ops,
+                            leaves)
         if isinstance(value, np.ndarray):
             return (value, dtype)
         return (self._scalar(value, dtype), dtype)
@@ -451,13 +460,13 @@ class NumexprDevice:
         compiled = self._programs.get(key)
         if compiled is None:
             compiled = self._programs[key] = _compile(expression, types)
-            self.counts["compiled"] += 1
+            self.programs_compiled += 1
             if len(self._programs) > PROGRAMS:
                 self._programs.popitem(last=False)
         else:
             self._programs.move_to_end(key)
         result = _call(*compiled, args)
-        self.counts["evaluations"] += 1
+        self.expressions_evaluated += 1
         if result.dtype != node.dtype:  # the probe makes this unreachable; cheap insurance
             result = result.astype(node.dtype)
         node.value = result

@@ -23,9 +23,13 @@ class NumpyDevice:
                 "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
                 "fuses": []}
 
-    def run(self, op: Any, inputs: list[Any], params: dict[str, Any]) -> Any:
+    def run(self, op: Any, inputs: list[Any], params: dict[str, Any]) -> np.ndarray:
         """Run one op of the shared table eagerly."""
-        return op.impl(*inputs, **params)
+        return np.asarray(op.impl(*inputs, **params))
+
+    def materialize(self, value: np.ndarray) -> np.ndarray:
+        """The array of a value: this device never defers, so the value itself."""
+        return value
 
     def bind(self, op: Any, params: dict[str, Any]) -> Callable[..., Any]:
         """``op`` with its params bound: a function of its inputs, for compiled graphs."""
