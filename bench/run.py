@@ -13,8 +13,6 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable
-
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,10 +22,6 @@ from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 
 W1_OPS = 10_000
 W2_READS = 2_000
-
-
-def median_of(runs: int, measure: Callable[[], float]) -> float:
-    return statistics.median(measure() for _ in range(runs))
 
 
 # -- W1: 10,000 x = x + 1.0 on a 100-element tensor, one read ---------------------------------
@@ -94,6 +88,8 @@ def w3_fabric(session: fabric.Session, array: np.ndarray) -> tuple[float, float]
     back = tensor.numpy()
     down = time.perf_counter() - start
     assert back.nbytes == array.nbytes and back[-1] == array[-1]
+    del tensor, back
+    session.sync()  # the next run starts with the worker's copy freed
     return array.nbytes / up / 1e9, array.nbytes / down / 1e9
 
 
@@ -116,41 +112,48 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=47310, help="first of 4 loopback ports")
     parser.add_argument("--skip-bulk", action="store_true", help="skip W3 (256 MiB)")
     args = parser.parse_args()
-    runs = args.runs
     array = np.random.default_rng(0).random(BULK_BYTES // 8)
-    rows: list[tuple[str, str, str, str, str]] = []
+    figures: dict[str, list[float]] = {}
 
-    raw: dict[str, dict[str, float]] = {}
-    for name, hop, port in [("direct", False, args.port), ("hop", True, args.port + 2)]:
-        with RawPeers(hop, port) as peers:
-            w2 = [t for _ in range(runs) for t in w2_raw(peers)]
-            raw[name] = {"w1": median_of(runs, lambda: w1_raw(peers)),
-                         "w2_p50": percentiles(w2)[0], "w2_p99": percentiles(w2)[1]}
+    def note(name: str, value: float) -> None:
+        figures.setdefault(name, []).append(value)
+
+    # The three systems run side by side and are measured in turn, run after run, so that a
+    # noisy neighbour slows all of them alike and the ratios stay meaningful.
+    with RawPeers(False, args.port) as direct, RawPeers(True, args.port + 2) as hop, \
+            fabric.LocalCluster(workers=1) as cluster, cluster.connect(timeout=60) as session:
+        systems = {"direct": direct, "hop": hop}
+        for _ in range(args.runs):
+            for name, peers in systems.items():
+                note(f"w1 {name}", w1_raw(peers))
+            note("w1 fabric", w1_fabric(session))
+            for name, peers in systems.items():
+                figures.setdefault(f"w2 {name}", []).extend(w2_raw(peers))
+            figures.setdefault("w2 fabric", []).extend(w2_fabric(session))
             if not args.skip_bulk:
-                bulk = [w3_raw(peers, array) for _ in range(max(1, runs // 2))]
-                raw[name]["w3_up"] = statistics.median(b[0] for b in bulk)
-                raw[name]["w3_down"] = statistics.median(b[1] for b in bulk)
+                for name, peers in systems.items():
+                    up, down = w3_raw(peers, array)
+                    note(f"w3 up {name}", up)
+                    note(f"w3 down {name}", down)
+                up, down = w3_fabric(session, array)
+                note("w3 up fabric", up)
+                note("w3 down fabric", down)
 
-    with fabric.LocalCluster(workers=1) as cluster, cluster.connect(timeout=60) as session:
-        w1 = median_of(runs, lambda: w1_fabric(session))
-        w2 = [t for _ in range(runs) for t in w2_fabric(session)]
-        p50, p99 = percentiles(w2)
-        rows.append(("W1 ops/s", f"{w1:,.0f}", f"{raw['direct']['w1']:,.0f}",
-                     f"{raw['hop']['w1']:,.0f}", f"{w1 / raw['hop']['w1']:.2f}x hop msg rate"))
-        rows.append(("W2 read p50 µs", f"{p50:.0f}", f"{raw['direct']['w2_p50']:.0f}",
-                     f"{raw['hop']['w2_p50']:.0f}", f"{p50 / raw['hop']['w2_p50']:.2f}x hop"))
-        rows.append(("W2 read p99 µs", f"{p99:.0f}", f"{raw['direct']['w2_p99']:.0f}",
-                     f"{raw['hop']['w2_p99']:.0f}", f"{p99 / raw['hop']['w2_p99']:.2f}x hop"))
-        if not args.skip_bulk:
-            bulk = [w3_fabric(session, array) for _ in range(max(1, runs // 2))]
-            for i, way in enumerate(["up", "down"]):
-                value = statistics.median(b[i] for b in bulk)
-                rows.append((f"W3 {way} GB/s", f"{value:.2f}", f"{raw['direct'][f'w3_{way}']:.2f}",
-                             f"{raw['hop'][f'w3_{way}']:.2f}",
-                             f"{value / raw['hop'][f'w3_{way}']:.2f}x hop"))
-
+    median = {name: statistics.median(values) for name, values in figures.items()}
+    rows = [("W1 ops/s", *(f"{median[f'w1 {s}']:,.0f}" for s in ("fabric", "direct", "hop")),
+             f"{median['w1 fabric'] / median['w1 hop']:.2f}x hop msg rate")]
+    for label, index in (("p50", 0), ("p99", 1)):
+        p = {s: percentiles(figures[f"w2 {s}"])[index] for s in ("fabric", "direct", "hop")}
+        rows.append((f"W2 read {label} µs", *(f"{p[s]:.0f}" for s in ("fabric", "direct", "hop")),
+                     f"{p['fabric'] / p['hop']:.2f}x hop"))
+    if not args.skip_bulk:
+        for way in ("up", "down"):
+            m = {s: median[f"w3 {way} {s}"] for s in ("fabric", "direct", "hop")}
+            rows.append((f"W3 {way} GB/s", *(f"{m[s]:.2f}" for s in ("fabric", "direct", "hop")),
+                         f"{m['fabric'] / m['hop']:.2f}x hop"))
     header = ("figure", "fabric", "raw direct", "raw hop", "ratio")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+    print(f"medians of {args.runs} interleaved runs")
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
 
