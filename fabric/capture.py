@@ -83,6 +83,11 @@ class Trace:
         ``inputs`` bind, in order, the tensors the trace read but did not create
         (``trace.inputs``); they must live on ``session``.
         """
+        graphs = sorted({e["op"] for e in self.ops if e["op"].startswith("graph_")})
+        if graphs:
+            raise TypeError(f"This trace holds {', '.join(graphs)} ops of a fabric.function, "
+                            "which replay cannot rebuild: capture the function's eager code "
+                            "instead (call it undecorated).")
         if len(inputs) != len(self.inputs):
             raise TypeError(f"This trace reads {len(self.inputs)} tensor(s) it did not "
                             f"create; pass them to replay() (got {len(inputs)}).")

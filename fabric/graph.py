@@ -265,6 +265,7 @@ class Function:
         return f"<fabric.function {self.name}: {len(self.graphs)} trace(s)>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Queue a call on the tensors' session (tracing first for a new signature)."""
         leaves: list[Any] = []
         structure = _flatten((args, kwargs), leaves)
         session, signature = self._bind(leaves)
@@ -285,7 +286,7 @@ class Function:
             if isinstance(leaf, np.ndarray) and self.session is not None:
                 leaf = leaves[i] = self.session.asarray(leaf)
             if isinstance(leaf, Tensor):
-                if session is None:
+                if session is None or leaf.session.tracing:  # inside a trace: inlined
                     session = leaf.session
                 elif leaf.session is not session:
                     raise ValueError(f"{leaf!r} lives on another session than the other "

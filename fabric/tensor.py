@@ -599,6 +599,12 @@ class TensorSession:
         return Function(fn, session=self)
 
     def stats(self) -> dict[str, int]:
-        """Counts for this session: what the client sent, what the device holds and ran."""
+        """Counts for this session: what the client sent, what the device holds and ran.
+
+        ``ops`` counts the ops the worker received (a graph call is one); the device adds
+        ``ops_fused`` and ``expressions_evaluated`` (0 on numpy), and the session's graphs
+        ``graphs`` held, ``graph_registrations``, ``graph_replays`` and
+        ``bytes_saved_by_replay`` (the op lists replays did not send, less the calls sent).
+        """
         device = self._call({"op": "stats"}).body  # flushes first, so counts are current
         return {**self._counts, **device}

@@ -53,3 +53,15 @@ def test_loading_something_else_is_refused(tmp_path):
     path.write_bytes(b"\x01\x02")
     with pytest.raises(ValueError, match="not a fabric trace"):
         Trace.load(path)
+
+
+def test_a_trace_with_graph_calls_says_it_cannot_replay(session):
+    @fabric.function
+    def double(t):
+        return t * 2
+
+    base = session.ones(3)
+    with fabric.capture(session) as trace:
+        double(base)
+    with pytest.raises(TypeError, match="fabric.function"):
+        trace.replay(session, base)

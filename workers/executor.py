@@ -129,6 +129,8 @@ class Executor(GraphOps):
         session.ops += 1
         try:
             name, out, args, params = op
+            if type(out) is not int:  # an id; anything else could not even be poisoned
+                raise TypeError
         except (TypeError, ValueError):
             session.unreported.append(ProtocolError(f"Malformed op {op!r}.").to_wire())
             return
@@ -164,12 +166,18 @@ class Executor(GraphOps):
                 self._fail(session, value.op, tensor_id, exc)
 
     def _fail(self, session: SessionState, name: str, out: Any, exc: Exception) -> None:
-        """Poison ``out`` with op ``name`` failing; where a fused chain failed, the op that
-        failed in it is named and the tensors holding its result are poisoned too."""
+        """Poison ``out`` with op ``name`` failing. Where a fused chain failed, the op that
+        failed in it is named, the tensors holding its result are poisoned too, and its error
+        is reported once (met again, it flows as poison does)."""
         failed = getattr(exc, "deferred", None)
-        held = [t for t, v in session.tensors.items() if v is failed and t != out]
-        outs = (*held, out) if failed is not None else (out,)
-        self._poison(session, outs, self._op_error(name, outs[0], exc))
+        if failed is None:
+            self._poison(session, (out,), self._op_error(name, out, exc))
+            return
+        held = tuple(t for t, v in session.tensors.items() if v is failed and t != out)
+        known = failed.error is not None
+        if not known:
+            failed.error = self._op_error(name, (*held, out)[0], exc)
+        self._poison(session, (*held, out), failed.error, report=not known)
 
     def _op_error(self, name: str, tensor: int, exc: Exception) -> dict[str, Any]:
         """The wire error for op ``name`` (making ``tensor``) failing with ``exc``."""
@@ -208,6 +216,7 @@ class Executor(GraphOps):
         """The TRANSFER that carries a tensor (or its poison) to another session."""
         body: dict[str, Any] = {"id": params["id"]}
         buffers: tuple[Any, ...] = ()
+        self._materialize(session, tensor_id)
         if tensor_id in session.poisoned:
             body["error"] = session.poisoned[tensor_id]
         elif tensor_id not in session.tensors:

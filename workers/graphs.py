@@ -57,6 +57,7 @@ class Graph:
     called: bool = False  # the first call comes with the registration; later ones replay
 
     def label(self) -> str:
+        """How errors name the graph: its function's name and its id."""
         return f"graph {self.name!r} (#{self.id})"
 
     @property
@@ -131,7 +132,8 @@ def generate(graph: Graph, ops: list[list[Any]], outputs: list[int],
     namespace: dict[str, Any] = {}
     last_read = {arg: index for index, op in enumerate(ops) for arg in op[2] if type(arg) is int}
     keep = set(names) | set(outputs)
-    lines = ["def plan(inputs, rng):", f"    {''.join(n + ', ' for n in names.values())}= inputs"]
+    unpack = "".join(f"{name}, " for name in names.values())
+    lines = ["def plan(inputs, rng):", f"    ({unpack}) = inputs"]
     for index, (name, out, args, params) in enumerate(ops):
         namespace[f"f{index}"] = bind(OPS[name], decode_params(name, params))
         call_args = []
@@ -193,6 +195,7 @@ class SessionGraphs:
         return graph
 
     def stats(self) -> dict[str, int]:
+        """The session's graph telemetry, as ``session.stats()`` shows it."""
         return {"graphs": len(self.held), "graph_registrations": self.registrations,
                 "graph_replays": self.replays, "bytes_saved_by_replay": self.bytes_saved}
 
@@ -230,9 +233,8 @@ class GraphOps:
     def _graph_call(self, session: Any, out: int, args: list[Any],
                     params: dict[str, Any]) -> None:
         count = params.get("outputs")
-        if type(count) is not int or count < 1 or type(out) is not int:
-            raise ProtocolError("graph_call needs an int first output id and an int "
-                                "'outputs' count of at least 1.")
+        if type(count) is not int or count < 1:
+            raise ProtocolError("graph_call needs an int 'outputs' count of at least 1.")
         outs = range(out, out + count)
         graph_id = params.get("graph")
         graph = session.graphs.lookup(graph_id, len(msgpack.packb(

@@ -62,10 +62,14 @@ class Deferred:
     ``shape``, ``dtype`` and ``nbytes`` are those of the result, so the executor charges the
     memory quota as if the value were computed, exactly as on the numpy device. Code that
     takes it for an array (``np.asarray``) gets it evaluated by its device.
+
+    ``failure`` is the exception its op failed with when its chain was evaluated (every
+    later evaluation that needs it raises ``DeferredError`` again, as poison flows), and
+    ``error`` is the executor's wire error for that failure, so it is reported once.
     """
 
     __slots__ = ("device", "op", "shape", "dtype", "template", "operands", "ops", "leaves",
-                 "value")
+                 "value", "failure", "error")
 
     def __init__(self, device: "NumexprDevice", op: str, shape: tuple[int, ...],
                  dtype: np.dtype, template: str, operands: tuple[Any, ...], ops: int,
@@ -79,6 +83,8 @@ class Deferred:
         self.ops = ops
         self.leaves = leaves
         self.value: np.ndarray | None = None
+        self.failure: BaseException | None = None
+        self.error: dict[str, Any] | None = None
 
     @property
     def ndim(self) -> int:
@@ -382,7 +388,10 @@ class NumexprDevice:
         how = plan(name, descriptors, power)
         if how is None:
             return None
-        operands = [self._operand(inputs[i], t) for i, t in zip(how.sources, how.types)]
+        try:
+            operands = [self._operand(inputs[i], t) for i, t in zip(how.sources, how.types)]
+        except OverflowError:  # a Python int the loop dtype cannot hold: numpy compares
+            return None  # such ints by value (eager), and refuses them elsewhere
         operands += how.constants
         ops, leaves = _size(operands, how.uses)
         if ops > MAX_OPS or len(leaves) > MAX_LEAVES:  # evaluate the inputs first
@@ -432,6 +441,8 @@ class NumexprDevice:
         if value.value is None:
             try:
                 self._evaluate(value)
+            except DeferredError:
+                raise  # an op of the chain failed before: its poison flows here
             except Exception as exc:
                 self._replay(value, exc)
         return value.value
@@ -443,6 +454,8 @@ class NumexprDevice:
 
         def text(item: Any) -> str:
             if type(item) is Deferred:
+                if item.failure is not None:
+                    raise DeferredError(item, item.failure)
                 if item.value is None:
                     return item.template.format(*[text(o) for o in item.operands])
                 item = (item.value, item.dtype)
@@ -491,8 +504,11 @@ class NumexprDevice:
         for node in order:
             try:
                 self._evaluate(node)
+            except DeferredError:
+                raise
             except Exception as exc:
-                raise DeferredError(node, exc) from exc
+                node.failure = exc.with_traceback(None)  # kept: no frames (and arrays) held
+                raise DeferredError(node, exc) from None
         if root.value is None:  # pragma: no cover - visit() always ends with the root
             raise DeferredError(root, error)
 

@@ -1,0 +1,120 @@
+"""Benchmark W4: fused elementwise expressions on the numexpr device vs local numpy eager.
+
+    python bench/w4_numexpr.py            # medians of 7 runs, prints times and ratios
+    python bench/w4_numexpr.py --numpy-device   # also the remote numpy device, for context
+
+Two expressions on resident 10M-element float64 tensors, each ending with the read of a
+scalar reduction: ``(2*a + 3*b*c - a/(b+1)).sum()`` and ``(sin(a)**2 + cos(b)**2).sum()``.
+The remote figure is the whole user-visible time: sending the ops, the device's one fused
+numexpr evaluation and its sum, and the round trip of the read. The baseline is plain numpy
+eager on the same arrays in this process, measured in the same run, interleaved with the
+remote runs so that machine noise hits both alike. Target (issue 4): the remote numexpr
+device at least 1.6x faster than local numpy eager on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import fabric  # noqa: E402
+
+ELEMENTS = 10_000_000
+EXPRESSIONS: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "2*a + 3*b*c - a/(b+1)": lambda a, b, c: 2 * a + 3 * b * c - a / (b + 1),
+    "sin(a)**2 + cos(b)**2": lambda a, b, c: np.sin(a) ** 2 + np.cos(b) ** 2,
+}
+
+
+def timed(thunk: Callable[[], Any]) -> tuple[float, Any]:
+    """Seconds ``thunk`` took, and what it returned."""
+    start = time.perf_counter()
+    result = thunk()
+    return time.perf_counter() - start, result
+
+
+def measure(session: fabric.Session, arrays: list[np.ndarray], runs: int,
+            ) -> dict[str, tuple[float, float, float]]:
+    """Per expression: median seconds remote, median seconds local, and the relative error."""
+    tensors = [session.asarray(array) for array in arrays]
+    session.sync()  # resident before any timing
+    figures = {}
+    for label, expression in EXPRESSIONS.items():
+        def remote() -> float:
+            return float(expression(*tensors).sum().numpy())
+
+        def local() -> float:
+            return float(expression(*arrays).sum())
+
+        remote()  # warm up: the device compiles the expression's program once
+        local()
+        remote_times, local_times = [], []
+        for _ in range(runs):
+            seconds, got = timed(remote)
+            remote_times.append(seconds)
+            seconds, expected = timed(local)
+            local_times.append(seconds)
+        error = abs(got - expected) / abs(expected)
+        assert error < 1e-9, f"{label}: remote {got!r} != local {expected!r}"
+        figures[label] = (statistics.median(remote_times), statistics.median(local_times),
+                          error)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="repetitions; medians are shown")
+    parser.add_argument("--elements", type=int, default=ELEMENTS)
+    parser.add_argument("--numpy-device", action="store_true",
+                        help="also measure the remote numpy device (unfused), for context")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    arrays = [rng.random(args.elements) for _ in range(3)]
+    backends = ["numexpr"] + (["numpy"] if args.numpy_device else [])
+    results: dict[str, dict[str, tuple[float, float, float]]] = {}
+    settings: dict[str, Any] = {}
+    for backend in backends:
+        with fabric.LocalCluster(workers=1, backend=backend) as cluster, \
+                cluster.connect(timeout=60) as session:
+            settings[backend] = session.device.settings
+            results[backend] = measure(session, arrays, args.runs)
+
+    ne = settings["numexpr"]
+    print(f"W4: {args.elements:,} float64 elements, medians of {args.runs} runs; numexpr "
+          f"{ne['version']} with {ne['threads']} threads, {os.cpu_count()} cores")
+    header = ["expression", "numexpr device ms", "local numpy ms", "speedup"]
+    if args.numpy_device:
+        header.insert(3, "numpy device ms")
+    rows = [header]
+    totals = {backend: 0.0 for backend in backends}
+    local_total = 0.0
+    for label in EXPRESSIONS:
+        remote, local, _ = results["numexpr"][label]
+        row = [label, f"{remote * 1e3:.1f}", f"{local * 1e3:.1f}", f"{local / remote:.2f}x"]
+        if args.numpy_device:
+            row.insert(3, f"{results['numpy'][label][0] * 1e3:.1f}")
+        rows.append(row)
+        for backend in backends:
+            totals[backend] += results[backend][label][0]
+        local_total += local
+    row = ["both", f"{totals['numexpr'] * 1e3:.1f}", f"{local_total * 1e3:.1f}",
+           f"{local_total / totals['numexpr']:.2f}x"]
+    if args.numpy_device:
+        row.insert(3, f"{totals['numpy'] * 1e3:.1f}")
+    rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    print("target: numexpr device at least 1.6x faster than local numpy eager")
+
+
+if __name__ == "__main__":
+    main()
