@@ -1,15 +1,20 @@
 """Benchmark W4: fused elementwise expressions on the numexpr device vs local numpy eager.
 
-    python bench/w4_numexpr.py            # medians of 7 runs, prints times and ratios
+    python bench/w4_numexpr.py            # medians of 9 runs, prints times and ratios
     python bench/w4_numexpr.py --numpy-device   # also the remote numpy device, for context
 
 Two expressions on resident 10M-element float64 tensors, each ending with the read of a
 scalar reduction: ``(2*a + 3*b*c - a/(b+1)).sum()`` and ``(sin(a)**2 + cos(b)**2).sum()``.
 The remote figure is the whole user-visible time: sending the ops, the device's one fused
-numexpr evaluation and its sum, and the round trip of the read. The baseline is plain numpy
+numexpr evaluation (which feeds the sum a block at a time, with no 80 MB temporary), and the
+round trip of the read. The baseline is plain numpy
 eager on the same arrays in this process, measured in the same run, interleaved with the
 remote runs so that machine noise hits both alike. Target (issue 4): the remote numexpr
 device at least 1.6x faster than local numpy eager on 2 cores.
+
+The device uses both cores (numexpr's threads) where numpy eager uses one, so other load on
+the machine slows the device more than the baseline: the best run of each is printed beside
+the medians, with the load average when the benchmark started.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ def timed(thunk: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, result
 
 
-def measure(session: fabric.Session, arrays: list[np.ndarray], runs: int,
-            ) -> dict[str, tuple[float, float, float]]:
-    """Per expression: median seconds remote, median seconds local, and the relative error."""
+Figures = dict[str, tuple[list[float], list[float]]]
+
+
+def measure(session: fabric.Session, arrays: list[np.ndarray], runs: int) -> Figures:
+    """Per expression: the seconds of each remote run and of each local run."""
     tensors = [session.asarray(array) for array in arrays]
     session.sync()  # resident before any timing
     figures = {}
@@ -62,16 +69,14 @@ def measure(session: fabric.Session, arrays: list[np.ndarray], runs: int,
             remote_times.append(seconds)
             seconds, expected = timed(local)
             local_times.append(seconds)
-        error = abs(got - expected) / abs(expected)
-        assert error < 1e-9, f"{label}: remote {got!r} != local {expected!r}"
-        figures[label] = (statistics.median(remote_times), statistics.median(local_times),
-                          error)
+        assert abs(got - expected) <= 1e-9 * abs(expected), f"{label}: {got!r} != {expected!r}"
+        figures[label] = (remote_times, local_times)
     return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7, help="repetitions; medians are shown")
+    parser.add_argument("--runs", type=int, default=9, help="repetitions; medians are shown")
     parser.add_argument("--elements", type=int, default=ELEMENTS)
     parser.add_argument("--numpy-device", action="store_true",
                         help="also measure the remote numpy device (unfused), for context")
@@ -79,7 +84,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     arrays = [rng.random(args.elements) for _ in range(3)]
     backends = ["numexpr"] + (["numpy"] if args.numpy_device else [])
-    results: dict[str, dict[str, tuple[float, float, float]]] = {}
+    load = os.getloadavg()[0]
+    results: dict[str, Figures] = {}
     settings: dict[str, Any] = {}
     for backend in backends:
         with fabric.LocalCluster(workers=1, backend=backend) as cluster, \
@@ -88,32 +94,40 @@ def main() -> None:
             results[backend] = measure(session, arrays, args.runs)
 
     ne = settings["numexpr"]
-    print(f"W4: {args.elements:,} float64 elements, medians of {args.runs} runs; numexpr "
-          f"{ne['version']} with {ne['threads']} threads, {os.cpu_count()} cores")
-    header = ["expression", "numexpr device ms", "local numpy ms", "speedup"]
+    print(f"W4: {args.elements:,} float64 elements, medians (best) of {args.runs} runs; "
+          f"numexpr {ne['version']} with {ne['threads']} threads, {os.cpu_count()} cores, "
+          f"load average {load:.2f} at start")
+    header = ["expression", "numexpr device ms", "local numpy ms", "speedup", "best speedup"]
     if args.numpy_device:
         header.insert(3, "numpy device ms")
     rows = [header]
-    totals = {backend: 0.0 for backend in backends}
-    local_total = 0.0
-    for label in EXPRESSIONS:
-        remote, local, _ = results["numexpr"][label]
-        row = [label, f"{remote * 1e3:.1f}", f"{local * 1e3:.1f}", f"{local / remote:.2f}x"]
+    sums = {backend: [0.0, 0.0] for backend in ["local", *backends]}  # medians, bests
+    for label in [*EXPRESSIONS, "both"]:
+        if label != "both":
+            for backend in backends:
+                remote, local = results[backend][label]
+                sums[backend][0] += statistics.median(remote)
+                sums[backend][1] += min(remote)
+                if backend == "numexpr":
+                    sums["local"][0] += statistics.median(local)
+                    sums["local"][1] += min(local)
+            figures = {backend: (statistics.median(results[backend][label][0]),
+                                 min(results[backend][label][0])) for backend in backends}
+            local_times = results["numexpr"][label][1]
+            figures["local"] = (statistics.median(local_times), min(local_times))
+        else:
+            figures = {backend: tuple(values) for backend, values in sums.items()}
+        (remote, remote_best), (local, local_best) = figures["numexpr"], figures["local"]
+        row = [label, f"{remote * 1e3:.1f} ({remote_best * 1e3:.1f})",
+               f"{local * 1e3:.1f} ({local_best * 1e3:.1f})", f"{local / remote:.2f}x",
+               f"{local_best / remote_best:.2f}x"]
         if args.numpy_device:
-            row.insert(3, f"{results['numpy'][label][0] * 1e3:.1f}")
+            row.insert(3, f"{figures['numpy'][0] * 1e3:.1f} ({figures['numpy'][1] * 1e3:.1f})")
         rows.append(row)
-        for backend in backends:
-            totals[backend] += results[backend][label][0]
-        local_total += local
-    row = ["both", f"{totals['numexpr'] * 1e3:.1f}", f"{local_total * 1e3:.1f}",
-           f"{local_total / totals['numexpr']:.2f}x"]
-    if args.numpy_device:
-        row.insert(3, f"{totals['numpy'] * 1e3:.1f}")
-    rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-    print("target: numexpr device at least 1.6x faster than local numpy eager")
+    print("target: the numexpr device at least 1.6x faster than local numpy eager")
 
 
 if __name__ == "__main__":

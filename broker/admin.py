@@ -71,6 +71,10 @@ def status(registry: Registry, now: float) -> dict[str, Any]:
         "protocol_errors": {"frontend": registry.counters["frontend_protocol_errors"],
                             "backend": registry.counters["backend_protocol_errors"]},
         "counters": dict(registry.counters),
+        # Flow control now (kept by the I/O loop): messages parked for peers whose queue is
+        # full, and whether the frontend is paused for a worker that is not reading.
+        "queues": {"parked_messages": 0, "parked_bytes": 0, "peers_waiting": 0,
+                   "frontend_paused": False, **registry.queues},
     }
 
 

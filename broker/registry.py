@@ -6,14 +6,23 @@ serves it, what happens when a peer vanishes or a deadline passes. The I/O loop
 the ``Send`` items it returns; nothing here touches a socket or reads the clock.
 
 Checks on HELLO, in order and before any state is created: protocol version, client token
-(constant-time), device index, device online, worker not draining, duplicate session id. Data
-messages are routed by the header alone: their body and buffers are handed on as the frame
-objects that arrived.
+(constant-time), device index, device online, worker not draining, duplicate session id, and
+the session limits (per client connection, per device). Data messages are routed by the
+header alone: their body and buffers are handed on as the frame objects that arrived.
+
+Message sizes: each peer says the largest frame its socket takes (``max_message_bytes`` in
+HELLO and REGISTER); the broker tells each side what it may send towards the other (WELCOME
+for uploads, OPEN for replies, REGISTERED for transfers), so that an oversized array is
+refused with ``MessageTooLarge`` by its sender instead of a silent disconnect (see
+``fabric.flow``). Every heartbeat to a worker lists the sessions the broker holds on it, and
+the worker closes any other: a lost CLOSE cannot leak a session's memory.
 
 Traffic is counted per session on the hot path (messages, bytes, SUBMITs as op batches) and
 folded into per-device totals when a session ends, so per-device and per-worker figures cost
 nothing per message. ADMIN requests are answered here, after a constant-time check of the
-admin token; the commands themselves live in ``broker.admin``.
+admin token; the commands themselves live in ``broker.admin``. A refused token (client, admin
+or worker) is counted and its answer carries a not-before time ``Limits.auth_delay`` ahead:
+the I/O loop holds it, so this object never sleeps and the loop never blocks.
 """
 
 from __future__ import annotations
@@ -34,11 +43,22 @@ from fabric.errors import (
     DuplicateSession,
     FabricError,
     HandshakeError,
+    MessageTooLarge,
     NoSuchDevice,
     NotFound,
     ProtocolError,
     SessionLost,
+    TooManySessions,
     VersionMismatch,
+)
+from fabric.flow import (
+    DEFAULT_HWM,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_SESSIONS_PER_CLIENT,
+    DEFAULT_MAX_SESSIONS_PER_DEVICE,
+    DEFAULT_PEER_QUEUE,
+    largest_frame,
+    size_text,
 )
 from fabric.protocol import (
     CLIENT_DATA_KINDS,
@@ -58,11 +78,13 @@ class Side(enum.Enum):
 
 
 class Send(NamedTuple):
-    """One message for the I/O loop to send: to which socket, which peer, which frames."""
+    """One message for the I/O loop to send: to which socket, which peer, which frames, and
+    not before when (the answer to a refused token waits ``Limits.auth_delay``; 0 is now)."""
 
     side: Side
     identity: bytes
     frames: list[Any]
+    not_before: float = 0.0
 
 
 class SessionState(enum.Enum):
@@ -83,6 +105,7 @@ class Session:
     last_seen: float
     hello_request: int
     deadline: float = float("inf")  # for OPENING and CLOSING
+    client_max: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame the client's socket takes
     probed: float = 0.0  # when the broker last checked an idle client was still there
     messages: int = 0  # data messages both ways
     bytes: int = 0
@@ -100,6 +123,7 @@ class Worker:
     last_seen: float
     sessions: set[int] = field(default_factory=set)
     draining: bool = False  # set by an administrator: no new sessions, existing ones go on
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame it takes
 
 
 @dataclass
@@ -123,12 +147,29 @@ class Traffic:
 
 @dataclass(frozen=True)
 class Limits:
-    """Timing rules; the defaults suit a LAN, tests shorten them."""
+    """Timing rules and resource limits; the defaults suit a LAN, tests shorten them."""
 
     heartbeat: float = 1.0  # seconds between heartbeats to workers
     liveness: int = 3  # heartbeats missed before a worker is declared lost
     open_timeout: float = 5.0  # how long a worker may take to open a session
     lease: float = 10.0  # idle time after which the broker checks a client is still there
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # MAXMSGSIZE of both sockets
+    max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT  # per client connection
+    max_sessions_per_device: int = DEFAULT_MAX_SESSIONS_PER_DEVICE
+    hwm: int = DEFAULT_HWM  # SNDHWM and RCVHWM of both sockets, per peer
+    peer_queue: int = DEFAULT_PEER_QUEUE  # messages parked for a peer whose queue is full
+    # How long a worker's parked queue may stay full (the frontend unread meanwhile) before
+    # it is lost; None: 2/3 of heartbeat x liveness, under libzmq's own heartbeat timeout,
+    # which would drop the connections of clients whose unread messages fill their queue.
+    slow_peer_timeout: float | None = None
+
+    @property
+    def slow_worker_timeout(self) -> float:
+        """``slow_peer_timeout``, or its default from the heartbeat."""
+        if self.slow_peer_timeout is not None:
+            return self.slow_peer_timeout
+        return self.heartbeat * self.liveness * 2 / 3
+    auth_delay: float = 0.2  # a refused token is answered this much later (the loop holds it)
 
 
 MAX_REMEMBERED_WORKERS = 1024  # offline workers whose device indexes are kept for them
@@ -142,6 +183,14 @@ def _natural(name: str) -> list[Any]:
 
 def _frames_size(frames: Sequence[Any]) -> int:
     return sum(len(f) for f in frames)
+
+
+def _size_limit(body: dict[str, Any], default: int) -> int:
+    """A peer's ``max_message_bytes`` (optional in HELLO and REGISTER), capped by ours."""
+    value = body.get("max_message_bytes")
+    if type(value) is int and value > 0:
+        return min(value, default)
+    return default
 
 
 class Registry:
@@ -176,6 +225,9 @@ class Registry:
         self.rejects: Counter[str] = Counter()
         self.retired: dict[tuple[str, int], Traffic] = {}  # (worker name, local) -> totals
         self.stopping = False  # set by the admin ``shutdown``: the I/O loop stops
+        self.client_sessions: dict[bytes, set[int]] = {}  # client identity -> its sessions
+        self._device_sessions: Counter[tuple[bytes, int]] = Counter()  # (worker, local)
+        self.queues: dict[str, Any] = {}  # flow figures the I/O loop keeps (admin status)
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -193,6 +245,12 @@ class Registry:
         log.info("rejected handshake from %s: %s", identity.hex(), error.code)
         return [self._error(Side.FRONTEND, identity, error, kind=Kind.REJECT,
                             session=header.session, request=header.request)]
+
+    def _token_refused(self, sends: list[Send], now: float) -> list[Send]:
+        """The answer to a refused token, held back ``auth_delay`` by the I/O loop (it never
+        sleeps here) so guessing costs time; counted with the reason already recorded."""
+        self.counters["tokens_refused"] += 1
+        return [send._replace(not_before=now + self.limits.auth_delay) for send in sends]
 
     def _token_ok(self, offered: Any, expected: bytes | None) -> bool:
         if expected is None or not isinstance(offered, str):
@@ -292,8 +350,8 @@ class Registry:
         header = message.header
         body = message.body
         if not self._token_ok(body["token"], self._client_token):
-            return self._reject(identity, header, AuthenticationError(
-                "The broker refused the token: check the client token you were given."))
+            return self._token_refused(self._reject(identity, header, AuthenticationError(
+                "The broker refused the token: check the client token you were given.")), now)
         device = body["device"]
         if not 0 <= device < self.device_count:
             return self._reject(identity, header, NoSuchDevice(
@@ -315,20 +373,48 @@ class Registry:
             return self._reject(identity, header, DuplicateSession(
                 f"Session id {message.session:#x} is already in use (or zero): "
                 "let the client choose a fresh random id.", session=message.session))
-        self.sessions[message.session] = Session(
+        refused = self._session_limit(identity, device, worker, local)
+        if refused is not None:
+            return self._reject(identity, header, refused)
+        session = self.sessions[message.session] = Session(
             id=message.session, client=identity, device=device, local=local, worker=worker,
             state=SessionState.OPENING, created=now, last_seen=now,
-            hello_request=message.request, deadline=now + self.limits.open_timeout)
+            hello_request=message.request, deadline=now + self.limits.open_timeout,
+            client_max=_size_limit(body, self.limits.max_message_bytes))
         self.workers[worker].sessions.add(message.session)
+        self.client_sessions.setdefault(identity, set()).add(message.session)
+        self._device_sessions[worker, local] += 1
         self.counters["hellos"] += 1
         return [self._message(Side.BACKEND, worker, Message(
             Kind.OPEN, message.session, message.request,
-            {"device": local, "client": str(body.get("client", ""))}))]
+            {"device": local, "client": str(body.get("client", "")),
+             "max_message_bytes": session.client_max}))]
+
+    def _session_limit(self, identity: bytes, device: int, worker: bytes,
+                       local: int) -> TooManySessions | None:
+        """The refusal when a new session would pass a session limit, else None."""
+        limits = self.limits
+        held = len(self.client_sessions.get(identity, ()))
+        if held >= limits.max_sessions_per_client:
+            return TooManySessions(
+                f"This client connection already has {held} sessions on this broker, the "
+                f"most it allows (--max-sessions-per-client {limits.max_sessions_per_client})"
+                ": close the sessions you no longer need, or ask the operator to raise the "
+                "limit.", reason="per_client", limit=limits.max_sessions_per_client)
+        held = self._device_sessions[worker, local]
+        if held >= limits.max_sessions_per_device:
+            return TooManySessions(
+                f"Device {device} already serves {held} sessions, the most it allows "
+                f"(--max-sessions-per-device {limits.max_sessions_per_device}): close idle "
+                "sessions, choose another device from fabric.devices(), or ask the operator "
+                "to raise the limit.", reason="per_device", device=device,
+                limit=limits.max_sessions_per_device)
+        return None
 
     def _on_devices(self, identity: bytes, message: Message, now: float) -> list[Send]:
         if not self._token_ok(message.body["token"], self._client_token):
-            return self._reject(identity, message.header, AuthenticationError(
-                "The broker refused the token: check the client token you were given."))
+            return self._token_refused(self._reject(identity, message.header, AuthenticationError(
+                "The broker refused the token: check the client token you were given.")), now)
         return [self._message(Side.FRONTEND, identity, Message(
             Kind.DEVICE_LIST, 0, message.request,
             {"devices": self.devices, "server": self.server}))]
@@ -365,10 +451,10 @@ class Registry:
             self.rejects["admin_unauthorized"] += 1
             log.warning("refused an admin command from %s: not the admin token",
                         identity.hex())
-            return [self._error(Side.FRONTEND, identity, AuthenticationError(
+            return self._token_refused([self._error(Side.FRONTEND, identity, AuthenticationError(
                 "The broker refused the token: admin commands need the admin token "
                 "(FABRIC_ADMIN_TOKEN, or the admin_token of the connection file)."),
-                kind=Kind.REJECT, request=message.request)]
+                kind=Kind.REJECT, request=message.request)], now)
         command = message.body["command"]
         try:
             result, sends = admin.run(self, command, message.body["args"], now)
@@ -444,6 +530,9 @@ class Registry:
                 return []
             session.messages += 1
             session.bytes += _frames_size(frames)
+            destination = self.workers[session.worker]
+            if largest_frame(frames) > destination.max_message_bytes:
+                return self._transfer_too_large(destination, header, frames)
             return [Send(Side.BACKEND, session.worker, list(frames))]
         if session is None or session.worker != worker.identity:
             self.counters["stale_worker_data"] += 1  # the session closed meanwhile
@@ -452,15 +541,34 @@ class Registry:
         session.bytes += _frames_size(frames)
         return [Send(Side.FRONTEND, session.client, list(frames))]
 
+    def _transfer_too_large(self, destination: Worker, header: Header,
+                            frames: Sequence[Any]) -> list[Send]:
+        """A TRANSFER bigger than its destination worker takes: the tensor arrives as the
+        error instead (the body is decoded only on this rare path)."""
+        self.counters["transfers_too_large"] += 1
+        try:
+            tensor = protocol.unpack_body(frames[1]).get("id")
+        except ProtocolError:
+            return []
+        limit = destination.max_message_bytes
+        error = MessageTooLarge(
+            f"The tensor moved with .to() is {size_text(largest_frame(frames))}, more than "
+            f"the {size_text(limit)} worker {destination.name} takes in one message: move "
+            "it in slices, or start that worker with a larger --max-message-bytes.",
+            size=largest_frame(frames), limit=limit)
+        return [self._message(Side.BACKEND, destination.identity, Message(
+            Kind.TRANSFER, header.session, header.request,
+            {"id": tensor, "error": error.to_wire()}))]
+
     def _on_register(self, identity: bytes, message: Message, now: float) -> list[Send]:
         body = message.body
         if not self._token_ok(body["token"], self._worker_token):
             self.rejects["worker_unauthorized"] += 1
             log.warning("refused a worker registration from %s: bad worker token",
                         identity.hex())
-            return [self._error(Side.BACKEND, identity, AuthenticationError(
+            return self._token_refused([self._error(Side.BACKEND, identity, AuthenticationError(
                 "The broker refused the worker token: start the worker with the cluster's "
-                "worker token."), kind=Kind.REJECT)]
+                "worker token."), kind=Kind.REJECT)], now)
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
                 "REGISTER devices must be a list of maps."), message.header)
@@ -469,8 +577,9 @@ class Registry:
                     if w.name == body["name"] or w.identity == identity]:
             # A worker that restarted, or reconnected, replaces its earlier self.
             sends += self._lose_worker(old, "the worker re-registered")
-        self.workers[identity] = Worker(identity, body["name"], body["backend"],
-                                        list(body["devices"]), registered=now, last_seen=now)
+        self.workers[identity] = Worker(
+            identity, body["name"], body["backend"], list(body["devices"]), registered=now,
+            last_seen=now, max_message_bytes=_size_limit(body, self.limits.max_message_bytes))
         self._known.pop(body["name"], None)  # re-inserted last: the newest is forgotten last
         self._known[body["name"]] = len(body["devices"])
         self._rebuild_devices()
@@ -478,7 +587,8 @@ class Registry:
                  len(body["devices"]), body["backend"])
         sends.append(self._message(Side.BACKEND, identity, Message(
             Kind.REGISTERED, 0, message.request,
-            {"server": self.server, "heartbeat": self.limits.heartbeat})))
+            {"server": self.server, "heartbeat": self.limits.heartbeat,
+             "max_message_bytes": self.limits.max_message_bytes})))
         return sends
 
     def _worker_session(self, worker: Worker, message: Message) -> Session | None:
@@ -494,7 +604,9 @@ class Registry:
         return [self._message(Side.FRONTEND, session.client, Message(
             Kind.WELCOME, session.id, session.hello_request,
             {"device": self.device_of(session), "device_count": self.device_count,
-             "server": self.server, "heartbeat": self.limits.heartbeat}))]
+             "server": self.server, "heartbeat": self.limits.heartbeat,
+             "max_message_bytes": min(self.limits.max_message_bytes,
+                                      worker.max_message_bytes)}))]
 
     def _on_closed(self, worker: Worker, message: Message, now: float) -> list[Send]:
         session = self._worker_session(worker, message)
@@ -537,6 +649,15 @@ class Registry:
             return
         worker = self.workers[session.worker]  # a session never outlives its worker here
         worker.sessions.discard(session.id)
+        held = self.client_sessions.get(session.client)
+        if held is not None:
+            held.discard(session.id)
+            if not held:
+                del self.client_sessions[session.client]
+        key = (session.worker, session.local)
+        self._device_sessions[key] -= 1
+        if self._device_sessions[key] <= 0:
+            del self._device_sessions[key]
         self.retired.setdefault((worker.name, session.local), Traffic()).add(session)
 
     def _end_for_client(self, session: Session, *, opening: FabricError,
@@ -582,7 +703,7 @@ class Registry:
 
     def _lose_client(self, identity: bytes, why: str) -> list[Send]:
         sends: list[Send] = []
-        for session in [s for s in self.sessions.values() if s.client == identity]:
+        for session in [self.sessions[s] for s in sorted(self.client_sessions.get(identity, ()))]:
             log.info("session %#x dropped: %s", session.id, why)
             self.counters["sessions_expired"] += 1
             sends += self._drop_session(session, notify_worker=True)
@@ -595,6 +716,33 @@ class Registry:
             return self._lose_worker(worker, "disconnected") if worker else []
         return self._lose_client(identity, "the client disconnected")
 
+    def cut_client(self, identity: bytes, queued: int) -> list[Send]:
+        """End every session of a client that left ``queued`` messages unread, the most the
+        broker holds for one peer: closed on their workers (freeing their memory), and a
+        notice for each, which reaches the client only if it reads again."""
+        self.counters["clients_cut"] += 1
+        log.warning("client %s left %d messages unread: its sessions are ended",
+                    identity.hex(), queued)
+        sends: list[Send] = []
+        for session in [self.sessions[s] for s in sorted(self.client_sessions.get(identity, ()))]:
+            self.counters["sessions_cut"] += 1
+            sends += self._drop_session(session, notify_worker=True)
+            sends.append(self._end_for_client(session, opening=HandshakeError(
+                f"The broker ended the session while it was opening: the client left "
+                f"{queued} messages unread. Read replies as they come, then open a new "
+                "session.", reason="client_not_reading"), lost=SessionLost(
+                f"Session {session.id:#x} was ended by the broker: the client left {queued} "
+                "messages unread, the most the broker holds for one client. Read replies "
+                "as they come (one connection per thread), then open a new session.",
+                session=session.id, reason="client_not_reading")))
+        return sends
+
+    def lose_worker(self, identity: bytes, why: str) -> list[Send]:
+        """Declare a worker lost for the I/O loop (say, it took nothing sent to it for too
+        long): its clients are told, as when it dies."""
+        worker = self.workers.get(identity)
+        return self._lose_worker(worker, why) if worker is not None else []
+
     def next_deadline(self) -> float:
         """When ``tick`` next has work to do."""
         return self._next_heartbeat
@@ -605,8 +753,10 @@ class Registry:
         limits = self.limits
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + limits.heartbeat
-            heartbeat = protocol.encode(Message(Kind.HEARTBEAT))
-            sends += [Send(Side.BACKEND, w, list(heartbeat)) for w in self.workers]
+            # Each lists the worker's sessions here: it closes any other (a lost CLOSE).
+            sends += [self._message(Side.BACKEND, w.identity, Message(
+                Kind.HEARTBEAT, body={"sessions": sorted(w.sessions)}))
+                for w in self.workers.values()]
         for worker in list(self.workers.values()):
             if now - worker.last_seen > limits.heartbeat * limits.liveness:
                 sends += self._lose_worker(

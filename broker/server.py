@@ -3,7 +3,9 @@
 Rule: this is the only broker module that knows about zmq. It receives frames without
 copying, hands them to ``Registry`` and sends what it returns; data frames pass through as
 the same ``zmq.Frame`` objects. Unroutable peers (``ROUTER_MANDATORY``) are reported back to
-the registry as vanished.
+the registry as vanished. Answers with a not-before time (refused tokens) wait in a small
+timer queue (``broker.held``) that the poll timeout respects. With CURVE, both ROUTERs are
+CURVE servers and pyzmq's ZAP thread checks peers' keys (``fabric.security``).
 """
 
 from __future__ import annotations
@@ -20,15 +22,47 @@ from typing import Any, Callable
 
 import zmq
 
+from fabric import protocol
+from fabric.flow import Outbox
+from fabric.protocol import Kind
+from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
+
+from .held import HeldSends
 from .registry import Limits, Registry, Send, Side
 
 log = logging.getLogger("fabric.broker")
 
+RETRY_MS = 5  # how often parked messages are retried while there are any
 
-def _router(context: zmq.Context, endpoint: str, limits: Limits) -> zmq.Socket:
+
+def _is_notice(frames: list[Any]) -> bool:
+    """Whether a parked message tells a client a session ended (an ERROR about a session
+    that answers no request): worth keeping when the rest is thrown away."""
+    header = protocol.decode_header(frames[0])  # the broker's own message: a valid header
+    return header.kind == Kind.ERROR and header.session != 0 and header.request == 0
+
+
+def _try_send(sock: zmq.Socket, identity: bytes, frames: list[Any]) -> bool:
+    """Send to one peer of a ROUTER without blocking; False when its queue is full."""
+    try:
+        sock.send_multipart([identity, *frames], copy=False, flags=zmq.NOBLOCK)
+    except zmq.Again:
+        return False
+    return True
+
+
+def _router(context: zmq.Context, endpoint: str, limits: Limits,
+            curve: CurveServer | None = None, domain: str = "") -> zmq.Socket:
     sock = context.socket(zmq.ROUTER)
+    if curve is not None:  # before bind: a CURVE server, its peers' keys checked in ``domain``
+        curve.apply(sock, domain)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, 0)
+    # Bounded per-peer queues both ways, and no frame bigger than the limit (before bind:
+    # accepted connections take the options the listener had).
+    for option, value in ((zmq.SNDHWM, limits.hwm), (zmq.RCVHWM, limits.hwm),
+                          (zmq.MAXMSGSIZE, limits.max_message_bytes)):
+        sock.setsockopt(option, value)
     # libzmq's own transport heartbeats drop a half-open connection, which makes the peer
     # unroutable; the registry then learns it vanished at the next send to it.
     sock.setsockopt(zmq.HEARTBEAT_IVL, int(limits.heartbeat * 1000))
@@ -41,16 +75,26 @@ class Broker:
     """A running broker: bound sockets and the registry. ``run()`` serves until ``stop()``."""
 
     def __init__(self, frontend: str, backend: str, *, client_token: str, worker_token: str,
-                 admin_token: str | None = None, limits: Limits = Limits()) -> None:
+                 admin_token: str | None = None, limits: Limits = Limits(),
+                 curve: CurveServer | None = None) -> None:
         self.context = zmq.Context()
-        self.frontend = _router(self.context, frontend, limits)
-        self.backend = _router(self.context, backend, limits)
+        # With allow-lists, pyzmq's ZAP thread checks every peer's key before it is connected.
+        self.auth = BrokerAuth(self.context, curve) if curve and curve.authenticates else None
+        self.frontend = _router(self.context, frontend, limits, curve, FRONTEND_DOMAIN)
+        self.backend = _router(self.context, backend, limits, curve, BACKEND_DOMAIN)
+        self._held = HeldSends()  # answers to refused tokens, until their not_before
         server = f"fabric-broker {socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.registry = Registry(client_token=client_token, worker_token=worker_token,
                                  admin_token=admin_token, server=server, limits=limits,
                                  now=time.monotonic())
         self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend}
         self._running = True
+        # Flow control (see ``_park``): messages for peers whose queue is full, and the
+        # workers whose parked queue is full (while there are any, the frontend is not read).
+        self.limits = limits
+        self._outbox = Outbox(limits.peer_queue, limits.max_message_bytes)
+        self._blocking: set[tuple[Side, bytes]] = set()
+        self._cut: set[bytes] = set()  # clients cut off whose last words are still parked
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -65,7 +109,14 @@ class Broker:
     def _send(self, sends: list[Send]) -> None:
         while sends:
             followups: list[Send] = []  # what the registry says once a peer proves gone
-            for side, identity, frames in sends:
+            for side, identity, frames, not_before in sends:
+                if not_before:  # a refused token's answer: held, the loop goes on
+                    if not self._held.hold(Send(side, identity, frames, not_before)):
+                        self.registry.counters["held_answers_dropped"] += 1
+                    continue
+                if self._outbox and (side, identity) in self._outbox:
+                    followups += self._park(side, identity, frames)  # behind, in order
+                    continue
                 try:
                     self._sockets[side].send_multipart([identity, *frames], copy=False,
                                                        flags=zmq.NOBLOCK)
@@ -74,49 +125,145 @@ class Broker:
                         followups += self.registry.unroutable(side, identity, time.monotonic())
                     elif exc.errno == zmq.EAGAIN:
                         self.registry.counters[f"{side.value}_send_queue_full"] += 1
-                        log.warning("%s peer %s is not reading; a message to it was dropped",
-                                    side.value, identity.hex())
+                        followups += self._park(side, identity, frames)
                     else:
                         raise
             sends = followups
+
+    # -- flow control -------------------------------------------------------------------------
+    # A peer whose queue is full (EAGAIN) never costs another peer a message: what is sent to
+    # it waits in its own bounded queue in ``_outbox``, retried every pass of the loop. When
+    # a worker's parked queue fills, the broker stops reading the frontend (the source of
+    # what is sent to workers) until that queue drains to half: clients' own send queues fill
+    # and their sends wait (backpressure); a worker that stays full ``slow_peer_timeout``
+    # seconds (less than libzmq's heartbeat timeout, see fabric.flow) is lost like a dead one. A client's queue fills only with answers to what it
+    # asked and did not read, so a client whose queue fills is cut off: its sessions end
+    # (freeing their memory on the workers) and a notice is parked in place of the rest;
+    # until it reads them, anything else for it (answers about sessions it no longer has)
+    # is dropped and counted.
+
+    def _park(self, side: Side, identity: bytes, frames: list[Any]) -> list[Send]:
+        """Park a message for a peer whose queue is full; what the registry says if that
+        fills the peer's parked queue."""
+        key = (side, identity)
+        now = time.monotonic()
+        registry = self.registry
+        if identity in self._cut and side is Side.FRONTEND:
+            registry.counters["dropped_for_cut_clients"] += 1
+            return []
+        registry.counters["messages_parked"] += 1
+        followups: list[Send] = []
+        if self._outbox.park(key, frames, now):
+            if side is Side.FRONTEND:
+                # Its last words: the notices already parked (why a session ended), and one
+                # for each session it still had.
+                kept = [f for f in self._outbox.parked(key) if _is_notice(f)]
+                sends = registry.cut_client(identity, self._outbox.queued(key))
+                self._outbox.replace(key, kept + [s.frames for s in sends
+                                                  if (s.side, s.identity) == key], now)
+                followups = [s for s in sends if (s.side, s.identity) != key]
+                self._cut.add(identity)
+            elif key not in self._blocking:
+                self._blocking.add(key)
+                registry.counters["frontend_pauses"] += 1
+                log.warning("worker %s is not reading: %d messages wait for it; not reading "
+                            "the frontend until it drains", identity.hex(),
+                            self._outbox.queued(key))
+        self._update_queues()
+        return followups
+
+    def _retry(self, now: float) -> None:
+        """Send what is parked, in order, as far as each peer's queue takes it; resume the
+        frontend when blocking workers drained; lose workers that stayed full too long."""
+        outbox, registry = self._outbox, self.registry
+        followups: list[Send] = []
+        for key in outbox.keys():
+            side, identity = key
+            sock = self._sockets[side]
+            try:
+                outbox.flush(key, lambda frames: _try_send(sock, identity, frames))
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                outbox.discard(key)  # gone: its own messages go with it
+                followups += registry.unroutable(side, identity, now)
+            if key not in outbox and side is Side.FRONTEND:
+                self._cut.discard(identity)  # it read its last words (or is gone)
+        timeout = self.limits.slow_worker_timeout
+        for key in list(self._blocking):
+            if not outbox.is_full(key):
+                self._blocking.discard(key)
+            elif now - outbox.full_since[key] > timeout:
+                self._blocking.discard(key)
+                outbox.discard(key)
+                registry.counters["slow_workers_lost"] += 1
+                followups += registry.lose_worker(
+                    key[1], f"took none of the messages sent to it for {timeout:g} s")
+        self._update_queues()
+        self._send(followups)
+
+    def _update_queues(self) -> None:
+        self.registry.queues.update(
+            parked_messages=self._outbox.messages, parked_bytes=self._outbox.bytes,
+            peers_waiting=len(self._outbox), frontend_paused=bool(self._blocking))
 
     def run(self) -> None:
         """Serve until ``stop()`` (or SIGINT/SIGTERM when installed by ``main``)."""
         poller = zmq.Poller()
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self.backend, zmq.POLLIN)
+        backend_only = zmq.Poller()  # while a worker's parked queue is full
+        backend_only.register(self.backend, zmq.POLLIN)
         registry = self.registry
         from_side = {self.frontend: registry.from_client, self.backend: registry.from_worker}
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
-                self._send(registry.tick(now))
-                timeout_ms = max(0.0, min(0.1, registry.next_deadline() - now)) * 1000
-                for sock, _ in poller.poll(timeout_ms):
+                self._send(registry.tick(now) + self._held.due(now))
+                if self._outbox:
+                    self._retry(now)
+                timeout_ms = max(0.0, min(0.1, registry.next_deadline() - now,
+                                          self._held.next_deadline() - now)) * 1000
+                if self._outbox:  # retried soon: a peer's queue drains without telling us
+                    timeout_ms = min(timeout_ms, RETRY_MS)
+                for sock, _ in (backend_only if self._blocking else poller).poll(timeout_ms):
+                    if self.auth is not None:  # before an admin status may report them
+                        self._count_refused_keys()
                     # Drain a bounded batch per socket so one side cannot starve the other.
                     handle = from_side[sock]
                     # (EVENTS is checked instead of catching zmq.Again: the exception is slow.)
                     for _ in range(256):
                         frames = sock.recv_multipart(copy=False)
                         self._send(handle(frames[0].bytes, frames[1:], time.monotonic()))
+                        if self._blocking and sock is self.frontend:
+                            break  # backpressure: a worker's queue is full
                         if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                             break
             self._send(registry.shutdown())
         finally:
             self.close()
 
+    def _count_refused_keys(self) -> None:
+        # The ZAP thread counts; the registry is this thread's alone, so the counts are copied.
+        for reason, count in self.auth.refused().items():
+            self.registry.rejects[reason] = count
+
     def close(self) -> None:
         self.frontend.close(linger=200)
         self.backend.close(linger=0)
+        if self.auth is not None:
+            self.auth.stop()
         self.context.term()
 
 
 def serve(frontend: str, backend: str, *, client_token: str, worker_token: str,
           admin_token: str | None = None, limits: Limits = Limits(),
-          announce: Callable[[dict[str, Any]], None] | None = None) -> None:
-    """Run a broker in this process until SIGINT or SIGTERM; ``announce`` gets the endpoints."""
+          announce: Callable[[dict[str, Any]], None] | None = None,
+          curve: CurveServer | None = None) -> None:
+    """Run a broker in this process until SIGINT or SIGTERM; ``announce`` gets the endpoints.
+    With ``curve`` both sockets are CURVE servers (and check keys when it has allow-lists)."""
     broker = Broker(frontend, backend, client_token=client_token, worker_token=worker_token,
-                    admin_token=admin_token, limits=limits)
+                    admin_token=admin_token, limits=limits, curve=curve)
     signal.signal(signal.SIGINT, broker.stop)
     signal.signal(signal.SIGTERM, broker.stop)
     endpoints = broker.endpoints

@@ -8,27 +8,33 @@ from .errors import (
     AuthenticationError,
     ConnectError,
     DeviceNotHostable,
+    EncryptionError,
     FabricError,
     GraphError,
     HandshakeError,
     HandshakeTimeout,
+    MessageTooLarge,
     NoSuchDevice,
     ProtocolError,
     RemoteError,
+    RequestTimeout,
     ServerDisconnected,
     SessionLost,
+    TooManySessions,
     TraceError,
     VersionMismatch,
 )
 from .graph import Function, function
 from .protocol import PROTOCOL_VERSION
+from .security import CurveClient, CurveServer, generate_keys
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PROTOCOL_VERSION", "Admin", "AuthenticationError", "ConnectError", "Device",
-    "DeviceNotHostable", "FabricError", "Function", "GraphError", "HandshakeError",
-    "HandshakeTimeout", "LocalCluster", "NoSuchDevice", "ProtocolError", "RemoteError",
-    "ServerDisconnected", "Session", "SessionLost", "Trace", "TraceError", "VersionMismatch",
-    "capture", "connect", "devices", "function",
+    "PROTOCOL_VERSION", "Admin", "AuthenticationError", "ConnectError", "CurveClient",
+    "CurveServer", "Device", "DeviceNotHostable", "EncryptionError", "FabricError", "Function",
+    "GraphError", "HandshakeError", "HandshakeTimeout", "LocalCluster", "NoSuchDevice",
+    "ProtocolError", "RemoteError", "ServerDisconnected", "Session", "SessionLost", "Trace",
+    "TraceError", "VersionMismatch", "capture", "connect", "devices", "function",
+    "generate_keys", "MessageTooLarge", "RequestTimeout", "TooManySessions",
 ]

@@ -19,6 +19,7 @@ from typing import Any
 
 from .client import ZMTP_HANDSHAKE_LIMIT, Connection, _blaming, _raise_for
 from .config import CONNECTION_FILE_ENV, default_connection_file, load_connection_file
+from .security import CurveOption, client_keys
 from .errors import ConfigError
 from .protocol import Kind, Message
 
@@ -76,18 +77,22 @@ class Admin:
 
     Opening it checks the broker is there and takes the token, so it fails at once with
     ``ConnectError`` when nothing (or not a fabric broker) listens at the address,
+    ``EncryptionError`` when CURVE keys (``curve=``, as for ``fabric.connect``) do not fit,
     ``AuthenticationError`` when the token is not the admin token, and ``HandshakeTimeout``
     when nothing answers within ``timeout`` seconds.
     """
 
     def __init__(self, address: str | None = None, *, token: str | None = None,
                  connection_file: str | os.PathLike[str] | None = None,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, curve: CurveOption = None) -> None:
         self.address, self._token, self.connection_file = resolve_target(
             address, token, connection_file)
+        if curve is None and self.connection_file is not None:  # CURVE keys it names, if any
+            curve = load_connection_file(self.connection_file).get("curve")
         self.timeout = timeout
         self._connection = Connection(self.address,
-                                      handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
+                                      handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+                                      curve=client_keys(curve))
         try:
             hello = self._run("ping")
         except BaseException:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -19,11 +20,13 @@ from .errors import (
     ConfigError,
     ConnectError,
     DeviceNotHostable,
+    EncryptionError,
     FabricError,
     RequestTimeout,
     SessionLost,
     VersionMismatch,
 )
+from .security import CurveClient, CurveServer, generate_keys
 
 
 def _logging(level: str) -> None:
@@ -71,6 +74,140 @@ timing = [
 ]
 
 
+def _usage(call: Callable[[], Any]) -> Any:
+    """``call()``, with a ConfigError (a bad key file, say) turned into a usage error."""
+    try:
+        return call()
+    except FabricError as exc:
+        raise click.UsageError(exc.message) from None
+
+
+def curve_server_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The broker's CURVE options, handed to ``command`` as one ``curve`` (a CurveServer or
+    None). Put it right above the function, below the other options."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, curve_dir: str | None, curve_secret_key: str | None,
+                curve_allow: str | None, curve_allow_clients: str | None,
+                curve_allow_workers: str | None, **kwargs: Any) -> Any:
+        allow = (curve_allow, curve_allow_clients, curve_allow_workers)
+        if curve_dir and curve_secret_key:
+            raise click.UsageError("Give --curve or --curve-secret-key, not both.")
+        if not (curve_dir or curve_secret_key):
+            if any(allow):
+                raise click.UsageError("--curve-allow needs --curve-secret-key (or --curve).")
+            return command(*args, curve=None, **kwargs)
+        keydir = Path(curve_dir) if curve_dir else None
+        clients = curve_allow_clients or curve_allow or (keydir and keydir / "clients")
+        workers = curve_allow_workers or curve_allow or (keydir and keydir / "workers")
+        curve = _usage(lambda: CurveServer.from_files(
+            curve_secret_key or keydir / "broker.key_secret", allow_clients=clients or None,
+            allow_workers=workers or None))
+        return command(*args, curve=curve, **kwargs)
+
+    directory = click.Path(file_okay=False)
+    for option in reversed([
+        click.option("--curve", "curve_dir", type=directory, metavar="KEYDIR",
+                     help="Encrypt both sockets with CURVE using the keys fabric keys generate "
+                          "wrote: KEYDIR/broker.key_secret, and only the client keys in "
+                          "KEYDIR/clients and worker keys in KEYDIR/workers get in."),
+        click.option("--curve-secret-key", type=click.Path(dir_okay=False), metavar="FILE",
+                     help="The broker's CURVE secret key file (mode 0600), instead of --curve. "
+                          "Without an allow-list any key gets in: encryption only."),
+        click.option("--curve-allow", type=directory, metavar="DIR",
+                     help="Public keys (*.key files) accepted from clients and workers."),
+        click.option("--curve-allow-clients", type=directory, metavar="DIR",
+                     help="Public keys accepted from clients and admins (overrides the above)."),
+        click.option("--curve-allow-workers", type=directory, metavar="DIR",
+                     help="Public keys accepted from workers (overrides the above)."),
+    ]):
+        wrapper = option(wrapper)
+    return wrapper
+
+
+def curve_client_options(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--curve``, ``--curve-secret-key`` and ``--broker-public-key``, handed to the command
+    as one ``curve`` (a CurveClient or None); ``role`` names the pair ``--curve`` uses."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def wrapper(*args: Any, curve_dir: str | None, curve_secret_key: str | None,
+                    broker_public_key: str | None, **kwargs: Any) -> Any:
+            if curve_dir and (curve_secret_key or broker_public_key):
+                raise click.UsageError("Give --curve, or --curve-secret-key with "
+                                       "--broker-public-key, not both.")
+            if bool(curve_secret_key) != bool(broker_public_key):
+                raise click.UsageError("--curve-secret-key and --broker-public-key go together.")
+            curve = None
+            if curve_dir:
+                curve = _usage(lambda: CurveClient.from_dir(curve_dir, role))
+            elif curve_secret_key:
+                curve = _usage(lambda: CurveClient.from_files(curve_secret_key,
+                                                              broker_public_key))
+            return command(*args, curve=curve, **kwargs)
+
+        for option in reversed([
+            click.option("--curve", "curve_dir", type=click.Path(file_okay=False),
+                         metavar="KEYDIR", help=f"Encrypt with CURVE using the keys fabric keys "
+                         f"generate wrote: KEYDIR/{role}.key_secret and KEYDIR/broker.key."),
+            click.option("--curve-secret-key", type=click.Path(dir_okay=False), metavar="FILE",
+                         help=f"This {role}'s CURVE secret key file (mode 0600), instead of "
+                              "--curve."),
+            click.option("--broker-public-key", type=click.Path(dir_okay=False),
+                         metavar="FILE", help="The broker's CURVE public key file (broker.key)."),
+        ]):
+            wrapper = option(wrapper)
+        return wrapper
+    return decorate
+
+
+def limit_options(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The size, queue and session limits of a ``broker`` or ``worker``, handed to the command
+    as one dict ``limits`` of keyword arguments (``Limits`` fields for a broker, ``Worker``
+    arguments for a worker). Put it right above the function."""
+    from .flow import (DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_SESSIONS_PER_CLIENT,
+                       DEFAULT_MAX_SESSIONS_PER_DEVICE, DEFAULT_PEER_QUEUE)
+
+    count = click.IntRange(min=1)
+    options = [
+        click.option("--max-message-bytes", type=count, default=DEFAULT_MAX_MESSAGE_BYTES,
+                     show_default=True, help="Largest frame (one array) a socket takes "
+                     "(MAXMSGSIZE); senders refuse bigger ones with MessageTooLarge."),
+        click.option("--hwm", type=count, default=DEFAULT_HWM, show_default=True,
+                     help="Messages queued per peer each way on every socket (SNDHWM/RCVHWM)."),
+    ]
+    if role == "broker":
+        options += [
+            click.option("--max-sessions-per-client", type=count,
+                         default=DEFAULT_MAX_SESSIONS_PER_CLIENT, show_default=True,
+                         help="Sessions one client connection may hold; more are refused."),
+            click.option("--max-sessions-per-device", type=count,
+                         default=DEFAULT_MAX_SESSIONS_PER_DEVICE, show_default=True,
+                         help="Sessions one device may serve; more are refused."),
+            click.option("--peer-queue", type=count, default=DEFAULT_PEER_QUEUE,
+                         show_default=True, help="Messages held for a peer whose queue is "
+                         "full: a client that leaves more unread is cut off; a worker that "
+                         "does pauses the frontend."),
+            click.option("--slow-peer-timeout", type=click.FloatRange(min=0), default=None,
+                         help="Seconds a worker's queue may stay full (the frontend unread "
+                              "meanwhile) before the worker is declared lost; keep it under "
+                              "heartbeat x liveness [default: 2/3 of that]."),
+        ]
+    names = ["max_message_bytes", "hwm", "max_sessions_per_client", "max_sessions_per_device",
+             "peer_queue", "slow_peer_timeout"]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            limits = {name: kwargs.pop(name) for name in names if name in kwargs}
+            return command(*args, limits=limits, **kwargs)
+
+        for option in reversed(options):
+            wrapper = option(wrapper)
+        return wrapper
+    return decorate
+
+
 def _with(options: list[Callable[..., Any]]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
@@ -98,11 +235,16 @@ def main() -> None:
               help="Seconds a worker may take to open a session before the client is refused.")
 @click.option("--lease", type=float, default=10.0, show_default=True,
               help="Idle seconds after which the broker checks a client is still connected.")
+@click.option("--auth-delay", type=click.FloatRange(min=0), default=0.2, show_default=True,
+              help="Seconds before a refused token (client, admin or worker) is answered.")
 @_with(timing)
+@limit_options("broker")
+@curve_server_options
 def broker(frontend: str, backend: str, token: str | None, token_file: str | None,
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
-           liveness: int, log_level: str) -> None:
+           liveness: int, log_level: str, auth_delay: float,
+           curve: CurveServer | None, limits: dict[str, Any]) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
@@ -116,10 +258,10 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
     worker = _secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
     admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
-                    lease=lease)
+                    lease=lease, auth_delay=auth_delay, **limits)
     try:
         serve(frontend, backend, client_token=client, worker_token=worker, admin_token=admin,
-              limits=limits, announce=announce_on_stdout)
+              limits=limits, announce=announce_on_stdout, curve=curve)
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
         raise click.ClickException(f"cannot serve on {frontend} / {backend}: {exc}") from None
 
@@ -139,9 +281,12 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
                    "fails the op with QuotaExceeded and the worker goes on [default: none].")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @_with(timing)
+@limit_options("worker")
+@curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
            memory_limit: int | None, worker_token: str | None, worker_token_file: str | None,
-           heartbeat: float, liveness: int, log_level: str) -> None:
+           heartbeat: float, liveness: int, log_level: str,
+           curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker."""
     from workers.backends import device_class
     from workers.worker import RegistrationRefused, serve
@@ -152,7 +297,8 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
         token = _secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
-              heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit)
+              heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit, curve=curve,
+              **limits)
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)
@@ -180,10 +326,13 @@ def cluster() -> None:
                    "[default: ~/.config/fabric/cluster.json].")
 @click.option("--memory-limit", type=int, default=None,
               help="Per-session resident byte limit on each device.")
+@click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
+              help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
+                   "first if it has none); the connection file names the client's key files.")
 @_with(timing[:2])
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
                backend_address: str, connection_file: str | None, memory_limit: int | None,
-               heartbeat: float, liveness: int) -> None:
+               curve: str | None, heartbeat: float, liveness: int) -> None:
     """Start a broker and WORKERS workers, write a connection file, serve until Ctrl-C.
 
     Generates fresh client, admin and worker tokens. Ctrl-C or SIGTERM stops every process;
@@ -193,10 +342,14 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     from .cluster import LocalCluster
     from .config import default_connection_file
 
-    running = LocalCluster(
+    if curve and not (Path(curve) / "broker.key_secret").exists():
+        _usage(lambda: generate_keys(curve))
+        click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
+    running = _usage(lambda: LocalCluster(  # bad CURVE key files are a usage error
         workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
         liveness=liveness, frontend=frontend, backend_address=backend_address,
-        worker_args=("--memory-limit", str(memory_limit)) if memory_limit else ())
+        worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
+        curve=curve))
     try:
         running.start()
     except FabricError as exc:
@@ -220,6 +373,31 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         sys.exit(1)
 
 
+@main.group()
+def keys() -> None:
+    """CURVE key pairs: encrypted links, and only known clients and workers get in."""
+
+
+@keys.command("generate")
+@click.argument("directory", type=click.Path(file_okay=False))
+def keys_generate(directory: str) -> None:
+    """Write broker, client and worker key pairs to DIRECTORY (secret files mode 0600).
+
+    Also writes DIRECTORY/clients and DIRECTORY/workers: the public keys the broker accepts
+    (fabric broker --curve DIRECTORY). To admit another client or worker, copy its .key file
+    into one of them and restart the broker. Refuses to overwrite existing keys.
+    """
+    try:
+        written = generate_keys(directory)
+    except FabricError as exc:
+        raise click.ClickException(exc.message) from None
+    for name in sorted(written):
+        click.echo(written[name])
+    click.echo(f"broker:  fabric broker --curve {directory} ...\n"
+               f"worker:  fabric worker --curve {directory} ...\n"
+               f"client:  fabric.connect(address, token=..., curve={directory!r})")
+
+
 @main.command()
 @click.option("--workers", type=int, default=2, show_default=True)
 def demo(workers: int) -> None:
@@ -234,7 +412,7 @@ def demo(workers: int) -> None:
 ADMIN_EXIT_CODES = """\b
 Exit codes:
   0  done
-  1  refused or not found: not the admin token, no such session or worker
+  1  refused or not found: not the admin token or CURVE key, no such session or worker
   2  usage: bad arguments, no address or token, unusable connection file
   3  cannot reach the broker: nothing listening, not a fabric broker, no answer
 """
@@ -246,7 +424,7 @@ def _admin_exit_code(error: FabricError) -> int:
     """The documented exit code for an error from ``fabric.Admin``."""
     if isinstance(error, ConfigError):
         return 2
-    if isinstance(error, (AuthenticationError, VersionMismatch)):  # reached, and refused
+    if isinstance(error, (AuthenticationError, EncryptionError, VersionMismatch)):  # refused
         return 1
     if isinstance(error, (ConnectError, RequestTimeout, SessionLost)):
         return 3
@@ -261,7 +439,7 @@ def _admin_call(options: dict[str, Any], call: Callable[[Any], Any], as_json: bo
     try:
         token = resolve_secret(options["token"], options["token_file"], ADMIN_TOKEN_ENV)
         with Admin(options["address"], token=token, connection_file=options["connection_file"],
-                   timeout=options["timeout"]) as admin:
+                   timeout=options["timeout"], curve=options["curve"]) as admin:
             result = call(admin)
             address = admin.address
     except FabricError as exc:
@@ -376,16 +554,19 @@ def _print_sessions(sessions: list[dict[str, Any]], address: str) -> None:
 @token_options("", "FABRIC_ADMIN_TOKEN", "admin token")
 @click.option("--timeout", type=float, default=5.0, show_default=True,
               help="Seconds to wait for the broker's answer.")
+@click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
+              help="Encrypt with CURVE using KEYDIR/client.key_secret and KEYDIR/broker.key "
+                   "[default: the connection file's keys, if any].")
 @click.pass_context
 def admin(ctx: click.Context, address: str | None, connection_file: str | None,
-          token: str | None, token_file: str | None, timeout: float) -> None:
+          token: str | None, token_file: str | None, timeout: float, curve: str | None) -> None:
     """Inspect and steer a running broker with the admin token (a client token is refused).
 
     The address and token come from the options, else from the connection file; the token
     from --token-file, $FABRIC_ADMIN_TOKEN or --token comes first. Tokens are never printed.
     """
     ctx.obj = {"address": address, "connection_file": connection_file, "token": token,
-               "token_file": token_file, "timeout": timeout}
+               "token_file": token_file, "timeout": timeout, "curve": curve}
 
 
 @admin.command("status", epilog=ADMIN_EXIT_CODES, short_help="Broker summary.")

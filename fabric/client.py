@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -25,6 +26,7 @@ from .errors import (
     ConnectError,
     FabricError,
     HandshakeTimeout,
+    MessageTooLarge,
     RequestTimeout,
     ServerDisconnected,
     SessionLost,
@@ -32,9 +34,11 @@ from .errors import (
     error_from_wire,
 )
 from .config import CONNECTION_FILE_ENV, load_connection_file
+from .flow import DEFAULT_MAX_MESSAGE_BYTES, size_text
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
-from .tensor import TensorSession
+from .security import CurveClient, CurveOption, client_keys, handshake_error
+from .tensor import Tensor, TensorSession
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
 # ZeroMQ (an HTTP server, say) is found out this fast rather than at the full timeout.
@@ -74,8 +78,11 @@ def resolve_token(token: str | None) -> str:
 class Connection:
     """One DEALER connection to a broker's frontend, used by the thread that made it."""
 
-    def __init__(self, address: str, *, handshake_limit: float = ZMTP_HANDSHAKE_LIMIT) -> None:
+    def __init__(self, address: str, *, handshake_limit: float = ZMTP_HANDSHAKE_LIMIT,
+                 curve: CurveClient | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.address = address
+        self.curve = curve  # CURVE keys: the connection is encrypted, the broker checks them
         self.pending = PendingTable()
         self._thread = threading.get_ident()
         self._context = zmq.Context.instance()
@@ -85,7 +92,12 @@ class Connection:
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
         self.socket.setsockopt(zmq.SNDHWM, SEND_QUEUE)
+        # The largest frame this socket takes; the broker keeps replies within it (HELLO).
+        self.max_message_bytes = max_message_bytes
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.set_send_timeout(10.0)
+        if curve is not None:
+            curve.apply(self.socket)
         self._monitor = self.socket.get_monitor_socket(_WATCHED_EVENTS)
         self._poller = zmq.Poller()
         self._poller.register(self.socket, zmq.POLLIN)
@@ -116,6 +128,8 @@ class Connection:
         self._check_thread()
         if self.error is not None:
             raise self.error
+        if message.session in self.pending.lost:  # known lost: fail now, send nothing
+            raise self.pending.lost[message.session]
         try:
             self.socket.send_multipart(protocol.encode(message), copy=False)
         except zmq.Again:
@@ -123,6 +137,10 @@ class Connection:
                 f"The broker at {self.address} took none of the {SEND_QUEUE} queued messages "
                 f"in {self.send_timeout:g} s: it or the device's worker is overloaded or gone."
             ) from None
+        # Read what has come meanwhile: a client that only streams ops still reads, so the
+        # broker never holds messages for it (it cuts off clients that leave them unread).
+        if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._drain()
 
     def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
         """Send a request and wait for its reply (matched by request id) until the deadline."""
@@ -165,7 +183,9 @@ class Connection:
             return HandshakeTimeout(
                 f"No answer from {self.address} before the deadline: the broker may be "
                 "overloaded, or the address belongs to another ZeroMQ service. Check the "
-                "address, or raise timeout=.")
+                "address, or raise timeout=."
+                + (" With CURVE on, also check the keys: ZeroMQ does not always say when "
+                   "they do not match." if self.curve is not None else ""))
         return RequestTimeout(f"The broker at {self.address} did not answer in time: check "
                               "that it and the device's worker are running, or raise timeout=.")
 
@@ -186,7 +206,11 @@ class Connection:
                     f"The connection to the broker at {self.address} was lost: its sessions "
                     "are gone. Open a new session once the broker is back.")
             return
-        if kind == zmq.EVENT_CONNECT_RETRIED:
+        security = handshake_error(kind, event["value"], self.address,
+                                   encrypted=self.curve is not None)
+        if security is not None:  # ZeroMQ is silent about these but for this event
+            self.error = security
+        elif kind == zmq.EVENT_CONNECT_RETRIED:
             self.error = ConnectError(
                 f"Nothing is listening at {self.address}: start a broker there "
                 "(fabric broker --frontend ...) or check the address.")
@@ -194,10 +218,6 @@ class Connection:
             self.error = ConnectError(
                 f"The peer at {self.address} is not a fabric broker (it broke the ZeroMQ "
                 "handshake): check the address and port.")
-        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            self.error = ConnectError(
-                f"The broker at {self.address} refused the connection's security handshake: "
-                "check encryption settings and keys.")
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and event["value"] == errno.EAGAIN:
             self.error = ConnectError(
                 f"The peer at {self.address} did not complete a ZeroMQ handshake: it is not a "
@@ -256,6 +276,11 @@ class Session(TensorSession):
         self.device = Device.from_wire(welcome.body["device"])
         self.device_count: int = welcome.body["device_count"]
         self.server: str = welcome.body["server"]
+        # The largest array this session may upload in one piece: every socket on the way
+        # to its device takes it (an oversized frame would silently cost the connection).
+        limit = welcome.body.get("max_message_bytes")
+        self.max_upload_bytes: int = (limit if type(limit) is int and limit > 0
+                                      else connection.max_message_bytes)
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         connection.set_send_timeout(timeout)
@@ -271,6 +296,24 @@ class Session(TensorSession):
 
     def __exit__(self, *_: Any) -> None:
         self.close()
+
+    def asarray(self, array: Any, dtype: Any = None) -> Tensor:
+        """Upload an array (any layout or byte order) to the device.
+
+        Raises ``MessageTooLarge``, sending nothing, when it is bigger than the largest
+        message the way to the device takes (``max_upload_bytes``).
+        """
+        if not isinstance(array, Tensor):
+            array = np.asarray(array, dtype=dtype)
+            dtype = None
+            if array.nbytes > self.max_upload_bytes:
+                raise MessageTooLarge(
+                    f"The array is {size_text(array.nbytes)}, more than the "
+                    f"{size_text(self.max_upload_bytes)} one message to device "
+                    f"{self.device.index} may carry: upload it in slices and join them on "
+                    "the device with np.concatenate, or raise --max-message-bytes on the "
+                    "broker and workers.", size=array.nbytes, limit=self.max_upload_bytes)
+        return super().asarray(array, dtype)
 
     def open(self, device: int, timeout: float | None = None) -> "Session":
         """Another session, on ``device``, over this session's connection (one connection
@@ -312,16 +355,18 @@ class Session(TensorSession):
                 self.on_close()
 
 
-def _target(address: str | None, token: str | None,
-            connection_file: str | None) -> tuple[str, str, str | None] | None:
-    """The address, token and connection file (if one was used) from the arguments or the
-    environment; None when nothing names a cluster (the embedded local cluster)."""
+def _target(address: str | None, token: str | None, connection_file: str | None,
+            curve: CurveOption = None,
+            ) -> tuple[str, str, str | None, CurveClient | None] | None:
+    """The address, token, connection file (if one was used) and CURVE keys from the
+    arguments or the environment; None when nothing names a cluster (the embedded one)."""
     if address is None and (connection_file or os.environ.get(CONNECTION_FILE_ENV)):
         info = load_connection_file(connection_file)
-        return info["address"], token or info["token"], info["path"]
+        return (info["address"], token or info["token"], info["path"],
+                client_keys(curve if curve is not None else info.get("curve")))
     if address is None:
         return None
-    return address, resolve_token(token), None
+    return address, resolve_token(token), None, client_keys(curve)
 
 
 @contextlib.contextmanager
@@ -337,7 +382,9 @@ def _blaming(connection_file: str | None) -> Iterator[None]:
 
 
 def connect(address: str | None = None, *, token: str | None = None, device: int = 0,
-            timeout: float = 10.0, connection_file: str | None = None) -> Session:
+            timeout: float = 10.0, connection_file: str | None = None,
+            curve: CurveOption = None,
+            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Session:
     """Open a session on ``device`` of the broker at ``address``.
 
     With no address, the address and token come from ``connection_file`` (or the file named
@@ -349,14 +396,27 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
     is not a fabric broker, ``ServerDisconnected`` when it closes before answering,
     ``VersionMismatch``, ``AuthenticationError``, ``NoSuchDevice`` or another
     ``HandshakeError`` when the broker refuses, ``HandshakeTimeout`` at ``timeout``.
+
+    ``curve`` encrypts the connection (CURVE): a ``fabric.CurveClient``, a directory written
+    by ``fabric keys generate`` (its client pair and broker.key), or a mapping with
+    ``secret_key_file`` and ``server_public_key_file``; a connection file may name them too.
+    A key the broker refuses, or encryption on at one end only, is an ``EncryptionError``.
+
+    ``max_message_bytes`` is the largest frame (one array) the connection takes; the broker
+    keeps reads within it, and uploads within what it and the device's worker take, so an
+    array too big is a ``MessageTooLarge`` at the call instead of a lost connection.
     """
-    target = _target(address, token, connection_file)
+    target = _target(address, token, connection_file, curve)
     if target is None:
         from .cluster import embedded_session  # the cluster module imports this one
 
+        if curve is not None:
+            raise ConnectError("curve= needs an address or a connection file: the embedded "
+                               "local cluster is not encrypted.")
         return embedded_session(device, timeout)
-    address, token, source = target
-    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
+    address, token, source, keys = target
+    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+                            curve=keys, max_message_bytes=max_message_bytes)
     with _blaming(source):
         return _open_session(connection, token, device, timeout)
 
@@ -366,7 +426,8 @@ def _open_session(connection: Connection, token: str, device: int, timeout: floa
     connection)."""
     session_id = secrets.randbits(64) or 1
     hello = Message(Kind.HELLO, session_id, body={
-        "token": token, "device": device, "client": f"pid {os.getpid()}"})
+        "token": token, "device": device, "client": f"pid {os.getpid()}",
+        "max_message_bytes": connection.max_message_bytes})
     try:
         welcome = _raise_for(connection.request(hello, timeout), Kind.WELCOME)
     except HandshakeTimeout:
@@ -384,15 +445,16 @@ def _open_session(connection: Connection, token: str, device: int, timeout: floa
 
 
 def devices(address: str | None = None, *, token: str | None = None, timeout: float = 10.0,
-            connection_file: str | None = None) -> list[Device]:
+            connection_file: str | None = None, curve: CurveOption = None) -> list[Device]:
     """Every device of every worker registered with the broker at ``address`` (or the one a
-    connection file names)."""
-    target = _target(address, token, connection_file)
+    connection file names); ``curve`` as for ``connect``."""
+    target = _target(address, token, connection_file, curve)
     if target is None:
         raise ConnectError("No address given: pass one, or a connection_file, or set "
                            f"{CONNECTION_FILE_ENV}.")
-    address, token, source = target
-    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT))
+    address, token, source, keys = target
+    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+                            curve=keys)
     try:
         with _blaming(source):
             reply = connection.request(Message(Kind.DEVICES, body={"token": token}), timeout)

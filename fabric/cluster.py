@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .client import Device, Session, connect, devices
 from .config import new_token, write_connection_file
 from .errors import ClusterError, ConnectError
+from .security import CurveClient
 
 if TYPE_CHECKING:
     from .admin import Admin
@@ -72,13 +73,22 @@ def _end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
 
 
 class LocalCluster:
-    """A broker and ``workers`` worker processes on loopback; a context manager."""
+    """A broker and ``workers`` worker processes on loopback; a context manager.
+
+    With ``curve`` (a directory written by ``fabric keys generate``) every link is
+    CURVE-encrypted and the broker accepts only that directory's client and worker keys.
+    """
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
                  heartbeat: float = 1.0, liveness: int = 3, start_timeout: float = 30.0,
                  frontend: str = "tcp://127.0.0.1:*", backend_address: str = "tcp://127.0.0.1:*",
-                 broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = ()) -> None:
+                 broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = (),
+                 curve: str | os.PathLike[str] | None = None) -> None:
         self.n_workers = workers
+        # CURVE: a ``fabric keys generate`` directory; broker, workers and clients use its keys.
+        self.curve_dir = os.path.abspath(curve) if curve is not None else None
+        self.curve = CurveClient.from_dir(self.curve_dir) if self.curve_dir else None
+        self._curve_args = ("--curve", self.curve_dir) if self.curve_dir else ()
         self.frontend = frontend
         self.backend = backend
         self.devices_per_worker = devices_per_worker
@@ -126,7 +136,7 @@ class LocalCluster:
                  "--frontend", frontend or self.frontend,
                  "--backend", backend or self.backend_address,
                  "--heartbeat", str(self.heartbeat),
-                 "--liveness", str(self.liveness), *self.broker_args],
+                 "--liveness", str(self.liveness), *self._curve_args, *self.broker_args],
                 stdout=subprocess.PIPE, stderr=log, env=self._env(),
                 preexec_fn=_die_with_parent)
         line = _read_line(self.broker, time.monotonic() + self.start_timeout)
@@ -157,7 +167,7 @@ class LocalCluster:
                 [sys.executable, "-m", "fabric", "worker", "--broker", self.backend_address,
                  "--backend", self.backend, "--devices", str(self.devices_per_worker),
                  "--name", f"worker-{index}", "--heartbeat", str(self.heartbeat),
-                 "--liveness", str(self.liveness), *self.worker_args],
+                 "--liveness", str(self.liveness), *self._curve_args, *self.worker_args],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env(),
                 preexec_fn=_die_with_parent)
         if index < len(self.workers):
@@ -176,7 +186,7 @@ class LocalCluster:
                     raise ClusterError(f"worker-{i} exited with code {proc.returncode}:\n"
                                        + self.log_tail(f"worker-{i}"))
             try:
-                found = devices(self.address, token=self.token, timeout=2.0)
+                found = devices(self.address, token=self.token, timeout=2.0, curve=self.curve)
             except ConnectError:
                 found = []
             if len(found) == count:
@@ -223,23 +233,30 @@ class LocalCluster:
 
     def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
         """Open a session on ``device`` of this cluster."""
-        return connect(self.address, token=self.token, device=device, timeout=timeout)
+        return connect(self.address, token=self.token, device=device, timeout=timeout,
+                       curve=self.curve)
 
     def devices(self) -> list[Device]:
         """Every device registered with this cluster's broker."""
-        return devices(self.address, token=self.token)
+        return devices(self.address, token=self.token, curve=self.curve)
 
     def admin(self, timeout: float = 5.0) -> "Admin":
         """The broker's admin commands, with this cluster's admin token."""
         from .admin import Admin  # admin builds on the client, as this module does
 
-        return Admin(self.address, token=self.admin_token, timeout=timeout)
+        return Admin(self.address, token=self.admin_token, timeout=timeout, curve=self.curve)
 
-    def connection_info(self) -> dict[str, str]:
-        """Addresses and tokens, as a connection file holds them."""
-        return {"address": self.address, "backend_address": self.backend_address,
-                "token": self.token, "admin_token": self.admin_token,
-                "worker_token": self.worker_token}
+    def connection_info(self) -> dict[str, Any]:
+        """Addresses and tokens (and CURVE key files, if any), as a connection file holds them."""
+        info: dict[str, Any] = {
+            "address": self.address, "backend_address": self.backend_address,
+            "token": self.token, "admin_token": self.admin_token,
+            "worker_token": self.worker_token}
+        if self.curve_dir:
+            info["curve"] = {
+                "secret_key_file": os.path.join(self.curve_dir, "client.key_secret"),
+                "server_public_key_file": os.path.join(self.curve_dir, "broker.key")}
+        return info
 
     def write_connection_file(self, path: str | os.PathLike[str]) -> str:
         """Write this cluster's connection file (mode 0600); returns its path."""

@@ -31,6 +31,13 @@ class ConnectError(FabricError):
     code = "connect_failed"
 
 
+class EncryptionError(ConnectError):
+    """The encrypted (CURVE) handshake failed: encryption is on at one end only, a key is
+    wrong, or the broker does not accept this key. ZeroMQ itself says nothing about it."""
+
+    code = "encryption_failed"
+
+
 class HandshakeError(ConnectError):
     """The broker was reached but the session could not be opened."""
 
@@ -101,6 +108,18 @@ class SessionLost(FabricError):
     """The session ended without being closed: its worker, the broker or the link is gone."""
 
     code = "session_lost"
+
+
+class TooManySessions(HandshakeError):
+    """A limit on open sessions (per client connection or per device) refused the HELLO."""
+
+    code = "too_many_sessions"
+
+
+class MessageTooLarge(FabricError):
+    """A message would pass the message-size limit of a socket on its way (MAXMSGSIZE)."""
+
+    code = "message_too_large"
 
 
 class RequestTimeout(FabricError):

@@ -39,11 +39,14 @@ def frames_of(kind: Kind, body: dict[str, Any] | None = None, *, session: int = 
 
 
 class RawDealer:
-    """A DEALER connected to a broker socket, sending frames as given."""
+    """A DEALER connected to a broker socket, sending frames as given; ``options`` are
+    socket options set before it connects (``{zmq.RCVHWM: 1}``, say)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, options: dict[int, int] | None = None) -> None:
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        for option, value in (options or {}).items():
+            self.socket.setsockopt(option, value)
         self.socket.connect(address)
 
     def __enter__(self) -> "RawDealer":

@@ -20,6 +20,7 @@ from fabric.protocol import Kind
 STABLE_CODES = {
     "FabricError": "fabric_error",
     "ConnectError": "connect_failed",
+    "EncryptionError": "encryption_failed",
     "HandshakeError": "handshake_failed",
     "ServerDisconnected": "server_disconnected",
     "HandshakeTimeout": "handshake_timeout",
@@ -29,6 +30,8 @@ STABLE_CODES = {
     "DeviceOffline": "device_offline",
     "DeviceDraining": "device_draining",
     "DuplicateSession": "duplicate_session",
+    "TooManySessions": "too_many_sessions",
+    "MessageTooLarge": "message_too_large",
     "SessionLost": "session_lost",
     "RequestTimeout": "timeout",
     "RemoteError": "remote_error",
@@ -130,7 +133,7 @@ def test_handshake_errors_are_connect_errors():
     assert {cls.__name__ for cls in handshake_classes} == {
         "HandshakeError", "ServerDisconnected", "HandshakeTimeout", "VersionMismatch",
         "AuthenticationError", "NoSuchDevice", "DeviceOffline", "DeviceDraining",
-        "DuplicateSession"}
+        "DuplicateSession", "TooManySessions"}
     for cls in handshake_classes:
         assert issubclass(cls, ConnectError)
         assert isinstance(error_from_wire(cls("x").to_wire()), ConnectError)

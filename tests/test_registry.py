@@ -134,7 +134,8 @@ def test_register_with_a_valid_token():
     registry = make_registry()
     sends = registry.from_worker(A, register_frames("a", [{"threads": 2}]), 0.0)
     registered = only(sends, Side.BACKEND, A, Kind.REGISTERED)
-    assert registered.body == {"server": SERVER, "heartbeat": LIMITS.heartbeat}
+    assert registered.body == {"server": SERVER, "heartbeat": LIMITS.heartbeat,
+                               "max_message_bytes": LIMITS.max_message_bytes}
     assert set(registry.workers) == {A}
     assert registry.devices == [{"index": 0, "worker": "a", "local": 0, "backend": "numpy",
                                  "settings": {"threads": 2}}]

@@ -13,7 +13,10 @@ and float32 loops of the functions numexpr only has in double precision.
 A deferred value is evaluated as ONE numexpr program over all its leaves when a value is
 needed: a read or sync (the executor calls ``materialize``), a consumer that is not fused, or
 a bound on the expression (``MAX_OPS`` ops, ``MAX_LEAVES`` distinct inputs). Programs are
-compiled once per expression text and input types, and kept per device (LRU).
+compiled once per expression text and input types, and kept per device (LRU). A reduction of
+a whole deferred value (the sum that ends a chain) evaluates it a block at a time instead,
+without a temporary of its size. Ops on fewer than ``min_size`` elements run eagerly: there
+numpy is faster than numexpr's overhead.
 
 Operands are typed the way numpy's loop types them: an input array is handed to numexpr with
 the loop's dtype declared (numexpr's iterator casts it as numpy would), a Python or numpy
@@ -30,9 +33,10 @@ named by ``DeferredError``, which the executor turns into that op's poison.
 from __future__ import annotations
 
 import math
+import os
 from collections import OrderedDict
-from functools import lru_cache
-from typing import Any, NamedTuple, Sequence
+from functools import lru_cache, partial
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numexpr
 import numpy as np
@@ -40,17 +44,31 @@ from numexpr.necompiler import NumExpr, getExprNames
 
 from fabric.ops import OPS, Op
 
-MAX_OPS = 64  # ops in one expression (counted as a tree: a shared input counts per use)
+# Below this many elements numpy is faster than numexpr's call and thread overhead (a 7-op
+# chain on 4K float64: 9 us with numpy, ~100 us with numexpr; even at ~32K), so smaller ops
+# run eagerly; the environment variable sets another bound (0: fuse every size).
+MIN_SIZE = 1 << 15
+MIN_SIZE_ENV = "FABRIC_NUMEXPR_MIN_SIZE"
+# Reductions of a whole deferred value (the sum that ends a chain) evaluate it BLOCK elements
+# at a time: the result is combined from the blocks' results (sums as numpy's pairwise sum
+# does, within rounding; the others exactly) and no temporary of the value's size is made.
+BLOCKWISE = frozenset({"sum", "prod", "min", "max", "any", "all"})
+BLOCK = 1 << 18
+MAX_OPS = 64  # distinct ops in one expression (numexpr computes a value used twice once)
+MAX_TEXT = 512  # ops in its text, where a value used n times is spelled n times
 MAX_LEAVES = 32  # distinct input arrays (and scalars) of one expression
 PROGRAMS = 512  # compiled programs kept per device
 SCALARS = 1024  # 0-d scalar operands kept per device, so repeated scalars share a variable
-INLINE_POWERS = frozenset(range(-2, 5))  # x ** n with these constant n become multiplications
+# x ** n for a scalar n: numexpr expands these into multiplications (0.5: a square root), as
+# numpy's loop has fast paths for 0.5, -1 and 2; the others differ from pow only in rounding
+INLINE_POWERS = frozenset([-2, -1, 0, 0.5, 1, 2, 3, 4])
 
 # The dtypes numexpr computes in, and the type that names each in a numexpr signature.
 NUMEXPR_TYPES: dict[np.dtype, type] = {
     np.dtype(bool): bool, np.dtype(np.int32): np.int32, np.dtype(np.int64): np.int64,
     np.dtype(np.float32): float, np.dtype(np.float64): np.float64}
 _BOOL = np.dtype(bool)
+_EMPTY: frozenset = frozenset()
 _CONTEXT = {"optimization": "aggressive", "truediv": True}
 
 
@@ -68,20 +86,21 @@ class Deferred:
     ``error`` is the executor's wire error for that failure, so it is reported once.
     """
 
-    __slots__ = ("device", "op", "shape", "dtype", "template", "operands", "ops", "leaves",
-                 "value", "failure", "error")
+    __slots__ = ("device", "op", "shape", "dtype", "template", "operands", "nodes", "text",
+                 "leaves", "sized", "value", "failure", "error")
 
     def __init__(self, device: "NumexprDevice", op: str, shape: tuple[int, ...],
-                 dtype: np.dtype, template: str, operands: tuple[Any, ...], ops: int,
-                 leaves: frozenset) -> None:
+                 dtype: np.dtype, template: str, operands: tuple[Any, ...],
+                 size: tuple[frozenset, int, frozenset]) -> None:
         self.device = device
         self.op = op
         self.shape = shape
         self.dtype = dtype
         self.template = template
         self.operands = operands
-        self.ops = ops
-        self.leaves = leaves
+        nodes, self.text, self.leaves = size  # see _measure
+        self.nodes = nodes | {id(self)}
+        self.sized = device.expressions_evaluated  # sizes stale once a part is evaluated
         self.value: np.ndarray | None = None
         self.failure: BaseException | None = None
         self.error: dict[str, Any] | None = None
@@ -103,7 +122,7 @@ class Deferred:
         return array if dtype is None else array.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
-        state = "evaluated" if self.value is not None else f"{self.ops} ops deferred"
+        state = "evaluated" if self.value is not None else f"{len(self.nodes)} ops deferred"
         return f"<Deferred {self.op} {self.shape} {self.dtype}: {state}>"
 
 
@@ -206,7 +225,7 @@ class Plan(NamedTuple):
     types: tuple[np.dtype, ...]  # the dtype numexpr must see for each of them
     constants: tuple[tuple[np.ndarray, np.dtype], ...]  # further operands: typed 0-d leaves
     out: np.dtype
-    uses: tuple[int, ...]  # how often the template uses each operand (for MAX_OPS)
+    uses: tuple[int, ...]  # how often the template spells each operand (for MAX_TEXT)
 
 
 def _compile(text: str, types: Sequence[np.dtype]) -> tuple[Any, bool]:
@@ -217,10 +236,11 @@ def _compile(text: str, types: Sequence[np.dtype]) -> tuple[Any, bool]:
     return program, uses_vml
 
 
-def _call(program: Any, uses_vml: bool, args: Sequence[np.ndarray]) -> np.ndarray:
+def _call(program: Any, uses_vml: bool, args: Sequence[np.ndarray],
+          out: np.ndarray | None = None) -> np.ndarray:
     # 'unsafe' lets numexpr cast an input to its declared loop dtype exactly as numpy's
     # ufuncs do (int to bool for logical ops included); declared dtypes come from numpy.
-    return program(*args, order="K", casting="unsafe", ex_uses_vml=uses_vml)
+    return program(*args, out=out, order="K", casting="unsafe", ex_uses_vml=uses_vml)
 
 
 @lru_cache(maxsize=None)
@@ -260,7 +280,7 @@ def _example(descriptor: Any) -> Any:
 
 
 @lru_cache(maxsize=8192)
-def plan(name: str, descriptors: tuple[Any, ...], power: int | None = None) -> Plan | None:
+def plan(name: str, descriptors: tuple[Any, ...], power: float | None = None) -> Plan | None:
     """How to defer op ``name`` on inputs described by dtypes (arrays, numpy scalars) or
     Python types (weak scalars); ``power`` is an exponent inlined as a constant. None: eager.
     """
@@ -319,14 +339,20 @@ def _descriptor(value: Any) -> Any:
     return None
 
 
-def _inline_power(exponent: Any) -> int | None:
-    if isinstance(exponent, (np.ndarray, Deferred)) or type(exponent) is bool:
+def _inline_power(base: Any, exponent: Any) -> float | None:
+    """The exponent numexpr may spell as a constant: numpy's loop takes its fast paths for any
+    exponent it does not step through (a scalar, or one element broadcast)."""
+    if type(exponent) is bool:
         return None
+    if isinstance(exponent, (np.ndarray, Deferred)):
+        if exponent.size != 1 or exponent.ndim > len(getattr(base, "shape", ())):
+            return None
+        exponent = np.asarray(exponent).reshape(-1)[0]  # (one element, if deferred)
     try:
         value = float(exponent)
     except (TypeError, ValueError):
         return None
-    return int(value) if value in INLINE_POWERS else None
+    return (int(value) if value.is_integer() else value) if value in INLINE_POWERS else None
 
 
 def _shape(inputs: Sequence[Any]) -> tuple[int, ...]:
@@ -350,8 +376,10 @@ class NumexprDevice:
 
     backend = "numexpr"
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, min_size: int | None = None) -> None:
         self.index = index
+        self.min_size = int(os.environ.get(MIN_SIZE_ENV, MIN_SIZE)) if min_size is None \
+            else min_size
         self.ops_fused = 0
         self.expressions_evaluated = 0
         self.ops_eager = 0
@@ -364,27 +392,98 @@ class NumexprDevice:
         return {"backend": self.backend, "version": numexpr.__version__,
                 "numpy": np.__version__, "threads": numexpr.get_num_threads(),
                 "vml": bool(numexpr.use_vml), "fuses": list(fused_ops()),
-                "max_ops": MAX_OPS, "max_leaves": MAX_LEAVES}
+                "min_size": self.min_size, "max_ops": MAX_OPS, "max_leaves": MAX_LEAVES}
 
     # -- running ops ---------------------------------------------------------------------
 
     def run(self, op: Op, inputs: list[Any], params: dict[str, Any]) -> Any:
-        """Defer an elementwise op numexpr computes as numpy does; run anything else eagerly.
-
-        Returns a ``Deferred`` value or an array.
+        """Defer an elementwise op numexpr computes as numpy does (on ``min_size`` elements
+        or more); run anything else eagerly. Returns a ``Deferred`` value or an array.
         """
-        if op.elementwise and not params:
+        if op.elementwise and not params and not self._small(inputs):
             deferred = self._defer(op.name, inputs)
             if deferred is not None:
                 self.ops_fused += 1
                 return deferred
+        if op.name in BLOCKWISE and len(inputs) == 1 and type(inputs[0]) is Deferred:
+            reduced = self._reduce_blockwise(op, inputs[0], params)
+            if reduced is not None:
+                self.ops_eager += 1
+                return reduced
         arrays = [self.materialize(x) if type(x) is Deferred else x for x in inputs]
         self.ops_eager += 1
         return np.asarray(op.impl(*arrays, **params))
 
+    def bind(self, op: Op, params: dict[str, Any]) -> Callable[..., Any]:
+        """``op`` with its params bound, as a function of its inputs (for compiled graphs):
+        ``run`` without its per-call checks where they cannot change the answer."""
+        impl = partial(op.impl, **params) if params else op.impl
+        if op.elementwise and not params and op.name in TEMPLATES:
+            def elementwise(*inputs: Any) -> Any:
+                if self._small(inputs):  # (a deferred input is never small)
+                    self.ops_eager += 1
+                    return impl(*inputs)
+                return self.run(op, list(inputs), params)
+            return elementwise
+
+        def eager(*inputs: Any) -> Any:
+            self.ops_eager += 1
+            return impl(*[self.materialize(x) if type(x) is Deferred else x for x in inputs])
+        return eager
+
+    def _reduce_blockwise(self, op: Op, node: Deferred, params: dict[str, Any],
+                          ) -> np.ndarray | None:
+        """A reduction of all of a deferred value, which is evaluated one block at a time into
+        a buffer that stays in cache rather than into a whole new array (the value stays
+        deferred). None where that does not apply: a reduction along an axis, inputs that
+        broadcast or are not contiguous, or any failure (the ordinary path then names it).
+        """
+        if node.value is not None or params.get("axis") is not None or \
+                node.size < 4 * BLOCK:
+            return None
+        try:
+            compiled, args = self._program(node)
+        except DeferredError:
+            raise  # an op of the chain failed before: its poison flows to the reduction
+        except Exception:
+            return None
+        if any(a.ndim and (a.shape != node.shape or not a.flags.c_contiguous) for a in args):
+            return None
+        flat = [a.reshape(-1) if a.ndim else a for a in args]
+        whole = {**params, "keepdims": False}
+        buffer = np.empty(BLOCK, node.dtype)
+        partials = []
+        try:
+            for start in range(0, node.size, BLOCK):
+                stop = min(start + BLOCK, node.size)
+                block = _call(*compiled, [a[start:stop] if a.ndim else a for a in flat],
+                              out=buffer[:stop - start])
+                partials.append(op.impl(block, **whole))
+            result = op.impl(np.stack(partials), **whole)
+        except Exception:
+            return None
+        self.expressions_evaluated += 1
+        return result.reshape((1,) * node.ndim) if params.get("keepdims") else result
+
+    def _small(self, inputs: Sequence[Any]) -> bool:
+        """Whether an elementwise result has fewer than ``min_size`` elements."""
+        first = None
+        for x in inputs:
+            if type(x) is Deferred:
+                return False  # deferred because it was big enough
+            if isinstance(x, np.ndarray):
+                if x.size >= self.min_size:
+                    return False  # a result is at least as big as each input
+                if first is None:
+                    first = x.shape
+                elif x.shape != first:  # broadcasting may make a bigger result
+                    return math.prod(_shape(inputs)) < self.min_size
+        return True
+
     def _defer(self, name: str, inputs: list[Any]) -> Deferred | None:
+        shape = _shape(inputs)
         descriptors = tuple(_descriptor(x) for x in inputs)
-        power = _inline_power(inputs[1]) if name == "power" and len(inputs) == 2 else None
+        power = _inline_power(*inputs) if name == "power" and len(inputs) == 2 else None
         how = plan(name, descriptors, power)
         if how is None:
             return None
@@ -393,13 +492,36 @@ class NumexprDevice:
         except OverflowError:  # a Python int the loop dtype cannot hold: numpy compares
             return None  # such ints by value (eager), and refuses them elsewhere
         operands += how.constants
-        ops, leaves = _size(operands, how.uses)
-        if ops > MAX_OPS or len(leaves) > MAX_LEAVES:  # evaluate the inputs first
-            operands = [(self.materialize(o), o.dtype) if type(o) is Deferred else o
-                        for o in operands]
-            ops, leaves = _size(operands, how.uses)
-        return Deferred(self, name, _shape(inputs), how.out, how.template, tuple(operands),
-                        ops, leaves)
+        size = _measure(operands, how.uses)
+        if _too_big(size):
+            operands, size = self._cut(operands, how.uses)
+        return Deferred(self, name, shape, how.out, how.template, tuple(operands), size)
+
+    def _cut(self, operands: list[Any], uses: Sequence[int]) -> tuple[list[Any], Any]:
+        """Evaluate parts of an expression past a bound until it fits, biggest shared part
+        first (a value several operands read is evaluated once), then whole operands."""
+        while True:
+            operands = [(o.value, o.dtype) if type(o) is Deferred and o.value is not None
+                        else o for o in operands]
+            for operand in operands:
+                if type(operand) is Deferred:
+                    _refresh(operand, {}, self.expressions_evaluated)
+            size = _measure(operands, uses)
+            if not _too_big(size):
+                return operands, size
+            deferred = [(o, n) for o, n in zip(operands, uses) if type(o) is Deferred]
+            reads: dict[int, int] = {}
+            for operand, count in deferred:
+                for node in operand.nodes:
+                    reads[node] = reads.get(node, 0) + count
+            shared = {node for node, count in reads.items() if count > 1}
+            candidates = [n for o, _ in deferred for n in _walk(o) if id(n) in shared]
+            if candidates:
+                self.materialize(max(candidates, key=lambda n: len(n.nodes)))
+            else:
+                biggest = max((o for o, _ in deferred), key=lambda o: len(o.nodes))
+                operands = [(self.materialize(o), o.dtype) if o is biggest else o
+                            for o in operands]
 
     def _operand(self, value: Any, dtype: np.dtype) -> Any:
         """``value`` as an operand numexpr sees with ``dtype``."""
@@ -413,15 +535,16 @@ class NumexprDevice:
                 return (self.materialize(value), dtype)
             template, constants = cast
             operands = (value, *constants)
-            ops, leaves = _size(operands, (1,) * len(operands))
-            return Deferred(self, value.op, value.shape, dtype, template, operands, ops,
-                            leaves)
+            return Deferred(self, value.op, value.shape, dtype, template, operands,
+                            _measure(operands, (1,) * len(operands)))
         if isinstance(value, np.ndarray):
             return (value, dtype)
         return (self._scalar(value, dtype), dtype)
 
     def _scalar(self, value: Any, dtype: np.dtype) -> np.ndarray:
-        key = (type(value), value, dtype)
+        # -0.0 == 0.0, but they are different scalars to copysign, division and more
+        sign = math.copysign(1.0, value) if isinstance(value, (float, np.floating)) else 1.0
+        key = (type(value), value, sign, dtype)
         array = self._scalars.get(key)
         if array is None:
             if len(self._scalars) >= SCALARS:
@@ -448,16 +571,31 @@ class NumexprDevice:
         return value.value
 
     def _evaluate(self, node: Deferred) -> None:
+        compiled, args = self._program(node)
+        result = _call(*compiled, args)
+        self.expressions_evaluated += 1
+        if result.dtype != node.dtype:  # the probe makes this unreachable; cheap insurance
+            result = result.astype(node.dtype)
+        node.value = result
+        node.operands = ()  # the leaves are no longer needed
+
+    def _program(self, node: Deferred) -> tuple[tuple[Any, bool], list[np.ndarray]]:
+        """The compiled program of ``node``'s expression (from the cache if it was compiled
+        before) and its arguments."""
         names: dict[tuple[int, str], str] = {}
         args: list[np.ndarray] = []
         types: list[np.dtype] = []
+        spelled: dict[int, str] = {}  # a value used more than once is spelled once here
 
         def text(item: Any) -> str:
             if type(item) is Deferred:
                 if item.failure is not None:
                     raise DeferredError(item, item.failure)
                 if item.value is None:
-                    return item.template.format(*[text(o) for o in item.operands])
+                    if id(item) not in spelled:
+                        spelled[id(item)] = item.template.format(
+                            *[text(o) for o in item.operands])
+                    return spelled[id(item)]
                 item = (item.value, item.dtype)
             array, dtype = item
             key = (id(array), dtype.char)
@@ -478,30 +616,12 @@ class NumexprDevice:
                 self._programs.popitem(last=False)
         else:
             self._programs.move_to_end(key)
-        result = _call(*compiled, args)
-        self.expressions_evaluated += 1
-        if result.dtype != node.dtype:  # the probe makes this unreachable; cheap insurance
-            result = result.astype(node.dtype)
-        node.value = result
-        node.operands = ()  # the leaves are no longer needed
+        return compiled, args
 
     def _replay(self, root: Deferred, error: Exception) -> None:
         """Evaluate a chain whose fused evaluation failed one op at a time, to name the op
         that fails (or to get the value, if only the fused program failed)."""
-        order: list[Deferred] = []
-        seen: set[int] = set()
-
-        def visit(node: Deferred) -> None:
-            if node.value is not None or id(node) in seen:
-                return
-            seen.add(id(node))
-            for operand in node.operands:
-                if type(operand) is Deferred:
-                    visit(operand)
-            order.append(node)
-
-        visit(root)
-        for node in order:
+        for node in _walk(root):  # operands first, the root last
             try:
                 self._evaluate(node)
             except DeferredError:
@@ -509,18 +629,60 @@ class NumexprDevice:
             except Exception as exc:
                 node.failure = exc.with_traceback(None)  # kept: no frames (and arrays) held
                 raise DeferredError(node, exc) from None
-        if root.value is None:  # pragma: no cover - visit() always ends with the root
+        if root.value is None:  # pragma: no cover - _walk always ends with the root
             raise DeferredError(root, error)
 
 
-def _size(operands: Sequence[Any], uses: Sequence[int]) -> tuple[int, frozenset]:
-    """Ops and distinct leaves of an expression over ``operands``."""
-    ops = 1
-    leaves: set[tuple[int, str]] = set()
+def _too_big(size: tuple[frozenset, int, frozenset]) -> bool:
+    return len(size[0]) >= MAX_OPS or size[1] > MAX_TEXT or len(size[2]) > MAX_LEAVES
+
+
+def _walk(node: Deferred) -> list[Deferred]:
+    """The deferred values ``node``'s expression still computes, ``node`` last."""
+    found: dict[int, Deferred] = {}
+
+    def visit(item: Deferred) -> None:
+        if item.value is None and id(item) not in found:
+            for operand in item.operands:
+                if type(operand) is Deferred:
+                    visit(operand)
+            found[id(item)] = item
+
+    visit(node)
+    return list(found.values())
+
+
+def _refresh(node: Deferred, done: dict[int, bool], epoch: int) -> None:
+    """Recompute the sizes of ``node``'s expression, values evaluated since as leaves
+    (``epoch``: the device's evaluation count; nothing to do if none happened since)."""
+    if id(node) in done or node.value is not None or node.sized == epoch:
+        return
+    done[id(node)] = True
+    node.sized = epoch
+    operands = []
+    for operand in node.operands:
+        if type(operand) is Deferred and operand.value is not None:
+            operand = (operand.value, operand.dtype)
+        elif type(operand) is Deferred:
+            _refresh(operand, done, epoch)
+        operands.append(operand)
+    uses = [node.template.count(f"{{{i}}}") for i in range(len(operands))]
+    nodes, node.text, node.leaves = _measure(operands, uses)
+    node.nodes = nodes | {id(node)}
+
+
+def _measure(operands: Sequence[Any], uses: Sequence[int]) -> tuple[frozenset, int, frozenset]:
+    """An expression over ``operands``, without its own op: the deferred ops it holds (ids,
+    each once), the ops its text spells, and its distinct leaves (array id and dtype)."""
+    nodes: frozenset = _EMPTY
+    leaves: frozenset = _EMPTY
+    text = 1
+    own = []
     for operand, count in zip(operands, uses):
         if type(operand) is Deferred:
-            ops += count * operand.ops
-            leaves |= operand.leaves
+            nodes = operand.nodes if not nodes else nodes | operand.nodes
+            leaves = operand.leaves if not leaves else leaves | operand.leaves
+            text += count * operand.text
         else:
-            leaves.add((id(operand[0]), operand[1].char))
-    return ops, frozenset(leaves)
+            own.append((id(operand[0]), operand[1].char))
+    return nodes, text, leaves.union(own) if own else leaves

@@ -1,0 +1,156 @@
+"""Flow limits shared by broker, worker and client: default sizes, and bounded parking.
+
+Rule: no hop ever drops a message because the next socket is full, and no hop grows
+without bound. A message that a socket cannot take yet (``EAGAIN`` on a non-blocking send)
+is parked, in order, in its destination's bounded queue in an ``Outbox``; the owner stops
+reading whatever feeds a destination whose queue is full, and retries the queue until it
+drains. What happens to a destination that never drains is the owner's policy (the broker
+cuts a client that does not read its replies, and loses a worker whose queue stays full for
+``slow_peer_timeout`` seconds). The ``Outbox`` is sans I/O: sends are done by a callable.
+
+Why a stalled destination cannot be waited for long: libzmq's own heartbeat (the broker sets
+``HEARTBEAT_IVL``/``HEARTBEAT_TIMEOUT``) drops a connection whose engine stopped reading
+because the queue behind it is full, and its queued messages with it (libzmq #3937 and
+PR #4830 describe the mechanism). So a reader may pause a source only for less than that
+timeout; the broker's default ``slow_peer_timeout`` is 2/3 of it.
+
+``MAXMSGSIZE`` in libzmq limits each frame, not the sum of a message's frames, and a peer
+that sends a bigger frame is disconnected without a word; so every sender checks the frames
+it makes (an uploaded or read array is one frame) against the limit of every socket on the
+way, and raises ``MessageTooLarge`` instead.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Hashable, Iterable, Sequence
+
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30  # the largest frame (one array) any fabric socket takes
+DEFAULT_HWM = 1000  # SNDHWM and RCVHWM, in messages, per peer, on every fabric socket
+DEFAULT_PEER_QUEUE = 1000  # messages the broker parks for one peer whose queue is full
+DEFAULT_MAX_SESSIONS_PER_CLIENT = 256  # per client connection (a DEALER identity)
+DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
+
+
+def largest_frame(frames: Iterable[Any]) -> int:
+    """The size in bytes of the biggest frame (what ``MAXMSGSIZE`` is compared with)."""
+    return max((len(frame) for frame in frames), default=0)
+
+
+def size_text(count: int) -> str:
+    """A byte count for a sentence: ``1.0 GiB``, ``512 KiB``, ``10 bytes``."""
+    value = float(count)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+class Outbox:
+    """Messages parked per destination, in arrival order, each queue bounded.
+
+    A destination is "full" once it holds ``limit`` messages or ``limit_bytes`` bytes (one
+    message is always admitted, however big), and stays full until it drains to half of
+    both: the hysteresis keeps a paused reader from flapping. ``full_since`` tells the owner
+    how long a destination has been full.
+    """
+
+    def __init__(self, limit: int, limit_bytes: int) -> None:
+        if limit < 1 or limit_bytes < 1:
+            raise ValueError("Outbox limits must be at least 1.")
+        self.limit = limit
+        self.limit_bytes = limit_bytes
+        self._queues: dict[Hashable, deque[tuple[Sequence[Any], int]]] = {}
+        self._bytes: dict[Hashable, int] = {}
+        self.full_since: dict[Hashable, float] = {}
+        self.messages = 0  # parked now, over every destination
+        self.bytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._queues)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._queues
+
+    def __len__(self) -> int:
+        """How many destinations have parked messages."""
+        return len(self._queues)
+
+    def keys(self) -> list[Hashable]:
+        """The destinations with parked messages, oldest first."""
+        return list(self._queues)
+
+    def queued(self, key: Hashable) -> int:
+        """Messages parked for ``key``."""
+        queue = self._queues.get(key)
+        return len(queue) if queue else 0
+
+    def parked(self, key: Hashable) -> list[Sequence[Any]]:
+        """The messages parked for ``key``, oldest first (not removed)."""
+        return [frames for frames, _ in self._queues.get(key, ())]
+
+    def park(self, key: Hashable, frames: Sequence[Any], now: float) -> bool:
+        """Park a message behind any already parked for ``key``; True if ``key`` is full."""
+        size = sum(len(frame) for frame in frames)
+        self._queues.setdefault(key, deque()).append((frames, size))
+        self._bytes[key] = self._bytes.get(key, 0) + size
+        self.messages += 1
+        self.bytes += size
+        if key not in self.full_since and (len(self._queues[key]) >= self.limit
+                                           or self._bytes[key] >= self.limit_bytes):
+            self.full_since[key] = now
+        return key in self.full_since
+
+    def is_full(self, key: Hashable) -> bool:
+        """Whether ``key`` filled up and has not yet drained to half."""
+        return key in self.full_since
+
+    def flush(self, key: Hashable, send: Callable[[Sequence[Any]], bool]) -> bool:
+        """Send ``key``'s messages in order until ``send`` returns False (the socket is full
+        again); True when the queue is empty. Exceptions from ``send`` propagate, and the
+        message that raised stays parked."""
+        queue = self._queues.get(key)
+        while queue:
+            frames, size = queue[0]
+            if not send(frames):
+                break
+            queue.popleft()
+            self._bytes[key] -= size
+            self.messages -= 1
+            self.bytes -= size
+        if (key in self.full_since and len(queue or ()) <= self.limit // 2
+                and self._bytes.get(key, 0) <= self.limit_bytes // 2):
+            del self.full_since[key]
+        if not queue:
+            self._forget(key)
+            return True
+        return False
+
+    def discard(self, key: Hashable) -> int:
+        """Throw away ``key``'s parked messages (its peer is gone); how many there were."""
+        queue = self._queues.get(key)
+        count = len(queue) if queue else 0
+        if queue:
+            self.messages -= count
+            self.bytes -= self._bytes[key]
+        self._forget(key)
+        return count
+
+    def replace(self, key: Hashable, messages: list[Sequence[Any]], now: float) -> None:
+        """Park exactly ``messages`` for ``key`` (dropping what was parked), unbounded: for
+        the few last words to a peer that was cut off."""
+        self.discard(key)
+        for frames in messages:
+            self.park(key, frames, now)
+        self.full_since.pop(key, None)
+
+    def clear(self) -> None:
+        """Throw away everything."""
+        for key in list(self._queues):
+            self.discard(key)
+
+    def _forget(self, key: Hashable) -> None:
+        self._queues.pop(key, None)
+        self._bytes.pop(key, None)
+        self.full_since.pop(key, None)

@@ -1,0 +1,307 @@
+"""Fault injection for end-to-end tests: a lossy link between broker and worker, paused
+processes, and client threads that check the invariant on every call.
+
+Rule: everything here ends what it starts (threads joined, sockets closed, SIGCONT after
+SIGSTOP) when its ``with`` block ends, and every loop is bounded in time. Nothing mocks
+fabric: the proxy forwards real frames between a real broker and a real worker process.
+
+- ``FaultProxy``: a ZeroMQ-level proxy, a ROUTER the worker connects to and a DEALER to the
+  broker's backend, forwarding frames with knobs to drop every Nth message, delay every
+  message, hold everything (a pause), or lose everything (a partition).
+- ``stopped(process)``: SIGSTOP for the ``with`` block, SIGCONT after, whatever happens.
+- ``ClientLoop``: a thread with its own sessions that makes calls whose right answer is known
+  and records each outcome: right, a typed ``FabricError``, or a violation (a wrong value,
+  an untyped exception, a call past its deadline).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import zmq
+
+import fabric
+
+TO_BROKER, TO_WORKER = "to_broker", "to_worker"
+MAX_IN_FLIGHT = 10_000  # messages the proxy holds per direction; more are dropped, counted
+
+
+class FaultProxy:
+    """A lossy link between a broker's backend and one worker; a context manager.
+
+    Start the worker with ``--broker proxy.address`` (see ``start_worker_via``). Knobs, safe
+    to change from any thread while it runs: ``drop_every`` (drop every Nth message each
+    way; 0 is never), ``delay`` (seconds each message waits; order is kept), ``hold()`` /
+    ``release()`` (keep everything until released: a pause), and ``partition`` (drop
+    everything). ``counts`` says what happened to how many messages, per direction.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.address = ""
+        self.drop_every = 0
+        self.delay = 0.0
+        self.partition = False
+        self._held = False
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fault-proxy", daemon=True)
+
+    def __enter__(self) -> "FaultProxy":
+        self._thread.start()
+        if not self._ready.wait(5.0) or not self.address:
+            self._stop.set()
+            self._thread.join(5.0)
+            raise AssertionError(f"the fault proxy did not start: {self._error!r}")
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        assert not self._thread.is_alive(), "the fault proxy thread did not stop"
+        if self._error is not None:
+            raise AssertionError(f"the fault proxy failed: {self._error!r}")
+
+    def hold(self) -> None:
+        """Keep every message from now on until ``release()`` (both ways)."""
+        with self._lock:
+            self._held = True
+
+    def release(self) -> None:
+        """Let held messages go on, in order."""
+        with self._lock:
+            self._held = False
+
+    def heal(self) -> None:
+        """Turn every fault off (held messages go on)."""
+        with self._lock:
+            self.drop_every, self.delay, self.partition, self._held = 0, 0.0, False, False
+
+    # -- the thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        context = zmq.Context.instance()
+        worker_side = context.socket(zmq.ROUTER)
+        broker_side = context.socket(zmq.DEALER)
+        try:
+            for sock in (worker_side, broker_side):
+                sock.setsockopt(zmq.LINGER, 0)
+            worker_side.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            worker_side.bind("tcp://127.0.0.1:*")
+            self.address = worker_side.getsockopt_string(zmq.LAST_ENDPOINT)
+            broker_side.connect(self.upstream)
+            self._ready.set()
+            self._forward(worker_side, broker_side)
+        except BaseException as exc:  # reported by __exit__
+            self._error = exc
+        finally:
+            self._ready.set()
+            worker_side.close(linger=0)
+            broker_side.close(linger=0)
+
+    def _forward(self, worker_side: zmq.Socket, broker_side: zmq.Socket) -> None:
+        queues: dict[str, collections.deque[tuple[float, list[bytes]]]] = {
+            TO_BROKER: collections.deque(), TO_WORKER: collections.deque()}
+        seen = collections.Counter()  # messages seen per direction, for drop_every
+        worker: bytes | None = None  # the worker's current identity (it changes on reconnect)
+        poller = zmq.Poller()
+        poller.register(worker_side, zmq.POLLIN)
+        poller.register(broker_side, zmq.POLLIN)
+        while not self._stop.is_set():
+            for sock, _ in poller.poll(5):
+                for _ in range(100):  # a bounded batch, then the other side's turn
+                    if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        break
+                    frames = sock.recv_multipart()
+                    if sock is worker_side:
+                        worker, frames, direction = frames[0], frames[1:], TO_BROKER
+                    else:
+                        direction = TO_WORKER
+                    seen[direction] += 1
+                    self._take(queues[direction], direction, seen[direction], frames)
+            now = time.monotonic()
+            with self._lock:
+                held = self._held
+            if held:
+                continue
+            for direction, queue in queues.items():
+                while queue and queue[0][0] <= now:
+                    frames = queue[0][1]
+                    try:
+                        if direction == TO_BROKER:
+                            broker_side.send_multipart(frames, flags=zmq.NOBLOCK)
+                        elif worker is not None:
+                            worker_side.send_multipart([worker, *frames], flags=zmq.NOBLOCK)
+                        else:
+                            raise zmq.ZMQError(zmq.EHOSTUNREACH)
+                    except zmq.Again:
+                        break  # the next hop is full: keep it, in order
+                    except zmq.ZMQError as exc:
+                        if exc.errno != zmq.EHOSTUNREACH:
+                            raise
+                        self.counts[f"{direction}_unroutable"] += 1
+                    else:
+                        self.counts[f"{direction}_forwarded"] += 1
+                    queue.popleft()
+
+    def _take(self, queue: collections.deque, direction: str, number: int,
+              frames: list[bytes]) -> None:
+        with self._lock:
+            drop_every, delay, partition = self.drop_every, self.delay, self.partition
+        if partition or (drop_every and number % drop_every == 0) \
+                or len(queue) >= MAX_IN_FLIGHT:
+            self.counts[f"{direction}_dropped"] += 1
+            return
+        queue.append((time.monotonic() + delay, frames))
+
+
+def start_worker_via(cluster: fabric.LocalCluster, index: int, address: str,
+                     ) -> subprocess.Popen:
+    """Start (or restart) the cluster's worker ``index`` connected to ``address`` (a
+    ``FaultProxy``) instead of the broker's backend."""
+    backend = cluster.backend_address
+    cluster.backend_address = address
+    try:
+        return cluster.start_worker(index)
+    finally:
+        cluster.backend_address = backend
+
+
+@contextlib.contextmanager
+def stopped(process: subprocess.Popen) -> Iterator[None]:
+    """SIGSTOP ``process`` for the ``with`` block; SIGCONT after, whatever happens."""
+    process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGCONT)
+
+
+def open_fds() -> int:
+    """How many file descriptors this process has open (sockets included)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``condition`` until it is truthy (returned) or ``timeout`` passes (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Outcomes:
+    """What a ClientLoop's calls came to."""
+
+    calls: int = 0
+    right: int = 0
+    typed: collections.Counter = field(default_factory=collections.Counter)
+    violations: list[str] = field(default_factory=list)
+
+    def check(self, *, at_least_right: int = 1) -> None:
+        """The invariant: no violation, and at least ``at_least_right`` right answers."""
+        assert not self.violations, self.violations[:10]
+        assert self.right >= at_least_right, self
+
+
+class ClientLoop:
+    """A thread that opens sessions with ``connect()`` (called in the thread, so the sockets
+    are its own) and makes checked calls until the ``with`` block ends or ``max_calls``.
+
+    Each call uploads a small random array, computes on the device and reads the result,
+    compared with numpy. A ``FabricError`` is a typed failure (the session is then closed and
+    a new one opened); a wrong value, any other exception, or a call that takes longer than
+    ``deadline`` (its timeout plus slack) is a violation.
+    """
+
+    def __init__(self, connect: Callable[[], fabric.Session], *, deadline: float,
+                 seed: int = 0, calls_per_session: int = 5, max_calls: int = 10_000,
+                 pause: float = 0.0) -> None:
+        self.connect = connect
+        self.deadline = deadline
+        self.calls_per_session = calls_per_session
+        self.max_calls = max_calls
+        self.pause = pause
+        self.outcomes = Outcomes()
+        self._rng = random.Random(seed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"client-{seed}", daemon=True)
+
+    def __enter__(self) -> "ClientLoop":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop()
+
+    def stop(self, timeout: float | None = None) -> Outcomes:
+        """Stop after the call in progress (which ends by its own deadline); join."""
+        self._stop.set()
+        self._thread.join(self.deadline * 3 if timeout is None else timeout)
+        assert not self._thread.is_alive(), "a client thread hangs"
+        return self.outcomes
+
+    def wait(self, calls: int, timeout: float) -> None:
+        """Wait until the loop has made ``calls`` calls (AssertionError at the timeout)."""
+        wait_for(lambda: self.outcomes.calls >= calls or not self._thread.is_alive(),
+                 timeout, f"{calls} calls")
+
+    def _timed(self, call: Callable[[], Any]) -> Any:
+        started = time.monotonic()
+        try:
+            return call()
+        finally:
+            took = time.monotonic() - started
+            self.outcomes.calls += 1
+            if took > self.deadline:
+                self.outcomes.violations.append(f"a call took {took:.2f} s")
+
+    def _run(self) -> None:
+        outcomes = self.outcomes
+        while not self._stop.is_set() and outcomes.calls < self.max_calls:
+            session = None
+            try:
+                session = self._timed(self.connect)
+                for k in range(self.calls_per_session):
+                    if self._stop.is_set():
+                        break
+                    base = np.array([self._rng.random() for _ in range(self._rng.randint(1, 500))])
+                    got = self._timed(lambda: (session.asarray(base) * 2.0 + k).sum().numpy())
+                    if np.isclose(got, (base * 2.0 + k).sum()):
+                        outcomes.right += 1
+                    else:
+                        outcomes.violations.append(f"wrong result {got!r}")
+                    if self.pause:
+                        self._stop.wait(self.pause)
+            except fabric.FabricError as exc:
+                outcomes.typed[type(exc).__name__] += 1
+                self._stop.wait(0.05)  # then a new session (not a busy loop of refusals)
+            except Exception as exc:  # anything untyped breaks the invariant
+                outcomes.violations.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                if session is not None:
+                    try:
+                        self._timed(session.close)
+                    except fabric.FabricError as exc:
+                        outcomes.typed[type(exc).__name__] += 1
+                    except Exception as exc:
+                        outcomes.violations.append(f"close: {type(exc).__name__}: {exc}")
