@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .errors import ProtocolError, RemoteError, error_from_wire
-from .ops import OPS, RANDOM_OPS, Spec
+from .ops import OPS, Spec
 from .protocol import Kind, Message
 
 MAX_BATCH_OPS = 4096  # flush the op batch at this many ops ...

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_registry import (
+    apply_events,
     CLIENT_TOKEN,
     LIMITS,
     SERVER,
@@ -44,7 +45,7 @@ from fabric.errors import (
     SessionLost,
     error_from_wire,
 )
-from fabric.protocol import DATA_KINDS, Kind
+from fabric.protocol import Kind
 
 ADMIN_TOKEN = "admin-secret-token"
 ADMIN = b"admin-1"  # the admin tool's identity on the frontend
@@ -382,26 +383,13 @@ def test_fuzz_admin_commands_among_other_events(sequence):
     open_session(registry, C1, session=1, device=0)
     open_session(registry, C2, session=2, device=1)
     hello(registry, C1, session=3, device=2)
-    now = 0.0
-    for action, identity, event_frames, step in sequence:
-        now += step
-        if action == "client":
-            sends = registry.from_client(identity, event_frames, now)
-        elif action == "worker":
-            sends = registry.from_worker(identity, event_frames, now)
-        elif action == "unroutable":
-            side = Side.FRONTEND if identity in (C1, C2) else Side.BACKEND
-            sends = registry.unroutable(side, identity, now)
-        else:
-            sends = registry.tick(now)
-        for send in sends:
-            header = protocol.decode_header(send.frames[0])
-            if header.kind not in DATA_KINDS:
-                protocol.decode(send.frames)
-        check_invariants(registry)
+
+    def listings_hold(registry: Registry, now: float) -> None:
         for command in ("status", "workers", "devices", "sessions"):
             result(registry, command, now)
         # Broker-wide totals also keep the traffic of local indexes a worker no longer has.
         total = result(registry, "status", now)["traffic"]["messages"]
         assert total >= sum(d["messages"] for d in listing(registry, "devices", now))
+
+    apply_events(registry, sequence, listings_hold)
 

@@ -818,6 +818,13 @@ def test_fuzz_event_sequences(sequence):
     open_session(registry, C1, session=1, device=0)
     open_session(registry, C2, session=2, device=1)
     hello(registry, C1, session=3, device=2)
+    apply_events(registry, sequence)
+
+
+def apply_events(registry: Registry, sequence: list, after_each=None) -> None:
+    """Feed drawn events to the registry; every answer must decode, every state hold.
+
+    ``after_each(registry, now)`` adds checks of its own after every event."""
     now = 0.0
     for action, identity, event_frames, step in sequence:
         now += step
@@ -836,3 +843,5 @@ def test_fuzz_event_sequences(sequence):
             if header.kind not in DATA_KINDS:  # data is forwarded as it came
                 protocol.decode(send.frames)
         check_invariants(registry)
+        if after_each is not None:
+            after_each(registry, now)
