@@ -136,11 +136,11 @@ class Broker:
     # a worker's parked queue fills, the broker stops reading the frontend (the source of
     # what is sent to workers) until that queue drains to half: clients' own send queues fill
     # and their sends wait (backpressure); a worker that stays full ``slow_peer_timeout``
-    # seconds (less than libzmq's heartbeat timeout, see fabric.flow) is lost like a dead one. A client's queue fills only with answers to what it
-    # asked and did not read, so a client whose queue fills is cut off: its sessions end
-    # (freeing their memory on the workers) and a notice is parked in place of the rest;
-    # until it reads them, anything else for it (answers about sessions it no longer has)
-    # is dropped and counted.
+    # seconds (less than libzmq's heartbeat timeout, see fabric.flow) is lost like a dead
+    # one. A client's queue fills only with answers to what it asked and did not read, so a
+    # client whose queue fills is cut off: its sessions end (freeing their memory on the
+    # workers) and a notice is parked in place of the rest; until it reads them, anything
+    # else for it (answers about sessions it no longer has) is dropped and counted.
 
     def _park(self, side: Side, identity: bytes, frames: list[Any]) -> list[Send]:
         """Park a message for a peer whose queue is full; what the registry says if that
@@ -181,7 +181,8 @@ class Broker:
             side, identity = key
             sock = self._sockets[side]
             try:
-                outbox.flush(key, lambda frames: _try_send(sock, identity, frames))
+                outbox.flush(key, lambda frames, sock=sock, identity=identity:
+                             _try_send(sock, identity, frames))
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise

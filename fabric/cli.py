@@ -510,6 +510,11 @@ def _print_status(status: dict[str, Any], address: str) -> None:
         ("rejects", _counts(status["rejects"])),
         ("protocol errors", _counts(status["protocol_errors"])),
     ]
+    queues = status.get("queues")
+    if queues:  # flow control: messages waiting for peers that are not reading
+        lines.append(("queues", f"{queues['parked_messages']} message(s) waiting for "
+                                f"{queues['peers_waiting']} peer(s)"
+                                + (", clients paused" if queues["frontend_paused"] else "")))
     for name, value in lines:
         click.echo(f"{name + ':':<17}{value}")
 

@@ -70,6 +70,12 @@ KNOWN_KINDS = frozenset(int(k) for k in Kind)
 
 # Required body fields per control kind, with their types. Extra fields are allowed (newer
 # minor additions); missing or mistyped ones are a ProtocolError naming the field.
+# Optional fields, ignored when absent or not of their type:
+# - ``max_message_bytes`` (int): in HELLO and REGISTER the largest frame the sender's socket
+#   takes; in WELCOME the largest the client may upload to the session's device, in OPEN
+#   the largest the worker may reply with, in REGISTERED the largest the broker takes;
+# - ``sessions`` (list of ids) in the broker's HEARTBEAT: the sessions it holds on that
+#   worker, which closes any other.
 _ERROR_FIELDS = {"code": str, "message": str, "details": dict}
 BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.HELLO: {"token": str, "device": int},

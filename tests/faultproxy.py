@@ -285,7 +285,8 @@ class ClientLoop:
                     if self._stop.is_set():
                         break
                     base = np.array([self._rng.random() for _ in range(self._rng.randint(1, 500))])
-                    got = self._timed(lambda: (session.asarray(base) * 2.0 + k).sum().numpy())
+                    got = self._timed(lambda s=session, b=base, k=k:
+                                      (s.asarray(b) * 2.0 + k).sum().numpy())
                     if np.isclose(got, (base * 2.0 + k).sum()):
                         outcomes.right += 1
                     else:

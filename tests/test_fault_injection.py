@@ -145,7 +145,7 @@ def test_a_worker_stopped_briefly_loses_nothing(proxied):
 
 
 def test_a_stopped_broker_fails_calls_typed_and_everything_comes_back(proxied):
-    cluster, proxy = proxied
+    cluster, _ = proxied
     fds = open_fds()
     with loop_on(cluster, 0, seed=9, pause=0.02) as direct, \
             loop_on(cluster, 1, seed=10, pause=0.02) as behind_proxy:

@@ -307,30 +307,45 @@ def test_session_limits_refuse_with_a_typed_error_that_says_what_to_do():
 # -- backpressure instead of drops, end to end ----------------------------------------------
 
 
+def _flood_with_reads(greedy: RawDealer, token: str, session: int) -> None:
+    """Open a session, make a 1 MiB tensor, and ask for it 200 times without reading."""
+    greedy.send(frames_of(Kind.HELLO, {"token": token, "device": 0}, session=session,
+                          request=1))
+    assert greedy.recv_message(timeout=5).kind == Kind.WELCOME
+    greedy.send_message(Message(Kind.SUBMIT, session, body={"free": [], "ops": [
+        ["zeros", 1, [], {"shape": [MiB // 8], "dtype": "<f8"}]]}))
+    for request in range(2, 202):  # 200 MiB of replies
+        greedy.send_message(Message(Kind.REQUEST, session, request, {"op": "read", "id": 1}))
+
+
 def test_a_client_that_stops_reading_is_cut_off_and_no_one_else_notices():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT, broker_args=(
             "--hwm", "8", "--peer-queue", "8")) as cluster, \
             ClientLoop(lambda: cluster.connect(device=0, timeout=5), deadline=6.0,
-                       seed=1) as bystander, \
-            RawDealer(cluster.address, {zmq.RCVHWM: 1}) as greedy:
-        greedy.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
-                              session=0x5107, request=1))
-        assert greedy.recv_message(timeout=5).kind == Kind.WELCOME
-        greedy.send_message(Message(Kind.SUBMIT, 0x5107, body={"free": [], "ops": [
-            ["zeros", 1, [], {"shape": [MiB // 8], "dtype": "<f8"}]]}))
-        for request in range(2, 202):  # 200 MiB of replies it will not read
-            greedy.send_message(Message(Kind.REQUEST, 0x5107, request, {"op": "read", "id": 1}))
-        with cluster.admin() as admin:
+                       seed=1) as bystander, cluster.admin() as admin:
+        with RawDealer(cluster.address, {zmq.RCVHWM: 1}) as greedy:
+            _flood_with_reads(greedy, cluster.token, 0x5107)
             wait_for(lambda: admin.status()["counters"].get("clients_cut"), 20,
                      "the broker to cut the client off")
-            status = admin.status()
-            assert status["counters"]["sessions_cut"] == 1
+            assert admin.status()["counters"]["sessions_cut"] == 1
             assert "0x0000000000005107" not in {s["id"] for s in admin.sessions()}
-        # Reading again, it finds out why (behind the replies that were on their way).
-        notice = greedy.recv_until(lambda m: m.kind == Kind.ERROR, timeout=10)
-        error = error_from_wire(notice.body)
-        assert type(error) is SessionLost and error.details["reason"] == "client_not_reading"
+            # Reading again, it finds out why (behind the replies already on their way).
+            notice = greedy.recv_until(lambda m: m.kind == Kind.ERROR, timeout=10)
+            error = error_from_wire(notice.body)
+            assert type(error) is SessionLost
+            assert error.details["reason"] == "client_not_reading"
+        # Another one goes away without reading its notice: what waits for it is dropped
+        # when the broker finds it unroutable (ROUTER_MANDATORY), and nothing is left.
+        with RawDealer(cluster.address, {zmq.RCVHWM: 1}) as greedy:
+            _flood_with_reads(greedy, cluster.token, 0x5108)
+            wait_for(lambda: admin.status()["counters"].get("clients_cut") == 2, 20,
+                     "the broker to cut the second client off")
+        wait_for(lambda: admin.status()["queues"]["parked_messages"] == 0, 10,
+                 "the gone client's parked messages to be dropped")
         bystander.wait(bystander.outcomes.calls + 5, timeout=10)  # still served after
+        with cluster.connect() as checker:
+            wait_for(lambda: checker.stats()["device_sessions"] == 1, 10,
+                     "the cut sessions to be freed on the worker")
     bystander.outcomes.check(at_least_right=5)
 
 
@@ -393,6 +408,28 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
             stop.set()
             stalled.join(10)
         assert not errors, errors
+
+
+def test_a_busy_device_with_a_full_queue_never_silences_its_worker():
+    # Ops queue up behind a second of compute, far past the worker's own queues (2 messages
+    # each way): it stops reading the broker, but heartbeats go on, so it is not lost.
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--hwm", "2")) as cluster, \
+            cluster.connect(timeout=30) as session:
+        a = session.asarray(np.random.default_rng(0).random((1500, 1500)) / 1500)
+        slow = a
+        for _ in range(20):  # a second or two of matmuls
+            slow = slow @ a
+        slow = slow.sum()
+        session.flush()
+        ones = []
+        for n in range(200):  # 200 messages while the device is busy
+            ones.append(session.ones(n + 1).sum())
+            session.flush()
+        assert [t.numpy() for t in ones[::20]] == [float(n + 1) for n in range(0, 200, 20)]
+        assert slow.numpy() >= 0
+        with cluster.admin() as admin:
+            assert admin.status()["counters"].get("workers_lost", 0) == 0
 
 
 def test_the_default_limits_are_sane():

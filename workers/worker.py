@@ -54,8 +54,11 @@ class RegistrationRefused(Exception):
     """The broker refused this worker for a reason retrying cannot fix."""
 
 
-def _device_thread(context: zmq.Context, address: str, executor: Executor) -> None:
+def _device_thread(context: zmq.Context, address: str, executor: Executor,
+                   hwm: int = DEFAULT_HWM) -> None:
     pair = context.socket(zmq.PAIR)
+    pair.setsockopt(zmq.SNDHWM, hwm)  # inproc adds both ends' limits: both are bounded
+    pair.setsockopt(zmq.RCVHWM, hwm)
     pair.connect(address)
     try:
         while True:
@@ -107,7 +110,7 @@ class Worker:
             pair.bind(address)
             thread = threading.Thread(target=_device_thread, name=f"device-{i}", daemon=True,
                                       args=(self.context, address,
-                                            Executor(device, memory_limit)))
+                                            Executor(device, memory_limit), hwm))
             thread.start()
             self._pairs.append(pair)
             self._threads.append(thread)
@@ -211,7 +214,8 @@ class Worker:
         """Send what waits, in order, as far as the sockets take it; read again what was
         paused once the queue it fed drained to half."""
         for device in self._to_devices.keys():
-            self._to_devices.flush(device, lambda f: _try_send(self._pairs[device], f))
+            pair = self._pairs[device]
+            self._to_devices.flush(device, lambda f, pair=pair: _try_send(pair, f))
         self._to_broker.flush(None, lambda f: _try_send(self.dealer, f))
         if not self._reading_broker and not self._to_devices.full_since:
             self._reading_broker = True
@@ -295,10 +299,7 @@ class Worker:
 
     def _from_device(self, frames: list[zmq.Frame]) -> None:
         header = protocol.decode_header(frames[0])
-        if header.kind in (Kind.CLOSED, Kind.REJECT):  # the session is gone from the device
-            self._session_device.pop(header.session, None)
-            self._reply_limit.pop(header.session, None)
-        elif header.kind == Kind.TRANSFER and header.session in self._session_device:
+        if header.kind == Kind.TRANSFER and header.session in self._session_device:
             # Both sessions live on this worker: the tensor moves in memory, not via the broker.
             self._to_device(self._session_device[header.session], frames)
             return
@@ -339,6 +340,11 @@ class Worker:
             if header.kind == Kind.CLOSE:
                 self._send(Message(Kind.CLOSED, header.session, header.request))
             return
+        if header.kind == Kind.CLOSE:
+            # Forgotten here now, not when the device answers: the id may be opened again
+            # before that answer comes, and the answer must not forget the new session.
+            self._session_device.pop(header.session)
+            self._reply_limit.pop(header.session, None)
         self._to_device(device, frames)
 
     def _control_from_broker(self, message: Message) -> None:
