@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .client import ZMTP_HANDSHAKE_LIMIT, Connection, _blaming, _raise_for
+from .client import ZMTP_HANDSHAKE_LIMIT, Connection, naming_connection_file, expect_reply
 from .config import CONNECTION_FILE_ENV, default_connection_file, load_connection_file
 from .security import CurveOption, client_keys
 from .errors import ConfigError
@@ -117,9 +117,9 @@ class Admin:
     def _run(self, command: str, **args: Any) -> dict[str, Any]:
         request = Message(Kind.ADMIN, body={"token": self._token, "command": command,
                                             "args": args})
-        with _blaming(self.connection_file):
+        with naming_connection_file(self.connection_file):
             reply = self._connection.request(request, self.timeout)
-        return _raise_for(reply, Kind.ADMIN_REPLY).body["result"]
+        return expect_reply(reply, Kind.ADMIN_REPLY).body["result"]
 
     # -- the commands -------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from . import protocol
 from .errors import (
     ConnectError,
     FabricError,
+    HandshakeError,
     HandshakeTimeout,
     MessageTooLarge,
     RequestTimeout,
@@ -249,7 +250,8 @@ def _check_version(reply: Message) -> None:
             client_version=PROTOCOL_VERSION, server_version=reply.version)
 
 
-def _raise_for(reply: Message, expected: Kind) -> Message:
+def expect_reply(reply: Message, expected: Kind) -> Message:
+    """The reply if it is of the ``expected`` kind; the typed error it carries otherwise."""
     _check_version(reply)
     if reply.kind in (Kind.REJECT, Kind.ERROR):
         raise error_from_wire(reply.body)
@@ -331,7 +333,7 @@ class Session(TensorSession):
         reply = self.connection.request(Message(Kind.REQUEST, self.id, body=body),
                                         self.timeout if timeout is None else timeout,
                                         session=self.id)
-        return _raise_for(reply, Kind.REPLY)
+        return expect_reply(reply, Kind.REPLY)
 
     def close(self, timeout: float | None = None) -> None:
         """Close the session and free everything it holds on the device (idempotent)."""
@@ -370,12 +372,15 @@ def _target(address: str | None, token: str | None, connection_file: str | None,
 
 
 @contextlib.contextmanager
-def _blaming(connection_file: str | None) -> Iterator[None]:
-    """Name the connection file in a connect error: it may be stale."""
+def naming_connection_file(connection_file: str | None) -> Iterator[None]:
+    """Name the connection file in a connect error: it may be stale (a refusal by a broker
+    that answered says nothing about staleness, so it is left alone)."""
     try:
         yield
     except ConnectError as exc:
-        if connection_file is not None:
+        answered = isinstance(exc, HandshakeError) and not isinstance(exc, (
+            ServerDisconnected, HandshakeTimeout))
+        if connection_file is not None and not answered:
             exc.args = (f"{exc.message} (The address came from {connection_file}: it may be "
                         "stale; is fabric cluster up still running?)",)
         raise
@@ -417,7 +422,7 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
     address, token, source, keys = target
     connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
                             curve=keys, max_message_bytes=max_message_bytes)
-    with _blaming(source):
+    with naming_connection_file(source):
         return _open_session(connection, token, device, timeout)
 
 
@@ -429,7 +434,7 @@ def _open_session(connection: Connection, token: str, device: int, timeout: floa
         "token": token, "device": device, "client": f"pid {os.getpid()}",
         "max_message_bytes": connection.max_message_bytes})
     try:
-        welcome = _raise_for(connection.request(hello, timeout), Kind.WELCOME)
+        welcome = expect_reply(connection.request(hello, timeout), Kind.WELCOME)
     except HandshakeTimeout:
         # A slow broker may still open it: ask it to drop the session, best effort.
         connection.socket.send_multipart(protocol.encode(Message(Kind.CLOSE, session_id)),
@@ -456,8 +461,8 @@ def devices(address: str | None = None, *, token: str | None = None, timeout: fl
     connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
                             curve=keys)
     try:
-        with _blaming(source):
+        with naming_connection_file(source):
             reply = connection.request(Message(Kind.DEVICES, body={"token": token}), timeout)
-        return [Device.from_wire(d) for d in _raise_for(reply, Kind.DEVICE_LIST).body["devices"]]
+        return [Device.from_wire(d) for d in expect_reply(reply, Kind.DEVICE_LIST).body["devices"]]
     finally:
         connection.close()
