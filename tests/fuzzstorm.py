@@ -36,7 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rawpeers import RawDealer, frames_of  # noqa: E402
 from test_bad_input import BACKEND_GARBAGE, FRONTEND_GARBAGE  # noqa: E402
-from test_protocol import mutated_messages, plausible_messages  # noqa: E402
+from test_protocol import (  # noqa: E402
+    BYTE_MUTATIONS,
+    mutate_bytes,
+    mutated_messages,
+    plausible_messages,
+)
 
 from fabric import protocol  # noqa: E402
 from fabric.errors import ProtocolError  # noqa: E402
@@ -126,14 +131,8 @@ def mutated(draw: st.DrawFn, message: st.SearchStrategy[list[bytes]]) -> list[by
              "body"]))
         index = draw(st.integers(0, max(len(frames) - 1, 0)))
         target = frames[index] if frames else bytearray()
-        if operation == "flip" and target:
-            target[draw(st.integers(0, len(target) - 1))] ^= draw(st.integers(1, 255))
-        elif operation == "truncate":
-            del target[draw(st.integers(0, len(target))):]
-        elif operation == "extend":
-            target += draw(st.binary(min_size=1, max_size=8))
-        elif operation == "delete" and target:
-            del target[draw(st.integers(0, len(target) - 1))]
+        if operation in BYTE_MUTATIONS:
+            mutate_bytes(draw, target, operation)
         elif operation == "drop" and frames:
             del frames[index]
         elif operation == "double" and frames:

@@ -308,18 +308,24 @@ def mutated_messages(draw):
     kind = draw(st.sampled_from(list(Kind)))
     frames = [bytearray(f) for f in valid_frames(kind)]
     for _ in range(draw(st.integers(1, 3))):
-        target = frames[draw(st.integers(0, 1))]
-        operation = draw(st.sampled_from(["flip", "truncate", "extend", "delete"]))
-        if operation == "flip" and target:
-            i = draw(st.integers(0, len(target) - 1))
-            target[i] ^= draw(st.integers(1, 255))
-        elif operation == "truncate":
-            del target[draw(st.integers(0, len(target))):]
-        elif operation == "extend":
-            target += draw(st.binary(min_size=1, max_size=8))
-        elif operation == "delete" and target:
-            del target[draw(st.integers(0, len(target) - 1))]
+        mutate_bytes(draw, frames[draw(st.integers(0, 1))],
+                     draw(st.sampled_from(BYTE_MUTATIONS)))
     return [bytes(f) for f in frames]
+
+
+BYTE_MUTATIONS = ["flip", "truncate", "extend", "delete"]
+
+
+def mutate_bytes(draw, target: bytearray, operation: str) -> None:
+    """Apply one of BYTE_MUTATIONS to ``target`` in place (the fuzz tests share these)."""
+    if operation == "flip" and target:
+        target[draw(st.integers(0, len(target) - 1))] ^= draw(st.integers(1, 255))
+    elif operation == "truncate":
+        del target[draw(st.integers(0, len(target))):]
+    elif operation == "extend":
+        target += draw(st.binary(min_size=1, max_size=8))
+    elif operation == "delete" and target:
+        del target[draw(st.integers(0, len(target) - 1))]
 
 
 @FUZZ
