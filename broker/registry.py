@@ -221,6 +221,7 @@ class Registry:
         self.device_count = 0  # global indexes in use, online or not
         self.device_slots: list[tuple[str, int]] = []  # global index -> (worker name, local)
         self._next_heartbeat = now
+        self._next_scan = now
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
         self.retired: dict[tuple[str, int], Traffic] = {}  # (worker name, local) -> totals
@@ -744,13 +745,15 @@ class Registry:
         return self._lose_worker(worker, why) if worker is not None else []
 
     def next_deadline(self) -> float:
-        """When ``tick`` next has work to do."""
-        return self._next_heartbeat
+        """When ``tick`` next has work to do: the next heartbeat, or the next scan of
+        deadlines (four per heartbeat interval, so no message pays for a scan)."""
+        return min(self._next_heartbeat, self._next_scan)
 
     def tick(self, now: float) -> list[Send]:
         """Heartbeats, lost workers, handshake and close deadlines, idle-client probes."""
         sends: list[Send] = []
         limits = self.limits
+        self._next_scan = now + limits.heartbeat / 4
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + limits.heartbeat
             # Each lists the worker's sessions here: it closes any other (a lost CLOSE).

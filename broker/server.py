@@ -220,7 +220,9 @@ class Broker:
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
-                self._send(registry.tick(now) + self._held.due(now))
+                if now >= registry.next_deadline():  # (not per message: tick scans all)
+                    self._send(registry.tick(now))
+                self._send(self._held.due(now))
                 if self._outbox:
                     self._retry(now)
                 timeout_ms = max(0.0, min(0.1, registry.next_deadline() - now,
