@@ -14,6 +14,8 @@ its sessions are the bystanders that must never notice the faults on worker 1's 
 
 from __future__ import annotations
 
+import contextlib
+
 import random
 import signal
 import time
@@ -92,18 +94,29 @@ def test_delayed_messages_only_slow_calls_down(proxied):
     assert_nothing_left(cluster, fds)
 
 
-def test_a_link_held_shorter_than_the_liveness_window_loses_nothing(proxied):
+@contextlib.contextmanager
+def held(proxy):
+    """The worker's link held by the proxy for the ``with`` block."""
+    proxy.hold()
+    try:
+        yield
+    finally:
+        proxy.release()
+
+
+@pytest.mark.parametrize("interruption", ["link held", "worker stopped"])
+def test_an_interruption_shorter_than_the_liveness_window_loses_nothing(proxied, interruption):
     cluster, proxy = proxied
     fds = open_fds()
-    with loop_on(cluster, 1, seed=5, pause=0.02) as held:
+    device, seed = (1, 5) if interruption == "link held" else (0, 8)
+    with loop_on(cluster, device, seed=seed, pause=0.02) as interrupted:
         for _ in range(3):
-            held.wait(held.outcomes.calls + 3, timeout=10)
-            proxy.hold()
-            time.sleep(LIVENESS / 2)
-            proxy.release()
-        held.wait(held.outcomes.calls + 3, timeout=10)
-    held.outcomes.check(at_least_right=5)
-    assert not held.outcomes.typed, held.outcomes.typed
+            interrupted.wait(interrupted.outcomes.calls + 3, timeout=10)
+            with held(proxy) if interruption == "link held" else stopped(cluster.workers[0]):
+                time.sleep(LIVENESS / 2)
+        interrupted.wait(interrupted.outcomes.calls + 3, timeout=10)
+    interrupted.outcomes.check(at_least_right=5)
+    assert not interrupted.outcomes.typed, interrupted.outcomes.typed
     assert_nothing_left(cluster, fds)
 
 
@@ -127,20 +140,6 @@ def test_a_link_held_past_the_liveness_window_fails_sessions_typed_and_heals(pro
                                       "HandshakeError", "DeviceOffline"}, cut.outcomes.typed
     bystander.outcomes.check(at_least_right=3)
     assert not bystander.outcomes.typed, bystander.outcomes.typed
-    assert_nothing_left(cluster, fds)
-
-
-def test_a_worker_stopped_briefly_loses_nothing(proxied):
-    cluster, _ = proxied
-    fds = open_fds()
-    with loop_on(cluster, 0, seed=8, pause=0.02) as paused:
-        for _ in range(3):
-            paused.wait(paused.outcomes.calls + 3, timeout=10)
-            with stopped(cluster.workers[0]):
-                time.sleep(LIVENESS / 2)
-        paused.wait(paused.outcomes.calls + 3, timeout=10)
-    paused.outcomes.check(at_least_right=5)
-    assert not paused.outcomes.typed, paused.outcomes.typed
     assert_nothing_left(cluster, fds)
 
 
