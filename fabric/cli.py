@@ -574,39 +574,29 @@ def admin(ctx: click.Context, address: str | None, connection_file: str | None,
                "token_file": token_file, "timeout": timeout, "curve": curve}
 
 
-@admin.command("status", epilog=ADMIN_EXIT_CODES, short_help="Broker summary.")
-@json_option
-@click.pass_obj
-def admin_status(options: dict[str, Any], as_json: bool) -> None:
-    """Broker identity, uptime, workers, devices, sessions, traffic rates, rejections."""
-    _admin_call(options, lambda a: a.status(), as_json, _print_status)
+def _report_command(name: str, short_help: str, help_text: str,
+                    printer: Callable[[Any, str], None]) -> None:
+    """Register ``fabric admin NAME``: one read-only call of fabric.Admin, as a table or JSON."""
+    @admin.command(name, epilog=ADMIN_EXIT_CODES, short_help=short_help, help=help_text)
+    @json_option
+    @click.pass_obj
+    def report(options: dict[str, Any], as_json: bool) -> None:
+        _admin_call(options, lambda a: getattr(a, name)(), as_json, printer)
 
 
-@admin.command("workers", epilog=ADMIN_EXIT_CODES, short_help="List workers.")
-@json_option
-@click.pass_obj
-def admin_workers(options: dict[str, Any], as_json: bool) -> None:
-    """Each worker: backend, devices, sessions, draining, ages and traffic."""
-    _admin_call(options, lambda a: a.workers(), as_json, _print_workers)
-
-
-@admin.command("devices", epilog=ADMIN_EXIT_CODES, short_help="List devices.")
-@json_option
-@click.pass_obj
-def admin_devices(options: dict[str, Any], as_json: bool) -> None:
-    """Each device, online or not: worker, backend, sessions and traffic."""
-    _admin_call(options, lambda a: a.devices(), as_json, _print_devices)
-
-
-@admin.command("sessions", epilog=ADMIN_EXIT_CODES, short_help="List sessions.")
-@json_option
-@click.pass_obj
-def admin_sessions(options: dict[str, Any], as_json: bool) -> None:
-    """Each session: id, client, device, state, ages and traffic.
-
-    SUBMITS counts op batches: the broker never decodes the ops themselves.
-    """
-    _admin_call(options, lambda a: a.sessions(), as_json, _print_sessions)
+for _report in [
+    ("status", "Broker summary.",
+     "Broker identity, uptime, workers, devices, sessions, traffic rates, rejections.",
+     _print_status),
+    ("workers", "List workers.",
+     "Each worker: backend, devices, sessions, draining, ages and traffic.", _print_workers),
+    ("devices", "List devices.",
+     "Each device, online or not: worker, backend, sessions and traffic.", _print_devices),
+    ("sessions", "List sessions.",
+     "Each session: id, client, device, state, ages and traffic.\n\nSUBMITS counts op "
+     "batches: the broker never decodes the ops themselves.", _print_sessions),
+]:
+    _report_command(*_report)
 
 
 def _session_argument(ctx: click.Context, param: click.Parameter, value: str) -> int:
