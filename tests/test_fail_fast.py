@@ -7,12 +7,14 @@ misbehave) are real servers on loopback or ipc://; broker-side refusals use the 
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import signal
 import socket
 import threading
 import time
+from typing import Iterator
 
 import pytest
 import zmq
@@ -81,18 +83,26 @@ def _accept_then_close(server: ServerThread) -> None:
             return
 
 
-def _router_closes_after_hello(server: ServerThread) -> None:
-    # A ZeroMQ ROUTER that completes the ZeroMQ handshake, takes the HELLO, then closes.
+@contextlib.contextmanager
+def _bound_router(server: ServerThread) -> Iterator[zmq.Socket]:
+    """A ROUTER on a free loopback port, announced through ``server``; closed on exit."""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     try:
         sock.setsockopt(zmq.LINGER, 0)
-        port = sock.bind_to_random_port("tcp://127.0.0.1")
-        server.address = f"tcp://127.0.0.1:{port}"
+        server.address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
         server.ready.set()
-        if poll_until(server.stop, sock, time.monotonic() + 10):
-            server.received.append(sock.recv_multipart())
+        yield sock
     finally:
         sock.close(linger=0)
+
+
+def _router_closes_after_hello(server: ServerThread) -> None:
+    # A ZeroMQ ROUTER that completes the ZeroMQ handshake, takes the HELLO, then closes.
+    try:
+        with _bound_router(server) as sock:
+            if poll_until(server.stop, sock, time.monotonic() + 10):
+                server.received.append(sock.recv_multipart())
+    finally:
         server.closed_at = time.monotonic()
 
 
@@ -134,16 +144,10 @@ def test_http_server_is_a_connect_error():
 
 
 def _silent_router(server: ServerThread) -> None:
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    try:
-        sock.setsockopt(zmq.LINGER, 0)
-        server.address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
-        server.ready.set()
+    with _bound_router(server) as sock:
         deadline = time.monotonic() + 10
         while poll_until(server.stop, sock, deadline):
             server.received.append(sock.recv_multipart())
-    finally:
-        sock.close(linger=0)
 
 
 def test_silent_zmq_peer_is_a_handshake_timeout_at_the_timeout():
@@ -159,11 +163,7 @@ def test_silent_zmq_peer_is_a_handshake_timeout_at_the_timeout():
 
 
 def _router_answering_another_version(server: ServerThread) -> None:
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    try:
-        sock.setsockopt(zmq.LINGER, 0)
-        server.address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
-        server.ready.set()
+    with _bound_router(server) as sock:
         if poll_until(server.stop, sock, time.monotonic() + 10):
             identity, header, _ = sock.recv_multipart()
             hello = protocol.decode_header(header)
@@ -171,8 +171,6 @@ def _router_answering_another_version(server: ServerThread) -> None:
                 Kind.WELCOME, {"future": True}, session=hello.session, request=hello.request,
                 version=PROTOCOL_VERSION + 1)])
             poll_until(server.stop, sock, time.monotonic() + 2)  # let it arrive
-    finally:
-        sock.close(linger=0)
 
 
 def test_broker_of_another_version_is_a_version_mismatch_on_the_client():
