@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import fabric
 from fabric import LocalCluster
 
 # Short heartbeats keep fault tests fast; the code paths are the same as the defaults.
@@ -53,6 +54,16 @@ def no_leaks():
         time.sleep(0.05)
     assert not child_pids() - children_before, "the test left child processes running"
     assert not our_threads() - threads_before, "the test left threads running"
+
+
+def assert_broker_serves(cluster) -> None:
+    """Nothing was left behind: both devices listed, and a session on each opens and syncs."""
+    assert cluster.broker.poll() is None, cluster.log_tail("broker", 50)
+    listed = fabric.devices(cluster.address, token=cluster.token, timeout=5)
+    assert [d.worker for d in listed] == ["worker-0", "worker-1"]
+    for device in (0, 1):
+        with cluster.connect(device=device, timeout=5) as session:
+            session.sync()
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import assert_broker_serves
 from rawpeers import RawDealer, frames_of
 
 import fabric
@@ -51,15 +52,6 @@ FRONTEND_GARBAGE = [
 def test_the_garbage_is_what_it_says():
     header = FRONTEND_GARBAGE[6][1][0]
     assert len(header) == HEADER_SIZE and header[:2] == MAGIC and header[4] == 99
-
-
-def assert_broker_serves(cluster) -> None:
-    assert cluster.broker.poll() is None, cluster.log_tail("broker", 50)
-    listed = fabric.devices(cluster.address, token=cluster.token, timeout=5)
-    assert [d.worker for d in listed] == ["worker-0", "worker-1"]
-    for device in (0, 1):
-        with cluster.connect(device=device, timeout=5) as session:
-            session.sync()
 
 
 def test_malformed_frontend_messages_get_protocol_errors(cluster):

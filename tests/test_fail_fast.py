@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 import zmq
-from conftest import HEARTBEAT
+from conftest import HEARTBEAT, assert_broker_serves
 from rawpeers import (
     RawDealer,
     ServerThread,
@@ -201,16 +201,6 @@ def _open_and_close_raw(dealer: RawDealer, cluster, session: int) -> None:
     dealer.send(frames_of(Kind.CLOSE, session=session, request=101))
     closed = dealer.recv_until(lambda m: m.request == 101)
     assert closed.kind == Kind.CLOSED
-
-
-def assert_broker_serves(cluster) -> None:
-    """Nothing was left behind: both devices listed, and a session on each opens and syncs."""
-    assert cluster.broker.poll() is None, cluster.log_tail("broker")
-    listed = fabric.devices(cluster.address, token=cluster.token, timeout=5)
-    assert [d.worker for d in listed] == ["worker-0", "worker-1"]
-    for device in (0, 1):
-        with cluster.connect(device=device, timeout=5) as session:
-            session.sync()
 
 
 def test_wrong_token_is_an_authentication_error(cluster):
