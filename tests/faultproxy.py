@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import zmq
+from rawpeers import ServerThread
 
 import fabric
 
@@ -36,7 +37,7 @@ TO_BROKER, TO_WORKER = "to_broker", "to_worker"
 MAX_IN_FLIGHT = 10_000  # messages the proxy holds per direction; more are dropped, counted
 
 
-class FaultProxy:
+class FaultProxy(ServerThread):
     """A lossy link between a broker's backend and one worker; a context manager.
 
     Start the worker with ``--broker proxy.address`` (see ``start_worker_via``). Knobs, safe
@@ -47,33 +48,14 @@ class FaultProxy:
     """
 
     def __init__(self, upstream: str) -> None:
+        super().__init__(FaultProxy._serve)  # started, stopped and checked by ServerThread
         self.upstream = upstream
-        self.address = ""
         self.drop_every = 0
         self.delay = 0.0
         self.partition = False
         self._held = False
         self.counts: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="fault-proxy", daemon=True)
-
-    def __enter__(self) -> "FaultProxy":
-        self._thread.start()
-        if not self._ready.wait(5.0) or not self.address:
-            self._stop.set()
-            self._thread.join(5.0)
-            raise AssertionError(f"the fault proxy did not start: {self._error!r}")
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
-        assert not self._thread.is_alive(), "the fault proxy thread did not stop"
-        if self._error is not None:
-            raise AssertionError(f"the fault proxy failed: {self._error!r}")
 
     def hold(self) -> None:
         """Keep every message from now on until ``release()`` (both ways)."""
@@ -92,7 +74,7 @@ class FaultProxy:
 
     # -- the thread --------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _serve(self) -> None:
         context = zmq.Context.instance()
         worker_side = context.socket(zmq.ROUTER)
         broker_side = context.socket(zmq.DEALER)
@@ -103,12 +85,9 @@ class FaultProxy:
             worker_side.bind("tcp://127.0.0.1:*")
             self.address = worker_side.getsockopt_string(zmq.LAST_ENDPOINT)
             broker_side.connect(self.upstream)
-            self._ready.set()
+            self.ready.set()
             self._forward(worker_side, broker_side)
-        except BaseException as exc:  # reported by __exit__
-            self._error = exc
         finally:
-            self._ready.set()
             worker_side.close(linger=0)
             broker_side.close(linger=0)
 
@@ -120,7 +99,7 @@ class FaultProxy:
         poller = zmq.Poller()
         poller.register(worker_side, zmq.POLLIN)
         poller.register(broker_side, zmq.POLLIN)
-        while not self._stop.is_set():
+        while not self.stop.is_set():
             for sock, _ in poller.poll(5):
                 for _ in range(100):  # a bounded batch, then the other side's turn
                     if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:

@@ -124,6 +124,8 @@ class ServerThread:
         self.stop.set()
         self._thread.join(5.0)
         assert not self._thread.is_alive(), "the test server thread did not stop"
+        if self.error is not None:
+            raise AssertionError(f"the test server failed: {self.error!r}")
 
 
 def poll_until(stop: threading.Event, sock: zmq.Socket, deadline: float) -> bool:
