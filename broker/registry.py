@@ -17,6 +17,13 @@ refused with ``MessageTooLarge`` by its sender instead of a silent disconnect (s
 ``fabric.flow``). Every heartbeat to a worker lists the sessions the broker holds on it, and
 the worker closes any other: a lost CLOSE cannot leak a session's memory.
 
+Lanes: a worker may give each device its own socket (its "lane", a routing identity listed
+in REGISTER), so that a device's traffic skips the worker's control thread. A session's
+messages then go to its device's lane; the worker's own socket keeps registration and
+heartbeats. A lane is routable once it has said HEARTBEAT (sent after REGISTERED), so a
+worker's devices come online only when all its lanes have; each heartbeat to a lane lists
+that device's sessions (on the lane, it cannot overtake an OPEN).
+
 Traffic is counted per session on the hot path (messages, bytes, SUBMITs as op batches) and
 folded into per-device totals when a session ends, so per-device and per-worker figures cost
 nothing per message. ADMIN requests are answered here, after a constant-time check of the
@@ -100,6 +107,7 @@ class Session:
     device: int  # global index
     local: int  # index on its worker
     worker: bytes
+    lane: bytes  # where its messages go: the device's own socket, or the worker's
     state: SessionState
     created: float
     last_seen: float
@@ -124,6 +132,17 @@ class Worker:
     sessions: set[int] = field(default_factory=set)
     draining: bool = False  # set by an administrator: no new sessions, existing ones go on
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame it takes
+    lanes: list[bytes] = field(default_factory=list)  # each device's own socket, if any
+    attached: set[bytes] = field(default_factory=set)  # lanes heard from since REGISTER
+
+    @property
+    def ready(self) -> bool:
+        """Whether every lane has been heard from, so that messages to it are routable."""
+        return len(self.attached) == len(self.lanes)
+
+    def lane(self, local: int) -> bytes:
+        """Where messages for device ``local`` go: its lane, else the worker's socket."""
+        return self.lanes[local] if self.lanes else self.identity
 
 
 @dataclass
@@ -214,6 +233,7 @@ class Registry:
         self.started = now
         self.sessions: dict[int, Session] = {}
         self.workers: dict[bytes, Worker] = {}
+        self._lane_owner: dict[bytes, bytes] = {}  # lane identity -> its worker's identity
         self.devices: list[dict[str, Any]] = []  # the online devices, by global index
         self._device_info: dict[int, dict[str, Any]] = {}  # global index -> description
         self._device_owner: dict[int, tuple[bytes, int]] = {}  # global index -> (worker, local)
@@ -277,7 +297,7 @@ class Registry:
             del self._known[oldest]
             for key in [k for k in self.retired if k[0] == oldest]:
                 del self.retired[key]
-        online = {w.name: w for w in self.workers.values()}
+        online = {w.name: w for w in self.workers.values() if w.ready}
         self.devices, self._device_info, self._device_owner = [], {}, {}
         self.device_slots = []
         index = 0
@@ -345,7 +365,7 @@ class Registry:
         session.bytes += _frames_size(frames)
         if header.kind is Kind.SUBMIT:  # enum members are singletons: the cheapest test
             session.submits += 1
-        return [Send(Side.BACKEND, session.worker, list(frames))]
+        return [Send(Side.BACKEND, session.lane, list(frames))]
 
     def _on_hello(self, identity: bytes, message: Message, now: float) -> list[Send]:
         header = message.header
@@ -379,14 +399,14 @@ class Registry:
             return self._reject(identity, header, refused)
         session = self.sessions[message.session] = Session(
             id=message.session, client=identity, device=device, local=local, worker=worker,
-            state=SessionState.OPENING, created=now, last_seen=now,
-            hello_request=message.request, deadline=now + self.limits.open_timeout,
+            lane=self.workers[worker].lane(local), state=SessionState.OPENING, created=now,
+            last_seen=now, hello_request=message.request, deadline=now + self.limits.open_timeout,
             client_max=_size_limit(body, self.limits.max_message_bytes))
         self.workers[worker].sessions.add(message.session)
         self.client_sessions.setdefault(identity, set()).add(message.session)
         self._device_sessions[worker, local] += 1
         self.counters["hellos"] += 1
-        return [self._message(Side.BACKEND, worker, Message(
+        return [self._message(Side.BACKEND, session.lane, Message(
             Kind.OPEN, message.session, message.request,
             {"device": local, "client": str(body.get("client", "")),
              "max_message_bytes": session.client_max}))]
@@ -435,7 +455,7 @@ class Registry:
         session.state = SessionState.CLOSING
         session.hello_request = message.request  # the CLOSED answers this request
         session.deadline = now + self.limits.open_timeout
-        return [self._message(Side.BACKEND, session.worker, Message(
+        return [self._message(Side.BACKEND, session.lane, Message(
             Kind.CLOSE, session.id, message.request))]
 
     def _on_ping(self, identity: bytes, message: Message, now: float) -> list[Send]:
@@ -485,6 +505,10 @@ class Registry:
                 raise ProtocolError("A message needs a header frame and a body frame.")
             header = protocol.decode_header(frames[0])
             worker = self.workers.get(identity)
+            if worker is None and identity in self._lane_owner:
+                worker = self.workers[self._lane_owner[identity]]
+                if header.kind == Kind.HEARTBEAT and identity not in worker.attached:
+                    self._attach(worker, identity)
             if worker is not None:
                 worker.last_seen = now
                 if header.kind in WORKER_DATA_KINDS and header.version == PROTOCOL_VERSION:
@@ -533,8 +557,8 @@ class Registry:
             session.bytes += _frames_size(frames)
             destination = self.workers[session.worker]
             if largest_frame(frames) > destination.max_message_bytes:
-                return self._transfer_too_large(destination, header, frames)
-            return [Send(Side.BACKEND, session.worker, list(frames))]
+                return self._transfer_too_large(destination, session, header, frames)
+            return [Send(Side.BACKEND, session.lane, list(frames))]
         if session is None or session.worker != worker.identity:
             self.counters["stale_worker_data"] += 1  # the session closed meanwhile
             return []
@@ -542,7 +566,7 @@ class Registry:
         session.bytes += _frames_size(frames)
         return [Send(Side.FRONTEND, session.client, list(frames))]
 
-    def _transfer_too_large(self, destination: Worker, header: Header,
+    def _transfer_too_large(self, destination: Worker, session: Session, header: Header,
                             frames: Sequence[Any]) -> list[Send]:
         """A TRANSFER bigger than its destination worker takes: the tensor arrives as the
         error instead (the body is decoded only on this rare path)."""
@@ -557,7 +581,7 @@ class Registry:
             f"the {size_text(limit)} worker {destination.name} takes in one message: move "
             "it in slices, or start that worker with a larger --max-message-bytes.",
             size=largest_frame(frames), limit=limit)
-        return [self._message(Side.BACKEND, destination.identity, Message(
+        return [self._message(Side.BACKEND, session.lane, Message(
             Kind.TRANSFER, header.session, header.request,
             {"id": tensor, "error": error.to_wire()}))]
 
@@ -573,6 +597,10 @@ class Registry:
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
                 "REGISTER devices must be a list of maps."), message.header)
+        lanes = body.get("lanes", [])
+        refused = self._lanes_refused(identity, body["name"], lanes, len(body["devices"]))
+        if refused is not None:
+            return self._bad_input(Side.BACKEND, identity, refused, message.header)
         sends: list[Send] = []
         for old in [w for w in self.workers.values()
                     if w.name == body["name"] or w.identity == identity]:
@@ -580,7 +608,9 @@ class Registry:
             sends += self._lose_worker(old, "the worker re-registered")
         self.workers[identity] = Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
-            last_seen=now, max_message_bytes=_size_limit(body, self.limits.max_message_bytes))
+            last_seen=now, max_message_bytes=_size_limit(body, self.limits.max_message_bytes),
+            lanes=list(lanes))
+        self._lane_owner.update(dict.fromkeys(lanes, identity))
         self._known.pop(body["name"], None)  # re-inserted last: the newest is forgotten last
         self._known[body["name"]] = len(body["devices"])
         self._rebuild_devices()
@@ -591,6 +621,35 @@ class Registry:
             {"server": self.server, "heartbeat": self.limits.heartbeat,
              "max_message_bytes": self.limits.max_message_bytes})))
         return sends
+
+    def _lanes_refused(self, identity: bytes, name: str, lanes: Any,
+                       devices: int) -> ProtocolError | None:
+        """Why REGISTER's ``lanes`` cannot be used, or None: one distinct identity per
+        device, none of them another peer's (a worker re-registering may reuse its own)."""
+        if identity in self._lane_owner:
+            return ProtocolError("A device lane cannot register: register from the worker's "
+                                 "own socket.")
+        if not isinstance(lanes, list) or (lanes and len(lanes) != devices) or not all(
+                isinstance(lane, bytes) and 0 < len(lane) < 256 and lane[0] != 0
+                for lane in lanes):
+            return ProtocolError("REGISTER lanes must list one routing identity per device "
+                                 "(1-255 bytes, not starting with a zero byte).")
+        replaced = {w.identity for w in self.workers.values()
+                    if w.name == name or w.identity == identity}
+        taken = [lane for lane in lanes if lane == identity or lane in self.workers
+                 or self._lane_owner.get(lane, identity) not in replaced | {identity}]
+        if taken or len(set(lanes)) != len(lanes):
+            return ProtocolError("REGISTER lanes must be distinct and not another peer's "
+                                 "routing identity: choose fresh random ones.")
+        return None
+
+    def _attach(self, worker: Worker, lane: bytes) -> None:
+        """A lane was heard from: routable now; the worker's devices come online with the
+        last of its lanes."""
+        worker.attached.add(lane)
+        if worker.ready:
+            log.info("worker %s: all %d device lanes attached", worker.name, len(worker.lanes))
+            self._rebuild_devices()
 
     def _worker_session(self, worker: Worker, message: Message) -> Session | None:
         session = self.sessions.get(message.session)
@@ -678,7 +737,7 @@ class Registry:
     def _drop_session(self, session: Session, *, notify_worker: bool) -> list[Send]:
         self._forget(session)
         if notify_worker and session.worker in self.workers:
-            return [self._message(Side.BACKEND, session.worker,
+            return [self._message(Side.BACKEND, session.lane,
                                   Message(Kind.CLOSE, session.id, 0))]
         return []
 
@@ -699,6 +758,8 @@ class Registry:
                 f"{worker.name} {why}. Open a new session.",
                 device=device, worker=worker.name, session=session.id)))
         del self.workers[worker.identity]
+        for lane in worker.lanes:
+            del self._lane_owner[lane]
         self._rebuild_devices()
         return sends
 
@@ -713,7 +774,7 @@ class Registry:
     def unroutable(self, side: Side, identity: bytes, now: float) -> list[Send]:
         """The I/O loop could not deliver to this peer: it has disconnected."""
         if side == Side.BACKEND:
-            worker = self.workers.get(identity)
+            worker = self._worker_or_lane_owner(identity)
             return self._lose_worker(worker, "disconnected") if worker else []
         return self._lose_client(identity, "the client disconnected")
 
@@ -741,13 +802,20 @@ class Registry:
     def lose_worker(self, identity: bytes, why: str) -> list[Send]:
         """Declare a worker lost for the I/O loop (say, it took nothing sent to it for too
         long): its clients are told, as when it dies."""
-        worker = self.workers.get(identity)
+        worker = self._worker_or_lane_owner(identity)
         return self._lose_worker(worker, why) if worker is not None else []
+
+    def _worker_or_lane_owner(self, identity: bytes) -> Worker | None:
+        return self.workers.get(identity) or self.workers.get(self._lane_owner.get(identity))
 
     def next_deadline(self) -> float:
         """When ``tick`` next has work to do: the next heartbeat, or the next scan of
         deadlines (four per heartbeat interval, so no message pays for a scan)."""
         return min(self._next_heartbeat, self._next_scan)
+
+    def _heartbeat(self, identity: bytes, sessions: Any) -> Send:
+        return self._message(Side.BACKEND, identity, Message(
+            Kind.HEARTBEAT, body={"sessions": sorted(sessions)}))
 
     def tick(self, now: float) -> list[Send]:
         """Heartbeats, lost workers, handshake and close deadlines, idle-client probes."""
@@ -756,10 +824,12 @@ class Registry:
         self._next_scan = now + limits.heartbeat / 4
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + limits.heartbeat
-            # Each lists the worker's sessions here: it closes any other (a lost CLOSE).
-            sends += [self._message(Side.BACKEND, w.identity, Message(
-                Kind.HEARTBEAT, body={"sessions": sorted(w.sessions)}))
-                for w in self.workers.values()]
+            # Each lists the sessions here: the worker closes any other (a lost CLOSE).
+            for worker in self.workers.values():
+                sends.append(self._heartbeat(worker.identity, worker.sessions))
+                for local, lane in enumerate(worker.lanes if worker.ready else ()):
+                    sends.append(self._heartbeat(lane, [
+                        s for s in worker.sessions if self.sessions[s].local == local]))
         for worker in list(self.workers.values()):
             if now - worker.last_seen > limits.heartbeat * limits.liveness:
                 sends += self._lose_worker(

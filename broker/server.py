@@ -52,21 +52,29 @@ def _try_send(sock: zmq.Socket, identity: bytes, frames: list[Any]) -> bool:
 
 
 def _router(context: zmq.Context, endpoint: str, limits: Limits,
-            curve: CurveServer | None = None, domain: str = "") -> zmq.Socket:
+            curve: CurveServer | None = None, domain: str = "", *,
+            workers: bool = False) -> zmq.Socket:
     sock = context.socket(zmq.ROUTER)
     if curve is not None:  # before bind: a CURVE server, its peers' keys checked in ``domain``
         curve.apply(sock, domain)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, 0)
+    if workers:
+        # Workers choose their sockets' (random) identities: a lane that reconnects under
+        # its own replaces its old connection instead of waiting for it to die.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     # Bounded per-peer queues both ways, and no frame bigger than the limit (before bind:
     # accepted connections take the options the listener had).
     for option, value in ((zmq.SNDHWM, limits.hwm), (zmq.RCVHWM, limits.hwm),
                           (zmq.MAXMSGSIZE, limits.max_message_bytes)):
         sock.setsockopt(option, value)
-    # libzmq's own transport heartbeats drop a half-open connection, which makes the peer
-    # unroutable; the registry then learns it vanished at the next send to it.
-    sock.setsockopt(zmq.HEARTBEAT_IVL, int(limits.heartbeat * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(limits.heartbeat * limits.liveness * 1000))
+    if not workers:
+        # libzmq's own transport heartbeats drop a half-open connection, which makes the
+        # peer unroutable; the registry then learns it vanished at the next send to it.
+        # Not towards workers: a device's lane goes unread while it computes, and libzmq
+        # would drop it; a worker's own heartbeats tell whether it is there.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(limits.heartbeat * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(limits.heartbeat * limits.liveness * 1000))
     sock.bind(endpoint)
     return sock
 
@@ -81,7 +89,8 @@ class Broker:
         # With allow-lists, pyzmq's ZAP thread checks every peer's key before it is connected.
         self.auth = BrokerAuth(self.context, curve) if curve and curve.authenticates else None
         self.frontend = _router(self.context, frontend, limits, curve, FRONTEND_DOMAIN)
-        self.backend = _router(self.context, backend, limits, curve, BACKEND_DOMAIN)
+        self.backend = _router(self.context, backend, limits, curve, BACKEND_DOMAIN,
+                               workers=True)
         self._held = HeldSends()  # answers to refused tokens, until their not_before
         server = f"fabric-broker {socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.registry = Registry(client_token=client_token, worker_token=worker_token,
@@ -95,6 +104,7 @@ class Broker:
         self._outbox = Outbox(limits.peer_queue, limits.max_message_bytes)
         self._blocking: set[tuple[Side, bytes]] = set()
         self._cut: set[bytes] = set()  # clients cut off whose last words are still parked
+        self._unreachable_since: dict[tuple[Side, bytes], float] = {}  # parked peers
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -186,8 +196,14 @@ class Broker:
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise
-                outbox.discard(key)  # gone: its own messages go with it
-                followups += registry.unroutable(side, identity, now)
+                # libzmq also says this of a peer that was full and has just read (until
+                # the ROUTER learns it did): gone only if it lasts.
+                since = self._unreachable_since.setdefault(key, now)
+                if now - since > self.limits.heartbeat:
+                    self._discard(key)  # gone: its own messages go with it
+                    followups += registry.unroutable(side, identity, now)
+            else:
+                self._unreachable_since.pop(key, None)  # it took them, or is merely full
             if key not in outbox and side is Side.FRONTEND:
                 self._cut.discard(identity)  # it read its last words (or is gone)
         timeout = self.limits.slow_worker_timeout
@@ -196,12 +212,16 @@ class Broker:
                 self._blocking.discard(key)
             elif now - outbox.full_since[key] > timeout:
                 self._blocking.discard(key)
-                outbox.discard(key)
+                self._discard(key)
                 registry.counters["slow_workers_lost"] += 1
                 followups += registry.lose_worker(
                     key[1], f"took none of the messages sent to it for {timeout:g} s")
         self._update_queues()
         self._send(followups)
+
+    def _discard(self, key: tuple[Side, bytes]) -> None:
+        self._outbox.discard(key)
+        self._unreachable_since.pop(key, None)
 
     def _update_queues(self) -> None:
         self.registry.queues.update(

@@ -5,9 +5,9 @@ Rule: everything here ends what it starts (threads joined, sockets closed, SIGCO
 SIGSTOP) when its ``with`` block ends, and every loop is bounded in time. Nothing mocks
 fabric: the proxy forwards real frames between a real broker and a real worker process.
 
-- ``FaultProxy``: a ZeroMQ-level proxy, a ROUTER the worker connects to and a DEALER to the
-  broker's backend, forwarding frames with knobs to drop every Nth message, delay every
-  message, hold everything (a pause), or lose everything (a partition).
+- ``FaultProxy``: a ZeroMQ-level proxy, a ROUTER the worker connects to and, per worker
+  socket, a DEALER to the broker's backend, forwarding frames with knobs to drop every Nth
+  message, delay every message, hold everything (a pause), or lose everything (a partition).
 - ``stopped(process)``: SIGSTOP for the ``with`` block, SIGCONT after, whatever happens.
 - ``ClientLoop``: a thread with its own sessions that makes calls whose right answer is known
   and records each outcome: right, a typed ``FabricError``, or a violation (a wrong value,
@@ -35,6 +35,9 @@ import fabric
 
 TO_BROKER, TO_WORKER = "to_broker", "to_worker"
 MAX_IN_FLIGHT = 10_000  # messages the proxy holds per direction; more are dropped, counted
+# A worker socket nothing came from or for in this long is gone (the broker heartbeats each
+# live one several times a second in these tests): its DEALER to the broker is closed.
+PEER_IDLE = 3.0
 
 
 class FaultProxy(ServerThread):
@@ -77,40 +80,57 @@ class FaultProxy(ServerThread):
     def _serve(self) -> None:
         context = zmq.Context.instance()
         worker_side = context.socket(zmq.ROUTER)
-        broker_side = context.socket(zmq.DEALER)
+        upstream: dict[bytes, zmq.Socket] = {}  # per worker socket, a DEALER to the broker
         try:
-            for sock in (worker_side, broker_side):
-                sock.setsockopt(zmq.LINGER, 0)
+            worker_side.setsockopt(zmq.LINGER, 0)
             worker_side.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            worker_side.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as the broker's backend does
             worker_side.bind("tcp://127.0.0.1:*")
             self.address = worker_side.getsockopt_string(zmq.LAST_ENDPOINT)
-            broker_side.connect(self.upstream)
             self.ready.set()
-            self._forward(worker_side, broker_side)
+            self._forward(context, worker_side, upstream)
         finally:
             worker_side.close(linger=0)
-            broker_side.close(linger=0)
+            for sock in upstream.values():
+                sock.close(linger=0)
 
-    def _forward(self, worker_side: zmq.Socket, broker_side: zmq.Socket) -> None:
-        queues: dict[str, collections.deque[tuple[float, list[bytes]]]] = {
+    def _forward(self, context: zmq.Context, worker_side: zmq.Socket,
+                 upstream: dict[bytes, zmq.Socket]) -> None:
+        # The worker's sockets (its own and each device's lane) are told apart by the
+        # identity they chose, so each gets its own DEALER to the broker under that identity.
+        queues: dict[str, collections.deque[tuple[float, tuple[bytes, list[bytes]]]]] = {
             TO_BROKER: collections.deque(), TO_WORKER: collections.deque()}
         seen = collections.Counter()  # messages seen per direction, for drop_every
-        worker: bytes | None = None  # the worker's current identity (it changes on reconnect)
+        peer_of: dict[zmq.Socket, bytes] = {}
+        last_heard: dict[bytes, float] = {}  # per worker socket, traffic either way
         poller = zmq.Poller()
         poller.register(worker_side, zmq.POLLIN)
-        poller.register(broker_side, zmq.POLLIN)
         while not self.stop.is_set():
+            now = time.monotonic()
+            for peer in [p for p, heard in last_heard.items() if now - heard > PEER_IDLE]:
+                dealer = upstream.pop(peer)
+                poller.unregister(dealer)
+                del peer_of[dealer], last_heard[peer]
+                dealer.close(linger=0)
             for sock, _ in poller.poll(5):
                 for _ in range(100):  # a bounded batch, then the other side's turn
                     if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                         break
                     frames = sock.recv_multipart()
                     if sock is worker_side:
-                        worker, frames, direction = frames[0], frames[1:], TO_BROKER
+                        peer, frames, direction = frames[0], frames[1:], TO_BROKER
+                        if peer not in upstream:
+                            dealer = upstream[peer] = context.socket(zmq.DEALER)
+                            dealer.setsockopt(zmq.LINGER, 0)
+                            dealer.setsockopt(zmq.ROUTING_ID, peer)
+                            dealer.connect(self.upstream)
+                            peer_of[dealer] = peer
+                            poller.register(dealer, zmq.POLLIN)
                     else:
-                        direction = TO_WORKER
+                        peer, direction = peer_of[sock], TO_WORKER
+                    last_heard[peer] = time.monotonic()
                     seen[direction] += 1
-                    self._take(queues[direction], direction, seen[direction], frames)
+                    self._take(queues[direction], direction, seen[direction], (peer, frames))
             now = time.monotonic()
             with self._lock:
                 held = self._held
@@ -118,14 +138,14 @@ class FaultProxy(ServerThread):
                 continue
             for direction, queue in queues.items():
                 while queue and queue[0][0] <= now:
-                    frames = queue[0][1]
+                    peer, frames = queue[0][1]
                     try:
-                        if direction == TO_BROKER:
-                            broker_side.send_multipart(frames, flags=zmq.NOBLOCK)
-                        elif worker is not None:
-                            worker_side.send_multipart([worker, *frames], flags=zmq.NOBLOCK)
+                        if direction == TO_BROKER and peer in upstream:
+                            upstream[peer].send_multipart(frames, flags=zmq.NOBLOCK)
+                        elif direction == TO_BROKER:
+                            raise zmq.ZMQError(zmq.EHOSTUNREACH)  # closed, idle
                         else:
-                            raise zmq.ZMQError(zmq.EHOSTUNREACH)
+                            worker_side.send_multipart([peer, *frames], flags=zmq.NOBLOCK)
                     except zmq.Again:
                         break  # the next hop is full: keep it, in order
                     except zmq.ZMQError as exc:
@@ -137,14 +157,14 @@ class FaultProxy(ServerThread):
                     queue.popleft()
 
     def _take(self, queue: collections.deque, direction: str, number: int,
-              frames: list[bytes]) -> None:
+              message: tuple[bytes, list[bytes]]) -> None:
         with self._lock:
             drop_every, delay, partition = self.drop_every, self.delay, self.partition
         if partition or (drop_every and number % drop_every == 0) \
                 or len(queue) >= MAX_IN_FLIGHT:
             self.counts[f"{direction}_dropped"] += 1
             return
-        queue.append((time.monotonic() + delay, frames))
+        queue.append((time.monotonic() + delay, message))
 
 
 def start_worker_via(cluster: fabric.LocalCluster, index: int, address: str,

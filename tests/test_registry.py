@@ -15,6 +15,7 @@ from broker.registry import Limits, Registry, Send, SessionState, Side
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
+    DeviceOffline,
     DuplicateSession,
     HandshakeError,
     NoSuchDevice,
@@ -646,6 +647,98 @@ def test_unroutable_unknown_peers_change_nothing():
     assert registry.unroutable(Side.BACKEND, b"nobody", 1.0) == []
     assert registry.unroutable(Side.FRONTEND, b"nobody", 1.0) == []
     assert set(registry.workers) == {A, B} and set(registry.sessions) == {1}
+
+
+# -- device lanes ----------------------------------------------------------------------------
+
+L0, L1 = b"Flane-0", b"Flane-1"  # worker "a"'s two device lanes
+
+
+def laned_worker(now: float = 0.0) -> Registry:
+    """Worker "a" (identity A) with two devices, each on its own lane, both attached."""
+    registry = make_registry()
+    body = protocol.decode(register_frames("a", [{}, {}])).body
+    sends = registry.from_worker(A, frames(Kind.REGISTER, body={**body, "lanes": [L0, L1]}),
+                                 now)
+    assert kinds(sends) == [Kind.REGISTERED]
+    for lane in (L0, L1):
+        assert registry.from_worker(lane, frames(Kind.HEARTBEAT), now) == []
+    return registry
+
+
+def test_a_worker_with_lanes_is_online_only_once_every_lane_said_heartbeat():
+    registry = make_registry()
+    body = protocol.decode(register_frames("a", [{}, {}])).body
+    registry.from_worker(A, frames(Kind.REGISTER, body={**body, "lanes": [L0, L1]}), 0.0)
+    assert registry.devices == []  # a message to an unattached lane would be unroutable
+    rejected(hello(registry, C1, session=7), C1, DeviceOffline)
+    registry.from_worker(L0, frames(Kind.HEARTBEAT), 0.0)
+    assert registry.devices == []
+    registry.from_worker(L1, frames(Kind.HEARTBEAT), 0.0)
+    assert [(d["index"], d["worker"], d["local"]) for d in registry.devices] == [
+        (0, "a", 0), (1, "a", 1)]
+
+
+def test_a_sessions_traffic_goes_on_its_devices_lane_both_ways():
+    registry = laned_worker()
+    opening = only(hello(registry, C1, session=7, device=1), Side.BACKEND, L1, Kind.OPEN)
+    only(registry.from_worker(L1, frames(Kind.OPENED, 7, opening.request), 0.0),
+         Side.FRONTEND, C1, Kind.WELCOME)
+    request = frames(Kind.REQUEST, 7, 3, {"op": "read", "id": 1})
+    sends = registry.from_client(C1, request, 1.0)
+    assert [(s.side, s.identity) for s in sends] == [(Side.BACKEND, L1)]
+    assert sends[0].frames == request
+    reply = frames(Kind.REPLY, 7, 3, {"dtype": "<f8", "shape": [1]}, [b"\0" * 8])
+    sends = registry.from_worker(L1, reply, 1.0)
+    assert [(s.side, s.identity, s.frames) for s in sends] == [(Side.FRONTEND, C1, reply)]
+    assert registry.workers[A].last_seen == 1.0  # a lane's traffic is its worker's
+    closing = only(registry.from_client(C1, frames(Kind.CLOSE, 7, 4), 2.0),
+                   Side.BACKEND, L1, Kind.CLOSE)
+    only(registry.from_worker(L1, frames(Kind.CLOSED, 7, closing.request), 2.0),
+         Side.FRONTEND, C1, Kind.CLOSED)
+    assert_no_session_state(registry)
+
+
+def test_heartbeats_list_each_lanes_sessions_on_that_lane():
+    registry = laned_worker()
+    open_session(registry, C1, session=7, device=1)
+    open_session(registry, C1, session=8, device=0)
+    listed = {s.identity: decoded(s).body["sessions"] for s in registry.tick(0.0)}
+    assert listed == {A: [7, 8], L0: [8], L1: [7]}
+
+
+def test_an_unroutable_lane_loses_its_worker_and_tells_its_clients():
+    registry = laned_worker()
+    open_session(registry, C1, session=7, device=0)
+    message = only(registry.unroutable(Side.BACKEND, L1, 1.0), Side.FRONTEND, C1, Kind.ERROR)
+    assert error_from_wire(message.body).code == SessionLost.code
+    assert registry.workers == {} and registry.devices == []
+    assert registry.unroutable(Side.BACKEND, L0, 1.0) == []  # forgotten with its worker
+
+
+@pytest.mark.parametrize("lanes", [[L0], [L0, L0], [L0, "text"], [L0, b"\0zero"], [L0, b""],
+                                   [L0, A], "lanes"])
+def test_lanes_that_cannot_be_routed_are_a_protocol_error(lanes):
+    registry = make_registry()
+    body = protocol.decode(register_frames("a", [{}, {}])).body
+    sends = registry.from_worker(A, frames(Kind.REGISTER, body={**body, "lanes": lanes}), 0.0)
+    assert only(sends, Side.BACKEND, A, Kind.ERROR).body["code"] == ProtocolError.code
+    assert registry.workers == {}
+
+
+def test_a_lane_is_not_taken_from_another_worker_nor_registers_itself():
+    registry = laned_worker()
+    body = protocol.decode(register_frames("b", [{}])).body
+    sends = registry.from_worker(B, frames(Kind.REGISTER, body={**body, "lanes": [L0]}), 0.0)
+    assert only(sends, Side.BACKEND, B, Kind.ERROR).body["code"] == ProtocolError.code
+    sends = registry.from_worker(L0, register_frames("c", [{}]), 0.0)
+    assert only(sends, Side.BACKEND, L0, Kind.ERROR).body["code"] == ProtocolError.code
+    assert set(registry.workers) == {A} and len(registry.devices) == 2
+    # The worker itself, registering again (a broker that forgot it), keeps its lanes.
+    body = protocol.decode(register_frames("a", [{}, {}])).body
+    sends = registry.from_worker(A, frames(Kind.REGISTER, body={**body, "lanes": [L0, L1]}),
+                                 1.0)
+    assert kinds(sends) == [Kind.REGISTERED]
 
 
 def test_shutdown_tells_every_client():

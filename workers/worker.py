@@ -1,16 +1,24 @@
-"""The worker process: a socket thread that talks to the broker, one thread per device.
+"""The worker process: a control thread that talks to the broker, one thread per device.
 
-Rule: the socket thread never computes. It owns the DEALER to the broker, heartbeats,
-notices a lost broker and re-registers, and hands each session's messages to the thread of
-the device that serves the session over an inproc PAIR. Device threads run ``Executor``;
-a long op there never delays a heartbeat. The DEALER's socket monitor reports what ZeroMQ
-keeps silent: a CURVE key the broker refuses, or encryption on at one end only, stops the
-worker (``RegistrationRefused``) as a refused token does.
+Rule: the control thread never computes and never carries a session's traffic. It owns the
+worker's DEALER to the broker: registration, heartbeats, noticing a lost broker and
+registering again. Each device thread owns its device's own DEALER to the broker, its
+"lane" (a routing identity that REGISTER lists): it runs ``Executor`` on what arrives there
+and answers on it, so a read crosses no thread inside the worker, and a long op never delays
+a heartbeat. The control thread speaks to each device thread over an inproc PAIR: stop,
+reset (the broker that knew the sessions is gone), attach (after REGISTERED, the lane says
+HEARTBEAT so the broker can route to it), and tensors moving between two sessions of this
+worker, which go device to device in memory instead of through the broker.
+
+The control DEALER's socket monitor reports what ZeroMQ keeps silent: a CURVE key the
+broker refuses, or encryption on at one end only, stops the worker
+(``RegistrationRefused``) as a refused token does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -36,9 +44,12 @@ from .executor import Executor
 
 log = logging.getLogger("fabric.worker")
 
-_STOP, _RESET = b"stop", b"reset"  # control frames on the inproc pairs
+# Commands on the inproc pairs, control thread to device thread; anything else there is a
+# fabric message (a TRANSFER between two sessions of this worker).
+_STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
 
 
 def _try_send(sock: zmq.Socket, frames: list[Any]) -> bool:
@@ -50,34 +61,194 @@ def _try_send(sock: zmq.Socket, frames: list[Any]) -> bool:
     return True
 
 
+def _routing_identity() -> bytes:
+    """A fresh random routing identity (ZeroMQ reserves those that start with a zero byte)."""
+    return b"F" + os.urandom(15)
+
+
+def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: int,
+            curve: CurveClient | None) -> zmq.Socket:
+    """A DEALER to the broker's backend, not yet connected."""
+    sock = context.socket(zmq.DEALER)
+    for option, value in ((zmq.LINGER, 0), (zmq.ROUTING_ID, identity), (zmq.SNDHWM, hwm),
+                          (zmq.RCVHWM, hwm), (zmq.MAXMSGSIZE, max_message_bytes)):
+        sock.setsockopt(option, value)
+    if curve is not None:
+        curve.apply(sock)
+    return sock
+
+
 class RegistrationRefused(Exception):
     """The broker refused this worker for a reason retrying cannot fix."""
 
 
-def _device_thread(context: zmq.Context, address: str, executor: Executor,
-                   hwm: int = DEFAULT_HWM) -> None:
-    pair = context.socket(zmq.PAIR)
-    pair.setsockopt(zmq.SNDHWM, hwm)  # inproc adds both ends' limits: both are bounded
-    pair.setsockopt(zmq.RCVHWM, hwm)
-    pair.connect(address)
-    try:
-        while True:
-            frames = pair.recv_multipart(copy=False)
-            if len(frames) == 1:
-                if frames[0].bytes == _STOP:
-                    return
-                executor.close_all()  # _RESET
+class _DeviceThread:
+    """One device: its lane to the broker, its executor, its pair to the control thread."""
+
+    def __init__(self, worker: "Worker", index: int, executor: Executor) -> None:
+        self.index = index
+        self.executor = executor
+        self.pair_address = f"inproc://device-{index}"
+        self._worker = worker
+        self._broker_limit = worker.max_message_bytes  # the largest frame the broker takes
+        self._reply_limit: dict[int, int] = {}  # session -> largest frame its client takes
+        self._lane: zmq.Socket | None = None  # made at the first RESET
+        self._pair: zmq.Socket | None = None
+        self._poller = zmq.Poller()
+
+    def run(self) -> None:
+        worker = self._worker
+        self._pair = worker.context.socket(zmq.PAIR)
+        self._pair.setsockopt(zmq.SNDHWM, worker.hwm)  # inproc adds both ends' limits
+        self._pair.setsockopt(zmq.RCVHWM, worker.hwm)
+        self._pair.connect(self.pair_address)
+        self._poller.register(self._pair, zmq.POLLIN)
+        try:
+            while True:
+                for sock, _ in self._poller.poll():  # the control thread's STOP ends it
+                    frames = sock.recv_multipart(copy=False)
+                    if sock is self._lane:
+                        self._from_broker(frames)
+                    elif not self._from_control(frames):
+                        return
+        finally:
+            self._pair.close(linger=0)
+            self._close_lane()
+
+    def _close_lane(self) -> None:
+        if self._lane is not None:
+            self._poller.unregister(self._lane)
+            self._lane.close(linger=0)
+
+    def _from_control(self, frames: list[zmq.Frame]) -> bool:
+        """Obey a command from the control thread; False on STOP."""
+        command = frames[0].bytes
+        if command == _STOP:
+            return False
+        if command == _RESET:  # a new connection to the broker, under a new identity
+            for session in self.executor.sessions:
+                self._forget(session)
+            self.executor.close_all()
+            worker = self._worker
+            self._close_lane()
+            self._lane = _dealer(worker.context, frames[1].bytes, worker.hwm,
+                                 worker.max_message_bytes, worker.curve)
+            self._lane.connect(worker.broker)
+            self._poller.register(self._lane, zmq.POLLIN)
+        elif command == _ATTACH:
+            self._broker_limit = int(frames[1].bytes)
+            self._send(protocol.encode(Message(Kind.HEARTBEAT)))
+        else:  # a tensor moved from another device of this worker
+            self._handle(frames)
+        return True
+
+    def _from_broker(self, frames: list[zmq.Frame]) -> None:
+        try:
+            header = protocol.decode_header(frames[0])
+        except FabricError as exc:
+            log.warning("bad message from the broker on device %d: %s", self.index, exc)
+            return
+        if header.kind in _DEVICE_KINDS:
+            if header.kind == Kind.OPEN:
+                self._note_open(header, frames)
+            elif header.kind == Kind.CLOSE:
+                self._forget(header.session)
+            self._handle(frames)
+        elif header.kind == Kind.HEARTBEAT:
+            self._reconcile(frames)
+        elif header.kind in (Kind.ERROR, Kind.REJECT):
+            message = protocol.unpack_body(frames[1]).get("message") if len(frames) > 1 else ""
+            log.warning("the broker reported on device %d's lane: %s", self.index, message)
+
+    def _note_open(self, header: protocol.Header, frames: list[zmq.Frame]) -> None:
+        try:
+            limit = protocol.unpack_body(frames[1]).get("max_message_bytes")
+        except (FabricError, IndexError):
+            return  # the executor answers the malformed OPEN
+        if type(limit) is int and limit > 0:
+            self._reply_limit[header.session] = min(limit, self._broker_limit)
+
+    def _forget(self, session: int) -> None:
+        self._reply_limit.pop(session, None)
+        if self._worker.session_device.get(session) == self.index:
+            del self._worker.session_device[session]
+
+    def _reconcile(self, frames: list[zmq.Frame]) -> None:
+        """Close every session the broker's heartbeat does not list: the broker forgot it
+        (its CLOSE may have been lost), so nothing will ever close it otherwise."""
+        try:
+            listed = protocol.unpack_body(frames[1]).get("sessions")
+        except (FabricError, IndexError):
+            return
+        if not isinstance(listed, list):
+            return
+        known = set(listed)
+        for session in [s for s in self.executor.sessions if s not in known]:
+            log.info("session %#x is gone from the broker: closing it here", session)
+            self._forget(session)
+            self.executor.handle(Message(Kind.CLOSE, session))
+
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        try:
+            replies = self.executor.handle(protocol.decode(frames))
+        except FabricError as exc:
+            header = protocol.decode_header(frames[0])
+            replies = [protocol.error_message(exc, session=header.session,
+                                              request=header.request)]
+        for reply in replies:
+            if reply.kind == Kind.OPENED:
+                self._worker.session_device[reply.session] = self.index
+            elif reply.kind == Kind.TRANSFER and reply.session in self._worker.session_device:
+                # Both sessions live on this worker: the tensor moves in memory, unless the
+                # control thread's queue is full (then it goes the long way, by the broker).
+                frames = protocol.encode(reply)
+                if _try_send(self._pair, frames):
+                    continue
+                self._send(frames)
                 continue
-            try:
-                replies = executor.handle(protocol.decode(frames))
-            except FabricError as exc:
-                header = protocol.decode_header(frames[0])
-                replies = [protocol.error_message(exc, session=header.session,
-                                                  request=header.request)]
-            for reply in replies:
-                pair.send_multipart(protocol.encode(reply), copy=False)
-    finally:
-        pair.close(linger=0)
+            self._send(self._within_limits(reply))
+
+    def _within_limits(self, reply: Message) -> list[Any]:
+        """A reply's frames, or in place of a REPLY or TRANSFER bigger than the way ahead
+        takes, the same message carrying ``MessageTooLarge`` (a frame too big would cost
+        the connection)."""
+        frames = protocol.encode(reply)
+        if reply.kind not in (Kind.REPLY, Kind.TRANSFER) or not reply.buffers:
+            return frames
+        limit = (self._reply_limit.get(reply.session, self._broker_limit)
+                 if reply.kind == Kind.REPLY else self._broker_limit)
+        size = largest_frame(frames)
+        if size <= limit:
+            return frames
+        if reply.kind == Kind.REPLY:
+            error = MessageTooLarge(
+                f"The array read is {size_text(size)}, more than the {size_text(limit)} the "
+                "way to the client takes in one message: read it in slices "
+                "(t[:n].numpy()), or raise --max-message-bytes on the broker and workers "
+                "and max_message_bytes= on the client.", size=size, limit=limit)
+            return protocol.encode(Message(Kind.REPLY, reply.session, reply.request,
+                                           {"error": error.to_wire()}))
+        error = MessageTooLarge(
+            f"The tensor moved with .to() is {size_text(size)}, more than the "
+            f"{size_text(limit)} the broker takes in one message: move it in slices, or "
+            "raise --max-message-bytes on the broker and workers.", size=size, limit=limit)
+        return protocol.encode(Message(Kind.TRANSFER, reply.session, reply.request,
+                                       {"id": reply.body.get("id"), "error": error.to_wire()}))
+
+    def _send(self, frames: list[Any]) -> None:
+        """Send on the lane; while the broker takes nothing, this device waits (and reads
+        nothing: backpressure), but not longer than the broker's liveness window: past it
+        the broker is gone, and so is what the message answered."""
+        if _try_send(self._lane, frames):
+            return
+        worker = self._worker
+        deadline = time.monotonic() + worker.heartbeat * worker.liveness
+        while time.monotonic() < deadline:
+            if self._lane.poll(100, zmq.POLLOUT) and _try_send(self._lane, frames):
+                return
+        log.warning("device %d: the broker took nothing for %.1f s; a %s message is dropped",
+                    self.index, worker.heartbeat * worker.liveness,
+                    protocol.decode_header(frames[0]).kind.name)
 
 
 class Worker:
@@ -91,37 +262,36 @@ class Worker:
         cls = device_class(backend)  # refuses capture/remote before anything starts
         self.broker = broker
         self.token = token
-        self.curve = curve  # CURVE keys: the link to the broker is encrypted
+        self.curve = curve  # CURVE keys: the links to the broker are encrypted
         self.backend = backend
         self.name = name
         self.heartbeat = heartbeat
         self.liveness = liveness
-        self.max_message_bytes = max_message_bytes  # MAXMSGSIZE of the DEALER
+        self.max_message_bytes = max_message_bytes  # MAXMSGSIZE of the DEALERs
         self.hwm = hwm  # SNDHWM and RCVHWM of every socket, and of each parked queue
         self.context = zmq.Context()
         self.devices = [cls(i) for i in range(devices)]
+        # Which device holds each open session: device threads write their own, and read
+        # it to send a TRANSFER in memory when its destination session is on this worker.
+        self.session_device: dict[int, int] = {}
+        self._lanes: list[bytes] = []  # each device's lane identity, new at each _connect
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
-        for i, device in enumerate(self.devices):
-            address = f"inproc://device-{i}"
+        for i, backend_device in enumerate(self.devices):
+            device = _DeviceThread(self, i, Executor(backend_device, memory_limit))
             pair = self.context.socket(zmq.PAIR)
             pair.setsockopt(zmq.SNDHWM, hwm)
             pair.setsockopt(zmq.RCVHWM, hwm)
-            pair.bind(address)
-            thread = threading.Thread(target=_device_thread, name=f"device-{i}", daemon=True,
-                                      args=(self.context, address,
-                                            Executor(device, memory_limit), hwm))
+            pair.bind(device.pair_address)
+            thread = threading.Thread(target=device.run, name=f"device-{device.index}",
+                                      daemon=True)
             thread.start()
             self._pairs.append(pair)
             self._threads.append(thread)
-        self._session_device: dict[int, int] = {}
         self._running = True
-        # Flow control (see ``_to_device``): messages a full socket could not take yet.
+        # Tensors moving in memory, for device threads whose pair is full (see _retry).
         self._to_devices = Outbox(hwm, max_message_bytes)  # by device index
-        self._to_broker = Outbox(hwm, max_message_bytes)  # one key: None
-        self._reading_broker = self._reading_devices = True
-        self._broker_limit = max_message_bytes  # the largest frame the broker takes
-        self._reply_limit: dict[int, int] = {}  # session -> largest frame its client takes
+        self._reading_devices = True
         self.dealer: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._warned = False  # about a failed CURVE handshake, once per connection
@@ -134,17 +304,15 @@ class Worker:
 
     def _connect(self) -> None:
         self._close_dealer()
-        for pair in self._pairs:  # sessions die with the broker connection that knew them
-            pair.send(_RESET)
-        self._session_device.clear()
-        self._flow_reset()
-        self.dealer = self.context.socket(zmq.DEALER)
-        self.dealer.setsockopt(zmq.LINGER, 0)
-        for option, value in ((zmq.SNDHWM, self.hwm), (zmq.RCVHWM, self.hwm),
-                              (zmq.MAXMSGSIZE, self.max_message_bytes)):
-            self.dealer.setsockopt(option, value)
-        if self.curve is not None:
-            self.curve.apply(self.dealer)
+        # Sessions die with the broker connection that knew them; every socket starts
+        # afresh, under a new identity (the broker may not yet have dropped the old ones).
+        self._lanes = [_routing_identity() for _ in self._pairs]
+        for pair, lane in zip(self._pairs, self._lanes):
+            pair.send_multipart([_RESET, lane])
+        self._to_devices.clear()
+        self._set_reading_devices(True)
+        self.dealer = _dealer(self.context, _routing_identity(), self.hwm,
+                              self.max_message_bytes, self.curve)
         # A refused key or mismatched encryption is only ever a monitor event.
         self._monitor = self.dealer.get_monitor_socket(_HANDSHAKE_FAILED)
         self._warned = False
@@ -178,88 +346,45 @@ class Worker:
     def _register(self) -> None:
         body = {"token": self.token, "name": self.name, "backend": self.backend,
                 "devices": [d.settings() for d in self.devices],
+                "lanes": self._lanes,
                 "max_message_bytes": self.max_message_bytes}
         self._send(Message(Kind.REGISTER, body=body))
 
     def _send(self, message: Message) -> None:
-        self._to_broker_send(protocol.encode(message))
+        # Only registration and heartbeats use this socket: when the broker takes nothing,
+        # a heartbeat would not help, and it is sent again a heartbeat later.
+        if not _try_send(self.dealer, protocol.encode(message)):
+            log.warning("the broker takes nothing: a %s was not sent", message.kind.name)
 
-    # -- flow control -------------------------------------------------------------------------
-    # No send here blocks the socket thread (heartbeats go on) and nothing is dropped: a
-    # message that a full socket cannot take waits in a bounded Outbox; while a device's
-    # queue is full the broker's messages are not read (they wait in the DEALER, then in the
-    # broker), and while the queue to the broker is full the devices' messages are not read.
+    # -- tensors moving between devices of this worker ------------------------------------
+    # A device thread hands the control thread a TRANSFER for a session on another device
+    # of this worker (or sends it by the broker when the pair is full). The control thread
+    # never blocks on a device's pair: what a full pair cannot take waits in a bounded
+    # Outbox, and while one is full the device threads are not read.
 
-    def _flow_reset(self) -> None:
-        """Forget what waits (the sessions it is for died with the connection)."""
-        self._to_devices.clear()
-        self._to_broker.clear()
-        self._reading_broker = self._reading_devices = True
-        self._reply_limit.clear()
-
-    def _to_device(self, device: int, frames: list[Any]) -> None:
+    def _transfer(self, frames: list[zmq.Frame]) -> None:
+        header = protocol.decode_header(frames[0])  # a device thread's own TRANSFER
+        device = self.session_device.get(header.session)
+        if device is None:
+            return  # the destination closed meanwhile; the broker would drop it too
         if device in self._to_devices or not _try_send(self._pairs[device], frames):
-            if self._to_devices.park(device, frames, time.monotonic()) and self._reading_broker:
-                self._reading_broker = False
-                self._poller.modify(self.dealer, 0)
+            if self._to_devices.park(device, frames, time.monotonic()):
+                self._set_reading_devices(False)
 
-    def _to_broker_send(self, frames: list[Any]) -> None:
-        if self._to_broker or not _try_send(self.dealer, frames):
-            if self._to_broker.park(None, frames, time.monotonic()) and self._reading_devices:
-                self._reading_devices = False
-                for pair in self._pairs:
-                    self._poller.modify(pair, 0)
+    def _set_reading_devices(self, reading: bool) -> None:
+        if reading != self._reading_devices and self.dealer is not None:
+            for pair in self._pairs:
+                self._poller.modify(pair, zmq.POLLIN if reading else 0)
+        self._reading_devices = reading
 
     def _retry(self) -> None:
-        """Send what waits, in order, as far as the sockets take it; read again what was
-        paused once the queue it fed drained to half."""
+        """Send parked transfers, in order, as far as the pairs take them; read the device
+        threads again once every queue drained to half."""
         for device in self._to_devices.keys():
             pair = self._pairs[device]
             self._to_devices.flush(device, lambda f, pair=pair: _try_send(pair, f))
-        self._to_broker.flush(None, lambda f: _try_send(self.dealer, f))
-        if not self._reading_broker and not self._to_devices.full_since:
-            self._reading_broker = True
-            self._poller.modify(self.dealer, zmq.POLLIN)
-        if not self._reading_devices and not self._to_broker.is_full(None):
-            self._reading_devices = True
-            for pair in self._pairs:
-                self._poller.modify(pair, zmq.POLLIN)
-
-    def _too_large(self, header: protocol.Header, frames: list[Any], limit: int) -> list[Any]:
-        """In place of a REPLY or TRANSFER bigger than the way ahead takes: the same message
-        carrying ``MessageTooLarge`` (a frame too big would cost the connection)."""
-        size = largest_frame(frames)
-        if header.kind == Kind.REPLY:
-            error = MessageTooLarge(
-                f"The array read is {size_text(size)}, more than the {size_text(limit)} the "
-                "way to the client takes in one message: read it in slices "
-                "(t[:n].numpy()), or raise --max-message-bytes on the broker and workers "
-                "and max_message_bytes= on the client.", size=size, limit=limit)
-            return protocol.encode(Message(Kind.REPLY, header.session, header.request,
-                                           {"error": error.to_wire()}))
-        error = MessageTooLarge(
-            f"The tensor moved with .to() is {size_text(size)}, more than the "
-            f"{size_text(limit)} the broker takes in one message: move it in slices, or "
-            "raise --max-message-bytes on the broker and workers.", size=size, limit=limit)
-        body = protocol.unpack_body(frames[1])  # this worker's own TRANSFER: a valid map
-        return protocol.encode(Message(Kind.TRANSFER, header.session, header.request,
-                                       {"id": body.get("id"), "error": error.to_wire()}))
-
-    def _reconcile(self, frames: list[Any]) -> None:
-        """Close every session the broker's heartbeat does not list: the broker forgot it
-        (its CLOSE may have been lost), so nothing will ever close it otherwise."""
-        try:
-            listed = protocol.unpack_body(frames[1]).get("sessions")
-        except FabricError:
-            return
-        if not isinstance(listed, list):
-            return
-        known = set(listed)
-        for session in [s for s in self._session_device if s not in known]:
-            log.info("session %#x is gone from the broker: closing it here", session)
-            self._to_device(self._session_device.pop(session),
-                            protocol.encode(Message(Kind.CLOSE, session)))
-            self._reply_limit.pop(session, None)
+        if not self._to_devices.full_since:
+            self._set_reading_devices(True)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -269,8 +394,7 @@ class Worker:
             self._connect()
             last_heard = last_sent = time.monotonic()
             while self._running:
-                waiting = bool(self._to_devices or self._to_broker)
-                for sock, _ in self._poller.poll(5 if waiting else
+                for sock, _ in self._poller.poll(5 if self._to_devices else
                                                  min(100, self.heartbeat * 1000)):
                     if sock is self.dealer:
                         last_heard = time.monotonic()
@@ -278,37 +402,19 @@ class Worker:
                     elif sock is self._monitor:
                         self._on_handshake_failed(recv_monitor_message(self._monitor))
                     else:
-                        frames = sock.recv_multipart(copy=False)
-                        self._from_device(frames)
-                        last_sent = time.monotonic()
-                if self._to_devices or self._to_broker:
+                        self._transfer(sock.recv_multipart(copy=False))
+                if self._to_devices:
                     self._retry()
                 now = time.monotonic()
-                if not self._reading_broker and self.dealer.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    last_heard = now  # not read now, but the broker is there
                 if now - last_heard > self.heartbeat * self.liveness:
                     log.warning("broker silent for %.1f s; reconnecting", now - last_heard)
                     self._connect()
                     last_heard = now
                 elif now - last_sent >= self.heartbeat:
-                    if not self._to_broker:  # else the broker is not reading anyway
-                        self._send(Message(Kind.HEARTBEAT))
+                    self._send(Message(Kind.HEARTBEAT))
                     last_sent = now
         finally:
             self.close()
-
-    def _from_device(self, frames: list[zmq.Frame]) -> None:
-        header = protocol.decode_header(frames[0])
-        if header.kind == Kind.TRANSFER and header.session in self._session_device:
-            # Both sessions live on this worker: the tensor moves in memory, not via the broker.
-            self._to_device(self._session_device[header.session], frames)
-            return
-        elif header.kind in (Kind.REPLY, Kind.TRANSFER):
-            limit = (self._reply_limit.get(header.session, self._broker_limit)
-                     if header.kind == Kind.REPLY else self._broker_limit)
-            if largest_frame(frames) > limit:
-                frames = self._too_large(header, frames, limit)
-        self._to_broker_send(frames)
 
     def _from_broker(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -317,42 +423,20 @@ class Worker:
             log.warning("bad message from the broker: %s", exc)
             return
         if header.kind in (Kind.HEARTBEAT, Kind.PONG):
-            if header.kind == Kind.HEARTBEAT and len(frames) > 1:
-                self._reconcile(frames)
-            return
+            return  # the lanes' heartbeats list each device's sessions
         if header.kind in (Kind.REGISTERED, Kind.REJECT, Kind.ERROR) and header.session == 0:
             self._control_from_broker(protocol.decode(frames))
             return
-        if header.kind == Kind.OPEN:
-            body = protocol.decode(frames).body
-            device = body["device"]
-            if not 0 <= device < len(self.devices):
-                self._send(protocol.error_message(
-                    FabricError(f"This worker has no device {device}."), kind=Kind.REJECT,
-                    session=header.session, request=header.request))
-                return
-            self._session_device[header.session] = device
-            limit = body.get("max_message_bytes")
-            if type(limit) is int and limit > 0:
-                self._reply_limit[header.session] = min(limit, self._broker_limit)
-        device = self._session_device.get(header.session)
-        if device is None:
-            if header.kind == Kind.CLOSE:
-                self._send(Message(Kind.CLOSED, header.session, header.request))
-            return
-        if header.kind == Kind.CLOSE:
-            # Forgotten here now, not when the device answers: the id may be opened again
-            # before that answer comes, and the answer must not forget the new session.
-            self._session_device.pop(header.session)
-            self._reply_limit.pop(header.session, None)
-        self._to_device(device, frames)
+        log.warning("a %s message for session %#x came on the worker's own socket, not on "
+                    "a device's lane: dropped", header.kind.name, header.session)
 
     def _control_from_broker(self, message: Message) -> None:
         if message.kind == Kind.REGISTERED:
             log.info("registered with %s", message.body["server"])
             limit = message.body.get("max_message_bytes")
-            if type(limit) is int and limit > 0:
-                self._broker_limit = limit
+            limit = limit if type(limit) is int and limit > 0 else self.max_message_bytes
+            for pair in self._pairs:  # each lane says HEARTBEAT: the broker routes to it
+                pair.send_multipart([_ATTACH, b"%d" % limit])
             return
         error = error_from_wire(message.body)
         if isinstance(error, (AuthenticationError, VersionMismatch)):
