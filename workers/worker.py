@@ -38,6 +38,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
+from fabric.sockets import recv_frames, send_frames
 
 from .backends import device_class
 from .executor import Executor
@@ -55,7 +56,7 @@ _DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kin
 def _try_send(sock: zmq.Socket, frames: list[Any]) -> bool:
     """Send without blocking; False when the socket's queue is full."""
     try:
-        sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+        send_frames(sock, frames, zmq.NOBLOCK)
     except zmq.Again:
         return False
     return True
@@ -106,7 +107,7 @@ class _DeviceThread:
         try:
             while True:
                 for sock, _ in self._poller.poll():  # the control thread's STOP ends it
-                    frames = sock.recv_multipart(copy=False)
+                    frames = recv_frames(sock)
                     if sock is self._lane:
                         self._from_broker(frames)
                     elif not self._from_control(frames):
@@ -398,11 +399,11 @@ class Worker:
                                                  min(100, self.heartbeat * 1000)):
                     if sock is self.dealer:
                         last_heard = time.monotonic()
-                        self._from_broker(self.dealer.recv_multipart(copy=False))
+                        self._from_broker(recv_frames(self.dealer))
                     elif sock is self._monitor:
                         self._on_handshake_failed(recv_monitor_message(self._monitor))
                     else:
-                        self._transfer(sock.recv_multipart(copy=False))
+                        self._transfer(recv_frames(sock))
                 if self._to_devices:
                     self._retry()
                 now = time.monotonic()
