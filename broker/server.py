@@ -25,7 +25,7 @@ import zmq
 from fabric import protocol
 from fabric.flow import Outbox
 from fabric.protocol import Kind
-from fabric.sockets import recv_frames, send_frames
+from fabric.sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames
 from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
 
 from .held import HeldSends
@@ -46,7 +46,7 @@ def _is_notice(frames: list[Any]) -> bool:
 def _try_send(sock: zmq.Socket, identity: bytes, frames: list[Any]) -> bool:
     """Send to one peer of a ROUTER without blocking; False when its queue is full."""
     try:
-        send_frames(sock, [identity, *frames], zmq.NOBLOCK)
+        send_frames(sock, [identity, *frames], NOBLOCK)
     except zmq.Again:
         return False
     return True
@@ -129,7 +129,7 @@ class Broker:
                     followups += self._park(side, identity, frames)  # behind, in order
                     continue
                 try:
-                    send_frames(self._sockets[side], [identity, *frames], zmq.NOBLOCK)
+                    send_frames(self._sockets[side], [identity, *frames], NOBLOCK)
                 except zmq.ZMQError as exc:
                     if exc.errno == zmq.EHOSTUNREACH:
                         followups += self.registry.unroutable(side, identity, time.monotonic())
@@ -260,7 +260,7 @@ class Broker:
                         self._send(handle(frames[0].bytes, frames[1:], time.monotonic()))
                         if self._blocking and sock is self.frontend:
                             break  # backpressure: a worker's queue is full
-                        if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        if not sock.getsockopt(EVENTS) & POLLIN:
                             break
             self._send(registry.shutdown())
         finally:

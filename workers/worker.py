@@ -38,7 +38,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import recv_frames, send_frames
+from fabric.sockets import NOBLOCK, recv_frames, send_frames
 
 from .backends import device_class
 from .executor import Executor
@@ -56,7 +56,7 @@ _DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kin
 def _try_send(sock: zmq.Socket, frames: list[Any]) -> bool:
     """Send without blocking; False when the socket's queue is full."""
     try:
-        send_frames(sock, frames, zmq.NOBLOCK)
+        send_frames(sock, frames, NOBLOCK)
     except zmq.Again:
         return False
     return True
