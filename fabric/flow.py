@@ -9,10 +9,11 @@ cuts a client that does not read its replies, and loses a worker whose queue sta
 ``slow_peer_timeout`` seconds). The ``Outbox`` is sans I/O: sends are done by a callable.
 
 Why a stalled destination cannot be waited for long: libzmq's own heartbeat (the broker sets
-``HEARTBEAT_IVL``/``HEARTBEAT_TIMEOUT``) drops a connection whose engine stopped reading
-because the queue behind it is full, and its queued messages with it (libzmq #3937 and
-PR #4830 describe the mechanism). So a reader may pause a source only for less than that
-timeout; the broker's default ``slow_peer_timeout`` is 2/3 of it.
+``HEARTBEAT_IVL``/``HEARTBEAT_TIMEOUT`` towards clients) drops a connection whose engine
+stopped reading because the queue behind it is full, and its queued messages with it
+(libzmq #3937 and PR #4830 describe the mechanism). So a reader may pause a source only for
+less than that timeout; the broker's default ``slow_peer_timeout`` is 2/3 of it. (Towards
+workers the broker runs no such heartbeat: a device's lane goes unread while it computes.)
 
 ``MAXMSGSIZE`` in libzmq limits each frame, not the sum of a message's frames, and a peer
 that sends a bigger frame is disconnected without a word; so every sender checks the frames
