@@ -39,6 +39,7 @@ from .flow import DEFAULT_MAX_MESSAGE_BYTES, size_text
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .security import CurveClient, CurveOption, client_keys, handshake_error
+from .sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames
 from .tensor import Tensor, TensorSession
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
@@ -126,28 +127,32 @@ class Connection:
 
     def send(self, message: Message) -> None:
         """Queue a message to the broker (no reply expected)."""
+        self._send(message)
+        # Read what has come meanwhile: a client that only streams ops still reads, so the
+        # broker never holds messages for it (it cuts off clients that leave them unread).
+        self._drain()
+
+    def _send(self, message: Message) -> None:
+        """Queue a message, or raise why the connection or its session cannot take it."""
         self._check_thread()
         if self.error is not None:
             raise self.error
         if message.session in self.pending.lost:  # known lost: fail now, send nothing
             raise self.pending.lost[message.session]
         try:
-            self.socket.send_multipart(protocol.encode(message), copy=False)
+            send_frames(self.socket, protocol.encode(message))
         except zmq.Again:
             raise RequestTimeout(
                 f"The broker at {self.address} took none of the {SEND_QUEUE} queued messages "
                 f"in {self.send_timeout:g} s: it or the device's worker is overloaded or gone."
             ) from None
-        # Read what has come meanwhile: a client that only streams ops still reads, so the
-        # broker never holds messages for it (it cuts off clients that leave them unread).
-        if self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._drain()
 
     def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
         """Send a request and wait for its reply (matched by request id) until the deadline."""
         request = self.pending.new_request()
-        self.send(Message(message.kind, message.session, request, message.body,
-                          message.buffers))
+        # Unlike ``send``, no read right after: the wait reads everything that has come.
+        self._send(Message(message.kind, message.session, request, message.body,
+                           message.buffers))
         return self.wait(request, time.monotonic() + timeout, session=session)
 
     def wait(self, request: int, deadline: float, *, session: int = 0) -> Message:
@@ -174,6 +179,7 @@ class Connection:
                     if sock is self._monitor:
                         self._on_event(recv_monitor_message(self._monitor))
                     else:
+                        self._receive()  # the poll saw it come: no EVENTS check first
                         self._drain()
         except BaseException:
             self.pending.forget(request)
@@ -191,11 +197,20 @@ class Connection:
                               "that it and the device's worker are running, or raise timeout=.")
 
     def _drain(self) -> None:
+        """Read and file every message that has come."""
         # EVENTS is checked instead of catching zmq.Again: the exception is slow.
-        while self.socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            message = protocol.decode(self.socket.recv_multipart(copy=False))
-            self.established = True
-            self.pending.on_message(message)
+        while self.socket.getsockopt(EVENTS) & POLLIN:
+            self._receive()
+
+    def _receive(self) -> None:
+        """Read and file one message if one has come; never wait for it."""
+        try:
+            frames = recv_frames(self.socket, NOBLOCK)  # (a wait here has no deadline)
+        except zmq.Again:
+            return
+        message = protocol.decode(frames)
+        self.established = True
+        self.pending.on_message(message)
 
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event["event"]
