@@ -3,7 +3,8 @@
     python bench/run.py            # all, prints a table of medians and ratios
 
 Raw baselines: "direct" is a DEALER talking to a ROUTER worker; "hop" puts the minimal Python
-broker of ``bench/raw.py`` between them, which is the path fabric's traffic takes.
+broker of ``bench/raw.py`` between them, which is the path fabric's traffic takes. The raw
+processes run with the allocator settings fabric's own get (``with_bulk_malloc``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
+from fabric.cluster import with_bulk_malloc  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 
 W1_OPS = 10_000
@@ -112,6 +114,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=47310, help="first of 4 loopback ports")
     parser.add_argument("--skip-bulk", action="store_true", help="skip W3 (256 MiB)")
     args = parser.parse_args()
+    # The raw peers' processes get the allocator settings LocalCluster gives fabric's broker
+    # and worker (huge pages for large frames): like for like. (This process, the client of
+    # both, started with whatever its environment said.)
+    os.environ.update(with_bulk_malloc(os.environ))
     array = np.random.default_rng(0).random(BULK_BYTES // 8)
     figures: dict[str, list[float]] = {}
 

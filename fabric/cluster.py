@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .client import Device, Session, connect, devices
 from .config import new_token, write_connection_file
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from .admin import Admin
 
 _PR_SET_PDEATHSIG = 1
+# A large frame arrives in a fresh allocation, and faulting its pages in is most of what
+# receiving it costs; on transparent huge pages that is one fault per 2 MiB instead of per
+# 4 KiB (bulk transfers ran about twice as fast here). glibc 2.35+; older ones ignore it.
+BULK_MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
 
 
 def _die_with_parent() -> None:
@@ -41,6 +45,15 @@ def _die_with_parent() -> None:
         return  # not Linux: the children notice through heartbeats instead
     if os.getppid() != parent:  # the launcher died before prctl took effect
         os._exit(1)
+
+
+def with_bulk_malloc(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a process that moves large arrays: glibc backs its large allocations with
+    transparent huge pages (``BULK_MALLOC_TUNABLE``), unless ``env`` already says otherwise."""
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables:
+        return dict(env)
+    return {**env, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, BULK_MALLOC_TUNABLE)))}
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> str:
@@ -107,7 +120,7 @@ class LocalCluster:
     # -- processes --------------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
-        return {**os.environ, "FABRIC_TOKEN": self.token,
+        return {**with_bulk_malloc(os.environ), "FABRIC_TOKEN": self.token,
                 "FABRIC_WORKER_TOKEN": self.worker_token, "FABRIC_ADMIN_TOKEN": self.admin_token,
                 "PYTHONUNBUFFERED": "1"}
 
