@@ -137,3 +137,18 @@ def test_connect_with_nothing_named_runs_an_embedded_cluster_and_stops_it():
     count, total, stopped = result.stdout.split()
     assert int(count) == (os.cpu_count() or 1) and int(total) == 6 and stopped == "True"
     assert child_pids() == before
+
+
+def test_brokers_and_workers_start_with_huge_page_malloc_unless_told_otherwise(monkeypatch):
+    from fabric.cluster import BULK_MALLOC_TUNABLE, with_bulk_malloc
+
+    assert with_bulk_malloc({})["GLIBC_TUNABLES"] == BULK_MALLOC_TUNABLE
+    assert with_bulk_malloc({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})[
+        "GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{BULK_MALLOC_TUNABLE}"
+    assert with_bulk_malloc({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})[
+        "GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"  # an operator's choice stands
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    with fabric.LocalCluster(workers=1) as cluster:
+        for proc in (cluster.broker, *cluster.workers):
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            assert f"GLIBC_TUNABLES={BULK_MALLOC_TUNABLE}".encode() in environ
