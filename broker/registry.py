@@ -201,7 +201,7 @@ def _natural(name: str) -> list[Any]:
 
 
 def _frames_size(frames: Sequence[Any]) -> int:
-    return sum(len(f) for f in frames)
+    return sum(map(len, frames))
 
 
 def _size_limit(body: dict[str, Any], default: int) -> int:

@@ -242,7 +242,8 @@ class Broker:
                 now = time.monotonic()
                 if now >= registry.next_deadline():  # (not per message: tick scans all)
                     self._send(registry.tick(now))
-                self._send(self._held.due(now))
+                if self._held:
+                    self._send(self._held.due(now))
                 if self._outbox:
                     self._retry(now)
                 timeout_ms = max(0.0, min(0.1, registry.next_deadline() - now,
