@@ -33,7 +33,7 @@ def test_one_connection_serves_sessions_on_every_device(sessions):
 
 
 @pytest.mark.parametrize("target", [1, 2], ids=["same-worker", "other-worker"])
-def test_to_moves_identical_bytes_without_the_client(sessions, target):
+def test_to_moves_identical_bytes_without_the_client(four_devices, sessions, target):
     original = np.random.default_rng(3).standard_normal((512, 300))  # 1.2 MB
     source = sessions[0].asarray(original)
     uploaded = sessions[0].stats()["bytes_uploaded"]
@@ -41,6 +41,11 @@ def test_to_moves_identical_bytes_without_the_client(sessions, target):
     assert moved.session is sessions[target] and (moved.shape, moved.dtype) == (
         original.shape, original.dtype)
     assert sessions[0].stats()["bytes_uploaded"] == uploaded  # nothing went up again
+    assert moved[0, 0].numpy() == original[0, 0]  # (it has arrived)
+    # Between two devices of one worker it moves in memory: the broker never carries it.
+    with four_devices.admin() as admin:
+        routed = {int(row["id"], 16): row["bytes"] for row in admin.sessions()}
+    assert (routed[sessions[target].id] > original.nbytes) == (target == 2)
     assert moved.numpy().tobytes() == original.tobytes()
     np.testing.assert_array_equal((moved * 2).sum(axis=0).numpy(), (original * 2).sum(axis=0))
 
