@@ -79,6 +79,15 @@ def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: 
     return sock
 
 
+def _pair(context: zmq.Context, hwm: int) -> zmq.Socket:
+    """One end of a control thread's link to a device thread (inproc adds both ends'
+    limits, so both are bounded)."""
+    sock = context.socket(zmq.PAIR)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    return sock
+
+
 class RegistrationRefused(Exception):
     """The broker refused this worker for a reason retrying cannot fix."""
 
@@ -99,9 +108,7 @@ class _DeviceThread:
 
     def run(self) -> None:
         worker = self._worker
-        self._pair = worker.context.socket(zmq.PAIR)
-        self._pair.setsockopt(zmq.SNDHWM, worker.hwm)  # inproc adds both ends' limits
-        self._pair.setsockopt(zmq.RCVHWM, worker.hwm)
+        self._pair = _pair(worker.context, worker.hwm)
         self._pair.connect(self.pair_address)
         self._poller.register(self._pair, zmq.POLLIN)
         try:
@@ -280,9 +287,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         for i, backend_device in enumerate(self.devices):
             device = _DeviceThread(self, i, Executor(backend_device, memory_limit))
-            pair = self.context.socket(zmq.PAIR)
-            pair.setsockopt(zmq.SNDHWM, hwm)
-            pair.setsockopt(zmq.RCVHWM, hwm)
+            pair = _pair(self.context, hwm)
             pair.bind(device.pair_address)
             thread = threading.Thread(target=device.run, name=f"device-{device.index}",
                                       daemon=True)
