@@ -504,11 +504,10 @@ class Registry:
             if len(frames) < 2:
                 raise ProtocolError("A message needs a header frame and a body frame.")
             header = protocol.decode_header(frames[0])
-            worker = self.workers.get(identity)
-            if worker is None and identity in self._lane_owner:
-                worker = self.workers[self._lane_owner[identity]]
-                if header.kind == Kind.HEARTBEAT and identity not in worker.attached:
-                    self._attach(worker, identity)
+            worker = self._worker_or_lane_owner(identity)
+            if (worker is not None and header.kind == Kind.HEARTBEAT
+                    and identity in self._lane_owner and identity not in worker.attached):
+                self._attach(worker, identity)
             if worker is not None:
                 worker.last_seen = now
                 if header.kind in WORKER_DATA_KINDS and header.version == PROTOCOL_VERSION:

@@ -79,6 +79,14 @@ def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: 
     return sock
 
 
+def _body(frames: list[zmq.Frame]) -> dict[str, Any]:
+    """A message's msgpack body, or an empty map when it has none or a malformed one."""
+    try:
+        return protocol.unpack_body(frames[1])
+    except (FabricError, IndexError):
+        return {}
+
+
 def _pair(context: zmq.Context, hwm: int) -> zmq.Socket:
     """One end of a control thread's link to a device thread (inproc adds both ends'
     limits, so both are bounded)."""
@@ -165,14 +173,11 @@ class _DeviceThread:
         elif header.kind == Kind.HEARTBEAT:
             self._reconcile(frames)
         elif header.kind in (Kind.ERROR, Kind.REJECT):
-            message = protocol.unpack_body(frames[1]).get("message") if len(frames) > 1 else ""
-            log.warning("the broker reported on device %d's lane: %s", self.index, message)
+            log.warning("the broker reported on device %d's lane: %s", self.index,
+                        _body(frames).get("message"))
 
     def _note_open(self, header: protocol.Header, frames: list[zmq.Frame]) -> None:
-        try:
-            limit = protocol.unpack_body(frames[1]).get("max_message_bytes")
-        except (FabricError, IndexError):
-            return  # the executor answers the malformed OPEN
+        limit = _body(frames).get("max_message_bytes")  # (the executor refuses a bad OPEN)
         if type(limit) is int and limit > 0:
             self._reply_limit[header.session] = min(limit, self._broker_limit)
 
@@ -184,10 +189,7 @@ class _DeviceThread:
     def _reconcile(self, frames: list[zmq.Frame]) -> None:
         """Close every session the broker's heartbeat does not list: the broker forgot it
         (its CLOSE may have been lost), so nothing will ever close it otherwise."""
-        try:
-            listed = protocol.unpack_body(frames[1]).get("sessions")
-        except (FabricError, IndexError):
-            return
+        listed = _body(frames).get("sessions")
         if not isinstance(listed, list):
             return
         known = set(listed)
@@ -209,11 +211,8 @@ class _DeviceThread:
             elif reply.kind == Kind.TRANSFER and reply.session in self._worker.session_device:
                 # Both sessions live on this worker: the tensor moves in memory, unless the
                 # control thread's queue is full (then it goes the long way, by the broker).
-                frames = protocol.encode(reply)
-                if _try_send(self._pair, frames):
+                if _try_send(self._pair, protocol.encode(reply)):
                     continue
-                self._send(frames)
-                continue
             self._send(self._within_limits(reply))
 
     def _within_limits(self, reply: Message) -> list[Any]:
@@ -285,12 +284,11 @@ class Worker:
         self._lanes: list[bytes] = []  # each device's lane identity, new at each _connect
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
-        for i, backend_device in enumerate(self.devices):
-            device = _DeviceThread(self, i, Executor(backend_device, memory_limit))
+        for i, device in enumerate(self.devices):
+            runner = _DeviceThread(self, i, Executor(device, memory_limit))
             pair = _pair(self.context, hwm)
-            pair.bind(device.pair_address)
-            thread = threading.Thread(target=device.run, name=f"device-{device.index}",
-                                      daemon=True)
+            pair.bind(runner.pair_address)
+            thread = threading.Thread(target=runner.run, name=f"device-{i}", daemon=True)
             thread.start()
             self._pairs.append(pair)
             self._threads.append(thread)
