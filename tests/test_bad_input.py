@@ -16,7 +16,7 @@ from rawpeers import RawDealer, frames_of
 import fabric
 from fabric import protocol
 from fabric.errors import error_from_wire
-from fabric.protocol import HEADER_SIZE, MAGIC, PROTOCOL_VERSION, Header, Kind
+from fabric.protocol import HEADER_SIZE, MAGIC, PROTOCOL_VERSION, Header, Kind, Message
 
 GOOD_HEADER = Header(Kind.DEVICES, session=7, request=9).pack()
 GOOD_BODY = protocol.pack_body({"token": "x"})
@@ -54,15 +54,22 @@ def test_the_garbage_is_what_it_says():
     assert len(header) == HEADER_SIZE and header[:2] == MAGIC and header[4] == 99
 
 
+def _protocol_error_for(peer: RawDealer, name: str, frames: list) -> Message:
+    """Send one malformed message; its answer, checked to be a ProtocolError that says
+    something."""
+    peer.send(frames)
+    answer = peer.recv_message(timeout=2)
+    assert answer.kind == Kind.ERROR, name
+    error = error_from_wire(answer.body)
+    assert type(error) is fabric.ProtocolError, (name, answer.body)
+    assert error.message, name
+    return answer
+
+
 def test_malformed_frontend_messages_get_protocol_errors(cluster):
     with RawDealer(cluster.address) as dealer:
         for name, frames in FRONTEND_GARBAGE:
-            dealer.send(frames)
-            answer = dealer.recv_message(timeout=2)
-            assert answer.kind == Kind.ERROR, name
-            error = error_from_wire(answer.body)
-            assert type(error) is fabric.ProtocolError, (name, answer.body)
-            assert error.message, name
+            answer = _protocol_error_for(dealer, name, frames)
             # Where the header could be read, the answer names the request it answers.
             if len(frames) == 2 and len(frames[0]) == HEADER_SIZE and frames[0][:2] == MAGIC \
                     and frames[0][4] != 99:
@@ -152,10 +159,7 @@ def test_worker_messages_from_an_unregistered_worker_are_refused(cluster, kind):
 def test_malformed_backend_messages_get_protocol_errors(cluster):
     with RawDealer(cluster.backend_address) as stranger:
         for name, frames in BACKEND_GARBAGE:
-            stranger.send(frames)
-            answer = stranger.recv_message(timeout=2)
-            assert answer.kind == Kind.ERROR, name
-            assert type(error_from_wire(answer.body)) is fabric.ProtocolError, name
+            _protocol_error_for(stranger, name, frames)
     assert_broker_serves(cluster)
 
 
