@@ -327,10 +327,11 @@ class Registry:
         """A message from the frontend (routing identity already split off)."""
         header = None  # once read, an error answer names the request it answers
         try:
-            if len(frames) < 2:
-                raise ProtocolError("A message needs a header frame and a body frame.")
+            if not frames:
+                raise ProtocolError("A message needs a header frame.")
             header = protocol.decode_header(frames[0])
             if header.kind in CLIENT_DATA_KINDS and header.version == PROTOCOL_VERSION:
+                protocol.check_frames(header, frames)
                 return self._route_client_data(identity, header, frames, now)
             if header.kind == Kind.HELLO and header.version != PROTOCOL_VERSION:
                 # Checked before the body: another version may lay out its body differently.
@@ -338,7 +339,7 @@ class Registry:
                     f"The client speaks protocol version {header.version} and this broker "
                     f"speaks {PROTOCOL_VERSION}: install matching fabric versions.",
                     client_version=header.version, server_version=PROTOCOL_VERSION))
-            message = protocol.decode(frames)
+            message = protocol.decode(frames, header)
         except ProtocolError as exc:
             return self._bad_input(Side.FRONTEND, identity, exc, header)
         if message.version != PROTOCOL_VERSION:
@@ -501,8 +502,8 @@ class Registry:
         """A message from the backend (routing identity already split off)."""
         header = None  # once read, an error answer names the request it answers
         try:
-            if len(frames) < 2:
-                raise ProtocolError("A message needs a header frame and a body frame.")
+            if not frames:
+                raise ProtocolError("A message needs a header frame.")
             header = protocol.decode_header(frames[0])
             worker = self._worker_or_lane_owner(identity)
             if (worker is not None and header.kind == Kind.HEARTBEAT
@@ -511,6 +512,7 @@ class Registry:
             if worker is not None:
                 worker.last_seen = now
                 if header.kind in WORKER_DATA_KINDS and header.version == PROTOCOL_VERSION:
+                    protocol.check_frames(header, frames)
                     return self._route_worker_data(worker, header, frames)
             if header.kind == Kind.REGISTER:
                 if header.version != PROTOCOL_VERSION:
@@ -520,14 +522,14 @@ class Registry:
                         f"speaks {PROTOCOL_VERSION}: install matching fabric versions.",
                         client_version=header.version, server_version=PROTOCOL_VERSION),
                         kind=Kind.REJECT)]
-                return self._on_register(identity, protocol.decode(frames), now)
+                return self._on_register(identity, protocol.decode(frames, header), now)
             if worker is None:
                 self.counters["unregistered_worker_messages"] += 1
                 log.warning("message from unregistered worker %s", identity.hex())
                 return [self._error(Side.BACKEND, identity, ProtocolError(
                     "This worker is not registered: send REGISTER first.",
                     reason="not_registered"), session=header.session, request=header.request)]
-            message = protocol.decode(frames)
+            message = protocol.decode(frames, header)
         except ProtocolError as exc:
             return self._bad_input(Side.BACKEND, identity, exc, header)
         if message.version != PROTOCOL_VERSION:  # its body was not validated
@@ -571,7 +573,7 @@ class Registry:
         error instead (the body is decoded only on this rare path)."""
         self.counters["transfers_too_large"] += 1
         try:
-            tensor = protocol.unpack_body(frames[1]).get("id")
+            tensor = protocol.decode_body(header, frames).get("id")
         except ProtocolError:
             return []
         limit = destination.max_message_bytes

@@ -580,11 +580,12 @@ class TensorSession:
         return reply
 
     def _read(self, tensor: Tensor) -> np.ndarray:
-        reply = self._call({"op": "read", "id": tensor.id})
+        # The worker checks what this client inferred, and answers with the bytes alone.
+        reply = self._call({"op": "read", "id": tensor.id, "dtype": tensor.dtype.str,
+                            "shape": list(tensor.shape)})
         if len(reply.buffers) != 1:
             raise ProtocolError("A read reply must carry exactly one buffer.")
-        return array_from_frame(reply.buffers[0], np.dtype(reply.body["dtype"]),
-                                tuple(reply.body["shape"]))
+        return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
 
     def sync(self, timeout: float | None = None) -> None:
         """Wait until the device has run everything sent so far; raise its first error."""

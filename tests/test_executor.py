@@ -48,6 +48,22 @@ def test_ops_run_in_submission_order_and_reads_return_the_result():
     np.testing.assert_array_equal(read(executor, 3), [6.0, 24.0])
 
 
+def test_a_read_that_states_what_it_expects_gets_the_bytes_alone_or_a_clear_error():
+    executor = opened()
+    submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [2, 3], "buffer": 0}],
+           buffers=(np.arange(6.0).tobytes(),))
+    reply = request(executor, op="read", id=1, dtype="<f8", shape=[2, 3])
+    assert reply.body == {}  # the client inferred it right: nothing to tell it
+    np.testing.assert_array_equal(np.frombuffer(reply.buffers[0], "<f8"), np.arange(6.0))
+    for dtype, shape in (("<f4", [2, 3]), ("<f8", [6]), ("<f8", "junk")):
+        reply = request(executor, op="read", id=1, dtype=dtype, shape=shape)
+        error = error_from_wire(reply.body["error"])
+        assert error.code == "remote_error" and not reply.buffers
+        assert "<f8 with shape [2, 3] on the device" in str(error), error
+        assert "Report it as a fabric bug" in str(error)
+    np.testing.assert_array_equal(read(executor, 1), np.arange(6.0).reshape(2, 3))  # still there
+
+
 def test_a_failed_op_poisons_everything_downstream_and_sync_reports_it_once():
     executor = opened()
     submit(executor,

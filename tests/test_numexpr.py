@@ -7,8 +7,9 @@ deferred copies of its inputs on the numexpr device, and every result read back 
 the numexpr device must have the numpy device's dtype and shape and its values: exactly for
 bool and integer results (and for nan, inf and their positions), and within floating-point
 tolerance otherwise: float64 within rtol = atol = 1e-12 (1e-10 after chains of many ops,
-1e-9 for sums of a million elements, added in another order), float32 within 1e-5. (numexpr uses the C library's functions where numpy has its own SIMD
-ones; both are within a few ulp of the exact result.) Where numpy fails, the numexpr device
+1e-9 for sums of a million elements, added in another order), float32 within 1e-5.
+(numexpr uses the C library's functions where numpy has its own SIMD ones; both are
+within a few ulp of the exact result.) Where numpy fails, the numexpr device
 fails alike: at the call site (the client's inference is shared) or, for data-dependent
 errors, at the read, naming the same op.
 

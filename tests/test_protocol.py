@@ -70,14 +70,38 @@ def test_round_trip_every_kind(kind, buffers):
     message = Message(kind, session=0xDEADBEEF, request=42, body=valid_body(kind),
                       buffers=buffers)
     frames = protocol.encode(message)
-    assert len(frames) == 2 + len(buffers)
+    body_frames = 1 if message.body else 0  # an empty body is left out
+    assert len(frames) == 1 + body_frames + len(buffers)
     decoded = protocol.decode(frames)
     assert decoded == message
     assert decoded.kind is kind
     assert decoded.version == PROTOCOL_VERSION
     # Buffers are handed on as the very objects that arrived, never copied.
     assert len(decoded.buffers) == len(buffers)
-    assert all(got is sent for got, sent in zip(decoded.buffers, frames[2:]))
+    assert all(got is sent for got, sent in zip(decoded.buffers, frames[1 + body_frames:]))
+
+
+def test_an_empty_body_is_left_out_and_the_header_says_so():
+    buffer = b"\x01" * 8
+    frames = protocol.encode(Message(Kind.REPLY, 3, 4, buffers=(buffer,)))
+    assert len(frames) == 2 and frames[1] is buffer
+    assert protocol.decode_header(frames[0]).flags & protocol.NO_BODY
+    decoded = protocol.decode(frames)
+    assert decoded.body == {} and decoded.buffers == (buffer,)
+    # With a body, the flag is off and the body frame is there.
+    frames = protocol.encode(Message(Kind.REPLY, 3, 4, {"ok": True}, (buffer,)))
+    assert len(frames) == 3 and not protocol.decode_header(frames[0]).flags & protocol.NO_BODY
+
+
+def test_a_lone_header_without_the_no_body_flag_is_a_protocol_error():
+    with pytest.raises(ProtocolError, match="a header and a body are needed"):
+        protocol.decode([Header(Kind.PING, 1, 2).pack()])
+
+
+def test_a_left_out_body_is_still_checked_against_its_kinds_schema():
+    header = Header(Kind.HELLO, 1, 2, flags=protocol.NO_BODY).pack()
+    with pytest.raises(ProtocolError, match="'token'"):
+        protocol.decode([header])
 
 
 @pytest.mark.parametrize("session,request_id", [(0, 0), (MAX_ID, MAX_ID), (1, MAX_ID - 1)])
@@ -308,7 +332,7 @@ def mutated_messages(draw):
     kind = draw(st.sampled_from(list(Kind)))
     frames = [bytearray(f) for f in valid_frames(kind)]
     for _ in range(draw(st.integers(1, 3))):
-        mutate_bytes(draw, frames[draw(st.integers(0, 1))],
+        mutate_bytes(draw, frames[draw(st.integers(0, len(frames) - 1))],
                      draw(st.sampled_from(BYTE_MUTATIONS)))
     return [bytes(f) for f in frames]
 

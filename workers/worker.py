@@ -79,11 +79,11 @@ def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: 
     return sock
 
 
-def _body(frames: list[zmq.Frame]) -> dict[str, Any]:
+def _body(header: protocol.Header, frames: list[zmq.Frame]) -> dict[str, Any]:
     """A message's msgpack body, or an empty map when it has none or a malformed one."""
     try:
-        return protocol.unpack_body(frames[1])
-    except (FabricError, IndexError):
+        return protocol.decode_body(header, frames)
+    except FabricError:
         return {}
 
 
@@ -169,15 +169,15 @@ class _DeviceThread:
                 self._note_open(header, frames)
             elif header.kind == Kind.CLOSE:
                 self._forget(header.session)
-            self._handle(frames)
+            self._handle(frames, header)
         elif header.kind == Kind.HEARTBEAT:
-            self._reconcile(frames)
+            self._reconcile(header, frames)
         elif header.kind in (Kind.ERROR, Kind.REJECT):
             log.warning("the broker reported on device %d's lane: %s", self.index,
-                        _body(frames).get("message"))
+                        _body(header, frames).get("message"))
 
     def _note_open(self, header: protocol.Header, frames: list[zmq.Frame]) -> None:
-        limit = _body(frames).get("max_message_bytes")  # (the executor refuses a bad OPEN)
+        limit = _body(header, frames).get("max_message_bytes")  # (the executor refuses a bad OPEN)
         if type(limit) is int and limit > 0:
             self._reply_limit[header.session] = min(limit, self._broker_limit)
 
@@ -186,10 +186,10 @@ class _DeviceThread:
         if self._worker.session_device.get(session) == self.index:
             del self._worker.session_device[session]
 
-    def _reconcile(self, frames: list[zmq.Frame]) -> None:
+    def _reconcile(self, header: protocol.Header, frames: list[zmq.Frame]) -> None:
         """Close every session the broker's heartbeat does not list: the broker forgot it
         (its CLOSE may have been lost), so nothing will ever close it otherwise."""
-        listed = _body(frames).get("sessions")
+        listed = _body(header, frames).get("sessions")
         if not isinstance(listed, list):
             return
         known = set(listed)
@@ -198,9 +198,10 @@ class _DeviceThread:
             self._forget(session)
             self.executor.handle(Message(Kind.CLOSE, session))
 
-    def _handle(self, frames: list[zmq.Frame]) -> None:
+    def _handle(self, frames: list[zmq.Frame], header: protocol.Header | None = None) -> None:
+        """Run one message (``header``: its first frame's, if already read) and answer."""
         try:
-            replies = self.executor.handle(protocol.decode(frames))
+            replies = self.executor.handle(protocol.decode(frames, header))
         except FabricError as exc:
             header = protocol.decode_header(frames[0])
             replies = [protocol.error_message(exc, session=header.session,
@@ -429,7 +430,7 @@ class Worker:
         if header.kind in (Kind.HEARTBEAT, Kind.PONG):
             return  # the lanes' heartbeats list each device's sessions
         if header.kind in (Kind.REGISTERED, Kind.REJECT, Kind.ERROR) and header.session == 0:
-            self._control_from_broker(protocol.decode(frames))
+            self._control_from_broker(protocol.decode(frames, header))
             return
         log.warning("a %s message for session %#x came on the worker's own socket, not on "
                     "a device's lane: dropped", header.kind.name, header.session)
