@@ -111,7 +111,9 @@ def w3_raw(peers: RawPeers, array: np.ndarray) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="repetitions; medians are shown")
-    parser.add_argument("--port", type=int, default=47310, help="first of 4 loopback ports")
+    parser.add_argument("--port", type=int, default=27310,
+                        help="first of 4 loopback ports (below the ephemeral range, where "
+                        "a closed connection's port can stay taken for a minute)")
     parser.add_argument("--skip-bulk", action="store_true", help="skip W3 (256 MiB)")
     args = parser.parse_args()
     # The raw peers' processes get the allocator settings LocalCluster gives fabric's broker

@@ -253,12 +253,14 @@ class Broker:
                 for sock, _ in (backend_only if self._blocking else poller).poll(timeout_ms):
                     if self.auth is not None:  # before an admin status may report them
                         self._count_refused_keys()
-                    # Drain a bounded batch per socket so one side cannot starve the other.
+                    # Drain a bounded batch per socket so one side cannot starve the other;
+                    # a batch takes milliseconds at most, so it shares one reading of the clock.
                     handle = from_side[sock]
+                    now = time.monotonic()
                     # (EVENTS is checked instead of catching zmq.Again: the exception is slow.)
                     for _ in range(256):
                         frames = recv_frames(sock)
-                        self._send(handle(frames[0].bytes, frames[1:], time.monotonic()))
+                        self._send(handle(frames[0].bytes, frames[1:], now))
                         if self._blocking and sock is self.frontend:
                             break  # backpressure: a worker's queue is full
                         if not sock.getsockopt(EVENTS) & POLLIN:

@@ -35,7 +35,7 @@ DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
 
 def largest_frame(frames: Iterable[Any]) -> int:
     """The size in bytes of the biggest frame (what ``MAXMSGSIZE`` is compared with)."""
-    return max((len(frame) for frame in frames), default=0)
+    return max(map(len, frames), default=0)
 
 
 def size_text(count: int) -> str:

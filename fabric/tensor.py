@@ -81,13 +81,12 @@ class _FrameMemory:
 def array_from_frame(frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """An ordinary writable array over a received frame: shared when large, else copied."""
     size = math.prod(shape) * dtype.itemsize  # (np.prod costs ~15 us, on every read)
-    buffer = getattr(frame, "buffer", frame)
-    if len(buffer) != size:
-        raise ProtocolError(f"A buffer of {len(buffer)} bytes cannot hold {shape} {dtype}.")
+    if len(frame) != size:  # (a frame, like bytes, has a len() and the buffer protocol)
+        raise ProtocolError(f"A buffer of {len(frame)} bytes cannot hold {shape} {dtype}.")
     if size >= ZERO_COPY_BYTES and hasattr(frame, "buffer") and \
-            np.frombuffer(buffer, np.uint8).ctypes.data % dtype.alignment == 0:
+            np.frombuffer(frame, np.uint8).ctypes.data % dtype.alignment == 0:
         return np.asarray(_FrameMemory(frame, dtype, shape))
-    return np.frombuffer(buffer, dtype).reshape(shape).copy()
+    return np.frombuffer(frame, dtype).reshape(shape).copy()
 
 
 def decode_scalar(arg: list[Any] | None) -> Any:

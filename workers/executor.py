@@ -298,7 +298,7 @@ class Executor(GraphOps):
                 "disagrees with this worker's backend. Report it as a fabric bug, with the "
                 "op that made the tensor.", tensor=tensor_id, dtype=dtype, shape=shape))]
         # What the client inferred is so: the reply is the bytes alone (no body frame).
-        return [Message(Kind.REPLY, message.session, message.request, buffers=(flat,))]
+        return [Message(Kind.REPLY, message.session, message.request, {}, (flat,))]
 
     def _stats(self, session: SessionState, message: Message) -> list[Message]:
         return [Message(Kind.REPLY, message.session, message.request, {
