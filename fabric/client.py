@@ -178,9 +178,8 @@ class Connection:
                 for sock, _ in self._poller.poll(remaining * 1000):
                     if sock is self._monitor:
                         self._on_event(recv_monitor_message(self._monitor))
-                    else:
-                        self._receive()  # the poll saw it come: no EVENTS check first
-                        self._drain()
+                    else:  # one message (the poll saw it come: no EVENTS check first);
+                        self._receive()  # more that came are read as the loop goes on
         except BaseException:
             self.pending.forget(request)
             raise
@@ -345,7 +344,7 @@ class Session(TensorSession):
 
     def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
         self._check_open()
-        reply = self.connection.request(Message(Kind.REQUEST, self.id, body=body),
+        reply = self.connection.request(Message(Kind.REQUEST, self.id, 0, body),
                                         self.timeout if timeout is None else timeout,
                                         session=self.id)
         return expect_reply(reply, Kind.REPLY)

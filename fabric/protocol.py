@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 from typing import Any, NamedTuple, Sequence
 
 import msgpack
@@ -154,9 +155,16 @@ def decode_header(frame: Any) -> Header:
     return Header(member, session, request, version, flags)
 
 
+_packers = threading.local()  # msgpack.packb makes a Packer per call, a µs on every message
+
+
 def pack_body(body: dict[str, Any]) -> bytes:
     """Encode a msgpack body."""
-    return msgpack.packb(body, use_bin_type=True)
+    try:
+        packer = _packers.packer
+    except AttributeError:  # (a Packer is not shared between threads: it has a buffer)
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(body)
 
 
 def unpack_body(frame: Any) -> dict[str, Any]:

@@ -541,7 +541,7 @@ class TensorSession:
         released, self._released = self._released, []
         body = {"ops": self._batch, "free": released}
         try:
-            self.connection.send(Message(Kind.SUBMIT, self.id, body=body, buffers=self._buffers))
+            self.connection.send(Message(Kind.SUBMIT, self.id, 0, body, self._buffers))
         except BaseException:
             self._released = released + self._released  # nothing is lost: sent next time
             raise
