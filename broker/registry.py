@@ -573,7 +573,7 @@ class Registry:
         error instead (the body is decoded only on this rare path)."""
         self.counters["transfers_too_large"] += 1
         try:
-            tensor = protocol.decode_body(header, frames).get("id")
+            tensor = protocol.decode(frames, header).body.get("id")
         except ProtocolError:
             return []
         limit = destination.max_message_bytes

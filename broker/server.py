@@ -240,15 +240,16 @@ class Broker:
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
-                if now >= registry.next_deadline():  # (not per message: tick scans all)
+                wake = registry.next_deadline()
+                if now >= wake:  # (not per message: tick scans all)
                     self._send(registry.tick(now))
+                    wake = registry.next_deadline()
                 if self._held:
                     self._send(self._held.due(now))
-                if self._outbox:
-                    self._retry(now)
-                timeout_ms = max(0.0, min(0.1, registry.next_deadline() - now,
-                                          self._held.next_deadline() - now)) * 1000
+                    wake = min(wake, self._held.next_deadline())
+                timeout_ms = max(0.0, min(0.1, wake - now)) * 1000
                 if self._outbox:  # retried soon: a peer's queue drains without telling us
+                    self._retry(now)
                     timeout_ms = min(timeout_ms, RETRY_MS)
                 for sock, _ in (backend_only if self._blocking else poller).poll(timeout_ms):
                     if self.auth is not None:  # before an admin status may report them

@@ -209,14 +209,6 @@ def check_frames(header: Header, frames: Sequence[Any]) -> None:
         )
 
 
-def decode_body(header: Header, frames: Sequence[Any]) -> dict[str, Any]:
-    """The body of the message ``header`` was read from: the empty map when it has none."""
-    if header.flags & NO_BODY:
-        return {}
-    check_frames(header, frames)
-    return unpack_body(frames[1])
-
-
 def decode(frames: Sequence[Any], header: Header | None = None) -> Message:
     """Decode and validate a full message (after any routing identity was removed);
     ``header`` is its first frame's, when the caller has already read it."""
@@ -224,12 +216,17 @@ def decode(frames: Sequence[Any], header: Header | None = None) -> Message:
         raise ProtocolError("A message has 0 frame(s); a header and a body are needed.")
     if header is None:
         header = decode_header(frames[0])
-    body = decode_body(header, frames)
-    if header.version == PROTOCOL_VERSION:
-        validate_body(header.kind, body)
-    first_buffer = 1 if header.flags & NO_BODY else 2
-    return Message(header.kind, header.session, header.request, body,
-                   tuple(frames[first_buffer:]), header.version)
+    kind = header.kind
+    if header.flags & NO_BODY:
+        body: dict[str, Any] = {}
+        buffers = tuple(frames[1:])
+    else:
+        check_frames(header, frames)
+        body = unpack_body(frames[1])
+        buffers = tuple(frames[2:])
+    if kind in BODY_SCHEMAS and header.version == PROTOCOL_VERSION:
+        validate_body(kind, body)
+    return Message(kind, header.session, header.request, body, buffers, header.version)
 
 
 def error_message(error: FabricError, *, kind: Kind = Kind.ERROR, session: int = 0,

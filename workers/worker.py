@@ -82,7 +82,7 @@ def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: 
 def _body(header: protocol.Header, frames: list[zmq.Frame]) -> dict[str, Any]:
     """A message's msgpack body, or an empty map when it has none or a malformed one."""
     try:
-        return protocol.decode_body(header, frames)
+        return protocol.decode(frames, header).body
     except FabricError:
         return {}
 
