@@ -123,7 +123,8 @@ class Broker:
             for side, identity, frames, not_before in sends:
                 if not_before:  # a refused token's answer: held, the loop goes on
                     if not self._held.hold(Send(side, identity, frames, not_before)):
-                        self.registry.counters["held_answers_dropped"] += 1
+                        # (the queue counts what it drops; status reports that count)
+                        self.registry.counters["held_answers_dropped"] = self._held.dropped
                     continue
                 if self._outbox and (side, identity) in self._outbox:
                     followups += self._park(side, identity, frames)  # behind, in order

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -40,6 +41,7 @@ from .ops import OPS, Spec
 from .tensor import _PACKAGE_DIR, MAX_BATCH_OPS, Tensor, TensorSession, _origin
 
 GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the worker's bound too)
+TRACE_CACHE_SIZE = 256  # traces a function keeps (least recently called go; traced again)
 
 _graph_ids = itertools.count(1)  # unique in this process, so across all its sessions
 _TRACE_DEVICE = Device(index=-1, worker="trace", backend="trace", settings={})
@@ -251,7 +253,9 @@ class Function:
     Made by ``@fabric.function`` or ``session.compile(fn)``. Tensor arguments (also inside
     tuples, lists and dicts) are the graph's inputs; other arguments (Python or numpy
     scalars, strings, None, dtypes) are constants of the trace, so a new value traces again.
-    The function returns a tensor or a tuple, list or dict of them.
+    The function returns a tensor or a tuple, list or dict of them. It keeps its
+    ``TRACE_CACHE_SIZE`` most recently called traces: a loop over ever-new constants costs a
+    trace per call, not memory without end.
     """
 
     def __init__(self, fn: Callable[..., Any], session: TensorSession | None = None) -> None:
@@ -259,7 +263,7 @@ class Function:
         self.fn = fn
         self.session = session
         self.name = getattr(fn, "__qualname__", repr(fn))
-        self.graphs: dict[Any, Graph] = {}  # signature -> graph
+        self.graphs: OrderedDict[Any, Graph] = OrderedDict()  # signature -> graph, LRU
 
     def __repr__(self) -> str:
         return f"<fabric.function {self.name}: {len(self.graphs)} trace(s)>"
@@ -275,6 +279,10 @@ class Function:
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = trace(self.fn, self.name, structure, leaves)
+            if len(self.graphs) > TRACE_CACHE_SIZE:
+                self.graphs.popitem(last=False)
+        else:
+            self.graphs.move_to_end(key)
         inputs = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
         return graph.rebuild(call(session, graph, inputs))
 

@@ -114,6 +114,19 @@ def test_graphs_past_the_cache_size_are_evicted_and_registered_again(session):
     assert len(traced.graphs) == GRAPH_CACHE_SIZE + 1  # traced once each, all along
 
 
+def test_a_function_keeps_its_most_recently_called_traces_only(session, monkeypatch):
+    monkeypatch.setattr(fabric.graph, "TRACE_CACHE_SIZE", 3)
+    traced = fabric.function(lambda x, k: x + k)
+    x = session.zeros(2)
+    for k in range(5):  # every new constant is a new trace
+        traced(x, k)
+    traced(x, 2)  # used again: kept ahead of 3
+    traced(x, 5)
+    assert [key[1][-1] for key in traced.graphs] == [(int, 4), (int, 2), (int, 5)]
+    np.testing.assert_array_equal(traced(x, 0).numpy(), [0.0, 0.0])  # traced again, right
+    assert len(traced.graphs) == 3
+
+
 def test_a_graph_is_registered_again_on_another_session(session, shared_cluster):
     traced = fabric.function(step)
     values = arrays()
