@@ -193,11 +193,12 @@ def validate_body(kind: Kind, body: dict[str, Any]) -> None:
 def encode(message: Message) -> list[Any]:
     """Frames for a message: header, msgpack body (unless empty), then the raw buffers as
     they are."""
-    if message.body:
-        return [HEADER.pack(MAGIC, message.version, message.kind, 0, message.session,
-                            message.request), pack_body(message.body), *message.buffers]
-    return [HEADER.pack(MAGIC, message.version, message.kind, NO_BODY, message.session,
-                        message.request), *message.buffers]
+    body = message.body
+    header = HEADER.pack(MAGIC, message.version, message.kind, 0 if body else NO_BODY,
+                         message.session, message.request)
+    if body:
+        return [header, pack_body(body), *message.buffers]
+    return [header, *message.buffers]
 
 
 def check_frames(header: Header, frames: Sequence[Any]) -> None:

@@ -289,16 +289,16 @@ class Executor(GraphOps):
         flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
         expected = (message.body.get("dtype"), message.body.get("shape"))
         if expected == (None, None):  # a reader that wants to be told
-            return [Message(Kind.REPLY, message.session, message.request,
-                            {"dtype": dtype, "shape": shape}, (flat,))]
-        if expected != (dtype, shape):
+            body = {"dtype": dtype, "shape": shape}
+        elif expected == (dtype, shape):  # what the client inferred is so: the bytes alone
+            body = {}
+        else:
             return [_reply_error(message, RemoteError(
                 f"Tensor {tensor_id} is {dtype} with shape {shape} on the device, but the "
                 f"client inferred {expected[0]} with shape {expected[1]}: the client's op table "
                 "disagrees with this worker's backend. Report it as a fabric bug, with the "
                 "op that made the tensor.", tensor=tensor_id, dtype=dtype, shape=shape))]
-        # What the client inferred is so: the reply is the bytes alone (no body frame).
-        return [Message(Kind.REPLY, message.session, message.request, {}, (flat,))]
+        return [Message(Kind.REPLY, message.session, message.request, body, (flat,))]
 
     def _stats(self, session: SessionState, message: Message) -> list[Message]:
         return [Message(Kind.REPLY, message.session, message.request, {
