@@ -603,9 +603,7 @@ class Registry:
         if refused is not None:
             return self._bad_input(Side.BACKEND, identity, refused, message.header)
         sends: list[Send] = []
-        for old in [w for w in self.workers.values()
-                    if w.name == body["name"] or w.identity == identity]:
-            # A worker that restarted, or reconnected, replaces its earlier self.
+        for old in self._replaced_by(identity, body["name"]):
             sends += self._lose_worker(old, "the worker re-registered")
         self.workers[identity] = Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
@@ -623,6 +621,11 @@ class Registry:
              "max_message_bytes": self.limits.max_message_bytes})))
         return sends
 
+    def _replaced_by(self, identity: bytes, name: str) -> list[Worker]:
+        """The workers a registration from ``identity`` as ``name`` replaces: a worker that
+        restarted (same name) or reconnected (same socket) replaces its earlier self."""
+        return [w for w in self.workers.values() if w.name == name or w.identity == identity]
+
     def _lanes_refused(self, identity: bytes, name: str, lanes: Any,
                        devices: int) -> ProtocolError | None:
         """Why REGISTER's ``lanes`` cannot be used, or None: one distinct identity per
@@ -635,10 +638,9 @@ class Registry:
                 for lane in lanes):
             return ProtocolError("REGISTER lanes must list one routing identity per device "
                                  "(1-255 bytes, not starting with a zero byte).")
-        replaced = {w.identity for w in self.workers.values()
-                    if w.name == name or w.identity == identity}
+        own = {w.identity for w in self._replaced_by(identity, name)} | {identity}
         taken = [lane for lane in lanes if lane == identity or lane in self.workers
-                 or self._lane_owner.get(lane, identity) not in replaced | {identity}]
+                 or self._lane_owner.get(lane, identity) not in own]
         if taken or len(set(lanes)) != len(lanes):
             return ProtocolError("REGISTER lanes must be distinct and not another peer's "
                                  "routing identity: choose fresh random ones.")
