@@ -25,7 +25,7 @@ import zmq
 from fabric import protocol
 from fabric.flow import Outbox
 from fabric.protocol import Kind
-from fabric.sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames
+from fabric.sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames, try_send
 from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
 
 from .held import HeldSends
@@ -41,15 +41,6 @@ def _is_notice(frames: list[Any]) -> bool:
     that answers no request): worth keeping when the rest is thrown away."""
     header = protocol.decode_header(frames[0])  # the broker's own message: a valid header
     return header.kind == Kind.ERROR and header.session != 0 and header.request == 0
-
-
-def _try_send(sock: zmq.Socket, identity: bytes, frames: list[Any]) -> bool:
-    """Send to one peer of a ROUTER without blocking; False when its queue is full."""
-    try:
-        send_frames(sock, [identity, *frames], NOBLOCK)
-    except zmq.Again:
-        return False
-    return True
 
 
 def _router(context: zmq.Context, endpoint: str, limits: Limits,
@@ -193,7 +184,7 @@ class Broker:
             sock = self._sockets[side]
             try:
                 outbox.flush(key, lambda frames, sock=sock, identity=identity:
-                             _try_send(sock, identity, frames))
+                             try_send(sock, [identity, *frames]))
             except zmq.ZMQError as exc:
                 if exc.errno != zmq.EHOSTUNREACH:
                     raise

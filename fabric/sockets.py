@@ -29,6 +29,15 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None
         send(frame, more if index < last else flags, copy=False)
 
 
+def try_send(sock: zmq.Socket, frames: Sequence[Any]) -> bool:
+    """Send ``frames`` without waiting; False, with nothing sent, when the queue is full."""
+    try:
+        send_frames(sock, frames, NOBLOCK)
+    except zmq.Again:
+        return False
+    return True
+
+
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
     """Receive one message as a list of ``zmq.Frame`` (not copied)."""
     recv = sock.recv

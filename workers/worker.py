@@ -38,7 +38,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import NOBLOCK, recv_frames, send_frames
+from fabric.sockets import recv_frames, try_send
 
 from .backends import device_class
 from .executor import Executor
@@ -51,15 +51,6 @@ _STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
-
-
-def _try_send(sock: zmq.Socket, frames: list[Any]) -> bool:
-    """Send without blocking; False when the socket's queue is full."""
-    try:
-        send_frames(sock, frames, NOBLOCK)
-    except zmq.Again:
-        return False
-    return True
 
 
 def _routing_identity() -> bytes:
@@ -212,7 +203,7 @@ class _DeviceThread:
             elif reply.kind == Kind.TRANSFER and reply.session in self._worker.session_device:
                 # Both sessions live on this worker: the tensor moves in memory, unless the
                 # control thread's queue is full (then it goes the long way, by the broker).
-                if _try_send(self._pair, protocol.encode(reply)):
+                if try_send(self._pair, protocol.encode(reply)):
                     continue
             self._send(self._within_limits(reply))
 
@@ -247,12 +238,12 @@ class _DeviceThread:
         """Send on the lane; while the broker takes nothing, this device waits (and reads
         nothing: backpressure), but not longer than the broker's liveness window: past it
         the broker is gone, and so is what the message answered."""
-        if _try_send(self._lane, frames):
+        if try_send(self._lane, frames):
             return
         worker = self._worker
         deadline = time.monotonic() + worker.heartbeat * worker.liveness
         while time.monotonic() < deadline:
-            if self._lane.poll(100, zmq.POLLOUT) and _try_send(self._lane, frames):
+            if self._lane.poll(100, zmq.POLLOUT) and try_send(self._lane, frames):
                 return
         log.warning("device %d: the broker took nothing for %.1f s; a %s message is dropped",
                     self.index, worker.heartbeat * worker.liveness,
@@ -358,7 +349,7 @@ class Worker:
     def _send(self, message: Message) -> None:
         # Only registration and heartbeats use this socket: when the broker takes nothing,
         # a heartbeat would not help, and it is sent again a heartbeat later.
-        if not _try_send(self.dealer, protocol.encode(message)):
+        if not try_send(self.dealer, protocol.encode(message)):
             log.warning("the broker takes nothing: a %s was not sent", message.kind.name)
 
     # -- tensors moving between devices of this worker ------------------------------------
@@ -372,7 +363,7 @@ class Worker:
         device = self.session_device.get(header.session)
         if device is None:
             return  # the destination closed meanwhile; the broker would drop it too
-        if device in self._to_devices or not _try_send(self._pairs[device], frames):
+        if device in self._to_devices or not try_send(self._pairs[device], frames):
             if self._to_devices.park(device, frames, time.monotonic()):
                 self._set_reading_devices(False)
 
@@ -387,7 +378,7 @@ class Worker:
         threads again once every queue drained to half."""
         for device in self._to_devices.keys():
             pair = self._pairs[device]
-            self._to_devices.flush(device, lambda f, pair=pair: _try_send(pair, f))
+            self._to_devices.flush(device, lambda f, pair=pair: try_send(pair, f))
         if not self._to_devices.full_since:
             self._set_reading_devices(True)
 
