@@ -39,7 +39,7 @@ from .flow import DEFAULT_MAX_MESSAGE_BYTES, size_text
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .security import CurveClient, CurveOption, client_keys, handshake_error
-from .sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames
+from .sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames, try_send
 from .tensor import Tensor, TensorSession
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
@@ -450,9 +450,9 @@ def _open_session(connection: Connection, token: str, device: int, timeout: floa
     try:
         welcome = expect_reply(connection.request(hello, timeout), Kind.WELCOME)
     except HandshakeTimeout:
-        # A slow broker may still open it: ask it to drop the session, best effort.
-        connection.socket.send_multipart(protocol.encode(Message(Kind.CLOSE, session_id)),
-                                         flags=zmq.NOBLOCK)
+        # A slow broker may still open it: ask it to drop the session, best effort (a full
+        # queue skips it: the timeout is what the caller hears of).
+        try_send(connection.socket, protocol.encode(Message(Kind.CLOSE, session_id)))
         if not connection.users:
             connection.close(linger=0.2)
         raise
