@@ -193,7 +193,7 @@ def validate_body(kind: Kind, body: dict[str, Any]) -> None:
 def encode(message: Message) -> list[Any]:
     """Frames for a message: header, msgpack body (unless empty), then the raw buffers as
     they are."""
-    body = message.body
+    body = message.body  # (the header is packed directly: a Header first costs a µs)
     header = HEADER.pack(MAGIC, message.version, message.kind, 0 if body else NO_BODY,
                          message.session, message.request)
     if body:
