@@ -16,7 +16,7 @@ import msgpack
 import numpy as np
 
 from .ops import Spec
-from .tensor import Tensor, TensorSession, decode_scalar
+from .tensor import Tensor, TensorSession, _origin, decode_scalar
 
 
 @dataclass
@@ -92,6 +92,7 @@ class Trace:
             raise TypeError(f"This trace reads {len(self.inputs)} tensor(s) it did not "
                             f"create; pass them to replay() (got {len(inputs)}).")
         tensors: dict[int, Tensor] = dict(zip(self.inputs, inputs))
+        origin = _origin()  # errors of replayed ops name the replay's line
         for entry in self.ops:
             name, params = entry["op"], entry["params"]
             if name == "put":
@@ -103,7 +104,7 @@ class Trace:
                 args = [tensors[a] if type(a) is int else decode_scalar(a)
                         for a in entry["args"]]
                 shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
-                tensors[entry["out"]] = session._emit(name, args, shape, dtype, params)
+                tensors[entry["out"]] = session._emit(name, args, shape, dtype, params, origin)
         return tensors
 
 

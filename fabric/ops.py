@@ -212,10 +212,19 @@ class Op:
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
     # Tensors count by dtype and ndim; scalars by their type (Python scalars are weak in
     # numpy's promotion, numpy scalars are not), Python ints also by their range and sign.
-    return tuple([(len(a.shape), a.dtype) if isinstance(a, Spec)
-                  else (int, _weak_int(a)) if type(a) is int
-                  else (type(a), a if isinstance(a, np.generic) else None)
-                  for a in args])
+    # (A loop, the commonest kinds first: this runs once per op.)
+    signature = []
+    for arg in args:
+        kind = type(arg)
+        if kind is float or kind is bool or kind is complex or arg is None:
+            signature.append((kind, None))
+        elif kind is int:
+            signature.append((int, _weak_int(arg)))
+        elif isinstance(arg, Spec):
+            signature.append((len(arg.shape), arg.dtype))
+        else:
+            signature.append((kind, arg if isinstance(arg, np.generic) else None))
+    return tuple(signature)
 
 
 _POSITIVE_BOUNDS = (255, 2**15 - 1, 2**16 - 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1)

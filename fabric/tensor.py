@@ -21,7 +21,11 @@ from .errors import ProtocolError, RemoteError, error_from_wire
 from .ops import OPS, Spec
 from .protocol import Kind, Message
 
-MAX_BATCH_OPS = 4096  # flush the op batch at this many ops ...
+# Flush the op batch at this many ops ... The worker cannot start on ops it has not been
+# sent, and a read waits for the last batch to run: small batches keep the worker busy while
+# the client builds more, and the wait short (10,000 tiny ops, bench W1: 4096 took a fifth
+# longer than 256; below ~128, each message's own cost starts to show).
+MAX_BATCH_OPS = 256
 MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes
 _REMEMBERED_ORIGINS = 4096  # origins kept for freed tensors, to name them in late errors
 
@@ -96,12 +100,21 @@ def decode_scalar(arg: list[Any] | None) -> Any:
     return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
 
 
-def _origin() -> tuple[str, int]:
-    """The first frame outside fabric: the user's line that issued the op."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("?", 0)
+def _origin(depth: int = 2) -> tuple[str, int]:
+    """The first frame outside fabric: the user's line that issued the op.
+
+    ``depth``: how far up to start looking, when the caller knows that the frames below are
+    fabric's own. Each frame looked at costs a frame object, on every op.
+    """
+    while True:
+        try:
+            frame = sys._getframe(depth)
+        except ValueError:  # fabric all the way down (its own demo, say)
+            return ("?", 0)
+        code = frame.f_code
+        if not code.co_filename.startswith(_PACKAGE_DIR):
+            return (code.co_filename, frame.f_lineno)
+        depth += 1
 
 
 class Tensor(Spec):
@@ -432,16 +445,18 @@ class TensorSession:
                         for a in args]
                 break
         shape, dtype = OPS[name].infer(args, params)  # numpy's error, here, before sending
-        return self._emit(name, args, shape, dtype, params if wire_params is None else wire_params)
+        # Whoever called this method is fabric's own, so the user is further up.
+        return self._emit(name, args, shape, dtype,
+                          params if wire_params is None else wire_params, _origin(3))
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
-              params: dict[str, Any]) -> Tensor:
+              params: dict[str, Any], origin: tuple[str, int]) -> Tensor:
         # The common cases inline: this runs once per op and bounds the op rate.
         wire_args = [a.id if type(a) is Tensor and a.session is self else
                      [a] if type(a) is float else self._wire_arg(a)
                      for a in args]
         tensor = Tensor(self, next(self._ids), shape, dtype)
-        self._origins[tensor.id] = _origin()
+        self._origins[tensor.id] = origin
         self._enqueue([name, tensor.id, wire_args, params], None, tensor)
         return tensor
 
@@ -461,7 +476,7 @@ class TensorSession:
     def _create(self, name: str, shape: Any, dtype: Any, **params: Any) -> Tensor:
         params = {"shape": list(_shape(shape)), "dtype": np.dtype(dtype).str, **params}
         shape, dtype = OPS[name].infer((), params)
-        return self._emit(name, (), shape, dtype, params)
+        return self._emit(name, (), shape, dtype, params, _origin(3))  # (called by fabric)
 
     # -- creation ----------------------------------------------------------------------------
 
@@ -507,19 +522,19 @@ class TensorSession:
         dtype = np.arange(start, start + step, step).dtype if dtype is None else dtype
         params = {"start": start, "stop": stop, "step": step, "dtype": np.dtype(dtype).str}
         shape, dtype = OPS["arange"].infer((), params)
-        return self._emit("arange", (), shape, dtype, params)
+        return self._emit("arange", (), shape, dtype, params, _origin())
 
     def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True,
                  dtype: Any = "float64") -> Tensor:
         params = {"start": start, "stop": stop, "num": int(num), "endpoint": endpoint,
                   "dtype": np.dtype(dtype).str}
         shape, dtype = OPS["linspace"].infer((), params)
-        return self._emit("linspace", (), shape, dtype, params)
+        return self._emit("linspace", (), shape, dtype, params, _origin())
 
     def eye(self, n: int, m: int | None = None, k: int = 0, dtype: Any = "float64") -> Tensor:
         params = {"n": int(n), "m": m, "k": int(k), "dtype": np.dtype(dtype).str}
         shape, dtype = OPS["eye"].infer((), params)
-        return self._emit("eye", (), shape, dtype, params)
+        return self._emit("eye", (), shape, dtype, params, _origin())
 
     # -- the stream --------------------------------------------------------------------------
 
@@ -545,10 +560,9 @@ class TensorSession:
         except BaseException:
             self._released = released + self._released  # nothing is lost: sent next time
             raise
-        for tensor_id in released:
-            origin = self._origins.pop(tensor_id, None)
-            if origin is not None:
-                self._freed_origins[tensor_id] = origin
+        forget, remember = self._origins.pop, self._freed_origins.__setitem__
+        for tensor_id in released:  # (once per op: kept lean)
+            remember(tensor_id, forget(tensor_id, None))
         while len(self._freed_origins) > _REMEMBERED_ORIGINS:
             self._freed_origins.popitem(last=False)
         self._counts["ops_sent"] += len(self._batch)
