@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import msgpack
 import numpy as np
@@ -25,7 +25,7 @@ class Trace:
 
     ops: list[dict[str, Any]] = field(default_factory=list)
 
-    def record(self, op: list[Any], buffer: Any, result: Spec | None) -> None:
+    def record(self, op: Sequence[Any], buffer: Any, result: Spec | None) -> None:
         """Keep a copy of one queued op (called by the session)."""
         name, out, args, params = op
         entry: dict[str, Any] = {"op": name, "out": out, "args": list(args),

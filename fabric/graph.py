@@ -107,7 +107,7 @@ class Tracer(TensorSession):
         self.device = _TRACE_DEVICE
         self.closed = False
         self.finished = False
-        self.ops: list[list[Any]] = []
+        self.ops: list[Sequence[Any]] = []
         self._init_stream()
 
     def placeholder(self, like: Tensor) -> Tensor:
@@ -119,7 +119,7 @@ class Tracer(TensorSession):
         return TraceError(f"{what} in traced function {self.name} ({file}, line {line}): "
                           f"{advice}.", function=self.name, file=file, line=line)
 
-    def _enqueue(self, op: list[Any], buffer: Any = None, result: Spec | None = None) -> None:
+    def _enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None) -> None:
         if self.finished:
             raise self._refuse("A tensor made while tracing was used after the trace ended",
                                "return it from the function instead of keeping it")

@@ -405,7 +405,7 @@ class TensorSession:
 
     def _init_stream(self) -> None:
         self._ids = itertools.count(1)
-        self._batch: list[list[Any]] = []
+        self._batch: list[Sequence[Any]] = []
         self._buffers: list[Any] = []
         self._batch_bytes = 0
         self._released: list[int] = []  # appended from __del__, possibly in another thread
@@ -451,16 +451,19 @@ class TensorSession:
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
               params: dict[str, Any], origin: tuple[str, int]) -> Tensor:
-        # The common cases inline: this runs once per op and bounds the op rate.
-        wire_args = [a.id if type(a) is Tensor and a.session is self else
-                     [a] if type(a) is float else self._wire_arg(a)
-                     for a in args]
+        # The common cases inline: this runs once per op and bounds the op rate. The op is
+        # made of tuples, which the garbage collector stops tracking once it has seen them:
+        # the ops waiting in a batch would otherwise reach its oldest generation, and bring
+        # on its full collections (milliseconds each) every few thousand ops.
+        wire_args = tuple([a.id if type(a) is Tensor and a.session is self else
+                           (a,) if type(a) is float else self._wire_arg(a)
+                           for a in args])
         tensor = Tensor(self, next(self._ids), shape, dtype)
         self._origins[tensor.id] = origin
-        self._enqueue([name, tensor.id, wire_args, params], None, tensor)
+        self._enqueue((name, tensor.id, wire_args, params), None, tensor)
         return tensor
 
-    def _enqueue(self, op: list[Any], buffer: Any = None, result: Spec | None = None) -> None:
+    def _enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None) -> None:
         if self.closed:
             self._check_open()
         if self._captures:  # fabric.capture: record the op as it is sent

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from fabric.errors import error_from_wire
-from fabric.protocol import Kind, Message
+from fabric.protocol import Kind, Message, decode, encode
 from workers.backends.numpy_backend import NumpyDevice
 from workers.executor import Executor
 
@@ -22,7 +22,9 @@ def opened(memory_limit: int | None = None, device: Any = None) -> Executor:
 
 def submit(executor: Executor, *ops: list, free: list[int] = (), buffers: tuple = ()) -> None:
     body = {"ops": list(ops), "free": list(free)}
-    assert executor.handle(Message(Kind.SUBMIT, SESSION, 0, body, buffers)) == []
+    # Through the wire's codec, as a worker gets it (the client's tuples arrive as lists).
+    message = decode(encode(Message(Kind.SUBMIT, SESSION, 0, body, buffers)))
+    assert executor.handle(message) == []
 
 
 def request(executor: Executor, **body) -> Message:
