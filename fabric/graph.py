@@ -38,7 +38,8 @@ import numpy as np
 from .client import Device
 from .errors import TraceError
 from .ops import OPS, Spec
-from .tensor import _PACKAGE_DIR, MAX_BATCH_OPS, Tensor, TensorSession, _origin
+from .tensor import (_PACKAGE_DIR, MAX_BATCH_OPS, Tensor, TensorSession, _origin,
+                     origin_line)
 
 GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the worker's bound too)
 TRACE_CACHE_SIZE = 256  # traces a function keeps (least recently called go; traced again)
@@ -115,7 +116,7 @@ class Tracer(TensorSession):
         return Tensor(self, next(self._ids), like.shape, like.dtype)
 
     def _refuse(self, what: str, advice: str) -> TraceError:
-        file, line = _origin()
+        file, line = origin_line(_origin())
         return TraceError(f"{what} in traced function {self.name} ({file}, line {line}): "
                           f"{advice}.", function=self.name, file=file, line=line)
 
@@ -214,7 +215,8 @@ def trace(fn: Callable[..., Any], name: str, structure: Any, leaves: Sequence[An
         "outputs": [t.id for t in outputs]}]
     return Graph(graph_id, name, tuple((t.shape, t.dtype) for t in inputs),
                  tuple((t.shape, t.dtype) for t in outputs), result_structure,
-                 tuple(graph_leaves), tuple(tracer._origins[op[1]] for op in tracer.ops),
+                 tuple(graph_leaves),
+                 tuple(origin_line(tracer._origins[op[1]]) for op in tracer.ops),
                  register_op)
 
 

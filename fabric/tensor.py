@@ -27,7 +27,7 @@ from .protocol import Kind, Message
 # longer than 256; below ~128, each message's own cost starts to show).
 MAX_BATCH_OPS = 256
 MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes
-_REMEMBERED_ORIGINS = 4096  # origins kept for freed tensors, to name them in late errors
+_REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
 
 
 def encode_index(index: Any) -> list[Any]:
@@ -100,21 +100,38 @@ def decode_scalar(arg: list[Any] | None) -> Any:
     return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
 
 
-def _origin(depth: int = 2) -> tuple[str, int]:
-    """The first frame outside fabric: the user's line that issued the op.
+Origin = tuple[Any, int]  # where the user issued an op: (code object or None, byte offset)
+
+
+def _origin(depth: int = 2) -> Origin:
+    """Where the user issued the op: the first frame outside fabric, as its code and the
+    offset of the instruction that called into fabric.
 
     ``depth``: how far up to start looking, when the caller knows that the frames below are
-    fabric's own. Each frame looked at costs a frame object, on every op.
+    fabric's own. Each frame looked at costs a frame object, on every op. The line number is
+    looked up only when an error names it (``origin_line``): ``frame.f_lineno`` scans the
+    code's line table, which takes microseconds in a long function or script.
     """
     while True:
         try:
             frame = sys._getframe(depth)
         except ValueError:  # fabric all the way down (its own demo, say)
-            return ("?", 0)
+            return (None, 0)
         code = frame.f_code
         if not code.co_filename.startswith(_PACKAGE_DIR):
-            return (code.co_filename, frame.f_lineno)
+            return (code, frame.f_lasti)
         depth += 1
+
+
+def origin_line(origin: Origin) -> tuple[str, int]:
+    """The file and line number of an ``Origin``."""
+    code, offset = origin
+    if code is None:
+        return ("?", 0)
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return (code.co_filename, line)
+    return (code.co_filename, code.co_firstlineno)
 
 
 class Tensor(Spec):
@@ -409,8 +426,8 @@ class TensorSession:
         self._buffers: list[Any] = []
         self._batch_bytes = 0
         self._released: list[int] = []  # appended from __del__, possibly in another thread
-        self._origins: dict[int, tuple[str, int]] = {}
-        self._freed_origins: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self._origins: dict[int, Origin] = {}
+        self._freed_origins: dict[int, Origin | None] = {}  # oldest first
         self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
         self._captures: list[Any] = []  # open fabric.capture traces
         self._graphs: OrderedDict[int, Any] = OrderedDict()  # fabric.graph: held by the worker
@@ -450,7 +467,7 @@ class TensorSession:
                           params if wire_params is None else wire_params, _origin(3))
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
-              params: dict[str, Any], origin: tuple[str, int]) -> Tensor:
+              params: dict[str, Any], origin: Origin) -> Tensor:
         # The common cases inline: this runs once per op and bounds the op rate. The op is
         # made of tuples, which the garbage collector stops tracking once it has seen them:
         # the ops waiting in a batch would otherwise reach its oldest generation, and bring
@@ -563,11 +580,10 @@ class TensorSession:
         except BaseException:
             self._released = released + self._released  # nothing is lost: sent next time
             raise
-        forget, remember = self._origins.pop, self._freed_origins.__setitem__
-        for tensor_id in released:  # (once per op: kept lean)
-            remember(tensor_id, forget(tensor_id, None))
-        while len(self._freed_origins) > _REMEMBERED_ORIGINS:
-            self._freed_origins.popitem(last=False)
+        freed = self._freed_origins  # (once per op, in C: map and update)
+        freed.update(zip(released, map(self._origins.pop, released, itertools.repeat(None))))
+        if len(freed) >= 2 * _REMEMBERED_ORIGINS:  # the older half goes, at once
+            self._freed_origins = dict(itertools.islice(freed.items(), _REMEMBERED_ORIGINS, None))
         self._counts["ops_sent"] += len(self._batch)
         self._counts["batches_sent"] += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
@@ -578,9 +594,9 @@ class TensorSession:
         tensor_id = error.details.get("tensor")
         origin = self._origins.get(tensor_id) or self._freed_origins.get(tensor_id)
         if isinstance(error, RemoteError) and origin is not None:
-            error.details["origin"] = f"{origin[0]}:{origin[1]}"
-            error.args = (f"{error.message}\n  the op was issued at {origin[0]}, line "
-                          f"{origin[1]}",)
+            file, line = origin_line(origin)
+            error.details["origin"] = f"{file}:{line}"
+            error.args = (f"{error.message}\n  the op was issued at {file}, line {line}",)
         graph, index = self._graphs.get(error.details.get("graph")), error.details.get("graph_op")
         if graph is not None and type(index) is int and 0 <= index < len(graph.origins):
             file, line = graph.origins[index]

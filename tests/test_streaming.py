@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 import numpy as np
 import pytest
 
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
-from fabric.tensor import MAX_BATCH_OPS
+from fabric.tensor import _REMEMBERED_ORIGINS, MAX_BATCH_OPS, origin_line
 
 
 def test_the_readme_example_matches_numpy(session):
@@ -90,13 +91,24 @@ def test_every_way_of_making_a_tensor_records_the_users_line(session):
     ]
     for make in makers:
         tensor = make()
-        assert session._origins[tensor.id] == (__file__, make.__code__.co_firstlineno)
+        assert origin_line(session._origins[tensor.id]) == (__file__,
+                                                            make.__code__.co_firstlineno)
+
+
+def test_the_origins_of_freed_tensors_are_remembered_within_a_bound(session):
+    ids = [session.zeros(1).id for _ in range(3 * _REMEMBERED_ORIGINS)]  # each freed at once
+    session.sync()
+    assert _REMEMBERED_ORIGINS <= len(session._freed_origins) < 2 * _REMEMBERED_ORIGINS
+    assert all(i in session._freed_origins for i in ids[-_REMEMBERED_ORIGINS:])
+    assert not any(i in session._origins for i in ids)
 
 
 def test_sync_raises_the_first_error_once(session):
-    session.asarray(np.arange(3)) ** session.asarray(np.array([-2, -2, -2]))
-    with pytest.raises(RemoteError, match="power"):
+    session.asarray(np.arange(3)) ** session.asarray(np.array([-2, -2, -2]))  # freed at once
+    line = sys._getframe().f_lineno - 1
+    with pytest.raises(RemoteError, match="power") as caught:
         session.sync()
+    assert caught.value.details["origin"] == f"{__file__}:{line}"  # a freed tensor's line too
     session.sync()  # reported once; the session is healthy again
 
 
