@@ -101,6 +101,7 @@ class Executor(GraphOps):
         ops, free = message.body.get("ops", []), message.body.get("free", [])
         if not isinstance(ops, list) or not isinstance(free, list):
             return [_reply_error(message, ProtocolError("SUBMIT needs lists 'ops' and 'free'."))]
+        session.ops += len(ops)
         for op in ops:
             self._run(session, op, message.buffers)
         for tensor_id in free:
@@ -126,7 +127,7 @@ class Executor(GraphOps):
         session.poisoned.pop(tensor_id, None)
 
     def _run(self, session: SessionState, op: Any, buffers: Any) -> None:
-        session.ops += 1
+        # (Once per op: the commonest path, an op of the table, is kept short.)
         try:
             name, out, args, params = op
             if type(out) is not int:  # an id; anything else could not even be poisoned
@@ -135,14 +136,9 @@ class Executor(GraphOps):
             session.unreported.append(ProtocolError(f"Malformed op {op!r}.").to_wire())
             return
         try:
-            if name == "seed":
-                session.rng = np.random.default_rng(params["seed"])
-                return
-            if name == "send":
-                session.outgoing.append(self._transfer(session, args[0], params))
-                return
-            if name in self._graph_ops:
-                return self._graph_ops[name](self, session, out, args, params)
+            special = self._special_ops.get(name)
+            if special is not None:
+                return special(self, session, out, args, params)
             inputs = []
             for arg in args:
                 if type(arg) is int:
@@ -155,6 +151,18 @@ class Executor(GraphOps):
             self._store(session, out, self._compute(session, name, inputs, params, buffers))
         except Exception as exc:  # any failure of the op becomes the poison of its output
             self._fail(session, name, out, exc)
+
+    def _seed(self, session: SessionState, out: int, args: list[Any],
+              params: dict[str, Any]) -> None:
+        session.rng = np.random.default_rng(params["seed"])
+
+    def _send(self, session: SessionState, out: int, args: list[Any],
+              params: dict[str, Any]) -> None:
+        session.outgoing.append(self._transfer(session, args[0], params))
+
+    # Ops that are not the op table's: they act on the session, and make no tensor of theirs.
+    _special_ops: dict[str, Callable[..., None]] = {
+        "seed": _seed, "send": _send, **GraphOps._graph_ops}
 
     def _materialize(self, session: SessionState, tensor_id: Any) -> None:
         """Compute a value the device deferred (the numexpr device's fused chains)."""
@@ -204,7 +212,8 @@ class Executor(GraphOps):
         if name == "put":
             return np.frombuffer(buffers[params["buffer"]], dtype=np.dtype(params["dtype"])) \
                 .reshape(params["shape"])
-        params = decode_params(name, params)
+        if params:
+            params = decode_params(name, params)
         if name in RANDOM_OPS:
             params = {**params, "rng": session.rng}
         return self.device.run(OPS[name], inputs, params)  # an array, or a deferred value
