@@ -456,8 +456,10 @@ class TensorSession:
 
     def _op(self, name: str, args: Sequence[Any], params: dict[str, Any],
             wire_params: dict[str, Any] | None = None) -> Tensor:
+        # Arrays and lists among the arguments are uploaded, as numpy would coerce them.
+        # (A tensor, the commonest argument, is let through before the costlier isinstance.)
         for arg in args:
-            if isinstance(arg, (np.ndarray, list)):  # uploaded, as numpy would coerce them
+            if type(arg) is not Tensor and isinstance(arg, (np.ndarray, list)):
                 args = [self.asarray(a) if isinstance(a, (np.ndarray, list)) else a
                         for a in args]
                 break
