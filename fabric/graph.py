@@ -38,11 +38,14 @@ import numpy as np
 from .client import Device
 from .errors import TraceError
 from .ops import OPS, Spec
-from .tensor import (_PACKAGE_DIR, MAX_BATCH_OPS, Tensor, TensorSession, _origin,
-                     origin_line)
+from .tensor import _PACKAGE_DIR, Tensor, TensorSession, _origin, origin_line
 
 GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the worker's bound too)
 TRACE_CACHE_SIZE = 256  # traces a function keeps (least recently called go; traced again)
+# A batch of graph calls is flushed at this many of their ops. A call costs the client one op
+# and the worker all of the graph's: the worker sets the pace, so each message's own cost
+# counts, and bigger batches than the op stream's (tensor.MAX_BATCH_OPS) pay (bench W5).
+GRAPH_BATCH_OPS = 4096
 
 _graph_ids = itertools.count(1)  # unique in this process, so across all its sessions
 _TRACE_DEVICE = Device(index=-1, worker="trace", backend="trace", settings={})
@@ -239,7 +242,7 @@ def call(session: TensorSession, graph: Graph, inputs: Sequence[Tensor]) -> list
         outputs.append(tensor)
     session._enqueue(["graph_call", outputs[0].id, [t.id for t in inputs],
                       {"graph": graph.id, "outputs": len(outputs)}])
-    if len(session._batch) * graph.op_count >= MAX_BATCH_OPS:
+    if len(session._batch) * graph.op_count >= GRAPH_BATCH_OPS:
         session.flush()  # a call is as much work as its ops: keep the worker busy meanwhile
     return outputs
 
