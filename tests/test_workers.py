@@ -20,6 +20,7 @@ from conftest import HEARTBEAT
 import fabric
 from fabric import LocalCluster
 from fabric.cli import main as cli_main
+from workers.worker import _STOP_WAIT
 
 REPO = Path(__file__).resolve().parent.parent
 WRONG_WORKER_TOKEN = "not-the-worker-token-3f9a1c"
@@ -141,6 +142,26 @@ def test_start_worker_ends_the_process_it_replaces(cluster):
     with cluster.connect(device=0, timeout=5) as session:
         assert session.device.worker == "worker-0"
         session.sync()
+
+
+def test_a_stopped_worker_does_not_wait_for_a_long_op_to_end(cluster):
+    victim = cluster.workers[1]
+    session = cluster.connect(device=_device_of(cluster, "worker-1"), timeout=5)
+    a, b = session.ones((2000, 2000)), session.full((2000, 2000), 1 / 2000)
+    session.sync()
+    for _ in range(100):  # a minute or more of matmuls, sent in one batch
+        a = a @ b
+    session.flush()
+    time.sleep(0.5)  # (the device thread is inside the batch)
+    victim.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    victim.wait(_STOP_WAIT + 5)  # not the whole batch
+    assert time.monotonic() - stopped < _STOP_WAIT + 5
+    assert victim.returncode == 0
+    assert "still computing" in cluster.log_tail("worker-1", 50)
+    with pytest.raises(fabric.FabricError):
+        session.sync(timeout=5)  # the device is gone, and the session with it
+    session.close()
 
 
 def test_workers_register_again_after_a_broker_restart(cluster):

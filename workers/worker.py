@@ -5,10 +5,13 @@ worker's DEALER to the broker: registration, heartbeats, noticing a lost broker 
 registering again. Each device thread owns its device's own DEALER to the broker, its
 "lane" (a routing identity that REGISTER lists): it runs ``Executor`` on what arrives there
 and answers on it, so a read crosses no thread inside the worker, and a long op never delays
-a heartbeat. The control thread speaks to each device thread over an inproc PAIR: stop,
-reset (the broker that knew the sessions is gone), attach (after REGISTERED, the lane says
-HEARTBEAT so the broker can route to it), and tensors moving between two sessions of this
-worker, which go device to device in memory instead of through the broker.
+a heartbeat. The control thread speaks to each device thread over two inproc PAIRs. One
+carries commands: stop, reset (the broker that knew the sessions is gone), attach (after
+REGISTERED, the lane says HEARTBEAT so the broker can route to it). The other carries tensors
+moving between two sessions of this worker, which go device to device in memory instead of
+through the broker. A command never waits behind them, and the control thread never waits
+for a device: a worker told to stop while a device computes a long op ends a few seconds
+later (``_STOP_WAIT``), without waiting for the op.
 
 The control DEALER's socket monitor reports what ZeroMQ keeps silent: a CURVE key the
 broker refuses, or encryption on at one end only, stops the worker
@@ -45,9 +48,10 @@ from .executor import Executor
 
 log = logging.getLogger("fabric.worker")
 
-# Commands on the inproc pairs, control thread to device thread; anything else there is a
-# fabric message (a TRANSFER between two sessions of this worker).
+# Commands, control thread to device thread, on their own pair (the other pair carries
+# fabric messages: TRANSFERs between two sessions of this worker).
 _STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
+_STOP_WAIT = 5.0  # seconds a stopping worker waits for each device thread to end
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
@@ -98,28 +102,36 @@ class _DeviceThread:
         self.index = index
         self.executor = executor
         self.pair_address = f"inproc://device-{index}"
+        self.command_address = f"inproc://device-{index}-commands"
         self._worker = worker
         self._broker_limit = worker.max_message_bytes  # the largest frame the broker takes
         self._reply_limit: dict[int, int] = {}  # session -> largest frame its client takes
         self._lane: zmq.Socket | None = None  # made at the first RESET
         self._pair: zmq.Socket | None = None
+        self._commands: zmq.Socket | None = None
         self._poller = zmq.Poller()
 
     def run(self) -> None:
         worker = self._worker
         self._pair = _pair(worker.context, worker.hwm)
         self._pair.connect(self.pair_address)
-        self._poller.register(self._pair, zmq.POLLIN)
+        self._commands = _pair(worker.context, worker.hwm)
+        self._commands.connect(self.command_address)
+        for sock in (self._commands, self._pair):
+            self._poller.register(sock, zmq.POLLIN)
         try:
             while True:
                 for sock, _ in self._poller.poll():  # the control thread's STOP ends it
                     frames = recv_frames(sock)
                     if sock is self._lane:
                         self._from_broker(frames)
-                    elif not self._from_control(frames):
+                    elif sock is self._pair:  # a tensor moved from another device here
+                        self._handle(frames)
+                    elif not self._obey(frames):
                         return
         finally:
             self._pair.close(linger=0)
+            self._commands.close(linger=0)
             self._close_lane()
 
     def _close_lane(self) -> None:
@@ -127,7 +139,7 @@ class _DeviceThread:
             self._poller.unregister(self._lane)
             self._lane.close(linger=0)
 
-    def _from_control(self, frames: list[zmq.Frame]) -> bool:
+    def _obey(self, frames: list[zmq.Frame]) -> bool:
         """Obey a command from the control thread; False on STOP."""
         command = frames[0].bytes
         if command == _STOP:
@@ -145,8 +157,6 @@ class _DeviceThread:
         elif command == _ATTACH:
             self._broker_limit = int(frames[1].bytes)
             self._send(protocol.encode(Message(Kind.HEARTBEAT)))
-        else:  # a tensor moved from another device of this worker
-            self._handle(frames)
         return True
 
     def _from_broker(self, frames: list[zmq.Frame]) -> None:
@@ -274,15 +284,18 @@ class Worker:
         # it to send a TRANSFER in memory when its destination session is on this worker.
         self.session_device: dict[int, int] = {}
         self._lanes: list[bytes] = []  # each device's lane identity, new at each _connect
-        self._pairs: list[zmq.Socket] = []
+        self._pairs: list[zmq.Socket] = []  # tensors moving in memory, by device
+        self._commands: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
         for i, device in enumerate(self.devices):
             runner = _DeviceThread(self, i, Executor(device, memory_limit))
-            pair = _pair(self.context, hwm)
+            pair, commands = _pair(self.context, hwm), _pair(self.context, hwm)
             pair.bind(runner.pair_address)
+            commands.bind(runner.command_address)
             thread = threading.Thread(target=runner.run, name=f"device-{i}", daemon=True)
             thread.start()
             self._pairs.append(pair)
+            self._commands.append(commands)
             self._threads.append(thread)
         self._running = True
         # Tensors moving in memory, for device threads whose pair is full (see _retry).
@@ -291,6 +304,7 @@ class Worker:
         self.dealer: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
         self._warned = False  # about a failed CURVE handshake, once per connection
+        self.abandoned: list[int] = []  # devices still computing when close() gave up
 
     def stop(self, *_: Any) -> None:
         """Ask the loop to finish; safe from a signal handler."""
@@ -303,8 +317,8 @@ class Worker:
         # Sessions die with the broker connection that knew them; every socket starts
         # afresh, under a new identity (the broker may not yet have dropped the old ones).
         self._lanes = [_routing_identity() for _ in self._pairs]
-        for pair, lane in zip(self._pairs, self._lanes):
-            pair.send_multipart([_RESET, lane])
+        for device, lane in enumerate(self._lanes):
+            self._command(device, [_RESET, lane])
         self._to_devices.clear()
         self._set_reading_devices(True)
         self.dealer = _dealer(self.context, _routing_identity(), self.hwm,
@@ -431,8 +445,8 @@ class Worker:
             log.info("registered with %s", message.body["server"])
             limit = message.body.get("max_message_bytes")
             limit = limit if type(limit) is int and limit > 0 else self.max_message_bytes
-            for pair in self._pairs:  # each lane says HEARTBEAT: the broker routes to it
-                pair.send_multipart([_ATTACH, b"%d" % limit])
+            for device in range(len(self.devices)):  # each lane says HEARTBEAT, so the
+                self._command(device, [_ATTACH, b"%d" % limit])  # broker can route to it
             return
         error = error_from_wire(message.body)
         if isinstance(error, (AuthenticationError, VersionMismatch)):
@@ -443,14 +457,29 @@ class Worker:
             return
         log.warning("the broker reported: %s", error.message)
 
+    def _command(self, device: int, frames: list[bytes]) -> None:
+        # Commands are few (one per reconnection or registration): a full queue means that
+        # the device thread has been stuck for a very long time, and waiting cannot help.
+        if not try_send(self._commands[device], frames):
+            log.warning("device %d has not read its last %d commands: a %s is dropped",
+                        device, self.hwm, frames[0].decode())
+
     def close(self) -> None:
-        for pair in self._pairs:
-            pair.send(_STOP)
+        """Stop the device threads and close every socket. A device thread still busy with
+        an op after ``_STOP_WAIT`` seconds is left to end with the process."""
+        for device in range(len(self.devices)):
+            self._command(device, [_STOP])
+        deadline = time.monotonic() + _STOP_WAIT
         for thread in self._threads:
-            thread.join(timeout=5)
-        for pair in self._pairs:
-            pair.close(linger=0)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.abandoned = [i for i, thread in enumerate(self._threads) if thread.is_alive()]
+        for sock in (*self._pairs, *self._commands):
+            sock.close(linger=0)
         self._close_dealer()
+        if self.abandoned:  # terminating the context would wait for their sockets (their ops)
+            log.warning("device(s) %s still computing after %g s: stopping without them",
+                        ", ".join(map(str, self.abandoned)), _STOP_WAIT)
+            return
         self.context.term()
 
 
@@ -462,3 +491,8 @@ def serve(broker: str, **options: Any) -> None:
     log.info("worker %s: %d %s device(s), broker %s", worker.name, len(worker.devices),
              worker.backend, broker)
     worker.run()
+    if worker.abandoned:
+        # The interpreter's exit would wait for their sockets forever (a daemon thread stops
+        # at its next Python step, holding them open): end the process here.
+        logging.shutdown()
+        os._exit(0)
