@@ -15,11 +15,14 @@ from pathlib import Path
 
 import click
 import pytest
+import zmq
 from conftest import HEARTBEAT
+from rawpeers import free_tcp_address
 
 import fabric
-from fabric import LocalCluster
+from fabric import LocalCluster, protocol
 from fabric.cli import main as cli_main
+from fabric.protocol import Header, Kind, Message
 from workers.worker import _STOP_WAIT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -87,6 +90,51 @@ def test_worker_with_a_wrong_token_is_refused_and_exits(cluster, which):
     assert _workers_listed(cluster) == ["worker-0", "worker-1"]
     with cluster.connect(device=1, timeout=5) as session:
         session.sync()
+
+
+# -- a broker that misbehaves ---------------------------------------------------------------
+
+def test_a_device_lane_survives_malformed_messages_from_its_broker():
+    # A raw ROUTER plays the broker, to send what a real one never would.
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    address = free_tcp_address()
+    router.bind(address)
+    env = dict(_env_without_tokens(), FABRIC_WORKER_TOKEN="a-token")
+    worker = subprocess.Popen([sys.executable, "-m", "fabric", "worker", "--broker", address,
+                               "--name", "w", "--heartbeat", "0.2"], cwd=REPO, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def receive(kind: Kind) -> tuple[bytes, Message]:
+        deadline = time.monotonic() + 10
+        while router.poll(max(0, deadline - time.monotonic()) * 1000):
+            identity, *frames = router.recv_multipart()
+            message = protocol.decode(frames)
+            if message.kind == kind:
+                return identity, message
+        raise AssertionError(f"no {kind.name} within 10 s")
+
+    try:
+        control, register = receive(Kind.REGISTER)
+        [lane] = register.body["lanes"]
+        router.send_multipart([control, *protocol.encode(Message(
+            Kind.REGISTERED, body={"server": "raw", "heartbeat": 0.2}))])
+        assert receive(Kind.HEARTBEAT)[0] == lane  # the device attached its lane
+        header = Header(Kind.ERROR).pack()
+        heartbeat = Header(Kind.HEARTBEAT).pack()
+        for frames in ([header, b"\xc1 not msgpack"], [header], [heartbeat, b"\xc1"],
+                       [heartbeat, protocol.pack_body({"sessions": "not a list"})]):
+            router.send_multipart([lane, *frames])
+        # The device thread is still there, and answers on its lane.
+        router.send_multipart([lane, *protocol.encode(Message(Kind.OPEN, 7, 1, {"device": 0}))])
+        identity, opened = receive(Kind.OPENED)
+        assert (identity, opened.session, opened.request) == (lane, 7, 1)
+        assert worker.poll() is None
+    finally:
+        worker.terminate()
+        _, stderr = worker.communicate(timeout=15)
+        router.close(linger=0)
+    assert "Traceback" not in stderr
 
 
 # -- workers lost and restarted --------------------------------------------------------------
