@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -212,3 +213,23 @@ def test_using_a_closed_session_fails_clearly(shared_cluster):
         tensor.numpy()
     with pytest.raises(fabric.SessionLost, match="closed"):
         session.ones(3)
+
+
+def test_a_session_with_a_long_queue_does_not_hold_up_another_sessions_requests(
+        shared_cluster):
+    with shared_cluster.connect(device=1) as busy, shared_cluster.connect(device=1) as other:
+        big, small = busy.ones(25_000_000), busy.ones((1000, 1000))
+        busy.sync()
+        kept = [np.sin(big)]  # a long op, on one core: the messages below reach the device
+        busy.flush()
+        for _ in range(40):
+            kept.append(small + 1.0)
+            busy.flush()
+        time.sleep(0.1)  # (the broker has forwarded them all: the device's queue is long)
+        before = big.nbytes + small.nbytes + kept[0].nbytes
+        # other's request takes its turn after the message running now, not after all 40.
+        done = (other.stats()["device_resident_bytes"] - before) // small.nbytes
+        assert done < 20
+        busy.sync()
+        assert (other.stats()["device_resident_bytes"] - before) // small.nbytes == 40
+        np.testing.assert_array_equal(kept[-1][0, :3].numpy(), [2.0] * 3)

@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import zmq
@@ -41,7 +42,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import recv_frames, try_send
+from fabric.sockets import EVENTS, POLLIN, recv_frames, try_send
 
 from .backends import device_class
 from .executor import Executor
@@ -52,6 +53,7 @@ log = logging.getLogger("fabric.worker")
 # fabric messages: TRANSFERs between two sessions of this worker).
 _STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
 _STOP_WAIT = 5.0  # seconds a stopping worker waits for each device thread to end
+_READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of running messages
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
@@ -110,6 +112,12 @@ class _DeviceThread:
         self._pair: zmq.Socket | None = None
         self._commands: zmq.Socket | None = None
         self._poller = zmq.Poller()
+        # Messages read from the lane and not yet run, by session (in the order sessions
+        # came). The broker funnels every session of the device into the lane; running one
+        # message of each session in turn keeps a session's long queue of batches from
+        # holding up another session's read. Bounded: hwm messages, _READ_AHEAD_BYTES.
+        self._waiting: dict[int, deque[tuple[protocol.Header, list[zmq.Frame], int]]] = {}
+        self._waiting_count = self._waiting_bytes = 0
 
     def run(self) -> None:
         worker = self._worker
@@ -121,14 +129,17 @@ class _DeviceThread:
             self._poller.register(sock, zmq.POLLIN)
         try:
             while True:
-                for sock, _ in self._poller.poll():  # the control thread's STOP ends it
-                    frames = recv_frames(sock)
+                # (Messages waiting: only a look at the sockets between two turns.)
+                for sock, _ in self._poller.poll(0 if self._waiting else None):
                     if sock is self._lane:
-                        self._from_broker(frames)
-                    elif sock is self._pair:  # a tensor moved from another device here
+                        self._read_lane()
+                        continue
+                    frames = recv_frames(sock)
+                    if sock is self._pair:  # a tensor moved from another device here
                         self._handle(frames)
-                    elif not self._obey(frames):
+                    elif not self._obey(frames):  # the control thread's STOP ends it
                         return
+                self._take_turns()
         finally:
             self._pair.close(linger=0)
             self._commands.close(linger=0)
@@ -148,6 +159,8 @@ class _DeviceThread:
             for session in self.executor.sessions:
                 self._forget(session)
             self.executor.close_all()
+            self._waiting.clear()  # (the old connection's)
+            self._waiting_count = self._waiting_bytes = 0
             worker = self._worker
             self._close_lane()
             self._lane = _dealer(worker.context, frames[1].bytes, worker.hwm,
@@ -159,6 +172,31 @@ class _DeviceThread:
             self._send(protocol.encode(Message(Kind.HEARTBEAT)))
         return True
 
+    def _read_lane(self) -> None:
+        """Read what the lane holds, as far as the bounds allow: a session's message waits
+        its turn, one for the device itself (a heartbeat, an error) is dealt with now."""
+        lane, limit = self._lane, self._worker.hwm
+        while True:
+            self._from_broker(recv_frames(lane))
+            if (self._waiting_count >= limit or self._waiting_bytes >= _READ_AHEAD_BYTES
+                    or not lane.getsockopt(EVENTS) & POLLIN):
+                return
+
+    def _take_turns(self) -> None:
+        """Run the first waiting message of each session that has one."""
+        for session in list(self._waiting):
+            queue = self._waiting[session]
+            header, frames, size = queue.popleft()
+            if not queue:
+                del self._waiting[session]
+            self._waiting_count -= 1
+            self._waiting_bytes -= size
+            if header.kind == Kind.OPEN:
+                self._note_open(header, frames)
+            elif header.kind == Kind.CLOSE:
+                self._forget(header.session)
+            self._handle(frames, header)
+
     def _from_broker(self, frames: list[zmq.Frame]) -> None:
         try:
             header = protocol.decode_header(frames[0])
@@ -166,11 +204,10 @@ class _DeviceThread:
             log.warning("bad message from the broker on device %d: %s", self.index, exc)
             return
         if header.kind in _DEVICE_KINDS:
-            if header.kind == Kind.OPEN:
-                self._note_open(header, frames)
-            elif header.kind == Kind.CLOSE:
-                self._forget(header.session)
-            self._handle(frames, header)
+            size = sum(map(len, frames))
+            self._waiting.setdefault(header.session, deque()).append((header, frames, size))
+            self._waiting_count += 1
+            self._waiting_bytes += size
         elif header.kind == Kind.HEARTBEAT:
             self._reconcile(header, frames)
         elif header.kind in (Kind.ERROR, Kind.REJECT):
