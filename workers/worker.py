@@ -3,9 +3,9 @@
 Rule: the control thread never computes and never carries a session's traffic. It owns the
 worker's DEALER to the broker: registration, heartbeats, noticing a lost broker and
 registering again. Each device thread owns its device's own DEALER to the broker, its
-"lane" (a routing identity that REGISTER lists): it runs ``Executor`` on what arrives there
-and answers on it, so a read crosses no thread inside the worker, and a long op never delays
-a heartbeat. The control thread speaks to each device thread over two inproc PAIRs. One
+"lane" (a routing identity that REGISTER lists): it runs ``Executor`` on what arrives there,
+one message of each session in turn, and answers on it, so a read crosses no thread inside
+the worker, and a long op never delays a heartbeat. The control thread speaks to each device thread over two inproc PAIRs. One
 carries commands: stop, reset (the broker that knew the sessions is gone), attach (after
 REGISTERED, the lane says HEARTBEAT so the broker can route to it). The other carries tensors
 moving between two sessions of this worker, which go device to device in memory instead of
