@@ -5,13 +5,13 @@ worker's DEALER to the broker: registration, heartbeats, noticing a lost broker 
 registering again. Each device thread owns its device's own DEALER to the broker, its
 "lane" (a routing identity that REGISTER lists): it runs ``Executor`` on what arrives there,
 one message of each session in turn, and answers on it, so a read crosses no thread inside
-the worker, and a long op never delays a heartbeat. The control thread speaks to each device thread over two inproc PAIRs. One
-carries commands: stop, reset (the broker that knew the sessions is gone), attach (after
-REGISTERED, the lane says HEARTBEAT so the broker can route to it). The other carries tensors
-moving between two sessions of this worker, which go device to device in memory instead of
-through the broker. A command never waits behind them, and the control thread never waits
-for a device: a worker told to stop while a device computes a long op ends a few seconds
-later (``_STOP_WAIT``), without waiting for the op.
+the worker, and a long op never delays a heartbeat. The control thread speaks to each device
+thread over two inproc PAIRs. One carries commands: stop, reset (the broker that knew the
+sessions is gone), attach (after REGISTERED, the lane says HEARTBEAT so the broker can route
+to it). The other carries tensors moving between two sessions of this worker, which go device
+to device in memory instead of through the broker. A command never waits behind them, and
+the control thread never waits for a device: a worker told to stop while a device computes
+a long op ends a few seconds later (``_STOP_WAIT``), without waiting for the op.
 
 The control DEALER's socket monitor reports what ZeroMQ keeps silent: a CURVE key the
 broker refuses, or encryption on at one end only, stops the worker
