@@ -157,32 +157,46 @@ class Connection:
 
     def wait(self, request: int, deadline: float, *, session: int = 0) -> Message:
         """Wait for the reply to ``request``; raise the typed error if anything fails first."""
-        self._check_thread()
         try:
-            while True:
-                reply = self.pending.take(request)
-                if reply is not None:
-                    if (session in self.pending.lost and reply.kind == Kind.ERROR
-                            and reply.body.get("code") == SessionLost.code):
-                        # The broker's earlier notice says why the session ended; this
-                        # answer only says it is gone.
-                        raise self.pending.lost[session]
-                    return reply
-                if session in self.pending.lost:
-                    raise self.pending.lost[session]
-                if self.error is not None:
-                    raise self.error
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._timeout_error(deadline)
-                for sock, _ in self._poller.poll(remaining * 1000):
-                    if sock is self._monitor:
-                        self._on_event(recv_monitor_message(self._monitor))
-                    else:  # one message (the poll saw it come: no EVENTS check first);
-                        self._receive()  # more that came are read as the loop goes on
+            reply = self._wait_for(lambda: self.pending.take(request), deadline, session,
+                                   self._timeout_error)
         except BaseException:
             self.pending.forget(request)
             raise
+        if (session in self.pending.lost and reply.kind == Kind.ERROR
+                and reply.body.get("code") == SessionLost.code):
+            # The broker's earlier notice says why the session ended; this answer only says
+            # it is gone.
+            raise self.pending.lost[session]
+        return reply
+
+    def wait_for_credit(self, session: int, done: int, deadline: float,
+                        timeout_error: Callable[[float], FabricError]) -> None:
+        """Wait until the device has run ``done`` of ``session``'s SUBMITs (its CREDIT)."""
+        self._wait_for(lambda: self.pending.done.get(session, 0) >= done or None, deadline,
+                       session, timeout_error)
+
+    def _wait_for(self, ready: Callable[[], Any], deadline: float, session: int,
+                  timeout_error: Callable[[float], FabricError]) -> Any:
+        """Read messages until ``ready()`` is not None, and return it; raise the typed
+        error if the session or the connection is lost, or the deadline passes, first."""
+        self._check_thread()
+        while True:
+            result = ready()
+            if result is not None:
+                return result
+            if session in self.pending.lost:
+                raise self.pending.lost[session]
+            if self.error is not None:
+                raise self.error
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise timeout_error(deadline)
+            for sock, _ in self._poller.poll(remaining * 1000):
+                if sock is self._monitor:
+                    self._on_event(recv_monitor_message(self._monitor))
+                else:  # one message (the poll saw it come: no EVENTS check first);
+                    self._receive()  # more that came are read as the loop goes on
 
     def _timeout_error(self, deadline: float) -> FabricError:
         if not self.established:

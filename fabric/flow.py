@@ -31,6 +31,13 @@ DEFAULT_HWM = 1000  # SNDHWM and RCVHWM, in messages, per peer, on every fabric 
 DEFAULT_PEER_QUEUE = 1000  # messages the broker parks for one peer whose queue is full
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 256  # per client connection (a DEALER identity)
 DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
+# Credit: a client has at most SUBMIT_WINDOW of a session's SUBMITs sent and not yet run by
+# the device, which says how many it has run (CREDIT) every CREDIT_EVERY. A client that
+# streams faster than its device computes then waits for the device, instead of filling
+# every queue on the way until the broker must lose the worker (the window is far below
+# DEFAULT_HWM and DEFAULT_PEER_QUEUE), and one session cannot crowd the others' queues.
+SUBMIT_WINDOW = 64
+CREDIT_EVERY = 16
 
 
 def largest_frame(frames: Iterable[Any]) -> int:

@@ -158,7 +158,7 @@ class Tracer(TensorSession):
     def _release(self, tensor_id: int) -> None:
         pass  # nothing was sent, so nothing is freed
 
-    def flush(self) -> None:
+    def flush(self, timeout: float | None = None) -> None:
         pass
 
 

@@ -2,7 +2,8 @@
 
 Rule: replies are matched to requests by request id alone, in whatever order they arrive;
 a session-level ERROR (say, its worker was lost) is remembered against the session so that
-every later call on it fails at once with the same typed error.
+every later call on it fails at once with the same typed error; a CREDIT is remembered as
+the count of the session's SUBMITs its device has run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class PendingTable:
         self._waiting: set[int] = set()
         self._replies: dict[int, Message] = {}
         self.lost: dict[int, FabricError] = {}
+        self.done: dict[int, int] = {}  # session -> SUBMITs its device has run (CREDIT)
 
     def new_request(self) -> int:
         """Allocate a request id and start waiting for its reply."""
@@ -33,6 +35,9 @@ class PendingTable:
         if message.request in self._waiting:
             self._waiting.discard(message.request)
             self._replies[message.request] = message
+        elif message.kind == Kind.CREDIT:
+            done = message.body["done"]  # (counts only grow; a late CREDIT says less)
+            self.done[message.session] = max(done, self.done.get(message.session, 0))
         elif message.kind == Kind.ERROR and message.session:
             error = error_from_wire(message.body)
             if isinstance(error, SessionLost):

@@ -67,10 +67,11 @@ class Kind(enum.IntEnum):
     # worker -> broker -> worker: a tensor moved between sessions; the header's session is
     # the destination session and its request field the source session
     TRANSFER = 43
+    CREDIT = 44  # worker -> client: how many of the session's SUBMITs the device has run
 
 
 CLIENT_DATA_KINDS = frozenset({Kind.SUBMIT, Kind.REQUEST})
-WORKER_DATA_KINDS = frozenset({Kind.REPLY, Kind.TRANSFER})
+WORKER_DATA_KINDS = frozenset({Kind.REPLY, Kind.TRANSFER, Kind.CREDIT})
 DATA_KINDS = CLIENT_DATA_KINDS | WORKER_DATA_KINDS
 _KIND_OF = {int(k): k for k in Kind}  # a dict lookup: Kind(n) is ten times slower
 KNOWN_KINDS = frozenset(_KIND_OF)
@@ -98,6 +99,7 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.OPEN: {"device": int},
     Kind.ADMIN: {"token": str, "command": str, "args": dict},
     Kind.ADMIN_REPLY: {"command": str, "result": dict},
+    Kind.CREDIT: {"done": int},
 }
 
 

@@ -12,12 +12,14 @@ import itertools
 import math
 import os
 import sys
+import time
 from collections import OrderedDict
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import ProtocolError, RemoteError, error_from_wire
+from .errors import ProtocolError, RemoteError, RequestTimeout, error_from_wire
+from .flow import SUBMIT_WINDOW
 from .ops import OPS, Spec
 from .protocol import Kind, Message
 
@@ -429,6 +431,7 @@ class TensorSession:
         self._origins: dict[int, Origin] = {}
         self._freed_origins: dict[int, Origin | None] = {}  # oldest first
         self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
+        self._submits = 0  # SUBMITs sent: the device says how many it has run (CREDIT)
         self._captures: list[Any] = []  # open fabric.capture traces
         self._graphs: OrderedDict[int, Any] = OrderedDict()  # fabric.graph: held by the worker
         self.random = Random(self)
@@ -571,10 +574,14 @@ class TensorSession:
     def _release(self, tensor_id: int) -> None:
         self._released.append(tensor_id)
 
-    def flush(self) -> None:
-        """Send the batched ops now (reads, syncs and close do this for you)."""
+    def flush(self, timeout: float | None = None) -> None:
+        """Send the batched ops now (reads, syncs and close do this for you). If the device
+        has not yet run the session's last batches (``fabric.flow.SUBMIT_WINDOW`` of them),
+        wait for it first, up to ``timeout`` (default: the session's)."""
         if not self._batch and not self._released:
             return
+        if self._submits - self.connection.pending.done.get(self.id, 0) >= SUBMIT_WINDOW:
+            self._wait_for_device(self.timeout if timeout is None else timeout)
         released, self._released = self._released, []
         body = {"ops": self._batch, "free": released}
         try:
@@ -588,8 +595,21 @@ class TensorSession:
             self._freed_origins = dict(itertools.islice(freed.items(), _REMEMBERED_ORIGINS, None))
         self._counts["ops_sent"] += len(self._batch)
         self._counts["batches_sent"] += 1
+        self._submits += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
         self._batch, self._buffers, self._batch_bytes = [], [], 0
+
+    def _wait_for_device(self, timeout: float) -> None:
+        """Backpressure: wait until the device has run enough of this session's batches for
+        one more to be sent (``fabric.flow.SUBMIT_WINDOW``)."""
+        def busy(deadline: float) -> RequestTimeout:
+            return RequestTimeout(
+                f"Device {self.device.index} ran none of this session's {SUBMIT_WINDOW} "
+                f"waiting batches of ops in {timeout:g} s: it is busy with long ops, or "
+                "stuck. Wait for it with session.sync(timeout=...) before sending more, or "
+                "raise timeout=.", device=self.device.index, waiting=SUBMIT_WINDOW)
+        self.connection.wait_for_credit(self.id, self._submits - SUBMIT_WINDOW + 1,
+                                        time.monotonic() + timeout, busy)
 
     def _remote_error(self, wire: dict[str, Any]) -> Exception:
         error = error_from_wire(wire)
@@ -607,7 +627,7 @@ class TensorSession:
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
         """Flush, send a request to the device and return its reply (raising its error)."""
-        self.flush()
+        self.flush(timeout)
         reply = self._request(body, timeout)
         if "error" in reply.body:
             raise self._remote_error(reply.body["error"])

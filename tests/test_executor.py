@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from fabric.errors import error_from_wire
+from fabric.flow import CREDIT_EVERY
 from fabric.protocol import Kind, Message, decode, encode
 from workers.backends.numpy_backend import NumpyDevice
 from workers.executor import Executor
@@ -24,7 +25,7 @@ def submit(executor: Executor, *ops: list, free: list[int] = (), buffers: tuple 
     body = {"ops": list(ops), "free": list(free)}
     # Through the wire's codec, as a worker gets it (the client's tuples arrive as lists).
     message = decode(encode(Message(Kind.SUBMIT, SESSION, 0, body, buffers)))
-    assert executor.handle(message) == []
+    assert [r for r in executor.handle(message) if r.kind != Kind.CREDIT] == []
 
 
 def request(executor: Executor, **body) -> Message:
@@ -124,3 +125,16 @@ def test_closing_frees_the_session_and_reopening_twice_is_refused():
     assert again.kind == Kind.REJECT
     assert executor.handle(Message(Kind.CLOSE, SESSION, 5))[0].kind == Kind.CLOSED
     assert executor.sessions == {}
+
+
+def test_every_so_many_submits_the_device_tells_the_client_how_many_it_has_run():
+    executor = opened()
+    credits = []
+    for index in range(2 * CREDIT_EVERY + 1):
+        ops = [["zeros", index + 1, [], {"shape": [2], "dtype": "<f8"}]] if index % 2 else []
+        body = {"ops": ops, "free": []} if index != 5 else {"ops": "not a list"}
+        replies = executor.handle(decode(encode(Message(Kind.SUBMIT, SESSION, 0, body))))
+        credits += [r for r in replies if r.kind == Kind.CREDIT]
+    # (a malformed SUBMIT counts too: the client counted it when it sent it)
+    assert [(c.session, c.request, c.body) for c in credits] == [
+        (SESSION, 0, {"done": CREDIT_EVERY}), (SESSION, 0, {"done": 2 * CREDIT_EVERY})]

@@ -102,3 +102,13 @@ def test_reply_to_a_request_never_made_is_dropped():
     table = PendingTable()
     table.on_message(reply(99))
     assert table.take(99) is None
+
+
+def test_credit_counts_the_runs_of_each_session_and_never_goes_back():
+    table = PendingTable()
+    request = table.new_request()
+    table.on_message(Message(Kind.CREDIT, 1, 0, {"done": 32}))
+    table.on_message(Message(Kind.CREDIT, 2, 0, {"done": 16}))
+    table.on_message(Message(Kind.CREDIT, 1, 0, {"done": 16}))  # late: says less
+    assert table.done == {1: 32, 2: 16}
+    assert table.take(request) is None  # a credit answers no request

@@ -11,6 +11,7 @@ import pytest
 
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
+from fabric.flow import SUBMIT_WINDOW
 from fabric.tensor import _REMEMBERED_ORIGINS, MAX_BATCH_OPS, origin_line
 
 
@@ -233,3 +234,37 @@ def test_a_session_with_a_long_queue_does_not_hold_up_another_sessions_requests(
         busy.sync()
         assert (other.stats()["device_resident_bytes"] - before) // small.nbytes == 40
         np.testing.assert_array_equal(kept[-1][0, :3].numpy(), [2.0] * 3)
+
+
+def test_a_session_streaming_faster_than_its_device_waits_for_it(session):
+    big, x = session.ones(25_000_000), session.zeros(10)
+    session.sync()
+    kept = np.sin(big)  # the device is busy a while ...
+    session.flush()
+    in_flight = []
+    for _ in range(3 * SUBMIT_WINDOW):  # ... while more batches than the window are sent
+        x = x + 1.0
+        session.flush()
+        in_flight.append(session._submits - session.connection.pending.done.get(session.id, 0))
+    assert max(in_flight) == SUBMIT_WINDOW  # it waited for the device instead of flooding
+    assert x.numpy()[0] == 3 * SUBMIT_WINDOW
+    del kept
+
+
+def test_a_device_busy_past_the_timeout_makes_sending_more_raise_and_loses_nothing(
+        shared_cluster):
+    with shared_cluster.connect(device=1, timeout=0.5) as busy:
+        a, b = busy.ones((2500, 2500)), busy.full((2500, 2500), 1 / 2500)
+        x = busy.zeros(10)
+        busy.sync()
+        for _ in range(6):  # seconds of matmuls, in one batch
+            a = a @ b
+        busy.flush()
+        with pytest.raises(fabric.RequestTimeout, match="busy with long ops") as caught:
+            for sent in range(2 * SUBMIT_WINDOW):
+                x = x + 1.0
+                busy.flush()
+        assert caught.value.details["waiting"] == SUBMIT_WINDOW
+        busy.sync(timeout=60)  # the batch that could not be sent goes with it
+        assert x.numpy()[0] == sent + 1
+        np.testing.assert_allclose(a[0, :3].numpy(), [1.0] * 3)

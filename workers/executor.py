@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
+from fabric.flow import CREDIT_EVERY
 from fabric.ops import OPS, RANDOM_OPS
 from fabric.protocol import Kind, Message
 from fabric.tensor import decode_params, decode_scalar
@@ -37,6 +38,7 @@ class SessionState:
     resident: int = 0  # bytes held in ``tensors``
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ops: int = 0
+    submits: int = 0  # SUBMITs run: the client's credit (fabric.flow.SUBMIT_WINDOW)
     outgoing: list[Message] = field(default_factory=list)  # TRANSFERs made by "send" ops
     awaiting: dict[int, list[Message]] = field(default_factory=dict)  # id -> "await" requests
     graphs: SessionGraphs = field(default_factory=SessionGraphs)
@@ -98,16 +100,20 @@ class Executor(GraphOps):
 
     def _submit(self, message: Message) -> list[Message]:
         session = self.sessions[message.session]
+        session.submits += 1  # (a malformed one too: the client counted it)
+        credit = ([Message(Kind.CREDIT, session.id, 0, {"done": session.submits})]
+                  if session.submits % CREDIT_EVERY == 0 else [])
         ops, free = message.body.get("ops", []), message.body.get("free", [])
         if not isinstance(ops, list) or not isinstance(free, list):
-            return [_reply_error(message, ProtocolError("SUBMIT needs lists 'ops' and 'free'."))]
+            return [_reply_error(message, ProtocolError("SUBMIT needs lists 'ops' and 'free'.")),
+                    *credit]
         session.ops += len(ops)
         for op in ops:
             self._run(session, op, message.buffers)
         for tensor_id in free:
             self._drop(session, tensor_id)
         outgoing, session.outgoing = session.outgoing, []
-        return outgoing
+        return outgoing + credit
 
     def _store(self, session: SessionState, tensor_id: int, array: np.ndarray) -> None:
         self._drop(session, tensor_id)
