@@ -430,8 +430,8 @@ class TensorSession:
         self._released: list[int] = []  # appended from __del__, possibly in another thread
         self._origins: dict[int, Origin] = {}
         self._freed_origins: dict[int, Origin | None] = {}  # oldest first
+        # (batches_sent counts SUBMITs: the device's CREDIT says how many of them it ran)
         self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
-        self._submits = 0  # SUBMITs sent: the device says how many it has run (CREDIT)
         self._captures: list[Any] = []  # open fabric.capture traces
         self._graphs: OrderedDict[int, Any] = OrderedDict()  # fabric.graph: held by the worker
         self.random = Random(self)
@@ -580,8 +580,9 @@ class TensorSession:
         wait for it first, up to ``timeout`` (default: the session's)."""
         if not self._batch and not self._released:
             return
-        if self._submits - self.connection.pending.done.get(self.id, 0) >= SUBMIT_WINDOW:
-            self._wait_for_device(self.timeout if timeout is None else timeout)
+        sent = self._counts["batches_sent"]
+        if sent - self.connection.pending.done.get(self.id, 0) >= SUBMIT_WINDOW:
+            self._wait_for_device(sent, self.timeout if timeout is None else timeout)
         released, self._released = self._released, []
         body = {"ops": self._batch, "free": released}
         try:
@@ -595,11 +596,10 @@ class TensorSession:
             self._freed_origins = dict(itertools.islice(freed.items(), _REMEMBERED_ORIGINS, None))
         self._counts["ops_sent"] += len(self._batch)
         self._counts["batches_sent"] += 1
-        self._submits += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
         self._batch, self._buffers, self._batch_bytes = [], [], 0
 
-    def _wait_for_device(self, timeout: float) -> None:
+    def _wait_for_device(self, sent: int, timeout: float) -> None:
         """Backpressure: wait until the device has run enough of this session's batches for
         one more to be sent (``fabric.flow.SUBMIT_WINDOW``)."""
         def busy(deadline: float) -> RequestTimeout:
@@ -608,7 +608,7 @@ class TensorSession:
                 f"waiting batches of ops in {timeout:g} s: it is busy with long ops, or "
                 "stuck. Wait for it with session.sync(timeout=...) before sending more, or "
                 "raise timeout=.", device=self.device.index, waiting=SUBMIT_WINDOW)
-        self.connection.wait_for_credit(self.id, self._submits - SUBMIT_WINDOW + 1,
+        self.connection.wait_for_credit(self.id, sent - SUBMIT_WINDOW + 1,
                                         time.monotonic() + timeout, busy)
 
     def _remote_error(self, wire: dict[str, Any]) -> Exception:
