@@ -6,12 +6,12 @@ registering again. Each device thread owns its device's own DEALER to the broker
 "lane" (a routing identity that REGISTER lists): it runs ``Executor`` on what arrives there,
 one message of each session in turn, and answers on it, so a read crosses no thread inside
 the worker, and a long op never delays a heartbeat. The control thread speaks to each device
-thread over two inproc PAIRs. One carries commands: stop, reset (the broker that knew the
-sessions is gone), attach (after REGISTERED, the lane says HEARTBEAT so the broker can route
-to it). The other carries tensors moving between two sessions of this worker, which go device
-to device in memory instead of through the broker. A command never waits behind them, and
-the control thread never waits for a device: a worker told to stop while a device computes
-a long op ends a few seconds later (``_STOP_WAIT``), without waiting for the op.
+thread over an inproc PAIR: stop, reset (the broker that knew the sessions is gone), attach
+(after REGISTERED, the lane says HEARTBEAT so the broker can route to it), and tensors moving
+between two sessions of this worker, which go device to device in memory instead of through
+the broker. The control thread never waits for a device: what a full pair cannot take waits
+in a bounded queue, and a worker told to stop while a device computes a long op ends a few
+seconds later (``_STOP_WAIT``), without waiting for the op.
 
 The control DEALER's socket monitor reports what ZeroMQ keeps silent: a CURVE key the
 broker refuses, or encryption on at one end only, stops the worker
@@ -49,8 +49,8 @@ from .executor import Executor
 
 log = logging.getLogger("fabric.worker")
 
-# Commands, control thread to device thread, on their own pair (the other pair carries
-# fabric messages: TRANSFERs between two sessions of this worker).
+# Commands on the inproc pairs, control thread to device thread; anything else there is a
+# fabric message (a TRANSFER between two sessions of this worker).
 _STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
 _STOP_WAIT = 5.0  # seconds a stopping worker waits for each device thread to end
 _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of running messages
@@ -104,13 +104,11 @@ class _DeviceThread:
         self.index = index
         self.executor = executor
         self.pair_address = f"inproc://device-{index}"
-        self.command_address = f"inproc://device-{index}-commands"
         self._worker = worker
         self._broker_limit = worker.max_message_bytes  # the largest frame the broker takes
         self._reply_limit: dict[int, int] = {}  # session -> largest frame its client takes
         self._lane: zmq.Socket | None = None  # made at the first RESET
         self._pair: zmq.Socket | None = None
-        self._commands: zmq.Socket | None = None
         self._poller = zmq.Poller()
         # Messages read from the lane and not yet run, by session (in the order sessions
         # came). The broker funnels every session of the device into the lane; running one
@@ -123,10 +121,7 @@ class _DeviceThread:
         worker = self._worker
         self._pair = _pair(worker.context, worker.hwm)
         self._pair.connect(self.pair_address)
-        self._commands = _pair(worker.context, worker.hwm)
-        self._commands.connect(self.command_address)
-        for sock in (self._commands, self._pair):
-            self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._pair, zmq.POLLIN)
         try:
             while True:
                 # (Messages waiting: only a look at the sockets between two turns.)
@@ -134,15 +129,11 @@ class _DeviceThread:
                     if sock is self._lane:
                         self._read_lane()
                         continue
-                    frames = recv_frames(sock)
-                    if sock is self._pair:  # a tensor moved from another device here
-                        self._handle(frames)
-                    elif not self._obey(frames):  # the control thread's STOP ends it
+                    if not self._from_control(recv_frames(sock)):  # its STOP ends this
                         return
                 self._take_turns()
         finally:
             self._pair.close(linger=0)
-            self._commands.close(linger=0)
             self._close_lane()
 
     def _close_lane(self) -> None:
@@ -150,7 +141,7 @@ class _DeviceThread:
             self._poller.unregister(self._lane)
             self._lane.close(linger=0)
 
-    def _obey(self, frames: list[zmq.Frame]) -> bool:
+    def _from_control(self, frames: list[zmq.Frame]) -> bool:
         """Obey a command from the control thread; False on STOP."""
         command = frames[0].bytes
         if command == _STOP:
@@ -170,6 +161,8 @@ class _DeviceThread:
         elif command == _ATTACH:
             self._broker_limit = int(frames[1].bytes)
             self._send(protocol.encode(Message(Kind.HEARTBEAT)))
+        else:  # a tensor moved from another device of this worker
+            self._handle(frames)
         return True
 
     def _read_lane(self) -> None:
@@ -321,21 +314,19 @@ class Worker:
         # it to send a TRANSFER in memory when its destination session is on this worker.
         self.session_device: dict[int, int] = {}
         self._lanes: list[bytes] = []  # each device's lane identity, new at each _connect
-        self._pairs: list[zmq.Socket] = []  # tensors moving in memory, by device
-        self._commands: list[zmq.Socket] = []
+        self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
         for i, device in enumerate(self.devices):
             runner = _DeviceThread(self, i, Executor(device, memory_limit))
-            pair, commands = _pair(self.context, hwm), _pair(self.context, hwm)
+            pair = _pair(self.context, hwm)
             pair.bind(runner.pair_address)
-            commands.bind(runner.command_address)
             thread = threading.Thread(target=runner.run, name=f"device-{i}", daemon=True)
             thread.start()
             self._pairs.append(pair)
-            self._commands.append(commands)
             self._threads.append(thread)
         self._running = True
-        # Tensors moving in memory, for device threads whose pair is full (see _retry).
+        # Commands and tensors moving in memory, for device threads whose pair is full (see
+        # _to_device and _retry).
         self._to_devices = Outbox(hwm, max_message_bytes)  # by device index
         self._reading_devices = True
         self.dealer: zmq.Socket | None = None
@@ -354,9 +345,9 @@ class Worker:
         # Sessions die with the broker connection that knew them; every socket starts
         # afresh, under a new identity (the broker may not yet have dropped the old ones).
         self._lanes = [_routing_identity() for _ in self._pairs]
+        self._to_devices.clear()  # (for the sessions of the old connection)
         for device, lane in enumerate(self._lanes):
-            self._command(device, [_RESET, lane])
-        self._to_devices.clear()
+            self._to_device(device, [_RESET, lane])
         self._set_reading_devices(True)
         self.dealer = _dealer(self.context, _routing_identity(), self.hwm,
                               self.max_message_bytes, self.curve)
@@ -403,17 +394,20 @@ class Worker:
         if not try_send(self.dealer, protocol.encode(message)):
             log.warning("the broker takes nothing: a %s was not sent", message.kind.name)
 
-    # -- tensors moving between devices of this worker ------------------------------------
+    # -- commands, and tensors moving between devices of this worker ----------------------
     # A device thread hands the control thread a TRANSFER for a session on another device
     # of this worker (or sends it by the broker when the pair is full). The control thread
-    # never blocks on a device's pair: what a full pair cannot take waits in a bounded
-    # Outbox, and while one is full the device threads are not read.
+    # never blocks on a device's pair: what a full pair cannot take waits, in order, in a
+    # bounded Outbox, and while one is full the device threads are not read.
 
     def _transfer(self, frames: list[zmq.Frame]) -> None:
         header = protocol.decode_header(frames[0])  # a device thread's own TRANSFER
         device = self.session_device.get(header.session)
         if device is None:
             return  # the destination closed meanwhile; the broker would drop it too
+        self._to_device(device, frames)
+
+    def _to_device(self, device: int, frames: list[Any]) -> None:
         if device in self._to_devices or not try_send(self._pairs[device], frames):
             if self._to_devices.park(device, frames, time.monotonic()):
                 self._set_reading_devices(False)
@@ -483,7 +477,7 @@ class Worker:
             limit = message.body.get("max_message_bytes")
             limit = limit if type(limit) is int and limit > 0 else self.max_message_bytes
             for device in range(len(self.devices)):  # each lane says HEARTBEAT, so the
-                self._command(device, [_ATTACH, b"%d" % limit])  # broker can route to it
+                self._to_device(device, [_ATTACH, b"%d" % limit])  # broker can route to it
             return
         error = error_from_wire(message.body)
         if isinstance(error, (AuthenticationError, VersionMismatch)):
@@ -494,24 +488,17 @@ class Worker:
             return
         log.warning("the broker reported: %s", error.message)
 
-    def _command(self, device: int, frames: list[bytes]) -> None:
-        # Commands are few (one per reconnection or registration): a full queue means that
-        # the device thread has been stuck for a very long time, and waiting cannot help.
-        if not try_send(self._commands[device], frames):
-            log.warning("device %d has not read its last %d commands: a %s is dropped",
-                        device, self.hwm, frames[0].decode())
-
     def close(self) -> None:
         """Stop the device threads and close every socket. A device thread still busy with
         an op after ``_STOP_WAIT`` seconds is left to end with the process."""
-        for device in range(len(self.devices)):
-            self._command(device, [_STOP])
+        for pair in self._pairs:
+            try_send(pair, [_STOP])  # (a full pair: its thread is busy, and is left behind)
         deadline = time.monotonic() + _STOP_WAIT
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self.abandoned = [i for i, thread in enumerate(self._threads) if thread.is_alive()]
-        for sock in (*self._pairs, *self._commands):
-            sock.close(linger=0)
+        for pair in self._pairs:
+            pair.close(linger=0)
         self._close_dealer()
         if self.abandoned:  # terminating the context would wait for their sockets (their ops)
             log.warning("device(s) %s still computing after %g s: stopping without them",
