@@ -52,7 +52,7 @@ log = logging.getLogger("fabric.worker")
 # Commands on the inproc pairs, control thread to device thread; anything else there is a
 # fabric message (a TRANSFER between two sessions of this worker).
 _STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
-_STOP_WAIT = 5.0  # seconds a stopping worker waits for each device thread to end
+_STOP_WAIT = 5.0  # seconds a stopping worker waits, in all, for its device threads to end
 _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of running messages
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
