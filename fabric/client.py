@@ -378,6 +378,7 @@ class Session(TensorSession):
         except SessionLost:
             pass  # already gone on the broker: nothing left to free
         finally:
+            self.connection.pending.done.pop(self.id, None)  # (its CREDITs came before CLOSED)
             self.connection.users -= 1
             if not self.connection.users:
                 self.connection.close()

@@ -11,7 +11,7 @@ import pytest
 
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
-from fabric.flow import SUBMIT_WINDOW
+from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
 from fabric.tensor import _REMEMBERED_ORIGINS, MAX_BATCH_OPS, origin_line
 
 
@@ -269,3 +269,15 @@ def test_a_device_busy_past_the_timeout_makes_sending_more_raise_and_loses_nothi
         busy.sync(timeout=60)  # the batch that could not be sent goes with it
         assert x.numpy()[0] == sent + 1
         np.testing.assert_allclose(a[0, :3].numpy(), [1.0] * 3)
+
+
+def test_a_closed_sessions_credit_is_forgotten(shared_cluster):
+    with shared_cluster.connect(device=0) as first:
+        with first.open(device=0) as second:
+            x = second.zeros(1)
+            for _ in range(CREDIT_EVERY):
+                x = x + 1.0
+                second.flush()
+            second.sync()
+            assert first.connection.pending.done[second.id] == CREDIT_EVERY
+        assert second.id not in first.connection.pending.done  # no entry left per session
