@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from rawpeers import free_tcp_address
 import fabric
 from fabric import LocalCluster, protocol
 from fabric.cli import main as cli_main
+from fabric.flow import SUBMIT_WINDOW
 from fabric.protocol import Header, Kind, Message
 from workers.worker import _STOP_WAIT
 
@@ -168,6 +170,29 @@ def test_killed_worker_is_declared_lost_and_a_restarted_one_serves_again(cluster
     with cluster.connect(device=_device_of(cluster, "worker-1"), timeout=5) as again:
         assert again.device.worker == "worker-1"
         again.sync()
+
+
+def test_a_session_waiting_for_its_busy_device_learns_at_once_that_its_worker_died(cluster):
+    victim = cluster.workers[1]
+    session = cluster.connect(device=_device_of(cluster, "worker-1"), timeout=30)
+    a, b = session.ones((2500, 2500)), session.full((2500, 2500), 1 / 2500)
+    session.sync()
+    for _ in range(20):  # long enough that the flushes below wait for credit
+        a = a @ b
+    session.flush()
+    killer = threading.Timer(1.0, os.kill, (victim.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        # The worker's death ends the wait with the broker's notice, not the 30 s timeout.
+        with pytest.raises(fabric.SessionLost, match="worker-1"):
+            x = session.zeros(1)
+            for _ in range(10 * SUBMIT_WINDOW):
+                x = x + 1.0
+                session.flush()
+    finally:
+        killer.join()
+        victim.wait(5)
+        session.close()
 
 
 def _registrations(cluster, index: int) -> int:
