@@ -120,20 +120,24 @@ class Outbox:
         message that raised stays parked."""
         queue = self._queues.get(key)
         while queue:
-            frames, size = queue[0]
-            if not send(frames):
-                break
-            queue.popleft()
-            self._bytes[key] -= size
-            self.messages -= 1
-            self.bytes -= size
-        if (key in self.full_since and len(queue or ()) <= self.limit // 2
-                and self._bytes.get(key, 0) <= self.limit_bytes // 2):
+            if not send(queue[0][0]):
+                return False
+            self.take(key)
+        return True
+
+    def take(self, key: Hashable) -> Sequence[Any]:
+        """Remove and return the oldest message parked for ``key`` (there must be one)."""
+        queue = self._queues[key]
+        frames, size = queue.popleft()
+        self._bytes[key] -= size
+        self.messages -= 1
+        self.bytes -= size
+        if (key in self.full_since and len(queue) <= self.limit // 2
+                and self._bytes[key] <= self.limit_bytes // 2):
             del self.full_since[key]
         if not queue:
             self._forget(key)
-            return True
-        return False
+        return frames
 
     def discard(self, key: Hashable) -> int:
         """Throw away ``key``'s parked messages (its peer is gone); how many there were."""

@@ -25,7 +25,6 @@ import os
 import signal
 import threading
 import time
-from collections import deque
 from typing import Any
 
 import zmq
@@ -113,9 +112,9 @@ class _DeviceThread:
         # Messages read from the lane and not yet run, by session (in the order sessions
         # came). The broker funnels every session of the device into the lane; running one
         # message of each session in turn keeps a session's long queue of batches from
-        # holding up another session's read. Bounded: hwm messages, _READ_AHEAD_BYTES.
-        self._waiting: dict[int, deque[tuple[protocol.Header, list[zmq.Frame], int]]] = {}
-        self._waiting_count = self._waiting_bytes = 0
+        # holding up another session's read. Read ahead at most hwm messages and
+        # _READ_AHEAD_BYTES (the Outbox's own bounds, per session, do not come into play).
+        self._waiting = Outbox(worker.hwm, _READ_AHEAD_BYTES)
 
     def run(self) -> None:
         worker = self._worker
@@ -151,7 +150,6 @@ class _DeviceThread:
                 self._forget(session)
             self.executor.close_all()
             self._waiting.clear()  # (the old connection's)
-            self._waiting_count = self._waiting_bytes = 0
             worker = self._worker
             self._close_lane()
             self._lane = _dealer(worker.context, frames[1].bytes, worker.hwm,
@@ -168,27 +166,17 @@ class _DeviceThread:
     def _read_lane(self) -> None:
         """Read what the lane holds, as far as the bounds allow: a session's message waits
         its turn, one for the device itself (a heartbeat, an error) is dealt with now."""
-        lane, limit = self._lane, self._worker.hwm
+        lane, waiting = self._lane, self._waiting
         while True:
             self._from_broker(recv_frames(lane))
-            if (self._waiting_count >= limit or self._waiting_bytes >= _READ_AHEAD_BYTES
+            if (waiting.messages >= self._worker.hwm or waiting.bytes >= _READ_AHEAD_BYTES
                     or not lane.getsockopt(EVENTS) & POLLIN):
                 return
 
     def _take_turns(self) -> None:
         """Run the first waiting message of each session that has one."""
-        for session in list(self._waiting):
-            queue = self._waiting[session]
-            header, frames, size = queue.popleft()
-            if not queue:
-                del self._waiting[session]
-            self._waiting_count -= 1
-            self._waiting_bytes -= size
-            if header.kind == Kind.OPEN:
-                self._note_open(header, frames)
-            elif header.kind == Kind.CLOSE:
-                self._forget(header.session)
-            self._handle(frames, header)
+        for session in self._waiting.keys():
+            self._handle(self._waiting.take(session))
 
     def _from_broker(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -197,20 +185,17 @@ class _DeviceThread:
             log.warning("bad message from the broker on device %d: %s", self.index, exc)
             return
         if header.kind in _DEVICE_KINDS:
-            size = sum(map(len, frames))
-            self._waiting.setdefault(header.session, deque()).append((header, frames, size))
-            self._waiting_count += 1
-            self._waiting_bytes += size
+            self._waiting.park(header.session, frames, 0.0)  # (it waits its turn, no clock)
         elif header.kind == Kind.HEARTBEAT:
             self._reconcile(header, frames)
         elif header.kind in (Kind.ERROR, Kind.REJECT):
             log.warning("the broker reported on device %d's lane: %s", self.index,
                         _body(header, frames).get("message"))
 
-    def _note_open(self, header: protocol.Header, frames: list[zmq.Frame]) -> None:
-        limit = _body(header, frames).get("max_message_bytes")  # (the executor refuses a bad OPEN)
+    def _note_open(self, message: Message) -> None:
+        limit = message.body.get("max_message_bytes")  # (the executor refuses a bad OPEN)
         if type(limit) is int and limit > 0:
-            self._reply_limit[header.session] = min(limit, self._broker_limit)
+            self._reply_limit[message.session] = min(limit, self._broker_limit)
 
     def _forget(self, session: int) -> None:
         self._reply_limit.pop(session, None)
@@ -229,10 +214,15 @@ class _DeviceThread:
             self._forget(session)
             self.executor.handle(Message(Kind.CLOSE, session))
 
-    def _handle(self, frames: list[zmq.Frame], header: protocol.Header | None = None) -> None:
-        """Run one message (``header``: its first frame's, if already read) and answer."""
+    def _handle(self, frames: list[zmq.Frame]) -> None:
+        """Run one message and answer."""
         try:
-            replies = self.executor.handle(protocol.decode(frames, header))
+            message = protocol.decode(frames)
+            if message.kind == Kind.OPEN:
+                self._note_open(message)
+            elif message.kind == Kind.CLOSE:
+                self._forget(message.session)
+            replies = self.executor.handle(message)
         except FabricError as exc:
             header = protocol.decode_header(frames[0])
             replies = [protocol.error_message(exc, session=header.session,
