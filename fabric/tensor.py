@@ -25,7 +25,7 @@ from .protocol import Kind, Message
 
 # Flush the op batch at this many ops ... The worker cannot start on ops it has not been
 # sent, and a read waits for the last batch to run: small batches keep the worker busy while
-# the client builds more, and the wait short (10,000 tiny ops, bench W1: 4096 took a fifth
+# the client builds more, and the wait short (10,000 tiny ops, bench W1: 4096 took a quarter
 # longer than 256; below ~128, each message's own cost starts to show).
 MAX_BATCH_OPS = 256
 MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes
