@@ -173,6 +173,7 @@ class Graph:
     result: Any  # the structure of the function's result
     leaves: tuple[Any, ...]  # per result leaf: index into outputs, or a _Constant
     origins: tuple[tuple[str, int], ...]  # per op: the line of the function that issued it
+    elements: int  # array elements one call's ops touch (its work, as a batch counts it)
     register_op: list[Any]  # the graph_register op, built once
 
     @property
@@ -220,7 +221,7 @@ def trace(fn: Callable[..., Any], name: str, structure: Any, leaves: Sequence[An
                  tuple((t.shape, t.dtype) for t in outputs), result_structure,
                  tuple(graph_leaves),
                  tuple(origin_line(tracer._origins[op[1]]) for op in tracer.ops),
-                 register_op)
+                 tracer._batch_elements, register_op)
 
 
 def call(session: TensorSession, graph: Graph, inputs: Sequence[Tensor]) -> list[Tensor]:
@@ -240,6 +241,7 @@ def call(session: TensorSession, graph: Graph, inputs: Sequence[Tensor]) -> list
         tensor = Tensor(session, next(session._ids), shape, dtype)
         session._origins[tensor.id] = origin
         outputs.append(tensor)
+    session._batch_elements += graph.elements
     session._enqueue(["graph_call", outputs[0].id, [t.id for t in inputs],
                       {"graph": graph.id, "outputs": len(outputs)}])
     if len(session._batch) * graph.op_count >= GRAPH_BATCH_OPS:

@@ -28,7 +28,11 @@ from .protocol import Kind, Message
 # the client builds more, and the wait short (10,000 tiny ops, bench W1: 4096 took a quarter
 # longer than 256; below ~128, each message's own cost starts to show).
 MAX_BATCH_OPS = 256
-MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes
+MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes,
+# ... or when its ops touch this many array elements (each op's inputs and output): about a
+# millisecond of device work, against a message's tenth of one. A heavy op is then sent at
+# once, and runs while the user's code goes on, instead of waiting for the next read.
+MAX_BATCH_ELEMENTS = 1 << 20
 _REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
 
 
@@ -139,13 +143,14 @@ def origin_line(origin: Origin) -> tuple[str, int]:
 class Tensor(Spec):
     """An array on a session's device. Nothing is read back until ``numpy()``."""
 
-    __slots__ = ("session", "id", "__weakref__")
+    __slots__ = ("session", "id", "size", "__weakref__")
     __array_priority__ = 1000  # numpy defers binary operators to us
 
     def __init__(self, session: "TensorSession", tensor_id: int, shape: tuple[int, ...],
                  dtype: np.dtype) -> None:
         self.shape = shape  # Spec's fields, set here directly: this runs once per op
         self.dtype = dtype
+        self.size = math.prod(shape)  # elements (a batch's work is counted in them)
         self.session = session
         self.id = tensor_id
 
@@ -159,10 +164,6 @@ class Tensor(Spec):
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
@@ -427,6 +428,7 @@ class TensorSession:
         self._batch: list[Sequence[Any]] = []
         self._buffers: list[Any] = []
         self._batch_bytes = 0
+        self._batch_elements = 0  # array elements the batch's ops touch
         self._released: list[int] = []  # appended from __del__, possibly in another thread
         self._origins: dict[int, Origin] = {}
         self._freed_origins: dict[int, Origin | None] = {}  # oldest first
@@ -477,12 +479,18 @@ class TensorSession:
         # made of tuples, which the garbage collector stops tracking once it has seen them:
         # the ops waiting in a batch would otherwise reach its oldest generation, and bring
         # on its full collections (milliseconds each) every few thousand ops.
-        wire_args = tuple([a.id if type(a) is Tensor and a.session is self else
-                           (a,) if type(a) is float else self._wire_arg(a)
-                           for a in args])
+        wire_args = []
+        elements = 0  # the op's work: elements read and written
+        for arg in args:
+            if type(arg) is Tensor and arg.session is self:
+                wire_args.append(arg.id)
+                elements += arg.size
+            else:
+                wire_args.append((arg,) if type(arg) is float else self._wire_arg(arg))
         tensor = Tensor(self, next(self._ids), shape, dtype)
         self._origins[tensor.id] = origin
-        self._enqueue((name, tensor.id, wire_args, params), None, tensor)
+        self._batch_elements += elements + tensor.size
+        self._enqueue((name, tensor.id, tuple(wire_args), params), None, tensor)
         return tensor
 
     def _enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None) -> None:
@@ -495,7 +503,8 @@ class TensorSession:
         if buffer is not None:
             self._buffers.append(buffer)
             self._batch_bytes += buffer.nbytes
-        if len(self._batch) >= MAX_BATCH_OPS or self._batch_bytes >= MAX_BATCH_BYTES:
+        if len(self._batch) >= MAX_BATCH_OPS or self._batch_bytes >= MAX_BATCH_BYTES or \
+                self._batch_elements >= MAX_BATCH_ELEMENTS:
             self.flush()
 
     def _create(self, name: str, shape: Any, dtype: Any, **params: Any) -> Tensor:
@@ -597,7 +606,7 @@ class TensorSession:
         self._counts["ops_sent"] += len(self._batch)
         self._counts["batches_sent"] += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
-        self._batch, self._buffers, self._batch_bytes = [], [], 0
+        self._batch, self._buffers, self._batch_bytes, self._batch_elements = [], [], 0, 0
 
     def _wait_for_device(self, sent: int, timeout: float) -> None:
         """Backpressure: wait until the device has run enough of this session's batches for

@@ -6,6 +6,7 @@ also driven directly on ``workers.executor.Executor``, with the helpers of test_
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -14,7 +15,7 @@ from test_executor import SESSION, opened, read, request, submit
 
 import fabric
 from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
-from fabric.graph import GRAPH_CACHE_SIZE, Graph, Tracer, _flatten, call, trace
+from fabric.graph import GRAPH_CACHE_SIZE, Tracer, _flatten, call, trace
 from fabric.ops import Spec
 from fabric.protocol import Kind, Message
 from workers.backends.numpy_backend import NumpyDevice
@@ -243,8 +244,7 @@ def test_an_unknown_graph_and_wrong_bindings_give_typed_errors(session):
     traced = fabric.function(step)
     traced(a, b, c)
     graph = next(iter(traced.graphs.values()))
-    forged = Graph(10**9, "forged", graph.inputs, graph.outputs, graph.result, graph.leaves,
-                   graph.origins, graph.register_op)
+    forged = dataclasses.replace(graph, id=10**9, name="forged")
     session._graphs[forged.id] = forged  # the client believes the worker holds it
     unknown = call(session, forged, [a, b, c])
     with pytest.raises(GraphError, match="#1000000000") as caught:

@@ -12,7 +12,7 @@ import pytest
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
-from fabric.tensor import _REMEMBERED_ORIGINS, MAX_BATCH_OPS, origin_line
+from fabric.tensor import _REMEMBERED_ORIGINS, MAX_BATCH_ELEMENTS, MAX_BATCH_OPS, origin_line
 
 
 def test_the_readme_example_matches_numpy(session):
@@ -38,6 +38,34 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     # one message per batch, not per op
     assert stats["batches_sent"] <= -(-3001 // MAX_BATCH_OPS) + 1
     assert stats["ops"] == 3001  # the device ran every op
+
+
+def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):
+    side = 1024  # a side x side array is MAX_BATCH_ELEMENTS elements
+    assert side * side == MAX_BATCH_ELEMENTS
+    small = session.zeros(100)
+    light = [small + i for i in range(10)]
+    assert len(session._batch) == 11  # light ops are batched ...
+    sent = session._counts["batches_sent"]
+    big = session.ones((side, side))
+    assert not session._batch  # ... until a heavy one comes: it goes now, with them,
+    assert session._counts["batches_sent"] == sent + 1  # in one message
+    product = big @ big  # touches 3 M elements: sent alone, at once
+    assert not session._batch and session._counts["batches_sent"] == sent + 2
+    half = big[: side // 2]  # a view of half of it touches 1.5 M: sent too
+    assert not session._batch
+    assert product.numpy()[0, 0] == side and half.shape == (side // 2, side)
+    assert [t.numpy()[0] for t in light] == list(range(10))
+
+
+def test_a_graph_call_counts_as_the_work_of_its_ops(session):
+    traced = fabric.function(lambda x: (x * 2 + 1).sum(axis=0))
+    small, big = session.zeros((4, 4)), session.ones((512, 1024))  # big: half the bound
+    traced(small)
+    assert session._batch  # a light call waits, and a heavy one (2 elementwise ops, a
+    traced(big)  # reduction: 3 passes over half the bound) is sent at once
+    assert not session._batch
+    np.testing.assert_array_equal(traced(big).numpy(), np.full(1024, 1536.0))
 
 
 def test_a_shape_mismatch_fails_at_the_call_site_before_sending(session):

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -222,8 +223,11 @@ def test_a_stopped_worker_does_not_wait_for_a_long_op_to_end(cluster):
     session = cluster.connect(device=_device_of(cluster, "worker-1"), timeout=5)
     a, b = session.ones((2000, 2000)), session.full((2000, 2000), 1 / 2000)
     session.sync()
-    for _ in range(100):  # a minute or more of matmuls, sent in one batch
-        a = a @ b
+    def matmuls(a: Any, b: Any) -> Any:
+        for _ in range(100):
+            a = a @ b
+        return a
+    fabric.function(matmuls)(a, b)  # one op on the device: a minute or more of matmuls
     session.flush()
     time.sleep(0.5)  # (the device thread is inside the batch)
     victim.send_signal(signal.SIGTERM)
