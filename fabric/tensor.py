@@ -99,10 +99,12 @@ def array_from_frame(frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.
     return np.frombuffer(frame, dtype).reshape(shape).copy()
 
 
-def decode_scalar(arg: list[Any] | None) -> Any:
-    """A scalar op argument from the wire: [value] (Python) or [value, dtype] (numpy)."""
-    if arg is None:
-        return None
+def decode_scalar(arg: Any) -> Any:
+    """A scalar op argument from the wire: a Python float or bool, or None, as it is (msgpack
+    tells them from a tensor id, an int), [value] (a Python int) or [value, dtype] (numpy)."""
+    kind = type(arg)
+    if kind is float or kind is bool or arg is None:
+        return arg
     return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
 
 
@@ -452,10 +454,11 @@ class TensorSession:
             return None
         if isinstance(arg, np.generic):
             return [arg.item(), arg.dtype.str]
-        if isinstance(arg, int) and not -2**63 <= arg < 2**64:
-            return [float(arg)]  # only a float tensor accepts it, which makes it a float
-        if isinstance(arg, (bool, int, float)):
-            return [arg]
+        if isinstance(arg, (bool, float)):
+            return arg
+        if isinstance(arg, int):  # (wrapped: a bare int is a tensor id)
+            # Past 64 bits only a float tensor accepts it, which makes it a float.
+            return [arg] if -2**63 <= arg < 2**64 else float(arg)
         raise TypeError(f"Cannot use {type(arg).__name__} in a fabric op: use tensors, "
                         "numpy arrays or Python scalars.")
 
@@ -486,7 +489,7 @@ class TensorSession:
                 wire_args.append(arg.id)
                 elements += arg.size
             else:
-                wire_args.append((arg,) if type(arg) is float else self._wire_arg(arg))
+                wire_args.append(arg if type(arg) is float else self._wire_arg(arg))
         tensor = Tensor(self, next(self._ids), shape, dtype)
         self._origins[tensor.id] = origin
         self._batch_elements += elements + tensor.size

@@ -51,6 +51,20 @@ def test_ops_run_in_submission_order_and_reads_return_the_result():
     np.testing.assert_array_equal(read(executor, 3), [6.0, 24.0])
 
 
+def test_scalars_travel_bare_when_msgpack_tells_them_from_a_tensor_id():
+    executor = opened()
+    submit(executor,
+           ["put", 1, [], {"dtype": "<i8", "shape": [3], "buffer": 0}],
+           ["multiply", 2, [1, 0.5], {}],  # a float: float64, as numpy's weak scalar makes it
+           ["add", 3, [1, True], {}],  # a bool: stays int64
+           ["add", 4, [1, [2]], {}],  # an int is wrapped: a bare one is a tensor id
+           buffers=(np.arange(3).tobytes(),))
+    np.testing.assert_array_equal(read(executor, 2), [0.0, 0.5, 1.0])
+    assert read(executor, 3).dtype == np.int64
+    np.testing.assert_array_equal(read(executor, 3), [1, 2, 3])
+    np.testing.assert_array_equal(read(executor, 4), [2, 3, 4])
+
+
 def test_a_read_that_states_what_it_expects_gets_the_bytes_alone_or_a_clear_error():
     executor = opened()
     submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [2, 3], "buffer": 0}],

@@ -98,7 +98,8 @@ def register(params: dict[str, Any], device: Any) -> Graph:
                f"op {name} needs a list of args and a dict of params")
         for arg in args:
             _check(arg in defined if type(arg) is int else
-                   arg is None or isinstance(arg, list) and 1 <= len(arg) <= 2, graph_id,
+                   arg is None or type(arg) in (float, bool)
+                   or isinstance(arg, list) and 1 <= len(arg) <= 2, graph_id,
                    f"op {name} reads {arg!r}, which is neither a defined local id nor a scalar")
         defined.add(out)
     _check(all(type(o) is int and o in defined for o in outputs), graph_id,
