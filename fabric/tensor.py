@@ -99,6 +99,12 @@ def array_from_frame(frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.
     return np.frombuffer(frame, dtype).reshape(shape).copy()
 
 
+def is_wire_scalar(arg: Any) -> bool:
+    """Whether ``arg`` has the form of a scalar op argument, as ``decode_scalar`` takes it."""
+    kind = type(arg)
+    return kind is float or kind is bool or arg is None or kind is list and 1 <= len(arg) <= 2
+
+
 def decode_scalar(arg: Any) -> Any:
     """A scalar op argument from the wire: a Python float or bool, or None, as it is (msgpack
     tells them from a tensor id, an int), [value] (a Python int) or [value, dtype] (numpy)."""

@@ -36,7 +36,7 @@ import numpy as np
 from fabric.errors import GraphError, ProtocolError
 from fabric.graph import GRAPH_CACHE_SIZE
 from fabric.ops import OPS, RANDOM_OPS, Op
-from fabric.tensor import decode_params, decode_scalar
+from fabric.tensor import decode_params, decode_scalar, is_wire_scalar
 
 Plan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
 _FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops
@@ -97,9 +97,7 @@ def register(params: dict[str, Any], device: Any) -> Graph:
         _check(isinstance(args, list) and isinstance(op_params, dict), graph_id,
                f"op {name} needs a list of args and a dict of params")
         for arg in args:
-            _check(arg in defined if type(arg) is int else
-                   arg is None or type(arg) in (float, bool)
-                   or isinstance(arg, list) and 1 <= len(arg) <= 2, graph_id,
+            _check(arg in defined if type(arg) is int else is_wire_scalar(arg), graph_id,
                    f"op {name} reads {arg!r}, which is neither a defined local id nor a scalar")
         defined.add(out)
     _check(all(type(o) is int and o in defined for o in outputs), graph_id,
