@@ -219,7 +219,7 @@ def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
         if kind is float or kind is bool or kind is complex or arg is None:
             signature.append((kind, None))
         elif kind is int:
-            signature.append((int, _weak_int(arg)))
+            signature.append((int, weak_int(arg)))
         elif isinstance(arg, Spec):
             signature.append((len(arg.shape), arg.dtype))
         else:
@@ -231,7 +231,7 @@ _POSITIVE_BOUNDS = (255, 2**15 - 1, 2**16 - 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 
 _NEGATIVE_BOUNDS = (-2**15, -2**31, -2**63)
 
 
-def _weak_int(value: int) -> int:
+def weak_int(value: int) -> int:
     """A stand-in for a Python int: same sign, and out of bounds for the same integer dtypes.
 
     A weak Python int keeps the tensor's dtype, but numpy raises OverflowError when it does

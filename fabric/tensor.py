@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import ProtocolError, RemoteError, RequestTimeout, error_from_wire
 from .flow import SUBMIT_WINDOW
-from .ops import OPS, Spec
+from .ops import OPS, Spec, weak_int
 from .protocol import Kind, Message
 
 # Flush the op batch at this many ops ... The worker cannot start on ops it has not been
@@ -33,6 +33,11 @@ MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many by
 # millisecond of device work, against a message's tenth of one. A heavy op is then sent at
 # once, and runs while the user's code goes on, instead of waiting for the next read.
 MAX_BATCH_ELEMENTS = 1 << 20
+# The result dtype of an elementwise op on two tensors of one shape, or on a tensor and a Python
+# scalar (``TensorSession._pair``): at most a few thousand entries, as ops, numeric dtypes,
+# ndims and the stand-ins of ints in 64 bits are few.
+_PAIR_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
+_INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (and have few stand-ins)
 _REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
 
 
@@ -318,6 +323,8 @@ class Tensor(Spec):
                             f"{' with ' + ', '.join(kwargs) if kwargs else ''} is not "
                             "supported on fabric tensors; read the tensor with .numpy() "
                             "first if you mean to compute locally.")
+        if len(inputs) == 2 and OPS[ufunc.__name__].elementwise:  # (not np.matmul)
+            return self.session._pair(ufunc.__name__, *inputs)
         return self.session._op(ufunc.__name__, inputs, {})
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -331,10 +338,10 @@ class Tensor(Spec):
 def _binary(name: str, reflected: bool = False) -> Any:
     if reflected:
         def method(self: Tensor, other: Any) -> Tensor:
-            return self.session._op(name, (other, self), {})
+            return self.session._pair(name, other, self)
     else:
         def method(self: Tensor, other: Any) -> Tensor:
-            return self.session._op(name, (self, other), {})
+            return self.session._pair(name, self, other)
     return method
 
 
@@ -464,7 +471,7 @@ class TensorSession:
             return arg
         if isinstance(arg, int):  # (wrapped: a bare int is a tensor id)
             # Past 64 bits only a float tensor accepts it, which makes it a float.
-            return [arg] if -2**63 <= arg < 2**64 else float(arg)
+            return [arg] if _INT_RANGE[0] <= arg < _INT_RANGE[1] else float(arg)
         raise TypeError(f"Cannot use {type(arg).__name__} in a fabric op: use tensors, "
                         "numpy arrays or Python scalars.")
 
@@ -481,6 +488,37 @@ class TensorSession:
         # Whoever called this method is fabric's own, so the user is further up.
         return self._emit(name, args, shape, dtype,
                           params if wire_params is None else wire_params, _origin(3))
+
+    def _pair(self, name: str, left: Any, right: Any) -> Tensor:
+        # An elementwise op on two operands (``+``, ``<``, ``np.maximum``, ...): the commonest
+        # call in user code. Its commonest operands, a tensor of this session with a Python
+        # float or int or with a tensor of its shape, go the short way: the result has the
+        # tensor's shape, and its dtype is remembered by what inference's signature would
+        # hold (the operands' dtypes, floats as float, ints by ``weak_int``).
+        if type(left) is Tensor and left.session is self:
+            shape, kind = left.shape, type(right)
+            if kind is float:
+                key = (name, len(shape), left.dtype, float)
+            elif kind is int and _INT_RANGE[0] <= right < _INT_RANGE[1]:
+                key = (name, len(shape), left.dtype, weak_int(right))
+            elif kind is Tensor and right.shape == shape and right.session is self:
+                key = (name, len(shape), left.dtype, right.dtype)
+            else:
+                return self._op(name, (left, right), {})
+        elif type(right) is Tensor and right.session is self:
+            shape, kind = right.shape, type(left)
+            if kind is float:
+                key = (name, len(shape), float, right.dtype)
+            elif kind is int and _INT_RANGE[0] <= left < _INT_RANGE[1]:
+                key = (name, len(shape), weak_int(left), right.dtype)
+            else:
+                return self._op(name, (left, right), {})
+        else:
+            return self._op(name, (left, right), {})
+        dtype = _PAIR_DTYPES.get(key)
+        if dtype is None:  # (inference raises numpy's error for a pair it refuses)
+            dtype = _PAIR_DTYPES[key] = OPS[name].infer((left, right), {})[1]
+        return self._emit(name, (left, right), shape, dtype, {}, _origin(3))
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
               params: dict[str, Any], origin: Origin) -> Tensor:

@@ -216,6 +216,23 @@ def test_python_int_out_of_bounds_raises_overflow_at_call_site(session):
     session.sync()
 
 
+def test_elementwise_results_are_remembered_by_kind_never_a_refusal(session):
+    # Elementwise pairs remember their result dtype by the operands' kinds: what numpy
+    # refuses must be refused every time, and a kind's neighbours keep their own results.
+    tensor = session.asarray(data("int32", seed=13))
+    for _ in range(2):
+        with pytest.raises(OverflowError):
+            tensor + 2**40
+        with pytest.raises(TypeError):
+            tensor & 1.5
+        with pytest.raises(TypeError):
+            1.5 << tensor
+    for fn in (lambda t: t + 2**20, lambda t: 2**20 - t, lambda t: t + 1.5,
+               lambda t: 1.5 - t, lambda t: t & 3):
+        expect_same(session, fn, data("int32", seed=13))
+    session.sync()
+
+
 def test_python_int_beyond_64_bits_with_a_float_tensor(session):
     kept = session.asarray(data("float64", seed=48))
     expect_same(session, lambda t: t + 2**70, data("float64", seed=49))
