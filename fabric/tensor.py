@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -445,8 +445,10 @@ class TensorSession:
         self._batch_bytes = 0
         self._batch_elements = 0  # array elements the batch's ops touch
         self._released: list[int] = []  # appended from __del__, possibly in another thread
+        # Where each tensor's op was issued: live tensors', and the last freed ones' (at least
+        # _REMEMBERED_ORIGINS of them), whose ops may still fail after the user let them go.
         self._origins: dict[int, Origin] = {}
-        self._freed_origins: dict[int, Origin | None] = {}  # oldest first
+        self._freed: list[int] = []  # the freed tensors whose origins are kept, oldest first
         # (batches_sent counts SUBMITs: the device's CREDIT says how many of them it ran)
         self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
         self._captures: list[Any] = []  # open fabric.capture traces
@@ -646,10 +648,11 @@ class TensorSession:
         except BaseException:
             self._released = released + self._released  # nothing is lost: sent next time
             raise
-        freed = self._freed_origins  # (once per op, in C: map and update)
-        freed.update(zip(released, map(self._origins.pop, released, itertools.repeat(None))))
-        if len(freed) >= 2 * _REMEMBERED_ORIGINS:  # the older half goes, at once
-            self._freed_origins = dict(itertools.islice(freed.items(), _REMEMBERED_ORIGINS, None))
+        self._freed += released
+        if len(self._freed) >= 2 * _REMEMBERED_ORIGINS:  # the older half goes, at once, in C
+            forgotten = self._freed[:-_REMEMBERED_ORIGINS]
+            del self._freed[:-_REMEMBERED_ORIGINS]
+            deque(map(self._origins.pop, forgotten, itertools.repeat(None)), 0)
         self._counts["ops_sent"] += len(self._batch)
         self._counts["batches_sent"] += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
@@ -670,7 +673,7 @@ class TensorSession:
     def _remote_error(self, wire: dict[str, Any]) -> Exception:
         error = error_from_wire(wire)
         tensor_id = error.details.get("tensor")
-        origin = self._origins.get(tensor_id) or self._freed_origins.get(tensor_id)
+        origin = self._origins.get(tensor_id)
         if isinstance(error, RemoteError) and origin is not None:
             file, line = origin_line(origin)
             error.details["origin"] = f"{file}:{line}"
