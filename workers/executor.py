@@ -28,7 +28,7 @@ from .graphs import GraphOps, SessionGraphs
 DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")
 
 
-@dataclass
+@dataclass(slots=True)  # (slots: its fields are read several times per op)
 class SessionState:
     id: int
     client: str
@@ -116,7 +116,8 @@ class Executor(GraphOps):
         return outgoing + credit
 
     def _store(self, session: SessionState, tensor_id: int, array: np.ndarray) -> None:
-        self._drop(session, tensor_id)
+        if tensor_id in session.tensors or tensor_id in session.poisoned:  # (an id used again)
+            self._drop(session, tensor_id)
         if self.memory_limit is not None and session.resident + array.nbytes > self.memory_limit:
             raise QuotaExceeded(
                 f"The op needs {array.nbytes} more bytes but the session already holds "
@@ -152,8 +153,8 @@ class Executor(GraphOps):
                         session.poisoned[out] = session.poisoned[arg]
                         return
                     inputs.append(session.tensors[arg])
-                else:
-                    inputs.append(decode_scalar(arg))
+                else:  # (a float, the commonest scalar, as it is: no call)
+                    inputs.append(arg if type(arg) is float else decode_scalar(arg))
             self._store(session, out, self._compute(session, name, inputs, params, buffers))
         except Exception as exc:  # any failure of the op becomes the poison of its output
             self._fail(session, name, out, exc)
