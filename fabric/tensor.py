@@ -495,24 +495,28 @@ class TensorSession:
         # An elementwise op on two operands (``+``, ``<``, ``np.maximum``, ...): the commonest
         # call in user code. Its commonest operands, a tensor of this session with a Python
         # float or int or with a tensor of its shape, go the short way: the result has the
-        # tensor's shape, and its dtype is remembered by what inference's signature would
-        # hold (the operands' dtypes, floats as float, ints by ``weak_int``).
+        # tensor's shape, its dtype is remembered by what inference's signature would hold
+        # (the operands' dtypes, floats as float, ints by ``weak_int``), and the wire args
+        # are made here, not in _emit's loop (a tenth of the client's instructions per op).
         if type(left) is Tensor and left.session is self:
-            shape, kind = left.shape, type(right)
+            shape, kind, inputs = left.shape, type(right), left.size
             if kind is float:
-                key = (name, len(shape), left.dtype, float)
+                key, wire = (name, len(shape), left.dtype, float), (left.id, right)
             elif kind is int and _INT_RANGE[0] <= right < _INT_RANGE[1]:
                 key = (name, len(shape), left.dtype, weak_int(right))
+                wire = (left.id, self._wire_arg(right))
             elif kind is Tensor and right.shape == shape and right.session is self:
-                key = (name, len(shape), left.dtype, right.dtype)
+                key, wire = (name, len(shape), left.dtype, right.dtype), (left.id, right.id)
+                inputs *= 2
             else:
                 return self._op(name, (left, right), {})
         elif type(right) is Tensor and right.session is self:
-            shape, kind = right.shape, type(left)
+            shape, kind, inputs = right.shape, type(left), right.size
             if kind is float:
-                key = (name, len(shape), float, right.dtype)
+                key, wire = (name, len(shape), float, right.dtype), (left, right.id)
             elif kind is int and _INT_RANGE[0] <= left < _INT_RANGE[1]:
                 key = (name, len(shape), weak_int(left), right.dtype)
+                wire = (self._wire_arg(left), right.id)
             else:
                 return self._op(name, (left, right), {})
         else:
@@ -520,7 +524,7 @@ class TensorSession:
         dtype = _PAIR_DTYPES.get(key)
         if dtype is None:  # (inference raises numpy's error for a pair it refuses)
             dtype = _PAIR_DTYPES[key] = OPS[name].infer((left, right), {})[1]
-        return self._emit(name, (left, right), shape, dtype, {}, _origin(3))
+        return self._push(name, wire, inputs, shape, dtype, {}, _origin(3))
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
               params: dict[str, Any], origin: Origin) -> Tensor:
@@ -529,17 +533,23 @@ class TensorSession:
         # the ops waiting in a batch would otherwise reach its oldest generation, and bring
         # on its full collections (milliseconds each) every few thousand ops.
         wire_args = []
-        elements = 0  # the op's work: elements read and written
+        inputs = 0  # the elements the op reads
         for arg in args:
             if type(arg) is Tensor and arg.session is self:
                 wire_args.append(arg.id)
-                elements += arg.size
+                inputs += arg.size
             else:
                 wire_args.append(arg if type(arg) is float else self._wire_arg(arg))
+        return self._push(name, tuple(wire_args), inputs, shape, dtype, params, origin)
+
+    def _push(self, name: str, wire_args: tuple[Any, ...], inputs: int, shape: tuple[int, ...],
+              dtype: np.dtype, params: dict[str, Any], origin: Origin) -> Tensor:
+        """Make an op's result tensor and queue the op (its args already in wire form;
+        ``inputs``: the elements it reads, counted with those it writes as its work)."""
         tensor = Tensor(self, next(self._ids), shape, dtype)
         self._origins[tensor.id] = origin
-        self._batch_elements += elements + tensor.size
-        self._enqueue((name, tensor.id, tuple(wire_args), params), None, tensor)
+        self._batch_elements += inputs + tensor.size
+        self._enqueue((name, tensor.id, wire_args, params), None, tensor)
         return tensor
 
     def _enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None) -> None:
