@@ -155,9 +155,6 @@ class Tracer(TensorSession):
         raise self._refuse(f"session.{body.get('op', 'request')}()",
                            "call it outside the traced function")
 
-    def _release(self, tensor_id: int) -> None:
-        pass  # nothing was sent, so nothing is freed
-
     def flush(self, timeout: float | None = None) -> None:
         pass
 

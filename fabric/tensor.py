@@ -169,8 +169,8 @@ class Tensor(Spec):
 
     def __del__(self) -> None:
         session = getattr(self, "session", None)
-        if session is not None:
-            session._release(self.id)
+        if session is not None:  # (freed with the next batch; a list append is thread-safe)
+            session._released.append(self.id)
 
     # -- description, without reading ----------------------------------------------------
 
@@ -638,9 +638,6 @@ class TensorSession:
         source.session.flush()
         self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
         return tensor
-
-    def _release(self, tensor_id: int) -> None:
-        self._released.append(tensor_id)
 
     def flush(self, timeout: float | None = None) -> None:
         """Send the batched ops now (reads, syncs and close do this for you). If the device
