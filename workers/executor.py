@@ -13,7 +13,7 @@ what they grow by while one session's message is handled is credited to that ses
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -110,14 +110,13 @@ class Executor(GraphOps):
         session.ops += len(ops)
         for op in ops:
             self._run(session, op, message.buffers)
-        for tensor_id in free:
-            self._drop(session, tensor_id)
+        self._drop(session, free)
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit
 
     def _store(self, session: SessionState, tensor_id: int, array: np.ndarray) -> None:
         if tensor_id in session.tensors or tensor_id in session.poisoned:  # (an id used again)
-            self._drop(session, tensor_id)
+            self._drop(session, (tensor_id,))
         if self.memory_limit is not None and session.resident + array.nbytes > self.memory_limit:
             raise QuotaExceeded(
                 f"The op needs {array.nbytes} more bytes but the session already holds "
@@ -127,11 +126,14 @@ class Executor(GraphOps):
         session.tensors[tensor_id] = array
         session.resident += array.nbytes
 
-    def _drop(self, session: SessionState, tensor_id: Any) -> None:
-        array = session.tensors.pop(tensor_id, None)
-        if array is not None:
-            session.resident -= array.nbytes
-        session.poisoned.pop(tensor_id, None)
+    def _drop(self, session: SessionState, tensor_ids: Iterable[Any]) -> None:
+        tensors, poisoned = session.tensors, session.poisoned
+        for tensor_id in tensor_ids:  # (a batch's frees in one call: one per op otherwise)
+            array = tensors.pop(tensor_id, None)
+            if array is not None:
+                session.resident -= array.nbytes
+            if poisoned:
+                poisoned.pop(tensor_id, None)
 
     def _run(self, session: SessionState, op: Any, buffers: Any) -> None:
         # (Once per op: the commonest path, an op of the table, is kept short.)
@@ -208,8 +210,8 @@ class Executor(GraphOps):
     def _poison(self, session: SessionState, outs: Any, error: dict[str, Any],
                 report: bool = True) -> None:
         """Make ``error`` the value of every tensor in ``outs``; report it at the next sync."""
+        self._drop(session, outs)
         for out in outs:
-            self._drop(session, out)
             session.poisoned[out] = error
         if report:
             session.unreported.append(error)
