@@ -97,6 +97,7 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.REGISTER: {"token": str, "name": str, "backend": str, "devices": list},
     Kind.REGISTERED: {"server": str, "heartbeat": (int, float)},
     Kind.OPEN: {"device": int},
+    Kind.REQUEST: {"op": str},
     Kind.ADMIN: {"token": str, "command": str, "args": dict},
     Kind.ADMIN_REPLY: {"command": str, "result": dict},
     Kind.CREDIT: {"done": int},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from conftest import assert_broker_serves
 from rawpeers import RawDealer, frames_of
@@ -222,4 +223,37 @@ def test_well_behaved_clients_are_served_after_a_flood_of_garbage(cluster):
         except AssertionError:
             pass
         assert answers == 20 * len(FRONTEND_GARBAGE)
+    assert_broker_serves(cluster)
+
+
+def test_ids_that_are_not_ints_are_refused_and_the_device_serves_on(cluster):
+    session = 0x5B17
+    with RawDealer(cluster.address) as raw:
+        raw.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0}, session=session,
+                           request=1))
+        assert raw.recv_message(timeout=5).kind == Kind.WELCOME
+        ones = {"shape": [3], "dtype": "<f8"}
+        raw.send_message(Message(Kind.SUBMIT, session, body={
+            "ops": [["ones", 1, [], ones], ["ones", 2, [], ones]], "free": []}))
+        raw.send_message(Message(Kind.SUBMIT, session, body={"ops": [],
+                                                             "free": [[1], 2, {"a": 1}]}))
+        raw.send_message(Message(Kind.REQUEST, session, 2, {"op": "sync"}))
+        synced = raw.recv_until(lambda m: m.request == 2, timeout=10)
+        assert error_from_wire(synced.body["error"]).code == "protocol_error"
+        for request, tensor in ((3, 1), (4, 2)):  # 1 kept, 2 freed: the device still serves
+            raw.send_message(Message(Kind.REQUEST, session, request,
+                                     {"op": "read", "id": tensor, **ones}))
+        kept = raw.recv_until(lambda m: m.request == 3, timeout=10)
+        assert np.frombuffer(kept.buffers[0], "<f8").tolist() == [1.0, 1.0, 1.0]
+        freed = raw.recv_until(lambda m: m.request == 4, timeout=10)
+        assert error_from_wire(freed.body["error"]).code == "protocol_error"
+        # Requests naming no op, or a tensor by what is not an id: refused, and it serves on.
+        for request, body in enumerate([{"op": []}, {"op": "await", "id": []},
+                                        {"op": "read", "id": {"a": 1}, **ones}], 5):
+            raw.send_message(Message(Kind.REQUEST, session, request, body))
+            refused = raw.recv_until(lambda m, r=request: m.request == r, timeout=10)
+            wire = refused.body.get("error", refused.body)  # (an op not a str: an ERROR)
+            assert error_from_wire(wire).code == "protocol_error", body
+        raw.send_message(Message(Kind.REQUEST, session, 9, {"op": "read", "id": 1, **ones}))
+        assert raw.recv_until(lambda m: m.request == 9, timeout=10).buffers
     assert_broker_serves(cluster)

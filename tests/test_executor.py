@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from fabric.errors import error_from_wire
+from fabric.errors import FabricError, error_from_wire
 from fabric.flow import CREDIT_EVERY
 from fabric.protocol import Kind, Message, decode, encode
 from workers.backends.numpy_backend import NumpyDevice
@@ -152,3 +154,47 @@ def test_every_so_many_submits_the_device_tells_the_client_how_many_it_has_run()
     # (a malformed SUBMIT counts too: the client counted it when it sent it)
     assert [(c.session, c.request, c.body) for c in credits] == [
         (SESSION, 0, {"done": CREDIT_EVERY}), (SESSION, 0, {"done": 2 * CREDIT_EVERY})]
+
+
+def test_a_free_list_holding_what_is_not_an_id_is_reported_and_its_ids_are_freed():
+    executor = opened()
+    submit(executor, ["ones", 1, [], {"shape": [3], "dtype": "<f8"}],
+           ["ones", 2, [], {"shape": [3], "dtype": "<f8"}])
+    submit(executor, free=[[1], 2, {"a": 1}])  # (unhashable: not even a key)
+    assert request(executor, op="sync").body["error"]["code"] == "protocol_error"
+    assert set(executor.sessions[SESSION].tensors) == {1}
+    assert executor.sessions[SESSION].resident == 24
+
+
+_junk = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=4)
+    | st.binary(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                  max_size=2), max_leaves=6)
+_ops = st.lists(_junk | st.tuples(
+    st.sampled_from(["add", "ones", "send", "seed", "put", "getitem", "sum", "graph_call"]),
+    st.integers(0, 3), st.lists(_junk | st.integers(0, 3), max_size=3),
+    st.dictionaries(st.sampled_from(["shape", "dtype", "axis", "index", "buffer", "session",
+                                     "id", "seed", "graph"]), _junk, max_size=3)).map(list),
+    max_size=3)
+_bodies = st.fixed_dictionaries({}, optional={
+    "ops": _ops | _junk, "free": st.lists(_junk | st.integers(0, 3), max_size=3) | _junk,
+    "op": st.sampled_from(["read", "sync", "stats", "await", "x"]) | _junk,
+    "id": _junk | st.integers(0, 3), "dtype": _junk, "shape": _junk})
+
+
+@settings(max_examples=400, derandomize=True, database=None, deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.sampled_from([Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER]),
+                          _bodies), min_size=1, max_size=4))
+def test_no_body_makes_the_executor_raise_anything_but_a_typed_error(messages):
+    # Anything else would end the device's thread (the worker reports it, but as a bug).
+    executor = opened()
+    submit(executor, ["ones", 1, [], {"shape": [3], "dtype": "<f8"}])
+    for kind, body in messages:
+        try:
+            executor.handle(decode(encode(Message(kind, SESSION, 3, body))))
+        except FabricError:
+            pass
+    submit(executor, ["ones", 99, [], {"shape": [3], "dtype": "<f8"}])  # still served
+    assert request(executor, op="read", id=99, dtype="<f8", shape=[3]).buffers

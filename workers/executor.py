@@ -110,7 +110,13 @@ class Executor(GraphOps):
         session.ops += len(ops)
         for op in ops:
             self._run(session, op, message.buffers)
-        self._drop(session, free)
+        try:
+            self._drop(session, free)
+        except TypeError:  # something unhashable: the ids are still freed, and it reported
+            self._drop(session, (i for i in free if type(i) is int))
+            session.unreported.append(ProtocolError(
+                "A SUBMIT's 'free' list held something that is not a tensor id: send ids "
+                "(ints) only.").to_wire())
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit
 
@@ -232,6 +238,9 @@ class Executor(GraphOps):
     def _transfer(self, session: SessionState, tensor_id: int,
                   params: dict[str, Any]) -> Message:
         """The TRANSFER that carries a tensor (or its poison) to another session."""
+        if type(params.get("session")) is not int or type(params.get("id")) is not int:
+            raise ProtocolError("A send op needs the target 'session' and the 'id' the tensor "
+                                "takes there, both ints.")
         body: dict[str, Any] = {"id": params["id"]}
         buffers: tuple[Any, ...] = ()
         self._materialize(session, tensor_id)
@@ -251,6 +260,9 @@ class Executor(GraphOps):
         session = self.sessions[message.session]
         body = message.body
         tensor_id = body.get("id")
+        if type(tensor_id) is not int:  # (a worker's _transfer sends an int)
+            raise ProtocolError(f"A TRANSFER names the tensor it brings by an int id, not "
+                                f"{tensor_id!r}.")
         try:
             if "error" in body:
                 session.poisoned[tensor_id] = body["error"]
@@ -275,10 +287,13 @@ class Executor(GraphOps):
 
     def _request(self, message: Message) -> list[Message]:
         session = self.sessions[message.session]
-        handler = self._requests.get(message.body.get("op"))
+        op, tensor_id = message.body["op"], message.body.get("id", 0)  # (op: a str, decoded)
+        handler = self._requests.get(op)
         if handler is None:
+            return [_reply_error(message, ProtocolError(f"Unknown request {op!r}."))]
+        if type(tensor_id) is not int:
             return [_reply_error(message, ProtocolError(
-                f"Unknown request {message.body.get('op')!r}."))]
+                f"A {op} request names a tensor by its id, an int, not {tensor_id!r}."))]
         return handler(self, session, message)
 
     def _sync(self, session: SessionState, message: Message) -> list[Message]:

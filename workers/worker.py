@@ -35,6 +35,7 @@ from fabric.errors import (
     AuthenticationError,
     FabricError,
     MessageTooLarge,
+    RemoteError,
     VersionMismatch,
     error_from_wire,
 )
@@ -223,7 +224,11 @@ class _DeviceThread:
             elif message.kind == Kind.CLOSE:
                 self._forget(message.session)
             replies = self.executor.handle(message)
-        except FabricError as exc:
+        except Exception as exc:  # (the header was read when the message came: it decodes)
+            if not isinstance(exc, FabricError):  # a bug, which must not end the device
+                log.exception("device %d failed on a message", self.index)
+                exc = RemoteError(f"Device {self.index} failed on this message "
+                                  f"({type(exc).__name__}: {exc}); it goes on serving.")
             header = protocol.decode_header(frames[0])
             replies = [protocol.error_message(exc, session=header.session,
                                               request=header.request)]
