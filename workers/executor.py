@@ -238,9 +238,7 @@ class Executor(GraphOps):
     def _transfer(self, session: SessionState, tensor_id: int,
                   params: dict[str, Any]) -> Message:
         """The TRANSFER that carries a tensor (or its poison) to another session."""
-        if type(params.get("session")) is not int or type(params.get("id")) is not int:
-            raise ProtocolError("A send op needs the target 'session' and the 'id' the tensor "
-                                "takes there, both ints.")
+        _require_ints("A send op", session=params.get("session"), id=params.get("id"))
         body: dict[str, Any] = {"id": params["id"]}
         buffers: tuple[Any, ...] = ()
         self._materialize(session, tensor_id)
@@ -260,9 +258,7 @@ class Executor(GraphOps):
         session = self.sessions[message.session]
         body = message.body
         tensor_id = body.get("id")
-        if type(tensor_id) is not int:  # (a worker's _transfer sends an int)
-            raise ProtocolError(f"A TRANSFER names the tensor it brings by an int id, not "
-                                f"{tensor_id!r}.")
+        _require_ints("A TRANSFER", id=tensor_id)
         try:
             if "error" in body:
                 session.poisoned[tensor_id] = body["error"]
@@ -287,13 +283,12 @@ class Executor(GraphOps):
 
     def _request(self, message: Message) -> list[Message]:
         session = self.sessions[message.session]
-        op, tensor_id = message.body["op"], message.body.get("id", 0)  # (op: a str, decoded)
+        op = message.body.get("op")  # (a str: the REQUEST schema says so)
         handler = self._requests.get(op)
         if handler is None:
             return [_reply_error(message, ProtocolError(f"Unknown request {op!r}."))]
-        if type(tensor_id) is not int:
-            return [_reply_error(message, ProtocolError(
-                f"A {op} request names a tensor by its id, an int, not {tensor_id!r}."))]
+        if "id" in message.body:
+            _require_ints(f"A {op} request", id=message.body["id"])
         return handler(self, session, message)
 
     def _sync(self, session: SessionState, message: Message) -> list[Message]:
@@ -349,6 +344,15 @@ class Executor(GraphOps):
 
 def _error(message: Message, error: FabricError, kind: Kind = Kind.ERROR) -> Message:
     return Message(kind, message.session, message.request, error.to_wire())
+
+
+def _require_ints(what: str, **ids: Any) -> None:
+    """Raise ProtocolError unless each of ``ids`` (tensor and session ids) is an int: any
+    other value could not even be looked up."""
+    bad = {name: value for name, value in ids.items() if type(value) is not int}
+    if bad:
+        raise ProtocolError(f"{what} names tensors and sessions by int ids; "
+                            f"{', '.join(f'{k}={v!r}' for k, v in bad.items())} is not one.")
 
 
 def _reply_error(message: Message, error: FabricError) -> Message:
