@@ -33,10 +33,10 @@ MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many by
 # millisecond of device work, against a message's tenth of one. A heavy op is then sent at
 # once, and runs while the user's code goes on, instead of waiting for the next read.
 MAX_BATCH_ELEMENTS = 1 << 20
-# The result dtype of an elementwise op on two tensors of one shape, or on a tensor and a Python
-# scalar (``TensorSession._pair``): at most a few thousand entries, as ops, numeric dtypes,
-# ndims and the stand-ins of ints in 64 bits are few.
-_PAIR_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
+# The result dtype of an elementwise op on one tensor, on two tensors of one shape, or on a
+# tensor and a Python scalar (``TensorSession._single``, ``_pair``): at most a few thousand
+# entries, as ops, numeric dtypes, ndims and the stand-ins of ints in 64 bits are few.
+_ELEMENTWISE_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
 _INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (and have few stand-ins)
 _REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
 
@@ -323,8 +323,11 @@ class Tensor(Spec):
                             f"{' with ' + ', '.join(kwargs) if kwargs else ''} is not "
                             "supported on fabric tensors; read the tensor with .numpy() "
                             "first if you mean to compute locally.")
-        if len(inputs) == 2 and OPS[ufunc.__name__].elementwise:  # (not np.matmul)
-            return self.session._pair(ufunc.__name__, *inputs)
+        if OPS[ufunc.__name__].elementwise:  # (not np.matmul)
+            if len(inputs) == 2:
+                return self.session._pair(ufunc.__name__, *inputs)
+            if len(inputs) == 1:
+                return self.session._single(ufunc.__name__, *inputs)
         return self.session._op(ufunc.__name__, inputs, {})
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -347,7 +350,7 @@ def _binary(name: str, reflected: bool = False) -> Any:
 
 def _unary(name: str) -> Any:
     def method(self: Tensor) -> Tensor:
-        return self.session._op(name, (self,), {})
+        return self.session._single(name, self)
     return method
 
 
@@ -427,6 +430,15 @@ class Random:
     def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = (),
                dtype: Any = "float64") -> Tensor:
         return self._session._create("normal", size, dtype, loc=loc, scale=scale)
+
+
+def _elementwise_dtype(key: tuple[Any, ...], name: str, args: tuple[Any, ...]) -> np.dtype:
+    """The result dtype of elementwise op ``name`` on ``args``, remembered by ``key`` (what
+    inference's signature holds). A refusal (numpy's error, raised here) is not remembered."""
+    dtype = _ELEMENTWISE_DTYPES.get(key)
+    if dtype is None:
+        dtype = _ELEMENTWISE_DTYPES[key] = OPS[name].infer(args, {})[1]
+    return dtype
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
@@ -521,10 +533,17 @@ class TensorSession:
                 return self._op(name, (left, right), {})
         else:
             return self._op(name, (left, right), {})
-        dtype = _PAIR_DTYPES.get(key)
-        if dtype is None:  # (inference raises numpy's error for a pair it refuses)
-            dtype = _PAIR_DTYPES[key] = OPS[name].infer((left, right), {})[1]
-        return self._push(name, wire, inputs, shape, dtype, {}, _origin(3))
+        return self._push(name, wire, inputs, shape, _elementwise_dtype(key, name, (left, right)),
+                          {}, _origin(3))
+
+    def _single(self, name: str, operand: Any) -> Tensor:
+        # A one-operand elementwise op (``-t``, ``np.exp(t)``) on a tensor of this session: the
+        # result has its shape, and a dtype remembered by op, ndim and dtype, as in _pair.
+        if type(operand) is not Tensor or operand.session is not self:
+            return self._op(name, (operand,), {})
+        shape = operand.shape
+        dtype = _elementwise_dtype((name, len(shape), operand.dtype), name, (operand,))
+        return self._push(name, (operand.id,), operand.size, shape, dtype, {}, _origin(3))
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
               params: dict[str, Any], origin: Origin) -> Tensor:
