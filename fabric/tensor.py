@@ -432,12 +432,10 @@ class Random:
         return self._session._create("normal", size, dtype, loc=loc, scale=scale)
 
 
-def _elementwise_dtype(key: tuple[Any, ...], name: str, args: tuple[Any, ...]) -> np.dtype:
-    """The result dtype of elementwise op ``name`` on ``args``, remembered by ``key`` (what
-    inference's signature holds). A refusal (numpy's error, raised here) is not remembered."""
-    dtype = _ELEMENTWISE_DTYPES.get(key)
-    if dtype is None:
-        dtype = _ELEMENTWISE_DTYPES[key] = OPS[name].infer(args, {})[1]
+def _infer_elementwise(key: tuple[Any, ...], name: str, args: tuple[Any, ...]) -> np.dtype:
+    """The result dtype of elementwise op ``name`` on ``args``, inferred and remembered by
+    ``key`` (what inference's signature holds). A refusal (numpy's error) is not remembered."""
+    dtype = _ELEMENTWISE_DTYPES[key] = OPS[name].infer(args, {})[1]
     return dtype
 
 
@@ -533,8 +531,10 @@ class TensorSession:
                 return self._op(name, (left, right), {})
         else:
             return self._op(name, (left, right), {})
-        return self._push(name, wire, inputs, shape, _elementwise_dtype(key, name, (left, right)),
-                          {}, _origin(3))
+        dtype = _ELEMENTWISE_DTYPES.get(key)  # (looked up here: a call costs a twentieth)
+        if dtype is None:
+            dtype = _infer_elementwise(key, name, (left, right))
+        return self._push(name, wire, inputs, shape, dtype, {}, _origin(3))
 
     def _single(self, name: str, operand: Any) -> Tensor:
         # A one-operand elementwise op (``-t``, ``np.exp(t)``) on a tensor of this session: the
@@ -542,7 +542,10 @@ class TensorSession:
         if type(operand) is not Tensor or operand.session is not self:
             return self._op(name, (operand,), {})
         shape = operand.shape
-        dtype = _elementwise_dtype((name, len(shape), operand.dtype), name, (operand,))
+        key = (name, len(shape), operand.dtype)
+        dtype = _ELEMENTWISE_DTYPES.get(key)
+        if dtype is None:
+            dtype = _infer_elementwise(key, name, (operand,))
         return self._push(name, (operand.id,), operand.size, shape, dtype, {}, _origin(3))
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
