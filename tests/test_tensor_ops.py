@@ -217,7 +217,7 @@ def test_python_int_out_of_bounds_raises_overflow_at_call_site(session):
 
 
 def test_elementwise_results_are_remembered_by_kind_never_a_refusal(session):
-    # Elementwise pairs remember their result dtype by the operands' kinds: what numpy
+    # Elementwise ops remember their result dtype by the operands' kinds: what numpy
     # refuses must be refused every time, and a kind's neighbours keep their own results.
     tensor, floats = session.asarray(data("int32", seed=13)), session.asarray(data("float32"))
     for _ in range(2):
