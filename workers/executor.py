@@ -287,8 +287,9 @@ class Executor(GraphOps):
         handler = self._requests.get(op)
         if handler is None:
             return [_reply_error(message, ProtocolError(f"Unknown request {op!r}."))]
-        if "id" in message.body:
-            _require_ints(f"A {op} request", id=message.body["id"])
+        tensor_id = message.body.get("id", 0)
+        if type(tensor_id) is not int:  # (tested here first: this is every read's path)
+            _require_ints(f"A {op} request", id=tensor_id)
         return handler(self, session, message)
 
     def _sync(self, session: SessionState, message: Message) -> list[Message]:

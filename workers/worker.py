@@ -166,10 +166,16 @@ class _DeviceThread:
 
     def _read_lane(self) -> None:
         """Read what the lane holds, as far as the bounds allow: a session's message waits
-        its turn, one for the device itself (a heartbeat, an error) is dealt with now."""
+        its turn, one for the device itself (a heartbeat, an error) is dealt with now.
+
+        When no message waits, the first one read runs at once, before the lane is read
+        further: a lone read is answered without a detour through the queue (and the look
+        at the lane that follows is no longer between it and its answer)."""
         lane, waiting = self._lane, self._waiting
+        run_now = not waiting
         while True:
-            self._from_broker(recv_frames(lane))
+            self._from_broker(recv_frames(lane), run_now)
+            run_now = False
             if (waiting.messages >= self._worker.hwm or waiting.bytes >= _READ_AHEAD_BYTES
                     or not lane.getsockopt(EVENTS) & POLLIN):
                 return
@@ -179,14 +185,17 @@ class _DeviceThread:
         for session in self._waiting.keys():
             self._handle(self._waiting.take(session))
 
-    def _from_broker(self, frames: list[zmq.Frame]) -> None:
+    def _from_broker(self, frames: list[zmq.Frame], run_now: bool) -> None:
         try:
             header = protocol.decode_header(frames[0])
         except FabricError as exc:
             log.warning("bad message from the broker on device %d: %s", self.index, exc)
             return
         if header.kind in _DEVICE_KINDS:
-            self._waiting.park(header.session, frames, 0.0)  # (it waits its turn, no clock)
+            if run_now:
+                self._handle(frames, header)
+            else:
+                self._waiting.park(header.session, frames, 0.0)  # (its turn comes; no clock)
         elif header.kind == Kind.HEARTBEAT:
             self._reconcile(header, frames)
         elif header.kind in (Kind.ERROR, Kind.REJECT):
@@ -215,10 +224,10 @@ class _DeviceThread:
             self._forget(session)
             self.executor.handle(Message(Kind.CLOSE, session))
 
-    def _handle(self, frames: list[zmq.Frame]) -> None:
-        """Run one message and answer."""
+    def _handle(self, frames: list[zmq.Frame], header: protocol.Header | None = None) -> None:
+        """Run one message (``header``: its first frame's, if already read) and answer."""
         try:
-            message = protocol.decode(frames)
+            message = protocol.decode(frames, header)
             if message.kind == Kind.OPEN:
                 self._note_open(message)
             elif message.kind == Kind.CLOSE:
