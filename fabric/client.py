@@ -15,6 +15,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -101,9 +102,8 @@ class Connection:
         if curve is not None:
             curve.apply(self.socket)
         self._monitor = self.socket.get_monitor_socket(_WATCHED_EVENTS)
-        self._poller = zmq.Poller()
-        self._poller.register(self.socket, zmq.POLLIN)
-        self._poller.register(self._monitor, zmq.POLLIN)
+        # What a wait polls, for zmq.zmq_poll itself (a Poller adds a Python call per wait).
+        self._poll_items = [(self.socket, POLLIN), (self._monitor, POLLIN)]
         self.established = False  # set once a reply proves a fabric broker is there
         self.users = 0  # sessions open over this connection
         self.closed = False
@@ -150,16 +150,11 @@ class Connection:
     def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
         """Send a request and wait for its reply (matched by request id) until the deadline."""
         request = self.pending.new_request()
-        # Unlike ``send``, no read right after: the wait reads everything that has come.
-        self._send(Message(message.kind, message.session, request, message.body,
-                           message.buffers))
-        return self.wait(request, time.monotonic() + timeout, session=session)
-
-    def wait(self, request: int, deadline: float, *, session: int = 0) -> Message:
-        """Wait for the reply to ``request``; raise the typed error if anything fails first."""
         try:
-            reply = self._wait_for(lambda: self.pending.take(request), deadline, session,
-                                   self._timeout_error)
+            # Unlike ``send``, no read right after: the wait reads everything that has come.
+            self._send(protocol.with_request(message, request))
+            reply = self._wait_for(partial(self.pending.take, request),
+                                   time.monotonic() + timeout, session, self._timeout_error)
         except BaseException:
             self.pending.forget(request)
             raise
@@ -173,14 +168,15 @@ class Connection:
     def wait_for_credit(self, session: int, done: int, deadline: float,
                         timeout_error: Callable[[float], FabricError]) -> None:
         """Wait until the device has run ``done`` of ``session``'s SUBMITs (its CREDIT)."""
+        self._check_thread()
         self._wait_for(lambda: self.pending.done.get(session, 0) >= done or None, deadline,
                        session, timeout_error)
 
     def _wait_for(self, ready: Callable[[], Any], deadline: float, session: int,
                   timeout_error: Callable[[float], FabricError]) -> Any:
         """Read messages until ``ready()`` is not None, and return it; raise the typed
-        error if the session or the connection is lost, or the deadline passes, first."""
-        self._check_thread()
+        error if the session or the connection is lost, or the deadline passes, first
+        (the caller checked the thread)."""
         while True:
             result = ready()
             if result is not None:
@@ -192,7 +188,7 @@ class Connection:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timeout_error(deadline)
-            for sock, _ in self._poller.poll(remaining * 1000):
+            for sock, _ in zmq.zmq_poll(self._poll_items, int(remaining * 1000)):
                 if sock is self._monitor:
                     self._on_event(recv_monitor_message(self._monitor))
                 else:  # one message (the poll saw it come: no EVENTS check first);

@@ -105,7 +105,10 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
 
 
 # Header and Message are named tuples, not dataclasses: every message on every hop makes
-# them, and a frozen dataclass costs three times as much to build.
+# them, and a frozen dataclass costs three times as much to build. The hot paths below build
+# them with ``tuple.__new__`` (every field given), skipping the named tuple's own ``__new__``,
+# a Python function that costs as much again.
+_new = tuple.__new__
 
 class Header(NamedTuple):
     """The fixed first frame of every message."""
@@ -155,7 +158,7 @@ def decode_header(frame: Any) -> Header:
     member = _KIND_OF.get(kind)
     if member is None:
         raise ProtocolError(f"Unknown message kind {kind}: upgrade the older peer.", kind=kind)
-    return Header(member, session, request, version, flags)
+    return _new(Header, (member, session, request, version, flags))
 
 
 _packers = threading.local()  # msgpack.packb makes a Packer per call, a µs on every message
@@ -230,7 +233,13 @@ def decode(frames: Sequence[Any], header: Header | None = None) -> Message:
         buffers = tuple(frames[2:])
     if kind in BODY_SCHEMAS and header.version == PROTOCOL_VERSION:
         validate_body(kind, body)
-    return Message(kind, header.session, header.request, body, buffers, header.version)
+    return _new(Message, (kind, header.session, header.request, body, buffers, header.version))
+
+
+def with_request(message: Message, request: int) -> Message:
+    """``message`` with its request id set to ``request``."""
+    return _new(Message, (message.kind, message.session, request, message.body,
+                          message.buffers, message.version))
 
 
 def error_message(error: FabricError, *, kind: Kind = Kind.ERROR, session: int = 0,

@@ -24,9 +24,9 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None
     """Send ``frames`` as one message (``flags`` as for ``send``, e.g. ``NOBLOCK``)."""
     send = sock.send
     more = flags | SNDMORE
-    last = len(frames) - 1
-    for index, frame in enumerate(frames):
-        send(frame, more if index < last else flags, copy=False)
+    for frame in frames[:-1]:
+        send(frame, more, copy=False)
+    send(frames[-1], flags, copy=False)
 
 
 def try_send(sock: zmq.Socket, frames: Sequence[Any]) -> bool:
