@@ -25,7 +25,7 @@ import zmq
 from fabric import protocol
 from fabric.flow import Outbox
 from fabric.protocol import Kind
-from fabric.sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames, try_send
+from fabric.sockets import NOBLOCK, message_check, recv_frames, send_frames, try_send
 from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
 
 from .held import HeldSends
@@ -229,6 +229,7 @@ class Broker:
         backend_only.register(self.backend, zmq.POLLIN)
         registry = self.registry
         from_side = {self.frontend: registry.from_client, self.backend: registry.from_worker}
+        message_waits = {sock: message_check(sock) for sock in from_side}
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
@@ -248,15 +249,14 @@ class Broker:
                         self._count_refused_keys()
                     # Drain a bounded batch per socket so one side cannot starve the other;
                     # a batch takes milliseconds at most, so it shares one reading of the clock.
-                    handle = from_side[sock]
+                    handle, more = from_side[sock], message_waits[sock]
                     now = time.monotonic()
-                    # (EVENTS is checked instead of catching zmq.Again: the exception is slow.)
                     for _ in range(256):
                         frames = recv_frames(sock)
                         self._send(handle(frames[0].bytes, frames[1:], now))
                         if self._blocking and sock is self.frontend:
                             break  # backpressure: a worker's queue is full
-                        if not sock.getsockopt(EVENTS) & POLLIN:
+                        if not more():
                             break
             self._send(registry.shutdown())
         finally:

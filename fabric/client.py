@@ -40,7 +40,7 @@ from .flow import DEFAULT_MAX_MESSAGE_BYTES, size_text
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .security import CurveClient, CurveOption, client_keys, handshake_error
-from .sockets import EVENTS, NOBLOCK, POLLIN, recv_frames, send_frames, try_send
+from .sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
 from .tensor import Tensor, TensorSession
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
@@ -104,6 +104,7 @@ class Connection:
         self._monitor = self.socket.get_monitor_socket(_WATCHED_EVENTS)
         # What a wait polls, for zmq.zmq_poll itself (a Poller adds a Python call per wait).
         self._poll_items = [(self.socket, POLLIN), (self._monitor, POLLIN)]
+        self._message_waits = message_check(self.socket)
         self.established = False  # set once a reply proves a fabric broker is there
         self.users = 0  # sessions open over this connection
         self.closed = False
@@ -191,7 +192,7 @@ class Connection:
             for sock, _ in zmq.zmq_poll(self._poll_items, int(remaining * 1000)):
                 if sock is self._monitor:
                     self._on_event(recv_monitor_message(self._monitor))
-                else:  # one message (the poll saw it come: no EVENTS check first);
+                else:  # one message (the poll saw it come: no check first);
                     self._receive()  # more that came are read as the loop goes on
 
     def _timeout_error(self, deadline: float) -> FabricError:
@@ -207,8 +208,7 @@ class Connection:
 
     def _drain(self) -> None:
         """Read and file every message that has come."""
-        # EVENTS is checked instead of catching zmq.Again: the exception is slow.
-        while self.socket.getsockopt(EVENTS) & POLLIN:
+        while self._message_waits():
             self._receive()
 
     def _receive(self) -> None:

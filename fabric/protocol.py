@@ -184,12 +184,20 @@ def unpack_body(frame: Any) -> dict[str, Any]:
     return body
 
 
+# The schemas as the check runs them (every REQUEST, a read's too, is checked): for each
+# kind, (field, types, whether a bool passes; isinstance alone takes a bool for an int).
+_FIELD_CHECKS = {
+    kind: tuple((name, expected, bool in (expected if isinstance(expected, tuple) else
+                                          (expected,)))
+                for name, expected in fields.items())
+    for kind, fields in BODY_SCHEMAS.items()}
+
+
 def validate_body(kind: Kind, body: dict[str, Any]) -> None:
     """Check the required fields of a control body; raise ProtocolError naming the bad field."""
-    for name, expected in BODY_SCHEMAS.get(kind, {}).items():
+    for name, expected, bool_passes in _FIELD_CHECKS.get(kind, ()):
         value = body.get(name)
-        allowed = expected if isinstance(expected, tuple) else (expected,)
-        if not isinstance(value, expected) or isinstance(value, bool) and bool not in allowed:
+        if not isinstance(value, expected) or not bool_passes and isinstance(value, bool):
             raise ProtocolError(
                 f"{kind.name} body field {name!r} is missing or has the wrong type.",
                 field=name,

@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -42,7 +42,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import EVENTS, POLLIN, recv_frames, try_send
+from fabric.sockets import message_check, recv_frames, try_send
 
 from .backends import device_class
 from .executor import Executor
@@ -108,6 +108,7 @@ class _DeviceThread:
         self._broker_limit = worker.max_message_bytes  # the largest frame the broker takes
         self._reply_limit: dict[int, int] = {}  # session -> largest frame its client takes
         self._lane: zmq.Socket | None = None  # made at the first RESET
+        self._lane_waits: Callable[[], list[Any]] = list  # whether a message waits there
         self._pair: zmq.Socket | None = None
         self._poller = zmq.Poller()
         # Messages read from the lane and not yet run, by session (in the order sessions
@@ -156,6 +157,7 @@ class _DeviceThread:
             self._lane = _dealer(worker.context, frames[1].bytes, worker.hwm,
                                  worker.max_message_bytes, worker.curve)
             self._lane.connect(worker.broker)
+            self._lane_waits = message_check(self._lane)
             self._poller.register(self._lane, zmq.POLLIN)
         elif command == _ATTACH:
             self._broker_limit = int(frames[1].bytes)
@@ -177,7 +179,7 @@ class _DeviceThread:
             self._from_broker(recv_frames(lane), run_now)
             run_now = False
             if (waiting.messages >= self._worker.hwm or waiting.bytes >= _READ_AHEAD_BYTES
-                    or not lane.getsockopt(EVENTS) & POLLIN):
+                    or not self._lane_waits()):
                 return
 
     def _take_turns(self) -> None:
