@@ -155,9 +155,9 @@ class Executor(GraphOps):
             session.unreported.append(ProtocolError(f"Malformed op {op!r}.").to_wire())
             return
         try:
-            special = self._special_ops.get(name)
-            if special is not None:
-                return special(self, session, out, args, params)
+            impl = None if params else self._plain_impls.get(name)
+            if impl is None and name in self._special_ops:
+                return self._special_ops[name](self, session, out, args, params)
             inputs = []
             for arg in args:
                 if type(arg) is int:
@@ -167,7 +167,6 @@ class Executor(GraphOps):
                     inputs.append(session.tensors[arg])
                 else:  # (a float, the commonest scalar, as it is: no call)
                     inputs.append(arg if type(arg) is float else decode_scalar(arg))
-            impl = None if params else self._plain_impls.get(name)
             if impl is not None:  # the device's own run, without the two calls around it
                 result = impl(*inputs)
                 self._store(session, out, result if type(result) is np.ndarray
