@@ -108,7 +108,9 @@ class _DeviceThread:
         self._broker_limit = worker.max_message_bytes  # the largest frame the broker takes
         self._reply_limit: dict[int, int] = {}  # session -> largest frame its client takes
         self._lane: zmq.Socket | None = None  # made at the first RESET
-        self._lane_waits: Callable[[], list[Any]] = list  # whether a message waits there
+        # Whether a message waits on the lane (a non-empty list); none can before the
+        # first RESET makes the lane.
+        self._lane_waits: Callable[[], list[Any]] = list
         self._pair: zmq.Socket | None = None
         self._poller = zmq.Poller()
         # Messages read from the lane and not yet run, by session (in the order sessions
