@@ -506,8 +506,8 @@ class Registry:
                 raise ProtocolError("A message needs a header frame.")
             header = protocol.decode_header(frames[0])
             worker = self._worker_or_lane_owner(identity)
-            if (worker is not None and header.kind == Kind.HEARTBEAT
-                    and identity in self._lane_owner and identity not in worker.attached):
+            if (worker is not None and identity in self._lane_owner
+                    and identity not in worker.attached and header.kind == Kind.HEARTBEAT):
                 self._attach(worker, identity)
             if worker is not None:
                 worker.last_seen = now

@@ -276,6 +276,8 @@ def _check_version(reply: Message) -> None:
 
 def expect_reply(reply: Message, expected: Kind) -> Message:
     """The reply if it is of the ``expected`` kind; the typed error it carries otherwise."""
+    if reply.kind is expected and reply.version == PROTOCOL_VERSION:
+        return reply  # (every read's answer: the commonest case is tested first)
     _check_version(reply)
     if reply.kind in (Kind.REJECT, Kind.ERROR):
         raise error_from_wire(reply.body)

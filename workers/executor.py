@@ -64,7 +64,7 @@ class Executor(GraphOps):
         if handler is None:
             return [_error(message, ProtocolError(
                 f"A worker does not accept {message.kind.name} messages."))]
-        if message.kind != Kind.OPEN and message.session not in self.sessions:
+        if message.session not in self.sessions and message.kind != Kind.OPEN:
             if message.kind == Kind.CLOSE:
                 return [Message(Kind.CLOSED, message.session, message.request)]
             if message.kind in (Kind.SUBMIT, Kind.TRANSFER):

@@ -57,6 +57,12 @@ _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of runnin
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
+# What a device thread looks at more closely, tested as sets on every message: on Python
+# 3.11 each ``Kind.X`` goes through the enum class's __getattr__ hook, five times the cost
+# of a plain attribute.
+_SESSION_LIFE = frozenset({Kind.OPEN, Kind.CLOSE})  # noted by the thread itself
+_NOTED_REPLIES = frozenset({Kind.OPENED, Kind.TRANSFER})  # a new session; a tensor moving
+_SIZED_REPLIES = frozenset({Kind.REPLY, Kind.TRANSFER})  # may carry a frame too big
 
 
 def _routing_identity() -> bytes:
@@ -232,10 +238,11 @@ class _DeviceThread:
         """Run one message (``header``: its first frame's, if already read) and answer."""
         try:
             message = protocol.decode(frames, header)
-            if message.kind == Kind.OPEN:
-                self._note_open(message)
-            elif message.kind == Kind.CLOSE:
-                self._forget(message.session)
+            if message.kind in _SESSION_LIFE:
+                if message.kind == Kind.OPEN:
+                    self._note_open(message)
+                else:
+                    self._forget(message.session)
             replies = self.executor.handle(message)
         except Exception as exc:  # (the header was read when the message came: it decodes)
             if not isinstance(exc, FabricError):  # a bug, which must not end the device
@@ -246,12 +253,13 @@ class _DeviceThread:
             replies = [protocol.error_message(exc, session=header.session,
                                               request=header.request)]
         for reply in replies:
-            if reply.kind == Kind.OPENED:
-                self._worker.session_device[reply.session] = self.index
-            elif reply.kind == Kind.TRANSFER and reply.session in self._worker.session_device:
-                # Both sessions live on this worker: the tensor moves in memory, unless the
-                # control thread's queue is full (then it goes the long way, by the broker).
-                if try_send(self._pair, protocol.encode(reply)):
+            if reply.kind in _NOTED_REPLIES:
+                if reply.kind == Kind.OPENED:
+                    self._worker.session_device[reply.session] = self.index
+                elif reply.session in self._worker.session_device and \
+                        try_send(self._pair, protocol.encode(reply)):
+                    # Both sessions live on this worker: the tensor moved in memory (when
+                    # the control thread's queue is full, it goes the long way, by the broker).
                     continue
             self._send(self._within_limits(reply))
 
@@ -260,7 +268,7 @@ class _DeviceThread:
         takes, the same message carrying ``MessageTooLarge`` (a frame too big would cost
         the connection)."""
         frames = protocol.encode(reply)
-        if reply.kind not in (Kind.REPLY, Kind.TRANSFER) or not reply.buffers:
+        if reply.kind not in _SIZED_REPLIES or not reply.buffers:
             return frames
         limit = (self._reply_limit.get(reply.session, self._broker_limit)
                  if reply.kind == Kind.REPLY else self._broker_limit)
