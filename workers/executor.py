@@ -26,8 +26,8 @@ from fabric.tensor import decode_params, decode_scalar
 from .graphs import GraphOps, SessionGraphs
 
 DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")
-# For a device whose ``plain_calls`` is true: an op without params runs as this call, and
-# an array of its result (random ops always take the session's generator as a param).
+# For a device whose ``plain_calls`` is true, an op without params is this call, its result
+# made an array. (Random ops are not here: they always take the session's generator.)
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
 
 
