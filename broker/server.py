@@ -228,8 +228,9 @@ class Broker:
         backend_only = zmq.Poller()  # while a worker's parked queue is full
         backend_only.register(self.backend, zmq.POLLIN)
         registry = self.registry
-        from_side = {self.frontend: registry.from_client, self.backend: registry.from_worker}
-        message_waits = {sock: message_check(sock) for sock in from_side}
+        # Per socket: the registry's handler, and whether another message waits there.
+        from_side = {sock: (handler, message_check(sock)) for sock, handler in (
+            (self.frontend, registry.from_client), (self.backend, registry.from_worker))}
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
@@ -249,7 +250,7 @@ class Broker:
                         self._count_refused_keys()
                     # Drain a bounded batch per socket so one side cannot starve the other;
                     # a batch takes milliseconds at most, so it shares one reading of the clock.
-                    handle, more = from_side[sock], message_waits[sock]
+                    handle, more = from_side[sock]
                     now = time.monotonic()
                     for _ in range(256):
                         frames = recv_frames(sock)
