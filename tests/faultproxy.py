@@ -259,10 +259,12 @@ class ClientLoop:
         assert not self._thread.is_alive(), "a client thread hangs"
         return self.outcomes
 
-    def wait(self, calls: int, timeout: float) -> None:
-        """Wait until the loop has made ``calls`` calls (AssertionError at the timeout)."""
-        wait_for(lambda: self.outcomes.calls >= calls or not self._thread.is_alive(),
-                 timeout, f"{calls} calls")
+    def wait(self, calls: int, timeout: float, right: int = 0) -> None:
+        """Wait until the loop has made ``calls`` calls, ``right`` of them right, or has
+        ended (AssertionError at the timeout)."""
+        outcomes = self.outcomes
+        wait_for(lambda: outcomes.calls >= calls and outcomes.right >= right
+                 or not self._thread.is_alive(), timeout, f"{calls} calls, {right} right")
 
     def _timed(self, call: Callable[[], Any]) -> Any:
         started = time.monotonic()

@@ -61,19 +61,26 @@ def assert_nothing_left(cluster: fabric.LocalCluster, fds: int) -> None:
     wait_for(lambda: open_fds() <= fds, 10, "this process's sockets to close")
 
 
+# With every 7th message lost, about one lossy call in five is right (most sessions lose a
+# message within a call or two): a loop runs until 25 calls and 2 right answers, which a few
+# dozen calls give (25 calls alone gave 0 right in 2 runs of 28).
+LOSSY_RIGHT, LOSSY_MAX_CALLS = 2, 80
+
+
+@pytest.mark.timeout(180)
 def test_dropping_every_nth_message_either_way_keeps_the_invariant(proxied):
     cluster, proxy = proxied
     fds = open_fds()
     proxy.drop_every = 7
-    with loop_on(cluster, 1, seed=1, max_calls=25) as lossy, \
-            loop_on(cluster, 1, seed=2, max_calls=25) as lossy_too, \
+    with loop_on(cluster, 1, seed=1, max_calls=LOSSY_MAX_CALLS) as lossy, \
+            loop_on(cluster, 1, seed=2, max_calls=LOSSY_MAX_CALLS) as lossy_too, \
             loop_on(cluster, 0, seed=3, pause=0.01) as bystander:
-        lossy.wait(25, timeout=60)
-        lossy_too.wait(25, timeout=60)
+        lossy.wait(25, timeout=150, right=LOSSY_RIGHT)
+        lossy_too.wait(25, timeout=150, right=LOSSY_RIGHT)
     proxy.heal()
     assert proxy.counts["to_worker_dropped"] and proxy.counts["to_broker_dropped"]
     for outcomes in (lossy.outcomes, lossy_too.outcomes):
-        outcomes.check()
+        outcomes.check(at_least_right=LOSSY_RIGHT)
     bystander.outcomes.check(at_least_right=5)
     assert not bystander.outcomes.typed, bystander.outcomes.typed
     with cluster.connect(device=1, timeout=5) as healed:  # the link works again
