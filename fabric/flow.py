@@ -24,7 +24,7 @@ way, and raises ``MessageTooLarge`` instead.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30  # the largest frame (one array) any fabric socket takes
 DEFAULT_HWM = 1000  # SNDHWM and RCVHWM, in messages, per peer, on every fabric socket
@@ -40,9 +40,9 @@ SUBMIT_WINDOW = 64
 CREDIT_EVERY = 16
 
 
-def largest_frame(frames: Iterable[Any]) -> int:
+def largest_frame(frames: Sequence[Any]) -> int:
     """The size in bytes of the biggest frame (what ``MAXMSGSIZE`` is compared with)."""
-    return max(map(len, frames), default=0)
+    return max(map(len, frames)) if frames else 0  # (default= would cost as much again)
 
 
 def size_text(count: int) -> str:

@@ -250,6 +250,12 @@ def with_request(message: Message, request: int) -> Message:
                           message.buffers, message.version))
 
 
+def reply_to(request: Message, body: dict[str, Any], buffers: tuple[Any, ...] = ()) -> Message:
+    """The REPLY to ``request`` (its session and request id) with ``body`` and ``buffers``."""
+    return _new(Message, (Kind.REPLY, request.session, request.request, body, buffers,
+                          PROTOCOL_VERSION))
+
+
 def error_message(error: FabricError, *, kind: Kind = Kind.ERROR, session: int = 0,
                   request: int = 0) -> Message:
     """An ERROR (or REJECT) message carrying a typed error."""

@@ -42,7 +42,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import message_check, recv_frames, try_send
+from fabric.sockets import POLLIN, message_check, recv_frames, try_send
 
 from .backends import device_class
 from .executor import Executor
@@ -118,7 +118,9 @@ class _DeviceThread:
         # first RESET makes the lane.
         self._lane_waits: Callable[[], list[Any]] = list
         self._pair: zmq.Socket | None = None
-        self._poller = zmq.Poller()
+        # What the loop polls (the pair, and the lane once there is one), for zmq.zmq_poll
+        # itself: a Poller adds a Python call per wait.
+        self._poll_items: list[tuple[zmq.Socket, int]] = []
         # Messages read from the lane and not yet run, by session (in the order sessions
         # came). The broker funnels every session of the device into the lane; running one
         # message of each session in turn keeps a session's long queue of batches from
@@ -130,24 +132,26 @@ class _DeviceThread:
         worker = self._worker
         self._pair = _pair(worker.context, worker.hwm)
         self._pair.connect(self.pair_address)
-        self._poller.register(self._pair, zmq.POLLIN)
+        self._poll_items = [(self._pair, POLLIN)]
+        waiting = self._waiting
         try:
             while True:
                 # (Messages waiting: only a look at the sockets between two turns.)
-                for sock, _ in self._poller.poll(0 if self._waiting else None):
+                for sock, _ in zmq.zmq_poll(self._poll_items, 0 if waiting.messages else -1):
                     if sock is self._lane:
                         self._read_lane()
                         continue
                     if not self._from_control(recv_frames(sock)):  # its STOP ends this
                         return
-                self._take_turns()
+                if waiting.messages:
+                    self._take_turns()
         finally:
             self._pair.close(linger=0)
             self._close_lane()
 
     def _close_lane(self) -> None:
         if self._lane is not None:
-            self._poller.unregister(self._lane)
+            self._poll_items = [(self._pair, POLLIN)]
             self._lane.close(linger=0)
 
     def _from_control(self, frames: list[zmq.Frame]) -> bool:
@@ -166,7 +170,7 @@ class _DeviceThread:
                                  worker.max_message_bytes, worker.curve)
             self._lane.connect(worker.broker)
             self._lane_waits = message_check(self._lane)
-            self._poller.register(self._lane, zmq.POLLIN)
+            self._poll_items = [(self._pair, POLLIN), (self._lane, POLLIN)]
         elif command == _ATTACH:
             self._broker_limit = int(frames[1].bytes)
             self._send(protocol.encode(Message(Kind.HEARTBEAT)))
@@ -182,7 +186,7 @@ class _DeviceThread:
         further: a lone read is answered without a detour through the queue (and the look
         at the lane that follows is no longer between it and its answer)."""
         lane, waiting = self._lane, self._waiting
-        run_now = not waiting
+        run_now = not waiting.messages
         while True:
             self._from_broker(recv_frames(lane), run_now)
             run_now = False
@@ -281,8 +285,7 @@ class _DeviceThread:
                 "way to the client takes in one message: read it in slices "
                 "(t[:n].numpy()), or raise --max-message-bytes on the broker and workers "
                 "and max_message_bytes= on the client.", size=size, limit=limit)
-            return protocol.encode(Message(Kind.REPLY, reply.session, reply.request,
-                                           {"error": error.to_wire()}))
+            return protocol.encode(protocol.reply_to(reply, {"error": error.to_wire()}))
         error = MessageTooLarge(
             f"The tensor moved with .to() is {size_text(size)}, more than the "
             f"{size_text(limit)} the broker takes in one message: move it in slices, or "
