@@ -21,7 +21,7 @@ from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY
 from fabric.ops import OPS, RANDOM_OPS
 from fabric.protocol import Kind, Message, reply_to
-from fabric.tensor import decode_params, decode_scalar
+from fabric.tensor import decode_params, decode_scalar, dtype_name
 
 from .graphs import GraphOps, SessionGraphs
 
@@ -29,9 +29,6 @@ DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")
 # For a device whose ``plain_calls`` is true, an op without params is this call, its result
 # made an array. (Random ops are not here: they always take the session's generator.)
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
-# Each dtype's wire name, which a read compares with the client's: ``dtype.str`` makes a new
-# string on every call (half a microsecond, on every read). A handful of numeric dtypes.
-_DTYPE_STRS: dict[np.dtype, str] = {}
 
 
 @dataclass(slots=True)  # (slots: its fields are read several times per op)
@@ -328,9 +325,7 @@ class Executor(GraphOps):
                 return [_reply_error(message, ProtocolError(
                     f"Tensor {tensor_id} does not exist in this session."))]
         shape = list(array.shape)
-        dtype = _DTYPE_STRS.get(array.dtype)
-        if dtype is None:
-            dtype = _DTYPE_STRS[array.dtype] = array.dtype.str
+        dtype = dtype_name(array.dtype)
         flat = np.frombuffer(np.ascontiguousarray(array), np.uint8)  # (whatever the shape)
         expected = (message.body.get("dtype"), message.body.get("shape"))
         if expected == (None, None):  # a reader that wants to be told
