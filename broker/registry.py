@@ -79,7 +79,7 @@ from fabric.protocol import (
 log = logging.getLogger("fabric.broker")
 
 
-class Side(enum.Enum):
+class Side(str, enum.Enum):  # (a str: hashed in C; a plain Enum's __hash__ is Python code)
     FRONTEND = "frontend"  # clients and admin
     BACKEND = "backend"  # workers
 

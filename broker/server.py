@@ -25,7 +25,7 @@ import zmq
 from fabric import protocol
 from fabric.flow import Outbox
 from fabric.protocol import Kind
-from fabric.sockets import NOBLOCK, message_check, recv_frames, send_frames, try_send
+from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
 from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
 
 from .held import HeldSends
@@ -117,7 +117,7 @@ class Broker:
                         # (the queue counts what it drops; status reports that count)
                         self.registry.counters["held_answers_dropped"] = self._held.dropped
                     continue
-                if self._outbox and (side, identity) in self._outbox:
+                if self._outbox.messages and (side, identity) in self._outbox:
                     followups += self._park(side, identity, frames)  # behind, in order
                     continue
                 try:
@@ -222,11 +222,9 @@ class Broker:
 
     def run(self) -> None:
         """Serve until ``stop()`` (or SIGINT/SIGTERM when installed by ``main``)."""
-        poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self.backend, zmq.POLLIN)
-        backend_only = zmq.Poller()  # while a worker's parked queue is full
-        backend_only.register(self.backend, zmq.POLLIN)
+        # What the loop polls, for zmq.zmq_poll itself (a Poller adds a Python call per pass).
+        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN)]
+        backend_only = [(self.backend, POLLIN)]  # while a worker's parked queue is full
         registry = self.registry
         # Per socket: the registry's handler, and whether another message waits there.
         from_side = {sock: (handler, message_check(sock)) for sock, handler in (
@@ -242,10 +240,11 @@ class Broker:
                     self._send(self._held.due(now))
                     wake = min(wake, self._held.next_deadline())
                 timeout_ms = max(0.0, min(0.1, wake - now)) * 1000
-                if self._outbox:  # retried soon: a peer's queue drains without telling us
+                if self._outbox.messages:  # retried soon: a queue drains without telling us
                     self._retry(now)
                     timeout_ms = min(timeout_ms, RETRY_MS)
-                for sock, _ in (backend_only if self._blocking else poller).poll(timeout_ms):
+                for sock, _ in zmq.zmq_poll(backend_only if self._blocking else both_sides,
+                                            int(timeout_ms)):
                     if self.auth is not None:  # before an admin status may report them
                         self._count_refused_keys()
                     # Drain a bounded batch per socket so one side cannot starve the other;
