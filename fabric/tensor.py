@@ -182,9 +182,10 @@ class Tensor(Spec):
         self.id = tensor_id
 
     def __del__(self) -> None:
-        session = getattr(self, "session", None)
-        if session is not None:  # (freed with the next batch; a list append is thread-safe)
-            session._released.append(self.id)
+        try:  # (freed with the next batch; a list append is thread-safe)
+            self.session._released.append(self.id)
+        except AttributeError:  # __init__ did not finish: the tensor was never sent
+            pass
 
     # -- description, without reading ----------------------------------------------------
 
