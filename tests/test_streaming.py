@@ -186,10 +186,12 @@ def test_memory_limit_gives_quota_exceeded_and_the_worker_survives():
     lambda: np.arange(10, dtype=">f8"),  # big-endian
     lambda: np.arange(10, dtype=">i4"),
     lambda: np.array([True, False, True]),
+    lambda: np.array([1 + 2j, -3.5j]),
+    lambda: np.float16([0.5, 1.5]).reshape(2, 1),
     lambda: np.zeros((0, 3)),
     lambda: np.float32(2.5).reshape(()),
-], ids=["strided", "transposed", "big-endian-float", "big-endian-int", "bool", "empty",
-        "0-d"])
+], ids=["strided", "transposed", "big-endian-float", "big-endian-int", "bool", "complex",
+        "half-2d", "empty", "0-d"])
 def test_uploads_of_any_layout_read_back_equal(session, make):
     original = make()
     back = session.asarray(original).numpy()
