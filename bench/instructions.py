@@ -28,6 +28,7 @@ import time
 from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # (run as a script: fabric and bench are found from the root)
 WORKLOADS = {  # name: (iterations of the short run, of the long run)
     "w1 fabric": (4000, 8000),
     "w2 fabric": (1000, 2000),
@@ -37,7 +38,6 @@ WORKLOADS = {  # name: (iterations of the short run, of the long run)
 
 def _loop(workload: str, iterations: int) -> None:
     """Run ``iterations`` of the workload inside ``sum()``, the function callgrind counts in."""
-    sys.path.insert(0, ROOT)
     import numpy as np
 
     import fabric
@@ -123,7 +123,6 @@ def _thread_totals(out: str) -> dict[str, int]:
 
 
 def _drive_fabric(workload: str, iterations: int, frontend: str) -> None:
-    sys.path.insert(0, ROOT)
     import numpy as np
 
     import fabric
@@ -151,7 +150,7 @@ def _drive_raw(iterations: int, frontend: str) -> None:
     import numpy as np
     import zmq
     with zmq.Context() as context, context.socket(zmq.DEALER) as sock:
-        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.LINGER, 1000)  # (the last message, "stop", must go out)
         sock.connect(frontend)
         deadline = time.monotonic() + 300
         while True:  # until the whole path answers
