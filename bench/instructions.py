@@ -41,16 +41,14 @@ def _loop(workload: str, iterations: int) -> None:
     import numpy as np
 
     import fabric
-    from bench.raw import RawPeers
+    from bench.raw import RawPeers, raw_read
 
     if workload == "w2 raw hop":
         with RawPeers(True, 27380) as peers:
             payload = np.arange(100.0).tobytes()
 
             def ping(_: int) -> int:
-                peers.sock.send_multipart([b"ping", payload])
-                frames = peers.sock.recv_multipart(copy=False)
-                np.frombuffer(frames[0].buffer, dtype=np.float64).copy()
+                raw_read(peers.sock, payload)
                 return 0
             sum(map(ping, range(iterations)))
         return
@@ -149,23 +147,15 @@ def _drive_fabric(workload: str, iterations: int, frontend: str) -> None:
 def _drive_raw(iterations: int, frontend: str) -> None:
     import numpy as np
     import zmq
+
+    from bench.raw import raw_read, wait_until_answered
     with zmq.Context() as context, context.socket(zmq.DEALER) as sock:
         sock.setsockopt(zmq.LINGER, 1000)  # (the last message, "stop", must go out)
         sock.connect(frontend)
-        deadline = time.monotonic() + 300
-        while True:  # until the whole path answers
-            sock.send(b"hello")
-            if sock.poll(2000):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the raw peers did not start under valgrind")
-        while sock.poll(500):
-            sock.recv_multipart()
+        wait_until_answered(sock, timeout=300, every=2.0)  # (slow to start under valgrind)
         payload = np.arange(100.0).tobytes()
         for _ in range(iterations):
-            sock.send_multipart([b"ping", payload])
-            frames = sock.recv_multipart(copy=False)
-            np.frombuffer(frames[0].buffer, dtype=np.float64).copy()
+            raw_read(sock, payload)
         sock.send(b"stop")  # the raw broker and worker end on it
 
 
@@ -173,7 +163,8 @@ def _servers_run(workload: str, iterations: int, scratch: str, port: int) -> lis
     """Per-thread instructions of the broker and of the worker over one run."""
     frontend, backend = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
     slow = ("--heartbeat", "5", "--liveness", "3")  # valgrind is slow: no false losses
-    if workload == "w2 raw hop":
+    raw = workload == "w2 raw hop"
+    if raw:
         starts = [["-c", f"from bench.raw import raw_broker; raw_broker({frontend!r}, "
                          f"{backend!r})"],
                   ["-c", f"from bench.raw import raw_worker; raw_worker({backend!r}, True)"]]
@@ -188,7 +179,7 @@ def _servers_run(workload: str, iterations: int, scratch: str, port: int) -> lis
     try:
         drive()
         for proc in reversed(procs):
-            if workload != "w2 raw hop":
+            if not raw:  # (the raw peers ended on "stop")
                 proc.send_signal(signal.SIGTERM)
             proc.wait(300)
     finally:

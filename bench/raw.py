@@ -11,6 +11,7 @@ import multiprocessing
 import time
 from typing import Any
 
+import numpy as np
 import zmq
 
 BULK_BYTES = 256 << 20
@@ -71,6 +72,26 @@ def raw_broker(frontend: str, backend: str) -> None:
         context.term()
 
 
+def wait_until_answered(sock: zmq.Socket, timeout: float, every: float) -> None:
+    """Say hello every ``every`` seconds until the whole path answers, then read what came."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock.send_multipart([b"hello"])
+        if sock.poll(int(every * 1000)):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError("the raw peers did not start")
+    while sock.poll(100):
+        sock.recv_multipart()
+
+
+def raw_read(sock: zmq.Socket, payload: bytes) -> np.ndarray:
+    """One W2 read, raw: a request, and its reply's bytes made an array (as fabric does)."""
+    sock.send_multipart([b"ping", payload])
+    frames = sock.recv_multipart(copy=False)
+    return np.frombuffer(frames[0].buffer, dtype=np.float64).copy()
+
+
 class RawPeers:
     """A raw worker, direct or behind the raw broker, in child processes; a context manager."""
 
@@ -92,16 +113,7 @@ class RawPeers:
         self.sock = self.context.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(self.address)
-        deadline = time.monotonic() + 10
-        while True:  # until the whole path answers
-            self.sock.send_multipart([b"hello"])
-            if self.sock.poll(200):
-                self.sock.recv_multipart()
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("raw peers did not start")
-        while self.sock.poll(100):
-            self.sock.recv_multipart()
+        wait_until_answered(self.sock, timeout=10, every=0.2)
         return self
 
     def __exit__(self, *_: Any) -> None:

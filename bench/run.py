@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
-from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
+from bench.raw import BULK_BYTES, RawPeers, raw_read  # noqa: E402
 
 W1_OPS = 10_000
 W2_READS = 2_000
@@ -67,9 +67,7 @@ def w2_raw(peers: RawPeers) -> list[float]:
     times = []
     for _ in range(W2_READS):
         start = time.perf_counter()
-        peers.sock.send_multipart([b"ping", payload])
-        frames = peers.sock.recv_multipart(copy=False)
-        np.frombuffer(frames[0].buffer, dtype=np.float64).copy()
+        raw_read(peers.sock, payload)
         times.append(time.perf_counter() - start)
     return times
 

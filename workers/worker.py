@@ -151,7 +151,7 @@ class _DeviceThread:
 
     def _close_lane(self) -> None:
         if self._lane is not None:
-            self._poll_items = [(self._pair, POLLIN)]
+            del self._poll_items[1:]  # (the pair stays)
             self._lane.close(linger=0)
 
     def _from_control(self, frames: list[zmq.Frame]) -> bool:
@@ -170,7 +170,7 @@ class _DeviceThread:
                                  worker.max_message_bytes, worker.curve)
             self._lane.connect(worker.broker)
             self._lane_waits = message_check(self._lane)
-            self._poll_items = [(self._pair, POLLIN), (self._lane, POLLIN)]
+            self._poll_items.append((self._lane, POLLIN))
         elif command == _ATTACH:
             self._broker_limit = int(frames[1].bytes)
             self._send(protocol.encode(Message(Kind.HEARTBEAT)))
