@@ -173,17 +173,6 @@ def pack_body(body: dict[str, Any]) -> bytes:
     return packer.pack(body)
 
 
-def unpack_body(frame: Any) -> dict[str, Any]:
-    """Decode a msgpack body; raise ProtocolError unless it is one map."""
-    try:
-        body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises many types for bad input; all mean the same
-        raise ProtocolError(f"The message body is not valid msgpack ({exc}).") from None
-    if not isinstance(body, dict):
-        raise ProtocolError(f"The message body is a {type(body).__name__}, not a map.")
-    return body
-
-
 # The schemas as the check runs them (every REQUEST, a read's too, is checked): for each
 # kind, (field, types, whether a bool passes; isinstance alone takes a bool for an int).
 _FIELD_CHECKS = {
@@ -191,17 +180,6 @@ _FIELD_CHECKS = {
                                           (expected,)))
                 for name, expected in fields.items())
     for kind, fields in BODY_SCHEMAS.items()}
-
-
-def validate_body(kind: Kind, body: dict[str, Any]) -> None:
-    """Check the required fields of a control body; raise ProtocolError naming the bad field."""
-    for name, expected, bool_passes in _FIELD_CHECKS.get(kind, ()):
-        value = body.get(name)
-        if not isinstance(value, expected) or not bool_passes and isinstance(value, bool):
-            raise ProtocolError(
-                f"{kind.name} body field {name!r} is missing or has the wrong type.",
-                field=name,
-            )
 
 
 def encode(message: Message) -> list[Any]:
@@ -226,7 +204,11 @@ def check_frames(header: Header, frames: Sequence[Any]) -> None:
 
 def decode(frames: Sequence[Any], header: Header | None = None) -> Message:
     """Decode and validate a full message (after any routing identity was removed);
-    ``header`` is its first frame's, when the caller has already read it."""
+    ``header`` is its first frame's, when the caller has already read it.
+
+    The body must be one msgpack map, and a control kind's body must have its required
+    fields (``BODY_SCHEMAS``); each failure is a ProtocolError naming what is wrong. (All in
+    this one function: it runs on every message, where each Python call costs.)"""
     if not frames:
         raise ProtocolError("A message has 0 frame(s); a header and a body are needed.")
     if header is None:
@@ -236,11 +218,22 @@ def decode(frames: Sequence[Any], header: Header | None = None) -> Message:
         body: dict[str, Any] = {}
         buffers = tuple(frames[1:])
     else:
-        check_frames(header, frames)
-        body = unpack_body(frames[1])
+        if len(frames) < 2:
+            check_frames(header, frames)  # (raises)
+        try:
+            body = msgpack.unpackb(frames[1], raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises many types for bad input; all mean the same
+            raise ProtocolError(f"The message body is not valid msgpack ({exc}).") from None
+        if type(body) is not dict:
+            raise ProtocolError(f"The message body is a {type(body).__name__}, not a map.")
         buffers = tuple(frames[2:])
-    if kind in BODY_SCHEMAS and header.version == PROTOCOL_VERSION:
-        validate_body(kind, body)
+    if header.version == PROTOCOL_VERSION:  # (another version's bodies may differ)
+        for name, expected, bool_passes in _FIELD_CHECKS.get(kind, ()):
+            value = body.get(name)
+            if not isinstance(value, expected) or not bool_passes and isinstance(value, bool):
+                raise ProtocolError(
+                    f"{kind.name} body field {name!r} is missing or has the wrong type.",
+                    field=name)
     return _new(Message, (kind, header.session, header.request, body, buffers, header.version))
 
 

@@ -42,7 +42,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import POLLIN, message_check, recv_frames, try_send
+from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
 
 from .backends import device_class
 from .executor import Executor
@@ -62,7 +62,9 @@ _DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kin
 # of a plain attribute.
 _SESSION_LIFE = frozenset({Kind.OPEN, Kind.CLOSE})  # noted by the thread itself
 _NOTED_REPLIES = frozenset({Kind.OPENED, Kind.TRANSFER})  # a new session; a tensor moving
-_SIZED_REPLIES = frozenset({Kind.REPLY, Kind.TRANSFER})  # may carry a frame too big
+# What may carry a frame too big, and whether the way ahead ends at the session's client
+# (whose limit may be lower than the broker's).
+_SIZED_REPLIES = {Kind.REPLY: True, Kind.TRANSFER: False}
 
 
 def _routing_identity() -> bytes:
@@ -272,14 +274,15 @@ class _DeviceThread:
         takes, the same message carrying ``MessageTooLarge`` (a frame too big would cost
         the connection)."""
         frames = protocol.encode(reply)
-        if reply.kind not in _SIZED_REPLIES or not reply.buffers:
+        to_client = _SIZED_REPLIES.get(reply.kind)
+        if to_client is None or not reply.buffers:
             return frames
-        limit = (self._reply_limit.get(reply.session, self._broker_limit)
-                 if reply.kind == Kind.REPLY else self._broker_limit)
+        limit = (self._reply_limit.get(reply.session, self._broker_limit) if to_client
+                 else self._broker_limit)
         size = largest_frame(frames)
         if size <= limit:
             return frames
-        if reply.kind == Kind.REPLY:
+        if to_client:
             error = MessageTooLarge(
                 f"The array read is {size_text(size)}, more than the {size_text(limit)} the "
                 "way to the client takes in one message: read it in slices "
@@ -297,8 +300,11 @@ class _DeviceThread:
         """Send on the lane; while the broker takes nothing, this device waits (and reads
         nothing: backpressure), but not longer than the broker's liveness window: past it
         the broker is gone, and so is what the message answered."""
-        if try_send(self._lane, frames):
+        try:  # (try_send, without its call: this is every answer's path)
+            send_frames(self._lane, frames, NOBLOCK)
             return
+        except zmq.Again:
+            pass
         worker = self._worker
         deadline = time.monotonic() + worker.heartbeat * worker.liveness
         while time.monotonic() < deadline:
