@@ -94,6 +94,11 @@ class Send(NamedTuple):
     not_before: float = 0.0
 
 
+# Data messages are forwarded as ``_new(Send, (side, identity, frames, 0.0))``: the named
+# tuple's own ``__new__`` is a Python call, on every message (see ``fabric.protocol``).
+_new = tuple.__new__
+
+
 class SessionState(enum.Enum):
     OPENING = "opening"  # HELLO accepted, waiting for the worker's OPENED
     OPEN = "open"
@@ -366,7 +371,7 @@ class Registry:
         session.bytes += _frames_size(frames)
         if header.kind is Kind.SUBMIT:  # enum members are singletons: the cheapest test
             session.submits += 1
-        return [Send(Side.BACKEND, session.lane, list(frames))]
+        return [_new(Send, (Side.BACKEND, session.lane, list(frames), 0.0))]
 
     def _on_hello(self, identity: bytes, message: Message, now: float) -> list[Send]:
         header = message.header
@@ -559,13 +564,13 @@ class Registry:
             destination = self.workers[session.worker]
             if largest_frame(frames) > destination.max_message_bytes:
                 return self._transfer_too_large(destination, session, header, frames)
-            return [Send(Side.BACKEND, session.lane, list(frames))]
+            return [_new(Send, (Side.BACKEND, session.lane, list(frames), 0.0))]
         if session is None or session.worker != worker.identity:
             self.counters["stale_worker_data"] += 1  # the session closed meanwhile
             return []
         session.messages += 1
         session.bytes += _frames_size(frames)
-        return [Send(Side.FRONTEND, session.client, list(frames))]
+        return [_new(Send, (Side.FRONTEND, session.client, list(frames), 0.0))]
 
     def _transfer_too_large(self, destination: Worker, session: Session, header: Header,
                             frames: Sequence[Any]) -> list[Send]:

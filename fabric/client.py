@@ -135,7 +135,8 @@ class Connection:
 
     def _send(self, message: Message) -> None:
         """Queue a message, or raise why the connection or its session cannot take it."""
-        self._check_thread()
+        if threading.get_ident() != self._thread:  # (every message: the call only to raise)
+            self._check_thread()
         if self.error is not None:
             raise self.error
         if message.session in self.pending.lost:  # known lost: fail now, send nothing

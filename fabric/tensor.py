@@ -730,7 +730,8 @@ class TensorSession:
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
         """Flush, send a request to the device and return its reply (raising its error)."""
-        self.flush(timeout)
+        if self._batch or self._released:  # (a read with nothing batched skips the call)
+            self.flush(timeout)
         reply = self._request(body, timeout)
         if "error" in reply.body:
             raise self._remote_error(reply.body["error"])
