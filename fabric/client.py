@@ -356,7 +356,8 @@ class Session(TensorSession):
             raise SessionLost(f"Session {self.id:#x} is closed: open a new session.")
 
     def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
-        self._check_open()
+        if self.closed:  # (every read: the call only to raise)
+            self._check_open()
         reply = self.connection.request(Message(Kind.REQUEST, self.id, 0, body),
                                         self.timeout if timeout is None else timeout,
                                         session=self.id)
