@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR_VARIABLE = "FABRIC_HOPS_DIR"  # where each process leaves its notes, by pid
 SENT, RECEIVED = 1, 2
 PARTS = ("client sends", "to broker", "broker, request", "to worker", "worker",
-         "to broker ", "broker, reply", "to client", "client receives")
+         "to broker", "broker, reply", "to client", "client receives")
 _SITECUSTOMIZE = f"""import os
 if os.environ.get({DIR_VARIABLE!r}):
     import bench.hops
@@ -83,10 +83,6 @@ def _leave_notes(directory: str) -> None:
         return
     with open(os.path.join(directory, str(os.getpid())), "wb") as f:
         pickle.dump(_notes, f)
-
-
-def _within(notes: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
-    return [n for n in notes if start <= n[0] <= end]
 
 
 def parts_of_reads(reads: list[tuple[int, int]], client: list[tuple[int, int]],
@@ -170,13 +166,13 @@ def main() -> None:
     workdir.cleanup()
     print(f"median µs per read, {args.rounds} rounds of {args.reads} reads each way")
     print(f"{'part':18}{'fabric':>9}{'raw hop':>9}{'ratio':>8}")
-    for name, f, r in zip((*PARTS, "whole read"), medians["fabric"], medians["raw"]):
-        print(f"{name:18}{f:9.1f}{r:9.1f}{f / r:7.2f}x")
-    in_process = [sum(medians[s][i] for i in (0, 2, 4, 6, 8)) for s in ("fabric", "raw")]
-    between = [sum(medians[s][i] for i in (1, 3, 5, 7)) for s in ("fabric", "raw")]
-    print(f"{'in processes':18}{in_process[0]:9.1f}{in_process[1]:9.1f}"
-          f"{in_process[0] / in_process[1]:7.2f}x")
-    print(f"{'between them':18}{between[0]:9.1f}{between[1]:9.1f}{between[0] / between[1]:7.2f}x")
+    rows = list(zip((*PARTS, "whole read"), medians["fabric"], medians["raw"]))
+    # (the parts alternate: work in a process, then the way to the next one)
+    for label, picked in (("in processes", slice(0, len(PARTS), 2)),
+                          ("between them", slice(1, len(PARTS), 2))):
+        rows.append((label, sum(medians["fabric"][picked]), sum(medians["raw"][picked])))
+    for name, fabric_us, raw_us in rows:
+        print(f"{name:18}{fabric_us:9.1f}{raw_us:9.1f}{fabric_us / raw_us:7.2f}x")
 
 
 if __name__ == "__main__":

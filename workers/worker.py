@@ -42,7 +42,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
+from fabric.sockets import POLLIN, message_check, recv_frames, try_send
 
 from .backends import device_class
 from .executor import Executor
@@ -300,11 +300,8 @@ class _DeviceThread:
         """Send on the lane; while the broker takes nothing, this device waits (and reads
         nothing: backpressure), but not longer than the broker's liveness window: past it
         the broker is gone, and so is what the message answered."""
-        try:  # (try_send, without its call: this is every answer's path)
-            send_frames(self._lane, frames, NOBLOCK)
+        if try_send(self._lane, frames):
             return
-        except zmq.Again:
-            pass
         worker = self._worker
         deadline = time.monotonic() + worker.heartbeat * worker.liveness
         while time.monotonic() < deadline:
