@@ -125,6 +125,24 @@ def test_every_way_of_making_a_tensor_records_the_users_line(session):
                                                             make.__code__.co_firstlineno)
 
 
+def test_ops_issued_in_a_loop_each_record_their_own_line(session):
+    # The origin of the op before is given again for the same call site: alternating call
+    # sites, in this function and in another, must each still get their own line.
+    def elsewhere(t):
+        return t * 2.0
+    x = session.zeros(3)
+    lines = {}
+    for _ in range(3):
+        y = x + 1.0
+        lines[y.id] = sys._getframe().f_lineno - 1
+        z = elsewhere(y)
+        lines[z.id] = elsewhere.__code__.co_firstlineno + 1
+        x = y - z
+        lines[x.id] = sys._getframe().f_lineno - 1
+    assert {i: origin_line(session._origins[i]) for i in lines} == {
+        i: (__file__, line) for i, line in lines.items()}
+
+
 def test_the_origins_of_freed_tensors_are_remembered_within_a_bound(session):
     ids = [session.zeros(1).id for _ in range(3 * _REMEMBERED_ORIGINS)]  # each freed at once
     session.sync()
