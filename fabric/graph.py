@@ -114,9 +114,9 @@ class Tracer(TensorSession):
         self.ops: list[Sequence[Any]] = []
         self._init_stream()
 
-    def placeholder(self, like: Tensor) -> Tensor:
+    def placeholder(self, like: Spec) -> Tensor:
         """A new input of the graph, with ``like``'s shape and dtype."""
-        return Tensor(self, next(self._ids), like.shape, like.dtype)
+        return self._tensor(like.shape, like.dtype)
 
     def _refuse(self, what: str, advice: str) -> TraceError:
         file, line = origin_line(_origin())
@@ -235,7 +235,7 @@ def call(session: TensorSession, graph: Graph, inputs: Sequence[Tensor]) -> list
     origin = _origin()
     outputs = []
     for shape, dtype in graph.outputs:
-        tensor = Tensor(session, next(session._ids), shape, dtype)
+        tensor = session._tensor(shape, dtype)
         session._origins[tensor.id] = origin
         outputs.append(tensor)
     session._batch_elements += graph.elements

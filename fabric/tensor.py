@@ -133,6 +133,7 @@ def decode_scalar(arg: Any) -> Any:
     return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
 
 
+_new_object = object.__new__
 Origin = tuple[Any, int]  # where the user issued an op: (code object or None, byte offset)
 
 
@@ -179,18 +180,19 @@ def origin_line(origin: Origin) -> tuple[str, int]:
 
 
 class Tensor(Spec):
-    """An array on a session's device. Nothing is read back until ``numpy()``."""
+    """An array on a session's device. Nothing is read back until ``numpy()``.
+
+    Sessions make tensors (``session.asarray``, ``session.zeros``, the ops on tensors); a
+    tensor is not made by calling this class.
+    """
 
     __slots__ = ("session", "id", "size", "__weakref__")
     __array_priority__ = 1000  # numpy defers binary operators to us
 
-    def __init__(self, session: "TensorSession", tensor_id: int, shape: tuple[int, ...],
-                 dtype: np.dtype) -> None:
-        self.shape = shape  # Spec's fields, set here directly: this runs once per op
-        self.dtype = dtype
-        self.size = math.prod(shape)  # elements (a batch's work is counted in them)
-        self.session = session
-        self.id = tensor_id
+    def __init__(self, *_: Any, **__: Any) -> None:
+        raise TypeError("Tensors are made by a session: use session.asarray(array), "
+                        "session.zeros(shape) and the other creation methods, or ops on "
+                        "tensors.")
 
     def __del__(self) -> None:
         try:  # (freed with the next batch; a list append is thread-safe)
@@ -493,6 +495,18 @@ class TensorSession:
 
     # -- building ops ------------------------------------------------------------------------
 
+    def _tensor(self, shape: tuple[int, ...], dtype: np.dtype, size: int | None = None) -> Tensor:
+        """A new tensor of this session (``size``: its elements, when the caller knows them).
+        Made without calling the class: a class call with an ``__init__`` costs as much again
+        as this, which runs once per op."""
+        tensor = _new_object(Tensor)
+        tensor.shape = shape
+        tensor.dtype = dtype
+        tensor.size = math.prod(shape) if size is None else size  # (a batch's work counts them)
+        tensor.session = self
+        tensor.id = next(self._ids)
+        return tensor
+
     def _wire_arg(self, arg: Any) -> Any:
         if isinstance(arg, Tensor):
             if arg.session is not self:
@@ -535,7 +549,8 @@ class TensorSession:
         # (the operands' dtypes, floats as float, ints by ``weak_int``), and the wire args
         # are made here, not in _emit's loop (a tenth of the client's instructions per op).
         if type(left) is Tensor and left.session is self:
-            shape, kind, inputs = left.shape, type(right), left.size
+            shape, kind, size = left.shape, type(right), left.size
+            inputs = size
             if kind is float:
                 key, wire = (name, len(shape), left.dtype, float), (left.id, right)
             elif kind is int and _INT_RANGE[0] <= right < _INT_RANGE[1]:
@@ -547,7 +562,8 @@ class TensorSession:
             else:
                 return self._op(name, (left, right), {})
         elif type(right) is Tensor and right.session is self:
-            shape, kind, inputs = right.shape, type(left), right.size
+            shape, kind, size = right.shape, type(left), right.size
+            inputs = size
             if kind is float:
                 key, wire = (name, len(shape), float, right.dtype), (left, right.id)
             elif kind is int and _INT_RANGE[0] <= left < _INT_RANGE[1]:
@@ -560,7 +576,7 @@ class TensorSession:
         dtype = _ELEMENTWISE_DTYPES.get(key)  # (looked up here: a call costs a twentieth)
         if dtype is None:
             dtype = _infer_elementwise(key, name, (left, right))
-        return self._push(name, wire, inputs, shape, dtype, {}, _origin(3))
+        return self._push(name, wire, inputs, shape, dtype, {}, _origin(3), size)
 
     def _single(self, name: str, operand: Any) -> Tensor:
         # A one-operand elementwise op (``-t``, ``np.exp(t)``) on a tensor of this session: the
@@ -572,7 +588,8 @@ class TensorSession:
         dtype = _ELEMENTWISE_DTYPES.get(key)
         if dtype is None:
             dtype = _infer_elementwise(key, name, (operand,))
-        return self._push(name, (operand.id,), operand.size, shape, dtype, {}, _origin(3))
+        return self._push(name, (operand.id,), operand.size, shape, dtype, {}, _origin(3),
+                          operand.size)
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
               params: dict[str, Any], origin: Origin) -> Tensor:
@@ -591,10 +608,12 @@ class TensorSession:
         return self._push(name, tuple(wire_args), inputs, shape, dtype, params, origin)
 
     def _push(self, name: str, wire_args: tuple[Any, ...], inputs: int, shape: tuple[int, ...],
-              dtype: np.dtype, params: dict[str, Any], origin: Origin) -> Tensor:
+              dtype: np.dtype, params: dict[str, Any], origin: Origin,
+              size: int | None = None) -> Tensor:
         """Make an op's result tensor and queue the op (its args already in wire form;
-        ``inputs``: the elements it reads, counted with those it writes as its work)."""
-        tensor = Tensor(self, next(self._ids), shape, dtype)
+        ``inputs``: the elements it reads, counted with those it writes as its work;
+        ``size``: the result's elements, when the caller knows them)."""
+        tensor = self._tensor(shape, dtype, size)
         self._origins[tensor.id] = origin
         self._batch_elements += inputs + tensor.size
         self._enqueue((name, tensor.id, wire_args, params), None, tensor)
@@ -635,7 +654,7 @@ class TensorSession:
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
         array = np.ascontiguousarray(array).reshape(array.shape)  # (keeps 0-d arrays 0-d)
-        tensor = Tensor(self, next(self._ids), array.shape, array.dtype)
+        tensor = self._tensor(array.shape, array.dtype)
         self._origins[tensor.id] = _origin()
         self._enqueue(["put", tensor.id, [], {"dtype": array.dtype.str,
                                               "shape": list(array.shape),
@@ -680,7 +699,7 @@ class TensorSession:
     # -- the stream --------------------------------------------------------------------------
 
     def _receive_from(self, source: Tensor) -> Tensor:
-        tensor = Tensor(self, next(self._ids), source.shape, source.dtype)
+        tensor = self._tensor(source.shape, source.dtype)
         self._origins[tensor.id] = _origin()
         source.session._enqueue(["send", 0, [source.id], {"session": self.id, "id": tensor.id}])
         source.session.flush()

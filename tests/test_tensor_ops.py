@@ -763,3 +763,14 @@ def test_repr_does_not_read(session):
     assert "(3, 4)" in repr(big) and "float32" in repr(big)
     with pytest.raises(RemoteError):
         t.numpy()
+
+
+def test_tensors_are_made_by_sessions_not_by_the_class(session):
+    with pytest.raises(TypeError, match="made by a session: use session.asarray"):
+        Tensor(session, 1, (2,), np.dtype("float64"))
+    made = [session.zeros((2, 3)), session.asarray(np.ones(4)), session.zeros(3) + 1.0,
+            -session.zeros(5), session.zeros((2, 2)).sum(axis=0)]
+    assert [(t.shape, t.size, t.session) for t in made] == [
+        ((2, 3), 6, session), ((4,), 4, session), ((3,), 3, session), ((5,), 5, session),
+        ((2,), 2, session)]
+    assert len({t.id for t in made}) == len(made)
