@@ -112,8 +112,9 @@ class Executor(GraphOps):
             return [_reply_error(message, ProtocolError("SUBMIT needs lists 'ops' and 'free'.")),
                     *credit]
         session.ops += len(ops)
+        run, buffers = self._run, message.buffers
         for op in ops:
-            self._run(session, op, message.buffers)
+            run(session, op, buffers)
         try:
             self._drop(session, free)
         except TypeError:  # something unhashable: the ids are still freed, and it reported
