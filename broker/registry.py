@@ -183,8 +183,8 @@ class Limits:
     hwm: int = DEFAULT_HWM  # SNDHWM and RCVHWM of both sockets, per peer
     peer_queue: int = DEFAULT_PEER_QUEUE  # messages parked for a peer whose queue is full
     # How long a worker's parked queue may stay full (the frontend unread meanwhile) before
-    # it is lost; None: 2/3 of heartbeat x liveness, under libzmq's own heartbeat timeout,
-    # which would drop the connections of clients whose unread messages fill their queue.
+    # it is lost; None: 2/3 of heartbeat x liveness, under the clients' heartbeat timeout
+    # (fabric.flow), which would drop the connections of clients whose sends wait meanwhile.
     slow_peer_timeout: float | None = None
 
     @property
@@ -789,12 +789,17 @@ class Registry:
     def cut_client(self, identity: bytes, queued: int) -> list[Send]:
         """End every session of a client that left ``queued`` messages unread, the most the
         broker holds for one peer: closed on their workers (freeing their memory), and a
-        notice for each, which reaches the client only if it reads again."""
+        notice for each, which reaches the client only if it reads again. A client with no
+        session left is not cut again: its queue filled with answers about sessions it was
+        cut from (its last words left the broker, which does not mean it read them)."""
+        sessions = [self.sessions[s] for s in sorted(self.client_sessions.get(identity, ()))]
+        if not sessions:
+            return []
         self.counters["clients_cut"] += 1
         log.warning("client %s left %d messages unread: its sessions are ended",
                     identity.hex(), queued)
         sends: list[Send] = []
-        for session in [self.sessions[s] for s in sorted(self.client_sessions.get(identity, ()))]:
+        for session in sessions:
             self.counters["sessions_cut"] += 1
             sends += self._drop_session(session, notify_worker=True)
             sends.append(self._end_for_client(session, opening=HandshakeError(

@@ -61,12 +61,19 @@ def _router(context: zmq.Context, endpoint: str, limits: Limits,
                           (zmq.MAXMSGSIZE, limits.max_message_bytes)):
         sock.setsockopt(option, value)
     if not workers:
-        # libzmq's own transport heartbeats drop a half-open connection, which makes the
-        # peer unroutable; the registry then learns it vanished at the next send to it.
-        # Not towards workers: a device's lane goes unread while it computes, and libzmq
-        # would drop it; a worker's own heartbeats tell whether it is there.
-        sock.setsockopt(zmq.HEARTBEAT_IVL, int(limits.heartbeat * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(limits.heartbeat * limits.liveness * 1000))
+        # TCP keepalive drops a client's half-open connection (its host gone without a
+        # word), which makes the client unroutable; the registry then learns it vanished at
+        # the next send to it (its lease probe, at the latest). Not libzmq's ZMTP heartbeats:
+        # libzmq 4.3.5 aborts the whole process when it heartbeats a connection that was
+        # reset while the broker was not reading it (a client that sent more than RCVHWM
+        # while the frontend was paused, then closed with replies unread; libzmq #4364 and
+        # #4767), and drops connections merely paused by backpressure (#3937). Not towards
+        # workers either: a worker's own heartbeats tell whether it is there.
+        interval = max(1, round(limits.heartbeat))  # (whole seconds, for the kernel)
+        for option, value in ((zmq.TCP_KEEPALIVE, 1), (zmq.TCP_KEEPALIVE_IDLE, interval),
+                              (zmq.TCP_KEEPALIVE_INTVL, interval),
+                              (zmq.TCP_KEEPALIVE_CNT, limits.liveness)):
+            sock.setsockopt(option, value)
     sock.bind(endpoint)
     return sock
 
@@ -138,11 +145,11 @@ class Broker:
     # a worker's parked queue fills, the broker stops reading the frontend (the source of
     # what is sent to workers) until that queue drains to half: clients' own send queues fill
     # and their sends wait (backpressure); a worker that stays full ``slow_peer_timeout``
-    # seconds (less than libzmq's heartbeat timeout, see fabric.flow) is lost like a dead
-    # one. A client's queue fills only with answers to what it asked and did not read, so a
-    # client whose queue fills is cut off: its sessions end (freeing their memory on the
-    # workers) and a notice is parked in place of the rest; until it reads them, anything
-    # else for it (answers about sessions it no longer has) is dropped and counted.
+    # seconds is lost like a dead one. A client's queue fills only with answers to what it
+    # asked and did not read, so a client whose queue fills is cut off: its sessions end
+    # (freeing their memory on the workers) and a notice is parked in place of the rest;
+    # until it reads them, anything else for it (answers about sessions it no longer has) is
+    # dropped and counted.
 
     def _park(self, side: Side, identity: bytes, frames: list[Any]) -> list[Send]:
         """Park a message for a peer whose queue is full; what the registry says if that

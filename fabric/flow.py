@@ -8,12 +8,14 @@ drains. What happens to a destination that never drains is the owner's policy (t
 cuts a client that does not read its replies, and loses a worker whose queue stays full for
 ``slow_peer_timeout`` seconds). The ``Outbox`` is sans I/O: sends are done by a callable.
 
-Why a stalled destination cannot be waited for long: libzmq's own heartbeat (the broker sets
-``HEARTBEAT_IVL``/``HEARTBEAT_TIMEOUT`` towards clients) drops a connection whose engine
-stopped reading because the queue behind it is full, and its queued messages with it
-(libzmq #3937 and PR #4830 describe the mechanism). So a reader may pause a source only for
-less than that timeout; the broker's default ``slow_peer_timeout`` is 2/3 of it. (Towards
-workers the broker runs no such heartbeat: a device's lane goes unread while it computes.)
+Why a stalled destination cannot be waited for long: a client heartbeats its connection
+(libzmq's ``HEARTBEAT_IVL``/``HEARTBEAT_TIMEOUT``, 1 s and 3 s), and while the broker does not
+read it (the queue behind it is full) its PINGs go unanswered, so the client drops the
+connection, and its queued messages with it, after the timeout (libzmq #3937 and PR #4830
+describe the mechanism). So the broker may pause its frontend only for less than that; its
+default ``slow_peer_timeout`` is 2/3 of it. (The broker runs no such heartbeat itself: a
+device's lane goes unread while it computes, and towards clients libzmq 4.3.5 can abort on
+it, see ``broker.server``.)
 
 ``MAXMSGSIZE`` in libzmq limits each frame, not the sum of a message's frames, and a peer
 that sends a bigger frame is disconnected without a word; so every sender checks the frames

@@ -8,6 +8,9 @@ rules on purpose: a client that stops reading its replies, a worker that stops r
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -214,6 +217,9 @@ def test_cutting_a_client_ends_its_sessions_everywhere_and_says_why():
     assert "42 messages unread" in lost.message
     assert set(registry.sessions) == {3} and registry.client_sessions == {C2: {3}}
     assert (registry.counters["clients_cut"], registry.counters["sessions_cut"]) == (1, 2)
+    # Its queue fills again, with answers about the sessions it lost: nothing more to cut.
+    assert registry.cut_client(C1, 42) == []
+    assert (registry.counters["clients_cut"], registry.counters["sessions_cut"]) == (1, 2)
 
 
 # -- message sizes, end to end ---------------------------------------------------------------
@@ -335,11 +341,14 @@ def test_a_client_that_stops_reading_is_cut_off_and_no_one_else_notices():
             assert type(error) is SessionLost
             assert error.details["reason"] == "client_not_reading"
         # Another one goes away without reading its notice: what waits for it is dropped
-        # when the broker finds it unroutable (ROUTER_MANDATORY), and nothing is left.
+        # when the broker finds it unroutable (ROUTER_MANDATORY), and nothing is left. (It
+        # may go while the broker is not reading it: see the test after this one.)
         with RawDealer(cluster.address, {zmq.RCVHWM: 1}) as greedy:
             _flood_with_reads(greedy, cluster.token, 0x5108)
-            wait_for(lambda: admin.status()["counters"].get("clients_cut") == 2, 20,
+            wait_for(lambda: admin.status()["counters"].get("sessions_cut") == 2, 20,
                      "the broker to cut the second client off")
+            assert admin.status()["counters"]["clients_cut"] == 2  # each cut once
+            assert "0x0000000000005108" not in {s["id"] for s in admin.sessions()}
         wait_for(lambda: admin.status()["queues"]["parked_messages"] == 0, 10,
                  "the gone client's parked messages to be dropped")
         bystander.wait(bystander.outcomes.calls + 5, timeout=10)  # still served after
@@ -410,6 +419,47 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
         assert not errors, errors
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_UNREAD_FRONTEND = """
+import sys, time, zmq
+from broker.registry import Limits
+from broker.server import _router
+context = zmq.Context()
+frontend = _router(context, "tcp://127.0.0.1:*", Limits(hwm=8))  # heartbeat: 1 s
+print(frontend.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
+client = frontend.recv_multipart()[0]
+for _ in range(100):  # answers it will not read
+    try:
+        frontend.send_multipart([client, bytes(100_000)], zmq.NOBLOCK)
+    except zmq.Again:
+        break
+time.sleep(3)  # reads nothing more: the client's messages fill what libzmq holds for it
+print("alive", flush=True)
+"""
+
+
+def test_the_frontend_survives_a_client_that_resets_while_it_is_not_read():
+    # libzmq 4.3.5 aborts a process that runs its ZMTP heartbeats on a connection reset
+    # while its input was stopped (the broker stops reading its clients while a worker's
+    # queue is full): the frontend's sockets must not run them.
+    frontend = subprocess.Popen([sys.executable, "-c", _UNREAD_FRONTEND], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        address = frontend.stdout.readline().strip()
+        with RawDealer(address, {zmq.RCVHWM: 1}) as client:
+            for _ in range(200):  # far past the frontend's RCVHWM, while it reads none
+                client.send([bytes(50)])
+            client.recv(timeout=5)  # its answers have come; the rest stay unread
+            time.sleep(0.5)  # (for libzmq to stop reading it: nothing to wait on)
+        # Closed with answers unread: the connection is reset.
+        out, err = frontend.communicate(timeout=10)
+        assert (frontend.returncode, out.strip()) == (0, "alive"), err
+    finally:
+        if frontend.poll() is None:
+            frontend.kill()
+            frontend.communicate(timeout=5)
+
+
 def test_a_busy_device_with_a_full_queue_never_silences_its_worker():
     # Ops queue up behind a second of compute, far past the worker's own queues (2 messages
     # each way): it stops reading the broker, but heartbeats go on, so it is not lost.
@@ -437,7 +487,7 @@ def test_the_default_limits_are_sane():
     assert limits.max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES == 1 << 30
     assert (limits.max_sessions_per_client, limits.max_sessions_per_device) == (256, 1024)
     assert (limits.hwm, limits.peer_queue) == (1000, 1000)
-    # Under libzmq's heartbeat timeout (heartbeat x liveness), which would drop the
-    # connections of clients whose unread messages fill their queue during the pause.
+    # Under the clients' heartbeat timeout (3 s, heartbeat x liveness by default), which
+    # would drop the connections of clients whose sends wait during the pause.
     assert limits.slow_worker_timeout == 2.0 < limits.heartbeat * limits.liveness
     assert Limits(slow_peer_timeout=0.5).slow_worker_timeout == 0.5
