@@ -147,7 +147,8 @@ def _origin(depth: int = 2) -> Origin:
     code's line table, which takes microseconds in a long function or script.
 
     The origin found last is kept and given again for an op from the same call site (a loop
-    issuing ops): that skips the file test and a tuple per op, a sixth of the client's time.
+    issuing ops): that skips the file test and a tuple per op, about a tenth of the client's
+    work per op.
     """
     global _last_origin
     while True:
@@ -497,8 +498,8 @@ class TensorSession:
 
     def _tensor(self, shape: tuple[int, ...], dtype: np.dtype, size: int | None = None) -> Tensor:
         """A new tensor of this session (``size``: its elements, when the caller knows them).
-        Made without calling the class: a class call with an ``__init__`` costs as much again
-        as this, which runs once per op."""
+        Made without calling the class, whose call with an ``__init__`` adds about 800
+        instructions to each op."""
         tensor = _new_object(Tensor)
         tensor.shape = shape
         tensor.dtype = dtype
@@ -550,7 +551,6 @@ class TensorSession:
         # are made here, not in _emit's loop (a tenth of the client's instructions per op).
         if type(left) is Tensor and left.session is self:
             shape, kind, size = left.shape, type(right), left.size
-            inputs = size
             if kind is float:
                 key, wire = (name, len(shape), left.dtype, float), (left.id, right)
             elif kind is int and _INT_RANGE[0] <= right < _INT_RANGE[1]:
@@ -558,12 +558,10 @@ class TensorSession:
                 wire = (left.id, self._wire_arg(right))
             elif kind is Tensor and right.shape == shape and right.session is self:
                 key, wire = (name, len(shape), left.dtype, right.dtype), (left.id, right.id)
-                inputs *= 2
             else:
                 return self._op(name, (left, right), {})
         elif type(right) is Tensor and right.session is self:
             shape, kind, size = right.shape, type(left), right.size
-            inputs = size
             if kind is float:
                 key, wire = (name, len(shape), float, right.dtype), (left, right.id)
             elif kind is int and _INT_RANGE[0] <= left < _INT_RANGE[1]:
@@ -576,6 +574,7 @@ class TensorSession:
         dtype = _ELEMENTWISE_DTYPES.get(key)  # (looked up here: a call costs a twentieth)
         if dtype is None:
             dtype = _infer_elementwise(key, name, (left, right))
+        inputs = 2 * size if kind is Tensor else size  # (elements read: one or two tensors)
         return self._push(name, wire, inputs, shape, dtype, {}, _origin(3), size)
 
     def _single(self, name: str, operand: Any) -> Tensor:
