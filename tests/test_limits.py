@@ -45,6 +45,7 @@ from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_f
 from fabric.flow import DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 
 
@@ -342,7 +343,7 @@ def test_a_client_that_stops_reading_is_cut_off_and_no_one_else_notices():
             assert error.details["reason"] == "client_not_reading"
         # Another one goes away without reading its notice: what waits for it is dropped
         # when the broker finds it unroutable (ROUTER_MANDATORY), and nothing is left. (It
-        # may go while the broker is not reading it: see the test after this one.)
+        # may go while the broker is not reading it: see test_the_frontend_survives_...)
         with RawDealer(cluster.address, {zmq.RCVHWM: 1}) as greedy:
             _flood_with_reads(greedy, cluster.token, 0x5108)
             wait_for(lambda: admin.status()["counters"].get("sessions_cut") == 2, 20,
@@ -419,9 +420,8 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
         assert not errors, errors
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _UNREAD_FRONTEND = """
-import sys, time, zmq
+import time, zmq
 from broker.registry import Limits
 from broker.server import _router
 context = zmq.Context()
