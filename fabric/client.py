@@ -36,7 +36,8 @@ from .errors import (
     error_from_wire,
 )
 from .config import CONNECTION_FILE_ENV, load_connection_file
-from .flow import DEFAULT_MAX_MESSAGE_BYTES, size_text
+from .flow import (CLIENT_HEARTBEAT_MS, CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES,
+                   size_text)
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .security import CurveClient, CurveOption, client_keys, handshake_error
@@ -92,8 +93,8 @@ class Connection:
         self.socket = self._context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.HANDSHAKE_IVL, int(handshake_limit * 1000))
-        self.socket.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
+        self.socket.setsockopt(zmq.HEARTBEAT_IVL, CLIENT_HEARTBEAT_MS)
+        self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, CLIENT_HEARTBEAT_TIMEOUT_MS)
         self.socket.setsockopt(zmq.SNDHWM, SEND_QUEUE)
         # The largest frame this socket takes; the broker keeps replies within it (HELLO).
         self.max_message_bytes = max_message_bytes

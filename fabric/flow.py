@@ -9,13 +9,14 @@ cuts a client that does not read its replies, and loses a worker whose queue sta
 ``slow_peer_timeout`` seconds). The ``Outbox`` is sans I/O: sends are done by a callable.
 
 Why a stalled destination cannot be waited for long: a client heartbeats its connection
-(libzmq's ``HEARTBEAT_IVL``/``HEARTBEAT_TIMEOUT``, 1 s and 3 s), and while the broker does not
-read it (the queue behind it is full) its PINGs go unanswered, so the client drops the
-connection, and its queued messages with it, after the timeout (libzmq #3937 and PR #4830
-describe the mechanism). So the broker may pause its frontend only for less than that; its
-default ``slow_peer_timeout`` is 2/3 of it. (The broker runs no such heartbeat itself: a
-device's lane goes unread while it computes, and towards clients libzmq 4.3.5 can abort on
-it, see ``broker.server``.)
+(libzmq's ``HEARTBEAT_IVL``/``HEARTBEAT_TIMEOUT``, ``CLIENT_HEARTBEAT_MS`` and
+``CLIENT_HEARTBEAT_TIMEOUT_MS``), and while the broker does not read it (the queue behind it
+is full) its PINGs go unanswered, so the client drops the connection, and its queued
+messages with it, after the timeout (libzmq #3937 and PR #4830 describe the mechanism). So
+the broker may pause its frontend only for less than that; its default
+``slow_peer_timeout`` is 2/3 of it. (The broker runs no such heartbeat itself: a device's
+lane goes unread while it computes, and towards clients libzmq 4.3.5 can abort on it, see
+``broker.server``.)
 
 ``MAXMSGSIZE`` in libzmq limits each frame, not the sum of a message's frames, and a peer
 that sends a bigger frame is disconnected without a word; so every sender checks the frames
@@ -40,6 +41,10 @@ DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
 # DEFAULT_HWM and DEFAULT_PEER_QUEUE), and one session cannot crowd the others' queues.
 SUBMIT_WINDOW = 64
 CREDIT_EVERY = 16
+# A client's libzmq heartbeat to the broker: how it finds a silent or stopped broker (see above
+# for what it means for how long the broker may pause its frontend).
+CLIENT_HEARTBEAT_MS = 1000
+CLIENT_HEARTBEAT_TIMEOUT_MS = 3000
 
 
 def largest_frame(frames: Sequence[Any]) -> int:

@@ -42,7 +42,8 @@ from broker.registry import Limits, Registry, Side
 from conftest import HEARTBEAT
 from fabric import protocol
 from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
-from fabric.flow import DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
+from fabric.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES, Outbox,
+                         largest_frame, size_text)
 from fabric.protocol import Kind, Message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -487,7 +488,8 @@ def test_the_default_limits_are_sane():
     assert limits.max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES == 1 << 30
     assert (limits.max_sessions_per_client, limits.max_sessions_per_device) == (256, 1024)
     assert (limits.hwm, limits.peer_queue) == (1000, 1000)
-    # Under the clients' heartbeat timeout (3 s, heartbeat x liveness by default), which
-    # would drop the connections of clients whose sends wait during the pause.
+    # Under the clients' heartbeat timeout (heartbeat x liveness by default), which would
+    # drop the connections of clients whose sends wait during the pause.
     assert limits.slow_worker_timeout == 2.0 < limits.heartbeat * limits.liveness
+    assert limits.heartbeat * limits.liveness == CLIENT_HEARTBEAT_TIMEOUT_MS / 1000
     assert Limits(slow_peer_timeout=0.5).slow_worker_timeout == 0.5
