@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from fuzzstorm import _junk as storm_junk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -117,6 +118,23 @@ def test_frees_release_memory_and_the_limit_gives_quota_exceeded():
     assert request(executor, op="stats").body["resident_bytes"] == 0
     submit(executor, ["zeros", 3, [], {"shape": [100], "dtype": "<f8"}])
     assert read(executor, 3).shape == (100,)
+
+
+@pytest.mark.parametrize("memory_limit", [None, 2500])
+def test_ops_without_params_store_their_results_by_the_same_rules(memory_limit):
+    # (Such ops store their results inline, not through Executor._store, when they can.)
+    executor = opened(memory_limit=memory_limit)
+    submit(executor, ["ones", 1, [], {"shape": [100], "dtype": "<f8"}],
+           ["add", 2, [1, 1.0], {}],
+           ["add", 2, [1, 2.0], {}],  # an id used again: the new value replaces the old
+           ["reshape", 3, [1], {"shape": [7]}],  # fails: 3 is poisoned ...
+           ["multiply", 3, [1, 4.0], {}])  # ... and then made anew
+    assert request(executor, op="sync").body["error"]["details"]["op"] == "reshape"
+    assert read(executor, 2)[0] == 3.0 and read(executor, 3)[0] == 4.0
+    assert request(executor, op="stats").body["resident_bytes"] == 3 * 800
+    submit(executor, ["add", 4, [3, 1.0], {}])  # 3,200 bytes: past a 2,500-byte limit
+    reply = request(executor, op="read", id=4).body
+    assert reply["error"]["code"] == "quota_exceeded" if memory_limit else "error" not in reply
 
 
 def test_malformed_ops_and_unknown_requests_are_errors_not_crashes():
