@@ -625,11 +625,13 @@ class TensorSession:
             for trace in self._captures:
                 trace.record(op, buffer, result)
         self._batch.append(op)
-        if buffer is not None:
+        if buffer is not None:  # (the bytes grow only here: an op without one skips the test)
             self._buffers.append(buffer)
             self._batch_bytes += buffer.nbytes
-        if len(self._batch) >= MAX_BATCH_OPS or self._batch_bytes >= MAX_BATCH_BYTES or \
-                self._batch_elements >= MAX_BATCH_ELEMENTS:
+            if self._batch_bytes >= MAX_BATCH_BYTES:
+                self.flush()
+                return
+        if len(self._batch) >= MAX_BATCH_OPS or self._batch_elements >= MAX_BATCH_ELEMENTS:
             self.flush()
 
     def _create(self, name: str, shape: Any, dtype: Any, **params: Any) -> Tensor:

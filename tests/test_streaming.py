@@ -12,7 +12,8 @@ import pytest
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
-from fabric.tensor import _REMEMBERED_ORIGINS, MAX_BATCH_ELEMENTS, MAX_BATCH_OPS, origin_line
+from fabric.tensor import (_REMEMBERED_ORIGINS, MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_OPS,
+                           origin_line)
 
 
 def test_the_readme_example_matches_numpy(session):
@@ -56,6 +57,18 @@ def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):
     assert not session._batch
     assert product.numpy()[0, 0] == side and half.shape == (side // 2, side)
     assert [t.numpy()[0] for t in light] == list(range(10))
+
+
+def test_uploads_wait_for_company_until_their_bytes_reach_the_bound(session):
+    small = [session.asarray(np.full(1000, float(i))) for i in range(3)]
+    assert len(session._batch) == 3 and session._counts["batches_sent"] == 0
+    x = small[0] + 1.0  # an op without an upload does not send them either
+    assert len(session._batch) == 4
+    rest = MAX_BATCH_BYTES - 3 * 8000
+    big = session.asarray(np.ones(rest // 8))  # the batch's bytes reach the bound: sent
+    assert not session._batch and session._counts["batches_sent"] == 1
+    assert x.numpy()[0] == 1.0 and big.numpy().sum() == rest // 8
+    assert [t.numpy()[-1] for t in small] == [0.0, 1.0, 2.0]
 
 
 def test_a_graph_call_counts_as_the_work_of_its_ops(session):
