@@ -311,8 +311,8 @@ def test_refused_tokens_are_answered_after_the_delay_and_counted(plain_cluster):
             assert isinstance(error_from_wire(reply.body), AuthenticationError), what
             assert took >= AUTH_DELAY, f"{what} answered after {took:.3f} s"
         # While a refusal is held, the broker goes on answering everyone else.
+        sent = time.monotonic()  # (before the send: after it, this thread may run late)
         client.send(refused["hello"][1])
-        sent = time.monotonic()
         pong, pong_at, _ = _timed(other, frames_of(Kind.PING, request=5))
         reject = client.recv_message(timeout=5)
         rejected_at = time.monotonic()

@@ -172,7 +172,7 @@ class Executor(GraphOps):
                         inputs.append(tensors[arg])
                     else:  # (a float, the commonest scalar, as it is: no call)
                         inputs.append(arg if type(arg) is float else decode_scalar(arg))
-                else:
+                else:  # (no input was poisoned)
                     if impl is not None:  # the device's own run, without the two calls around it
                         result = impl(*inputs)
                         if type(result) is not np.ndarray:
