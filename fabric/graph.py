@@ -116,7 +116,7 @@ class Tracer(TensorSession):
 
     def placeholder(self, like: Spec) -> Tensor:
         """A new input of the graph, with ``like``'s shape and dtype."""
-        return self._tensor(like.shape, like.dtype)
+        return self._tensor(like.shape, like.dtype, None)
 
     def _refuse(self, what: str, advice: str) -> TraceError:
         file, line = origin_line(_origin())
@@ -233,11 +233,7 @@ def call(session: TensorSession, graph: Graph, inputs: Sequence[Tensor]) -> list
         held[graph.id] = graph
         session._enqueue(graph.register_op)
     origin = _origin()
-    outputs = []
-    for shape, dtype in graph.outputs:
-        tensor = session._tensor(shape, dtype)
-        session._origins[tensor.id] = origin
-        outputs.append(tensor)
+    outputs = [session._tensor(shape, dtype, origin) for shape, dtype in graph.outputs]
     session._batch_elements += graph.elements
     session._enqueue(["graph_call", outputs[0].id, [t.id for t in inputs],
                       {"graph": graph.id, "outputs": len(outputs)}])

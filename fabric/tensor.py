@@ -496,8 +496,10 @@ class TensorSession:
 
     # -- building ops ------------------------------------------------------------------------
 
-    def _tensor(self, shape: tuple[int, ...], dtype: np.dtype, size: int | None = None) -> Tensor:
-        """A new tensor of this session (``size``: its elements, when the caller knows them).
+    def _tensor(self, shape: tuple[int, ...], dtype: np.dtype, origin: Origin | None,
+                size: int | None = None) -> Tensor:
+        """A new tensor of this session, made by an op issued at ``origin`` (None: by no op,
+        a traced function's input); ``size``: its elements, when the caller knows them.
         Made without calling the class, whose call with an ``__init__`` adds about 800
         instructions to each op."""
         tensor = _new_object(Tensor)
@@ -505,7 +507,8 @@ class TensorSession:
         tensor.dtype = dtype
         tensor.size = math.prod(shape) if size is None else size  # (a batch's work counts them)
         tensor.session = self
-        tensor.id = next(self._ids)
+        tensor.id = tensor_id = next(self._ids)
+        self._origins[tensor_id] = origin
         return tensor
 
     def _wire_arg(self, arg: Any) -> Any:
@@ -612,8 +615,7 @@ class TensorSession:
         """Make an op's result tensor and queue the op (its args already in wire form;
         ``inputs``: the elements it reads, counted with those it writes as its work;
         ``size``: the result's elements, when the caller knows them)."""
-        tensor = self._tensor(shape, dtype, size)
-        self._origins[tensor.id] = origin
+        tensor = self._tensor(shape, dtype, origin, size)
         self._batch_elements += inputs + tensor.size
         self._enqueue((name, tensor.id, wire_args, params), None, tensor)
         return tensor
@@ -655,8 +657,7 @@ class TensorSession:
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
         array = np.ascontiguousarray(array).reshape(array.shape)  # (keeps 0-d arrays 0-d)
-        tensor = self._tensor(array.shape, array.dtype)
-        self._origins[tensor.id] = _origin()
+        tensor = self._tensor(array.shape, array.dtype, _origin())
         self._enqueue(["put", tensor.id, [], {"dtype": array.dtype.str,
                                               "shape": list(array.shape),
                                               "buffer": len(self._buffers)}],
@@ -700,8 +701,7 @@ class TensorSession:
     # -- the stream --------------------------------------------------------------------------
 
     def _receive_from(self, source: Tensor) -> Tensor:
-        tensor = self._tensor(source.shape, source.dtype)
-        self._origins[tensor.id] = _origin()
+        tensor = self._tensor(source.shape, source.dtype, _origin())
         source.session._enqueue(["send", 0, [source.id], {"session": self.id, "id": tensor.id}])
         source.session.flush()
         self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
