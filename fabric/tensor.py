@@ -486,7 +486,7 @@ class TensorSession:
         self._released: list[int] = []  # appended from __del__, possibly in another thread
         # Where each tensor's op was issued: live tensors', and the last freed ones' (at least
         # _REMEMBERED_ORIGINS of them), whose ops may still fail after the user let them go.
-        self._origins: dict[int, Origin] = {}
+        self._origins: dict[int, Origin | None] = {}  # (None: a traced function's input)
         self._freed: list[int] = []  # the freed tensors whose origins are kept, oldest first
         # (batches_sent counts SUBMITs: the device's CREDIT says how many of them it ran)
         self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}

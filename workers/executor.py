@@ -173,17 +173,17 @@ class Executor(GraphOps):
                     else:  # (a float, the commonest scalar, as it is: no call)
                         inputs.append(arg if type(arg) is float else decode_scalar(arg))
                 else:  # (no input was poisoned)
-                    if impl is not None:  # the device's own run, without the two calls around it
-                        result = impl(*inputs)
-                        if type(result) is not np.ndarray:
-                            result = np.asarray(result)
-                        if limit is None and out not in tensors and out not in poisoned:
-                            tensors[out] = result  # _store's common case, inline
-                            session.resident += result.nbytes
-                        else:
-                            store(session, out, result)
-                    else:
+                    if impl is None:
                         store(session, out, self._compute(session, name, inputs, params, buffers))
+                        continue
+                    result = impl(*inputs)  # the device's own run, without the calls around it
+                    if type(result) is not np.ndarray:
+                        result = np.asarray(result)
+                    if limit is None and out not in tensors and out not in poisoned:
+                        tensors[out] = result  # _store's common case, inline
+                        session.resident += result.nbytes
+                    else:
+                        store(session, out, result)
             except Exception as exc:  # any failure of the op becomes the poison of its output
                 self._fail(session, name, out, exc)
 
