@@ -368,7 +368,7 @@ class Session(TensorSession):
         """Close the session and free everything it holds on the device (idempotent)."""
         if self.closed:
             return
-        self._batch, self._buffers, self._released = [], [], []  # closing frees it all
+        self._batch, self._buffers = [], []  # closing frees it all
         self.closed = True
         try:
             if self.connection.error is None and self.id not in self.connection.pending.lost:

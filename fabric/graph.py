@@ -44,7 +44,7 @@ GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the worker's boun
 TRACE_CACHE_SIZE = 256  # traces a function keeps (least recently called go; traced again)
 # A batch of graph calls is flushed at this many of their ops. A call costs the client one op
 # and the worker all of the graph's: the worker sets the pace, so each message's own cost
-# counts, and bigger batches than the op stream's (tensor.MAX_BATCH_OPS) pay (bench W5).
+# counts, and bigger batches than the op stream's (tensor.MAX_BATCH_ENTRIES) pay (bench W5).
 GRAPH_BATCH_OPS = 4096
 
 _graph_ids = itertools.count(1)  # unique in this process, so across all its sessions

@@ -61,7 +61,7 @@ class Kind(enum.IntEnum):
     ADMIN = 30  # admin -> broker: a command (token, command, args)
     ADMIN_REPLY = 31  # broker -> admin: the command's result
     # data, routed by session id; the broker never decodes these bodies
-    SUBMIT = 40  # client -> worker: a batch of fire-and-forget ops
+    SUBMIT = 40  # client -> worker: a batch of fire-and-forget ops, and tensors freed among them
     REQUEST = 41  # client -> worker: a read or sync that expects a REPLY
     REPLY = 42  # worker -> client
     # worker -> broker -> worker: a tensor moved between sessions; the header's session is

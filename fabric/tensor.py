@@ -23,11 +23,13 @@ from .flow import SUBMIT_WINDOW
 from .ops import OPS, Spec, weak_int
 from .protocol import Kind, Message
 
-# Flush the op batch at this many ops ... The worker cannot start on ops it has not been
+# Flush the op batch at this many entries: ops, and the ids of tensors freed between them
+# (the worker frees each where the client let it go, so the next result can take its memory;
+# a loop like bench W1's frees one per op) ... The worker cannot start on ops it has not been
 # sent, and a read waits for the last batch to run: small batches keep the worker busy while
-# the client builds more, and the wait short (10,000 tiny ops, bench W1: 4096 took a quarter
-# longer than 256; below ~128, each message's own cost starts to show).
-MAX_BATCH_OPS = 256
+# the client builds more, and the wait short (10,000 tiny ops, bench W1: 4096 ops a batch
+# took a quarter longer than 256; below ~128, each message's own cost starts to show).
+MAX_BATCH_ENTRIES = 512
 MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes,
 # ... or when its ops touch this many array elements (each op's inputs and output): about a
 # millisecond of device work, against a message's tenth of one. A heavy op is then sent at
@@ -196,8 +198,10 @@ class Tensor(Spec):
                         "tensors.")
 
     def __del__(self) -> None:
-        try:  # (freed with the next batch; a list append is thread-safe)
-            self.session._released.append(self.id)
+        try:  # freed at this point of the op stream (a list append is thread-safe); its
+            session = self.session  # origin is kept a while, for a late error of its op
+            session._batch.append(self.id)
+            session._freed.append(self.id)
         except AttributeError:  # __init__ did not finish: the tensor was never sent
             pass
 
@@ -479,15 +483,15 @@ class TensorSession:
 
     def _init_stream(self) -> None:
         self._ids = itertools.count(1)
-        self._batch: list[Sequence[Any]] = []
+        self._batch: list[Any] = []  # ops, and ids of tensors freed
         self._buffers: list[Any] = []
         self._batch_bytes = 0
         self._batch_elements = 0  # array elements the batch's ops touch
-        self._released: list[int] = []  # appended from __del__, possibly in another thread
         # Where each tensor's op was issued: live tensors', and the last freed ones' (at least
         # _REMEMBERED_ORIGINS of them), whose ops may still fail after the user let them go.
         self._origins: dict[int, Origin | None] = {}  # (None: a traced function's input)
         self._freed: list[int] = []  # the freed tensors whose origins are kept, oldest first
+        self._freed_counted = 0  # the length of _freed after the last batch was sent
         # (batches_sent counts SUBMITs: the device's CREDIT says how many of them it ran)
         self._counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
         self._captures: list[Any] = []  # open fabric.capture traces
@@ -633,7 +637,7 @@ class TensorSession:
             if self._batch_bytes >= MAX_BATCH_BYTES:
                 self.flush()
                 return
-        if len(self._batch) >= MAX_BATCH_OPS or self._batch_elements >= MAX_BATCH_ELEMENTS:
+        if len(self._batch) >= MAX_BATCH_ENTRIES or self._batch_elements >= MAX_BATCH_ELEMENTS:
             self.flush()
 
     def _create(self, name: str, shape: Any, dtype: Any, **params: Any) -> Tensor:
@@ -711,27 +715,28 @@ class TensorSession:
         """Send the batched ops now (reads, syncs and close do this for you). If the device
         has not yet run the session's last batches (``fabric.flow.SUBMIT_WINDOW`` of them),
         wait for it first, up to ``timeout`` (default: the session's)."""
-        if not self._batch and not self._released:
+        if not self._batch or self.closed:  # (closed: tensors freed since, nothing to send)
             return
         sent = self._counts["batches_sent"]
         if sent - self.connection.pending.done.get(self.id, 0) >= SUBMIT_WINDOW:
             self._wait_for_device(sent, self.timeout if timeout is None else timeout)
-        released, self._released = self._released, []
-        body = {"ops": self._batch, "free": released}
+        batch, self._batch = self._batch, []  # (first: a free made meanwhile goes next time)
+        freed = len(self._freed)  # (each free in the batch is in both lists)
         try:
-            self.connection.send(Message(Kind.SUBMIT, self.id, 0, body, self._buffers))
+            self.connection.send(Message(Kind.SUBMIT, self.id, 0, {"ops": batch}, self._buffers))
         except BaseException:
-            self._released = released + self._released  # nothing is lost: sent next time
+            self._batch = batch + self._batch  # nothing is lost: sent next time
             raise
-        self._freed += released
-        if len(self._freed) >= 2 * _REMEMBERED_ORIGINS:  # the older half goes, at once, in C
+        self._counts["ops_sent"] += len(batch) - (freed - self._freed_counted)
+        if freed >= 2 * _REMEMBERED_ORIGINS:  # the older half goes, at once, in C
             forgotten = self._freed[:-_REMEMBERED_ORIGINS]
             del self._freed[:-_REMEMBERED_ORIGINS]
             deque(map(self._origins.pop, forgotten, itertools.repeat(None)), 0)
-        self._counts["ops_sent"] += len(self._batch)
+            freed -= len(forgotten)
+        self._freed_counted = freed
         self._counts["batches_sent"] += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
-        self._batch, self._buffers, self._batch_bytes, self._batch_elements = [], [], 0, 0
+        self._buffers, self._batch_bytes, self._batch_elements = [], 0, 0
 
     def _wait_for_device(self, sent: int, timeout: float) -> None:
         """Backpressure: wait until the device has run enough of this session's batches for
@@ -761,7 +766,7 @@ class TensorSession:
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
         """Flush, send a request to the device and return its reply (raising its error)."""
-        if self._batch or self._released:  # (a read with nothing batched skips the call)
+        if self._batch:  # (a read with nothing batched skips the call)
             self.flush(timeout)
         reply = self._request(body, timeout)
         if "error" in reply.body:

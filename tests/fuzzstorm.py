@@ -91,9 +91,8 @@ def _body(kind: Kind) -> st.SearchStrategy[dict[str, Any]]:
                                                           "drain", "shutdown", "nope"]),
             "args": st.dictionaries(st.sampled_from(["session", "worker", "x"]), _junk,
                                     max_size=2)}),
-        Kind.SUBMIT: st.fixed_dictionaries({"ops": st.lists(st.lists(_junk, max_size=4),
-                                                            max_size=3),
-                                            "free": st.lists(st.integers(0, 9), max_size=2)}),
+        Kind.SUBMIT: st.fixed_dictionaries({"ops": st.lists(  # ops, and ids freed among them
+            st.lists(_junk, max_size=4) | st.integers(0, 9), max_size=3)}),
         Kind.REQUEST: st.fixed_dictionaries({"op": st.sampled_from(["sync", "read", "stats",
                                                                     "await", "nope"]),
                                              "id": _small}),

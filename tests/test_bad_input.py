@@ -234,9 +234,8 @@ def test_ids_that_are_not_ints_are_refused_and_the_device_serves_on(cluster):
         assert raw.recv_message(timeout=5).kind == Kind.WELCOME
         ones = {"shape": [3], "dtype": "<f8"}
         raw.send_message(Message(Kind.SUBMIT, session, body={
-            "ops": [["ones", 1, [], ones], ["ones", 2, [], ones]], "free": []}))
-        raw.send_message(Message(Kind.SUBMIT, session, body={"ops": [],
-                                                             "free": [[1], 2, {"a": 1}]}))
+            "ops": [["ones", 1, [], ones], ["ones", 2, [], ones]]}))
+        raw.send_message(Message(Kind.SUBMIT, session, body={"ops": [[1], 2, {"a": 1}]}))
         raw.send_message(Message(Kind.REQUEST, session, 2, {"op": "sync"}))
         synced = raw.recv_until(lambda m: m.request == 2, timeout=10)
         assert error_from_wire(synced.body["error"]).code == "protocol_error"

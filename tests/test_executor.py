@@ -25,8 +25,8 @@ def opened(memory_limit: int | None = None, device: Any = None) -> Executor:
     return executor
 
 
-def submit(executor: Executor, *ops: list, free: list[int] = (), buffers: tuple = ()) -> None:
-    body = {"ops": list(ops), "free": list(free)}
+def submit(executor: Executor, *ops: list | int, buffers: tuple = ()) -> None:
+    body = {"ops": list(ops)}  # (an int among the ops: a tensor freed there)
     # Through the wire's codec, as a worker gets it (the client's tuples arrive as lists).
     message = decode(encode(Message(Kind.SUBMIT, SESSION, 0, body, buffers)))
     assert [r for r in executor.handle(message) if r.kind != Kind.CREDIT] == []
@@ -114,7 +114,7 @@ def test_frees_release_memory_and_the_limit_gives_quota_exceeded():
            ["zeros", 2, [], {"shape": [100], "dtype": "<f8"}])  # past the limit
     error = error_from_wire(request(executor, op="read", id=2).body["error"])
     assert error.code == "quota_exceeded"
-    submit(executor, free=[1])
+    submit(executor, 1)
     assert request(executor, op="stats").body["resident_bytes"] == 0
     submit(executor, ["zeros", 3, [], {"shape": [100], "dtype": "<f8"}])
     assert read(executor, 3).shape == (100,)
@@ -149,7 +149,7 @@ def test_messages_for_unknown_sessions_are_answered_and_close_is_idempotent():
     executor = Executor(NumpyDevice(0))
     [reply] = executor.handle(Message(Kind.REQUEST, 77, 3, {"op": "sync"}))
     assert reply.body["error"]["code"] == "session_lost"
-    assert executor.handle(Message(Kind.SUBMIT, 77, 0, {"ops": [], "free": []})) == []
+    assert executor.handle(Message(Kind.SUBMIT, 77, 0, {"ops": []})) == []
     assert executor.handle(Message(Kind.CLOSE, 77, 4))[0].kind == Kind.CLOSED
 
 
@@ -167,7 +167,7 @@ def test_every_so_many_submits_the_device_tells_the_client_how_many_it_has_run()
     credits = []
     for index in range(2 * CREDIT_EVERY + 1):
         ops = [["zeros", index + 1, [], {"shape": [2], "dtype": "<f8"}]] if index % 2 else []
-        body = {"ops": ops, "free": []} if index != 5 else {"ops": "not a list"}
+        body = {"ops": ops} if index != 5 else {"ops": "not a list"}
         replies = executor.handle(decode(encode(Message(Kind.SUBMIT, SESSION, 0, body))))
         credits += [r for r in replies if r.kind == Kind.CREDIT]
     # (a malformed SUBMIT counts too: the client counted it when it sent it)
@@ -175,14 +175,28 @@ def test_every_so_many_submits_the_device_tells_the_client_how_many_it_has_run()
         (SESSION, 0, {"done": CREDIT_EVERY}), (SESSION, 0, {"done": 2 * CREDIT_EVERY})]
 
 
-def test_a_free_list_holding_what_is_not_an_id_is_reported_and_its_ids_are_freed():
+def test_entries_that_are_neither_ops_nor_ids_are_reported_and_the_ids_among_them_freed():
     executor = opened()
     submit(executor, ["ones", 1, [], {"shape": [3], "dtype": "<f8"}],
            ["ones", 2, [], {"shape": [3], "dtype": "<f8"}])
-    submit(executor, free=[[1], 2, {"a": 1}])  # (unhashable: not even a key)
+    submit(executor, [1], 2, {"a": 1}, 2.0, True)  # (a map: unhashable, not even a key)
     assert request(executor, op="sync").body["error"]["code"] == "protocol_error"
     assert set(executor.sessions[SESSION].tensors) == {1}
     assert executor.sessions[SESSION].resident == 24
+    assert request(executor, op="stats").body["ops"] == 2 + 4  # (2 was freed, not run)
+
+
+def test_a_tensor_is_freed_where_it_stands_in_the_stream_and_its_id_may_be_used_again():
+    executor = opened()
+    ones = {"shape": [3], "dtype": "<f8"}
+    submit(executor, ["ones", 1, [], ones], ["add", 2, [1, 1.0], {}], 1,
+           ["add", 3, [1, 1.0], {}],  # after the free: 1 is unknown here
+           ["ones", 1, [], ones], ["add", 4, [1, 3.0], {}])  # 1 made anew
+    error = error_from_wire(request(executor, op="sync").body["error"])
+    assert error.code == "protocol_error" and "add read tensor 1, which" in error.message
+    assert read(executor, 2)[0] == 2.0 and read(executor, 4)[0] == 4.0
+    assert request(executor, op="read", id=3).body["error"]["code"] == "protocol_error"
+    assert request(executor, op="stats").body["resident_bytes"] == 3 * 24
 
 
 # The storm's scalars, nested in lists and maps (the storm's own never nest a map: unhashable
@@ -196,7 +210,7 @@ _ops = st.lists(_junk | st.tuples(
                                      "id", "seed", "graph"]), _junk, max_size=3)).map(list),
     max_size=3)
 _bodies = st.fixed_dictionaries({}, optional={
-    "ops": _ops | _junk, "free": st.lists(_junk | st.integers(0, 3), max_size=3) | _junk,
+    "ops": _ops | _junk,
     "op": st.sampled_from(["read", "sync", "stats", "await", "x"]) | _junk,
     "id": _junk | st.integers(0, 3), "dtype": _junk, "shape": _junk})
 

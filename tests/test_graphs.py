@@ -341,7 +341,7 @@ def test_worker_wrong_bindings_are_graph_errors_naming_the_graph(inputs, outputs
 def test_worker_a_freed_input_is_a_graph_error_and_a_poisoned_one_flows_through():
     executor = with_inputs()
     register(executor)
-    submit(executor, free=[2])
+    submit(executor, 2)  # freed
     call_graph(executor, 10, [1, 2])
     error = error_of(executor, 10)
     assert isinstance(error, GraphError) and "tensor 2" in error.message

@@ -320,7 +320,7 @@ def _flood_with_reads(greedy: RawDealer, token: str, session: int) -> None:
     greedy.send(frames_of(Kind.HELLO, {"token": token, "device": 0}, session=session,
                           request=1))
     assert greedy.recv_message(timeout=5).kind == Kind.WELCOME
-    greedy.send_message(Message(Kind.SUBMIT, session, body={"free": [], "ops": [
+    greedy.send_message(Message(Kind.SUBMIT, session, body={"ops": [
         ["zeros", 1, [], {"shape": [MiB // 8], "dtype": "<f8"}]]}))
     for request in range(2, 202):  # 200 MiB of replies
         greedy.send_message(Message(Kind.REQUEST, session, request, {"op": "read", "id": 1}))

@@ -627,7 +627,7 @@ def opened(device, memory_limit=None):
 
 
 def submit(executor, *ops, buffers=()):
-    body = {"ops": list(ops), "free": []}
+    body = {"ops": list(ops)}
     assert executor.handle(Message(Kind.SUBMIT, SESSION, 0, body, buffers)) == []
 
 

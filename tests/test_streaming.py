@@ -12,8 +12,8 @@ import pytest
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
-from fabric.tensor import (_REMEMBERED_ORIGINS, MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_OPS,
-                           origin_line)
+from fabric.tensor import (_REMEMBERED_ORIGINS, MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS,
+                           MAX_BATCH_ENTRIES, origin_line)
 
 
 def test_the_readme_example_matches_numpy(session):
@@ -32,12 +32,16 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     x = session.zeros(100)
     for _ in range(3000):
         x = x + 1.0
-    assert len(session._batch) <= MAX_BATCH_OPS  # unsent work stays bounded
+    assert len(session._batch) <= MAX_BATCH_ENTRIES  # unsent work stays bounded
     assert x.numpy()[0] == 3000
     stats = session.stats()
     assert stats["ops_sent"] == 3001
-    # one message per batch, not per op
-    assert stats["batches_sent"] <= -(-3001 // MAX_BATCH_OPS) + 1
+    # one message per batch, not per op (a batch holds the 3000 frees too, each where the
+    # client let its tensor go: after the op that read it)
+    assert stats["batches_sent"] <= -(-(3001 + 3000) // MAX_BATCH_ENTRIES) + 1
+    last = x.id
+    x = x + 1.0
+    assert session._batch == [("add", x.id, (last, 1.0), {}), last]
     assert stats["ops"] == 3001  # the device ran every op
 
 
@@ -74,11 +78,12 @@ def test_uploads_wait_for_company_until_their_bytes_reach_the_bound(session):
 def test_a_graph_call_counts_as_the_work_of_its_ops(session):
     traced = fabric.function(lambda x: (x * 2 + 1).sum(axis=0))
     small, big = session.zeros((4, 4)), session.ones((512, 1024))  # big: half the bound
-    traced(small)
+    light = traced(small)
     assert session._batch  # a light call waits, and a heavy one (2 elementwise ops, a
-    traced(big)  # reduction: 3 passes over half the bound) is sent at once
+    heavy = traced(big)  # reduction: 3 passes over half the bound) is sent at once
     assert not session._batch
-    np.testing.assert_array_equal(traced(big).numpy(), np.full(1024, 1536.0))
+    np.testing.assert_array_equal(heavy.numpy(), np.full(1024, 1536.0))
+    assert light.shape == (4,)
 
 
 def test_a_shape_mismatch_fails_at_the_call_site_before_sending(session):
@@ -209,6 +214,17 @@ def test_memory_limit_gives_quota_exceeded_and_the_worker_survives():
             session.sync()
         with cluster.connect() as again:
             assert again.arange(5).sum().numpy() == 10
+
+
+def test_a_loop_under_a_memory_limit_holds_only_its_live_tensors():
+    # Each tensor is freed on the worker where the client let it go, within the batch.
+    with fabric.LocalCluster(workers=1, worker_args=("--memory-limit", "100000")) as cluster:
+        with cluster.connect() as session:
+            x = session.ones(5000)  # 40 kB: two fit, three do not
+            for _ in range(50):  # 2 MB, were the batch's tensors freed only at its end
+                x = x + 1.0
+            assert x.numpy()[0] == 51.0
+            assert session.stats()["batches_sent"] == 1
 
 
 @pytest.mark.parametrize("make", [
