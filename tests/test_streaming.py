@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import time
 
 import numpy as np
@@ -188,6 +189,29 @@ def test_garbage_collected_tensors_are_freed_on_the_worker(session):
     stats = session.stats()
     assert stats["tensors"] == 1
     assert stats["resident_bytes"] == kept.nbytes
+
+
+def test_tensors_let_go_in_another_thread_while_ops_stream_are_all_freed(session):
+    # A free is appended from whichever thread lets the tensor go, also while this thread
+    # sends the batch: none may be lost (the worker would hold it until the session closes).
+    made = [session.ones(10) for _ in range(3000)]
+    session.sync()
+
+    def let_go() -> None:
+        while made:
+            made.pop()
+            time.sleep(0)  # (lets the other thread in between frees)
+
+    dropper = threading.Thread(target=let_go)
+    x = session.zeros(10)
+    dropper.start()
+    for _ in range(20_000):
+        x = x + 1.0
+    dropper.join(timeout=30)
+    assert not dropper.is_alive()
+    assert x.numpy()[0] == 20_000
+    stats = session.stats()
+    assert (stats["tensors"], stats["ops_sent"]) == (1, 3000 + 1 + 20_000)
 
 
 def test_closing_a_session_frees_everything_it_held(shared_cluster):
