@@ -235,9 +235,10 @@ def call(session: TensorSession, graph: Graph, inputs: Sequence[Tensor]) -> list
     origin = _origin()
     outputs = [session._tensor(shape, dtype, origin) for shape, dtype in graph.outputs]
     session._batch_elements += graph.elements
+    session._batch_graph_ops += graph.op_count
     session._enqueue(["graph_call", outputs[0].id, [t.id for t in inputs],
                       {"graph": graph.id, "outputs": len(outputs)}])
-    if len(session._batch) * graph.op_count >= GRAPH_BATCH_OPS:
+    if session._batch_graph_ops >= GRAPH_BATCH_OPS:
         session.flush()  # a call is as much work as its ops: keep the worker busy meanwhile
     return outputs
 

@@ -487,6 +487,7 @@ class TensorSession:
         self._buffers: list[Any] = []
         self._batch_bytes = 0
         self._batch_elements = 0  # array elements the batch's ops touch
+        self._batch_graph_ops = 0  # ops of the batch's graph calls (fabric.graph)
         # Where each tensor's op was issued: live tensors', and the last freed ones' (at least
         # _REMEMBERED_ORIGINS of them), whose ops may still fail after the user let them go.
         self._origins: dict[int, Origin | None] = {}  # (None: a traced function's input)
@@ -737,6 +738,7 @@ class TensorSession:
         self._counts["batches_sent"] += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
         self._buffers, self._batch_bytes, self._batch_elements = [], 0, 0
+        self._batch_graph_ops = 0
 
     def _wait_for_device(self, sent: int, timeout: float) -> None:
         """Backpressure: wait until the device has run enough of this session's batches for

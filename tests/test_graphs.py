@@ -15,7 +15,7 @@ from test_executor import SESSION, opened, read, request, submit
 
 import fabric
 from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
-from fabric.graph import GRAPH_CACHE_SIZE, Tracer, _flatten, call, trace
+from fabric.graph import GRAPH_BATCH_OPS, GRAPH_CACHE_SIZE, Tracer, _flatten, call, trace
 from fabric.ops import Spec
 from fabric.protocol import Kind, Message
 from workers.backends.numpy_backend import NumpyDevice
@@ -33,6 +33,24 @@ def arrays(n: int = 50, seed: int = 0) -> list[np.ndarray]:
 
 
 # -- end to end: results, registration and replay ---------------------------------------------
+
+def test_graph_calls_are_sent_at_graph_batch_ops_of_their_ops_whatever_is_freed_between(session):
+    def twenty_ops(x):
+        for _ in range(20):
+            x = x + 1.0
+        return x
+
+    traced = fabric.function(twenty_ops)
+    x = session.zeros(10)
+    traced(x).numpy()  # traced and registered
+    calls = -(-GRAPH_BATCH_OPS // 20)
+    sent = session._counts["batches_sent"]
+    for _ in range(calls - 1):  # each call's input is freed after it: entries, not calls
+        x = traced(x)
+    assert session._counts["batches_sent"] == sent
+    x = traced(x)
+    assert session._counts["batches_sent"] == sent + 1
+    assert x.numpy()[0] == 20.0 * calls
 
 def test_replay_equals_eager_execution_and_numpy(session):
     values = arrays()
