@@ -202,7 +202,7 @@ class Tensor(Spec):
             session = self.session  # origin is kept a while, for a late error of its op
             session._batch.append(self.id)
             session._freed.append(self.id)
-        except AttributeError:  # __init__ did not finish: the tensor was never sent
+        except AttributeError:  # no session: made by a Tensor() call, which refused it
             pass
 
     # -- description, without reading ----------------------------------------------------
@@ -737,8 +737,7 @@ class TensorSession:
         self._freed_counted = freed
         self._counts["batches_sent"] += 1
         self._counts["bytes_uploaded"] += self._batch_bytes
-        self._buffers, self._batch_bytes, self._batch_elements = [], 0, 0
-        self._batch_graph_ops = 0
+        self._buffers, self._batch_bytes, self._batch_elements, self._batch_graph_ops = [], 0, 0, 0
 
     def _wait_for_device(self, sent: int, timeout: float) -> None:
         """Backpressure: wait until the device has run enough of this session's batches for
