@@ -52,6 +52,7 @@ def test_graph_calls_are_sent_at_graph_batch_ops_of_their_ops_whatever_is_freed_
     assert session._counts["batches_sent"] == sent + 1
     assert x.numpy()[0] == 20.0 * calls
 
+
 def test_replay_equals_eager_execution_and_numpy(session):
     values = arrays()
     a, b, c = (session.asarray(v) for v in values)

@@ -40,10 +40,10 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     # one message per batch, not per op (a batch holds the 3000 frees too, each where the
     # client let its tensor go: after the op that read it)
     assert stats["batches_sent"] <= -(-(3001 + 3000) // MAX_BATCH_ENTRIES) + 1
+    assert stats["ops"] == 3001  # the device ran every op
     last = x.id
     x = x + 1.0
     assert session._batch == [("add", x.id, (last, 1.0), {}), last]
-    assert stats["ops"] == 3001  # the device ran every op
 
 
 def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):
