@@ -29,7 +29,10 @@ import msgpack
 
 from .errors import FabricError, ProtocolError
 
-PROTOCOL_VERSION = 1
+# Bumped when a peer of the old version would misread the new one: 2, a SUBMIT's frees stand
+# among its ops (an old worker would refuse them as malformed ops, a new one would ignore an
+# old client's 'free' list and hold its tensors until the session closes).
+PROTOCOL_VERSION = 2
 MAGIC = b"FB"
 HEADER = struct.Struct("!2sHBBQQ")  # magic, version, kind, flags, session id, request id
 HEADER_SIZE = HEADER.size
