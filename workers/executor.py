@@ -188,7 +188,7 @@ class Executor(GraphOps):
                     else:
                         store(session, out, result)
             except Exception as exc:  # any failure of the op becomes the poison of its output
-                self._fail(session, name, out, exc)
+                self._fail(session, name, out, _unknown_input(name, args, tensors, exc))
         session.ops += len(ops) - freed
 
     def _seed(self, session: SessionState, out: int, args: list[Any],
@@ -230,10 +230,6 @@ class Executor(GraphOps):
         """The wire error for op ``name`` (making ``tensor``) failing with ``exc``."""
         if getattr(exc, "deferred", None) is not None:  # a fused chain failed at this op
             name, exc = exc.deferred.op, exc.cause
-        if type(exc) is KeyError and exc.args and type(exc.args[0]) is int:  # an input's id
-            exc = ProtocolError(f"{name} read tensor {exc.args[0]}, which does not exist in "
-                                "this session (freed, or never made): send ops only on the "
-                                "session's tensors.")
         if isinstance(exc, FabricError):
             error = exc.to_wire()
             error["details"].update(op=name, tensor=tensor)
@@ -375,6 +371,17 @@ class Executor(GraphOps):
 
 def _error(message: Message, error: FabricError, kind: Kind = Kind.ERROR) -> Message:
     return Message(kind, message.session, message.request, error.to_wire())
+
+
+def _unknown_input(name: str, args: Any, tensors: dict[int, Any], exc: Exception) -> Exception:
+    """``exc``, or, where it is the lookup of an input the session does not hold, the
+    client's error that says so (the lookup is left bare: it runs for every input)."""
+    if type(exc) is KeyError and exc.args and type(exc.args[0]) is int \
+            and exc.args[0] in args and exc.args[0] not in tensors:
+        return ProtocolError(f"{name} read tensor {exc.args[0]}, which does not exist in this "
+                             "session (freed, or never made): send ops only on the session's "
+                             "tensors.")
+    return exc
 
 
 def _require_ints(what: str, **ids: Any) -> None:
