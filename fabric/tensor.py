@@ -14,13 +14,13 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from .errors import ProtocolError, RemoteError, RequestTimeout, error_from_wire
 from .flow import SUBMIT_WINDOW
-from .ops import OPS, Spec, weak_int
+from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .protocol import Kind, Message
 
 # Flush the op batch at this many entries: ops, and the ids of tensors freed between them
@@ -36,8 +36,8 @@ MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many by
 # once, and runs while the user's code goes on, instead of waiting for the next read.
 MAX_BATCH_ELEMENTS = 1 << 20
 # The result dtype of an elementwise op on one tensor, on two tensors of one shape, or on a
-# tensor and a Python scalar (``TensorSession._single``, ``_pair``): at most a few thousand
-# entries, as ops, numeric dtypes, ndims and the stand-ins of ints in 64 bits are few.
+# tensor and a Python scalar (``_elementwise_single``, ``_elementwise_pair``): at most a few
+# thousand entries, as ops, numeric dtypes, ndims and the stand-ins of ints in 64 bits are few.
 _ELEMENTWISE_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
 _INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (and have few stand-ins)
 _REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
@@ -356,12 +356,11 @@ class Tensor(Spec):
                             f"{' with ' + ', '.join(kwargs) if kwargs else ''} is not "
                             "supported on fabric tensors; read the tensor with .numpy() "
                             "first if you mean to compute locally.")
-        if OPS[ufunc.__name__].elementwise:  # (not np.matmul)
-            if len(inputs) == 2:
-                return self.session._pair(ufunc.__name__, *inputs)
-            if len(inputs) == 1:
-                return self.session._single(ufunc.__name__, *inputs)
-        return self.session._op(ufunc.__name__, inputs, {})
+        if ufunc.__name__ in _PAIRS:
+            return _PAIRS[ufunc.__name__](*inputs)
+        if ufunc.__name__ in _SINGLES:
+            return _SINGLES[ufunc.__name__](*inputs)
+        return self.session._op(ufunc.__name__, inputs, {})  # (np.matmul)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = ARRAY_FUNCTIONS.get(func)
@@ -371,35 +370,88 @@ class Tensor(Spec):
         return handler(*args, **kwargs)
 
 
-def _binary(name: str, reflected: bool = False) -> Any:
-    if reflected:
-        def method(self: Tensor, other: Any) -> Tensor:
-            return self.session._pair(name, other, self)
-    else:
-        def method(self: Tensor, other: Any) -> Tensor:
-            return self.session._pair(name, self, other)
+def _elementwise_pair(name: str) -> Callable[[Any, Any], Tensor]:
+    """Elementwise op ``name`` on two operands, a tensor among them (``+``, ``<``,
+    ``np.maximum``, ...): the commonest call in user code. The function is the operator
+    itself (``Tensor.__add__``), so no frame stands between the user's ``a + b`` and the op
+    (one frame costs about 4% of the client's work per op, bench W1).
+
+    Its commonest operands, a tensor with a Python float or int or with a tensor of its shape
+    and session, go the short way: the result has the tensor's shape, its dtype is remembered
+    by what inference's signature would hold (the operands' dtypes, floats as float, ints by
+    ``weak_int``), and the wire args are made here, not in _emit's loop (a tenth of the
+    client's instructions per op). Anything else goes through ``_op``'s inference."""
+    def pair(left: Any, right: Any) -> Tensor:
+        if type(left) is Tensor:
+            session = left.session
+            shape, kind, size = left.shape, type(right), left.size
+            if kind is float:
+                key, wire = (name, len(shape), left.dtype, float), (left.id, right)
+            elif kind is int and _INT_RANGE[0] <= right < _INT_RANGE[1]:
+                key = (name, len(shape), left.dtype, weak_int(right))
+                wire = (left.id, session._wire_arg(right))
+            elif kind is Tensor and right.shape == shape and right.session is session:
+                key, wire = (name, len(shape), left.dtype, right.dtype), (left.id, right.id)
+            else:
+                return session._op(name, (left, right), {})
+        else:  # the tensor is on the right: a reflected operator, or numpy's ufunc
+            session = right.session
+            shape, kind, size = right.shape, type(left), right.size
+            if kind is float:
+                key, wire = (name, len(shape), float, right.dtype), (left, right.id)
+            elif kind is int and _INT_RANGE[0] <= left < _INT_RANGE[1]:
+                key = (name, len(shape), weak_int(left), right.dtype)
+                wire = (session._wire_arg(left), right.id)
+            else:
+                return session._op(name, (left, right), {})
+        dtype = _ELEMENTWISE_DTYPES.get(key)  # (looked up here: a call costs a twentieth)
+        if dtype is None:
+            dtype = _infer_elementwise(key, name, (left, right))
+        inputs = 2 * size if kind is Tensor else size  # (elements read: one or two tensors)
+        return session._push(name, wire, inputs, shape, dtype, {}, _origin(2), size)
+    pair.__name__ = pair.__qualname__ = name
+    return pair
+
+
+def _elementwise_single(name: str) -> Callable[[Tensor], Tensor]:
+    """Elementwise op ``name`` on one tensor (``-t``, ``np.exp(t)``), the operator itself as
+    in ``_elementwise_pair``: the result has its shape, and a dtype remembered by op, ndim and
+    dtype."""
+    def single(operand: Tensor) -> Tensor:
+        shape = operand.shape
+        key = (name, len(shape), operand.dtype)
+        dtype = _ELEMENTWISE_DTYPES.get(key)
+        if dtype is None:
+            dtype = _infer_elementwise(key, name, (operand,))
+        return operand.session._push(name, (operand.id,), operand.size, shape, dtype, {},
+                                     _origin(2), operand.size)
+    single.__name__ = single.__qualname__ = name
+    return single
+
+
+def _reflected(pair: Callable[[Any, Any], Tensor]) -> Callable[[Tensor, Any], Tensor]:
+    def method(self: Tensor, other: Any) -> Tensor:
+        return pair(other, self)
     return method
 
 
-def _unary(name: str) -> Any:
-    def method(self: Tensor) -> Tensor:
-        return self.session._single(name, self)
-    return method
-
+# The elementwise ufuncs, by name, as the operators and numpy's ufuncs on tensors run them
+_PAIRS = {ufunc.__name__: _elementwise_pair(ufunc.__name__) for ufunc in BINARY_UFUNCS}
+_SINGLES = {ufunc.__name__: _elementwise_single(ufunc.__name__) for ufunc in UNARY_UFUNCS}
 
 for _dunder, _name in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
                        ("truediv", "divide"), ("floordiv", "floor_divide"), ("mod", "remainder"),
                        ("pow", "power"), ("and", "bitwise_and"), ("or", "bitwise_or"),
                        ("xor", "bitwise_xor"), ("lshift", "left_shift"),
                        ("rshift", "right_shift")]:
-    setattr(Tensor, f"__{_dunder}__", _binary(_name))
-    setattr(Tensor, f"__r{_dunder}__", _binary(_name, reflected=True))
+    setattr(Tensor, f"__{_dunder}__", _PAIRS[_name])
+    setattr(Tensor, f"__r{_dunder}__", _reflected(_PAIRS[_name]))
 for _dunder, _name in [("lt", "less"), ("le", "less_equal"), ("eq", "equal"),
                        ("ne", "not_equal"), ("ge", "greater_equal"), ("gt", "greater")]:
-    setattr(Tensor, f"__{_dunder}__", _binary(_name))
+    setattr(Tensor, f"__{_dunder}__", _PAIRS[_name])
 for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolute"),
                        ("invert", "invert")]:
-    setattr(Tensor, f"__{_dunder}__", _unary(_name))
+    setattr(Tensor, f"__{_dunder}__", _SINGLES[_name])
 Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
 
 
@@ -501,20 +553,10 @@ class TensorSession:
 
     # -- building ops ------------------------------------------------------------------------
 
-    def _tensor(self, shape: tuple[int, ...], dtype: np.dtype, origin: Origin | None,
-                size: int | None = None) -> Tensor:
-        """A new tensor of this session, made by an op issued at ``origin`` (None: by no op,
-        a traced function's input); ``size``: its elements, when the caller knows them.
-        Made without calling the class, whose call with an ``__init__`` adds about 800
-        instructions to each op."""
-        tensor = _new_object(Tensor)
-        tensor.shape = shape
-        tensor.dtype = dtype
-        tensor.size = math.prod(shape) if size is None else size  # (a batch's work counts them)
-        tensor.session = self
-        tensor.id = tensor_id = next(self._ids)
-        self._origins[tensor_id] = origin
-        return tensor
+    def _tensor(self, shape: tuple[int, ...], dtype: np.dtype, origin: Origin | None) -> Tensor:
+        """A new tensor of this session, whose op the caller queues (or that has none: a traced
+        function's input), issued at ``origin`` (None: by no op)."""
+        return self._push(None, (), 0, shape, dtype, {}, origin)
 
     def _wire_arg(self, arg: Any) -> Any:
         if isinstance(arg, Tensor):
@@ -550,54 +592,6 @@ class TensorSession:
         return self._emit(name, args, shape, dtype,
                           params if wire_params is None else wire_params, _origin(3))
 
-    def _pair(self, name: str, left: Any, right: Any) -> Tensor:
-        # An elementwise op on two operands (``+``, ``<``, ``np.maximum``, ...): the commonest
-        # call in user code. Its commonest operands, a tensor of this session with a Python
-        # float or int or with a tensor of its shape, go the short way: the result has the
-        # tensor's shape, its dtype is remembered by what inference's signature would hold
-        # (the operands' dtypes, floats as float, ints by ``weak_int``), and the wire args
-        # are made here, not in _emit's loop (a tenth of the client's instructions per op).
-        if type(left) is Tensor and left.session is self:
-            shape, kind, size = left.shape, type(right), left.size
-            if kind is float:
-                key, wire = (name, len(shape), left.dtype, float), (left.id, right)
-            elif kind is int and _INT_RANGE[0] <= right < _INT_RANGE[1]:
-                key = (name, len(shape), left.dtype, weak_int(right))
-                wire = (left.id, self._wire_arg(right))
-            elif kind is Tensor and right.shape == shape and right.session is self:
-                key, wire = (name, len(shape), left.dtype, right.dtype), (left.id, right.id)
-            else:
-                return self._op(name, (left, right), {})
-        elif type(right) is Tensor and right.session is self:
-            shape, kind, size = right.shape, type(left), right.size
-            if kind is float:
-                key, wire = (name, len(shape), float, right.dtype), (left, right.id)
-            elif kind is int and _INT_RANGE[0] <= left < _INT_RANGE[1]:
-                key = (name, len(shape), weak_int(left), right.dtype)
-                wire = (self._wire_arg(left), right.id)
-            else:
-                return self._op(name, (left, right), {})
-        else:
-            return self._op(name, (left, right), {})
-        dtype = _ELEMENTWISE_DTYPES.get(key)  # (looked up here: a call costs a twentieth)
-        if dtype is None:
-            dtype = _infer_elementwise(key, name, (left, right))
-        inputs = 2 * size if kind is Tensor else size  # (elements read: one or two tensors)
-        return self._push(name, wire, inputs, shape, dtype, {}, _origin(3), size)
-
-    def _single(self, name: str, operand: Any) -> Tensor:
-        # A one-operand elementwise op (``-t``, ``np.exp(t)``) on a tensor of this session: the
-        # result has its shape, and a dtype remembered by op, ndim and dtype, as in _pair.
-        if type(operand) is not Tensor or operand.session is not self:
-            return self._op(name, (operand,), {})
-        shape = operand.shape
-        key = (name, len(shape), operand.dtype)
-        dtype = _ELEMENTWISE_DTYPES.get(key)
-        if dtype is None:
-            dtype = _infer_elementwise(key, name, (operand,))
-        return self._push(name, (operand.id,), operand.size, shape, dtype, {}, _origin(3),
-                          operand.size)
-
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
               params: dict[str, Any], origin: Origin) -> Tensor:
         # The common cases inline: this runs once per op and bounds the op rate. The op is
@@ -614,15 +608,26 @@ class TensorSession:
                 wire_args.append(arg if type(arg) is float else self._wire_arg(arg))
         return self._push(name, tuple(wire_args), inputs, shape, dtype, params, origin)
 
-    def _push(self, name: str, wire_args: tuple[Any, ...], inputs: int, shape: tuple[int, ...],
-              dtype: np.dtype, params: dict[str, Any], origin: Origin,
+    def _push(self, name: str | None, wire_args: tuple[Any, ...], inputs: int,
+              shape: tuple[int, ...], dtype: np.dtype, params: dict[str, Any], origin: Origin,
               size: int | None = None) -> Tensor:
-        """Make an op's result tensor and queue the op (its args already in wire form;
-        ``inputs``: the elements it reads, counted with those it writes as its work;
-        ``size``: the result's elements, when the caller knows them)."""
-        tensor = self._tensor(shape, dtype, origin, size)
-        self._batch_elements += inputs + tensor.size
-        self._enqueue((name, tensor.id, wire_args, params), None, tensor)
+        """Make a tensor of this session, the result of op ``name`` issued at ``origin``, and
+        queue the op (its args already in wire form; ``inputs``: the elements it reads,
+        counted with those it writes as its work; ``size``: the result's elements, when the
+        caller knows them). With ``name`` None, only the tensor is made (``_tensor``).
+
+        The tensor is made here, not by calling the class (whose call with an ``__init__``
+        adds about 800 instructions to each op) nor another method (a frame, 3%)."""
+        tensor = _new_object(Tensor)
+        tensor.shape = shape
+        tensor.dtype = dtype
+        tensor.size = size = math.prod(shape) if size is None else size  # (counted as work)
+        tensor.session = self
+        tensor.id = tensor_id = next(self._ids)
+        self._origins[tensor_id] = origin
+        if name is not None:
+            self._batch_elements += inputs + size
+            self._enqueue((name, tensor_id, wire_args, params), None, tensor)
         return tensor
 
     def _enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None) -> None:

@@ -120,7 +120,11 @@ def test_every_way_of_making_a_tensor_records_the_users_line(session):
     makers = [
         lambda: a + 1.0,
         lambda: 1.0 - a,
+        lambda: 2 ** a,
+        lambda: a * a,
         lambda: -a,
+        lambda: np.maximum(a, 0.5),
+        lambda: np.add(1, a),
         lambda: a[0],
         lambda: a.reshape(3, 2),
         lambda: a.T,
