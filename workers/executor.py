@@ -167,28 +167,32 @@ class Executor(GraphOps):
                     special_ops[name](self, session, out, args, params)
                     continue
                 inputs = []
-                for arg in args:
+                for arg in args:  # (a poisoned input is not held: its lookup fails, below)
                     if type(arg) is int:
-                        if arg in poisoned:  # poison flows to everything downstream
-                            poisoned[out] = poisoned[arg]
-                            break
                         inputs.append(tensors[arg])
                     else:  # (a float, the commonest scalar, as it is: no call)
                         inputs.append(arg if type(arg) is float else decode_scalar(arg))
-                else:  # (no input was poisoned)
-                    if impl is None:
-                        store(session, out, self._compute(session, name, inputs, params, buffers))
-                        continue
-                    result = impl(*inputs)  # the device's own run, without the calls around it
-                    if type(result) is not np.ndarray:
-                        result = np.asarray(result)
-                    if limit is None and out not in tensors and out not in poisoned:
-                        tensors[out] = result  # _store's common case, inline
-                        session.resident += result.nbytes
-                    else:
-                        store(session, out, result)
+                if impl is None:
+                    store(session, out, self._compute(session, name, inputs, params, buffers))
+                    continue
+                result = impl(*inputs)  # the device's own run, without the calls around it
+                if type(result) is not np.ndarray:
+                    result = np.asarray(result)
+                if limit is None and out not in tensors and out not in poisoned:
+                    tensors[out] = result  # _store's common case, inline
+                    session.resident += result.nbytes
+                else:
+                    store(session, out, result)
             except Exception as exc:  # any failure of the op becomes the poison of its output
-                self._fail(session, name, out, _unknown_input(name, args, tensors, exc))
+                missing = _missing_input(exc, args, tensors)
+                if missing is None:
+                    self._fail(session, name, out, exc)
+                elif missing in poisoned:  # poison flows to everything downstream, unreported
+                    poisoned[out] = poisoned[missing]
+                else:
+                    self._fail(session, name, out, ProtocolError(
+                        f"{name} read tensor {missing}, which does not exist in this session "
+                        "(freed, or never made): send ops only on the session's tensors."))
         session.ops += len(ops) - freed
 
     def _seed(self, session: SessionState, out: int, args: list[Any],
@@ -373,15 +377,14 @@ def _error(message: Message, error: FabricError, kind: Kind = Kind.ERROR) -> Mes
     return Message(kind, message.session, message.request, error.to_wire())
 
 
-def _unknown_input(name: str, args: Any, tensors: dict[int, Any], exc: Exception) -> Exception:
-    """``exc``, or, where it is the lookup of an input the session does not hold, the
-    client's error that says so (the lookup is left bare: it runs for every input)."""
+def _missing_input(exc: Exception, args: Any, tensors: dict[int, Any]) -> int | None:
+    """The input of an op that ``exc`` failed to find among the session's tensors (poisoned,
+    freed or never made), if that is what ``exc`` is. The lookup itself is left bare and
+    explained here, after the fact: it runs for every input of every op."""
     if type(exc) is KeyError and exc.args and type(exc.args[0]) is int \
             and exc.args[0] in args and exc.args[0] not in tensors:
-        return ProtocolError(f"{name} read tensor {exc.args[0]}, which does not exist in this "
-                             "session (freed, or never made): send ops only on the session's "
-                             "tensors.")
-    return exc
+        return exc.args[0]
+    return None
 
 
 def _require_ints(what: str, **ids: Any) -> None:
