@@ -66,8 +66,20 @@ def decode_index(encoded: list[Any]) -> tuple[Any, ...]:
                  for item in encoded)
 
 
+def device_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as an array on a device may have it: numeric or bool (not strings, objects,
+    dates); anything else raises TypeError."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject or dtype.kind not in "biufc":
+        raise TypeError(f"dtype {dtype} cannot live on a device: use a numeric or bool dtype.")
+    return dtype
+
+
 def decode_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """An op's params from the wire, as its numpy implementation takes them."""
+    """An op's params from the wire, as its numpy implementation takes them (a dtype it is
+    given must be a device's: ``device_dtype``)."""
+    if "dtype" in params:
+        device_dtype(params["dtype"])
     if name == "getitem":
         return {"index": decode_index(params["index"])}
     if type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
@@ -287,7 +299,7 @@ class Tensor(Spec):
         return self._op("squeeze", axis=axis)
 
     def astype(self, dtype: Any) -> "Tensor":
-        return self._op("astype", dtype=np.dtype(dtype).str)
+        return self._op("astype", dtype=device_dtype(dtype).str)
 
     def copy(self) -> "Tensor":
         return self._op("copy")
@@ -524,6 +536,27 @@ def _infer_elementwise(key: tuple[Any, ...], name: str, args: tuple[Any, ...]) -
     return dtype
 
 
+def _wire_param(name: str, key: str, value: Any) -> Any:
+    """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float
+    or a str, or a list or tuple of them; numpy's scalars (and other subclasses) as the Python
+    scalars they hold. Anything else raises TypeError, at the call."""
+    kind = type(value)
+    if kind is bool or kind is float or kind is str or value is None:
+        return value
+    if kind is int and _INT_RANGE[0] <= value < _INT_RANGE[1]:
+        return value
+    if kind is tuple or kind is list:
+        return kind(_wire_param(name, key, item) for item in value)
+    if isinstance(value, np.generic):
+        return _wire_param(name, key, value.item())
+    for base in (int, float, str):
+        if isinstance(value, base) and kind is not base:
+            return _wire_param(name, key, base(value))
+    raise TypeError(f"{name}: {key}={value!r} ({kind.__name__}) cannot be sent to a device: "
+                    "use None, bools, ints of 64 bits, floats or strings (numpy's too), or "
+                    "tuples of them; upload other values as arrays (session.asarray).")
+
+
 def _shape(shape: Any) -> tuple[int, ...]:
     return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
 
@@ -569,14 +602,17 @@ class TensorSession:
         if arg is None:
             return None
         if isinstance(arg, np.generic):
-            return [arg.item(), arg.dtype.str]
-        if isinstance(arg, (bool, float)):
+            value = arg.item()  # (a complex or a date would not pack: refused below)
+            if type(value) in (bool, int, float):
+                return [value, arg.dtype.str]
+        elif isinstance(arg, (bool, float)):
             return arg
-        if isinstance(arg, int):  # (wrapped: a bare int is a tensor id)
+        elif isinstance(arg, int):  # (wrapped: a bare int is a tensor id)
             # Past 64 bits only a float tensor accepts it, which makes it a float.
             return [arg] if _INT_RANGE[0] <= arg < _INT_RANGE[1] else float(arg)
-        raise TypeError(f"Cannot use {type(arg).__name__} in a fabric op: use tensors, "
-                        "numpy arrays or Python scalars.")
+        raise TypeError(f"Cannot use {arg!r} ({type(arg).__name__}) in a fabric op: use "
+                        "tensors, arrays, or real scalars (bool, int, float, or numpy's); "
+                        "upload anything else as an array with session.asarray(...).")
 
     def _op(self, name: str, args: Sequence[Any], params: dict[str, Any],
             wire_params: dict[str, Any] | None = None) -> Tensor:
@@ -598,6 +634,9 @@ class TensorSession:
         # made of tuples, which the garbage collector stops tracking once it has seen them:
         # the ops waiting in a batch would otherwise reach its oldest generation, and bring
         # on its full collections (milliseconds each) every few thousand ops.
+        if params:  # (what the user gave, checked here: a value msgpack cannot carry would
+            # stop the whole batch when it is sent, and every batch after it)
+            params = {key: _wire_param(name, key, value) for key, value in params.items()}
         wire_args = []
         inputs = 0  # the elements the op reads
         for arg in args:
@@ -647,7 +686,7 @@ class TensorSession:
             self.flush()
 
     def _create(self, name: str, shape: Any, dtype: Any, **params: Any) -> Tensor:
-        params = {"shape": list(_shape(shape)), "dtype": np.dtype(dtype).str, **params}
+        params = {"shape": list(_shape(shape)), "dtype": device_dtype(dtype).str, **params}
         shape, dtype = OPS[name].infer((), params)
         return self._emit(name, (), shape, dtype, params, _origin(3))  # (called by fabric)
 
@@ -661,9 +700,7 @@ class TensorSession:
                                  "and upload that, or move it with .to(session).")
             return array if dtype is None else array.astype(dtype)
         array = np.asarray(array, dtype=dtype)
-        if array.dtype.hasobject or array.dtype.kind not in "biufc":
-            raise TypeError(f"dtype {array.dtype} cannot be sent to a device: use a numeric "
-                            "or bool dtype.")
+        device_dtype(array.dtype)
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
         array = np.ascontiguousarray(array).reshape(array.shape)  # (keeps 0-d arrays 0-d)
@@ -684,27 +721,33 @@ class TensorSession:
         return self._create("empty", shape, dtype)
 
     def full(self, shape: Any, fill_value: Any, dtype: Any = None) -> Tensor:
-        dtype = np.asarray(fill_value).dtype if dtype is None else dtype
+        dtype = device_dtype(np.asarray(fill_value).dtype if dtype is None else dtype)
+        if np.ndim(fill_value) == 0:  # cast here, as numpy's copy casts it (an int past 64
+            fill_value = dtype.type(fill_value).item()  # bits fills a float tensor)
         return self._create("full", shape, dtype, fill_value=fill_value)
 
     def arange(self, start: float, stop: float | None = None, step: float = 1,
                dtype: Any = None) -> Tensor:
         if stop is None:
             start, stop = 0, start
-        dtype = np.arange(start, start + step, step).dtype if dtype is None else dtype
-        params = {"start": start, "stop": stop, "step": step, "dtype": np.dtype(dtype).str}
+        if dtype is None:  # numpy's rule: the types of all three, at least an intp
+            dtype = np.result_type(np.intp, start, stop, step)
+        params = {"start": start, "stop": stop, "step": step,
+                  "dtype": device_dtype(dtype).str}
         shape, dtype = OPS["arange"].infer((), params)
         return self._emit("arange", (), shape, dtype, params, _origin())
 
     def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True,
-                 dtype: Any = "float64") -> Tensor:
+                 dtype: Any = None) -> Tensor:
+        if dtype is None:  # numpy's rule: the types of start and stop, made inexact
+            dtype = np.result_type(start, stop, 1.0)
         params = {"start": start, "stop": stop, "num": int(num), "endpoint": endpoint,
-                  "dtype": np.dtype(dtype).str}
+                  "dtype": device_dtype(dtype).str}
         shape, dtype = OPS["linspace"].infer((), params)
         return self._emit("linspace", (), shape, dtype, params, _origin())
 
     def eye(self, n: int, m: int | None = None, k: int = 0, dtype: Any = "float64") -> Tensor:
-        params = {"n": int(n), "m": m, "k": int(k), "dtype": np.dtype(dtype).str}
+        params = {"n": int(n), "m": m, "k": int(k), "dtype": device_dtype(dtype).str}
         shape, dtype = OPS["eye"].infer((), params)
         return self._emit("eye", (), shape, dtype, params, _origin())
 

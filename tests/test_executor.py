@@ -99,6 +99,20 @@ def test_a_failed_op_poisons_everything_downstream_and_sync_reports_it_once():
     assert request(executor, op="sync").body == {"ok": True}
 
 
+def test_ops_that_would_make_a_tensor_no_device_holds_fail_and_the_session_goes_on():
+    # A client sends numeric and bool dtypes only; a raw one may send any dtype's name.
+    executor = opened()
+    submit(executor, ["zeros", 1, [], {"shape": [2], "dtype": "<U1"}],
+           ["put", 2, [], {"dtype": "<U2", "shape": [1], "buffer": 0}],
+           ["put", 3, [], {"dtype": "|O", "shape": [1], "buffer": 0}],
+           ["ones", 4, [], {"shape": [2], "dtype": "<f8"}],
+           ["astype", 5, [4], {"dtype": "<M8[s]"}], buffers=(b"\0" * 8,))
+    for tensor_id in (1, 2, 3, 5):
+        error = error_from_wire(request(executor, op="read", id=tensor_id).body["error"])
+        assert "cannot live on a device: use a numeric or bool dtype" in error.message
+    np.testing.assert_array_equal(read(executor, 4), [1, 1])
+
+
 def test_sync_reports_the_first_unreported_error():
     executor = opened()
     submit(executor, ["ones", 1, [], {"shape": [2], "dtype": "<f8"}],

@@ -642,6 +642,27 @@ CREATION = {
     "eye(4, k=-2)": (lambda s: s.eye(4, k=-2, dtype=bool), lambda: np.eye(4, k=-2, dtype=bool)),
     "eye(-1)": (lambda s: s.eye(-1), lambda: np.eye(-1)),
     "zeros((-1, 3))": (lambda s: s.zeros((-1, 3)), lambda: np.zeros((-1, 3))),
+    # dtypes inferred by numpy's rules, from every argument; numpy's scalars as arguments
+    "arange(6.0)": (lambda s: s.arange(6.0), lambda: np.arange(6.0)),
+    "arange(0, 6.0)": (lambda s: s.arange(0, 6.0), lambda: np.arange(0, 6.0)),
+    "arange(True, 3)": (lambda s: s.arange(True, 3), lambda: np.arange(True, 3)),
+    "arange numpy scalars": (lambda s: s.arange(np.float32(1), np.int64(5), np.int8(2)),
+                             lambda: np.arange(np.float32(1), np.int64(5), np.int8(2))),
+    "linspace float32 start": (lambda s: s.linspace(np.float32(0), 1, 5),
+                               lambda: np.linspace(np.float32(0), 1, 5)),
+    "linspace int32 ends": (lambda s: s.linspace(np.int32(0), np.int32(4), np.int64(5)),
+                            lambda: np.linspace(np.int32(0), np.int32(4), np.int64(5))),
+    "full numpy scalars": (lambda s: s.full(np.int64(3), np.float32(1.5)),
+                           lambda: np.full(np.int64(3), np.float32(1.5))),
+    "full cast": (lambda s: s.full(2, 2.7, "int32"), lambda: np.full(2, 2.7, "int32")),
+    "full int past 64 bits": (lambda s: s.full(2, 2 ** 70, "float32"),
+                              lambda: np.full(2, 2 ** 70, "float32")),
+    "full overflow": (lambda s: s.full(2, 300, "int8"), lambda: np.full(2, 300, "int8")),
+    "full of a row": (lambda s: s.full((2, 2), [1, 2]), lambda: np.full((2, 2), [1, 2])),
+    "zeros numpy shape": (lambda s: s.zeros((np.int64(2), np.int32(3))),
+                          lambda: np.zeros((np.int64(2), np.int32(3)))),
+    "eye numpy ints": (lambda s: s.eye(np.int64(3), k=np.int64(1)),
+                       lambda: np.eye(np.int64(3), k=np.int64(1))),
 }
 
 
@@ -691,6 +712,66 @@ def test_random_seed_is_reproducible_across_seeds_and_sessions(session, shared_c
     session.random.seed(1)  # two draws in a row differ: the generator advances
     x, y = session.random.uniform(size=4), session.random.uniform(size=4)
     assert not np.array_equal(x.numpy(), y.numpy())
+    session.sync()
+
+
+# numpy's scalars where Python's go: an axis from np.argmax, an index from np.arange, ...
+I0, I1, I2 = np.int64(0), np.int64(1), np.intp(2)
+NUMPY_SCALAR_PARAMS = {
+    "sum axis": lambda x: x.sum(axis=I1),
+    "sum axes": lambda x: np.sum(x, axis=(I0, I2), keepdims=np.True_),
+    "argmax axis": lambda x: x.argmax(axis=I2),
+    "std ddof": lambda x: x.std(axis=I1, ddof=I1),
+    "transpose": lambda x: x.transpose(I1, I0, I2),
+    "swapaxes": lambda x: x.swapaxes(I0, I2),
+    "squeeze": lambda x: x.squeeze(axis=I0),
+    "expand_dims": lambda x: np.expand_dims(x, I1),
+    "reshape": lambda x: x.reshape(I2 * 3, np.int32(1)),
+    "concatenate": lambda x: np.concatenate([x, x], axis=I1),
+    "stack": lambda x: np.stack([x, x], axis=I2),
+    "index": lambda x: x[I0, I1],
+    "slice": lambda x: x[:, I0:I2:I1],
+    "clip": lambda x: x.clip(np.float32(1), np.int64(4)),
+    "where": lambda x: np.where(x > np.int8(2), x, np.float32(0)),
+}
+
+
+@pytest.mark.parametrize("name", list(NUMPY_SCALAR_PARAMS))
+def test_numpy_scalars_as_params_and_args(session, name):
+    a = np.arange(6.0).reshape(1, 2, 3)
+    compare(lambda: NUMPY_SCALAR_PARAMS[name](a),
+            lambda: NUMPY_SCALAR_PARAMS[name](session.asarray(a)), label=name)
+    session.sync()
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.zeros(3, dtype="U1"), lambda s: s.ones(2, dtype=object),
+    lambda s: s.empty(2, dtype="datetime64[s]"), lambda s: s.full(2, "x"),
+    lambda s: s.arange(3, dtype="S2"), lambda s: s.linspace(0, 1, 3, dtype=object),
+    lambda s: s.eye(2, dtype="U3"), lambda s: s.ones(2).astype(str),
+    lambda s: s.asarray(np.array(["a", "b"])),
+    lambda s: s.random.uniform(size=2, dtype="m8[s]"),
+], ids=["zeros U1", "ones object", "empty datetime", "full str", "arange bytes",
+        "linspace object", "eye U3", "astype str", "asarray str", "uniform timedelta"])
+def test_dtypes_a_device_cannot_hold_are_refused_at_the_call(session, call):
+    with pytest.raises(TypeError, match="cannot live on a device: use a numeric or bool dtype"):
+        call(session)
+    np.testing.assert_array_equal((session.arange(3) * 2).numpy(), [0, 2, 4])  # nothing stuck
+    session.sync()
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.full(2, 1j), lambda s: s.ones(2) + np.complex128(1j),
+    lambda s: s.arange(2 ** 70, 2 ** 70 + 2, dtype="float64"),
+    lambda s: s.ones((2, 2)).sum(axis=object()),
+    lambda s: s.random.normal(loc=np.datetime64(1, "s"), size=2),
+], ids=["complex param", "complex numpy scalar", "int past 64 bits", "object axis",
+        "datetime param"])
+def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuck(session, call):
+    # Queued, such a value would fail the whole batch when it is sent, and every batch after.
+    with pytest.raises(TypeError):
+        call(session)
+    np.testing.assert_array_equal((session.arange(3) * 2).numpy(), [0, 2, 4])
     session.sync()
 
 

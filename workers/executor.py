@@ -21,7 +21,7 @@ from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY
 from fabric.ops import OPS, RANDOM_OPS
 from fabric.protocol import Kind, Message, reply_to
-from fabric.tensor import decode_params, decode_scalar, dtype_name
+from fabric.tensor import decode_params, decode_scalar, device_dtype, dtype_name
 
 from .graphs import GraphOps, SessionGraphs
 
@@ -253,7 +253,7 @@ class Executor(GraphOps):
     def _compute(self, session: SessionState, name: str, inputs: list[Any],
                  params: dict[str, Any], buffers: Any) -> np.ndarray:
         if name == "put":
-            return np.frombuffer(buffers[params["buffer"]], dtype=np.dtype(params["dtype"])) \
+            return np.frombuffer(buffers[params["buffer"]], dtype=device_dtype(params["dtype"])) \
                 .reshape(params["shape"])
         if params:
             params = decode_params(name, params)
