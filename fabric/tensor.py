@@ -474,6 +474,15 @@ def _session_of(tensors: Iterable[Any]) -> "TensorSession":
     raise TypeError("At least one argument must be a fabric tensor.")
 
 
+def _where(condition: Any, *xy: Any) -> Tensor:
+    if len(xy) != 2:  # np.where(condition): the indices where it holds, as many as the data
+        raise TypeError("numpy.where needs x and y on fabric tensors: the indices where a "
+                        "condition holds (np.where(condition), np.nonzero) depend on the data, "
+                        "so their shape cannot be known before it is read; read the condition "
+                        "with .numpy() first.")
+    return _session_of((condition, *xy))._op("where", (condition, *xy), {})
+
+
 def _reduction_function(name: str) -> Any:
     def function(a: Tensor, axis: Any = None, *, keepdims: bool = False, **extra: Any) -> Tensor:
         return a._reduce(name, axis, keepdims, **extra)
@@ -492,8 +501,7 @@ ARRAY_FUNCTIONS: dict[Any, Any] = {
                     "argmin", "argmax"]},
     np.amin: _reduction_function("min"),
     np.amax: _reduction_function("max"),
-    np.where: lambda condition, x, y: _session_of((condition, x, y))._op(
-        "where", (condition, x, y), {}),
+    np.where: lambda condition, *xy: _where(condition, *xy),
     np.clip: lambda a, a_min=None, a_max=None, **bounds: a.clip(a_min, a_max, **bounds),
     np.dot: lambda a, b: _session_of((a, b))._op("dot", (a, b), {}),
     np.reshape: lambda a, shape: a.reshape(shape),

@@ -787,6 +787,8 @@ def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuc
     (lambda t: np.add.outer(t, t), "add.outer"),
     (lambda t: np.logaddexp(t, t), "logaddexp"),
     (lambda t: np.sin(t, out=np.empty(2)), "sin"),
+    (lambda t: np.where(t), "where"),  # (the indices: a shape only the data tells)
+    (lambda t: np.nonzero(t), "nonzero"),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_unsupported_numpy_function_raises_type_error_without_reading(session, call, name):
     t = poisoned(session)  # reading it would raise RemoteError: a TypeError proves no read
