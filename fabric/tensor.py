@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -236,6 +236,12 @@ class Tensor(Spec):
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
+    def __iter__(self) -> Iterator["Tensor"]:
+        """The tensor's rows (each a tensor on the device), as iterating an array gives."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
     def __repr__(self) -> str:
         return (f"<fabric.Tensor shape={self.shape} dtype={self.dtype} id={self.id} "
                 f"device={self.session.device.index}>")
@@ -302,7 +308,21 @@ class Tensor(Spec):
         return self._op("astype", dtype=device_dtype(dtype).str)
 
     def copy(self) -> "Tensor":
+        """A new tensor on the device with this one's values."""
         return self._op("copy")
+
+    # copy.copy and copy.deepcopy copy the values, as numpy's do: a copy of the handle alone
+    # would free the device's array when either handle is let go.
+    def __copy__(self) -> "Tensor":
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "Tensor":
+        return self.copy()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("A fabric.Tensor is a handle to an array on a device and cannot be "
+                        "pickled: pickle t.numpy() instead, and upload it again with "
+                        "session.asarray(...).")
 
     def clip(self, a_min: Any = None, a_max: Any = None, *, min: Any = None,
              max: Any = None) -> "Tensor":

@@ -10,7 +10,10 @@ Everything runs on the module's shared broker and workers; nothing is mocked.
 
 from __future__ import annotations
 
+import copy
+import gc
 import operator
+import pickle
 
 import warnings
 
@@ -599,6 +602,38 @@ def test_copy_is_a_new_tensor(session):
     assert copied.id != t.id and copied.shape == t.shape and copied.dtype == t.dtype
     del t
     np.testing.assert_array_equal(copied.numpy(), data("float64", seed=44))
+    session.sync()
+
+
+@pytest.mark.parametrize("how", [copy.copy, copy.deepcopy], ids=["copy", "deepcopy"])
+def test_the_copy_module_copies_values_and_either_tensor_may_be_let_go(session, how):
+    # A copy of the handle alone would share the device's array, and free it with itself.
+    t = session.asarray(data("float64", seed=45))
+    copied = how(t)
+    assert copied.id != t.id and copied.session is t.session
+    del copied
+    gc.collect()
+    np.testing.assert_array_equal(t.numpy(), data("float64", seed=45))
+    again = how(t)
+    del t
+    np.testing.assert_array_equal(again.numpy(), data("float64", seed=45))
+    session.sync()
+
+
+def test_a_tensor_cannot_be_pickled_and_is_told_what_to_pickle(session):
+    with pytest.raises(TypeError, match=r"pickle t\.numpy\(\) instead"):
+        pickle.dumps(session.ones(2))
+
+
+def test_iterating_gives_rows_and_a_zero_dimensional_tensor_refuses_as_numpy_does(session):
+    a = data("int32", shape=(3, 2), seed=46)
+    rows = list(session.asarray(a))
+    assert [(r.shape, r.dtype) for r in rows] == [((2,), np.dtype("int32"))] * 3
+    np.testing.assert_array_equal(np.stack([r.numpy() for r in rows]), a)
+    with pytest.raises(TypeError, match="iteration over a 0-d"):
+        iter(np.array(1.0))  # (numpy's own refusal)
+    with pytest.raises(TypeError, match="iteration over a 0-d"):
+        list(session.asarray(1.0))
     session.sync()
 
 
