@@ -342,23 +342,35 @@ class Tensor(Spec):
 
     def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
                 **extra: Any) -> "Tensor":
+        # ``extra``: numpy's other keywords of the reduction (ddof, dtype, initial), those
+        # given as None left out, as numpy's defaults.
+        if extra.get("out") is not None or extra.get("where", True) is not True:
+            raise TypeError(f"numpy.{name} with out= or where= is not supported on fabric "
+                            "tensors: the result is a new tensor on the device; select with "
+                            "np.where(condition, t, ...) before reducing.")
+        extra = {key: value for key, value in extra.items()
+                 if value is not None and key not in ("out", "where")}
+        if "dtype" in extra:
+            extra["dtype"] = device_dtype(extra["dtype"]).str
         axis = tuple(axis) if isinstance(axis, list) else axis
         return self._op(name, axis=axis, keepdims=keepdims, **extra)
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
-        return self._reduce("sum", axis, keepdims)
+    def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+        return self._reduce("sum", axis, keepdims, dtype=dtype)
 
-    def prod(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
-        return self._reduce("prod", axis, keepdims)
+    def prod(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+        return self._reduce("prod", axis, keepdims, dtype=dtype)
 
-    def mean(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
-        return self._reduce("mean", axis, keepdims)
+    def mean(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+        return self._reduce("mean", axis, keepdims, dtype=dtype)
 
-    def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> "Tensor":
-        return self._reduce("std", axis, keepdims, ddof=ddof)
+    def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
+            dtype: Any = None) -> "Tensor":
+        return self._reduce("std", axis, keepdims, ddof=ddof, dtype=dtype)
 
-    def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0) -> "Tensor":
-        return self._reduce("var", axis, keepdims, ddof=ddof)
+    def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
+            dtype: Any = None) -> "Tensor":
+        return self._reduce("var", axis, keepdims, ddof=ddof, dtype=dtype)
 
     def min(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
         return self._reduce("min", axis, keepdims)

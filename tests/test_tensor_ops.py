@@ -373,6 +373,28 @@ def test_reduction(session, name, dtype):
     session.sync()
 
 
+@pytest.mark.parametrize("reduce", [
+    lambda m: m.sum(dtype="float32"), lambda m: np.mean(m, axis=0, dtype=np.float32),
+    lambda m: m.prod(axis=1, dtype=np.int32), lambda m: np.var(m, ddof=1, dtype="float32"),
+    lambda m: np.max(m, axis=0, initial=np.int64(5)), lambda m: np.sum(m, dtype=None),
+], ids=["sum dtype", "np.mean dtype", "prod dtype", "np.var dtype", "np.max initial",
+        "dtype None"])
+def test_reductions_take_numpys_other_keywords(session, reduce):
+    compare(lambda: reduce(data("int64", seed=27)),
+            lambda: reduce(session.asarray(data("int64", seed=27))), approx=True)
+    session.sync()
+
+
+@pytest.mark.parametrize("reduce", [
+    lambda t: np.sum(t, where=t > 0), lambda t: np.sum(t, out=np.empty(())),
+    lambda t: np.mean(t, axis=0, out=np.empty(4)),
+], ids=["where", "out", "mean out"])
+def test_reductions_refuse_out_and_where_saying_so(session, reduce):
+    with pytest.raises(TypeError, match="with out= or where= is not supported"):
+        reduce(session.asarray(data("float64", seed=28)))
+    session.sync()
+
+
 def test_reduction_errors_at_call_site(session):
     array = data("float64", (2, 3, 4), seed=26)
     for fn in [lambda t: t.sum(axis=3), lambda t: np.mean(t, axis=-4),
