@@ -54,9 +54,12 @@ def encode_index(index: Any) -> list[Any]:
             encoded.append([item.start, item.stop, item.step])
         elif item is None or isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             encoded.append(None if item is None else int(item))
-        else:
+        elif isinstance(item, (bool, np.bool_, list, np.ndarray, Spec)):  # numpy's advanced
             raise TypeError(f"Index {item!r} is not supported on fabric tensors: use ints, "
                             "slices, None and ... (advanced indexing is not supported yet).")
+        else:  # (numpy's refusal, and its words)
+            raise IndexError(f"Index {item!r}: only integers, slices (`:`), ellipsis (`...`) "
+                             "and None (numpy.newaxis) are valid indices of fabric tensors.")
     return encoded
 
 

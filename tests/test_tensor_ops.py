@@ -542,6 +542,8 @@ INDICES = [
     (1, 2, 3), (), (slice(5, 10),), np.int64(1), (np.int32(-1), slice(None, None, -2)),
     # out of range or too many: IndexError at the call site
     2, -3, (0, 3), (0, 0, 4), (0, 0, -5), (0, 0, 0, 0), (Ellipsis, Ellipsis),
+    # not an index at all: IndexError, as numpy says
+    1.0, (0, "a"), (slice(None), 0.5),
 ]
 
 
@@ -562,7 +564,8 @@ def test_indexing_a_zero_dimensional_result_and_chains(session):
 
 def test_advanced_indexing_is_refused_not_downloaded(session):
     t = poisoned(session)  # a read would raise RemoteError, not TypeError
-    for index in ([0, 1], np.array([0]), np.array([True, False]), session.asarray([0])):
+    for index in ([0, 1], np.array([0]), np.array([True, False]), session.asarray([0]), True,
+                  (0, np.False_)):
         with pytest.raises(TypeError, match="not supported"):
             t[index]
 
