@@ -347,12 +347,11 @@ class Tensor(Spec):
                 **extra: Any) -> "Tensor":
         # ``extra``: numpy's other keywords of the reduction (ddof, dtype, initial), those
         # given as None left out, as numpy's defaults.
-        if extra.get("out") is not None or extra.get("where", True) is not True:
+        if extra.pop("out", None) is not None or extra.pop("where", True) is not True:
             raise TypeError(f"numpy.{name} with out= or where= is not supported on fabric "
                             "tensors: the result is a new tensor on the device; select with "
                             "np.where(condition, t, ...) before reducing.")
-        extra = {key: value for key, value in extra.items()
-                 if value is not None and key not in ("out", "where")}
+        extra = {key: value for key, value in extra.items() if value is not None}
         if "dtype" in extra:
             extra["dtype"] = device_dtype(extra["dtype"]).str
         axis = tuple(axis) if isinstance(axis, list) else axis
