@@ -645,6 +645,19 @@ def test_the_copy_module_copies_values_and_either_tensor_may_be_let_go(session, 
     session.sync()
 
 
+def test_tensors_never_change_an_augmented_assignment_makes_a_new_one(session):
+    # (README: tensors never change, as JAX's arrays)
+    x = session.asarray(np.arange(3.0))
+    y = x
+    x += 1
+    assert x is not y and x.id != y.id
+    np.testing.assert_array_equal(y.numpy(), [0.0, 1.0, 2.0])
+    np.testing.assert_array_equal(x.numpy(), [1.0, 2.0, 3.0])
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        x[0] = 5
+    session.sync()
+
+
 def test_a_tensor_cannot_be_pickled_and_is_told_what_to_pickle(session):
     with pytest.raises(TypeError, match=r"pickle t\.numpy\(\) instead"):
         pickle.dumps(session.ones(2))
