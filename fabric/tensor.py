@@ -287,9 +287,6 @@ class Tensor(Spec):
         return self.session._op(name, (self, *args), params)
 
     def __getitem__(self, index: Any) -> "Tensor":
-        if isinstance(index, Tensor) or isinstance(index, (list, np.ndarray)):
-            raise TypeError("Advanced indexing (with arrays or tensors) is not supported on "
-                            "fabric tensors yet: use ints, slices, None and ....")
         wire = {"index": encode_index(index)}
         return self.session._op("getitem", (self,), {"index": index}, wire)
 
@@ -402,10 +399,9 @@ class Tensor(Spec):
                             f"{' with ' + ', '.join(kwargs) if kwargs else ''} is not "
                             "supported on fabric tensors; read the tensor with .numpy() "
                             "first if you mean to compute locally.")
-        if ufunc.__name__ in _PAIRS:
-            return _PAIRS[ufunc.__name__](*inputs)
-        if ufunc.__name__ in _SINGLES:
-            return _SINGLES[ufunc.__name__](*inputs)
+        elementwise = _PAIRS.get(ufunc.__name__) or _SINGLES.get(ufunc.__name__)
+        if elementwise is not None:
+            return elementwise(*inputs)
         return self.session._op(ufunc.__name__, inputs, {})  # (np.matmul)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -535,7 +531,7 @@ ARRAY_FUNCTIONS: dict[Any, Any] = {
                     "argmin", "argmax"]},
     np.amin: _reduction_function("min"),
     np.amax: _reduction_function("max"),
-    np.where: lambda condition, *xy: _where(condition, *xy),
+    np.where: _where,
     np.clip: lambda a, a_min=None, a_max=None, **bounds: a.clip(a_min, a_max, **bounds),
     np.dot: lambda a, b: _session_of((a, b))._op("dot", (a, b), {}),
     np.reshape: lambda a, shape: a.reshape(shape),
@@ -672,10 +668,11 @@ class TensorSession:
 
     def _emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
               params: dict[str, Any], origin: Origin) -> Tensor:
-        # The common cases inline: this runs once per op and bounds the op rate. The op is
-        # made of tuples, which the garbage collector stops tracking once it has seen them:
-        # the ops waiting in a batch would otherwise reach its oldest generation, and bring
-        # on its full collections (milliseconds each) every few thousand ops.
+        # Every op but the elementwise operators' short way (``_elementwise_pair``) comes
+        # through here, its args' common cases inline. The op is made of tuples, which the
+        # garbage collector stops tracking once it has seen them: the ops waiting in a batch
+        # would otherwise reach its oldest generation, and bring on its full collections
+        # (milliseconds each) every few thousand ops.
         if params:  # (what the user gave, checked here: a value msgpack cannot carry would
             # stop the whole batch when it is sent, and every batch after it)
             params = {key: _wire_param(name, key, value) for key, value in params.items()}
