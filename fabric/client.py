@@ -327,23 +327,15 @@ class Session(TensorSession):
     def __exit__(self, *_: Any) -> None:
         self.close()
 
-    def asarray(self, array: Any, dtype: Any = None) -> Tensor:
-        """Upload an array (any layout or byte order) to the device.
-
-        Raises ``MessageTooLarge``, sending nothing, when it is bigger than the largest
-        message the way to the device takes (``max_upload_bytes``).
-        """
-        if not isinstance(array, Tensor):
-            array = np.asarray(array, dtype=dtype)
-            dtype = None
-            if array.nbytes > self.max_upload_bytes:
-                raise MessageTooLarge(
-                    f"The array is {size_text(array.nbytes)}, more than the "
-                    f"{size_text(self.max_upload_bytes)} one message to device "
-                    f"{self.device.index} may carry: upload it in slices and join them on "
-                    "the device with np.concatenate, or raise --max-message-bytes on the "
-                    "broker and workers.", size=array.nbytes, limit=self.max_upload_bytes)
-        return super().asarray(array, dtype)
+    def _upload(self, array: np.ndarray) -> Tensor:
+        if array.nbytes > self.max_upload_bytes:
+            raise MessageTooLarge(
+                f"The array is {size_text(array.nbytes)}, more than the "
+                f"{size_text(self.max_upload_bytes)} one message to device "
+                f"{self.device.index} may carry: upload it in slices and join them on "
+                "the device with np.concatenate, or raise --max-message-bytes on the "
+                "broker and workers.", size=array.nbytes, limit=self.max_upload_bytes)
+        return super()._upload(array)
 
     def open(self, device: int, timeout: float | None = None) -> "Session":
         """Another session, on ``device``, over this session's connection (one connection

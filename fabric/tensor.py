@@ -497,6 +497,11 @@ for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolu
 Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
 
 
+def _holds_tensor(items: Sequence[Any]) -> bool:
+    return any(isinstance(item, Tensor)
+               or isinstance(item, (list, tuple)) and _holds_tensor(item) for item in items)
+
+
 def _session_of(tensors: Iterable[Any]) -> "TensorSession":
     for t in tensors:
         if isinstance(t, Tensor):
@@ -732,13 +737,24 @@ class TensorSession:
     # -- creation ----------------------------------------------------------------------------
 
     def asarray(self, array: Any, dtype: Any = None) -> Tensor:
-        """Upload an array (any layout or byte order) to the device."""
+        """Upload an array (any layout or byte order) to the device, as ``np.asarray`` makes
+        one. A nested list or tuple that holds tensors is built on the device, where they
+        are, with their dtypes promoted as numpy would.
+
+        Raises ``MessageTooLarge``, sending nothing, when the array is bigger than the largest
+        message the way to the device takes (``session.max_upload_bytes``).
+        """
         if isinstance(array, Tensor):
             if array.session is not self:
                 raise ValueError(f"{array!r} lives on another session: read it with .numpy() "
                                  "and upload that, or move it with .to(session).")
             return array if dtype is None else array.astype(dtype)
-        array = np.asarray(array, dtype=dtype)
+        if isinstance(array, (list, tuple)) and _holds_tensor(array):
+            stacked = self._stack_nested(array)  # (numpy's asarray would read each tensor back)
+            return stacked if dtype is None else stacked.astype(dtype)
+        return self._upload(np.asarray(array, dtype=dtype))
+
+    def _upload(self, array: np.ndarray) -> Tensor:
         device_dtype(array.dtype)
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
@@ -749,6 +765,14 @@ class TensorSession:
                                               "buffer": len(self._buffers)}],
                       array.reshape(-1).view(np.uint8), tensor)
         return tensor
+
+    def _stack_nested(self, items: Sequence[Any]) -> Tensor:
+        """A nested list or tuple of tensors (and of anything asarray takes), built on the
+        device as numpy builds an array of one: each level stacked, dtypes promoted."""
+        return self._op("stack", [item if isinstance(item, Tensor)
+                                  else self._stack_nested(item)
+                                  if isinstance(item, (list, tuple)) and _holds_tensor(item)
+                                  else self.asarray(item) for item in items], {"axis": 0})
 
     def zeros(self, shape: Any, dtype: Any = "float64") -> Tensor:
         return self._create("zeros", shape, dtype)

@@ -871,6 +871,36 @@ def test_unsupported_numpy_function_raises_type_error_without_reading(session, c
         t.numpy()  # ... and the tensor was indeed unreadable
 
 
+NESTED = {  # a nested list (or tuple) holding tensors, as a user might write one
+    "list": lambda a, b, c: [a, b, c],
+    "tuple": lambda a, b, c: (c, a),
+    "rows and an array": lambda a, b, c: [[a[0], b[1]], [np.ones(3, np.float32), c[0]]],
+    "0-d tensors among scalars": lambda a, b, c: [1, a[0, 0], [True, c[1, 2]][1]],
+    "ragged": lambda a, b, c: [a, b[0]],
+}
+
+
+@pytest.mark.parametrize("dtypes", [("float64",) * 3, ("int32", "bool", "int64")], ids="-".join)
+@pytest.mark.parametrize("name", list(NESTED))
+def test_asarray_builds_a_nested_list_of_tensors_on_the_device(session, name, dtypes):
+    arrays = [data(d, (2, 3), seed=50 + i) for i, d in enumerate(dtypes)]
+    tensors = [session.asarray(a) for a in arrays]
+    compare(lambda: np.asarray(NESTED[name](*arrays)),
+            lambda: session.asarray(NESTED[name](*tensors)), label=name)
+    compare(lambda: np.asarray(NESTED[name](*arrays), dtype="float32"),
+            lambda: session.asarray(NESTED[name](*tensors), dtype="float32"), label=name)
+    session.sync()
+
+
+def test_a_list_of_tensors_is_never_read_back(session):
+    t = poisoned(session)  # any download would raise RemoteError here
+    stacked, summed = session.asarray([t, [t, t][0]]), t + [t]
+    assert (stacked.shape, summed.shape) == ((2, 2), (1, 2))
+    for result in (stacked, summed):
+        with pytest.raises(RemoteError):
+            result.numpy()  # the poison flowed through on the device
+
+
 def test_numpy_functions_stay_remote(session):
     t = poisoned(session)  # any download would raise RemoteError here
     results = [np.sum(t, axis=0), np.mean(t), np.sin(t), np.add(t, 1), np.maximum(t, t),
