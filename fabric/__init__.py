@@ -27,6 +27,7 @@ from .errors import (
 from .graph import Function, function
 from .protocol import PROTOCOL_VERSION
 from .security import CurveClient, CurveServer, generate_keys
+from .tensor import Tensor
 
 __version__ = "0.1.0"
 
@@ -34,7 +35,8 @@ __all__ = [
     "PROTOCOL_VERSION", "Admin", "AuthenticationError", "ConnectError", "CurveClient",
     "CurveServer", "Device", "DeviceNotHostable", "EncryptionError", "FabricError", "Function",
     "GraphError", "HandshakeError", "HandshakeTimeout", "LocalCluster", "NoSuchDevice",
-    "ProtocolError", "RemoteError", "ServerDisconnected", "Session", "SessionLost", "Trace",
+    "ProtocolError", "RemoteError", "ServerDisconnected", "Session", "SessionLost", "Tensor",
+    "Trace",
     "TraceError", "VersionMismatch", "capture", "connect", "devices", "function",
     "generate_keys", "MessageTooLarge", "RequestTimeout", "TooManySessions",
 ]

@@ -150,6 +150,16 @@ def _join_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     return first[:axis] + (sum(s[axis] for s in shapes),) + first[axis + 1:]
 
 
+def _scan_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # cumsum, cumprod, sort, argsort: the input's shape, or its size flat with axis None
+    shape = args[0].shape
+    axis = params.get("axis")
+    if axis is None:
+        return (math.prod(shape),)
+    normalize_axis_index(axis, len(shape))
+    return shape
+
+
 def _creation_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     if op.name == "arange":
         start, stop, step = params["start"], params["stop"], params["step"]
@@ -298,15 +308,17 @@ BINARY_UFUNCS = [
     np.less, np.less_equal, np.equal, np.not_equal, np.greater_equal, np.greater,
     np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift,
     np.logical_and, np.logical_or, np.logical_xor, np.maximum, np.minimum, np.fmax, np.fmin,
-    np.arctan2, np.hypot, np.fmod, np.copysign,
+    np.arctan2, np.hypot, np.fmod, np.copysign, np.logaddexp, np.logaddexp2, np.float_power,
+    np.heaviside,
 ]
 UNARY_UFUNCS = [
     np.negative, np.positive, np.absolute, np.invert, np.logical_not, np.exp, np.exp2,
     np.expm1, np.log, np.log2, np.log10, np.log1p, np.sqrt, np.cbrt, np.square, np.sin,
     np.cos, np.tan, np.arcsin, np.arccos, np.arctan, np.sinh, np.cosh, np.tanh, np.arcsinh,
     np.arccosh, np.arctanh, np.floor, np.ceil, np.rint, np.trunc, np.sign, np.isnan, np.isinf,
-    np.isfinite, np.reciprocal, np.conjugate, np.deg2rad, np.rad2deg,
+    np.isfinite, np.reciprocal, np.conjugate, np.deg2rad, np.rad2deg, np.fabs, np.signbit,
 ]
+SCANS = {"cumsum": np.cumsum, "cumprod": np.cumprod, "sort": np.sort, "argsort": np.argsort}
 REDUCTIONS = {
     "sum": np.sum, "prod": np.prod, "mean": np.mean, "std": np.std, "var": np.var,
     "min": np.min, "max": np.max, "any": np.any, "all": np.all,
@@ -322,6 +334,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
     *[_elementwise(u) for u in BINARY_UFUNCS + UNARY_UFUNCS],
     Op("where", _where, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("clip", _clip, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("round", np.round, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("isclose", np.isclose, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("nan_to_num", np.nan_to_num, _elementwise_shape, _tiny_dtype, elementwise=True),
+    *[Op(name, func, _scan_shape, _tiny_dtype) for name, func in SCANS.items()],
     *[Op(name, _reduction(func), _reduce_shape, _tiny_dtype,
          single_axis=name.startswith("arg")) for name, func in REDUCTIONS.items()],
     Op("matmul", np.matmul, _matmul_shape, _tiny_dtype),

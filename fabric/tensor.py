@@ -17,6 +17,7 @@ from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
 from .errors import ProtocolError, RemoteError, RequestTimeout, error_from_wire
 from .flow import SUBMIT_WINDOW
@@ -231,6 +232,10 @@ class Tensor(Spec):
         return self.size * self.dtype.itemsize
 
     @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
     def T(self) -> "Tensor":
         return self.transpose()
 
@@ -265,7 +270,17 @@ class Tensor(Spec):
         return array if dtype is None else array.astype(dtype, copy=False)
 
     def item(self) -> Any:
+        """Read the tensor's one element, as a Python scalar."""
         return self.numpy().item()
+
+    def tolist(self) -> Any:
+        """Read the tensor back as nested Python lists (a scalar for a 0-d tensor)."""
+        return self.numpy().tolist()
+
+    def __contains__(self, value: Any) -> bool:
+        """``value in t``: whether any element equals it, as numpy's (compared on the device,
+        one bool read)."""
+        return bool((self == value).any())
 
     def __bool__(self) -> bool:
         return bool(self.numpy())
@@ -297,6 +312,12 @@ class Tensor(Spec):
     def transpose(self, *axes: Any) -> "Tensor":
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
         return self._op("transpose", axes=tuple(axes) if axes else None)
+
+    def ravel(self) -> "Tensor":
+        """The tensor flat (tensors never change, so this is also ``flatten``)."""
+        return self.reshape(-1)
+
+    flatten = ravel
 
     def swapaxes(self, axis1: int, axis2: int) -> "Tensor":
         return self._op("swapaxes", axis1=axis1, axis2=axis2)
@@ -331,6 +352,16 @@ class Tensor(Spec):
         upper = a_max if max is None else max
         return self.session._op("clip", (self, lower, upper), {})
 
+    def round(self, decimals: int = 0) -> "Tensor":
+        """Round to ``decimals`` decimals (halves to even), as ``np.round``."""
+        return self._op("round", decimals=decimals)
+
+    def __divmod__(self, other: Any) -> tuple["Tensor", "Tensor"]:
+        return _divmod(self, other)
+
+    def __rdivmod__(self, other: Any) -> tuple["Tensor", "Tensor"]:
+        return _divmod(other, self)
+
     def dot(self, other: Any) -> "Tensor":
         return self._op("dot", other)
 
@@ -348,11 +379,8 @@ class Tensor(Spec):
             raise TypeError(f"numpy.{name} with out= or where= is not supported on fabric "
                             "tensors: the result is a new tensor on the device; select with "
                             "np.where(condition, t, ...) before reducing.")
-        extra = {key: value for key, value in extra.items() if value is not None}
-        if "dtype" in extra:
-            extra["dtype"] = device_dtype(extra["dtype"]).str
         axis = tuple(axis) if isinstance(axis, list) else axis
-        return self._op(name, axis=axis, keepdims=keepdims, **extra)
+        return self._op(name, axis=axis, keepdims=keepdims, **_given(extra))
 
     def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
         return self._reduce("sum", axis, keepdims, dtype=dtype)
@@ -389,10 +417,25 @@ class Tensor(Spec):
     def argmax(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
         return self._reduce("argmax", axis, keepdims)
 
+    def cumsum(self, axis: int | None = None, dtype: Any = None) -> "Tensor":
+        """Cumulative sum along ``axis`` (None: over the flattened tensor)."""
+        return self._op("cumsum", axis=axis, **_given({"dtype": dtype}))
+
+    def cumprod(self, axis: int | None = None, dtype: Any = None) -> "Tensor":
+        """Cumulative product along ``axis`` (None: over the flattened tensor)."""
+        return self._op("cumprod", axis=axis, **_given({"dtype": dtype}))
+
+    def argsort(self, axis: int | None = -1, kind: str | None = None) -> "Tensor":
+        """The indices that sort the tensor along ``axis``, as ``np.argsort``. (There is no
+        ``t.sort()``: tensors never change; ``np.sort(t)`` gives a sorted tensor.)"""
+        return self._op("argsort", axis=axis, kind=kind)
+
     # -- numpy interoperability: everything stays remote ------------------------------------
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any,
                         **kwargs: Any) -> Any:
+        if ufunc is np.divmod and method == "__call__" and not kwargs:
+            return _divmod(*inputs)
         if method != "__call__" or kwargs or ufunc.__name__ not in OPS:
             raise TypeError(f"numpy.{ufunc.__name__}"
                             f"{'' if method == '__call__' else '.' + method}"
@@ -409,7 +452,16 @@ class Tensor(Spec):
         if handler is None:
             raise TypeError(f"numpy.{func.__name__} is not supported on fabric tensors; read "
                             "the tensor with .numpy() first if you mean to compute locally.")
-        return handler(*args, **kwargs)
+        try:
+            return handler(*args, **kwargs)
+        except TypeError as exc:
+            if exc.__traceback__ is None or exc.__traceback__.tb_next is not None:
+                raise  # raised inside: the handler took the arguments
+            # The handler refused the arguments themselves (a keyword fabric does not take):
+            # say so in numpy's terms, not the handler's name.
+            reason = str(exc).split("() ", 1)[-1]
+            raise TypeError(f"numpy.{func.__name__} on fabric tensors: {reason}; read the "
+                            "tensor with .numpy() first if you mean to compute locally.") from None
 
 
 def _elementwise_pair(name: str) -> Callable[[Any, Any], Tensor]:
@@ -497,6 +549,19 @@ for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolu
 Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
 
 
+def _divmod(left: Any, right: Any) -> tuple[Tensor, Tensor]:
+    return _PAIRS["floor_divide"](left, right), _PAIRS["remainder"](left, right)
+
+
+def _given(params: dict[str, Any]) -> dict[str, Any]:
+    """numpy keywords as given: those given as None left out (numpy's defaults), a dtype
+    checked and named as the device names it."""
+    params = {key: value for key, value in params.items() if value is not None}
+    if "dtype" in params:
+        params["dtype"] = device_dtype(params["dtype"]).str
+    return params
+
+
 def _holds_tensor(items: Sequence[Any]) -> bool:
     return any(isinstance(item, Tensor)
                or isinstance(item, (list, tuple)) and _holds_tensor(item) for item in items)
@@ -524,6 +589,39 @@ def _reduction_function(name: str) -> Any:
     return function
 
 
+def _atleast(a: Any, ndim: int) -> Any:
+    # np.atleast_1d/2d for tensors and arrays alike: ones put in front of the shape
+    missing = ndim - np.ndim(a)
+    return a if missing <= 0 else np.reshape(a, (1,) * missing + np.shape(a))
+
+
+def _moveaxis(a: Tensor, source: Any, destination: Any) -> Tensor:
+    source = normalize_axis_tuple(source, a.ndim, "source")
+    destination = normalize_axis_tuple(destination, a.ndim, "destination")
+    if len(source) != len(destination):
+        raise ValueError("`source` and `destination` arguments must have the same number "
+                         "of elements")
+    order = [n for n in range(a.ndim) if n not in source]
+    for axis, moved in sorted(zip(destination, source)):
+        order.insert(axis, moved)
+    return a.transpose(order)
+
+
+def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
+             equal_nan: bool = False) -> Tensor:
+    return _session_of((a, b))._op("isclose", (a, b),
+                                   {"rtol": rtol, "atol": atol, "equal_nan": equal_nan})
+
+
+def _like(name: str) -> Any:
+    # np.zeros_like and friends: a new tensor on the prototype's session
+    def function(prototype: Tensor, *fill: Any, dtype: Any = None, shape: Any = None) -> Tensor:
+        create = getattr(prototype.session, name)
+        return create(prototype.shape if shape is None else shape, *fill,
+                      dtype=prototype.dtype if dtype is None else dtype)
+    return function
+
+
 def _join_function(name: str) -> Any:
     def function(arrays: Sequence[Any], axis: int = 0) -> Tensor:
         return _session_of(arrays)._op(name, tuple(arrays), {"axis": axis})
@@ -547,6 +645,27 @@ ARRAY_FUNCTIONS: dict[Any, Any] = {
     np.concatenate: _join_function("concatenate"),
     np.stack: _join_function("stack"),
     np.copy: lambda a: a.copy(),
+    np.ravel: lambda a: a.ravel(),
+    np.moveaxis: _moveaxis,
+    np.hstack: lambda arrays: np.concatenate([_atleast(a, 1) for a in arrays],
+                                             axis=0 if np.ndim(arrays[0]) <= 1 else 1),
+    np.vstack: lambda arrays: np.concatenate([_atleast(a, 2) for a in arrays]),
+    np.outer: lambda a, b: np.multiply(np.ravel(a)[:, None], np.ravel(b)[None, :]),
+    np.round: lambda a, decimals=0: a.round(decimals),
+    np.around: lambda a, decimals=0: a.round(decimals),
+    np.isclose: _isclose,
+    np.allclose: lambda a, b, rtol=1e-05, atol=1e-08, equal_nan=False:
+        bool(_isclose(a, b, rtol, atol, equal_nan).all()),
+    np.nan_to_num: lambda x, copy=True, nan=0.0, posinf=None, neginf=None:
+        x._op("nan_to_num", nan=nan, posinf=posinf, neginf=neginf),
+    np.cumsum: lambda a, axis=None, dtype=None: a.cumsum(axis, dtype),
+    np.cumprod: lambda a, axis=None, dtype=None: a.cumprod(axis, dtype),
+    np.sort: lambda a, axis=-1, kind=None: a._op("sort", axis=axis, kind=kind),
+    np.argsort: lambda a, axis=-1, kind=None: a.argsort(axis, kind),
+    np.zeros_like: _like("zeros"),
+    np.ones_like: _like("ones"),
+    np.empty_like: _like("empty"),
+    np.full_like: _like("full"),
     np.shape: lambda a: a.shape,
     np.ndim: lambda a: a.ndim,
     np.size: lambda a: a.size,

@@ -220,10 +220,16 @@ def test_where_with_every_condition_and_branch_dtype(pair):
 
 
 def test_ops_it_runs_eagerly_match_too(pair):
-    """clip and astype are elementwise but not fused: they still take deferred inputs."""
+    """clip, astype, round, isclose and nan_to_num are elementwise but not fused, scans
+    are not elementwise: they still take deferred inputs."""
     for dtype in DTYPES:
         a = data(dtype, seed=11)
         pair.check(f"clip {dtype}", lambda t: np.clip(t, 0, 2), a)
+        pair.check(f"round {dtype}", lambda t: np.round(t, 1), a)
+        pair.check(f"isclose {dtype}", lambda t: np.isclose(t, 1, equal_nan=True), a)
+        pair.check(f"nan_to_num {dtype}", lambda t: np.nan_to_num(t, posinf=5), a)
+        pair.check(f"cumsum {dtype}", lambda t: np.cumsum(t, axis=1), a)
+        pair.check(f"sort {dtype}", lambda t: np.sort(t, axis=None), a)
         for target in DTYPES:
             pair.check(f"astype {dtype}->{target}", lambda t: t.astype(target), a)
     pair.flush()

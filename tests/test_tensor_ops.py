@@ -851,14 +851,14 @@ def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuc
 # -- what is not supported, and what must not happen ------------------------------------------
 
 @pytest.mark.parametrize("call, name", [
-    (lambda t: np.cumsum(t), "cumsum"),
+    (lambda t: np.diff(t), "diff"),
     (lambda t: np.fft.fft(t), "fft"),
-    (lambda t: np.sort(t), "sort"),
-    (lambda t: np.round(t), "round"),
+    (lambda t: np.unique(t), "unique"),
+    (lambda t: np.linalg.norm(t), "norm"),
     (lambda t: np.add.reduce(t), "add.reduce"),
     (lambda t: np.multiply.accumulate(t), "multiply.accumulate"),
     (lambda t: np.add.outer(t, t), "add.outer"),
-    (lambda t: np.logaddexp(t, t), "logaddexp"),
+    (lambda t: np.nextafter(t, t), "nextafter"),
     (lambda t: np.sin(t, out=np.empty(2)), "sin"),
     (lambda t: np.where(t), "where"),  # (the indices: a shape only the data tells)
     (lambda t: np.nonzero(t), "nonzero"),
@@ -901,13 +901,91 @@ def test_a_list_of_tensors_is_never_read_back(session):
             result.numpy()  # the poison flowed through on the device
 
 
+# numpy's other everyday functions and methods, each checked against numpy over every dtype
+# (numpy's refusals included: a bad axis raises its error at the call)
+EVERYDAY = {
+    "np.round": lambda t, u: np.round(t * 0.37, 1),
+    "np.around -1": lambda t, u: np.around(t * 10, -1),
+    "t.round()": lambda t, u: (t * 1.5).round(),
+    "round(t)": lambda t, u: round(t * 2.5),  # refused, as numpy 2 refuses it for arrays
+    "t.ravel()": lambda t, u: t.T.ravel(),
+    "t.flatten()": lambda t, u: t.flatten(),
+    "np.ravel": lambda t, u: np.ravel(t[1:]),
+    "np.isclose": lambda t, u: np.isclose(t, u * 1.000001),
+    "np.isclose nan": lambda t, u: np.isclose(t / 0, u / 0, rtol=0.1, equal_nan=True),
+    "np.nan_to_num": lambda t, u: np.nan_to_num(t / u, posinf=9.0, nan=-1.0),
+    "t.cumsum()": lambda t, u: t.cumsum(),
+    "t.cumsum(1, dtype)": lambda t, u: t.cumsum(1, dtype="float32"),
+    "np.cumprod axis=-1": lambda t, u: np.cumprod(t, axis=-1),
+    "np.cumsum axis=2": lambda t, u: np.cumsum(t, axis=2),
+    "np.sort": lambda t, u: np.sort(t),
+    "np.sort axis=0 stable": lambda t, u: np.sort(t, axis=0, kind="stable"),
+    "np.sort axis=None": lambda t, u: np.sort(t, axis=None),
+    "np.sort 0-d": lambda t, u: np.sort(t[0, 0]),
+    "t.argsort(0)": lambda t, u: t.argsort(0, kind="stable"),
+    "np.argsort": lambda t, u: np.argsort(u, kind="stable"),
+    "np.logaddexp": lambda t, u: np.logaddexp(t, u),
+    "np.logaddexp2": lambda t, u: np.logaddexp2(t, 1.5),
+    "np.float_power": lambda t, u: np.float_power(abs(t), 2),
+    "np.heaviside": lambda t, u: np.heaviside(t, 0.5),
+    "np.fabs": lambda t, u: np.fabs(t),
+    "np.signbit": lambda t, u: np.signbit(t),
+    "divmod quotient": lambda t, u: divmod(t, u)[0],
+    "divmod remainder": lambda t, u: divmod(t, 3)[1],
+    "rdivmod": lambda t, u: divmod(7, u)[1],
+    "np.divmod": lambda t, u: np.divmod(t, u)[0],
+    "np.moveaxis": lambda t, u: np.moveaxis(t[None], 0, -1),
+    "np.moveaxis several": lambda t, u: np.moveaxis(t[None], (0, 1), (2, 0)),
+    "np.moveaxis bad": lambda t, u: np.moveaxis(t, 0, 5),
+    "np.hstack": lambda t, u: np.hstack([t, u]),
+    "np.hstack 1-d and a scalar": lambda t, u: np.hstack([t[0], u[1], 5]),
+    "np.vstack": lambda t, u: np.vstack((t, u[0])),
+    "np.outer": lambda t, u: np.outer(t[0], u[1:]),
+    "np.zeros_like": lambda t, u: np.zeros_like(t),
+    "np.ones_like dtype": lambda t, u: np.ones_like(t, dtype="float32"),
+    "np.full_like": lambda t, u: np.full_like(t, 7),
+    "np.full_like shape": lambda t, u: np.full_like(u, 2, shape=(2,)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(EVERYDAY))
+def test_everyday_numpy_functions(session, name, dtype):
+    expect_same(session, EVERYDAY[name], data(dtype, seed=60),
+                data(dtype, kind="positive", seed=61), label=name)
+    session.sync()
+
+
+def test_everyday_reads_and_descriptions(session):
+    array = data("int32", seed=62)
+    t = session.asarray(array)
+    assert t.tolist() == array.tolist() and t[0, 0].tolist() == array[0, 0].tolist()
+    assert t.itemsize == array.itemsize == 4
+    assert (int(array[1, 2]) in t) is True and (100 in t) is False
+    assert np.allclose(t, array) is True and np.allclose(t, t + 1) is False
+    empty = np.empty_like(t, dtype="float32")
+    assert (type(empty), empty.shape, empty.dtype) == (Tensor, (3, 4), np.dtype("float32"))
+
+
+def test_a_keyword_fabric_does_not_take_is_named_in_numpys_terms(session):
+    t = session.asarray(data("float64", seed=63))
+    with pytest.raises(TypeError, match=r"numpy.concatenate on fabric tensors: got an "
+                                        r"unexpected keyword argument 'dtype'; read"):
+        np.concatenate([t, t], dtype="float32")
+    with pytest.raises(TypeError, match=r"numpy.zeros_like on fabric tensors: .*'order'"):
+        np.zeros_like(t, order="F")
+
+
 def test_numpy_functions_stay_remote(session):
     t = poisoned(session)  # any download would raise RemoteError here
     results = [np.sum(t, axis=0), np.mean(t), np.sin(t), np.add(t, 1), np.maximum(t, t),
                np.where(t > 0, t, 0), np.clip(t, 0, 1), np.concatenate([t, t]),
                np.stack([t, t]), np.expand_dims(t, 0), np.transpose(t), np.reshape(t, (2, 1)),
                np.matmul(t, t), np.dot(t, t), np.argmax(t), np.copy(t), np.float32(2) * t,
-               np.int64(3) + t]
+               np.int64(3) + t, np.round(t), np.ravel(t), np.isclose(t, t), np.cumsum(t),
+               np.sort(t), np.argsort(t), np.nan_to_num(t), np.moveaxis(t, 0, 0),
+               np.hstack([t, t]), np.vstack([t, t]), np.outer(t, t), np.divmod(t, t)[0],
+               np.logaddexp(t, t), np.zeros_like(t)[0] + t[0]]
     assert all(isinstance(r, Tensor) for r in results)
     assert np.shape(t) == (2,) and np.ndim(t) == 1 and np.size(t) == 2
     with pytest.raises(RemoteError):
