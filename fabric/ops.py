@@ -214,8 +214,11 @@ class Op:
         """Result shape and dtype, or numpy's own error for these arguments."""
         shape = self.shape_rule(self, args, params)
         if self.dtype_rule is _tiny_dtype:  # the only rule worth caching
-            return shape, _cached_dtype(self.name, _signature(args),
-                                        _freeze(params) if params else ())
+            try:
+                return shape, _cached_dtype(self.name, _signature(args),
+                                            _freeze(params) if params else ())
+            except Exception:  # numpy's refusal, raised again with the user's own values
+                pass  # (the signature's stand-ins would name a stand-in, not theirs)
         return shape, self.dtype_rule(self, args, params)
 
 
@@ -366,5 +369,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
               rng.uniform(low, high, shape).astype(dtype, copy=False)),
     _creation("normal", lambda rng, shape, loc, scale, dtype:
               rng.normal(loc, scale, shape).astype(dtype, copy=False)),
+    _creation("integers", lambda rng, shape, low, high, endpoint, dtype:
+              rng.integers(low, high, shape, dtype, endpoint=endpoint)),
 ]}
-RANDOM_OPS = frozenset({"uniform", "normal"})  # the executor passes the session's generator
+# The ops the executor passes the session's generator
+RANDOM_OPS = frozenset({"uniform", "normal", "integers"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import os
 import sys
 import time
@@ -306,8 +307,7 @@ class Tensor(Spec):
         return self.session._op("getitem", (self,), {"index": index}, wire)
 
     def reshape(self, *shape: Any) -> "Tensor":
-        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        return self._op("reshape", shape=tuple(int(n) for n in shape))
+        return self._op("reshape", shape=_shape(shape[0] if len(shape) == 1 else shape))
 
     def transpose(self, *axes: Any) -> "Tensor":
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
@@ -679,16 +679,41 @@ class Random:
         self._session = session
 
     def seed(self, seed: int) -> None:
-        """Reset the session's generator on the device; later draws are reproducible."""
-        self._session._enqueue(["seed", 0, [], {"seed": int(seed)}])
+        """Reset the session's generator on the device; later draws are reproducible.
+        ``seed``: an integer from 0 to 2**64 - 1."""
+        seed = operator.index(seed)
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed {seed} is out of range: use an integer from 0 to 2**64 - 1.")
+        self._session._enqueue(["seed", 0, [], {"seed": seed}])
 
     def uniform(self, low: float = 0.0, high: float = 1.0, size: Any = (),
                 dtype: Any = "float64") -> Tensor:
+        """Uniform draws from [low, high), of shape ``size``."""
         return self._session._create("uniform", size, dtype, low=low, high=high)
 
     def normal(self, loc: float = 0.0, scale: float = 1.0, size: Any = (),
                dtype: Any = "float64") -> Tensor:
+        """Normal draws of mean ``loc`` and deviation ``scale``, of shape ``size``."""
         return self._session._create("normal", size, dtype, loc=loc, scale=scale)
+
+    def random(self, size: Any = (), dtype: Any = "float64") -> Tensor:
+        """Uniform draws from [0, 1), of shape ``size``, as numpy's ``Generator.random``."""
+        return self.uniform(0.0, 1.0, size, dtype)
+
+    def integers(self, low: int, high: int | None = None, size: Any = (),
+                 dtype: Any = "int64", endpoint: bool = False) -> Tensor:
+        """Integers drawn uniformly from [low, high) ([low, high] with ``endpoint``; from
+        [0, low) without ``high``), as numpy's ``Generator.integers``."""
+        low, high = (0, low) if high is None else (low, high)
+        low, high = operator.index(low), operator.index(high)
+        if high < low or high == low and not endpoint:
+            raise ValueError(f"low >= high: no integer lies in [{low}, {high}"
+                             f"{']' if endpoint else ')'}; give a low below high.")
+        if device_dtype(dtype).kind not in "biu":
+            raise TypeError(f"integers draws integers: dtype {np.dtype(dtype)} is not an "
+                            "integer dtype; use uniform for floats.")
+        return self._session._create("integers", size, dtype, low=low, high=high,
+                                     endpoint=endpoint)
 
 
 def _infer_elementwise(key: tuple[Any, ...], name: str, args: tuple[Any, ...]) -> np.dtype:
@@ -720,7 +745,16 @@ def _wire_param(name: str, key: str, value: Any) -> Any:
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
-    return (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    """A shape as numpy takes one: an integer or a sequence of them (numpy's too, not floats)."""
+    try:
+        return (operator.index(shape),)
+    except TypeError:
+        pass
+    try:
+        return tuple(operator.index(n) for n in shape)
+    except TypeError:
+        raise TypeError(f"expected a sequence of integers or a single integer, got {shape!r}"
+                        ) from None
 
 
 class TensorSession:
@@ -923,13 +957,14 @@ class TensorSession:
                  dtype: Any = None) -> Tensor:
         if dtype is None:  # numpy's rule: the types of start and stop, made inexact
             dtype = np.result_type(start, stop, 1.0)
-        params = {"start": start, "stop": stop, "num": int(num), "endpoint": endpoint,
+        params = {"start": start, "stop": stop, "num": operator.index(num), "endpoint": endpoint,
                   "dtype": device_dtype(dtype).str}
         shape, dtype = OPS["linspace"].infer((), params)
         return self._emit("linspace", (), shape, dtype, params, _origin())
 
     def eye(self, n: int, m: int | None = None, k: int = 0, dtype: Any = "float64") -> Tensor:
-        params = {"n": int(n), "m": m, "k": int(k), "dtype": device_dtype(dtype).str}
+        params = {"n": operator.index(n), "m": None if m is None else operator.index(m),
+                  "k": operator.index(k), "dtype": device_dtype(dtype).str}
         shape, dtype = OPS["eye"].infer((), params)
         return self._emit("eye", (), shape, dtype, params, _origin())
 

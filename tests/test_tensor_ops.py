@@ -210,6 +210,13 @@ def test_zero_dimensional_uploads(session):
     session.sync()
 
 
+def test_a_refusal_names_the_users_value_not_an_inference_stand_in(session):
+    t = session.asarray(np.ones(2, np.int8))
+    for call in (lambda: t + 200, lambda: np.add(t, 200), lambda: np.maximum(t, 200)):
+        with pytest.raises(OverflowError, match="Python integer 200 out of bounds for int8"):
+            call()
+
+
 def test_python_int_out_of_bounds_raises_overflow_at_call_site(session):
     for dtype in ("int32", "int64"):
         for scalar in (2**40, -2**40, 2**63, 2**70):
@@ -736,6 +743,16 @@ CREATION = {
                           lambda: np.zeros((np.int64(2), np.int32(3)))),
     "eye numpy ints": (lambda s: s.eye(np.int64(3), k=np.int64(1)),
                        lambda: np.eye(np.int64(3), k=np.int64(1))),
+    # what is not an integer is not a size or a count (before: truncated, or an odd error)
+    "zeros(2.5)": (lambda s: s.zeros(2.5), lambda: np.zeros(2.5)),
+    "zeros((2.5, 1))": (lambda s: s.zeros((2.5, 1)), lambda: np.zeros((2.5, 1))),
+    "zeros(None)": (lambda s: s.zeros(None), lambda: np.zeros(None)),
+    "ones(float64 2)": (lambda s: s.ones(np.float64(2)), lambda: np.ones(np.float64(2))),
+    "linspace num=2.0": (lambda s: s.linspace(0, 1, 2.0), lambda: np.linspace(0, 1, 2.0)),
+    "eye(2.0)": (lambda s: s.eye(2.0), lambda: np.eye(2.0)),
+    "reshape(3.0)": (lambda s: s.ones(3).reshape(3.0), lambda: np.ones(3).reshape(3.0)),
+    "reshape((1, 3.0))": (lambda s: s.ones(3).reshape((1, 3.0)),
+                          lambda: np.ones(3).reshape((1, 3.0))),
 }
 
 
@@ -767,6 +784,40 @@ def _draws(s, seed):
     assert specs == [((3, 4), np.dtype("float32")), ((7,), np.dtype("float64")),
                      ((2,), np.dtype("float64")), ((), np.dtype("float64"))]
     return [d.numpy() for d in draws]
+
+
+def test_random_integers_and_random_are_numpys_and_reproducible(session):
+    def draws():
+        session.random.seed(7)
+        return [session.random.integers(5, size=(3, 4)),
+                session.random.integers(-2, 2, size=50, dtype="int8", endpoint=True),
+                session.random.integers(0, 2, size=9, dtype=bool),
+                session.random.random((2, 3), dtype="float32")]
+    first, again = draws(), draws()
+    assert [(d.shape, d.dtype) for d in first] == [
+        ((3, 4), np.dtype("int64")), ((50,), np.dtype("int8")), ((9,), np.dtype(bool)),
+        ((2, 3), np.dtype("float32"))]
+    first, again = [d.numpy() for d in first], [d.numpy() for d in again]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b, strict=True)
+    assert first[0].min() >= 0 and first[0].max() < 5
+    assert set(np.unique(first[1])) == {-2, -1, 0, 1, 2}  # endpoint: 2 comes too, 50 draws
+    assert 0 <= first[3].min() and first[3].max() < 1
+    with pytest.raises(ValueError, match="low >= high"):
+        session.random.integers(3, 3)
+    with pytest.raises(TypeError, match="not an integer dtype"):
+        session.random.integers(3, dtype="float32")
+
+
+@pytest.mark.parametrize("seed, error", [(-1, ValueError), (2 ** 64, ValueError),
+                                         ("x", TypeError), (2.5, TypeError)])
+def test_a_seed_out_of_range_is_refused_at_the_call_and_nothing_is_stuck(session, seed, error):
+    # before: 2**64 and past stopped every later batch (msgpack cannot carry it), -1 failed
+    # on the device
+    with pytest.raises(error):
+        session.random.seed(seed)
+    session.random.seed(2 ** 64 - 1)
+    assert session.random.uniform(size=3).numpy().shape == (3,)
 
 
 def test_random_seed_is_reproducible_across_seeds_and_sessions(session, shared_cluster):
