@@ -226,18 +226,22 @@ class Tensor(Spec):
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes the array takes on the device."""
         return self.size * self.dtype.itemsize
 
     @property
     def itemsize(self) -> int:
+        """The bytes of one element."""
         return self.dtype.itemsize
 
     @property
     def T(self) -> "Tensor":
+        """The tensor with its axes reversed."""
         return self.transpose()
 
     def __len__(self) -> int:
@@ -307,9 +311,11 @@ class Tensor(Spec):
         return self.session._op("getitem", (self,), {"index": index}, wire)
 
     def reshape(self, *shape: Any) -> "Tensor":
+        """The same values in a new shape (one dimension may be -1), as numpy's."""
         return self._op("reshape", shape=_shape(shape[0] if len(shape) == 1 else shape))
 
     def transpose(self, *axes: Any) -> "Tensor":
+        """The axes permuted (reversed without arguments), as numpy's."""
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
         return self._op("transpose", axes=tuple(axes) if axes else None)
 
@@ -320,12 +326,15 @@ class Tensor(Spec):
     flatten = ravel
 
     def swapaxes(self, axis1: int, axis2: int) -> "Tensor":
+        """Two axes interchanged."""
         return self._op("swapaxes", axis1=axis1, axis2=axis2)
 
     def squeeze(self, axis: int | tuple[int, ...] | None = None) -> "Tensor":
+        """Axes of length one removed (all, or those named)."""
         return self._op("squeeze", axis=axis)
 
     def astype(self, dtype: Any) -> "Tensor":
+        """The values cast to ``dtype``, as numpy's (unsafe) casting does."""
         return self._op("astype", dtype=device_dtype(dtype).str)
 
     def copy(self) -> "Tensor":
@@ -363,6 +372,7 @@ class Tensor(Spec):
         return _divmod(other, self)
 
     def dot(self, other: Any) -> "Tensor":
+        """The dot product with ``other``, as ``np.dot``."""
         return self._op("dot", other)
 
     def __matmul__(self, other: Any) -> "Tensor":
@@ -383,38 +393,49 @@ class Tensor(Spec):
         return self._op(name, axis=axis, keepdims=keepdims, **_given(extra))
 
     def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+        """The sum over ``axis`` (all axes with None)."""
         return self._reduce("sum", axis, keepdims, dtype=dtype)
 
     def prod(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+        """The product over ``axis`` (all axes with None)."""
         return self._reduce("prod", axis, keepdims, dtype=dtype)
 
     def mean(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+        """The mean over ``axis`` (all axes with None)."""
         return self._reduce("mean", axis, keepdims, dtype=dtype)
 
     def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
             dtype: Any = None) -> "Tensor":
+        """The standard deviation over ``axis``, with ``ddof`` degrees of freedom."""
         return self._reduce("std", axis, keepdims, ddof=ddof, dtype=dtype)
 
     def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
             dtype: Any = None) -> "Tensor":
+        """The variance over ``axis``, with ``ddof`` degrees of freedom."""
         return self._reduce("var", axis, keepdims, ddof=ddof, dtype=dtype)
 
     def min(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        """The minimum over ``axis`` (all axes with None)."""
         return self._reduce("min", axis, keepdims)
 
     def max(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        """The maximum over ``axis`` (all axes with None)."""
         return self._reduce("max", axis, keepdims)
 
     def any(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        """Whether any element over ``axis`` is true."""
         return self._reduce("any", axis, keepdims)
 
     def all(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+        """Whether every element over ``axis`` is true."""
         return self._reduce("all", axis, keepdims)
 
     def argmin(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
+        """The index of the minimum along ``axis`` (of the flattened tensor with None)."""
         return self._reduce("argmin", axis, keepdims)
 
     def argmax(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
+        """The index of the maximum along ``axis`` (of the flattened tensor with None)."""
         return self._reduce("argmax", axis, keepdims)
 
     def cumsum(self, axis: int | None = None, dtype: Any = None) -> "Tensor":
@@ -928,15 +949,19 @@ class TensorSession:
                                   else self.asarray(item) for item in items], {"axis": 0})
 
     def zeros(self, shape: Any, dtype: Any = "float64") -> Tensor:
+        """A tensor of zeros, made on the device."""
         return self._create("zeros", shape, dtype)
 
     def ones(self, shape: Any, dtype: Any = "float64") -> Tensor:
+        """A tensor of ones, made on the device."""
         return self._create("ones", shape, dtype)
 
     def empty(self, shape: Any, dtype: Any = "float64") -> Tensor:
+        """A tensor whose values are whatever its memory held, made on the device."""
         return self._create("empty", shape, dtype)
 
     def full(self, shape: Any, fill_value: Any, dtype: Any = None) -> Tensor:
+        """A tensor of ``fill_value`` (its dtype by numpy's rule without ``dtype``)."""
         dtype = device_dtype(np.asarray(fill_value).dtype if dtype is None else dtype)
         if np.ndim(fill_value) == 0:  # cast here, as numpy's copy casts it (an int past 64
             fill_value = dtype.type(fill_value).item()  # bits fills a float tensor)
@@ -944,6 +969,7 @@ class TensorSession:
 
     def arange(self, start: float, stop: float | None = None, step: float = 1,
                dtype: Any = None) -> Tensor:
+        """Evenly spaced values in [start, stop), as ``np.arange``."""
         if stop is None:
             start, stop = 0, start
         if dtype is None:  # numpy's rule: the types of all three, at least an intp
@@ -955,6 +981,7 @@ class TensorSession:
 
     def linspace(self, start: float, stop: float, num: int = 50, endpoint: bool = True,
                  dtype: Any = None) -> Tensor:
+        """``num`` evenly spaced values from start to stop, as ``np.linspace``."""
         if dtype is None:  # numpy's rule: the types of start and stop, made inexact
             dtype = np.result_type(start, stop, 1.0)
         params = {"start": start, "stop": stop, "num": operator.index(num), "endpoint": endpoint,
@@ -963,6 +990,7 @@ class TensorSession:
         return self._emit("linspace", (), shape, dtype, params, _origin())
 
     def eye(self, n: int, m: int | None = None, k: int = 0, dtype: Any = "float64") -> Tensor:
+        """A 2-D tensor with ones on diagonal ``k``, zeros elsewhere."""
         params = {"n": operator.index(n), "m": None if m is None else operator.index(m),
                   "k": operator.index(k), "dtype": device_dtype(dtype).str}
         shape, dtype = OPS["eye"].infer((), params)
