@@ -115,8 +115,8 @@ def main() -> None:
     parser.add_argument("--skip-bulk", action="store_true", help="skip W3 (256 MiB)")
     args = parser.parse_args()
     # The raw peers' processes get the allocator settings LocalCluster gives fabric's broker
-    # and worker (huge pages for large frames): like for like. (This process, the client of
-    # both, started with whatever its environment said.)
+    # and worker (freed memory kept for the next large frame, on huge pages): like for like.
+    # (This process, the client of both, started with whatever its environment said.)
     os.environ.update(with_bulk_malloc(os.environ))
     array = np.random.default_rng(0).random(BULK_BYTES // 8)
     figures: dict[str, list[float]] = {}

@@ -29,9 +29,17 @@ if TYPE_CHECKING:
 
 _PR_SET_PDEATHSIG = 1
 # A large frame arrives in a fresh allocation, and faulting its pages in is most of what
-# receiving it costs; on transparent huge pages that is one fault per 2 MiB instead of per
-# 4 KiB (bulk transfers ran about twice as fast here). glibc 2.35+; older ones ignore it.
-BULK_MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
+# receiving it costs; on a VM whose balloon takes freed pages back (free page reporting),
+# each page faults on the host too: 256 MiB uploads ran at 0.3-0.4 GB/s here. So brokers and
+# workers keep freed memory for the next large array: one heap (arena_max=1: the ZMQ I/O
+# thread's receive buffers too, which a thread's arena would map afresh each time), never
+# mmap (mmap_max=0: munmap hands the pages back), trimmed only once more than 1 GiB is free
+# at its top; and backed by transparent huge pages (one fault per 2 MiB, not per 4 KiB).
+# Bulk transfers ran 2-4x faster (bench/run.py W3, up: 0.38-0.57 GB/s before, 1.26-1.39
+# after; down: 0.43-0.65, 0.92-0.96). The price: a process's resident memory stays near its
+# high-water mark, less what passes 1 GiB free at the heap's top. (hugetlb: glibc 2.35+.)
+BULK_MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.arena_max=1",
+                        "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1073741824")
 
 
 def _die_with_parent() -> None:
@@ -48,12 +56,13 @@ def _die_with_parent() -> None:
 
 
 def with_bulk_malloc(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` for a process that moves large arrays: glibc backs its large allocations with
-    transparent huge pages (``BULK_MALLOC_TUNABLE``), unless ``env`` already says otherwise."""
-    tunables = env.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in tunables:
-        return dict(env)
-    return {**env, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, BULK_MALLOC_TUNABLE)))}
+    """``env`` for a process that moves large arrays: glibc's malloc set as
+    ``BULK_MALLOC_TUNABLES`` say (freed memory kept for reuse, on huge pages), each setting
+    only where ``env``'s GLIBC_TUNABLES does not already choose it."""
+    given = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
+    chosen = {t.split("=", 1)[0] for t in given}
+    added = [t for t in BULK_MALLOC_TUNABLES if t.split("=", 1)[0] not in chosen]
+    return {**env, "GLIBC_TUNABLES": ":".join(given + added)}
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> str:
