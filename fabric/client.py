@@ -119,8 +119,8 @@ class Connection:
 
     def _check_thread(self) -> None:
         if threading.get_ident() != self._thread:
-            raise FabricError("A fabric connection is used only by the thread that opened it: "
-                              "open a session per thread.")
+            raise FabricError("A fabric session is used only by the thread that connected it: "
+                              "call fabric.connect() in each thread that issues ops.")
 
     def set_send_timeout(self, seconds: float) -> None:
         """How long ``send`` may wait for room in the queue to the broker."""
@@ -345,8 +345,11 @@ class Session(TensorSession):
                              self.timeout if timeout is None else timeout)
 
     def _check_open(self) -> None:
+        """Raise why this session cannot be used here: it is closed, or this is not its
+        thread."""
         if self.closed:
             raise SessionLost(f"Session {self.id:#x} is closed: open a new session.")
+        self.connection._check_thread()
 
     def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
         if self.closed:  # (every read: the call only to raise)
@@ -362,6 +365,7 @@ class Session(TensorSession):
             return
         self._batch, self._buffers = [], []  # closing frees it all
         self.closed = True
+        self._thread = None  # every later op stops at _check_open
         try:
             if self.connection.error is None and self.id not in self.connection.pending.lost:
                 reply = self.connection.request(Message(Kind.CLOSE, self.id),

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
+from threading import get_ident as _get_ident
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -784,6 +785,7 @@ class TensorSession:
     tracing = False  # True for fabric.graph.Tracer, which records ops instead of sending them
 
     def _init_stream(self) -> None:
+        self._thread = _get_ident()  # the one thread that issues its ops; None once closed
         self._ids = itertools.count(1)
         self._batch: list[Any] = []  # ops, and ids of tensors freed
         self._buffers: list[Any] = []
@@ -888,7 +890,9 @@ class TensorSession:
         return tensor
 
     def _enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None) -> None:
-        if self.closed:
+        if _get_ident() != self._thread:  # another thread's op, or closed (_thread None)
+            if result is not None:  # never made on the device, so never to be freed there
+                del result.session, self._origins[result.id]
             self._check_open()
         if self._captures:  # fabric.capture: record the op as it is sent
             for trace in self._captures:

@@ -321,6 +321,27 @@ def test_using_a_closed_session_fails_clearly(shared_cluster):
         session.ones(3)
 
 
+def test_an_op_from_another_thread_is_refused_at_once_and_the_session_goes_on(session):
+    t = session.arange(4.0)
+    queued = len(session._batch)
+    errors = []
+
+    def use_from_another_thread():
+        for issue in (lambda: t + 1, lambda: session.ones(2), lambda: session.asarray([1.0]),
+                      lambda: t.numpy(), lambda: session.sync()):
+            try:
+                issue()
+            except fabric.FabricError as exc:
+                errors.append(str(exc))
+    thread = threading.Thread(target=use_from_another_thread)
+    thread.start()
+    thread.join(timeout=10)
+    # before: the ops were queued into this thread's stream, and only a read failed
+    assert len(errors) == 5 and all("call fabric.connect() in each thread" in e for e in errors)
+    assert len(session._batch) == queued  # nothing of the other thread's was queued
+    np.testing.assert_array_equal((t * 2).numpy(), [0.0, 2.0, 4.0, 6.0])
+
+
 def test_a_session_with_a_long_queue_does_not_hold_up_another_sessions_requests(
         shared_cluster):
     with shared_cluster.connect(device=1) as busy, shared_cluster.connect(device=1) as other:
