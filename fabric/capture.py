@@ -52,7 +52,7 @@ class Trace:
     def __str__(self) -> str:
         lines = []
         for entry in self.ops:
-            args = ", ".join(f"t{a}" if type(a) is int else repr(a[0] if type(a) is list else a)
+            args = ", ".join(f"t{a}" if type(a) is int else repr(decode_scalar(a))
                              for a in entry["args"])
             params = ", ".join(f"{k}={v!r}" for k, v in entry["params"].items())
             call = f"{entry['op']}({', '.join(p for p in (args, params) if p)})"

@@ -31,6 +31,15 @@ def test_a_captured_computation_replays_on_another_session(session, shared_clust
         np.testing.assert_array_equal(replayed[y.id].numpy(), y.numpy())
 
 
+def test_a_printed_trace_shows_scalars_as_the_user_gave_them(session):
+    t = session.ones(3, dtype="float32")
+    with fabric.capture(session) as trace:
+        (t + np.float32(2.5)) * 3 - 0.5
+    lines = str(trace).splitlines()  # a numpy scalar keeps its type (before: 2.5, as a float)
+    assert lines[0].startswith(f"t{t.id + 1} = add(t{t.id}, np.float32(2.5))")
+    assert f"multiply(t{t.id + 1}, 3)" in lines[1] and ", 0.5)" in lines[2]
+
+
 def test_capture_records_only_inside_the_block(session):
     before = session.ones(2)
     with fabric.capture(session) as trace:
