@@ -72,9 +72,16 @@ def _view_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     return _apply(op.impl, args, params, tiny=False).shape
 
 
+def _axis_of_0d(shape: Shape, axis: Any) -> bool:
+    # numpy's quirk: most of its reductions and scans take axis 0 (or -1) of a 0-d array
+    return not shape and isinstance(axis, (int, np.integer)) and axis in (0, -1)
+
+
 def _reduce_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     shape = args[0].shape
     axis = params.get("axis")
+    if _axis_of_0d(shape, axis) and op.name not in ("mean", "std", "var"):
+        return ()
     if axis is None:
         axes = tuple(range(len(shape)))
     elif op.single_axis:
@@ -154,7 +161,7 @@ def _scan_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     # cumsum, cumprod, sort, argsort: the input's shape, or its size flat with axis None
     shape = args[0].shape
     axis = params.get("axis")
-    if axis is None:
+    if axis is None or _axis_of_0d(shape, axis) and op.name != "sort":
         return (math.prod(shape),)
     normalize_axis_index(axis, len(shape))
     return shape
@@ -211,15 +218,18 @@ class Op:
     single_axis: bool = False  # argmin/argmax take one axis, not a tuple
 
     def infer(self, args: Sequence[Any], params: dict[str, Any]) -> tuple[Shape, np.dtype]:
-        """Result shape and dtype, or numpy's own error for these arguments."""
-        shape = self.shape_rule(self, args, params)
+        """Result shape and dtype, or numpy's own error for these arguments (a dtype error
+        before a shape error, as numpy resolves types before it broadcasts)."""
         if self.dtype_rule is _tiny_dtype:  # the only rule worth caching
             try:
-                return shape, _cached_dtype(self.name, _signature(args),
-                                            _freeze(params) if params else ())
+                dtype = _cached_dtype(self.name, _signature(args),
+                                      _freeze(params) if params else ())
             except Exception:  # numpy's refusal, raised again with the user's own values
-                pass  # (the signature's stand-ins would name a stand-in, not theirs)
-        return shape, self.dtype_rule(self, args, params)
+                dtype = self.dtype_rule(self, args, params)  # (the signature's stand-ins
+                # would name a stand-in, not theirs)
+        else:
+            dtype = self.dtype_rule(self, args, params)
+        return self.shape_rule(self, args, params), dtype
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:

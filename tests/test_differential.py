@@ -1,0 +1,157 @@
+"""Random chains of ops, run by numpy and by a real device, must agree.
+
+Each example builds a short chain (elementwise ops with tensors and with Python and numpy
+scalars, reductions, views, casts, joins, scans) from random dtypes and small shapes. At every
+step the tensor's shape and dtype, known on the client before anything is read, must be
+numpy's, and where numpy refuses, fabric must refuse at the call with the same exception
+type; at the end the values read back must be numpy's. Seeded (derandomized), so CI is
+repeatable; ``FABRIC_DIFFERENTIAL_EXAMPLES=N`` runs N random examples instead.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fabric import Tensor
+
+DTYPES = ["bool", "int32", "int64", "float32", "float64"]
+SHAPES = [(), (3,), (2, 3), (1, 3), (2, 1, 3), (0, 3)]
+BINARY = ["add", "subtract", "multiply", "true_divide", "floor_divide", "remainder", "maximum",
+          "minimum", "less", "equal", "not_equal", "greater_equal", "logical_and",
+          "logical_xor", "bitwise_and", "bitwise_or", "arctan2", "hypot", "copysign",
+          "logaddexp", "heaviside", "fmax"]
+UNARY = ["negative", "absolute", "sqrt", "exp", "log1p", "sin", "tanh", "floor", "sign",
+         "isnan", "logical_not", "invert", "square", "rint", "fabs", "signbit"]
+REDUCTIONS = ["sum", "prod", "mean", "std", "var", "min", "max", "argmin", "argmax", "any",
+              "all"]
+SCALARS = st.sampled_from([True, 0, 3, -2, 250, 2.5, -0.5, np.bool_(False), np.int8(3),
+                           np.int32(-7), np.float32(1.5), np.float64(-2.0)])
+
+
+def _axis(draw: st.DrawFn, ndim: int) -> int | None:
+    return draw(st.one_of(st.none(), st.integers(-ndim, ndim - 1))) if ndim else None
+
+
+@st.composite
+def chains(draw: st.DrawFn) -> tuple[list[np.ndarray], list[tuple[str, tuple]]]:
+    """Base arrays and a list of steps, each (kind, arguments) applied to the running value."""
+    shape = draw(st.sampled_from(SHAPES))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    bases = []
+    for _ in range(2):
+        dtype = np.dtype(draw(st.sampled_from(DTYPES)))
+        other_shape = draw(st.sampled_from([shape, shape[1:], (1,) + shape[1:]]))
+        values = np.asarray(rng.integers(-4, 5, other_shape) * 0.75)  # zeros, ties
+        # (a 0-d array, not a numpy scalar: those take axis=0 where arrays refuse it)
+        bases.append(np.asarray(values.astype(dtype) if dtype.kind != "b" else values > 0))
+    steps = []
+    ndim = len(shape)
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["binary", "binary", "scalar", "unary", "reduce", "view",
+                                     "astype", "where", "clip", "join", "scan", "matmul",
+                                     "other"]))
+        if kind == "binary":
+            steps.append((kind, (draw(st.sampled_from(BINARY)), draw(st.booleans()))))
+        elif kind == "scalar":
+            steps.append((kind, (draw(st.sampled_from(BINARY)), draw(SCALARS),
+                                 draw(st.booleans()))))
+        elif kind == "unary":
+            steps.append((kind, (draw(st.sampled_from(UNARY)),)))
+        elif kind == "reduce":
+            steps.append((kind, (draw(st.sampled_from(REDUCTIONS)), _axis(draw, ndim),
+                                 draw(st.booleans()))))
+        elif kind == "view":
+            steps.append((kind, (draw(st.sampled_from(["T", "flat", "expand", "reverse",
+                                                        "first", "squeeze"])),)))
+        elif kind == "astype":
+            steps.append((kind, (draw(st.sampled_from(DTYPES)),)))
+        elif kind == "other":
+            steps.append((kind, (draw(st.sampled_from(["round", "isclose", "nan_to_num",
+                                                        "moveaxis", "outer", "divmod"])),)))
+        elif kind in ("where", "clip", "join", "matmul"):
+            steps.append((kind, (draw(st.integers(0, 1)),)))
+        else:
+            steps.append((kind, (draw(st.sampled_from(["cumsum", "sort", "argsort"])),
+                                 _axis(draw, ndim))))
+    return bases, steps
+
+
+def apply(step: tuple[str, tuple], value, other):
+    """One step on ``value`` (a numpy array or a tensor), ``other`` being the second base."""
+    kind, args = step
+    if kind == "binary":
+        name, swapped = args
+        return getattr(np, name)(*((other, value) if swapped else (value, other)))
+    if kind == "scalar":
+        name, scalar, swapped = args
+        return getattr(np, name)(*((scalar, value) if swapped else (value, scalar)))
+    if kind == "unary":
+        return getattr(np, args[0])(value)
+    if kind == "reduce":
+        name, axis, keepdims = args
+        return getattr(value, name)(axis=axis, keepdims=keepdims)
+    if kind == "view":
+        how = args[0]
+        return {"T": lambda v: v.T, "flat": lambda v: v.reshape(-1),
+                "expand": lambda v: np.expand_dims(v, 0), "reverse": lambda v: v[..., ::-1],
+                "first": lambda v: v[0], "squeeze": lambda v: np.squeeze(v)}[how](value)
+    if kind == "astype":
+        return value.astype(args[0])
+    if kind == "where":
+        return np.where(value > 0, value, other) if args[0] else np.where(other, 1.5, value)
+    if kind == "clip":
+        return np.clip(value, -1, 2) if args[0] else value.clip(other, None)
+    if kind == "join":
+        return np.concatenate([value, value], axis=-1) if args[0] else np.stack([value, value])
+    if kind == "matmul":
+        return value @ other if args[0] else np.dot(other, value)
+    if kind == "other":
+        return {"round": lambda v: np.round(v * 0.37, 1),
+                "isclose": lambda v: np.isclose(v, other),
+                "nan_to_num": lambda v: np.nan_to_num(v / other, posinf=7.0),
+                "moveaxis": lambda v: np.moveaxis(v, 0, -1),
+                "outer": lambda v: np.outer(v, other),
+                "divmod": lambda v: divmod(v, other)[1]}[args[0]](value)
+    name, axis = args
+    return getattr(np, name)(value, axis=axis)
+
+
+def assert_same_values(got: np.ndarray, expected: np.ndarray, label: str) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape, label
+    if expected.dtype.kind == "f":
+        tolerance = {2: 2e-3, 4: 2e-5, 8: 1e-12}[expected.dtype.itemsize]
+        np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance,
+                                   equal_nan=True, err_msg=label)
+    else:
+        np.testing.assert_array_equal(got, expected, err_msg=label)
+
+
+@settings(max_examples=int(os.environ.get("FABRIC_DIFFERENTIAL_EXAMPLES", 150)),
+          deadline=None, derandomize="FABRIC_DIFFERENTIAL_EXAMPLES" not in os.environ,
+          database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(chains())
+def test_random_chains_agree_with_numpy(session, chain):
+    bases, steps = chain
+    local, other_local = bases
+    remote, other_remote = (session.asarray(b) for b in bases)
+    for i, step in enumerate(steps):
+        label = f"step {i} {step} of {steps} on {[(b.dtype, b.shape) for b in bases]}"
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the mean of nothing, say)
+                local = np.asarray(apply(step, local, other_local))
+        except Exception as exc:  # numpy refuses: fabric refuses alike, at the call
+            with pytest.raises(type(exc)):
+                apply(step, remote, other_remote)
+            break
+        remote = apply(step, remote, other_remote)
+        assert isinstance(remote, Tensor), label
+        assert (remote.shape, remote.dtype) == (local.shape, local.dtype), label
+    assert_same_values(remote.numpy(), local, f"{steps} on {[b.dtype for b in bases]}")
