@@ -15,10 +15,12 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import HEARTBEAT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric import Tensor
+from fabric import LocalCluster, Tensor
+from workers.backends.numexpr_backend import MIN_SIZE_ENV
 
 DTYPES = ["bool", "int32", "int64", "float32", "float64"]
 SHAPES = [(), (3,), (2, 3), (1, 3), (2, 1, 3), (0, 3)]
@@ -132,12 +134,8 @@ def assert_same_values(got: np.ndarray, expected: np.ndarray, label: str) -> Non
         np.testing.assert_array_equal(got, expected, err_msg=label)
 
 
-@settings(max_examples=int(os.environ.get("FABRIC_DIFFERENTIAL_EXAMPLES", 150)),
-          deadline=None, derandomize="FABRIC_DIFFERENTIAL_EXAMPLES" not in os.environ,
-          database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(chains())
-def test_random_chains_agree_with_numpy(session, chain):
+def check(session, chain) -> None:
+    """Run ``chain`` with numpy and on ``session``'s device; they must agree at every step."""
     bases, steps = chain
     local, other_local = bases
     remote, other_remote = (session.asarray(b) for b in bases)
@@ -155,3 +153,32 @@ def test_random_chains_agree_with_numpy(session, chain):
         assert isinstance(remote, Tensor), label
         assert (remote.shape, remote.dtype) == (local.shape, local.dtype), label
     assert_same_values(remote.numpy(), local, f"{steps} on {[b.dtype for b in bases]}")
+
+
+EXAMPLES = settings(max_examples=int(os.environ.get("FABRIC_DIFFERENTIAL_EXAMPLES", 150)),
+                    deadline=None,
+                    derandomize="FABRIC_DIFFERENTIAL_EXAMPLES" not in os.environ, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
+
+
+@EXAMPLES
+@given(chains())
+def test_random_chains_agree_with_numpy(session, chain):
+    check(session, chain)
+
+
+@pytest.fixture(scope="module")
+def numexpr_session():
+    """A session on a numexpr device that fuses chains of every size (these are small)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(MIN_SIZE_ENV, "0")  # the worker's environment is this process's
+        with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
+                cluster.connect() as session:
+            yield session
+
+
+@EXAMPLES
+@given(chains())
+def test_random_chains_agree_with_numpy_on_the_numexpr_device(numexpr_session, chain):
+    check(numexpr_session, chain)

@@ -247,6 +247,15 @@ def test_broadcasting(pair, shapes):
     pair.flush()
 
 
+def test_empty_operands_broadcast_as_numpy_does(pair):
+    # numexpr itself gives (0, 1) for (0, 1) + (1, 0): empty results are numpy's to make
+    for dtype in DTYPES:
+        for left, right in [((0, 1), (1, 0)), ((0, 3), (1, 3)), ((2, 1), (1, 0)), ((0,), ())]:
+            pair.check(f"add {dtype} {left} {right}", np.add, np.zeros(left, dtype),
+                       np.ones(right, dtype))
+    pair.flush()
+
+
 def test_integer_edges_wrap_and_shift_as_numpy_does(pair):
     big = np.array([2**31 - 1, -2**31, -1, 0, 7, 2**30], np.int32)
     counts = np.array([-1, 0, 1, 31, 32, 33], np.int32)

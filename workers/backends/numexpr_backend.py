@@ -482,6 +482,8 @@ class NumexprDevice:
 
     def _defer(self, name: str, inputs: list[Any]) -> Deferred | None:
         shape = _shape(inputs)
+        if 0 in shape:  # nothing to compute, and numexpr broadcasts empty operands wrongly
+            return None  # ((0, 1) with (1, 0) gives it (0, 1), not (0, 0)): numpy's
         descriptors = tuple(_descriptor(x) for x in inputs)
         power = _inline_power(*inputs) if name == "power" and len(inputs) == 2 else None
         how = plan(name, descriptors, power)
