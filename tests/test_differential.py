@@ -1,4 +1,5 @@
-"""Random chains of ops, run by numpy and by a real device, must agree.
+"""Random chains of ops, run by numpy and by a real device (numpy's and numexpr's, op by op
+and as a registered and replayed ``fabric.function``), must agree.
 
 Each example builds a short chain (elementwise ops with tensors and with Python and numpy
 scalars, reductions, views, casts, joins, scans) from random dtypes and small shapes. At every
@@ -19,6 +20,7 @@ from conftest import HEARTBEAT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import fabric
 from fabric import LocalCluster, Tensor
 from workers.backends.numexpr_backend import MIN_SIZE_ENV
 
@@ -155,7 +157,33 @@ def check(session, chain) -> None:
     assert_same_values(remote.numpy(), local, f"{steps} on {[b.dtype for b in bases]}")
 
 
-EXAMPLES = settings(max_examples=int(os.environ.get("FABRIC_DIFFERENTIAL_EXAMPLES", 150)),
+def check_graph(session, chain) -> None:
+    """The part of ``chain`` numpy accepts, as a ``fabric.function`` registered on its first
+    call and replayed on its second, must give numpy's values both times."""
+    bases, steps = chain
+    local, other = bases
+    accepted = []
+    for step in steps:
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                local = np.asarray(apply(step, local, other))
+        except Exception:
+            break
+        accepted.append(step)
+
+    @fabric.function
+    def run(value, other):
+        for step in accepted:
+            value = apply(step, value, other)
+        return value
+    remote = [session.asarray(b) for b in bases]
+    for call in ("registered", "replayed"):
+        assert_same_values(run(*remote).numpy(), local, f"{call}: {accepted} on "
+                                                        f"{[b.dtype for b in bases]}")
+
+
+EXAMPLES = settings(max_examples=int(os.environ.get("FABRIC_DIFFERENTIAL_EXAMPLES", 300)),
                     deadline=None,
                     derandomize="FABRIC_DIFFERENTIAL_EXAMPLES" not in os.environ, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -182,3 +210,15 @@ def numexpr_session():
 @given(chains())
 def test_random_chains_agree_with_numpy_on_the_numexpr_device(numexpr_session, chain):
     check(numexpr_session, chain)
+
+
+@EXAMPLES
+@given(chains())
+def test_random_chains_as_graphs_agree_with_numpy(session, chain):
+    check_graph(session, chain)
+
+
+@EXAMPLES
+@given(chains())
+def test_random_chains_as_graphs_agree_with_numpy_on_the_numexpr_device(numexpr_session, chain):
+    check_graph(numexpr_session, chain)
