@@ -731,9 +731,14 @@ class Random:
         if high < low or high == low and not endpoint:
             raise ValueError(f"low >= high: no integer lies in [{low}, {high}"
                              f"{']' if endpoint else ')'}; give a low below high.")
-        if device_dtype(dtype).kind not in "biu":
-            raise TypeError(f"integers draws integers: dtype {np.dtype(dtype)} is not an "
-                            "integer dtype; use uniform for floats.")
+        dtype = device_dtype(dtype)
+        if dtype.kind not in "biu":
+            raise TypeError(f"integers draws integers: dtype {dtype} is not an integer "
+                            "dtype; use uniform for floats.")
+        bounds = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        if low < bounds[0] or (high if endpoint else high - 1) > bounds[1]:
+            raise ValueError(f"{'low' if low < bounds[0] else 'high'} is out of bounds for "
+                             f"{dtype}: its values lie in [{bounds[0]}, {bounds[1]}].")
         return self._session._create("integers", size, dtype, low=low, high=high,
                                      endpoint=endpoint)
 

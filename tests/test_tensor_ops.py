@@ -807,6 +807,15 @@ def test_random_integers_and_random_are_numpys_and_reproducible(session):
         session.random.integers(3, 3)
     with pytest.raises(TypeError, match="not an integer dtype"):
         session.random.integers(3, dtype="float32")
+    for low, high, dtype, endpoint in [(0, 300, "int8", False), (-200, 3, "int8", False),
+                                       (0, 128, "int8", True), (0, 2, "bool", True),
+                                       (-1, 1, "uint8", False)]:  # numpy's refusals, at the call
+        with pytest.raises(ValueError, match="out of bounds for"):
+            np.random.default_rng(0).integers(low, high, dtype=dtype, endpoint=endpoint)
+        with pytest.raises(ValueError, match="out of bounds for"):
+            session.random.integers(low, high, dtype=dtype, endpoint=endpoint)
+    assert session.random.integers(0, 128, 4, dtype="int8").numpy().max() < 128
+    session.sync()
 
 
 @pytest.mark.parametrize("seed, error", [(-1, ValueError), (2 ** 64, ValueError),
