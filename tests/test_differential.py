@@ -42,9 +42,17 @@ def _axis(draw: st.DrawFn, ndim: int) -> int | None:
     return draw(st.one_of(st.none(), st.integers(-ndim, ndim - 1))) if ndim else None
 
 
+# Ops whose results numexpr rounds otherwise than numpy (within an ulp or so, which a later
+# cast or comparison can turn into any difference): kept off the numexpr device's chains
+INEXACT = {"arctan2", "hypot", "logaddexp", "exp", "log1p", "sin", "tanh"}
+
+
 @st.composite
-def chains(draw: st.DrawFn) -> tuple[list[np.ndarray], list[tuple[str, tuple]]]:
-    """Base arrays and a list of steps, each (kind, arguments) applied to the running value."""
+def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list[tuple]]:
+    """Base arrays and a list of steps, each (kind, arguments) applied to the running value;
+    ``exact``: only ops that numpy and numexpr round alike."""
+    binary = [name for name in BINARY if not (exact and name in INEXACT)]
+    unary = [name for name in UNARY if not (exact and name in INEXACT)]
     shape = draw(st.sampled_from(SHAPES))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     bases = []
@@ -61,12 +69,12 @@ def chains(draw: st.DrawFn) -> tuple[list[np.ndarray], list[tuple[str, tuple]]]:
                                      "astype", "where", "clip", "join", "scan", "matmul",
                                      "other"]))
         if kind == "binary":
-            steps.append((kind, (draw(st.sampled_from(BINARY)), draw(st.booleans()))))
+            steps.append((kind, (draw(st.sampled_from(binary)), draw(st.booleans()))))
         elif kind == "scalar":
-            steps.append((kind, (draw(st.sampled_from(BINARY)), draw(SCALARS),
+            steps.append((kind, (draw(st.sampled_from(binary)), draw(SCALARS),
                                  draw(st.booleans()))))
         elif kind == "unary":
-            steps.append((kind, (draw(st.sampled_from(UNARY)),)))
+            steps.append((kind, (draw(st.sampled_from(unary)),)))
         elif kind == "reduce":
             steps.append((kind, (draw(st.sampled_from(REDUCTIONS)), _axis(draw, ndim),
                                  draw(st.booleans()))))
@@ -183,7 +191,9 @@ def check_graph(session, chain) -> None:
                                                         f"{[b.dtype for b in bases]}")
 
 
-EXAMPLES = settings(max_examples=int(os.environ.get("FABRIC_DIFFERENTIAL_EXAMPLES", 300)),
+EXAMPLE_COUNT = int(os.environ.get("FABRIC_DIFFERENTIAL_EXAMPLES", 300))
+pytestmark = pytest.mark.timeout(max(60, EXAMPLE_COUNT // 40))  # (a long exploration: longer)
+EXAMPLES = settings(max_examples=EXAMPLE_COUNT,
                     deadline=None,
                     derandomize="FABRIC_DIFFERENTIAL_EXAMPLES" not in os.environ, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -207,7 +217,7 @@ def numexpr_session():
 
 
 @EXAMPLES
-@given(chains())
+@given(chains(exact=True))
 def test_random_chains_agree_with_numpy_on_the_numexpr_device(numexpr_session, chain):
     check(numexpr_session, chain)
 
@@ -219,6 +229,6 @@ def test_random_chains_as_graphs_agree_with_numpy(session, chain):
 
 
 @EXAMPLES
-@given(chains())
+@given(chains(exact=True))
 def test_random_chains_as_graphs_agree_with_numpy_on_the_numexpr_device(numexpr_session, chain):
     check_graph(numexpr_session, chain)
