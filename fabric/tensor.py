@@ -19,7 +19,7 @@ from threading import get_ident as _get_ident
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-from numpy.lib.array_utils import normalize_axis_tuple
+from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .errors import ProtocolError, RemoteError, RequestTimeout, error_from_wire
 from .flow import SUBMIT_WINDOW
@@ -644,6 +644,67 @@ def _like(name: str) -> Any:
     return function
 
 
+def _flip(m: Any, axis: Any = None) -> Tensor:
+    axes = range(m.ndim) if axis is None else normalize_axis_tuple(axis, m.ndim)
+    return m[tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(m.ndim))]
+
+
+def _diff(a: Tensor, n: int = 1, axis: int = -1) -> Tensor:
+    axis = normalize_axis_index(axis, a.ndim)
+    head = (slice(None),) * axis
+    subtract = np.not_equal if a.dtype == np.bool_ else np.subtract  # numpy's choice
+    if operator.index(n) < 0:
+        raise ValueError(f"order must be non-negative but got {n!r}")
+    for _ in range(n):
+        a = subtract(a[head + (slice(1, None),)], a[head + (slice(None, -1),)])
+    return a
+
+
+def _roll(a: Tensor, shift: Any, axis: Any = None) -> Tensor:
+    if axis is None:
+        return _roll(a.ravel(), shift, 0).reshape(a.shape)
+    shifts, axes = np.broadcast_arrays(shift, axis)  # numpy pairs them alike
+    for step, ax in zip(shifts.ravel().tolist(), axes.ravel().tolist()):
+        ax = normalize_axis_index(ax, a.ndim)
+        if a.shape[ax]:
+            cut = (a.shape[ax] - step % a.shape[ax]) % a.shape[ax]
+            head = (slice(None),) * ax
+            a = np.concatenate([a[head + (slice(cut, None),)], a[head + (slice(None, cut),)]],
+                               axis=ax)
+    return a
+
+
+def _triangle(lower: bool) -> Any:
+    def function(m: Tensor, k: int = 0) -> Tensor:
+        if not m.shape:  # (numpy's error type; a 1-d tensor is a row of a square, as numpy's)
+            raise TypeError(f"numpy.{'tril' if lower else 'triu'} needs at least 1 dimension")
+        rows, cols = m.shape[-2:] if m.ndim > 1 else m.shape * 2
+        session = m.session
+        above = session.arange(rows)[:, None] + k - session.arange(cols)[None, :]
+        keep = above >= 0 if lower else above <= 0  # (numpy: tril keeps j <= i + k)
+        return np.where(keep, m, session.zeros((), m.dtype))
+    return function
+
+
+def _norm(x: Tensor, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Tensor:
+    if ord is not None:
+        raise TypeError("numpy.linalg.norm on fabric tensors takes ord=None (the 2-norm of a "
+                        "vector, Frobenius of a matrix) only; read the tensor with .numpy() "
+                        "first for other norms.")
+    if x.dtype.kind not in "fc":
+        x = x.astype(float)
+    return np.sqrt((x * x).sum(axis=axis, keepdims=keepdims))
+
+
+def _repeat(a: Tensor, repeats: int, axis: int | None = None) -> Tensor:
+    if axis is None or not a.shape:  # (numpy repeats a 0-d array as a 1-d one)
+        a, axis = a.ravel(), 0 if axis is None else axis
+    axis = normalize_axis_index(axis, a.ndim)
+    shape = a.shape[:axis + 1] + (operator.index(repeats),) + a.shape[axis + 1:]
+    spread = np.broadcast_to(np.expand_dims(a, axis + 1), shape)
+    return spread.reshape(a.shape[:axis] + (a.shape[axis] * shape[axis + 1],) + a.shape[axis + 1:])
+
+
 def _join_function(name: str) -> Any:
     def function(arrays: Sequence[Any], axis: int = 0) -> Tensor:
         return _session_of(arrays)._op(name, tuple(arrays), {"axis": axis})
@@ -688,6 +749,14 @@ ARRAY_FUNCTIONS: dict[Any, Any] = {
     np.ones_like: _like("ones"),
     np.empty_like: _like("empty"),
     np.full_like: _like("full"),
+    np.broadcast_to: lambda array, shape: array._op("broadcast_to", shape=_shape(shape)),
+    np.flip: _flip,
+    np.diff: _diff,
+    np.roll: _roll,
+    np.tril: _triangle(lower=True),
+    np.triu: _triangle(lower=False),
+    np.linalg.norm: _norm,
+    np.repeat: _repeat,
     np.shape: lambda a: a.shape,
     np.ndim: lambda a: a.ndim,
     np.size: lambda a: a.size,

@@ -85,7 +85,8 @@ def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list
             steps.append((kind, (draw(st.sampled_from(DTYPES)),)))
         elif kind == "other":
             steps.append((kind, (draw(st.sampled_from(["round", "isclose", "nan_to_num",
-                                                        "moveaxis", "outer", "divmod"])),)))
+                                                        "moveaxis", "outer", "divmod", "flip",
+                                                        "diff", "roll", "tril", "repeat"])),)))
         elif kind in ("where", "clip", "join", "matmul"):
             steps.append((kind, (draw(st.integers(0, 1)),)))
         else:
@@ -129,7 +130,12 @@ def apply(step: tuple[str, tuple], value, other):
                 "nan_to_num": lambda v: np.nan_to_num(v / other, posinf=7.0),
                 "moveaxis": lambda v: np.moveaxis(v, 0, -1),
                 "outer": lambda v: np.outer(v, other),
-                "divmod": lambda v: divmod(v, other)[1]}[args[0]](value)
+                "divmod": lambda v: divmod(v, other)[1],
+                "flip": lambda v: np.flip(v, axis=0),
+                "diff": lambda v: np.diff(v, axis=0),
+                "roll": lambda v: np.roll(v, 2, axis=-1),
+                "tril": lambda v: np.tril(v, -1),
+                "repeat": lambda v: np.repeat(v, 2, axis=-1)}[args[0]](value)
     name, axis = args
     return getattr(np, name)(value, axis=axis)
 

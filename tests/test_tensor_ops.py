@@ -911,10 +911,11 @@ def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuc
 # -- what is not supported, and what must not happen ------------------------------------------
 
 @pytest.mark.parametrize("call, name", [
-    (lambda t: np.diff(t), "diff"),
+    (lambda t: np.diff(t, prepend=0), "diff"),
+    (lambda t: np.linalg.norm(t, ord=1), "norm"),
     (lambda t: np.fft.fft(t), "fft"),
     (lambda t: np.unique(t), "unique"),
-    (lambda t: np.linalg.norm(t), "norm"),
+    (lambda t: np.tile(t, 2), "tile"),
     (lambda t: np.add.reduce(t), "add.reduce"),
     (lambda t: np.multiply.accumulate(t), "multiply.accumulate"),
     (lambda t: np.add.outer(t, t), "add.outer"),
@@ -1005,7 +1006,27 @@ EVERYDAY = {
     "np.ones_like dtype": lambda t, u: np.ones_like(t, dtype="float32"),
     "np.full_like": lambda t, u: np.full_like(t, 7),
     "np.full_like shape": lambda t, u: np.full_like(u, 2, shape=(2,)),
+    "np.broadcast_to": lambda t, u: np.broadcast_to(t[0], (2, 3, 4)),
+    "np.flip": lambda t, u: np.flip(t),
+    "np.flip axis": lambda t, u: np.flip(t, axis=-1),
+    "np.diff": lambda t, u: np.diff(t),
+    "np.diff n=2 axis=0": lambda t, u: np.diff(t, n=2, axis=0),
+    "np.diff n=-1": lambda t, u: np.diff(t, n=-1),
+    "np.roll": lambda t, u: np.roll(t, 5),
+    "np.roll axis": lambda t, u: np.roll(t, -1, axis=1),
+    "np.roll axes": lambda t, u: np.roll(t, (1, 2), axis=(0, 1)),
+    "np.tril": lambda t, u: np.tril(t),
+    "np.triu k=1": lambda t, u: np.triu(t, 1),
+    "np.tril k=-1 batched": lambda t, u: np.tril(np.stack([t, u]), -1),
+    "np.triu 1-d": lambda t, u: np.triu(t[0]),
+    "np.tril 0-d": lambda t, u: np.tril(t[0, 0]),
+    "np.repeat": lambda t, u: np.repeat(t, 2),
+    "np.repeat axis": lambda t, u: np.repeat(t, 3, axis=0),
+    "np.repeat axis=-1": lambda t, u: np.repeat(t[0], 2, axis=-1),
 }
+APPROX_EVERYDAY = {"np.linalg.norm": lambda t, u: np.linalg.norm(t),  # (a dot or a sum:
+                   "np.linalg.norm axis": lambda t, u: np.linalg.norm(t, axis=1),  # rounding)
+                   "np.linalg.norm keepdims": lambda t, u: np.linalg.norm(u, keepdims=True)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -1013,6 +1034,14 @@ EVERYDAY = {
 def test_everyday_numpy_functions(session, name, dtype):
     expect_same(session, EVERYDAY[name], data(dtype, seed=60),
                 data(dtype, kind="positive", seed=61), label=name)
+    session.sync()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(APPROX_EVERYDAY))
+def test_everyday_numpy_functions_within_rounding(session, name, dtype):
+    expect_same(session, APPROX_EVERYDAY[name], data(dtype, seed=64),
+                data(dtype, kind="positive", seed=65), approx=True, label=name)
     session.sync()
 
 
@@ -1045,7 +1074,9 @@ def test_numpy_functions_stay_remote(session):
                np.int64(3) + t, np.round(t), np.ravel(t), np.isclose(t, t), np.cumsum(t),
                np.sort(t), np.argsort(t), np.nan_to_num(t), np.moveaxis(t, 0, 0),
                np.hstack([t, t]), np.vstack([t, t]), np.outer(t, t), np.divmod(t, t)[0],
-               np.logaddexp(t, t), np.zeros_like(t)[0] + t[0]]
+               np.logaddexp(t, t), np.zeros_like(t)[0] + t[0], np.flip(t), np.diff(t),
+               np.roll(t, 1), np.repeat(t, 2), np.linalg.norm(t),
+               np.tril(np.stack([t, t]))]
     assert all(isinstance(r, Tensor) for r in results)
     assert np.shape(t) == (2,) and np.ndim(t) == 1 and np.size(t) == 2
     with pytest.raises(RemoteError):
