@@ -140,6 +140,13 @@ def apply(step: tuple[str, tuple], value, other):
     return getattr(np, name)(value, axis=axis)
 
 
+def apply_with_numpy(step: tuple[str, tuple], value: np.ndarray, other: np.ndarray
+                     ) -> np.ndarray:
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the mean of nothing, say)
+        return np.asarray(apply(step, value, other))
+
+
 def assert_same_values(got: np.ndarray, expected: np.ndarray, label: str) -> None:
     assert got.dtype == expected.dtype and got.shape == expected.shape, label
     if expected.dtype.kind == "f":
@@ -158,9 +165,7 @@ def check(session, chain) -> None:
     for i, step in enumerate(steps):
         label = f"step {i} {step} of {steps} on {[(b.dtype, b.shape) for b in bases]}"
         try:
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # (the mean of nothing, say)
-                local = np.asarray(apply(step, local, other_local))
+            local = apply_with_numpy(step, local, other_local)
         except Exception as exc:  # numpy refuses: fabric refuses alike, at the call
             with pytest.raises(type(exc)):
                 apply(step, remote, other_remote)
@@ -179,9 +184,7 @@ def check_graph(session, chain) -> None:
     accepted = []
     for step in steps:
         try:
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                local = np.asarray(apply(step, local, other))
+            local = apply_with_numpy(step, local, other)
         except Exception:
             break
         accepted.append(step)
