@@ -88,7 +88,8 @@ def _reduce_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shap
         axes = (normalize_axis_index(axis, len(shape)),)
     else:
         axes = normalize_axis_tuple(axis, len(shape))
-    if (op.single_axis or op.name in ("min", "max")) and any(shape[a] == 0 for a in axes):
+    if (op.single_axis or op.name in ("min", "max") and "initial" not in params) \
+            and any(shape[a] == 0 for a in axes):
         raise ValueError(f"zero-size array to reduction operation {op.name} which has "
                          "no identity")
     if params.get("keepdims"):

@@ -393,13 +393,15 @@ class Tensor(Spec):
         axis = tuple(axis) if isinstance(axis, list) else axis
         return self._op(name, axis=axis, keepdims=keepdims, **_given(extra))
 
-    def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
-        """The sum over ``axis`` (all axes with None)."""
-        return self._reduce("sum", axis, keepdims, dtype=dtype)
+    def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
+            initial: Any = None) -> "Tensor":
+        """The sum over ``axis`` (all axes with None), starting from ``initial``."""
+        return self._reduce("sum", axis, keepdims, dtype=dtype, initial=initial)
 
-    def prod(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
-        """The product over ``axis`` (all axes with None)."""
-        return self._reduce("prod", axis, keepdims, dtype=dtype)
+    def prod(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
+             initial: Any = None) -> "Tensor":
+        """The product over ``axis`` (all axes with None), starting from ``initial``."""
+        return self._reduce("prod", axis, keepdims, dtype=dtype, initial=initial)
 
     def mean(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
         """The mean over ``axis`` (all axes with None)."""
@@ -415,13 +417,13 @@ class Tensor(Spec):
         """The variance over ``axis``, with ``ddof`` degrees of freedom."""
         return self._reduce("var", axis, keepdims, ddof=ddof, dtype=dtype)
 
-    def min(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
-        """The minimum over ``axis`` (all axes with None)."""
-        return self._reduce("min", axis, keepdims)
+    def min(self, axis: Any = None, keepdims: bool = False, initial: Any = None) -> "Tensor":
+        """The minimum over ``axis`` (all axes with None), ``initial`` included."""
+        return self._reduce("min", axis, keepdims, initial=initial)
 
-    def max(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
-        """The maximum over ``axis`` (all axes with None)."""
-        return self._reduce("max", axis, keepdims)
+    def max(self, axis: Any = None, keepdims: bool = False, initial: Any = None) -> "Tensor":
+        """The maximum over ``axis`` (all axes with None), ``initial`` included."""
+        return self._reduce("max", axis, keepdims, initial=initial)
 
     def any(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
         """Whether any element over ``axis`` is true."""

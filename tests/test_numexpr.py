@@ -374,6 +374,10 @@ def test_whole_reductions_of_large_chains_match(pair):
     pair.check("sum keepdims", lambda a: (np.sin(a) ** 2).sum(keepdims=True), a)
     pair.check("any/all", lambda a, b: ((a > b) & (b < 0)).any() | (a >= 0).all(), a, b)
     pair.check("int sum", lambda a: ((a * 100).astype("int32") * 3 - 7).sum(), a)
+    for name, initial in [("sum", 1e6), ("max", 50.0), ("min", -50.0)]:  # counted once
+        pair.check(f"{name} from {initial}",
+                   lambda a, b: getattr(w4(a, b), name)(initial=initial), a, b,
+                   also_deferred=False, rtol=1e-9)
     pair.flush()
 
 

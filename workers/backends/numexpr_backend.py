@@ -451,6 +451,7 @@ class NumexprDevice:
             return None
         flat = [a.reshape(-1) if a.ndim else a for a in args]
         whole = {**params, "keepdims": False}
+        per_block = {k: v for k, v in whole.items() if k != "initial"}  # (counted once)
         buffer = np.empty(BLOCK, node.dtype)
         partials = []
         try:
@@ -458,7 +459,7 @@ class NumexprDevice:
                 stop = min(start + BLOCK, node.size)
                 block = _call(*compiled, [a[start:stop] if a.ndim else a for a in flat],
                               out=buffer[:stop - start])
-                partials.append(op.impl(block, **whole))
+                partials.append(op.impl(block, **per_block))
             result = op.impl(np.stack(partials), **whole)
         except Exception:
             return None
