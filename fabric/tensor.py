@@ -707,6 +707,17 @@ def _repeat(a: Tensor, repeats: int, axis: int | None = None) -> Tensor:
     return spread.reshape(a.shape[:axis] + (a.shape[axis] * shape[axis + 1],) + a.shape[axis + 1:])
 
 
+def _tile(a: Tensor, reps: Any) -> Tensor:
+    reps = _shape(reps)
+    if a.ndim < len(reps):
+        a = a.reshape((1,) * (len(reps) - a.ndim) + a.shape)
+    reps = (1,) * (a.ndim - len(reps)) + reps
+    # each axis n becomes (1, n), broadcast to (r, n), then merged to r * n
+    spread = np.broadcast_to(a.reshape(tuple(d for n in a.shape for d in (1, n))),
+                             tuple(d for r, n in zip(reps, a.shape) for d in (r, n)))
+    return spread.reshape(tuple(r * n for r, n in zip(reps, a.shape)))
+
+
 def _join_function(name: str) -> Any:
     def function(arrays: Sequence[Any], axis: int = 0) -> Tensor:
         return _session_of(arrays)._op(name, tuple(arrays), {"axis": axis})
@@ -759,6 +770,7 @@ ARRAY_FUNCTIONS: dict[Any, Any] = {
     np.triu: _triangle(lower=False),
     np.linalg.norm: _norm,
     np.repeat: _repeat,
+    np.tile: _tile,
     np.shape: lambda a: a.shape,
     np.ndim: lambda a: a.ndim,
     np.size: lambda a: a.size,

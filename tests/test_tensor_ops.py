@@ -915,7 +915,7 @@ def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuc
     (lambda t: np.linalg.norm(t, ord=1), "norm"),
     (lambda t: np.fft.fft(t), "fft"),
     (lambda t: np.unique(t), "unique"),
-    (lambda t: np.tile(t, 2), "tile"),
+    (lambda t: np.einsum("i->", t), "einsum"),
     (lambda t: np.add.reduce(t), "add.reduce"),
     (lambda t: np.multiply.accumulate(t), "multiply.accumulate"),
     (lambda t: np.add.outer(t, t), "add.outer"),
@@ -1028,6 +1028,11 @@ EVERYDAY = {
     "np.repeat": lambda t, u: np.repeat(t, 2),
     "np.repeat axis": lambda t, u: np.repeat(t, 3, axis=0),
     "np.repeat axis=-1": lambda t, u: np.repeat(t[0], 2, axis=-1),
+    "np.tile": lambda t, u: np.tile(t, 2),
+    "np.tile more reps than axes": lambda t, u: np.tile(t[0], (2, 1, 3)),
+    "np.tile fewer reps than axes": lambda t, u: np.tile(t, (3,)),
+    "np.tile 0-d": lambda t, u: np.tile(t[0, 0], ()),
+    "np.tile negative": lambda t, u: np.tile(t, -1),
 }
 APPROX_EVERYDAY = {"np.linalg.norm": lambda t, u: np.linalg.norm(t),  # (a dot or a sum:
                    "np.linalg.norm axis": lambda t, u: np.linalg.norm(t, axis=1),  # rounding)
