@@ -34,8 +34,9 @@ UNARY = ["negative", "absolute", "sqrt", "exp", "log1p", "sin", "tanh", "floor",
          "isnan", "logical_not", "invert", "square", "rint", "fabs", "signbit"]
 REDUCTIONS = ["sum", "prod", "mean", "std", "var", "min", "max", "argmin", "argmax", "any",
               "all"]
-SCALARS = st.sampled_from([True, 0, 3, -2, 250, 2.5, -0.5, np.bool_(False), np.int8(3),
-                           np.int32(-7), np.float32(1.5), np.float64(-2.0)])
+SCALARS = st.sampled_from([True, 0, 3, -2, 250, 2**40, -2**63, 2.5, -0.5, -0.0, float("nan"),
+                           float("inf"), np.bool_(False), np.int8(3), np.uint8(200),
+                           np.int32(-7), np.float16(0.5), np.float32(1.5), np.float64(-2.0)])
 
 
 def _axis(draw: st.DrawFn, ndim: int) -> int | None:
@@ -60,6 +61,8 @@ def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list
         dtype = np.dtype(draw(st.sampled_from(DTYPES)))
         other_shape = draw(st.sampled_from([shape, shape[1:], (1,) + shape[1:]]))
         values = np.asarray(rng.integers(-4, 5, other_shape) * 0.75)  # zeros, ties
+        if dtype.kind == "f" and values.size and draw(st.booleans()):
+            values.reshape(-1)[0] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
         # (a 0-d array, not a numpy scalar: those take axis=0 where arrays refuse it)
         bases.append(np.asarray(values.astype(dtype) if dtype.kind != "b" else values > 0))
     steps = []
@@ -76,8 +79,13 @@ def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list
         elif kind == "unary":
             steps.append((kind, (draw(st.sampled_from(unary)),)))
         elif kind == "reduce":
-            steps.append((kind, (draw(st.sampled_from(REDUCTIONS)), _axis(draw, ndim),
-                                 draw(st.booleans()))))
+            name = draw(st.sampled_from(REDUCTIONS))
+            extra = {}
+            if name in ("sum", "prod", "min", "max") and draw(st.booleans()):
+                extra["initial"] = draw(st.sampled_from([1, -2.5, True]))
+            if name in ("sum", "prod", "mean") and draw(st.booleans()):
+                extra["dtype"] = draw(st.sampled_from(DTYPES))
+            steps.append((kind, (name, _axis(draw, ndim), draw(st.booleans()), extra)))
         elif kind == "view":
             steps.append((kind, (draw(st.sampled_from(["T", "flat", "expand", "reverse",
                                                         "first", "squeeze"])),)))
@@ -108,8 +116,8 @@ def apply(step: tuple[str, tuple], value, other):
     if kind == "unary":
         return getattr(np, args[0])(value)
     if kind == "reduce":
-        name, axis, keepdims = args
-        return getattr(value, name)(axis=axis, keepdims=keepdims)
+        name, axis, keepdims, extra = args
+        return getattr(value, name)(axis=axis, keepdims=keepdims, **extra)
     if kind == "view":
         how = args[0]
         return {"T": lambda v: v.T, "flat": lambda v: v.reshape(-1),
