@@ -168,6 +168,31 @@ def _scan_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     return shape
 
 
+def _einsum_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # The subscripts' syntax, the operand count and each operand's dimension count were
+    # checked by the dtype rule (numpy's einsum on stand-ins); here the labels get sizes:
+    # a label's sizes broadcast (1 and n give n), except repeated within one operand.
+    lhs, arrow, rhs = params["subscripts"].replace(" ", "").partition("->")
+    sizes: dict[str, int] = {}
+    ellipses = []
+    for term, arg in zip(lhs.split(","), args):
+        shape = arg.shape if isinstance(arg, Spec) else ()
+        before, dots, after = term.partition("...")
+        ellipses.append(shape[len(before):len(shape) - len(after)] if dots else ())
+        own: dict[str, int] = {}
+        for label, n in zip(before + after, shape[:len(before)] + shape[len(shape) - len(after):]):
+            if own.setdefault(label, n) != n:
+                raise ValueError(f"dimensions in operand for collapsing index '{label}' don't "
+                                 f"match ({own[label]} != {n})")
+            sizes[label] = np.broadcast_shapes((sizes.get(label, 1),), (n,))[0]
+    if not arrow:  # numpy's implicit output: the labels used once, in order, after '...'
+        rhs = ("..." if "..." in lhs else "") + "".join(
+            sorted(label for label in sizes if lhs.count(label) == 1))
+    before, dots, after = rhs.partition("...")
+    middle = np.broadcast_shapes(*ellipses) if dots else ()
+    return tuple(sizes[label] for label in before) + middle + tuple(sizes[label] for label in after)
+
+
 def _creation_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     if op.name == "arange":
         start, stop, step = params["start"], params["stop"], params["step"]
@@ -355,6 +380,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
     *[Op(name, _reduction(func), _reduce_shape, _tiny_dtype,
          single_axis=name.startswith("arg")) for name, func in REDUCTIONS.items()],
     Op("matmul", np.matmul, _matmul_shape, _tiny_dtype),
+    Op("einsum", lambda *operands, subscripts, optimize=False:
+       np.einsum(subscripts, *operands, optimize=optimize), _einsum_shape, _tiny_dtype),
     Op("dot", np.dot, _dot_shape, _tiny_dtype),
     Op("getitem", _index, _view_shape, _same_dtype),
     Op("reshape", np.reshape, _view_shape, _same_dtype),

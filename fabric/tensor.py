@@ -718,6 +718,14 @@ def _tile(a: Tensor, reps: Any) -> Tensor:
     return spread.reshape(tuple(r * n for r, n in zip(reps, a.shape)))
 
 
+def _einsum(subscripts: str, *operands: Any, optimize: Any = False) -> Tensor:
+    if not isinstance(subscripts, str):
+        raise TypeError("numpy.einsum on fabric tensors takes its subscripts as a string "
+                        "('ij,jk->ik'), not as lists of axes.")
+    params = {"subscripts": subscripts, **({"optimize": optimize} if optimize else {})}
+    return _session_of(operands)._op("einsum", operands, params)
+
+
 def _join_function(name: str) -> Any:
     def function(arrays: Sequence[Any], axis: int = 0) -> Tensor:
         return _session_of(arrays)._op(name, tuple(arrays), {"axis": axis})
@@ -771,6 +779,7 @@ ARRAY_FUNCTIONS: dict[Any, Any] = {
     np.linalg.norm: _norm,
     np.repeat: _repeat,
     np.tile: _tile,
+    np.einsum: _einsum,
     np.shape: lambda a: a.shape,
     np.ndim: lambda a: a.ndim,
     np.size: lambda a: a.size,

@@ -95,7 +95,7 @@ def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list
             steps.append((kind, (draw(st.sampled_from(["round", "isclose", "nan_to_num",
                                                         "moveaxis", "outer", "divmod", "flip",
                                                         "diff", "roll", "tril", "repeat",
-                                                        "tile"])),)))
+                                                        "tile", "einsum"])),)))
         elif kind in ("where", "clip", "join", "matmul"):
             steps.append((kind, (draw(st.integers(0, 1)),)))
         else:
@@ -145,7 +145,8 @@ def apply(step: tuple[str, tuple], value, other):
                 "roll": lambda v: np.roll(v, 2, axis=-1),
                 "tril": lambda v: np.tril(v, -1),
                 "repeat": lambda v: np.repeat(v, 2, axis=-1),
-                "tile": lambda v: np.tile(v, (2, 1))}[args[0]](value)
+                "tile": lambda v: np.tile(v, (2, 1)),
+                "einsum": lambda v: np.einsum("...i,...i->...", v, other)}[args[0]](value)
     name, axis = args
     return getattr(np, name)(value, axis=axis)
 

@@ -915,7 +915,7 @@ def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuc
     (lambda t: np.linalg.norm(t, ord=1), "norm"),
     (lambda t: np.fft.fft(t), "fft"),
     (lambda t: np.unique(t), "unique"),
-    (lambda t: np.einsum("i->", t), "einsum"),
+    (lambda t: np.einsum(t, [0]), "einsum"),  # (the form with lists of axes)
     (lambda t: np.add.reduce(t), "add.reduce"),
     (lambda t: np.multiply.accumulate(t), "multiply.accumulate"),
     (lambda t: np.add.outer(t, t), "add.outer"),
@@ -1033,6 +1033,14 @@ EVERYDAY = {
     "np.tile fewer reps than axes": lambda t, u: np.tile(t, (3,)),
     "np.tile 0-d": lambda t, u: np.tile(t[0, 0], ()),
     "np.tile negative": lambda t, u: np.tile(t, -1),
+    "np.einsum": lambda t, u: np.einsum("ij,kj->ik", t, u),
+    "np.einsum implicit": lambda t, u: np.einsum("ij,ij", t, u),
+    "np.einsum diagonal": lambda t, u: np.einsum("ii->i", t[:, :3]),
+    "np.einsum ellipsis": lambda t, u: np.einsum("...j,...j->...", t, u[0]),
+    "np.einsum batched": lambda t, u: np.einsum("bij,bkj->bik", np.stack([t, u]),
+                                                np.stack([u, t]), optimize=True),
+    "np.einsum sizes disagree": lambda t, u: np.einsum("ij,jk", t, u),
+    "np.einsum bad output": lambda t, u: np.einsum("ij->k", t),
 }
 APPROX_EVERYDAY = {"np.linalg.norm": lambda t, u: np.linalg.norm(t),  # (a dot or a sum:
                    "np.linalg.norm axis": lambda t, u: np.linalg.norm(t, axis=1),  # rounding)
@@ -1086,7 +1094,7 @@ def test_numpy_functions_stay_remote(session):
                np.hstack([t, t]), np.vstack([t, t]), np.outer(t, t), np.divmod(t, t)[0],
                np.logaddexp(t, t), np.zeros_like(t)[0] + t[0], np.flip(t), np.diff(t),
                np.roll(t, 1), np.repeat(t, 2), np.linalg.norm(t),
-               np.tril(np.stack([t, t]))]
+               np.tril(np.stack([t, t])), np.einsum("i,i", t, t)]
     assert all(isinstance(r, Tensor) for r in results)
     assert np.shape(t) == (2,) and np.ndim(t) == 1 and np.size(t) == 2
     with pytest.raises(RemoteError):
