@@ -36,7 +36,6 @@ __all__ = [
     "CurveServer", "Device", "DeviceNotHostable", "EncryptionError", "FabricError", "Function",
     "GraphError", "HandshakeError", "HandshakeTimeout", "LocalCluster", "NoSuchDevice",
     "ProtocolError", "RemoteError", "ServerDisconnected", "Session", "SessionLost", "Tensor",
-    "Trace",
-    "TraceError", "VersionMismatch", "capture", "connect", "devices", "function",
+    "Trace", "TraceError", "VersionMismatch", "capture", "connect", "devices", "function",
     "generate_keys", "MessageTooLarge", "RequestTimeout", "TooManySessions",
 ]

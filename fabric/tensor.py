@@ -651,14 +651,18 @@ def _flip(m: Any, axis: Any = None) -> Tensor:
     return m[tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(m.ndim))]
 
 
+def _along(a: Tensor, axis: int, start: int | None, stop: int | None) -> Tensor:
+    # a[..., start:stop] on axis ``axis`` (counted from the front)
+    return a[(slice(None),) * axis + (slice(start, stop),)]
+
+
 def _diff(a: Tensor, n: int = 1, axis: int = -1) -> Tensor:
     axis = normalize_axis_index(axis, a.ndim)
-    head = (slice(None),) * axis
     subtract = np.not_equal if a.dtype == np.bool_ else np.subtract  # numpy's choice
     if operator.index(n) < 0:
         raise ValueError(f"order must be non-negative but got {n!r}")
     for _ in range(n):
-        a = subtract(a[head + (slice(1, None),)], a[head + (slice(None, -1),)])
+        a = subtract(_along(a, axis, 1, None), _along(a, axis, None, -1))
     return a
 
 
@@ -668,11 +672,10 @@ def _roll(a: Tensor, shift: Any, axis: Any = None) -> Tensor:
     shifts, axes = np.broadcast_arrays(shift, axis)  # numpy pairs them alike
     for step, ax in zip(shifts.ravel().tolist(), axes.ravel().tolist()):
         ax = normalize_axis_index(ax, a.ndim)
-        if a.shape[ax]:
-            cut = (a.shape[ax] - step % a.shape[ax]) % a.shape[ax]
-            head = (slice(None),) * ax
-            a = np.concatenate([a[head + (slice(cut, None),)], a[head + (slice(None, cut),)]],
-                               axis=ax)
+        length = a.shape[ax]
+        if length:
+            cut = -step % length
+            a = np.concatenate([_along(a, ax, cut, None), _along(a, ax, None, cut)], axis=ax)
     return a
 
 
@@ -1044,10 +1047,7 @@ class TensorSession:
     def _stack_nested(self, items: Sequence[Any]) -> Tensor:
         """A nested list or tuple of tensors (and of anything asarray takes), built on the
         device as numpy builds an array of one: each level stacked, dtypes promoted."""
-        return self._op("stack", [item if isinstance(item, Tensor)
-                                  else self._stack_nested(item)
-                                  if isinstance(item, (list, tuple)) and _holds_tensor(item)
-                                  else self.asarray(item) for item in items], {"axis": 0})
+        return self._op("stack", [self.asarray(item) for item in items], {"axis": 0})
 
     def zeros(self, shape: Any, dtype: Any = "float64") -> Tensor:
         """A tensor of zeros, made on the device."""
