@@ -61,12 +61,12 @@ def install(directory: str | None) -> None:
     ``directory`` at exit (if given)."""
     import fabric.client
     import fabric.sockets
-    import broker.server
-    import workers.worker
+    import fabric.broker.server
+    import fabric.workers.worker
 
     sockets = fabric.sockets
     sent, received = _noting(sockets.send_frames, SENT), _noting(sockets.recv_frames, RECEIVED)
-    for module in (sockets, fabric.client, broker.server, workers.worker):
+    for module in (sockets, fabric.client, fabric.broker.server, fabric.workers.worker):
         # (the modules imported the functions by name: each binding is replaced)
         if hasattr(module, "send_frames"):
             module.send_frames = sent

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
-from workers.backends import BACKENDS  # noqa: E402
+from fabric.workers.backends import BACKENDS  # noqa: E402
 
 CALLS = 1_000
 ELEMENTS = 1_000

@@ -1,41 +1,43 @@
-"""Fabric: numpy-style arrays that live on remote devices, served over ZeroMQ."""
+"""Fabric: numpy-style arrays that live on remote devices, served over ZeroMQ.
 
-from .admin import Admin
-from .capture import Trace, capture
-from .client import Device, Session, connect, devices
-from .cluster import LocalCluster
-from .errors import (
-    AuthenticationError,
-    ConnectError,
-    DeviceNotHostable,
-    EncryptionError,
-    FabricError,
-    GraphError,
-    HandshakeError,
-    HandshakeTimeout,
-    MessageTooLarge,
-    NoSuchDevice,
-    ProtocolError,
-    RemoteError,
-    RequestTimeout,
-    ServerDisconnected,
-    SessionLost,
-    TooManySessions,
-    TraceError,
-    VersionMismatch,
-)
-from .graph import Function, function
-from .protocol import PROTOCOL_VERSION
-from .security import CurveClient, CurveServer, generate_keys
-from .tensor import Tensor
+Names load on first use (PEP 562): brokers and workers import only the sans-I/O core
+(``fabric.protocol``, ``fabric.wire``, ...), and must not pay for the client, the cluster
+launcher or asyncio.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PROTOCOL_VERSION", "Admin", "AuthenticationError", "ConnectError", "CurveClient",
-    "CurveServer", "Device", "DeviceNotHostable", "EncryptionError", "FabricError", "Function",
-    "GraphError", "HandshakeError", "HandshakeTimeout", "LocalCluster", "NoSuchDevice",
-    "ProtocolError", "RemoteError", "ServerDisconnected", "Session", "SessionLost", "Tensor",
-    "Trace", "TraceError", "VersionMismatch", "capture", "connect", "devices", "function",
-    "generate_keys", "MessageTooLarge", "RequestTimeout", "TooManySessions",
-]
+# Each public name and the module that defines it.
+_ERRORS = (
+    "AuthenticationError", "ConnectError", "DeviceNotHostable", "EncryptionError", "FabricError",
+    "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoSuchDevice",
+    "ProtocolError", "RemoteError", "RequestTimeout", "ServerDisconnected", "SessionLost",
+    "TooManySessions", "TraceError", "VersionMismatch",
+)
+_HOMES = {
+    "Admin": "admin", "Trace": "capture", "capture": "capture", "Device": "client",
+    "Session": "client", "connect": "client", "devices": "client", "LocalCluster": "cluster",
+    "Function": "graph", "function": "graph", "PROTOCOL_VERSION": "protocol",
+    "CurveClient": "security", "CurveServer": "security", "generate_keys": "security",
+    "Tensor": "tensor", **{name: "errors" for name in _ERRORS},
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fabric' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

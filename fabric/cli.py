@@ -250,8 +250,8 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
     cleanly on SIGINT or SIGTERM.
     """
-    from broker.registry import Limits
-    from broker.server import announce_on_stdout, serve
+    from fabric.broker.registry import Limits
+    from fabric.broker.server import announce_on_stdout, serve
 
     _logging(log_level)
     client = _secret(token, token_file, "FABRIC_TOKEN", "token")
@@ -288,8 +288,8 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
            heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker."""
-    from workers.backends import device_class
-    from workers.worker import RegistrationRefused, serve
+    from fabric.workers.backends import device_class
+    from fabric.workers.worker import RegistrationRefused, serve
 
     _logging(log_level)
     try:

@@ -20,7 +20,6 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol
 from .errors import (
@@ -41,7 +40,8 @@ from .flow import (CLIENT_HEARTBEAT_MS, CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .security import CurveClient, CurveOption, client_keys, handshake_error
-from .sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
+from .sockets import (NOBLOCK, POLLIN, message_check, recv_frames, recv_monitor_event, send_frames,
+                      try_send)
 from .tensor import Tensor, TensorSession
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
@@ -193,7 +193,7 @@ class Connection:
                 raise timeout_error(deadline)
             for sock, _ in zmq.zmq_poll(self._poll_items, int(remaining * 1000)):
                 if sock is self._monitor:
-                    self._on_event(recv_monitor_message(self._monitor))
+                    self._on_event(recv_monitor_event(self._monitor))
                 else:  # one message (the poll saw it come: no check first);
                     self._receive()  # more that came are read as the loop goes on
 

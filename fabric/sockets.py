@@ -11,6 +11,7 @@ all (with ``NOBLOCK``, only the first frame can raise ``zmq.Again``).
 
 from __future__ import annotations
 
+import struct
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -61,3 +62,15 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
         frame = recv(copy=False)
         frames.append(frame)
     return frames
+
+
+_MONITOR_EVENT = struct.Struct("=HI")  # libzmq's monitor frame: event id, then its value
+
+
+def recv_monitor_event(monitor: zmq.Socket) -> dict[str, Any]:
+    """One event from a socket monitor (``get_monitor_socket``): ``event``, ``value`` and
+    ``endpoint``, as pyzmq's ``recv_monitor_message`` gives them. Decoded here because pyzmq's
+    module loads asyncio, which a worker or a broker would pay for at every start."""
+    head, endpoint = monitor.recv_multipart()
+    event, value = _MONITOR_EVENT.unpack_from(head)
+    return {"event": event, "value": value, "endpoint": endpoint}

@@ -34,7 +34,7 @@ from test_registry import (
     rejected,
 )
 
-from broker.registry import Registry, SessionState, Side
+from fabric.broker.registry import Registry, SessionState, Side
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import fabric
 from fabric import LocalCluster, Tensor
-from workers.backends.numexpr_backend import MIN_SIZE_ENV
+from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
 
 DTYPES = ["bool", "int32", "int64", "float32", "float64"]
 SHAPES = [(), (3,), (2, 3), (1, 3), (2, 1, 3), (0, 3)]

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from fabric.errors import FabricError, error_from_wire
 from fabric.flow import CREDIT_EVERY
 from fabric.protocol import Kind, Message, decode, encode
-from workers.backends.numpy_backend import NumpyDevice
-from workers.executor import Executor
+from fabric.workers.backends.numpy_backend import NumpyDevice
+from fabric.workers.executor import Executor
 
 SESSION = 0x5E55
 

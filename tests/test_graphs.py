@@ -18,8 +18,8 @@ from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, er
 from fabric.graph import GRAPH_BATCH_OPS, GRAPH_CACHE_SIZE, Tracer, _flatten, call, trace
 from fabric.ops import Spec
 from fabric.protocol import Kind, Message
-from workers.backends.numpy_backend import NumpyDevice
-from workers.executor import Executor
+from fabric.workers.backends.numpy_backend import NumpyDevice
+from fabric.workers.executor import Executor
 
 
 def step(a, b, c):

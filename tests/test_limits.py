@@ -38,7 +38,7 @@ from test_registry import (
 )
 
 import fabric
-from broker.registry import Limits, Registry, Side
+from fabric.broker.registry import Limits, Registry, Side
 from conftest import HEARTBEAT
 from fabric import protocol
 from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
@@ -423,8 +423,8 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
 
 _UNREAD_FRONTEND = """
 import time, zmq
-from broker.registry import Limits
-from broker.server import _router
+from fabric.broker.registry import Limits
+from fabric.broker.server import _router
 context = zmq.Context()
 frontend = _router(context, "tcp://127.0.0.1:*", Limits(hwm=8))  # heartbeat: 1 s
 print(frontend.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)

@@ -27,11 +27,11 @@ from fabric.errors import QuotaExceeded, RemoteError, error_from_wire
 from fabric.ops import OPS
 from fabric.protocol import Kind, Message
 from fabric.tensor import Tensor
-from workers.backends.numexpr_backend import (BLOCK, MAX_LEAVES, MAX_OPS, MIN_SIZE,
+from fabric.workers.backends.numexpr_backend import (BLOCK, MAX_LEAVES, MAX_OPS, MIN_SIZE,
                                               MIN_SIZE_ENV, Deferred, DeferredError,
                                               NumexprDevice, fused_ops)
-from workers.backends.numpy_backend import NumpyDevice
-from workers.executor import Executor
+from fabric.workers.backends.numpy_backend import NumpyDevice
+from fabric.workers.executor import Executor
 
 from conftest import HEARTBEAT
 

@@ -11,7 +11,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.registry import Limits, Registry, Send, SessionState, Side
+from fabric.broker.registry import Limits, Registry, Send, SessionState, Side
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,

@@ -29,8 +29,8 @@ from conftest import HEARTBEAT
 from rawpeers import RawDealer, frames_of
 
 import fabric
-from broker.held import HeldSends
-from broker.registry import Limits, Registry, Send, Side
+from fabric.broker.held import HeldSends
+from fabric.broker.registry import Limits, Registry, Send, Side
 from fabric import Admin, CurveClient, CurveServer, EncryptionError, LocalCluster, generate_keys
 from fabric import protocol
 from fabric.errors import AuthenticationError, ConfigError, error_from_wire

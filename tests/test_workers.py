@@ -26,7 +26,7 @@ from fabric import LocalCluster, protocol
 from fabric.cli import main as cli_main
 from fabric.flow import SUBMIT_WINDOW
 from fabric.protocol import Header, Kind, Message
-from workers.worker import _STOP_WAIT
+from fabric.workers.worker import _STOP_WAIT
 
 REPO = Path(__file__).resolve().parent.parent
 WRONG_WORKER_TOKEN = "not-the-worker-token-3f9a1c"

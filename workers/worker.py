@@ -28,7 +28,6 @@ import time
 from typing import Any, Callable
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from fabric import protocol
 from fabric.errors import (
@@ -42,7 +41,7 @@ from fabric.errors import (
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient, handshake_error
-from fabric.sockets import POLLIN, message_check, recv_frames, try_send
+from fabric.sockets import POLLIN, message_check, recv_frames, recv_monitor_event, try_send
 
 from .backends import device_class
 from .executor import Executor
@@ -463,7 +462,7 @@ class Worker:
                         last_heard = time.monotonic()
                         self._from_broker(recv_frames(self.dealer))
                     elif sock is self._monitor:
-                        self._on_handshake_failed(recv_monitor_message(self._monitor))
+                        self._on_handshake_failed(recv_monitor_event(self._monitor))
                     else:
                         self._transfer(recv_frames(sock))
                 if self._to_devices:
