@@ -20,7 +20,7 @@ _ERRORS = (
     "TooManySessions", "TraceError", "VersionMismatch",
 )
 _HOMES = {
-    "Admin": "admin", "Trace": "capture", "capture": "capture", "Device": "client",
+    "Admin": "admin", "Trace": "trace", "capture": "trace", "Device": "client",
     "Session": "client", "connect": "client", "devices": "client", "LocalCluster": "cluster",
     "Function": "graph", "function": "graph", "PROTOCOL_VERSION": "protocol",
     "CurveClient": "security", "CurveServer": "security", "generate_keys": "security",

@@ -13,15 +13,8 @@ most ``GRAPH_CACHE_SIZE`` graph ids, evicts from it with an explicit ``graph_fre
 registers what it does not hold in the same op stream as the call. The worker's own bound is
 the same size, so a conforming client never makes it evict anything by itself.
 
-Wire ops (in the ordinary SUBMIT stream, run in order with every other op)::
-
-    ["graph_register", 0, [], {"graph": id, "name": str, "ops": [...], "inputs": [[shape,
-                                dtype], ...], "outputs": [local ids]}]
-    ["graph_call", first_out, [input ids], {"graph": id, "outputs": n}]
-    ["graph_free", 0, [], {"graph": id}]
-
-Inside a graph, ids are local: ``1..len(inputs)`` are the inputs, then one id per op.
-A call's outputs are the client-allocated ids ``first_out .. first_out + n - 1``.
+The graph ops travel in the ordinary SUBMIT stream, run in order with every other op; their
+form is ``fabric.wire``'s.
 """
 
 from __future__ import annotations
@@ -39,8 +32,8 @@ from .client import Device
 from .errors import TraceError
 from .ops import OPS, Spec
 from .tensor import _PACKAGE_DIR, Tensor, TensorSession, _origin, origin_line
+from .wire import GRAPH_CACHE_SIZE
 
-GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the worker's bound too)
 TRACE_CACHE_SIZE = 256  # traces a function keeps (least recently called go; traced again)
 # A batch of graph calls is flushed at this many of their ops. A call costs the client one op
 # and the worker all of the graph's: the worker sets the pace, so each message's own cost

@@ -25,6 +25,8 @@ from .errors import ProtocolError, RemoteError, RequestTimeout, error_from_wire
 from .flow import SUBMIT_WINDOW
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .protocol import Kind, Message
+from .wire import (INT_RANGE, array_from_frame, device_dtype, dtype_name, encode_index,
+                   encode_param, encode_scalar)
 
 # Flush the op batch at this many entries: ops, and the ids of tensors freed between them
 # (the worker frees each where the client let it go, so the next result can take its memory;
@@ -42,115 +44,10 @@ MAX_BATCH_ELEMENTS = 1 << 20
 # tensor and a Python scalar (``_elementwise_single``, ``_elementwise_pair``): at most a few
 # thousand entries, as ops, numeric dtypes, ndims and the stand-ins of ints in 64 bits are few.
 _ELEMENTWISE_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
-_INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (and have few stand-ins)
 _REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
 
 
-def encode_index(index: Any) -> list[Any]:
-    """Basic numpy indexing (ints, slices, None, ...) as msgpack-able items."""
-    items = index if isinstance(index, tuple) else (index,)
-    encoded = []
-    for item in items:
-        if item is Ellipsis:
-            encoded.append("...")
-        elif isinstance(item, slice):
-            encoded.append([item.start, item.stop, item.step])
-        elif item is None or isinstance(item, (int, np.integer)) and not isinstance(item, bool):
-            encoded.append(None if item is None else int(item))
-        elif isinstance(item, (bool, np.bool_, list, np.ndarray, Spec)):  # numpy's advanced
-            raise TypeError(f"Index {item!r} is not supported on fabric tensors: use ints, "
-                            "slices, None and ... (advanced indexing is not supported yet).")
-        else:  # (numpy's refusal, and its words)
-            raise IndexError(f"Index {item!r}: only integers, slices (`:`), ellipsis (`...`) "
-                             "and None (numpy.newaxis) are valid indices of fabric tensors.")
-    return encoded
-
-
-def decode_index(encoded: list[Any]) -> tuple[Any, ...]:
-    """The inverse of ``encode_index``."""
-    return tuple(Ellipsis if item == "..." else slice(*item) if isinstance(item, list) else item
-                 for item in encoded)
-
-
-def device_dtype(dtype: Any) -> np.dtype:
-    """``dtype`` as an array on a device may have it: numeric or bool (not strings, objects,
-    dates); anything else raises TypeError."""
-    dtype = np.dtype(dtype)
-    if dtype.hasobject or dtype.kind not in "biufc":
-        raise TypeError(f"dtype {dtype} cannot live on a device: use a numeric or bool dtype.")
-    return dtype
-
-
-def decode_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """An op's params from the wire, as its numpy implementation takes them (a dtype it is
-    given must be a device's: ``device_dtype``)."""
-    if "dtype" in params:
-        device_dtype(params["dtype"])
-    if name == "getitem":
-        return {"index": decode_index(params["index"])}
-    if type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
-        return {**params, "axis": tuple(params["axis"])}  # which numpy refuses
-    return params
-
-
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-ZERO_COPY_BYTES = 64 << 10  # pyzmq's own crossover between copying and sharing a frame
-
-
-class _FrameMemory:
-    """A received frame's bytes, shown to numpy as writable memory.
-
-    A frame received from another process is this process's alone, so writing into it is
-    safe; pyzmq only offers a read-only view, and copying 256 MiB costs more than moving it.
-    """
-
-    def __init__(self, frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-        self.frame = frame  # kept alive as long as any array uses its memory
-        address = np.frombuffer(frame.buffer, np.uint8).ctypes.data
-        self.__array_interface__ = {"data": (address, False), "shape": shape,
-                                    "typestr": dtype.str, "version": 3}
-
-
-def array_from_frame(frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """An ordinary writable array over a received frame: shared when large, else copied."""
-    size = math.prod(shape) * dtype.itemsize  # (np.prod costs ~15 us, on every read)
-    if len(frame) != size:  # (a frame, like bytes, has a len() and the buffer protocol)
-        raise ProtocolError(f"A buffer of {len(frame)} bytes cannot hold {shape} {dtype}.")
-    if size >= ZERO_COPY_BYTES and hasattr(frame, "buffer") and \
-            np.frombuffer(frame, np.uint8).ctypes.data % dtype.alignment == 0:
-        return np.asarray(_FrameMemory(frame, dtype, shape))
-    array = np.frombuffer(frame, dtype).copy()
-    # (frombuffer makes it 1-D: a reshape to that costs as much as the copy)
-    return array if len(shape) == 1 else array.reshape(shape)
-
-
-_DTYPE_NAMES: dict[np.dtype, str] = {}  # a handful of numeric dtypes
-
-
-def dtype_name(dtype: np.dtype) -> str:
-    """``dtype.str``, the dtype's name on the wire, without making a new string each call
-    (half a microsecond, on every read at both ends)."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype.str
-    return name
-
-
-def is_wire_scalar(arg: Any) -> bool:
-    """Whether ``arg`` has the form of a scalar op argument, as ``decode_scalar`` takes it."""
-    kind = type(arg)
-    return kind is float or kind is bool or arg is None or kind is list and 1 <= len(arg) <= 2
-
-
-def decode_scalar(arg: Any) -> Any:
-    """A scalar op argument from the wire: a Python float or bool, or None, as it is (msgpack
-    tells them from a tensor id, an int), [value] (a Python int) or [value, dtype] (numpy)."""
-    kind = type(arg)
-    if kind is float or kind is bool or arg is None:
-        return arg
-    return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
 
 
 _new_object = object.__new__
@@ -505,7 +402,7 @@ def _elementwise_pair(name: str) -> Callable[[Any, Any], Tensor]:
             shape, kind, size = left.shape, type(right), left.size
             if kind is float:
                 key, wire = (name, len(shape), left.dtype, float), (left.id, right)
-            elif kind is int and _INT_RANGE[0] <= right < _INT_RANGE[1]:
+            elif kind is int and INT_RANGE[0] <= right < INT_RANGE[1]:
                 key = (name, len(shape), left.dtype, weak_int(right))
                 wire = (left.id, session._wire_arg(right))
             elif kind is Tensor and right.shape == shape and right.session is session:
@@ -517,7 +414,7 @@ def _elementwise_pair(name: str) -> Callable[[Any, Any], Tensor]:
             shape, kind, size = right.shape, type(left), right.size
             if kind is float:
                 key, wire = (name, len(shape), float, right.dtype), (left, right.id)
-            elif kind is int and _INT_RANGE[0] <= left < _INT_RANGE[1]:
+            elif kind is int and INT_RANGE[0] <= left < INT_RANGE[1]:
                 key = (name, len(shape), weak_int(left), right.dtype)
                 wire = (session._wire_arg(left), right.id)
             else:
@@ -845,27 +742,6 @@ def _infer_elementwise(key: tuple[Any, ...], name: str, args: tuple[Any, ...]) -
     return dtype
 
 
-def _wire_param(name: str, key: str, value: Any) -> Any:
-    """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float
-    or a str, or a list or tuple of them; numpy's scalars (and other subclasses) as the Python
-    scalars they hold. Anything else raises TypeError, at the call."""
-    kind = type(value)
-    if kind is bool or kind is float or kind is str or value is None:
-        return value
-    if kind is int and _INT_RANGE[0] <= value < _INT_RANGE[1]:
-        return value
-    if kind is tuple or kind is list:
-        return kind(_wire_param(name, key, item) for item in value)
-    if isinstance(value, np.generic):
-        return _wire_param(name, key, value.item())
-    for base in (int, float, str):
-        if isinstance(value, base) and kind is not base:
-            return _wire_param(name, key, base(value))
-    raise TypeError(f"{name}: {key}={value!r} ({kind.__name__}) cannot be sent to a device: "
-                    "use None, bools, ints of 64 bits, floats or strings (numpy's too), or "
-                    "tuples of them; upload other values as arrays (session.asarray).")
-
-
 def _shape(shape: Any) -> tuple[int, ...]:
     """A shape as numpy takes one: an integer or a sequence of them (numpy's too, not floats)."""
     try:
@@ -918,20 +794,7 @@ class TensorSession:
                 raise ValueError(f"{arg!r} lives on another session: move it with "
                                  ".to(session) first.")
             return arg.id
-        if arg is None:
-            return None
-        if isinstance(arg, np.generic):
-            value = arg.item()  # (a complex or a date would not pack: refused below)
-            if type(value) in (bool, int, float):
-                return [value, arg.dtype.str]
-        elif isinstance(arg, (bool, float)):
-            return arg
-        elif isinstance(arg, int):  # (wrapped: a bare int is a tensor id)
-            # Past 64 bits only a float tensor accepts it, which makes it a float.
-            return [arg] if _INT_RANGE[0] <= arg < _INT_RANGE[1] else float(arg)
-        raise TypeError(f"Cannot use {arg!r} ({type(arg).__name__}) in a fabric op: use "
-                        "tensors, arrays, or real scalars (bool, int, float, or numpy's); "
-                        "upload anything else as an array with session.asarray(...).")
+        return encode_scalar(arg)
 
     def _op(self, name: str, args: Sequence[Any], params: dict[str, Any],
             wire_params: dict[str, Any] | None = None) -> Tensor:
@@ -956,7 +819,7 @@ class TensorSession:
         # (milliseconds each) every few thousand ops.
         if params:  # (what the user gave, checked here: a value msgpack cannot carry would
             # stop the whole batch when it is sent, and every batch after it)
-            params = {key: _wire_param(name, key, value) for key, value in params.items()}
+            params = {key: encode_param(name, key, value) for key, value in params.items()}
         wire_args = []
         inputs = 0  # the elements the op reads
         for arg in args:

@@ -15,7 +15,8 @@ from test_executor import SESSION, opened, read, request, submit
 
 import fabric
 from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
-from fabric.graph import GRAPH_BATCH_OPS, GRAPH_CACHE_SIZE, Tracer, _flatten, call, trace
+from fabric.graph import GRAPH_BATCH_OPS, Tracer, _flatten, call, trace
+from fabric.wire import GRAPH_CACHE_SIZE
 from fabric.ops import Spec
 from fabric.protocol import Kind, Message
 from fabric.workers.backends.numpy_backend import NumpyDevice

@@ -21,7 +21,7 @@ from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY
 from fabric.ops import OPS, RANDOM_OPS
 from fabric.protocol import Kind, Message, reply_to
-from fabric.tensor import decode_params, decode_scalar, device_dtype, dtype_name
+from fabric.wire import decode_params, decode_scalar, device_dtype, dtype_name
 
 from .graphs import GraphOps, SessionGraphs
 

@@ -34,9 +34,8 @@ import msgpack
 import numpy as np
 
 from fabric.errors import GraphError, ProtocolError
-from fabric.graph import GRAPH_CACHE_SIZE
 from fabric.ops import OPS, RANDOM_OPS, Op
-from fabric.tensor import decode_params, decode_scalar, is_wire_scalar
+from fabric.wire import GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_scalar
 
 Plan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
 _FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops

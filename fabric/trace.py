@@ -16,7 +16,8 @@ import msgpack
 import numpy as np
 
 from .ops import Spec
-from .tensor import Tensor, TensorSession, _origin, decode_scalar
+from .tensor import Tensor, TensorSession, _origin
+from .wire import decode_scalar
 
 
 @dataclass

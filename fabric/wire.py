@@ -1,0 +1,212 @@
+"""The op stream's wire format, sans I/O: what a SUBMIT's ops, a graph's ops and an array's
+frames look like, encoded on the client and decoded on the worker.
+
+Rule: every rule about how values travel inside a data message's body lives here, beside
+``fabric.protocol`` (which owns the frames and the header). Client and worker both import
+this module; it imports neither.
+
+A SUBMIT's body is ``{"ops": [entry, ...]}``, run in order. An entry is either
+
+- a bare int: the id of a tensor the client let go, freed at that point of the stream, or
+- ``[name, out, args, params]`` (``OpEntry``): op ``name`` of the op table (``fabric.ops``) or
+  a session op (``SESSION_OPS``), making tensor ``out`` (a client-allocated id) from ``args``.
+
+An arg is a tensor id (an int) or a scalar: a float, a bool or None as it is, ``[value]`` for
+a Python int and ``[value, dtype]`` for a numpy scalar (``encode_scalar``). Params are
+msgpack values (``encode_param``): an index as ``encode_index`` makes it, an axis tuple as a
+list, a dtype as a device dtype's ``str``. ``put`` carries its array as the message's buffer
+number ``params["buffer"]``, with ``dtype`` and ``shape``; a read's reply carries the bytes
+as its one buffer (``array_from_frame``).
+
+Graph ops (``fabric.graph`` traces, ``workers.graphs`` runs), in the same stream::
+
+    ["graph_register", 0, [], {"graph": id, "name": str, "ops": [entry, ...],
+                                "inputs": [[shape, dtype], ...], "outputs": [local ids]}]
+    ["graph_call", first_out, [input ids], {"graph": id, "outputs": n}]
+    ["graph_free", 0, [], {"graph": id}]
+
+Inside a graph, ids are local: ``1..len(inputs)`` are the inputs, then one id per op; a
+call's outputs are the ids ``first_out .. first_out + n - 1``. Each session holds at most
+``GRAPH_CACHE_SIZE`` graphs on its worker.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .errors import ProtocolError
+from .ops import Spec
+
+GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the client mirrors the bound)
+GRAPH_OPS = ("graph_register", "graph_call", "graph_free")
+SESSION_OPS = ("seed", "send", *GRAPH_OPS)  # ops that act on the session, not the op table's
+INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (msgpack's)
+
+
+class OpEntry(NamedTuple):
+    """One op of a SUBMIT (or of a graph): what a list ``[name, out, args, params]`` holds."""
+
+    name: str
+    out: int
+    args: list[Any]
+    params: dict[str, Any]
+
+
+def parse_op(entry: Any) -> OpEntry:
+    """An op entry from the wire, checked for its form (not its op); ProtocolError if it has
+    none. (The worker's hot loop unpacks entries inline, with these same checks.)"""
+    try:
+        name, out, args, params = entry
+    except (TypeError, ValueError):
+        raise ProtocolError(f"Malformed op {entry!r}.") from None
+    if type(out) is not int:  # an id; anything else could not even be poisoned
+        raise ProtocolError(f"Malformed op {entry!r}.")
+    return OpEntry(name, out, args, params)
+
+
+def encode_index(index: Any) -> list[Any]:
+    """Basic numpy indexing (ints, slices, None, ...) as msgpack-able items."""
+    items = index if isinstance(index, tuple) else (index,)
+    encoded = []
+    for item in items:
+        if item is Ellipsis:
+            encoded.append("...")
+        elif isinstance(item, slice):
+            encoded.append([item.start, item.stop, item.step])
+        elif item is None or isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            encoded.append(None if item is None else int(item))
+        elif isinstance(item, (bool, np.bool_, list, np.ndarray, Spec)):  # numpy's advanced
+            raise TypeError(f"Index {item!r} is not supported on fabric tensors: use ints, "
+                            "slices, None and ... (advanced indexing is not supported yet).")
+        else:  # (numpy's refusal, and its words)
+            raise IndexError(f"Index {item!r}: only integers, slices (`:`), ellipsis (`...`) "
+                             "and None (numpy.newaxis) are valid indices of fabric tensors.")
+    return encoded
+
+
+def decode_index(encoded: list[Any]) -> tuple[Any, ...]:
+    """The inverse of ``encode_index``."""
+    return tuple(Ellipsis if item == "..." else slice(*item) if isinstance(item, list) else item
+                 for item in encoded)
+
+
+def device_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as an array on a device may have it: numeric or bool (not strings, objects,
+    dates); anything else raises TypeError."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject or dtype.kind not in "biufc":
+        raise TypeError(f"dtype {dtype} cannot live on a device: use a numeric or bool dtype.")
+    return dtype
+
+
+def decode_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """An op's params from the wire, as its numpy implementation takes them (a dtype it is
+    given must be a device's: ``device_dtype``)."""
+    if "dtype" in params:
+        device_dtype(params["dtype"])
+    if name == "getitem":
+        return {"index": decode_index(params["index"])}
+    if type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
+        return {**params, "axis": tuple(params["axis"])}  # which numpy refuses
+    return params
+
+
+ZERO_COPY_BYTES = 64 << 10  # pyzmq's own crossover between copying and sharing a frame
+
+
+class _FrameMemory:
+    """A received frame's bytes, shown to numpy as writable memory.
+
+    A frame received from another process is this process's alone, so writing into it is
+    safe; pyzmq only offers a read-only view, and copying 256 MiB costs more than moving it.
+    """
+
+    def __init__(self, frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.frame = frame  # kept alive as long as any array uses its memory
+        address = np.frombuffer(frame.buffer, np.uint8).ctypes.data
+        self.__array_interface__ = {"data": (address, False), "shape": shape,
+                                    "typestr": dtype.str, "version": 3}
+
+
+def array_from_frame(frame: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """An ordinary writable array over a received frame: shared when large, else copied."""
+    size = math.prod(shape) * dtype.itemsize  # (np.prod costs ~15 us, on every read)
+    if len(frame) != size:  # (a frame, like bytes, has a len() and the buffer protocol)
+        raise ProtocolError(f"A buffer of {len(frame)} bytes cannot hold {shape} {dtype}.")
+    if size >= ZERO_COPY_BYTES and hasattr(frame, "buffer") and \
+            np.frombuffer(frame, np.uint8).ctypes.data % dtype.alignment == 0:
+        return np.asarray(_FrameMemory(frame, dtype, shape))
+    array = np.frombuffer(frame, dtype).copy()
+    # (frombuffer makes it 1-D: a reshape to that costs as much as the copy)
+    return array if len(shape) == 1 else array.reshape(shape)
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}  # a handful of numeric dtypes
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.str``, the dtype's name on the wire, without making a new string each call
+    (half a microsecond, on every read at both ends)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.str
+    return name
+
+
+def is_wire_scalar(arg: Any) -> bool:
+    """Whether ``arg`` has the form of a scalar op argument, as ``decode_scalar`` takes it."""
+    kind = type(arg)
+    return kind is float or kind is bool or arg is None or kind is list and 1 <= len(arg) <= 2
+
+
+def decode_scalar(arg: Any) -> Any:
+    """A scalar op argument from the wire: a Python float or bool, or None, as it is (msgpack
+    tells them from a tensor id, an int), [value] (a Python int) or [value, dtype] (numpy)."""
+    kind = type(arg)
+    if kind is float or kind is bool or arg is None:
+        return arg
+    return arg[0] if len(arg) == 1 else np.dtype(arg[1]).type(arg[0])
+
+
+def encode_scalar(arg: Any) -> Any:
+    """A scalar op argument as it travels (the inverse of ``decode_scalar``): None, a bool or a
+    float as it is, [value] for a Python int, [value, dtype] for numpy's; anything that is not
+    a real scalar raises TypeError, at the call."""
+    if arg is None:
+        return None
+    if isinstance(arg, np.generic):
+        value = arg.item()  # (a complex or a date would not pack: refused below)
+        if type(value) in (bool, int, float):
+            return [value, arg.dtype.str]
+    elif isinstance(arg, (bool, float)):
+        return arg
+    elif isinstance(arg, int):  # (wrapped: a bare int is a tensor id)
+        # Past 64 bits only a float tensor accepts it, which makes it a float.
+        return [arg] if INT_RANGE[0] <= arg < INT_RANGE[1] else float(arg)
+    raise TypeError(f"Cannot use {arg!r} ({type(arg).__name__}) in a fabric op: use "
+                    "tensors, arrays, or real scalars (bool, int, float, or numpy's); "
+                    "upload anything else as an array with session.asarray(...).")
+
+
+def encode_param(name: str, key: str, value: Any) -> Any:
+    """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float
+    or a str, or a list or tuple of them; numpy's scalars (and other subclasses) as the Python
+    scalars they hold. Anything else raises TypeError, at the call."""
+    kind = type(value)
+    if kind is bool or kind is float or kind is str or value is None:
+        return value
+    if kind is int and INT_RANGE[0] <= value < INT_RANGE[1]:
+        return value
+    if kind is tuple or kind is list:
+        return kind(encode_param(name, key, item) for item in value)
+    if isinstance(value, np.generic):
+        return encode_param(name, key, value.item())
+    for base in (int, float, str):
+        if isinstance(value, base) and kind is not base:
+            return encode_param(name, key, base(value))
+    raise TypeError(f"{name}: {key}={value!r} ({kind.__name__}) cannot be sent to a device: "
+                    "use None, bools, ints of 64 bits, floats or strings (numpy's too), or "
+                    "tuples of them; upload other values as arrays (session.asarray).")
