@@ -32,6 +32,7 @@ import zmq
 from rawpeers import ServerThread
 
 import fabric
+from fabric import protocol
 
 TO_BROKER, TO_WORKER = "to_broker", "to_worker"
 MAX_IN_FLIGHT = 10_000  # messages the proxy holds per direction; more are dropped, counted
@@ -47,7 +48,8 @@ class FaultProxy(ServerThread):
     to change from any thread while it runs: ``drop_every`` (drop every Nth message each
     way; 0 is never), ``delay`` (seconds each message waits; order is kept), ``hold()`` /
     ``release()`` (keep everything until released: a pause), and ``partition`` (drop
-    everything). ``counts`` says what happened to how many messages, per direction.
+    everything). ``counts`` says what happened to how many messages, per direction, and
+    ``received`` how many of each kind came from either side (held or dropped ones too).
     """
 
     def __init__(self, upstream: str) -> None:
@@ -58,6 +60,7 @@ class FaultProxy(ServerThread):
         self.partition = False
         self._held = False
         self.counts: collections.Counter[str] = collections.Counter()
+        self.received: collections.Counter[protocol.Kind | None] = collections.Counter()
         self._lock = threading.Lock()
 
     def hold(self) -> None:
@@ -129,6 +132,7 @@ class FaultProxy(ServerThread):
                     else:
                         peer, direction = peer_of[sock], TO_WORKER
                     last_heard[peer] = time.monotonic()
+                    self.received[_kind(frames)] += 1
                     seen[direction] += 1
                     self._take(queues[direction], direction, seen[direction], (peer, frames))
             now = time.monotonic()
@@ -165,6 +169,14 @@ class FaultProxy(ServerThread):
             self.counts[f"{direction}_dropped"] += 1
             return
         queue.append((time.monotonic() + delay, message))
+
+
+def _kind(frames: list[bytes]) -> protocol.Kind | None:
+    """The kind a message's header names (None: no fabric header)."""
+    try:
+        return protocol.decode_header(frames[0]).kind
+    except fabric.ProtocolError:
+        return None
 
 
 def start_worker_via(cluster: fabric.LocalCluster, index: int, address: str,

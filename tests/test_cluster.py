@@ -16,16 +16,7 @@ import fabric
 from fabric.errors import ConfigError, ConnectError
 
 from conftest import child_pids, children_of
-
-
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from faultproxy import wait_for
 
 
 @pytest.fixture
@@ -38,7 +29,7 @@ def cluster_up(tmp_path):
          "--connection-file", str(path), "--heartbeat", "0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: path.exists() or proc.poll() is not None, 30, "the connection file")
+        wait_for(lambda: path.exists() or proc.poll() is not None, 30, "the connection file")
         assert proc.poll() is None, proc.stderr.read()
         yield proc, path
     finally:
@@ -72,11 +63,11 @@ def test_cluster_up_serves_through_its_connection_file_and_stops_on_ctrl_c(clust
 
 def test_children_stop_when_the_launcher_is_killed(cluster_up):
     proc, _ = cluster_up
-    children = wait_until(lambda: children_of(proc.pid) if len(children_of(proc.pid)) == 3
+    children = wait_for(lambda: children_of(proc.pid) if len(children_of(proc.pid)) == 3
                           else None, 10, "three children")
     proc.kill()
     proc.wait(10)
-    wait_until(lambda: not any(Path(f"/proc/{pid}/stat").exists()
+    wait_for(lambda: not any(Path(f"/proc/{pid}/stat").exists()
                                and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
                                for pid in children), 10, "the orphaned children to stop")
 

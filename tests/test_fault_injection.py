@@ -25,6 +25,7 @@ from faultproxy import ClientLoop, FaultProxy, open_fds, start_worker_via, stopp
 
 import fabric
 from conftest import HEARTBEAT
+from fabric.protocol import Kind
 
 TIMEOUT = 2.0  # each session's request timeout
 DEADLINE = 2 * TIMEOUT + 1.0  # a call may wait to send, then for its answer
@@ -133,10 +134,12 @@ def test_a_link_held_past_the_liveness_window_fails_sessions_typed_and_heals(pro
     with loop_on(cluster, 1, seed=6, pause=0.02) as cut, \
             loop_on(cluster, 0, seed=7, pause=0.02) as bystander:
         cut.wait(3, timeout=10)
+        registered = proxy.received[Kind.REGISTER]
         proxy.hold()
         wait_for(lambda: [d.worker for d in cluster.devices()] == ["worker-0"],
                  LIVENESS + 2, "the broker to lose worker-1")
-        time.sleep(LIVENESS)  # the worker gives up on the broker too, and reconnects
+        wait_for(lambda: proxy.received[Kind.REGISTER] > registered, LIVENESS + 5,
+                 "worker-1 to give up on the broker too, and register again")
         proxy.release()
         cluster.wait_for_devices(2, timeout=10)
         cut.wait(cut.outcomes.calls + 3, timeout=15)

@@ -17,17 +17,9 @@ import pytest
 
 import fabric
 from conftest import HEARTBEAT
+from faultproxy import wait_for
 
 LOST_WITHIN = 3 * HEARTBEAT + 1.0  # three heartbeat intervals, plus scheduling slack
-
-
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def online_workers(cluster) -> list[str]:
