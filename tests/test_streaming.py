@@ -18,6 +18,20 @@ from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIE
                            REMEMBERED_ORIGINS)
 
 
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; AssertionError naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def submits_taken(admin: fabric.Admin, session_id: int) -> int:
+    """The SUBMITs (op batches) of a session that the broker has taken, by its admin view."""
+    return next(row["submits"] for row in admin.sessions() if int(row["id"], 16) == session_id)
+
+
 def test_the_readme_example_matches_numpy(session):
     a_np = np.random.default_rng(1).random((200, 200))
     a = session.asarray(a_np)
@@ -353,7 +367,11 @@ def test_a_session_with_a_long_queue_does_not_hold_up_another_sessions_requests(
         for _ in range(40):
             kept.append(small + 1.0)
             busy.flush()
-        time.sleep(0.1)  # (the broker has forwarded them all: the device's queue is long)
+        # The broker has forwarded them all (in order, before anything sent after): the
+        # device's queue is long.
+        with shared_cluster.admin() as admin:
+            wait_until(lambda: submits_taken(admin, busy.id)
+                       == busy.stream.counts["batches_sent"], 10, "the broker to take them")
         before = big.nbytes + small.nbytes + kept[0].nbytes
         # other's request takes its turn after the message running now, not after all 40.
         done = (other.stats()["device_resident_bytes"] - before) // small.nbytes
