@@ -69,7 +69,8 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
 
     _logging(log_level)
     client = required_secret(token, token_file, "FABRIC_TOKEN", "token")
-    worker = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
+    worker = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN",
+                             "worker token")
     admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
                     lease=lease, auth_delay=auth_delay, **limits)
@@ -108,7 +109,8 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     _logging(log_level)
     try:
         device_class(backend)  # a backend that can never be hosted is refused before the token
-        token = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
+        token = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN",
+                                "worker token")
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
               heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit, curve=curve,

@@ -169,7 +169,7 @@ class Tracer(ArrayNamespace):
 
 
 @dataclass(frozen=True, eq=False)
-class Graph:
+class TracedGraph:
     """One trace of a function: its ops on local ids, and how to call and register it."""
 
     id: int
@@ -193,7 +193,8 @@ class Graph:
                                              for leaf in self.leaves]))
 
 
-def trace(fn: Callable[..., Any], name: str, structure: Any, leaves: Sequence[Any]) -> Graph:
+def trace_function(fn: Callable[..., Any], name: str, structure: Any,
+                   leaves: Sequence[Any]) -> TracedGraph:
     """Run ``fn`` once on placeholders for the tensor ``leaves``; return its graph."""
     tracer = Tracer(name)
     inputs = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
@@ -223,14 +224,15 @@ def trace(fn: Callable[..., Any], name: str, structure: Any, leaves: Sequence[An
         "graph": graph_id, "name": name, "ops": tracer.ops,
         "inputs": [[list(t.shape), t.dtype.str] for t in inputs],
         "outputs": [t.id for t in outputs]}]
-    return Graph(graph_id, name, tuple((t.shape, t.dtype) for t in inputs),
+    return TracedGraph(graph_id, name, tuple((t.shape, t.dtype) for t in inputs),
                  tuple((t.shape, t.dtype) for t in outputs), result_structure,
                  tuple(graph_leaves),
                  tuple(origin_line(tracer.stream.origins[op[1]]) for op in tracer.ops),
                  tracer.stream.batch_elements, register_op)
 
 
-def call(session: ArrayNamespace, graph: Graph, inputs: Sequence[Tensor]) -> list[Tensor]:
+def call(session: ArrayNamespace, graph: TracedGraph,
+         inputs: Sequence[Tensor]) -> list[Tensor]:
     """Queue a call of ``graph`` on ``session``, registering it first if the worker lacks it."""
     stream = session.stream
     held = stream.graphs
@@ -271,7 +273,7 @@ class Function:
         self.fn = fn
         self.session = session
         self.name = getattr(fn, "__qualname__", repr(fn))
-        self.graphs: OrderedDict[Any, Graph] = OrderedDict()  # signature -> graph, LRU
+        self.graphs: OrderedDict[Any, TracedGraph] = OrderedDict()  # signature -> graph, LRU
 
     def __repr__(self) -> str:
         return f"<fabric.function {self.name}: {len(self.graphs)} trace(s)>"
@@ -286,7 +288,7 @@ class Function:
         key = (structure, signature)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = trace(self.fn, self.name, structure, leaves)
+            graph = self.graphs[key] = trace_function(self.fn, self.name, structure, leaves)
             if len(self.graphs) > TRACE_CACHE_SIZE:
                 self.graphs.popitem(last=False)
         else:

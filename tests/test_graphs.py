@@ -15,7 +15,7 @@ from test_executor import SESSION, opened, read, request, submit
 
 import fabric
 from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
-from fabric.graph import Tracer, _flatten, call, trace
+from fabric.graph import Tracer, _flatten, call, trace_function
 from fabric.stream import MAX_BATCH_GRAPH_OPS
 from fabric.wire import GRAPH_CACHE_SIZE
 from fabric.ops import Spec
@@ -498,7 +498,7 @@ def test_worker_runs_graphs_traced_by_the_client():
     executor = with_inputs()
     inputs = Tracer("inputs")
     leaves = [inputs.placeholder(Spec((3,), np.dtype("f8"))) for _ in range(3)]
-    graph = trace(step, "step", _flatten((tuple(leaves), {}), []), leaves)
+    graph = trace_function(step, "step", _flatten((tuple(leaves), {}), []), leaves)
     submit(executor, graph.register_op, ["ones", 3, [], {"shape": [3], "dtype": "<f8"}])
     call_graph(executor, 10, [1, 2, 3], graph=graph.id)
     expected = step(np.arange(3.0), np.ones(3), np.ones(3))
