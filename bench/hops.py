@@ -59,14 +59,14 @@ def _noting(call: Callable[..., Any], event: int) -> Callable[..., Any]:
 def install(directory: str | None) -> None:
     """Note every message this process sends and receives; leave the notes in
     ``directory`` at exit (if given)."""
-    import fabric.client
+    import fabric.connection
     import fabric.sockets
     import fabric.broker.server
     import fabric.workers.worker
 
     sockets = fabric.sockets
     sent, received = _noting(sockets.send_frames, SENT), _noting(sockets.recv_frames, RECEIVED)
-    for module in (sockets, fabric.client, fabric.broker.server, fabric.workers.worker):
+    for module in (sockets, fabric.connection, fabric.broker.server, fabric.workers.worker):
         # (the modules imported the functions by name: each binding is replaced)
         if hasattr(module, "send_frames"):
             module.send_frames = sent

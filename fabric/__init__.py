@@ -20,8 +20,8 @@ _ERRORS = (
     "TooManySessions", "TraceError", "VersionMismatch",
 )
 _HOMES = {
-    "Admin": "admin", "Trace": "trace", "capture": "trace", "Device": "client",
-    "Session": "client", "connect": "client", "devices": "client", "LocalCluster": "cluster",
+    "Admin": "admin", "Trace": "trace", "capture": "trace", "Device": "device",
+    "Session": "session", "connect": "client", "devices": "client", "LocalCluster": "cluster",
     "Function": "graph", "function": "graph", "PROTOCOL_VERSION": "protocol",
     "CurveClient": "security", "CurveServer": "security", "generate_keys": "security",
     "Tensor": "tensor", **{name: "errors" for name in _ERRORS},

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .client import ZMTP_HANDSHAKE_LIMIT, Connection, naming_connection_file, expect_reply
 from .config import CONNECTION_FILE_ENV, default_connection_file, load_connection_file
+from .connection import ZMTP_HANDSHAKE_LIMIT, Connection, expect_reply, naming_connection_file
 from .security import CurveOption, client_keys
 from .errors import ConfigError
 from .protocol import Kind, Message

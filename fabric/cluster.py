@@ -17,15 +17,15 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-from .client import Device, Session, connect, devices
+from .admin import Admin
 from .config import new_token, write_connection_file
+from .connection import list_devices
+from .device import Device
 from .errors import ClusterError, ConnectError
 from .security import CurveClient
-
-if TYPE_CHECKING:
-    from .admin import Admin
+from .session import Session, dial
 
 _PR_SET_PDEATHSIG = 1
 # A large frame arrives in a fresh allocation, and faulting its pages in is most of what
@@ -208,7 +208,7 @@ class LocalCluster:
                     raise ClusterError(f"worker-{i} exited with code {proc.returncode}:\n"
                                        + self.log_tail(f"worker-{i}"))
             try:
-                found = devices(self.address, token=self.token, timeout=2.0, curve=self.curve)
+                found = list_devices(self.address, self.token, 2.0, self.curve)
             except ConnectError:
                 found = []
             if len(found) == count:
@@ -255,17 +255,14 @@ class LocalCluster:
 
     def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
         """Open a session on ``device`` of this cluster."""
-        return connect(self.address, token=self.token, device=device, timeout=timeout,
-                       curve=self.curve)
+        return dial(self.address, self.token, device, timeout, self.curve)
 
     def devices(self) -> list[Device]:
         """Every device registered with this cluster's broker."""
-        return devices(self.address, token=self.token, curve=self.curve)
+        return list_devices(self.address, self.token, 10.0, self.curve)
 
-    def admin(self, timeout: float = 5.0) -> "Admin":
+    def admin(self, timeout: float = 5.0) -> Admin:
         """The broker's admin commands, with this cluster's admin token."""
-        from .admin import Admin  # admin builds on the client, as this module does
-
         return Admin(self.address, token=self.admin_token, timeout=timeout, curve=self.curve)
 
     def connection_info(self) -> dict[str, Any]:

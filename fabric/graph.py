@@ -1,7 +1,8 @@
 """Graphs on the client: trace a function of tensors once per input signature, then replay it.
 
 Rule: a graph is made only by running the user's function on placeholder tensors of a
-``Tracer``, a ``TensorSession`` that records the ops it is given instead of sending them; so
+``Tracer``, an array namespace whose stream records the ops it is given (the tracer is the
+stream's sink) and never sends them; so
 a graph's ops, shapes, dtypes and errors are exactly those of eager execution, and there is
 no second op API to keep in step. A trace depends on the inputs' shapes and dtypes and on
 the non-tensor arguments (constants), never on tensor values: anything that needs a value
@@ -28,17 +29,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .client import Device
+from .arrays import ArrayNamespace
+from .device import Device
 from .errors import TraceError
 from .ops import OPS, Spec
-from .tensor import _PACKAGE_DIR, Tensor, TensorSession, _origin, origin_line
+from .origins import PACKAGE_DIR, issued_at, origin_line
+from .tensor import Tensor
 from .wire import GRAPH_CACHE_SIZE
 
 TRACE_CACHE_SIZE = 256  # traces a function keeps (least recently called go; traced again)
-# A batch of graph calls is flushed at this many of their ops. A call costs the client one op
-# and the worker all of the graph's: the worker sets the pace, so each message's own cost
-# counts, and bigger batches than the op stream's (tensor.MAX_BATCH_ENTRIES) pay (bench W5).
-GRAPH_BATCH_OPS = 4096
 
 _graph_ids = itertools.count(1)  # unique in this process, so across all its sessions
 _TRACE_DEVICE = Device(index=-1, worker="trace", backend="trace", settings={})
@@ -88,35 +87,36 @@ _READS = {
 def _value_use() -> str:
     """Which read of a tensor's value the traced function made (the outermost Tensor method)."""
     frame, found = sys._getframe(1), "a read of a tensor's value"
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
         found = _READS.get(frame.f_code.co_name, found)
         frame = frame.f_back
     return found
 
 
-class Tracer(TensorSession):
-    """A session that records the ops a traced function issues instead of sending them."""
+class Tracer(ArrayNamespace):
+    """The array namespace of a traced function: its placeholders' and ops' tensors. It is
+    its stream's sink: it checks and records each op, and its stream is never sent."""
 
     tracing = True
 
     def __init__(self, name: str) -> None:
+        super().__init__(_TRACE_DEVICE)
         self.name = name
-        self.device = _TRACE_DEVICE
-        self.closed = False
         self.finished = False
         self.ops: list[Sequence[Any]] = []
-        self._init_stream()
+        self.stream.sinks.append(self)
 
     def placeholder(self, like: Spec) -> Tensor:
         """A new input of the graph, with ``like``'s shape and dtype."""
-        return self._tensor(like.shape, like.dtype, None)
+        return self.stream.new_tensor(like.shape, like.dtype, None)
 
     def _refuse(self, what: str, advice: str) -> TraceError:
-        file, line = origin_line(_origin())
+        file, line = origin_line(issued_at())
         return TraceError(f"{what} in traced function {self.name} ({file}, line {line}): "
                           f"{advice}.", function=self.name, file=file, line=line)
 
-    def _enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None) -> None:
+    def record(self, op: Sequence[Any], buffer: Any, result: Spec | None) -> None:
+        """Keep ``op`` as one of the graph's, or refuse what a graph cannot hold."""
         if self.finished:
             raise self._refuse("A tensor made while tracing was used after the trace ended",
                                "return it from the function instead of keeping it")
@@ -129,14 +129,15 @@ class Tracer(TensorSession):
             raise self._refuse(f"{op[0]!r}", "do it outside the traced function")
         self.ops.append(op)
 
-    def _refuse_capture(self, tensor: Tensor) -> TraceError:
+    def foreign_tensor(self, tensor: Tensor) -> TraceError:
         """The error for an op that mixes the trace's tensors with a tensor from outside."""
         return self._refuse(
             "A tensor from outside (a global or a closure variable?) is used", "pass it as an "
             "argument, so that each call uses its current value, or create it inside from an "
             "argument's session (x.session.zeros(...))")
 
-    def _read(self, tensor: Tensor) -> np.ndarray:
+    def read(self, tensor: Tensor) -> np.ndarray:
+        """Refused: a trace knows no values."""
         raise self._refuse(
             f"Tensor values are unknown while tracing, and {_value_use()} needs one",
             "a traced function runs once per input signature, so Python control flow cannot "
@@ -144,16 +145,31 @@ class Tracer(TensorSession):
             "np.maximum, t.clip(...)), read the value outside the function, or call the "
             "function without @fabric.function")
 
-    def _request(self, body: dict[str, Any], timeout: float | None = None) -> Any:
-        raise self._refuse(f"session.{body.get('op', 'request')}()",
-                           "call it outside the traced function")
+    def _outside(self, call: str) -> TraceError:
+        return self._refuse(call, "call it outside the traced function")
+
+    def receive_from(self, source: Tensor) -> Tensor:
+        """Refused: a trace moves no data between sessions."""
+        raise self._outside("t.to(session)")
+
+    def sync(self, timeout: float | None = None) -> None:
+        """Refused: a trace runs nothing."""
+        raise self._outside("session.sync()")
+
+    def stats(self) -> dict[str, int]:
+        """Refused: a trace runs nothing."""
+        raise self._outside("session.stats()")
+
+    def compile(self, fn: Callable[..., Any]) -> "Function":
+        """``fn``, called inside this trace: inlined into it."""
+        return Function(fn, session=self)
 
     def flush(self, timeout: float | None = None) -> None:
-        pass
+        """Nothing to send: a trace's ops are its graph's."""
 
 
 @dataclass(frozen=True, eq=False)
-class Graph:
+class TracedGraph:
     """One trace of a function: its ops on local ids, and how to call and register it."""
 
     id: int
@@ -177,7 +193,8 @@ class Graph:
                                              for leaf in self.leaves]))
 
 
-def trace(fn: Callable[..., Any], name: str, structure: Any, leaves: Sequence[Any]) -> Graph:
+def trace_function(fn: Callable[..., Any], name: str, structure: Any,
+                   leaves: Sequence[Any]) -> TracedGraph:
     """Run ``fn`` once on placeholders for the tensor ``leaves``; return its graph."""
     tracer = Tracer(name)
     inputs = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
@@ -194,7 +211,7 @@ def trace(fn: Callable[..., Any], name: str, structure: Any, leaves: Sequence[An
     graph_leaves: list[Any] = []
     for leaf in out_leaves:
         if isinstance(leaf, Tensor):
-            tracer._wire_arg(leaf)  # refuses a tensor that is not the trace's own
+            tracer.wire_arg(leaf)  # refuses a tensor that is not the trace's own
             graph_leaves.append(len(outputs))
             outputs.append(leaf)
         else:
@@ -207,32 +224,31 @@ def trace(fn: Callable[..., Any], name: str, structure: Any, leaves: Sequence[An
         "graph": graph_id, "name": name, "ops": tracer.ops,
         "inputs": [[list(t.shape), t.dtype.str] for t in inputs],
         "outputs": [t.id for t in outputs]}]
-    return Graph(graph_id, name, tuple((t.shape, t.dtype) for t in inputs),
+    return TracedGraph(graph_id, name, tuple((t.shape, t.dtype) for t in inputs),
                  tuple((t.shape, t.dtype) for t in outputs), result_structure,
                  tuple(graph_leaves),
-                 tuple(origin_line(tracer._origins[op[1]]) for op in tracer.ops),
-                 tracer._batch_elements, register_op)
+                 tuple(origin_line(tracer.stream.origins[op[1]]) for op in tracer.ops),
+                 tracer.stream.batch_elements, register_op)
 
 
-def call(session: TensorSession, graph: Graph, inputs: Sequence[Tensor]) -> list[Tensor]:
+def call(session: ArrayNamespace, graph: TracedGraph,
+         inputs: Sequence[Tensor]) -> list[Tensor]:
     """Queue a call of ``graph`` on ``session``, registering it first if the worker lacks it."""
-    held = session._graphs
+    stream = session.stream
+    held = stream.graphs
     if graph.id in held:
         held.move_to_end(graph.id)
     else:
         if len(held) >= GRAPH_CACHE_SIZE:
             evicted, _ = held.popitem(last=False)
-            session._enqueue(["graph_free", 0, [], {"graph": evicted}])
+            stream.enqueue(["graph_free", 0, [], {"graph": evicted}])
         held[graph.id] = graph
-        session._enqueue(graph.register_op)
-    origin = _origin()
-    outputs = [session._tensor(shape, dtype, origin) for shape, dtype in graph.outputs]
-    session._batch_elements += graph.elements
-    session._batch_graph_ops += graph.op_count
-    session._enqueue(["graph_call", outputs[0].id, [t.id for t in inputs],
-                      {"graph": graph.id, "outputs": len(outputs)}])
-    if session._batch_graph_ops >= GRAPH_BATCH_OPS:
-        session.flush()  # a call is as much work as its ops: keep the worker busy meanwhile
+        stream.enqueue(graph.register_op)
+    origin = issued_at()
+    outputs = [stream.new_tensor(shape, dtype, origin) for shape, dtype in graph.outputs]
+    stream.enqueue(["graph_call", outputs[0].id, [t.id for t in inputs],
+                    {"graph": graph.id, "outputs": len(outputs)}],
+                   elements=graph.elements, graph_ops=graph.op_count)
     return outputs
 
 
@@ -252,12 +268,12 @@ class Function:
     trace per call, not memory without end.
     """
 
-    def __init__(self, fn: Callable[..., Any], session: TensorSession | None = None) -> None:
+    def __init__(self, fn: Callable[..., Any], session: ArrayNamespace | None = None) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.session = session
         self.name = getattr(fn, "__qualname__", repr(fn))
-        self.graphs: OrderedDict[Any, Graph] = OrderedDict()  # signature -> graph, LRU
+        self.graphs: OrderedDict[Any, TracedGraph] = OrderedDict()  # signature -> graph, LRU
 
     def __repr__(self) -> str:
         return f"<fabric.function {self.name}: {len(self.graphs)} trace(s)>"
@@ -272,7 +288,7 @@ class Function:
         key = (structure, signature)
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self.graphs[key] = trace(self.fn, self.name, structure, leaves)
+            graph = self.graphs[key] = trace_function(self.fn, self.name, structure, leaves)
             if len(self.graphs) > TRACE_CACHE_SIZE:
                 self.graphs.popitem(last=False)
         else:
@@ -280,7 +296,7 @@ class Function:
         inputs = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
         return graph.rebuild(call(session, graph, inputs))
 
-    def _bind(self, leaves: list[Any]) -> tuple[TensorSession, tuple[Any, ...]]:
+    def _bind(self, leaves: list[Any]) -> tuple[ArrayNamespace, tuple[Any, ...]]:
         """The session the call runs on, and the call's signature; uploads numpy arrays."""
         session = self.session
         signature = []

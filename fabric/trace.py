@@ -15,8 +15,10 @@ from typing import Any, Iterator, Sequence
 import msgpack
 import numpy as np
 
+from .arrays import ArrayNamespace
 from .ops import Spec
-from .tensor import Tensor, TensorSession, _origin
+from .origins import issued_at
+from .tensor import Tensor
 from .wire import decode_scalar
 
 
@@ -27,7 +29,8 @@ class Trace:
     ops: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, op: Sequence[Any], buffer: Any, result: Spec | None) -> None:
-        """Keep a copy of one queued op (called by the session)."""
+        """Keep a copy of one queued op (the session's stream calls this: a trace is one of
+        its sinks)."""
         name, out, args, params = op
         entry: dict[str, Any] = {"op": name, "out": out, "args": list(args),
                                  "params": dict(params)}
@@ -78,7 +81,7 @@ class Trace:
             raise ValueError(f"{path} is not a fabric trace.")
         return cls(list(data["ops"]))
 
-    def replay(self, session: TensorSession, *inputs: Tensor) -> dict[int, Tensor]:
+    def replay(self, session: ArrayNamespace, *inputs: Tensor) -> dict[int, Tensor]:
         """Issue the trace's ops on ``session``; returns {recorded id: new tensor}.
 
         ``inputs`` bind, in order, the tensors the trace read but did not create
@@ -93,28 +96,28 @@ class Trace:
             raise TypeError(f"This trace reads {len(self.inputs)} tensor(s) it did not "
                             f"create; pass them to replay() (got {len(inputs)}).")
         tensors: dict[int, Tensor] = dict(zip(self.inputs, inputs))
-        origin = _origin()  # errors of replayed ops name the replay's line
+        origin = issued_at()  # errors of replayed ops name the replay's line
         for entry in self.ops:
             name, params = entry["op"], entry["params"]
             if name == "put":
                 array = np.frombuffer(entry["data"], params["dtype"]).reshape(params["shape"])
                 tensors[entry["out"]] = session.asarray(array)
             elif "shape" not in entry:  # an op with no result (seed)
-                session._enqueue([name, 0, entry["args"], params])
+                session.stream.enqueue([name, 0, entry["args"], params])
             else:
                 args = [tensors[a] if type(a) is int else decode_scalar(a)
                         for a in entry["args"]]
                 shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
-                tensors[entry["out"]] = session._emit(name, args, shape, dtype, params, origin)
+                tensors[entry["out"]] = session.emit(name, args, shape, dtype, params, origin)
         return tensors
 
 
 @contextlib.contextmanager
-def capture(session: TensorSession) -> Iterator[Trace]:
+def capture(session: ArrayNamespace) -> Iterator[Trace]:
     """Record every op issued through ``session`` inside the ``with`` block as a Trace."""
     trace = Trace()
-    session._captures.append(trace)
+    session.stream.sinks.append(trace)
     try:
         yield trace
     finally:
-        session._captures.remove(trace)
+        session.stream.sinks.remove(trace)

@@ -15,7 +15,8 @@ from test_executor import SESSION, opened, read, request, submit
 
 import fabric
 from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
-from fabric.graph import GRAPH_BATCH_OPS, Tracer, _flatten, call, trace
+from fabric.graph import Tracer, _flatten, call, trace_function
+from fabric.stream import MAX_BATCH_GRAPH_OPS
 from fabric.wire import GRAPH_CACHE_SIZE
 from fabric.ops import Spec
 from fabric.protocol import Kind, Message
@@ -44,13 +45,13 @@ def test_graph_calls_are_sent_at_graph_batch_ops_of_their_ops_whatever_is_freed_
     traced = fabric.function(twenty_ops)
     x = session.zeros(10)
     traced(x).numpy()  # traced and registered
-    calls = -(-GRAPH_BATCH_OPS // 20)
-    sent = session._counts["batches_sent"]
+    calls = -(-MAX_BATCH_GRAPH_OPS // 20)
+    sent = session.stream.counts["batches_sent"]
     for _ in range(calls - 1):  # each call's input is freed after it: entries, not calls
         x = traced(x)
-    assert session._counts["batches_sent"] == sent
+    assert session.stream.counts["batches_sent"] == sent
     x = traced(x)
-    assert session._counts["batches_sent"] == sent + 1
+    assert session.stream.counts["batches_sent"] == sent + 1
     assert x.numpy()[0] == 20.0 * calls
 
 
@@ -265,7 +266,7 @@ def test_an_unknown_graph_and_wrong_bindings_give_typed_errors(session):
     traced(a, b, c)
     graph = next(iter(traced.graphs.values()))
     forged = dataclasses.replace(graph, id=10**9, name="forged")
-    session._graphs[forged.id] = forged  # the client believes the worker holds it
+    session.stream.graphs[forged.id] = forged  # the client believes the worker holds it
     unknown = call(session, forged, [a, b, c])
     with pytest.raises(GraphError, match="#1000000000") as caught:
         unknown[0].numpy()
@@ -497,7 +498,7 @@ def test_worker_runs_graphs_traced_by_the_client():
     executor = with_inputs()
     inputs = Tracer("inputs")
     leaves = [inputs.placeholder(Spec((3,), np.dtype("f8"))) for _ in range(3)]
-    graph = trace(step, "step", _flatten((tuple(leaves), {}), []), leaves)
+    graph = trace_function(step, "step", _flatten((tuple(leaves), {}), []), leaves)
     submit(executor, graph.register_op, ["ones", 3, [], {"shape": [3], "dtype": "<f8"}])
     call_graph(executor, 10, [1, 2, 3], graph=graph.id)
     expected = step(np.arange(3.0), np.ones(3), np.ones(3))

@@ -17,7 +17,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT_SIDE = ("fabric.client", "fabric.tensor", "fabric.graph", "fabric.cluster", "fabric.cli",
-               "fabric.admin", "fabric.trace", "fabric.demo", "asyncio")
+               "fabric.admin", "fabric.trace", "fabric.demo", "fabric.session", "fabric.connection",
+               "fabric.arrays", "fabric.stream", "fabric.numpy_functions", "fabric.random",
+               "fabric.origins", "fabric.device", "asyncio")
 
 
 @pytest.mark.timeout(180)

@@ -13,8 +13,23 @@ import pytest
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
-from fabric.tensor import (_REMEMBERED_ORIGINS, MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS,
-                           MAX_BATCH_ENTRIES, origin_line)
+from fabric.origins import origin_line
+from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
+                           REMEMBERED_ORIGINS)
+
+
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; AssertionError naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def submits_taken(admin: fabric.Admin, session_id: int) -> int:
+    """The SUBMITs (op batches) of a session that the broker has taken, by its admin view."""
+    return next(row["submits"] for row in admin.sessions() if int(row["id"], 16) == session_id)
 
 
 def test_the_readme_example_matches_numpy(session):
@@ -33,7 +48,7 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     x = session.zeros(100)
     for _ in range(3000):
         x = x + 1.0
-    assert len(session._batch) <= MAX_BATCH_ENTRIES  # unsent work stays bounded
+    assert len(session.stream.batch) <= MAX_BATCH_ENTRIES  # unsent work stays bounded
     assert x.numpy()[0] == 3000
     stats = session.stats()
     assert stats["ops_sent"] == 3001
@@ -43,7 +58,7 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     assert stats["ops"] == 3001  # the device ran every op
     last = x.id
     x = x + 1.0
-    assert session._batch == [("add", x.id, (last, 1.0), {}), last]
+    assert session.stream.batch == [("add", x.id, (last, 1.0), {}), last]
 
 
 def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):
@@ -51,27 +66,27 @@ def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):
     assert side * side == MAX_BATCH_ELEMENTS
     small = session.zeros(100)
     light = [small + i for i in range(10)]
-    assert len(session._batch) == 11  # light ops are batched ...
-    sent = session._counts["batches_sent"]
+    assert len(session.stream.batch) == 11  # light ops are batched ...
+    sent = session.stream.counts["batches_sent"]
     big = session.ones((side, side))
-    assert not session._batch  # ... until a heavy one comes: it goes now, with them,
-    assert session._counts["batches_sent"] == sent + 1  # in one message
+    assert not session.stream.batch  # ... until a heavy one comes: it goes now, with them,
+    assert session.stream.counts["batches_sent"] == sent + 1  # in one message
     product = big @ big  # touches 3 M elements: sent alone, at once
-    assert not session._batch and session._counts["batches_sent"] == sent + 2
+    assert not session.stream.batch and session.stream.counts["batches_sent"] == sent + 2
     half = big[: side // 2]  # a view of half of it touches 1.5 M: sent too
-    assert not session._batch
+    assert not session.stream.batch
     assert product.numpy()[0, 0] == side and half.shape == (side // 2, side)
     assert [t.numpy()[0] for t in light] == list(range(10))
 
 
 def test_uploads_wait_for_company_until_their_bytes_reach_the_bound(session):
     small = [session.asarray(np.full(1000, float(i))) for i in range(3)]
-    assert len(session._batch) == 3 and session._counts["batches_sent"] == 0
+    assert len(session.stream.batch) == 3 and session.stream.counts["batches_sent"] == 0
     x = small[0] + 1.0  # an op without an upload does not send them either
-    assert len(session._batch) == 4
+    assert len(session.stream.batch) == 4
     rest = MAX_BATCH_BYTES - 3 * 8000
     big = session.asarray(np.ones(rest // 8))  # the batch's bytes reach the bound: sent
-    assert not session._batch and session._counts["batches_sent"] == 1
+    assert not session.stream.batch and session.stream.counts["batches_sent"] == 1
     assert x.numpy()[0] == 1.0 and big.numpy().sum() == rest // 8
     assert [t.numpy()[-1] for t in small] == [0.0, 1.0, 2.0]
 
@@ -80,21 +95,21 @@ def test_a_graph_call_counts_as_the_work_of_its_ops(session):
     traced = fabric.function(lambda x: (x * 2 + 1).sum(axis=0))
     small, big = session.zeros((4, 4)), session.ones((512, 1024))  # big: half the bound
     light = traced(small)
-    assert session._batch  # a light call waits, and a heavy one (2 elementwise ops, a
+    assert session.stream.batch  # a light call waits, and a heavy one (2 elementwise ops, a
     heavy = traced(big)  # reduction: 3 passes over half the bound) is sent at once
-    assert not session._batch
+    assert not session.stream.batch
     np.testing.assert_array_equal(heavy.numpy(), np.full(1024, 1536.0))
     assert light.shape == (4,)
 
 
 def test_a_shape_mismatch_fails_at_the_call_site_before_sending(session):
     a, b, c = session.zeros((3, 4)), session.zeros((5,)), session.zeros((5, 2))
-    queued = len(session._batch)
+    queued = len(session.stream.batch)
     with pytest.raises(ValueError):
         a + b
     with pytest.raises(ValueError):
         a @ c
-    assert len(session._batch) == queued
+    assert len(session.stream.batch) == queued
 
 
 def test_a_failed_op_poisons_its_outputs_and_is_raised_at_the_next_read(session):
@@ -144,7 +159,7 @@ def test_every_way_of_making_a_tensor_records_the_users_line(session):
     ]
     for make in makers:
         tensor = make()
-        assert origin_line(session._origins[tensor.id]) == (__file__,
+        assert origin_line(session.stream.origins[tensor.id]) == (__file__,
                                                             make.__code__.co_firstlineno)
 
 
@@ -162,15 +177,15 @@ def test_ops_issued_in_a_loop_each_record_their_own_line(session):
         lines[z.id] = elsewhere.__code__.co_firstlineno + 1
         x = y - z
         lines[x.id] = sys._getframe().f_lineno - 1
-    assert {i: origin_line(session._origins[i]) for i in lines} == {
+    assert {i: origin_line(session.stream.origins[i]) for i in lines} == {
         i: (__file__, line) for i, line in lines.items()}
 
 
 def test_the_origins_of_freed_tensors_are_remembered_within_a_bound(session):
-    ids = [session.zeros(1).id for _ in range(3 * _REMEMBERED_ORIGINS)]  # each freed at once
+    ids = [session.zeros(1).id for _ in range(3 * REMEMBERED_ORIGINS)]  # each freed at once
     session.sync()
-    kept = [i for i in ids if i in session._origins]
-    assert _REMEMBERED_ORIGINS <= len(kept) < 2 * _REMEMBERED_ORIGINS
+    kept = [i for i in ids if i in session.stream.origins]
+    assert REMEMBERED_ORIGINS <= len(kept) < 2 * REMEMBERED_ORIGINS
     assert kept == ids[-len(kept):]  # the last freed
 
 
@@ -323,7 +338,7 @@ def test_using_a_closed_session_fails_clearly(shared_cluster):
 
 def test_an_op_from_another_thread_is_refused_at_once_and_the_session_goes_on(session):
     t = session.arange(4.0)
-    queued = len(session._batch)
+    queued = len(session.stream.batch)
     errors = []
 
     def use_from_another_thread():
@@ -338,7 +353,7 @@ def test_an_op_from_another_thread_is_refused_at_once_and_the_session_goes_on(se
     thread.join(timeout=10)
     # before: the ops were queued into this thread's stream, and only a read failed
     assert len(errors) == 5 and all("call fabric.connect() in each thread" in e for e in errors)
-    assert len(session._batch) == queued  # nothing of the other thread's was queued
+    assert len(session.stream.batch) == queued  # nothing of the other thread's was queued
     np.testing.assert_array_equal((t * 2).numpy(), [0.0, 2.0, 4.0, 6.0])
 
 
@@ -352,7 +367,11 @@ def test_a_session_with_a_long_queue_does_not_hold_up_another_sessions_requests(
         for _ in range(40):
             kept.append(small + 1.0)
             busy.flush()
-        time.sleep(0.1)  # (the broker has forwarded them all: the device's queue is long)
+        # The broker has forwarded them all (in order, before anything sent after): the
+        # device's queue is long.
+        with shared_cluster.admin() as admin:
+            wait_until(lambda: submits_taken(admin, busy.id)
+                       == busy.stream.counts["batches_sent"], 10, "the broker to take them")
         before = big.nbytes + small.nbytes + kept[0].nbytes
         # other's request takes its turn after the message running now, not after all 40.
         done = (other.stats()["device_resident_bytes"] - before) // small.nbytes
@@ -371,7 +390,7 @@ def test_a_session_streaming_faster_than_its_device_waits_for_it(session):
     for _ in range(3 * SUBMIT_WINDOW):  # ... while more batches than the window are sent
         x = x + 1.0
         session.flush()
-        in_flight.append(session._counts["batches_sent"]
+        in_flight.append(session.stream.counts["batches_sent"]
                          - session.connection.pending.done.get(session.id, 0))
     assert max(in_flight) == SUBMIT_WINDOW  # it waited for the device instead of flooding
     assert x.numpy()[0] == 3 * SUBMIT_WINDOW

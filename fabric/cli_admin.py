@@ -1,0 +1,267 @@
+"""``fabric admin``: the broker's admin commands, each one call of ``fabric.Admin``, printed as
+a table or as JSON.
+
+Rule: a thin shell: the options name the broker and the token, ``fabric.Admin`` does the rest,
+and every failure ends with one line on stderr and a documented exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from .cli_options import token_options
+from .config import resolve_secret
+from .errors import (
+    AuthenticationError,
+    ConfigError,
+    ConnectError,
+    EncryptionError,
+    FabricError,
+    RequestTimeout,
+    SessionLost,
+    VersionMismatch,
+)
+
+ADMIN_EXIT_CODES = """\b
+Exit codes:
+  0  done
+  1  refused or not found: not the admin token or CURVE key, no such session or worker
+  2  usage: bad arguments, no address or token, unusable connection file
+  3  cannot reach the broker: nothing listening, not a fabric broker, no answer
+"""
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON (for scripts) instead of a table.")
+
+
+def _admin_exit_code(error: FabricError) -> int:
+    """The documented exit code for an error from ``fabric.Admin``."""
+    if isinstance(error, ConfigError):
+        return 2
+    if isinstance(error, (AuthenticationError, EncryptionError, VersionMismatch)):  # refused
+        return 1
+    if isinstance(error, (ConnectError, RequestTimeout, SessionLost)):
+        return 3
+    return 1
+
+
+def _admin_call(options: dict[str, Any], call: Callable[[Any], Any], as_json: bool,
+                render: Callable[[Any, str], None]) -> None:
+    """Open a ``fabric.Admin`` from the group's options, make one call, print its result."""
+    from .admin import ADMIN_TOKEN_ENV, Admin
+
+    try:
+        token = resolve_secret(options["token"], options["token_file"], ADMIN_TOKEN_ENV)
+        with Admin(options["address"], token=token, connection_file=options["connection_file"],
+                   timeout=options["timeout"], curve=options["curve"]) as admin:
+            result = call(admin)
+            address = admin.address
+    except FabricError as exc:
+        click.echo(f"fabric admin: {' '.join(str(exc).splitlines())}", err=True)
+        sys.exit(_admin_exit_code(exc))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        render(result, address)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, Callable[[dict], Any]]],
+           empty: str) -> None:
+    if not rows:
+        click.echo(empty)
+        return
+    cells = [[title for title, _ in columns]]
+    cells += [[str(get(row)) for _, get in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
+
+
+_TRAFFIC = [("MESSAGES", lambda r: r["messages"]), ("BYTES", lambda r: _size(r["bytes"])),
+            ("SUBMITS", lambda r: r["submits"]), ("ERRORS", lambda r: r["errors"])]
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items())) or "none"
+
+
+def _print_status(status: dict[str, Any], address: str) -> None:
+    traffic, rates = status["traffic"], status["rates"]
+    draining = status["workers_draining"]
+    lines = [
+        ("server", f"{status['server']} (protocol {status['protocol_version']})"),
+        ("address", address),
+        ("uptime", _duration(status["uptime"])),
+        ("workers", f"{status['workers']}"
+                    + (f" ({len(draining)} draining: {', '.join(draining)})" if draining else "")),
+        ("devices", f"{status['devices_online']} online of {status['devices_total']}"),
+        ("sessions", f"{status['sessions']} ({_counts(status['sessions_by_state'])}), "
+                     f"{status['sessions_ended']} ended"),
+        ("traffic", f"{traffic['messages']} messages, {_size(traffic['bytes'])}, "
+                    f"{traffic['submits']} submits, {traffic['errors']} errors"),
+        ("rates", f"{rates['messages_per_s']:.1f} messages/s, "
+                  f"{_size(rates['bytes_per_s'])}/s since start"),
+        ("rejects", _counts(status["rejects"])),
+        ("protocol errors", _counts(status["protocol_errors"])),
+    ]
+    queues = status.get("queues")
+    if queues:  # flow control: messages waiting for peers that are not reading
+        lines.append(("queues", f"{queues['parked_messages']} message(s) waiting for "
+                                f"{queues['peers_waiting']} peer(s)"
+                                + (", clients paused" if queues["frontend_paused"] else "")))
+    for name, value in lines:
+        click.echo(f"{name + ':':<17}{value}")
+
+
+def _print_workers(workers: list[dict[str, Any]], address: str) -> None:
+    _table(workers, [
+        ("NAME", lambda r: r["name"]), ("BACKEND", lambda r: r["backend"]),
+        ("DEVICES", lambda r: ",".join(map(str, r["devices"])) or "-"),
+        ("SESSIONS", lambda r: r["sessions"]),
+        ("DRAINING", lambda r: "yes" if r["draining"] else "no"),
+        ("REGISTERED", lambda r: _duration(r["registered_ago"]) + " ago"),
+        ("LAST SEEN", lambda r: _duration(r["last_seen_ago"]) + " ago"), *_TRAFFIC],
+        f"no workers are connected to {address}")
+
+
+def _print_devices(devices: list[dict[str, Any]], address: str) -> None:
+    _table(devices, [
+        ("INDEX", lambda r: r["index"]), ("WORKER", lambda r: r["worker"]),
+        ("LOCAL", lambda r: r["local"]), ("BACKEND", lambda r: r["backend"] or "-"),
+        ("ONLINE", lambda r: "yes" if r["online"] else "no"),
+        ("DRAINING", lambda r: "yes" if r["draining"] else "no"),
+        ("SESSIONS", lambda r: r["sessions"]), *_TRAFFIC],
+        f"no devices have registered with {address}")
+
+
+def _print_sessions(sessions: list[dict[str, Any]], address: str) -> None:
+    _table(sessions, [
+        ("ID", lambda r: r["id"]), ("CLIENT", lambda r: r["client"]),
+        ("DEVICE", lambda r: r["device"]), ("WORKER", lambda r: r["worker"]),
+        ("STATE", lambda r: r["state"]), ("AGE", lambda r: _duration(r["created_ago"])),
+        ("IDLE", lambda r: _duration(r["last_seen_ago"])), *_TRAFFIC],
+        f"no sessions are open on {address}")
+
+
+@click.group(epilog=ADMIN_EXIT_CODES)
+@click.option("--address", default=None, metavar="ADDRESS",
+              help="The broker's frontend, like tcp://host:5555 [default: the connection "
+                   "file's].")
+@click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
+              help="The file fabric cluster up wrote [default: $FABRIC_CONNECTION_FILE, else "
+                   "the default one if it exists].")
+@token_options("", "FABRIC_ADMIN_TOKEN", "admin token")
+@click.option("--timeout", type=float, default=5.0, show_default=True,
+              help="Seconds to wait for the broker's answer.")
+@click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
+              help="Encrypt with CURVE using KEYDIR/client.key_secret and KEYDIR/broker.key "
+                   "[default: the connection file's keys, if any].")
+@click.pass_context
+def admin(ctx: click.Context, address: str | None, connection_file: str | None,
+          token: str | None, token_file: str | None, timeout: float, curve: str | None) -> None:
+    """Inspect and steer a running broker with the admin token (a client token is refused).
+
+    The address and token come from the options, else from the connection file; the token
+    from --token-file, $FABRIC_ADMIN_TOKEN or --token comes first. Tokens are never printed.
+    """
+    ctx.obj = {"address": address, "connection_file": connection_file, "token": token,
+               "token_file": token_file, "timeout": timeout, "curve": curve}
+
+
+def _report_command(name: str, short_help: str, help_text: str,
+                    printer: Callable[[Any, str], None]) -> None:
+    """Register ``fabric admin NAME``: one read-only call of fabric.Admin, as a table or JSON."""
+    @admin.command(name, epilog=ADMIN_EXIT_CODES, short_help=short_help, help=help_text)
+    @json_option
+    @click.pass_obj
+    def report(options: dict[str, Any], as_json: bool) -> None:
+        _admin_call(options, lambda a: getattr(a, name)(), as_json, printer)
+
+
+for _report in [
+    ("status", "Broker summary.",
+     "Broker identity, uptime, workers, devices, sessions, traffic rates, rejections.",
+     _print_status),
+    ("workers", "List workers.",
+     "Each worker: backend, devices, sessions, draining, ages and traffic.", _print_workers),
+    ("devices", "List devices.",
+     "Each device, online or not: worker, backend, sessions and traffic.", _print_devices),
+    ("sessions", "List sessions.",
+     "Each session: id, client, device, state, ages and traffic.\n\nSUBMITS counts op "
+     "batches: the broker never decodes the ops themselves.", _print_sessions),
+]:
+    _report_command(*_report)
+
+
+def _session_argument(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from .admin import parse_session_id
+
+    try:
+        return parse_session_id(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@admin.command("close-session", epilog=ADMIN_EXIT_CODES, short_help="Close a session.")
+@click.argument("session_id", metavar="ID", callback=_session_argument)
+@json_option
+@click.pass_obj
+def admin_close_session(options: dict[str, Any], session_id: int, as_json: bool) -> None:
+    """Close session ID (hex, as sessions shows it); its client's next call fails."""
+    _admin_call(options, lambda a: a.close_session(session_id), as_json,
+                lambda r, _: click.echo(f"closed session {r['session']}"))
+
+
+@admin.command("drain", epilog=ADMIN_EXIT_CODES,
+               short_help="Stop new sessions on a worker.")
+@click.argument("worker")
+@json_option
+@click.pass_obj
+def admin_drain(options: dict[str, Any], worker: str, as_json: bool) -> None:
+    """Refuse new sessions on WORKER's devices; its open sessions go on."""
+    _admin_call(options, lambda a: a.drain(worker), as_json, lambda r, _: click.echo(
+        f"{r['worker']} is draining: no new sessions; its {r['sessions']} open session(s) "
+        "go on"))
+
+
+@admin.command("undrain", epilog=ADMIN_EXIT_CODES,
+               short_help="Let a drained worker take sessions.")
+@click.argument("worker")
+@json_option
+@click.pass_obj
+def admin_undrain(options: dict[str, Any], worker: str, as_json: bool) -> None:
+    """Let WORKER take new sessions again."""
+    _admin_call(options, lambda a: a.undrain(worker), as_json,
+                lambda r, _: click.echo(f"{r['worker']} takes new sessions again"))
+
+
+@admin.command("shutdown", epilog=ADMIN_EXIT_CODES, short_help="Stop the broker.")
+@json_option
+@click.pass_obj
+def admin_shutdown(options: dict[str, Any], as_json: bool) -> None:
+    """Stop the broker: it answers, tells every client its session ends, and exits."""
+    _admin_call(options, lambda a: a.shutdown(), as_json, lambda r, address: click.echo(
+        f"broker at {address} is shutting down; {r['sessions']} session(s) told"))

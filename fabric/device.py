@@ -1,0 +1,26 @@
+"""``fabric.Device``: a device of the cluster, as the broker describes it.
+
+Rule: a plain frozen record made from the broker's WELCOME or DEVICE_LIST; it opens nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device of the cluster: its global index, the worker that owns it, what it is."""
+
+    index: int
+    worker: str
+    backend: str
+    settings: dict[str, Any]
+    local: int = 0
+
+    @classmethod
+    def from_wire(cls, body: dict[str, Any]) -> "Device":
+        """The device a broker's message describes."""
+        return cls(int(body["index"]), str(body["worker"]), str(body["backend"]),
+                   dict(body.get("settings", {})), int(body.get("local", 0)))

@@ -1,0 +1,238 @@
+"""``fabric.Session``: a session bound to one device, which sends its op stream there and reads.
+
+Rule: the session is the op stream's only way to its socket: it hands a full batch to the
+connection once the device has run enough of the earlier ones (backpressure by CREDIT, with
+a deadline), and makes every read, sync and close a request that first sends what is
+batched. A remote error comes back naming the op and the line of user code that issued it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from . import protocol
+from .arrays import ArrayNamespace
+from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, check_version, expect_reply,
+                         naming_connection_file)
+from .device import Device
+from .errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeout, SessionLost,
+                     error_from_wire)
+from .flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
+from .graph import Function
+from .origins import issued_at, origin_line
+from .protocol import Kind, Message
+from .security import CurveClient
+from .sockets import try_send
+from .tensor import Tensor
+from .wire import array_from_frame, dtype_name
+
+
+class Session(ArrayNamespace):
+    """A session bound to one device; use as a context manager or call ``close()``.
+
+    Arrays live on the device: create them with ``asarray``, ``zeros``, ``ones``, ``full``,
+    ``empty``, ``arange``, ``linspace``, ``eye`` or ``random``; ops on them are streamed.
+    """
+
+    def __init__(self, connection: Connection, session_id: int, welcome: Message,
+                 timeout: float, token: str) -> None:
+        super().__init__(Device.from_wire(welcome.body["device"]), session_id)
+        self.connection = connection
+        connection.users += 1
+        self._token = token
+        self.id = session_id
+        self.timeout = timeout
+        self.device_count: int = welcome.body["device_count"]
+        self.server: str = welcome.body["server"]
+        # The largest array this session may upload in one piece: every socket on the way
+        # to its device takes it (an oversized frame would silently cost the connection).
+        limit = welcome.body.get("max_message_bytes")
+        self.max_upload_bytes: int = (limit if type(limit) is int and limit > 0
+                                      else connection.max_message_bytes)
+        self.closed = False
+        self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
+        connection.set_send_timeout(timeout)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (f"<fabric.Session {self.id:#x} {state} on device {self.device.index} "
+                f"({self.device.backend}, worker {self.device.worker})>")
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def open(self, device: int, timeout: float | None = None) -> "Session":
+        """Another session, on ``device``, over this session's connection (one connection
+        serves sessions on any number of devices; it closes with its last session)."""
+        self.stream.check_open()
+        return open_session(self.connection, self._token, device,
+                            self.timeout if timeout is None else timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Close the session and free everything it holds on the device (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stream.close()  # every later op is refused; closing frees what was batched
+        try:
+            if self.connection.error is None and self.id not in self.connection.pending.lost:
+                reply = self.connection.request(Message(Kind.CLOSE, self.id),
+                                                self.timeout if timeout is None else timeout,
+                                                session=self.id)
+                check_version(reply)
+        except SessionLost:
+            pass  # already gone on the broker: nothing left to free
+        finally:
+            self.connection.pending.done.pop(self.id, None)  # (its CREDITs came before CLOSED)
+            self.connection.users -= 1
+            if not self.connection.users:
+                self.connection.close()
+            if self.on_close is not None:
+                self.on_close()
+
+    # -- sending the stream ------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send the batched ops now (reads, syncs and close do this for you). If the device
+        has not yet run the session's last batches (``fabric.flow.SUBMIT_WINDOW`` of them),
+        wait for it first, up to ``timeout`` (default: the session's)."""
+        stream = self.stream
+        if not stream.batch or self.closed:  # (closed: tensors freed since, nothing to send)
+            return
+        needed = stream.credit_needed(self.connection.pending.done.get(self.id, 0))
+        if needed is not None:
+            self._wait_for_device(needed, self.timeout if timeout is None else timeout)
+        stream.send_batch(self.connection.send)
+
+    def _wait_for_device(self, done: int, timeout: float) -> None:
+        """Backpressure: wait until the device has run ``done`` of this session's batches."""
+        def busy(deadline: float) -> RequestTimeout:
+            return RequestTimeout(
+                f"Device {self.device.index} ran none of this session's {SUBMIT_WINDOW} "
+                f"waiting batches of ops in {timeout:g} s: it is busy with long ops, or "
+                "stuck. Wait for it with session.sync(timeout=...) before sending more, or "
+                "raise timeout=.", device=self.device.index, waiting=SUBMIT_WINDOW)
+        self.connection.wait_for_credit(self.id, done, time.monotonic() + timeout, busy)
+
+    # -- requests and reads ------------------------------------------------------------------
+
+    def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+        if self.closed:  # (every read: the call only to raise)
+            self.stream.check_open()
+        reply = self.connection.request(Message(Kind.REQUEST, self.id, 0, body),
+                                        self.timeout if timeout is None else timeout,
+                                        session=self.id)
+        return expect_reply(reply, Kind.REPLY)
+
+    def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+        """Flush, send a request to the device and return its reply (raising its error)."""
+        if self.stream.batch:  # (a read with nothing batched skips the call)
+            self.flush(timeout)
+        reply = self._request(body, timeout)
+        if "error" in reply.body:
+            raise self._remote_error(reply.body["error"])
+        return reply
+
+    def _remote_error(self, wire: dict[str, Any]) -> Exception:
+        """The device's error, naming the line that issued the failed op (and, inside a
+        graph, the function's line)."""
+        error = error_from_wire(wire)
+        origin = self.stream.origins.get(error.details.get("tensor"))
+        if isinstance(error, RemoteError) and origin is not None:
+            file, line = origin_line(origin)
+            error.details["origin"] = f"{file}:{line}"
+            error.args = (f"{error.message}\n  the op was issued at {file}, line {line}",)
+        graph = self.stream.graphs.get(error.details.get("graph"))
+        index = error.details.get("graph_op")
+        if graph is not None and type(index) is int and 0 <= index < len(graph.origins):
+            file, line = graph.origins[index]
+            error.args = (f"{error.args[0]}\n  inside {graph.name}, at {file}, line {line}",)
+        return error
+
+    def read(self, tensor: Tensor) -> np.ndarray:
+        """``tensor``'s values, read back: an ordinary, writable numpy array (``t.numpy()``)."""
+        # The worker checks what this client inferred, and answers with the bytes alone.
+        reply = self._call({"op": "read", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+                            "shape": tensor.shape})
+        if len(reply.buffers) != 1:
+            raise ProtocolError("A read reply must carry exactly one buffer.")
+        return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
+
+    def receive_from(self, source: Tensor) -> Tensor:
+        """``source``, a tensor of another session, sent worker to worker (``t.to(self)``)."""
+        tensor = self.stream.new_tensor(source.shape, source.dtype, issued_at())
+        sender = source.session
+        sender.stream.enqueue(["send", 0, [source.id], {"session": self.id, "id": tensor.id}])
+        sender.flush()
+        self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
+        return tensor
+
+    def sync(self, timeout: float | None = None) -> None:
+        """Wait until the device has run everything sent so far; raise its first error."""
+        self._call({"op": "sync"}, timeout)
+
+    def compile(self, fn: Callable[..., Any]) -> Function:
+        """``fn`` traced once per input signature and replayed on this session's device.
+
+        Like ``@fabric.function``, bound to this session: numpy array arguments are
+        uploaded to it, and tensors of other sessions are refused.
+        """
+        return Function(fn, session=self)
+
+    def stats(self) -> dict[str, int]:
+        """Counts for this session: what the client sent, what the device holds and ran.
+
+        ``ops`` counts the ops the worker received (a graph call is one); the device adds
+        ``ops_fused`` and ``expressions_evaluated`` (0 on numpy), and the session's graphs
+        ``graphs`` held, ``graph_registrations``, ``graph_replays`` and
+        ``bytes_saved_by_replay`` (the op lists replays did not send, less the calls sent).
+        """
+        device = self._call({"op": "stats"}).body  # flushes first, so counts are current
+        return {**self.stream.counts, **device}
+
+    def foreign_tensor(self, tensor: Tensor) -> Exception:
+        """The error for an op that mixes this session's tensors with another's."""
+        return ValueError(f"{tensor!r} lives on another session: move it with .to(session) "
+                          "first.")
+
+
+def open_session(connection: Connection, token: str, device: int, timeout: float) -> Session:
+    """HELLO on ``connection``; the session, or the typed error (closing an unused
+    connection)."""
+    session_id = secrets.randbits(64) or 1
+    hello = Message(Kind.HELLO, session_id, body={
+        "token": token, "device": device, "client": f"pid {os.getpid()}",
+        "max_message_bytes": connection.max_message_bytes})
+    try:
+        welcome = expect_reply(connection.request(hello, timeout), Kind.WELCOME)
+    except HandshakeTimeout:
+        # A slow broker may still open it: ask it to drop the session, best effort (a full
+        # queue skips it: the timeout is what the caller hears of).
+        try_send(connection.socket, protocol.encode(Message(Kind.CLOSE, session_id)))
+        if not connection.users:
+            connection.close(linger=0.2)
+        raise
+    except BaseException:
+        if not connection.users:
+            connection.close()
+        raise
+    return Session(connection, session_id, welcome, timeout, token)
+
+
+def dial(address: str, token: str, device: int, timeout: float, curve: CurveClient | None,
+         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+         connection_file: str | None = None) -> Session:
+    """A session on ``device`` of the broker at ``address``, over a new connection
+    (``connection_file``: where the address came from, if a file)."""
+    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+                            curve=curve, max_message_bytes=max_message_bytes)
+    with naming_connection_file(connection_file):
+        return open_session(connection, token, device, timeout)
