@@ -29,7 +29,8 @@ from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_fra
 from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
 
 from .held import HeldSends
-from .registry import Limits, Registry, Send, Side
+from .model import Limits, Send, Side
+from .registry import Registry
 
 log = logging.getLogger("fabric.broker")
 
@@ -104,6 +105,7 @@ class Broker:
         self._blocking: set[tuple[Side, bytes]] = set()
         self._cut: set[bytes] = set()  # clients cut off whose last words are still parked
         self._unreachable_since: dict[tuple[Side, bytes], float] = {}  # parked peers
+        self.registry.queue_figures = self._queue_figures
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -178,7 +180,6 @@ class Broker:
                 log.warning("worker %s is not reading: %d messages wait for it; not reading "
                             "the frontend until it drains", identity.hex(),
                             self._outbox.queued(key))
-        self._update_queues()
         return followups
 
     def _retry(self, now: float) -> None:
@@ -215,15 +216,14 @@ class Broker:
                 registry.counters["slow_workers_lost"] += 1
                 followups += registry.lose_worker(
                     key[1], f"took none of the messages sent to it for {timeout:g} s")
-        self._update_queues()
         self._send(followups)
 
     def _discard(self, key: tuple[Side, bytes]) -> None:
         self._outbox.discard(key)
         self._unreachable_since.pop(key, None)
 
-    def _update_queues(self) -> None:
-        self.registry.queues.update(
+    def _queue_figures(self) -> dict[str, Any]:
+        return dict(
             parked_messages=self._outbox.messages, parked_bytes=self._outbox.bytes,
             peers_waiting=len(self._outbox), frontend_paused=bool(self._blocking))
 

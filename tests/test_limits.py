@@ -38,7 +38,8 @@ from test_registry import (
 )
 
 import fabric
-from fabric.broker.registry import Limits, Registry, Side
+from fabric.broker.model import Limits, Side
+from fabric.broker.registry import Registry
 from conftest import HEARTBEAT
 from fabric import protocol
 from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
@@ -423,7 +424,7 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
 
 _UNREAD_FRONTEND = """
 import time, zmq
-from fabric.broker.registry import Limits
+from fabric.broker.model import Limits
 from fabric.broker.server import _router
 context = zmq.Context()
 frontend = _router(context, "tcp://127.0.0.1:*", Limits(hwm=8))  # heartbeat: 1 s

@@ -11,7 +11,8 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric.broker.registry import Limits, Registry, Send, SessionState, Side
+from fabric.broker.model import Limits, Send, SessionPhase, Side
+from fabric.broker.registry import Registry
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
@@ -266,7 +267,7 @@ def test_hello_reusing_an_open_session_id_is_rejected():
     # The existing session is untouched.
     assert set(registry.sessions) == {7}
     assert registry.sessions[7].client == C1
-    assert registry.sessions[7].state == SessionState.OPEN
+    assert registry.sessions[7].phase == SessionPhase.OPEN
     assert registry.workers[B].sessions == set()
 
 
@@ -293,7 +294,7 @@ def test_good_hello_opens_the_session_on_the_owning_worker():
     assert open_message.body["device"] == 1  # "b"'s second device
     session = registry.sessions[7]
     assert (session.client, session.worker, session.device) == (C1, B, 2)
-    assert session.state == SessionState.OPENING
+    assert session.phase == SessionPhase.OPENING
     assert session.deadline == 1.5 + LIMITS.open_timeout
     assert registry.workers[B].sessions == {7}
 
@@ -309,14 +310,14 @@ def test_opened_from_the_worker_welcomes_the_client():
     assert welcome.body["device_count"] == 3
     assert welcome.body["server"] == SERVER
     assert welcome.body["heartbeat"] == LIMITS.heartbeat
-    assert registry.sessions[7].state == SessionState.OPEN
+    assert registry.sessions[7].phase == SessionPhase.OPEN
 
 
 def test_opened_from_another_worker_is_ignored():
     registry = two_workers()
     hello(registry, C1, session=7, device=2)
     assert registry.from_worker(A, frames(Kind.OPENED, 7, 1), 0.5) == []
-    assert registry.sessions[7].state == SessionState.OPENING
+    assert registry.sessions[7].phase == SessionPhase.OPENING
 
 
 @pytest.mark.parametrize("kind", [Kind.REJECT, Kind.ERROR])
@@ -426,7 +427,7 @@ def test_close_is_forwarded_and_answered_when_the_worker_closed():
     close = only(registry.from_client(C1, frames(Kind.CLOSE, 7, 11), 1.0), Side.BACKEND, B,
                  Kind.CLOSE)
     assert (close.session, close.request) == (7, 11)
-    assert registry.sessions[7].state == SessionState.CLOSING
+    assert registry.sessions[7].phase == SessionPhase.CLOSING
     closed = only(registry.from_worker(B, frames(Kind.CLOSED, 7, 11), 1.5), Side.FRONTEND, C1,
                   Kind.CLOSED)
     assert (closed.session, closed.request) == (7, 11)
@@ -439,7 +440,7 @@ def test_close_from_another_client_is_refused():
     message = only(registry.from_client(C2, frames(Kind.CLOSE, 7, 2), 1.0), Side.FRONTEND,
                    C2, Kind.ERROR)
     assert error_from_wire(message.body).code == SessionLost.code
-    assert registry.sessions[7].state == SessionState.OPEN
+    assert registry.sessions[7].phase == SessionPhase.OPEN
 
 
 def test_close_while_opening_answers_at_once_and_closes_on_the_worker():
@@ -837,7 +838,7 @@ def test_registered_worker_speaking_another_version_gets_a_protocol_error(kind):
     sends = registry.from_worker(A, frames(kind, 7, 1, {}, version=PROTOCOL_VERSION + 1), 1.0)
     message = only(sends, Side.BACKEND, A, Kind.ERROR)
     assert message.body["code"] == ProtocolError.code
-    assert registry.sessions[7].state == SessionState.OPENING
+    assert registry.sessions[7].phase == SessionPhase.OPENING
 
 
 @pytest.mark.parametrize("kind", [Kind.HEARTBEAT, Kind.OPENED, Kind.REPLY, Kind.CLOSED])
