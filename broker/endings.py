@@ -150,4 +150,5 @@ class Endings:
         """Tell every client its session ends because the broker stops."""
         return [send_error(Side.FRONTEND, session.client, SessionLost(
             "The broker is shutting down: open a new session when it is back.",
-            session=session.id), session=session.id) for session in self._sessions.sessions.values()]
+            session=session.id), session=session.id)
+            for session in self._sessions.sessions.values()]
