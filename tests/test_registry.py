@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from fabric.broker.model import Limits, Send, SessionPhase, Side
@@ -861,6 +861,7 @@ _CODES = st.sampled_from(["session_lost", "remote_error", "device_not_hostable",
 # Mostly what each side really sends, so handshakes complete and workers come and go.
 _CLIENT_KINDS = [Kind.HELLO, Kind.HELLO, Kind.SUBMIT, Kind.REQUEST, Kind.CLOSE, Kind.PING,
                  Kind.DEVICES]
+_FOREIGN_VERSIONS = [PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1]  # the one before, the next
 _WORKER_KINDS = [Kind.OPENED, Kind.OPENED, Kind.CLOSED, Kind.ERROR, Kind.REJECT, Kind.REPLY,
                  Kind.REGISTER, Kind.HEARTBEAT]
 
@@ -893,7 +894,7 @@ def events(draw):
     body = draw(st.sampled_from([True] * 4 + [False]).flatmap(
         lambda valid: _bodies(kind) if valid else st.just({})))
     message = Message(kind, draw(_SESSIONS), draw(st.integers(0, 2)), body,
-                      version=draw(st.sampled_from([PROTOCOL_VERSION] * 3 + [2])))
+                      version=draw(st.sampled_from([PROTOCOL_VERSION] * 3 + _FOREIGN_VERSIONS)))
     event_frames = protocol.encode(message)
     if draw(st.integers(0, 9)) == 0:  # sometimes garbage
         event_frames = draw(st.lists(st.binary(max_size=30), max_size=3))
@@ -902,6 +903,19 @@ def events(draw):
     else:
         identity = draw(st.sampled_from([A, A, B, b"worker-0"]))
     return action, identity, event_frames, draw(st.floats(0, 2))
+
+
+def _foreign_version(event) -> bool:
+    """Whether a drawn event is a well-formed message in a version that is not ours."""
+    try:
+        return protocol.decode_header(event[2][0]).version != PROTOCOL_VERSION
+    except (IndexError, ProtocolError):
+        return False
+
+
+def test_the_fuzz_draws_foreign_versions():
+    assert PROTOCOL_VERSION not in _FOREIGN_VERSIONS
+    find(events(), _foreign_version, settings=settings(database=None))
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
