@@ -189,6 +189,7 @@ class FlowMachine(RuleBasedStateMachine):
         super().__init__()
         self.registry, self.flow = setup()
         self.peers = FakePeers()
+        self.peers.room.update(dict.fromkeys(PEERS, 0))  # there, taking nothing yet
         self.now = 0.0
         self.lost_workers: set[bytes] = set()
 
@@ -205,22 +206,30 @@ class FlowMachine(RuleBasedStateMachine):
         elif peer in self.flow.outbox:
             self.flow.park(side, identity, message, self.now)
 
-    @rule(peer=st.sampled_from(PEERS), room=st.none() | st.integers(0, 5))
-    def peer_changes(self, peer, room):
-        if room is None:
-            self.peers.room.pop(peer, None)
-        else:
-            self.peers.room[peer] = room
+    @rule(peer=st.sampled_from(PEERS), room=st.integers(0, 5))
+    def peer_reads(self, peer, room):
+        self.peers.room[peer] = room
+
+    @rule(peer=st.sampled_from(PEERS[2:]))
+    def client_goes(self, peer):
+        self.peers.room.pop(peer, None)  # (a worker that goes: test_registry, test_limits)
 
     @rule(step=st.sampled_from([0.0, 0.1, 0.3, 0.6, 1.2]))
     def retry(self, step):
         self.now += step
-        paused_since = {key: self.flow.outbox.full_since[key] for key in self.flow.blocking}
+        # A blocking worker is lost when what it takes now leaves it over half full, and it
+        # has been full longer than the timeout; otherwise the frontend is read again or not.
+        outbox, expected_lost = self.flow.outbox, set()
+        for key in self.flow.blocking:
+            left = outbox.queued(key) - min(self.peers.room[key], outbox.queued(key))
+            if (left > LIMITS.peer_queue // 2
+                    and self.now - outbox.full_since[key] > LIMITS.slow_worker_timeout):
+                expected_lost.add(key[1])
+        lost_before = self.registry.counters["slow_workers_lost"]
         self.flow.retry(self.now, self.peers)
-        for key, since in paused_since.items():
-            if self.now - since > LIMITS.slow_worker_timeout:  # lost by now
-                assert key[1] not in self.registry.workers
-                self.lost_workers.add(key[1])
+        assert self.registry.counters["slow_workers_lost"] - lost_before == len(expected_lost)
+        assert not expected_lost & set(self.registry.workers)
+        self.lost_workers |= expected_lost
 
     @invariant()
     def the_rules_hold(self):
