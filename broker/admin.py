@@ -15,17 +15,45 @@ seconds, measured on the broker's monotonic clock.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections import Counter
+from typing import Any, Callable, Protocol
 
 from fabric.errors import ProtocolError
 from fabric.protocol import MAX_ID, PROTOCOL_VERSION
 
-from .registry import Send, Traffic
-
-if TYPE_CHECKING:
-    from .registry import Registry
+from .model import Send, Session, Traffic, Worker
 
 Result = tuple[dict[str, Any], list[Send]]
+
+
+class RegistryView(Protocol):
+    """What the admin commands read and change of ``broker.registry.Registry`` (declared
+    here so that the registry, which runs the commands, and they import no circle)."""
+
+    server: str
+    started: float
+    stopping: bool
+    sessions: dict[int, Session]
+    workers: dict[bytes, Worker]
+    counters: Counter[str]
+    rejects: Counter[str]
+    queue_figures: Callable[[], dict[str, Any]]
+
+    @property
+    def devices(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def device_count(self) -> int: ...
+
+    @property
+    def device_slots(self) -> list[tuple[str, int]]: ...
+
+    @property
+    def retired(self) -> dict[tuple[str, int], Traffic]: ...
+
+    def close_session(self, session_id: int) -> list[Send]: ...
+
+    def drain(self, name: str, draining: bool = True) -> Worker: ...
 
 
 def _traffic(total: Traffic) -> dict[str, int]:
@@ -33,7 +61,7 @@ def _traffic(total: Traffic) -> dict[str, int]:
             "errors": total.errors}
 
 
-def device_traffic(registry: Registry) -> dict[tuple[str, int], Traffic]:
+def device_traffic(registry: RegistryView) -> dict[tuple[str, int], Traffic]:
     """Totals per device (worker name, local index): ended sessions plus the open ones."""
     totals: dict[tuple[str, int], Traffic] = {}
     for key, retired in registry.retired.items():
@@ -44,7 +72,7 @@ def device_traffic(registry: Registry) -> dict[tuple[str, int], Traffic]:
     return totals
 
 
-def status(registry: Registry, now: float) -> dict[str, Any]:
+def status(registry: RegistryView, now: float) -> dict[str, Any]:
     """The broker at a glance: identity, uptime, peers, traffic and its rates, rejections."""
     uptime = max(now - registry.started, 0.0)
     total = Traffic()
@@ -52,7 +80,7 @@ def status(registry: Registry, now: float) -> dict[str, Any]:
         total.add(traffic)
     states: dict[str, int] = {}
     for session in registry.sessions.values():
-        states[session.state.value] = states.get(session.state.value, 0) + 1
+        states[session.phase.value] = states.get(session.phase.value, 0) + 1
     return {
         "server": registry.server,
         "protocol_version": PROTOCOL_VERSION,
@@ -74,11 +102,11 @@ def status(registry: Registry, now: float) -> dict[str, Any]:
         # Flow control now (kept by the I/O loop): messages parked for peers whose queue is
         # full, and whether the frontend is paused for a worker that is not reading.
         "queues": {"parked_messages": 0, "parked_bytes": 0, "peers_waiting": 0,
-                   "frontend_paused": False, **registry.queues},
+                   "frontend_paused": False, **registry.queue_figures()},
     }
 
 
-def workers(registry: Registry, now: float) -> dict[str, Any]:
+def workers(registry: RegistryView, now: float) -> dict[str, Any]:
     """Every connected worker with its devices, ages, sessions, drain state and traffic."""
     totals = device_traffic(registry)
     rows = []
@@ -96,7 +124,7 @@ def workers(registry: Registry, now: float) -> dict[str, Any]:
     return {"workers": rows}
 
 
-def devices(registry: Registry, now: float) -> dict[str, Any]:
+def devices(registry: RegistryView, now: float) -> dict[str, Any]:
     """Every device index, online or not, with its worker, sessions and traffic."""
     totals = device_traffic(registry)
     by_name = {w.name: w for w in registry.workers.values()}
@@ -114,14 +142,14 @@ def devices(registry: Registry, now: float) -> dict[str, Any]:
     return {"devices": rows}
 
 
-def sessions(registry: Registry, now: float) -> dict[str, Any]:
+def sessions(registry: RegistryView, now: float) -> dict[str, Any]:
     """Every session the broker knows, oldest first."""
     rows = []
     for session in sorted(registry.sessions.values(), key=lambda s: (s.created, s.id)):
         rows.append({
             "id": f"{session.id:#018x}", "client": session.client.hex(),
             "device": session.device, "worker": registry.workers[session.worker].name,
-            "state": session.state.value, "created_ago": now - session.created,
+            "state": session.phase.value, "created_ago": now - session.created,
             "last_seen_ago": now - session.last_seen, "messages": session.messages,
             "bytes": session.bytes, "submits": session.submits, "errors": session.errors})
     return {"sessions": rows}
@@ -146,24 +174,24 @@ def _session_id(args: dict[str, Any]) -> int:
     return session
 
 
-def _read_only(view: Callable[[Registry, float], dict[str, Any]],
-               ) -> Callable[[Registry, dict[str, Any], float], Result]:
+def _read_only(view: Callable[[RegistryView, float], dict[str, Any]],
+               ) -> Callable[[RegistryView, dict[str, Any], float], Result]:
     return lambda registry, args, now: (view(registry, now), [])
 
 
-def _ping(registry: Registry, args: dict[str, Any], now: float) -> Result:
+def _ping(registry: RegistryView, args: dict[str, Any], now: float) -> Result:
     return {"server": registry.server, "protocol_version": PROTOCOL_VERSION,
             "uptime": now - registry.started}, []
 
 
-def _close_session(registry: Registry, args: dict[str, Any], now: float) -> Result:
+def _close_session(registry: RegistryView, args: dict[str, Any], now: float) -> Result:
     session = _session_id(args)
     sends = registry.close_session(session)
     return {"session": f"{session:#018x}", "closed": True}, sends
 
 
-def _set_draining(draining: bool) -> Callable[[Registry, dict[str, Any], float], Result]:
-    def command(registry: Registry, args: dict[str, Any], now: float) -> Result:
+def _set_draining(draining: bool) -> Callable[[RegistryView, dict[str, Any], float], Result]:
+    def command(registry: RegistryView, args: dict[str, Any], now: float) -> Result:
         name = _arg(args, "worker", str, "drain" if draining else "undrain")
         worker = registry.drain(name, draining)
         return {"worker": worker.name, "draining": worker.draining,
@@ -171,13 +199,13 @@ def _set_draining(draining: bool) -> Callable[[Registry, dict[str, Any], float],
     return command
 
 
-def _shutdown(registry: Registry, args: dict[str, Any], now: float) -> Result:
+def _shutdown(registry: RegistryView, args: dict[str, Any], now: float) -> Result:
     registry.stopping = True  # the loop sends this reply, then stops and tells the clients
     return {"server": registry.server, "stopping": True,
             "sessions": len(registry.sessions)}, []
 
 
-COMMANDS: dict[str, Callable[[Registry, dict[str, Any], float], Result]] = {
+COMMANDS: dict[str, Callable[[RegistryView, dict[str, Any], float], Result]] = {
     "ping": _ping,
     "status": _read_only(status),
     "workers": _read_only(workers),
@@ -190,7 +218,7 @@ COMMANDS: dict[str, Callable[[Registry, dict[str, Any], float], Result]] = {
 }
 
 
-def run(registry: Registry, command: str, args: dict[str, Any], now: float) -> Result:
+def run(registry: RegistryView, command: str, args: dict[str, Any], now: float) -> Result:
     """Run one admin command: its result and the messages to send.
 
     Raises ProtocolError for an unknown command or bad arguments and NotFound for a missing

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from .registry import Send
+from .model import Send
 
 MAX_HELD = 4096  # answers held at once; more only happens when someone floods bad tokens
 

@@ -3,9 +3,12 @@
 Rule: this is the only broker module that knows about zmq. It receives frames without
 copying, hands them to ``Registry`` and sends what it returns; data frames pass through as
 the same ``zmq.Frame`` objects. Unroutable peers (``ROUTER_MANDATORY``) are reported back to
-the registry as vanished. Answers with a not-before time (refused tokens) wait in a small
-timer queue (``broker.held``) that the poll timeout respects. With CURVE, both ROUTERs are
-CURVE servers and pyzmq's ZAP thread checks peers' keys (``fabric.security``).
+the registry as vanished. What a full peer cannot take yet goes to the flow control
+(``broker.flow``), which decides when to cut a client, pause the frontend or lose a worker;
+the loop retries its queues and reads the frontend only while it allows. Answers with a
+not-before time (refused tokens) wait in a small timer queue (``broker.held``) that the poll
+timeout respects. With CURVE, both ROUTERs are CURVE servers and pyzmq's ZAP thread checks
+peers' keys (``fabric.security``).
 """
 
 from __future__ import annotations
@@ -18,29 +21,21 @@ import socket
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import zmq
 
-from fabric import protocol
-from fabric.flow import Outbox
-from fabric.protocol import Kind
 from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
 from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
 
+from .flow import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
-from .registry import Limits, Registry, Send, Side
+from .model import Limits, Send, Side
+from .registry import Registry
 
 log = logging.getLogger("fabric.broker")
 
 RETRY_MS = 5  # how often parked messages are retried while there are any
-
-
-def _is_notice(frames: list[Any]) -> bool:
-    """Whether a parked message tells a client a session ended (an ERROR about a session
-    that answers no request): worth keeping when the rest is thrown away."""
-    header = protocol.decode_header(frames[0])  # the broker's own message: a valid header
-    return header.kind == Kind.ERROR and header.session != 0 and header.request == 0
 
 
 def _router(context: zmq.Context, endpoint: str, limits: Limits,
@@ -97,13 +92,9 @@ class Broker:
                                  now=time.monotonic())
         self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend}
         self._running = True
-        # Flow control (see ``_park``): messages for peers whose queue is full, and the
-        # workers whose parked queue is full (while there are any, the frontend is not read).
-        self.limits = limits
-        self._outbox = Outbox(limits.peer_queue, limits.max_message_bytes)
-        self._blocking: set[tuple[Side, bytes]] = set()
-        self._cut: set[bytes] = set()  # clients cut off whose last words are still parked
-        self._unreachable_since: dict[tuple[Side, bytes], float] = {}  # parked peers
+        self._flow = FlowControl(self.registry, limits)  # peers whose queue is full
+        self._outbox = self._flow.outbox  # (the hot path's test: any parked for this peer?)
+        self.registry.queue_figures = self._flow.figures
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -125,107 +116,31 @@ class Broker:
                         self.registry.counters["held_answers_dropped"] = self._held.dropped
                     continue
                 if self._outbox.messages and (side, identity) in self._outbox:
-                    followups += self._park(side, identity, frames)  # behind, in order
+                    # Behind what is already parked for it, in order.
+                    followups += self._flow.park(side, identity, frames, time.monotonic())
                     continue
                 try:
                     send_frames(self._sockets[side], [identity, *frames], NOBLOCK)
                 except zmq.ZMQError as exc:
                     if exc.errno == zmq.EHOSTUNREACH:
-                        followups += self.registry.unroutable(side, identity, time.monotonic())
+                        followups += self.registry.unroutable(side, identity,
+                                                              time.monotonic())
                     elif exc.errno == zmq.EAGAIN:
-                        self.registry.counters[f"{side.value}_send_queue_full"] += 1
-                        followups += self._park(side, identity, frames)
+                        followups += self._flow.on_queue_full(side, identity, frames,
+                                                              time.monotonic())
                     else:
                         raise
             sends = followups
 
-    # -- flow control -------------------------------------------------------------------------
-    # A peer whose queue is full (EAGAIN) never costs another peer a message: what is sent to
-    # it waits in its own bounded queue in ``_outbox``, retried every pass of the loop. When
-    # a worker's parked queue fills, the broker stops reading the frontend (the source of
-    # what is sent to workers) until that queue drains to half: clients' own send queues fill
-    # and their sends wait (backpressure); a worker that stays full ``slow_peer_timeout``
-    # seconds is lost like a dead one. A client's queue fills only with answers to what it
-    # asked and did not read, so a client whose queue fills is cut off: its sessions end
-    # (freeing their memory on the workers) and a notice is parked in place of the rest;
-    # until it reads them, anything else for it (answers about sessions it no longer has) is
-    # dropped and counted.
-
-    def _park(self, side: Side, identity: bytes, frames: list[Any]) -> list[Send]:
-        """Park a message for a peer whose queue is full; what the registry says if that
-        fills the peer's parked queue."""
-        key = (side, identity)
-        now = time.monotonic()
-        registry = self.registry
-        if identity in self._cut and side is Side.FRONTEND:
-            registry.counters["dropped_for_cut_clients"] += 1
-            return []
-        registry.counters["messages_parked"] += 1
-        followups: list[Send] = []
-        if self._outbox.park(key, frames, now):
-            if side is Side.FRONTEND:
-                # Its last words: the notices already parked (why a session ended), and one
-                # for each session it still had.
-                kept = [f for f in self._outbox.parked(key) if _is_notice(f)]
-                sends = registry.cut_client(identity, self._outbox.queued(key))
-                self._outbox.replace(key, kept + [s.frames for s in sends
-                                                  if (s.side, s.identity) == key], now)
-                followups = [s for s in sends if (s.side, s.identity) != key]
-                self._cut.add(identity)
-            elif key not in self._blocking:
-                self._blocking.add(key)
-                registry.counters["frontend_pauses"] += 1
-                log.warning("worker %s is not reading: %d messages wait for it; not reading "
-                            "the frontend until it drains", identity.hex(),
-                            self._outbox.queued(key))
-        self._update_queues()
-        return followups
-
-    def _retry(self, now: float) -> None:
-        """Send what is parked, in order, as far as each peer's queue takes it; resume the
-        frontend when blocking workers drained; lose workers that stayed full too long."""
-        outbox, registry = self._outbox, self.registry
-        followups: list[Send] = []
-        for key in outbox.keys():
-            side, identity = key
-            sock = self._sockets[side]
-            try:
-                outbox.flush(key, lambda frames, sock=sock, identity=identity:
-                             try_send(sock, [identity, *frames]))
-            except zmq.ZMQError as exc:
-                if exc.errno != zmq.EHOSTUNREACH:
-                    raise
-                # libzmq also says this of a peer that was full and has just read (until
-                # the ROUTER learns it did): gone only if it lasts.
-                since = self._unreachable_since.setdefault(key, now)
-                if now - since > self.limits.heartbeat:
-                    self._discard(key)  # gone: its own messages go with it
-                    followups += registry.unroutable(side, identity, now)
-            else:
-                self._unreachable_since.pop(key, None)  # it took them, or is merely full
-            if key not in outbox and side is Side.FRONTEND:
-                self._cut.discard(identity)  # it read its last words (or is gone)
-        timeout = self.limits.slow_worker_timeout
-        for key in list(self._blocking):
-            if not outbox.is_full(key):
-                self._blocking.discard(key)
-            elif now - outbox.full_since[key] > timeout:
-                self._blocking.discard(key)
-                self._discard(key)
-                registry.counters["slow_workers_lost"] += 1
-                followups += registry.lose_worker(
-                    key[1], f"took none of the messages sent to it for {timeout:g} s")
-        self._update_queues()
-        self._send(followups)
-
-    def _discard(self, key: tuple[Side, bytes]) -> None:
-        self._outbox.discard(key)
-        self._unreachable_since.pop(key, None)
-
-    def _update_queues(self) -> None:
-        self.registry.queues.update(
-            parked_messages=self._outbox.messages, parked_bytes=self._outbox.bytes,
-            peers_waiting=len(self._outbox), frontend_paused=bool(self._blocking))
+    def _try_send(self, peer: Peer, frames: Sequence[Any]) -> bool:
+        """One parked message for ``FlowControl.retry``: False when the peer's queue is full."""
+        side, identity = peer
+        try:
+            return try_send(self._sockets[side], [identity, *frames])
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                raise PeerUnreachable from exc
+            raise
 
     def run(self) -> None:
         """Serve until ``stop()`` (or SIGINT/SIGTERM when installed by ``main``)."""
@@ -233,6 +148,7 @@ class Broker:
         both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN)]
         backend_only = [(self.backend, POLLIN)]  # while a worker's parked queue is full
         registry = self.registry
+        blocking = self._flow.blocking  # while not empty, the frontend is not read
         # Per socket: the registry's handler, and whether another message waits there.
         from_side = {sock: (handler, message_check(sock)) for sock, handler in (
             (self.frontend, registry.from_client), (self.backend, registry.from_worker))}
@@ -248,9 +164,9 @@ class Broker:
                     wake = min(wake, self._held.next_deadline())
                 timeout_ms = max(0.0, min(0.1, wake - now)) * 1000
                 if self._outbox.messages:  # retried soon: a queue drains without telling us
-                    self._retry(now)
+                    self._send(self._flow.retry(now, self._try_send))
                     timeout_ms = min(timeout_ms, RETRY_MS)
-                for sock, _ in zmq.zmq_poll(backend_only if self._blocking else both_sides,
+                for sock, _ in zmq.zmq_poll(backend_only if blocking else both_sides,
                                             int(timeout_ms)):
                     if self.auth is not None:  # before an admin status may report them
                         self._count_refused_keys()
@@ -261,7 +177,7 @@ class Broker:
                     for _ in range(256):
                         frames = recv_frames(sock)
                         self._send(handle(frames[0].bytes, frames[1:], now))
-                        if self._blocking and sock is self.frontend:
+                        if blocking and sock is self.frontend:
                             break  # backpressure: a worker's queue is full
                         if not more():
                             break

@@ -64,7 +64,7 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
     cleanly on SIGINT or SIGTERM.
     """
-    from fabric.broker.registry import Limits
+    from fabric.broker.model import Limits
     from fabric.broker.server import announce_on_stdout, serve
 
     _logging(log_level)

@@ -34,7 +34,8 @@ from test_registry import (
     rejected,
 )
 
-from fabric.broker.registry import Registry, SessionState, Side
+from fabric.broker.model import SessionPhase, Side
+from fabric.broker.registry import Registry
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
@@ -293,7 +294,7 @@ def test_close_session_of_an_opening_session_rejects_its_hello():
 def test_close_session_of_a_closing_session_completes_the_clients_close():
     registry = busy_registry()
     registry.from_client(C1, frames(Kind.CLOSE, 7, 6), 2.0)
-    assert registry.sessions[7].state == SessionState.CLOSING
+    assert registry.sessions[7].phase == SessionPhase.CLOSING
     sends = admin(registry, "close-session", session=7)
     closed = decoded(sends[1])
     assert (sends[1].identity, closed.kind, closed.session, closed.request) == (

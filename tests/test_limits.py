@@ -38,7 +38,8 @@ from test_registry import (
 )
 
 import fabric
-from fabric.broker.registry import Limits, Registry, Side
+from fabric.broker.model import Limits, Side
+from fabric.broker.registry import Registry
 from conftest import HEARTBEAT
 from fabric import protocol
 from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
@@ -422,8 +423,8 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
 
 
 _UNREAD_FRONTEND = """
-import time, zmq
-from fabric.broker.registry import Limits
+import select, sys, time, zmq
+from fabric.broker.model import Limits
 from fabric.broker.server import _router
 context = zmq.Context()
 frontend = _router(context, "tcp://127.0.0.1:*", Limits(hwm=8))  # heartbeat: 1 s
@@ -434,9 +435,24 @@ for _ in range(100):  # answers it will not read
         frontend.send_multipart([client, bytes(100_000)], zmq.NOBLOCK)
     except zmq.Again:
         break
-time.sleep(3)  # reads nothing more: the client's messages fill what libzmq holds for it
-print("alive", flush=True)
+# Reads nothing more: the client's messages fill what libzmq holds for it, until the test
+# says the client has closed (reset the connection); then two heartbeat intervals pass, in
+# which libzmq would abort if it heartbeated that connection.
+if select.select([sys.stdin], [], [], 20)[0] and sys.stdin.readline() == "closed\\n":
+    time.sleep(2.0)
+    print("alive", flush=True)
 """
+
+
+def _queue_full(peer: RawDealer, frames: list[bytes], most: int = 100_000) -> bool:
+    """Send ``frames`` without waiting until the peer's send queue takes no more (True) or
+    ``most`` were sent (False)."""
+    for _ in range(most):
+        try:
+            peer.socket.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return True
+    return False
 
 
 def test_the_frontend_survives_a_client_that_resets_while_it_is_not_read():
@@ -444,16 +460,19 @@ def test_the_frontend_survives_a_client_that_resets_while_it_is_not_read():
     # while its input was stopped (the broker stops reading its clients while a worker's
     # queue is full): the frontend's sockets must not run them.
     frontend = subprocess.Popen([sys.executable, "-c", _UNREAD_FRONTEND], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     try:
         address = frontend.stdout.readline().strip()
         with RawDealer(address, {zmq.RCVHWM: 1}) as client:
             for _ in range(200):  # far past the frontend's RCVHWM, while it reads none
                 client.send([bytes(50)])
             client.recv(timeout=5)  # its answers have come; the rest stay unread
-            time.sleep(0.5)  # (for libzmq to stop reading it: nothing to wait on)
+            # The frontend's libzmq has stopped reading it once its own queue takes no more.
+            wait_for(lambda: _queue_full(client, [bytes(50)]), 10,
+                     "the frontend to stop reading the client")
         # Closed with answers unread: the connection is reset.
-        out, err = frontend.communicate(timeout=10)
+        out, err = frontend.communicate("closed\n", timeout=30)
         assert (frontend.returncode, out.strip()) == (0, "alive"), err
     finally:
         if frontend.poll() is None:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from fabric.broker.registry import Limits, Registry, Send, SessionState, Side
+from fabric.broker.model import Limits, Send, SessionPhase, Side
+from fabric.broker.registry import Registry
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
@@ -266,7 +267,7 @@ def test_hello_reusing_an_open_session_id_is_rejected():
     # The existing session is untouched.
     assert set(registry.sessions) == {7}
     assert registry.sessions[7].client == C1
-    assert registry.sessions[7].state == SessionState.OPEN
+    assert registry.sessions[7].phase == SessionPhase.OPEN
     assert registry.workers[B].sessions == set()
 
 
@@ -293,7 +294,7 @@ def test_good_hello_opens_the_session_on_the_owning_worker():
     assert open_message.body["device"] == 1  # "b"'s second device
     session = registry.sessions[7]
     assert (session.client, session.worker, session.device) == (C1, B, 2)
-    assert session.state == SessionState.OPENING
+    assert session.phase == SessionPhase.OPENING
     assert session.deadline == 1.5 + LIMITS.open_timeout
     assert registry.workers[B].sessions == {7}
 
@@ -309,14 +310,14 @@ def test_opened_from_the_worker_welcomes_the_client():
     assert welcome.body["device_count"] == 3
     assert welcome.body["server"] == SERVER
     assert welcome.body["heartbeat"] == LIMITS.heartbeat
-    assert registry.sessions[7].state == SessionState.OPEN
+    assert registry.sessions[7].phase == SessionPhase.OPEN
 
 
 def test_opened_from_another_worker_is_ignored():
     registry = two_workers()
     hello(registry, C1, session=7, device=2)
     assert registry.from_worker(A, frames(Kind.OPENED, 7, 1), 0.5) == []
-    assert registry.sessions[7].state == SessionState.OPENING
+    assert registry.sessions[7].phase == SessionPhase.OPENING
 
 
 @pytest.mark.parametrize("kind", [Kind.REJECT, Kind.ERROR])
@@ -426,7 +427,7 @@ def test_close_is_forwarded_and_answered_when_the_worker_closed():
     close = only(registry.from_client(C1, frames(Kind.CLOSE, 7, 11), 1.0), Side.BACKEND, B,
                  Kind.CLOSE)
     assert (close.session, close.request) == (7, 11)
-    assert registry.sessions[7].state == SessionState.CLOSING
+    assert registry.sessions[7].phase == SessionPhase.CLOSING
     closed = only(registry.from_worker(B, frames(Kind.CLOSED, 7, 11), 1.5), Side.FRONTEND, C1,
                   Kind.CLOSED)
     assert (closed.session, closed.request) == (7, 11)
@@ -439,7 +440,7 @@ def test_close_from_another_client_is_refused():
     message = only(registry.from_client(C2, frames(Kind.CLOSE, 7, 2), 1.0), Side.FRONTEND,
                    C2, Kind.ERROR)
     assert error_from_wire(message.body).code == SessionLost.code
-    assert registry.sessions[7].state == SessionState.OPEN
+    assert registry.sessions[7].phase == SessionPhase.OPEN
 
 
 def test_close_while_opening_answers_at_once_and_closes_on_the_worker():
@@ -837,7 +838,7 @@ def test_registered_worker_speaking_another_version_gets_a_protocol_error(kind):
     sends = registry.from_worker(A, frames(kind, 7, 1, {}, version=PROTOCOL_VERSION + 1), 1.0)
     message = only(sends, Side.BACKEND, A, Kind.ERROR)
     assert message.body["code"] == ProtocolError.code
-    assert registry.sessions[7].state == SessionState.OPENING
+    assert registry.sessions[7].phase == SessionPhase.OPENING
 
 
 @pytest.mark.parametrize("kind", [Kind.HEARTBEAT, Kind.OPENED, Kind.REPLY, Kind.CLOSED])
@@ -860,6 +861,7 @@ _CODES = st.sampled_from(["session_lost", "remote_error", "device_not_hostable",
 # Mostly what each side really sends, so handshakes complete and workers come and go.
 _CLIENT_KINDS = [Kind.HELLO, Kind.HELLO, Kind.SUBMIT, Kind.REQUEST, Kind.CLOSE, Kind.PING,
                  Kind.DEVICES]
+_FOREIGN_VERSIONS = [PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1]  # the one before, the next
 _WORKER_KINDS = [Kind.OPENED, Kind.OPENED, Kind.CLOSED, Kind.ERROR, Kind.REJECT, Kind.REPLY,
                  Kind.REGISTER, Kind.HEARTBEAT]
 
@@ -892,7 +894,7 @@ def events(draw):
     body = draw(st.sampled_from([True] * 4 + [False]).flatmap(
         lambda valid: _bodies(kind) if valid else st.just({})))
     message = Message(kind, draw(_SESSIONS), draw(st.integers(0, 2)), body,
-                      version=draw(st.sampled_from([PROTOCOL_VERSION] * 3 + [2])))
+                      version=draw(st.sampled_from([PROTOCOL_VERSION] * 3 + _FOREIGN_VERSIONS)))
     event_frames = protocol.encode(message)
     if draw(st.integers(0, 9)) == 0:  # sometimes garbage
         event_frames = draw(st.lists(st.binary(max_size=30), max_size=3))
@@ -901,6 +903,19 @@ def events(draw):
     else:
         identity = draw(st.sampled_from([A, A, B, b"worker-0"]))
     return action, identity, event_frames, draw(st.floats(0, 2))
+
+
+def _foreign_version(event) -> bool:
+    """Whether a drawn event is a well-formed message in a version that is not ours."""
+    try:
+        return protocol.decode_header(event[2][0]).version != PROTOCOL_VERSION
+    except (IndexError, ProtocolError):
+        return False
+
+
+def test_the_fuzz_draws_foreign_versions():
+    assert PROTOCOL_VERSION not in _FOREIGN_VERSIONS
+    find(events(), _foreign_version, settings=settings(database=None))
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -30,7 +30,8 @@ from rawpeers import RawDealer, frames_of
 
 import fabric
 from fabric.broker.held import HeldSends
-from fabric.broker.registry import Limits, Registry, Send, Side
+from fabric.broker.model import Limits, Send, Side
+from fabric.broker.registry import Registry
 from fabric import Admin, CurveClient, CurveServer, EncryptionError, LocalCluster, generate_keys
 from fabric import protocol
 from fabric.errors import AuthenticationError, ConfigError, error_from_wire

@@ -1,0 +1,159 @@
+"""The broker's records: what a session, a worker, a device's traffic, the limits and an
+outgoing message are.
+
+Rule: plain data, imported by every other broker module and importing none of them, so the
+rooms that share these records (registry, worker table, session table, admin, flow control,
+held answers) never import each other in a circle. A record changes only through the room
+that owns it: a session's phase through ``broker.sessions``'s transition table, a worker's
+lanes and device numbering through ``broker.worker_table``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from fabric import protocol
+from fabric.errors import FabricError
+from fabric.flow import (
+    DEFAULT_HWM,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_SESSIONS_PER_CLIENT,
+    DEFAULT_MAX_SESSIONS_PER_DEVICE,
+    DEFAULT_PEER_QUEUE,
+)
+from fabric.protocol import Kind, Message
+
+
+class Side(str, enum.Enum):  # (a str: hashed in C; a plain Enum's __hash__ is Python code)
+    FRONTEND = "frontend"  # clients and admin
+    BACKEND = "backend"  # workers
+
+
+class Send(NamedTuple):
+    """One message for the I/O loop to send: to which socket, which peer, which frames, and
+    not before when (the answer to a refused token waits ``Limits.auth_delay``; 0 is now)."""
+
+    side: Side
+    identity: bytes
+    frames: list[Any]
+    not_before: float = 0.0
+
+
+# Data messages are forwarded as ``new_send(Send, (side, identity, frames, 0.0))``: the named
+# tuple's own ``__new__`` is a Python call, on every message (see ``fabric.protocol``).
+new_send = tuple.__new__
+
+
+def send_message(side: Side, identity: bytes, message: Message) -> Send:
+    """A control message the broker itself composes, encoded for the I/O loop."""
+    return Send(side, identity, protocol.encode(message))
+
+
+def send_error(side: Side, identity: bytes, error: FabricError, *, kind: Kind = Kind.ERROR,
+               session: int = 0, request: int = 0) -> Send:
+    """An error (or, with ``kind=REJECT``, a refusal) carrying its code and sentence."""
+    return send_message(side, identity, protocol.error_message(
+        error, kind=kind, session=session, request=request))
+
+
+class SessionPhase(enum.Enum):
+    """Where a session is in its life; it moves only by ``broker.sessions.PHASE_AFTER``."""
+
+    OPENING = "opening"  # HELLO accepted, waiting for the worker's OPENED
+    OPEN = "open"
+    CLOSING = "closing"  # CLOSE forwarded, waiting for the worker's CLOSED
+    ENDED = "ended"  # forgotten by the broker (closed, refused, expired, lost, cut)
+
+
+@dataclass
+class Session:
+    id: int
+    client: bytes
+    device: int  # global index (renumbered by the worker table when a new worker sorts first)
+    local: int  # index on its worker
+    worker: bytes
+    lane: bytes  # where its messages go: the device's own socket, or the worker's
+    phase: SessionPhase
+    created: float
+    last_seen: float
+    hello_request: int  # the HELLO's request id: WELCOME or REJECT answers it
+    close_request: int = 0  # the CLOSE's request id, once the client asked: CLOSED answers it
+    deadline: float = float("inf")  # for OPENING and CLOSING
+    client_max: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame the client's socket takes
+    probed: float = 0.0  # when the broker last checked an idle client was still there
+    messages: int = 0  # data messages both ways
+    bytes: int = 0
+    submits: int = 0  # SUBMIT messages: batches of ops (bodies are never decoded here)
+    errors: int = 0  # ERROR messages from the worker about this session
+
+
+@dataclass
+class Worker:
+    identity: bytes
+    name: str
+    backend: str
+    devices: list[dict[str, Any]]
+    registered: float
+    last_seen: float
+    sessions: set[int] = field(default_factory=set)
+    draining: bool = False  # set by an administrator: no new sessions, existing ones go on
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame it takes
+    lanes: list[bytes] = field(default_factory=list)  # each device's own socket, if any
+    attached: set[bytes] = field(default_factory=set)  # lanes heard from since REGISTER
+
+    @property
+    def ready(self) -> bool:
+        """Whether every lane has been heard from, so that messages to it are routable."""
+        return len(self.attached) == len(self.lanes)
+
+    def lane(self, local: int) -> bytes:
+        """Where messages for device ``local`` go: its lane, else the worker's socket."""
+        return self.lanes[local] if self.lanes else self.identity
+
+
+@dataclass
+class Traffic:
+    """Totals of the sessions that have ended on one device (by worker name, local index)."""
+
+    sessions: int = 0
+    messages: int = 0
+    bytes: int = 0
+    submits: int = 0
+    errors: int = 0
+
+    def add(self, session: Session | Traffic) -> None:
+        """Fold a session's (or another total's) counts into this one."""
+        self.messages += session.messages
+        self.bytes += session.bytes
+        self.submits += session.submits
+        self.errors += session.errors
+        self.sessions += session.sessions if isinstance(session, Traffic) else 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Timing rules and resource limits; the defaults suit a LAN, tests shorten them."""
+
+    heartbeat: float = 1.0  # seconds between heartbeats to workers
+    liveness: int = 3  # heartbeats missed before a worker is declared lost
+    open_timeout: float = 5.0  # how long a worker may take to open (or close) a session
+    lease: float = 10.0  # idle time after which the broker checks a client is still there
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # MAXMSGSIZE of both sockets
+    max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT  # per client connection
+    max_sessions_per_device: int = DEFAULT_MAX_SESSIONS_PER_DEVICE
+    hwm: int = DEFAULT_HWM  # SNDHWM and RCVHWM of both sockets, per peer
+    peer_queue: int = DEFAULT_PEER_QUEUE  # messages parked for a peer whose queue is full
+    # How long a worker's parked queue may stay full (the frontend unread meanwhile) before
+    # it is lost; None: 2/3 of heartbeat x liveness, under the clients' heartbeat timeout
+    # (fabric.flow), which would drop the connections of clients whose sends wait meanwhile.
+    slow_peer_timeout: float | None = None
+    auth_delay: float = 0.2  # a refused token is answered this much later (the loop holds it)
+
+    @property
+    def slow_worker_timeout(self) -> float:
+        """``slow_peer_timeout``, or its default from the heartbeat."""
+        if self.slow_peer_timeout is not None:
+            return self.slow_peer_timeout
+        return self.heartbeat * self.liveness * 2 / 3

@@ -1,0 +1,117 @@
+"""Session life in the broker: the one table of phase changes, and the indexes of sessions.
+
+Rule: a session's phase changes only in ``SessionTable.move``, by ``PHASE_AFTER`` (as h11's
+``_state.py`` keeps its transitions): an event a phase has no entry for is not applied, and
+the caller asks ``allows`` first. Entering OPENING or CLOSING starts the deadline by which
+the worker must answer (``Limits.open_timeout``); a session that ENDS leaves every index at
+once (the table, its client's set, its device's count, its worker's set) and its traffic is
+folded into its device's totals. Messages are composed by the registry, not here.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+
+from .model import Limits, Session, SessionPhase, Worker
+from .worker_table import WorkerTable
+
+OPENING, OPEN, CLOSING, ENDED = (SessionPhase.OPENING, SessionPhase.OPEN,
+                                 SessionPhase.CLOSING, SessionPhase.ENDED)
+
+
+class SessionEvent(enum.Enum):
+    """What moves a session from one phase to the next."""
+
+    OPENED = "opened"  # its worker opened it
+    REFUSED = "refused"  # its worker refused to open it (ERROR or REJECT while opening)
+    CLOSE = "close"  # its client asked to close it
+    CLOSED = "closed"  # its worker closed it
+    DEADLINE = "deadline"  # its worker did not answer OPEN or CLOSE in time
+    ENDED_BY_BROKER = "ended_by_broker"  # its client or worker is gone, cut, or an admin's
+
+
+PHASE_AFTER: dict[tuple[SessionPhase, SessionEvent], SessionPhase] = {
+    (OPENING, SessionEvent.OPENED): OPEN,
+    (OPENING, SessionEvent.REFUSED): ENDED,
+    # A client that gives up on its handshake is answered at once (the worker may still open
+    # it, so the broker closes it there too).
+    (OPENING, SessionEvent.CLOSE): ENDED,
+    (OPEN, SessionEvent.CLOSE): CLOSING,
+    (CLOSING, SessionEvent.CLOSE): CLOSING,  # asked again: the newest CLOSE is answered
+    (CLOSING, SessionEvent.CLOSED): ENDED,
+    (OPENING, SessionEvent.DEADLINE): ENDED,
+    (CLOSING, SessionEvent.DEADLINE): ENDED,  # the worker is slow: the close succeeds anyway
+    (OPENING, SessionEvent.ENDED_BY_BROKER): ENDED,
+    (OPEN, SessionEvent.ENDED_BY_BROKER): ENDED,
+    (CLOSING, SessionEvent.ENDED_BY_BROKER): ENDED,
+}
+
+_WAITS_FOR_WORKER = frozenset({OPENING, CLOSING})  # the phases with a deadline
+
+
+class SessionTable:
+    """Every live session by id, by client and per device, moved through ``PHASE_AFTER``."""
+
+    def __init__(self, sessions: dict[int, Session], workers: WorkerTable,
+                 limits: Limits) -> None:
+        self.sessions = sessions  # the registry's table, which only this object changes
+        self.by_client: dict[bytes, set[int]] = {}  # client identity -> its sessions
+        self._per_device: Counter[tuple[bytes, int]] = Counter()  # (worker, local) -> count
+        self._workers = workers
+        self._limits = limits
+
+    def open(self, session: Session, worker: Worker, now: float) -> None:
+        """Add a session that its HELLO just opened (it is OPENING)."""
+        session.phase = OPENING
+        session.deadline = now + self._limits.open_timeout
+        self.sessions[session.id] = session
+        worker.sessions.add(session.id)
+        self.by_client.setdefault(session.client, set()).add(session.id)
+        self._per_device[session.worker, session.local] += 1
+
+    def of_client(self, identity: bytes) -> list[Session]:
+        """A client's sessions, by id."""
+        return [self.sessions[s] for s in sorted(self.by_client.get(identity, ()))]
+
+    def count_of_client(self, identity: bytes) -> int:
+        """How many sessions a client connection holds (opening and closing ones too)."""
+        return len(self.by_client.get(identity, ()))
+
+    def count_on_device(self, worker: bytes, local: int) -> int:
+        """How many sessions a device (worker identity, local index) serves."""
+        return self._per_device[worker, local]
+
+    @staticmethod
+    def allows(session: Session, event: SessionEvent) -> bool:
+        """Whether ``event`` changes anything in the session's phase."""
+        return (session.phase, event) in PHASE_AFTER
+
+    def move(self, session: Session, event: SessionEvent, now: float) -> SessionPhase:
+        """Apply ``event`` (which ``allows``); returns the phase the session was in."""
+        was = session.phase
+        session.phase = phase = PHASE_AFTER[was, event]
+        if phase is ENDED:
+            self._remove(session)
+        else:
+            session.deadline = (now + self._limits.open_timeout if phase in _WAITS_FOR_WORKER
+                                else float("inf"))
+        return was
+
+    def end(self, session: Session) -> SessionPhase:
+        """End a session on the broker's own account (``ENDED_BY_BROKER``, which every live
+        phase allows and which starts no deadline); returns the phase it was in."""
+        return self.move(session, SessionEvent.ENDED_BY_BROKER, now=0.0)
+
+    def _remove(self, session: Session) -> None:
+        del self.sessions[session.id]
+        self._workers.workers[session.worker].sessions.discard(session.id)
+        held = self.by_client[session.client]
+        held.discard(session.id)
+        if not held:
+            del self.by_client[session.client]
+        key = (session.worker, session.local)
+        self._per_device[key] -= 1
+        if self._per_device[key] <= 0:
+            del self._per_device[key]
+        self._workers.retire(session)
