@@ -37,6 +37,7 @@ class DeviceSession:
 
     id: int
     client: str
+    reply_limit: int | None = None  # the largest message its client takes, if it said
     tensors: dict[int, Value] = field(default_factory=dict)
     poisoned: dict[int, dict[str, Any]] = field(default_factory=dict)  # id -> wire error
     unreported: list[dict[str, Any]] = field(default_factory=list)  # for the next sync
@@ -89,8 +90,10 @@ class Executor(GraphOps):
             return [_error(message, ProtocolError(
                 f"Session {message.session:#x} is already open on this device."),
                 kind=Kind.REJECT)]
-        self.sessions[message.session] = DeviceSession(message.session,
-                                                      str(message.body.get("client", "")))
+        limit = message.body.get("max_message_bytes")
+        self.sessions[message.session] = DeviceSession(
+            message.session, str(message.body.get("client", "")),
+            limit if type(limit) is int and limit > 0 else None)
         return [Message(Kind.OPENED, message.session, message.request)]
 
     def _close(self, message: Message) -> list[Message]:
