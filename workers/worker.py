@@ -7,13 +7,13 @@ again) asks for. Each device thread owns its device's own DEALER to the broker, 
 (a routing identity that REGISTER lists): it feeds what arrives there to its sans-I/O
 ``Lane`` (``workers.lane``, around the device's ``Executor``), one message of each session in
 turn, and answers on it, so a read crosses no thread inside the worker, and a long op never
-delays a heartbeat. The control thread speaks to each device
-thread over an inproc PAIR: stop, reset (the broker that knew the sessions is gone), attach
-(after REGISTERED, the lane says HEARTBEAT so the broker can route to it), and tensors moving
-between two sessions of this worker, which go device to device in memory instead of through
-the broker. The control thread never waits for a device: what a full pair cannot take waits
-in a bounded queue, and a worker told to stop while a device computes a long op ends a few
-seconds later (``_STOP_WAIT``), without waiting for the op.
+delays a heartbeat. The control thread speaks to each device thread over an inproc PAIR:
+stop, reset (the broker that knew the sessions is gone), attach (after REGISTERED, the lane
+says HEARTBEAT so the broker can route to it), and tensors moving between two sessions of
+this worker, which go device to device in memory instead of through the broker. The control
+thread never waits for a device: what a full pair cannot take waits in a bounded queue, and
+a worker told to stop while a device computes a long op ends a few seconds later
+(``_STOP_WAIT``), without waiting for the op.
 
 The control DEALER's socket monitor reports what ZeroMQ keeps silent: a CURVE key the
 broker refuses, or encryption on at one end only, stops the worker
@@ -84,11 +84,10 @@ class _DeviceThread:
 
     def __init__(self, worker: "Worker", index: int, executor: Executor) -> None:
         self.index = index
-        self.executor = executor
         self.lane = Lane(index, executor, worker.max_message_bytes, worker.session_device)
         self.pair_address = f"inproc://device-{index}"
         self._worker = worker
-        self._lane: zmq.Socket | None = None  # made at the first RESET
+        self._lane_socket: zmq.Socket | None = None  # made at the first RESET
         # Whether a message waits on the lane (a non-empty list); none can before the
         # first RESET makes the lane.
         self._lane_waits: Callable[[], list[Any]] = list
@@ -113,7 +112,7 @@ class _DeviceThread:
             while True:
                 # (Messages waiting: only a look at the sockets between two turns.)
                 for sock, _ in zmq.zmq_poll(self._poll_items, 0 if waiting.messages else -1):
-                    if sock is self._lane:
+                    if sock is self._lane_socket:
                         self._read_lane()
                         continue
                     if not self._from_control(recv_frames(sock)):  # its STOP ends this
@@ -125,9 +124,9 @@ class _DeviceThread:
             self._close_lane()
 
     def _close_lane(self) -> None:
-        if self._lane is not None:
+        if self._lane_socket is not None:
             del self._poll_items[1:]  # (the pair stays)
-            self._lane.close(linger=0)
+            self._lane_socket.close(linger=0)
 
     def _from_control(self, frames: list[zmq.Frame]) -> bool:
         """Obey a command from the control thread; False on STOP."""
@@ -139,11 +138,11 @@ class _DeviceThread:
             self._waiting.clear()  # (the old connection's)
             worker = self._worker
             self._close_lane()
-            self._lane = _dealer(worker.context, frames[1].bytes, worker.hwm,
+            self._lane_socket = _dealer(worker.context, frames[1].bytes, worker.hwm,
                                  worker.max_message_bytes, worker.curve)
-            self._lane.connect(worker.broker)
-            self._lane_waits = message_check(self._lane)
-            self._poll_items.append((self._lane, POLLIN))
+            self._lane_socket.connect(worker.broker)
+            self._lane_waits = message_check(self._lane_socket)
+            self._poll_items.append((self._lane_socket, POLLIN))
         elif command == _ATTACH:
             self._send(protocol.encode(self.lane.attach(int(frames[1].bytes))))
         else:  # a tensor moved from another device of this worker
@@ -157,10 +156,10 @@ class _DeviceThread:
         When no message waits, the first one read runs at once, before the lane is read
         further: a lone read is answered without a detour through the queue (and the look
         at the lane that follows is no longer between it and its answer)."""
-        lane, waiting = self._lane, self._waiting
+        sock, waiting = self._lane_socket, self._waiting
         run_now = not waiting.messages
         while True:
-            self._from_broker(recv_frames(lane), run_now)
+            self._from_broker(recv_frames(sock), run_now)
             run_now = False
             if (waiting.messages >= self._worker.hwm or waiting.bytes >= _READ_AHEAD_BYTES
                     or not self._lane_waits()):
@@ -202,12 +201,12 @@ class _DeviceThread:
         """Send on the lane; while the broker takes nothing, this device waits (and reads
         nothing: backpressure), but not longer than the broker's liveness window: past it
         the broker is gone, and so is what the message answered."""
-        if try_send(self._lane, frames):
+        if try_send(self._lane_socket, frames):
             return
         worker = self._worker
         deadline = time.monotonic() + worker.heartbeat * worker.liveness
         while time.monotonic() < deadline:
-            if self._lane.poll(100, zmq.POLLOUT) and try_send(self._lane, frames):
+            if self._lane_socket.poll(100, zmq.POLLOUT) and try_send(self._lane_socket, frames):
                 return
         log.warning("device %d: the broker took nothing for %.1f s; a %s message is dropped",
                     self.index, worker.heartbeat * worker.liveness,
