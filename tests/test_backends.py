@@ -38,7 +38,7 @@ def test_every_backend_implements_the_contract():
         assert issubclass(cls, Backend) and cls.backend == name
         device = cls(3)
         assert device.index == 3 and device.settings()["backend"] == name
-        assert device.counts() == (0, 0)
+        assert (device.ops_fused, device.expressions_evaluated) == (0, 0)
 
 
 def test_a_backend_with_only_settings_and_run_serves_ops_and_graphs():

@@ -24,7 +24,7 @@ from fabric.ops import Op
 # A compiled graph: the arrays bound to its inputs and the session's generator (for random
 # ops) in, its outputs out.
 GraphPlan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
-DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")  # what ``Backend.counts`` gives
+DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")  # a Backend's counters
 
 
 class DeferredValue:
@@ -103,7 +103,3 @@ class Backend:
         being the inputs, and its output ids), or None for the default plan, which calls
         ``bind``'s function of each op in turn."""
         return None
-
-    def counts(self) -> tuple[int, int]:
-        """``(ops_fused, expressions_evaluated)`` so far."""
-        return self.ops_fused, self.expressions_evaluated
