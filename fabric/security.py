@@ -331,11 +331,23 @@ def _mismatch(address: str, *, encrypted: bool) -> EncryptionError:
 
 def handshake_error(event: int, value: int, address: str, *,
                     encrypted: bool) -> EncryptionError | None:
-    """The ``EncryptionError`` a socket monitor event during the ZeroMQ handshake means, or
-    None when the event is not about encryption. ``encrypted``: this end uses CURVE.
+    """``explain_handshake``, asking the peer which mechanism it speaks where the event needs
+    it (``probe_needed``): a TCP probe that blocks for up to half a second."""
+    mechanism = announced_mechanism(address) if probe_needed(event, value) else None
+    return explain_handshake(event, value, address, encrypted=encrypted, mechanism=mechanism)
 
-    A handshake the peer cut short (``HANDSHAKE_FAILED_NO_DETAIL``, not a timeout) is
-    explained by asking the peer which mechanism it speaks (``announced_mechanism``).
+
+def probe_needed(event: int, value: int) -> bool:
+    """Whether explaining a socket monitor event needs the mechanism the peer announces
+    (``announced_mechanism``): a handshake the peer cut short, not a timeout."""
+    return event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value != errno.EAGAIN
+
+
+def explain_handshake(event: int, value: int, address: str, *, encrypted: bool,
+                      mechanism: str | None) -> EncryptionError | None:
+    """The ``EncryptionError`` a socket monitor event during the ZeroMQ handshake means, or
+    None when the event is not about encryption. ``encrypted``: this end uses CURVE;
+    ``mechanism``: what the peer announces, where ``probe_needed`` (None: unknown).
     """
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         if not encrypted:
@@ -349,8 +361,7 @@ def handshake_error(event: int, value: int, address: str, *,
     if (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
         return _mismatch(address, encrypted=encrypted)
-    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value != errno.EAGAIN:
-        mechanism = announced_mechanism(address)
+    if probe_needed(event, value):
         if mechanism is not None and (mechanism == "CURVE") != encrypted:
             return _mismatch(address, encrypted=encrypted)
         if encrypted and mechanism == "CURVE":

@@ -19,6 +19,7 @@ import click
 import pytest
 import zmq
 from conftest import HEARTBEAT
+from faultproxy import wait_for
 from rawpeers import free_tcp_address
 
 import fabric
@@ -218,6 +219,12 @@ def test_start_worker_ends_the_process_it_replaces(cluster):
         session.sync()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has used so far (user and system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_stopped_worker_does_not_wait_for_a_long_op_to_end(cluster):
     victim = cluster.workers[1]
     session = cluster.connect(device=_device_of(cluster, "worker-1"), timeout=5)
@@ -227,9 +234,11 @@ def test_a_stopped_worker_does_not_wait_for_a_long_op_to_end(cluster):
         for _ in range(100):
             a = a @ b
         return a
+    computing = _cpu_seconds(victim.pid)
     fabric.function(matmuls)(a, b)  # one op on the device: a minute or more of matmuls
     session.flush()
-    time.sleep(0.5)  # (the device thread is inside the batch)
+    wait_for(lambda: _cpu_seconds(victim.pid) >= computing + 0.3, 20,
+             "the device thread to be inside the batch")
     victim.send_signal(signal.SIGTERM)
     stopped = time.monotonic()
     victim.wait(_STOP_WAIT + 5)  # not the whole batch

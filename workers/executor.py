@@ -5,9 +5,9 @@ ops in submission order, poisoning the outputs of an op that fails (and of every
 reads a poisoned tensor), the per-session memory limit, and answering reads and syncs. The
 device thread feeds it decoded messages and sends back what it returns.
 
-Telemetry: a device may count its own work in integer attributes named in
-``DEVICE_COUNTERS`` (the numexpr device counts ops it fused and expressions it evaluated);
-what they grow by while one session's message is handled is credited to that session.
+The device is reached only through the ``Backend`` contract (``backends.base``). Telemetry:
+a device counts its own work (``DEVICE_COUNTERS``: ops it fused, expressions it evaluated);
+what that grows by while one session's message is handled is credited to that session.
 """
 
 from __future__ import annotations
@@ -21,21 +21,24 @@ from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY
 from fabric.ops import OPS, RANDOM_OPS
 from fabric.protocol import Kind, Message, reply_to
-from fabric.wire import decode_params, decode_scalar, device_dtype, dtype_name
+from fabric.wire import decode_params, decode_scalar, device_dtype, dtype_name, parse_op
 
+from .backends.base import DEVICE_COUNTERS, Backend, DeferredError, DeferredValue, Value
 from .graphs import GraphOps, SessionGraphs
 
-DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")
 # For a device whose ``plain_calls`` is true, an op without params is this call, its result
 # made an array. (Random ops are not here: they always take the session's generator.)
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
 
 
 @dataclass(slots=True)  # (slots: its fields are read several times per op)
-class SessionState:
+class DeviceSession:
+    """One session's state on its device: its tensors, poison, credit, graphs, counters."""
+
     id: int
     client: str
-    tensors: dict[int, np.ndarray] = field(default_factory=dict)
+    reply_limit: int | None = None  # the largest message its client takes, if it said
+    tensors: dict[int, Value] = field(default_factory=dict)
     poisoned: dict[int, dict[str, Any]] = field(default_factory=dict)  # id -> wire error
     unreported: list[dict[str, Any]] = field(default_factory=list)  # for the next sync
     resident: int = 0  # bytes held in ``tensors``
@@ -51,12 +54,11 @@ class SessionState:
 class Executor(GraphOps):
     """The sessions of one device and the messages addressed to them."""
 
-    def __init__(self, device: Any, memory_limit: int | None = None) -> None:
+    def __init__(self, device: Backend, memory_limit: int | None = None) -> None:
         self.device = device
         self.memory_limit = memory_limit
-        self.sessions: dict[int, SessionState] = {}
-        self._counted = [name for name in DEVICE_COUNTERS if hasattr(device, name)]
-        self._plain_impls = _PLAIN_IMPLS if getattr(device, "plain_calls", False) else {}
+        self.sessions: dict[int, DeviceSession] = {}
+        self._plain_impls = _PLAIN_IMPLS if device.plain_calls else {}
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -73,12 +75,15 @@ class Executor(GraphOps):
             return [_reply_error(message, SessionLost(
                 f"Session {message.session:#x} is not open on this worker: open a new "
                 "session.", session=message.session))]
-        if session is None or not self._counted:
+        if session is None:
             return handler(self, message)
-        before = [getattr(self.device, name) for name in self._counted]
+        device = self.device  # (its counters read as attributes: a call costs more here)
+        fused, evaluated = device.ops_fused, device.expressions_evaluated
         replies = handler(self, message)
-        for name, count in zip(self._counted, before):
-            session.counters[name] += getattr(self.device, name) - count
+        if device.ops_fused != fused or device.expressions_evaluated != evaluated:
+            counters = session.counters
+            counters["ops_fused"] += device.ops_fused - fused
+            counters["expressions_evaluated"] += device.expressions_evaluated - evaluated
         return replies
 
     # -- session life ----------------------------------------------------------------------
@@ -88,8 +93,10 @@ class Executor(GraphOps):
             return [_error(message, ProtocolError(
                 f"Session {message.session:#x} is already open on this device."),
                 kind=Kind.REJECT)]
-        self.sessions[message.session] = SessionState(message.session,
-                                                      str(message.body.get("client", "")))
+        limit = message.body.get("max_message_bytes")
+        self.sessions[message.session] = DeviceSession(
+            message.session, str(message.body.get("client", "")),
+            limit if type(limit) is int and limit > 0 else None)
         return [Message(Kind.OPENED, message.session, message.request)]
 
     def _close(self, message: Message) -> list[Message]:
@@ -114,7 +121,7 @@ class Executor(GraphOps):
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit
 
-    def _store(self, session: SessionState, tensor_id: int, array: np.ndarray) -> None:
+    def _store(self, session: DeviceSession, tensor_id: int, array: np.ndarray) -> None:
         if tensor_id in session.tensors or tensor_id in session.poisoned:  # (an id used again)
             self._drop(session, (tensor_id,))
         if self.memory_limit is not None and session.resident + array.nbytes > self.memory_limit:
@@ -126,7 +133,7 @@ class Executor(GraphOps):
         session.tensors[tensor_id] = array
         session.resident += array.nbytes
 
-    def _drop(self, session: SessionState, tensor_ids: Iterable[Any]) -> None:
+    def _drop(self, session: DeviceSession, tensor_ids: Iterable[Any]) -> None:
         tensors, poisoned = session.tensors, session.poisoned
         for tensor_id in tensor_ids:
             array = tensors.pop(tensor_id, None)
@@ -135,7 +142,7 @@ class Executor(GraphOps):
             if poisoned:
                 poisoned.pop(tensor_id, None)
 
-    def _run(self, session: SessionState, ops: list[Any], buffers: Any) -> None:
+    def _run(self, session: DeviceSession, ops: list[Any], buffers: Any) -> None:
         # A SUBMIT's ops and frees (tensor ids), in order. This loop bounds the op rate (bench
         # W1): the commonest path, an op of the table, is kept short, and runs without a Python
         # call of ours (a call per op, to run it and to store its result, cost 7% of the
@@ -154,12 +161,15 @@ class Executor(GraphOps):
                     poisoned.pop(op, None)
                 freed += 1
                 continue
-            try:
+            try:  # (fabric.wire.parse_op's checks, inline: it runs for every op)
                 name, out, args, params = op
-                if type(out) is not int:  # an id; anything else could not even be poisoned
+                if type(out) is not int:
                     raise TypeError
             except (TypeError, ValueError):
-                session.unreported.append(ProtocolError(f"Malformed op {op!r}.").to_wire())
+                try:
+                    parse_op(op)  # (raises, with the wire's own words)
+                except ProtocolError as exc:
+                    session.unreported.append(exc.to_wire())
                 continue
             try:
                 impl = None if params else plain_impls.get(name)
@@ -195,11 +205,11 @@ class Executor(GraphOps):
                         "(freed, or never made): send ops only on the session's tensors."))
         session.ops += len(ops) - freed
 
-    def _seed(self, session: SessionState, out: int, args: list[Any],
+    def _seed(self, session: DeviceSession, out: int, args: list[Any],
               params: dict[str, Any]) -> None:
         session.rng = np.random.default_rng(params["seed"])
 
-    def _send(self, session: SessionState, out: int, args: list[Any],
+    def _send(self, session: DeviceSession, out: int, args: list[Any],
               params: dict[str, Any]) -> None:
         session.outgoing.append(self._transfer(session, args[0], params))
 
@@ -207,23 +217,23 @@ class Executor(GraphOps):
     _special_ops: dict[str, Callable[..., None]] = {
         "seed": _seed, "send": _send, **GraphOps._graph_ops}
 
-    def _materialize(self, session: SessionState, tensor_id: Any) -> None:
+    def _materialize(self, session: DeviceSession, tensor_id: Any) -> None:
         """Compute a value the device deferred (the numexpr device's fused chains)."""
         value = session.tensors.get(tensor_id)
-        if value is not None and not isinstance(value, np.ndarray):
+        if isinstance(value, DeferredValue):
             try:
                 session.tensors[tensor_id] = self.device.materialize(value)
             except Exception as exc:
                 self._fail(session, value.op, tensor_id, exc)
 
-    def _fail(self, session: SessionState, name: str, out: Any, exc: Exception) -> None:
+    def _fail(self, session: DeviceSession, name: str, out: Any, exc: Exception) -> None:
         """Poison ``out`` with op ``name`` failing. Where a fused chain failed, the op that
         failed in it is named, the tensors holding its result are poisoned too, and its error
         is reported once (met again, it flows as poison does)."""
-        failed = getattr(exc, "deferred", None)
-        if failed is None:
+        if not isinstance(exc, DeferredError):
             self._poison(session, (out,), self._op_error(name, out, exc))
             return
+        failed = exc.deferred
         held = tuple(t for t, v in session.tensors.items() if v is failed and t != out)
         known = failed.error is not None
         if not known:
@@ -232,7 +242,7 @@ class Executor(GraphOps):
 
     def _op_error(self, name: str, tensor: int, exc: Exception) -> dict[str, Any]:
         """The wire error for op ``name`` (making ``tensor``) failing with ``exc``."""
-        if getattr(exc, "deferred", None) is not None:  # a fused chain failed at this op
+        if isinstance(exc, DeferredError):  # a fused chain failed at this op
             name, exc = exc.deferred.op, exc.cause
         if isinstance(exc, FabricError):
             error = exc.to_wire()
@@ -241,7 +251,7 @@ class Executor(GraphOps):
         return RemoteError(f"{name} failed on device {self.device.index}: "
                            f"{type(exc).__name__}: {exc}", op=name, tensor=tensor).to_wire()
 
-    def _poison(self, session: SessionState, outs: Any, error: dict[str, Any],
+    def _poison(self, session: DeviceSession, outs: Any, error: dict[str, Any],
                 report: bool = True) -> None:
         """Make ``error`` the value of every tensor in ``outs``; report it at the next sync."""
         self._drop(session, outs)
@@ -250,8 +260,8 @@ class Executor(GraphOps):
         if report:
             session.unreported.append(error)
 
-    def _compute(self, session: SessionState, name: str, inputs: list[Any],
-                 params: dict[str, Any], buffers: Any) -> np.ndarray:
+    def _compute(self, session: DeviceSession, name: str, inputs: list[Any],
+                 params: dict[str, Any], buffers: Any) -> Value:
         if name == "put":
             return np.frombuffer(buffers[params["buffer"]], dtype=device_dtype(params["dtype"])) \
                 .reshape(params["shape"])
@@ -263,7 +273,7 @@ class Executor(GraphOps):
 
     # -- tensors moving between sessions ----------------------------------------------------
 
-    def _transfer(self, session: SessionState, tensor_id: int,
+    def _transfer(self, session: DeviceSession, tensor_id: int,
                   params: dict[str, Any]) -> Message:
         """The TRANSFER that carries a tensor (or its poison) to another session."""
         _require_ints("A send op", session=params.get("session"), id=params.get("id"))
@@ -300,7 +310,7 @@ class Executor(GraphOps):
         return [reply_to(request, {"ok": True})
                 for request in session.awaiting.pop(tensor_id, [])]
 
-    def _await(self, session: SessionState, message: Message) -> list[Message]:
+    def _await(self, session: DeviceSession, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
         if tensor_id in session.tensors or tensor_id in session.poisoned:
             return [reply_to(message, {"ok": True})]
@@ -320,8 +330,8 @@ class Executor(GraphOps):
             _require_ints(f"A {op} request", id=tensor_id)
         return handler(self, session, message)
 
-    def _sync(self, session: SessionState, message: Message) -> list[Message]:
-        for tensor_id in [t for t, v in session.tensors.items() if not isinstance(v, np.ndarray)]:
+    def _sync(self, session: DeviceSession, message: Message) -> list[Message]:
+        for tensor_id in [t for t, v in session.tensors.items() if isinstance(v, DeferredValue)]:
             self._materialize(session, tensor_id)  # "ran everything", errors included
         if session.unreported:
             error = session.unreported[0]
@@ -329,7 +339,7 @@ class Executor(GraphOps):
             return [reply_to(message, {"error": error})]
         return [reply_to(message, {"ok": True})]
 
-    def _read(self, session: SessionState, message: Message) -> list[Message]:
+    def _read(self, session: DeviceSession, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
         array = session.tensors.get(tensor_id)
         if type(array) is not np.ndarray:  # a deferred value, a poisoned or unknown tensor
@@ -359,7 +369,7 @@ class Executor(GraphOps):
                 "op that made the tensor.", tensor=tensor_id, dtype=dtype, shape=shape))]
         return [reply_to(message, body, (flat,))]
 
-    def _stats(self, session: SessionState, message: Message) -> list[Message]:
+    def _stats(self, session: DeviceSession, message: Message) -> list[Message]:
         return [reply_to(message, {
             "tensors": len(session.tensors), "resident_bytes": session.resident,
             "ops": session.ops, "poisoned": len(session.poisoned),

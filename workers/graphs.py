@@ -13,15 +13,15 @@ and says ``graph_free`` before it registers past the bound; the bound here is th
 and evicts the least recently used graph only for a client that does not.
 
 A graph compiles to a plan, ``plan(inputs, rng) -> outputs`` (arrays in, arrays out; ``rng``
-is the session's generator, for random ops). Devices take part through optional hooks:
+is the session's generator, for random ops). Devices take part through two hooks of the
+``Backend`` contract:
 
 - ``device.compile_graph(ops, inputs, outputs)``: called once at registration with the
-  graph's wire ops (``[name, out, args, params]`` on local ids, ``1..inputs`` being the
+  graph's wire ops (``fabric.wire``'s op entries on local ids, ``1..inputs`` being the
   inputs) and its output ids; returns a plan (a device that fuses elementwise chains compiles
   them here), or None to get the default plan below.
 - ``device.bind(op, params)``: the function of its inputs the device runs ``op`` with; the
-  default plan is straight-line Python calling one per op, generated at registration. A
-  device without it is called through ``device.run``.
+  default plan is straight-line Python calling one per op, generated at registration.
 """
 
 from __future__ import annotations
@@ -35,15 +35,16 @@ import numpy as np
 
 from fabric.errors import GraphError, ProtocolError
 from fabric.ops import OPS, RANDOM_OPS, Op
-from fabric.wire import GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_scalar
+from fabric.wire import GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_scalar, parse_op
 
-Plan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
+from .backends.base import Backend, GraphPlan
+
 _FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops
 
 
 @dataclass
-class Graph:
-    """A registered graph: what a call binds, and the plan that runs it."""
+class RegisteredGraph:
+    """A graph a session registered: what a call binds, and the plan that runs it."""
 
     id: int
     name: str
@@ -51,7 +52,7 @@ class Graph:
     outputs: int
     op_names: list[str]
     wire_bytes: int  # what sending its ops one by one would cost
-    plan: Plan | None = None
+    plan: GraphPlan | None = None
     error: dict[str, Any] | None = None  # a registration that failed: every call raises it
     called: bool = False  # the first call comes with the registration; later ones replay
 
@@ -70,7 +71,7 @@ def _check(condition: bool, graph_id: Any, what: str) -> None:
         raise ProtocolError(f"graph_register #{graph_id}: {what}.", graph=graph_id)
 
 
-def register(params: dict[str, Any], device: Any) -> Graph:
+def register(params: dict[str, Any], device: Backend) -> RegisteredGraph:
     """Check a ``graph_register`` op's params and compile the graph for ``device``.
 
     Raises ProtocolError naming what is malformed; a failing device hook raises its error.
@@ -88,10 +89,13 @@ def register(params: dict[str, Any], device: Any) -> Graph:
                             graph=graph_id) from None
     defined = set(range(1, len(specs) + 1))
     for op in ops:
-        _check(isinstance(op, list) and len(op) == 4, graph_id, f"malformed op {op!r}")
-        name, out, args, op_params = op
+        try:
+            name, out, args, op_params = parse_op(op)
+        except ProtocolError:
+            raise ProtocolError(f"graph_register #{graph_id}: malformed op {op!r}.",
+                                graph=graph_id) from None
         _check(name in OPS, graph_id, f"unknown op {name!r}")
-        _check(type(out) is int and out not in defined, graph_id,
+        _check(out not in defined, graph_id,
                f"op {name} must define a new local id, not {out!r}")
         _check(isinstance(args, list) and isinstance(op_params, dict), graph_id,
                f"op {name} needs a list of args and a dict of params")
@@ -101,25 +105,16 @@ def register(params: dict[str, Any], device: Any) -> Graph:
         defined.add(out)
     _check(all(type(o) is int and o in defined for o in outputs), graph_id,
            "every output must be a defined local id")
-    graph = Graph(graph_id, str(params.get("name", "")), specs, len(outputs),
-                  [op[0] for op in ops], len(msgpack.packb(ops)))
-    compile_graph = getattr(device, "compile_graph", None)
-    if compile_graph is not None:
-        graph.plan = compile_graph(ops, len(specs), outputs)
+    graph = RegisteredGraph(graph_id, str(params.get("name", "")), specs, len(outputs),
+                            [op[0] for op in ops], len(msgpack.packb(ops)))
+    graph.plan = device.compile_graph(ops, len(specs), outputs)
     if graph.plan is None:
-        graph.plan = generate(graph, ops, outputs, _binder(device))
+        graph.plan = generate(graph, ops, outputs, device.bind)
     return graph
 
 
-def _binder(device: Any) -> Callable[[Op, dict[str, Any]], Callable[..., Any]]:
-    bind = getattr(device, "bind", None)
-    if bind is not None:
-        return bind
-    return lambda op, params: lambda *inputs: device.run(op, list(inputs), params)
-
-
-def generate(graph: Graph, ops: list[list[Any]], outputs: list[int],
-             bind: Callable[[Op, dict[str, Any]], Callable[..., Any]]) -> Plan:
+def generate(graph: RegisteredGraph, ops: list[list[Any]], outputs: list[int],
+             bind: Callable[[Op, dict[str, Any]], Callable[..., Any]]) -> GraphPlan:
     """The default plan: one line of straight-line Python per op, each calling ``bind``'s
     function for it, and deleting what no later op reads.
 
@@ -153,7 +148,7 @@ def generate(graph: Graph, ops: list[list[Any]], outputs: list[int],
     return namespace["plan"]
 
 
-def failed_op(graph: Graph, exc: BaseException) -> int | None:
+def failed_op(graph: RegisteredGraph, exc: BaseException) -> int | None:
     """The index of the op of ``graph``'s generated plan that raised ``exc``, if it was one."""
     tb, index = exc.__traceback__, None
     while tb is not None:
@@ -168,12 +163,12 @@ class SessionGraphs:
 
     def __init__(self, limit: int = GRAPH_CACHE_SIZE) -> None:
         self.limit = limit
-        self.held: OrderedDict[int, Graph] = OrderedDict()
+        self.held: OrderedDict[int, RegisteredGraph] = OrderedDict()
         self.registrations = 0
         self.replays = 0
         self.bytes_saved = 0
 
-    def add(self, graph: Graph) -> None:
+    def add(self, graph: RegisteredGraph) -> None:
         """Hold ``graph`` (replacing one with its id), evicting past the bound."""
         self.held.pop(graph.id, None)
         self.held[graph.id] = graph
@@ -181,7 +176,7 @@ class SessionGraphs:
         while len(self.held) > self.limit:
             self.held.popitem(last=False)
 
-    def lookup(self, graph_id: Any, call_bytes: int) -> Graph | None:
+    def lookup(self, graph_id: Any, call_bytes: int) -> RegisteredGraph | None:
         """The graph a call names, marked most recently used; counts a replay."""
         graph = self.held.get(graph_id)
         if graph is not None:
@@ -217,8 +212,8 @@ class GraphOps:
             if type(params.get("graph")) is not int:
                 raise  # nothing to hold: the op's error is all there is
             # Held anyway, broken: the client counts it as held, and its calls say why.
-            graph = Graph(params["graph"], str(params.get("name", "")), [], 0, [], 0,
-                          error=self._op_error("graph_register", 0, exc))
+            graph = RegisteredGraph(params["graph"], str(params.get("name", "")), [], 0, [],
+                                    0, error=self._op_error("graph_register", 0, exc))
             graph.error["message"] += f" (registering {graph.label()})"
             graph.error["details"].update(graph=graph.id, graph_name=graph.name)
             session.unreported.append(graph.error)
@@ -258,7 +253,7 @@ class GraphOps:
             error["details"].update(graph=graph_id, graph_name=graph and graph.name)
             self._poison(session, outs, error)
 
-    def _replay(self, session: Any, graph: Graph | None, args: list[Any],
+    def _replay(self, session: Any, graph: RegisteredGraph | None, args: list[Any],
                 count: int) -> list[Any]:
         """The outputs of one call of ``graph`` on the tensors ``args``."""
         if graph is None:

@@ -1,21 +1,24 @@
-"""The worker process: a control thread that talks to the broker, one thread per device.
+"""The worker process, its I/O: a control thread that talks to the broker, one thread per device.
 
 Rule: the control thread never computes and never carries a session's traffic. It owns the
-worker's DEALER to the broker: registration, heartbeats, noticing a lost broker and
-registering again. Each device thread owns its device's own DEALER to the broker, its
-"lane" (a routing identity that REGISTER lists): it runs ``Executor`` on what arrives there,
-one message of each session in turn, and answers on it, so a read crosses no thread inside
-the worker, and a long op never delays a heartbeat. The control thread speaks to each device
-thread over an inproc PAIR: stop, reset (the broker that knew the sessions is gone), attach
-(after REGISTERED, the lane says HEARTBEAT so the broker can route to it), and tensors moving
-between two sessions of this worker, which go device to device in memory instead of through
-the broker. The control thread never waits for a device: what a full pair cannot take waits
-in a bounded queue, and a worker told to stop while a device computes a long op ends a few
-seconds later (``_STOP_WAIT``), without waiting for the op.
+worker's DEALER to the broker and performs what the sans-I/O control machine
+(``workers.control``: registration, heartbeats, noticing a lost broker and registering
+again) asks for. Each device thread owns its device's own DEALER to the broker, its "lane"
+(a routing identity that REGISTER lists): it feeds what arrives there to its sans-I/O
+``Lane`` (``workers.lane``, around the device's ``Executor``), one message of each session in
+turn, and answers on it, so a read crosses no thread inside the worker, and a long op never
+delays a heartbeat. The control thread speaks to each device thread over an inproc PAIR:
+stop, reset (the broker that knew the sessions is gone), attach (after REGISTERED, the lane
+says HEARTBEAT so the broker can route to it), and tensors moving between two sessions of
+this worker, which go device to device in memory instead of through the broker. The control
+thread never waits for a device: what a full pair cannot take waits in a bounded queue, and
+a worker told to stop while a device computes a long op ends a few seconds later
+(``_STOP_WAIT``), without waiting for the op.
 
 The control DEALER's socket monitor reports what ZeroMQ keeps silent: a CURVE key the
 broker refuses, or encryption on at one end only, stops the worker
-(``RegistrationRefused``) as a refused token does.
+(``RegistrationRefused``) as a refused token does. Where the event alone does not say, the
+control machine asks for a probe of the broker's address, which this loop makes.
 """
 
 from __future__ import annotations
@@ -30,21 +33,18 @@ from typing import Any, Callable
 import zmq
 
 from fabric import protocol
-from fabric.errors import (
-    AuthenticationError,
-    FabricError,
-    MessageTooLarge,
-    RemoteError,
-    VersionMismatch,
-    error_from_wire,
-)
-from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox, largest_frame, size_text
-from fabric.protocol import Kind, Message
-from fabric.security import CurveClient, handshake_error
+from fabric.errors import FabricError
+from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox
+from fabric.protocol import Kind
+from fabric.security import CurveClient, announced_mechanism
 from fabric.sockets import POLLIN, message_check, recv_frames, recv_monitor_event, try_send
 
 from .backends import device_class
+from .control import Action, Attach, Connect, Control, Probe, RegistrationRefused, Send
 from .executor import Executor
+from .lane import DEVICE_KINDS, Lane, message_body
+
+__all__ = ["RegistrationRefused", "Worker", "serve"]
 
 log = logging.getLogger("fabric.worker")
 
@@ -55,20 +55,6 @@ _STOP_WAIT = 5.0  # seconds a stopping worker waits, in all, for its device thre
 _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of running messages
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-_DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
-# What a device thread looks at more closely, tested as sets on every message: on Python
-# 3.11 each ``Kind.X`` goes through the enum class's __getattr__ hook, five times the cost
-# of a plain attribute.
-_SESSION_LIFE = frozenset({Kind.OPEN, Kind.CLOSE})  # noted by the thread itself
-_NOTED_REPLIES = frozenset({Kind.OPENED, Kind.TRANSFER})  # a new session; a tensor moving
-# What may carry a frame too big, and whether the way ahead ends at the session's client
-# (whose limit may be lower than the broker's).
-_SIZED_REPLIES = {Kind.REPLY: True, Kind.TRANSFER: False}
-
-
-def _routing_identity() -> bytes:
-    """A fresh random routing identity (ZeroMQ reserves those that start with a zero byte)."""
-    return b"F" + os.urandom(15)
 
 
 def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: int,
@@ -83,14 +69,6 @@ def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: 
     return sock
 
 
-def _body(header: protocol.Header, frames: list[zmq.Frame]) -> dict[str, Any]:
-    """A message's msgpack body, or an empty map when it has none or a malformed one."""
-    try:
-        return protocol.decode(frames, header).body
-    except FabricError:
-        return {}
-
-
 def _pair(context: zmq.Context, hwm: int) -> zmq.Socket:
     """One end of a control thread's link to a device thread (inproc adds both ends'
     limits, so both are bounded)."""
@@ -100,21 +78,16 @@ def _pair(context: zmq.Context, hwm: int) -> zmq.Socket:
     return sock
 
 
-class RegistrationRefused(Exception):
-    """The broker refused this worker for a reason retrying cannot fix."""
-
-
 class _DeviceThread:
-    """One device: its lane to the broker, its executor, its pair to the control thread."""
+    """One device: its lane's socket to the broker, its ``Lane``, its pair to the control
+    thread."""
 
     def __init__(self, worker: "Worker", index: int, executor: Executor) -> None:
         self.index = index
-        self.executor = executor
+        self.lane = Lane(index, executor, worker.max_message_bytes, worker.session_device)
         self.pair_address = f"inproc://device-{index}"
         self._worker = worker
-        self._broker_limit = worker.max_message_bytes  # the largest frame the broker takes
-        self._reply_limit: dict[int, int] = {}  # session -> largest frame its client takes
-        self._lane: zmq.Socket | None = None  # made at the first RESET
+        self._lane_socket: zmq.Socket | None = None  # made at the first RESET
         # Whether a message waits on the lane (a non-empty list); none can before the
         # first RESET makes the lane.
         self._lane_waits: Callable[[], list[Any]] = list
@@ -139,7 +112,7 @@ class _DeviceThread:
             while True:
                 # (Messages waiting: only a look at the sockets between two turns.)
                 for sock, _ in zmq.zmq_poll(self._poll_items, 0 if waiting.messages else -1):
-                    if sock is self._lane:
+                    if sock is self._lane_socket:
                         self._read_lane()
                         continue
                     if not self._from_control(recv_frames(sock)):  # its STOP ends this
@@ -151,9 +124,9 @@ class _DeviceThread:
             self._close_lane()
 
     def _close_lane(self) -> None:
-        if self._lane is not None:
+        if self._lane_socket is not None:
             del self._poll_items[1:]  # (the pair stays)
-            self._lane.close(linger=0)
+            self._lane_socket.close(linger=0)
 
     def _from_control(self, frames: list[zmq.Frame]) -> bool:
         """Obey a command from the control thread; False on STOP."""
@@ -161,20 +134,17 @@ class _DeviceThread:
         if command == _STOP:
             return False
         if command == _RESET:  # a new connection to the broker, under a new identity
-            for session in self.executor.sessions:
-                self._forget(session)
-            self.executor.close_all()
+            self.lane.reset()
             self._waiting.clear()  # (the old connection's)
             worker = self._worker
             self._close_lane()
-            self._lane = _dealer(worker.context, frames[1].bytes, worker.hwm,
+            self._lane_socket = _dealer(worker.context, frames[1].bytes, worker.hwm,
                                  worker.max_message_bytes, worker.curve)
-            self._lane.connect(worker.broker)
-            self._lane_waits = message_check(self._lane)
-            self._poll_items.append((self._lane, POLLIN))
+            self._lane_socket.connect(worker.broker)
+            self._lane_waits = message_check(self._lane_socket)
+            self._poll_items.append((self._lane_socket, POLLIN))
         elif command == _ATTACH:
-            self._broker_limit = int(frames[1].bytes)
-            self._send(protocol.encode(Message(Kind.HEARTBEAT)))
+            self._send(protocol.encode(self.lane.attach(int(frames[1].bytes))))
         else:  # a tensor moved from another device of this worker
             self._handle(frames)
         return True
@@ -186,10 +156,10 @@ class _DeviceThread:
         When no message waits, the first one read runs at once, before the lane is read
         further: a lone read is answered without a detour through the queue (and the look
         at the lane that follows is no longer between it and its answer)."""
-        lane, waiting = self._lane, self._waiting
+        sock, waiting = self._lane_socket, self._waiting
         run_now = not waiting.messages
         while True:
-            self._from_broker(recv_frames(lane), run_now)
+            self._from_broker(recv_frames(sock), run_now)
             run_now = False
             if (waiting.messages >= self._worker.hwm or waiting.bytes >= _READ_AHEAD_BYTES
                     or not self._lane_waits()):
@@ -206,105 +176,37 @@ class _DeviceThread:
         except FabricError as exc:
             log.warning("bad message from the broker on device %d: %s", self.index, exc)
             return
-        if header.kind in _DEVICE_KINDS:
+        if header.kind in DEVICE_KINDS:
             if run_now:
                 self._handle(frames, header)
             else:
                 self._waiting.park(header.session, frames, 0.0)  # (its turn comes; no clock)
         elif header.kind == Kind.HEARTBEAT:
-            self._reconcile(header, frames)
+            self.lane.reconcile(header, frames)
         elif header.kind in (Kind.ERROR, Kind.REJECT):
             log.warning("the broker reported on device %d's lane: %s", self.index,
-                        _body(header, frames).get("message"))
-
-    def _note_open(self, message: Message) -> None:
-        limit = message.body.get("max_message_bytes")  # (the executor refuses a bad OPEN)
-        if type(limit) is int and limit > 0:
-            self._reply_limit[message.session] = min(limit, self._broker_limit)
-
-    def _forget(self, session: int) -> None:
-        self._reply_limit.pop(session, None)
-        if self._worker.session_device.get(session) == self.index:
-            del self._worker.session_device[session]
-
-    def _reconcile(self, header: protocol.Header, frames: list[zmq.Frame]) -> None:
-        """Close every session the broker's heartbeat does not list: the broker forgot it
-        (its CLOSE may have been lost), so nothing will ever close it otherwise."""
-        listed = _body(header, frames).get("sessions")
-        if not isinstance(listed, list):
-            return
-        known = set(listed)
-        for session in [s for s in self.executor.sessions if s not in known]:
-            log.info("session %#x is gone from the broker: closing it here", session)
-            self._forget(session)
-            self.executor.handle(Message(Kind.CLOSE, session))
+                        message_body(header, frames).get("message"))
 
     def _handle(self, frames: list[zmq.Frame], header: protocol.Header | None = None) -> None:
         """Run one message (``header``: its first frame's, if already read) and answer."""
-        try:
-            message = protocol.decode(frames, header)
-            if message.kind in _SESSION_LIFE:
-                if message.kind == Kind.OPEN:
-                    self._note_open(message)
-                else:
-                    self._forget(message.session)
-            replies = self.executor.handle(message)
-        except Exception as exc:  # (the header was read when the message came: it decodes)
-            if not isinstance(exc, FabricError):  # a bug, which must not end the device
-                log.exception("device %d failed on a message", self.index)
-                exc = RemoteError(f"Device {self.index} failed on this message "
-                                  f"({type(exc).__name__}: {exc}); it goes on serving.")
-            header = protocol.decode_header(frames[0])
-            replies = [protocol.error_message(exc, session=header.session,
-                                              request=header.request)]
-        for reply in replies:
-            if reply.kind in _NOTED_REPLIES:
-                if reply.kind == Kind.OPENED:
-                    self._worker.session_device[reply.session] = self.index
-                elif reply.session in self._worker.session_device and \
-                        try_send(self._pair, protocol.encode(reply)):
-                    # Both sessions live on this worker: the tensor moved in memory (when
-                    # the control thread's queue is full, it goes the long way, by the broker).
-                    continue
-            self._send(self._within_limits(reply))
-
-    def _within_limits(self, reply: Message) -> list[Any]:
-        """A reply's frames, or in place of a REPLY or TRANSFER bigger than the way ahead
-        takes, the same message carrying ``MessageTooLarge`` (a frame too big would cost
-        the connection)."""
-        frames = protocol.encode(reply)
-        to_client = _SIZED_REPLIES.get(reply.kind)
-        if to_client is None or not reply.buffers:
-            return frames
-        limit = (self._reply_limit.get(reply.session, self._broker_limit) if to_client
-                 else self._broker_limit)
-        size = largest_frame(frames)
-        if size <= limit:
-            return frames
-        if to_client:
-            error = MessageTooLarge(
-                f"The array read is {size_text(size)}, more than the {size_text(limit)} the "
-                "way to the client takes in one message: read it in slices "
-                "(t[:n].numpy()), or raise --max-message-bytes on the broker and workers "
-                "and max_message_bytes= on the client.", size=size, limit=limit)
-            return protocol.encode(protocol.reply_to(reply, {"error": error.to_wire()}))
-        error = MessageTooLarge(
-            f"The tensor moved with .to() is {size_text(size)}, more than the "
-            f"{size_text(limit)} the broker takes in one message: move it in slices, or "
-            "raise --max-message-bytes on the broker and workers.", size=size, limit=limit)
-        return protocol.encode(Message(Kind.TRANSFER, reply.session, reply.request,
-                                       {"id": reply.body.get("id"), "error": error.to_wire()}))
+        lane = self.lane
+        for reply in lane.handle(frames, header):
+            if lane.stays_on_worker(reply) and try_send(self._pair, protocol.encode(reply)):
+                # Both sessions live on this worker: the tensor moved in memory (when the
+                # control thread's queue is full, it goes the long way, by the broker).
+                continue
+            self._send(lane.frames(reply))
 
     def _send(self, frames: list[Any]) -> None:
         """Send on the lane; while the broker takes nothing, this device waits (and reads
         nothing: backpressure), but not longer than the broker's liveness window: past it
         the broker is gone, and so is what the message answered."""
-        if try_send(self._lane, frames):
+        if try_send(self._lane_socket, frames):
             return
         worker = self._worker
         deadline = time.monotonic() + worker.heartbeat * worker.liveness
         while time.monotonic() < deadline:
-            if self._lane.poll(100, zmq.POLLOUT) and try_send(self._lane, frames):
+            if self._lane_socket.poll(100, zmq.POLLOUT) and try_send(self._lane_socket, frames):
                 return
         log.warning("device %d: the broker took nothing for %.1f s; a %s message is dropped",
                     self.index, worker.heartbeat * worker.liveness,
@@ -321,7 +223,6 @@ class Worker:
                  hwm: int = DEFAULT_HWM) -> None:
         cls = device_class(backend)  # refuses capture/remote before anything starts
         self.broker = broker
-        self.token = token
         self.curve = curve  # CURVE keys: the links to the broker are encrypted
         self.backend = backend
         self.name = name
@@ -331,14 +232,16 @@ class Worker:
         self.hwm = hwm  # SNDHWM and RCVHWM of every socket, and of each parked queue
         self.context = zmq.Context()
         self.devices = [cls(i) for i in range(devices)]
-        # Which device holds each open session: device threads write their own, and read
-        # it to send a TRANSFER in memory when its destination session is on this worker.
-        self.session_device: dict[int, int] = {}
-        self._lanes: list[bytes] = []  # each device's lane identity, new at each _connect
+        self.control = Control(
+            {"token": token, "name": name, "backend": backend,
+             "devices": [d.settings() for d in self.devices],
+             "max_message_bytes": max_message_bytes},
+            broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness)
+        self._executors = [Executor(device, memory_limit) for device in self.devices]
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
-        for i, device in enumerate(self.devices):
-            runner = _DeviceThread(self, i, Executor(device, memory_limit))
+        for i, executor in enumerate(self._executors):
+            runner = _DeviceThread(self, i, executor)
             pair = _pair(self.context, hwm)
             pair.bind(runner.pair_address)
             thread = threading.Thread(target=runner.run, name=f"device-{i}", daemon=True)
@@ -352,34 +255,50 @@ class Worker:
         self._reading_devices = True
         self.dealer: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
-        self._warned = False  # about a failed CURVE handshake, once per connection
         self.abandoned: list[int] = []  # devices still computing when close() gave up
 
     def stop(self, *_: Any) -> None:
         """Ask the loop to finish; safe from a signal handler."""
         self._running = False
 
-    # -- connection to the broker ----------------------------------------------------------
+    def session_device(self, session: int) -> int | None:
+        """The device of this worker that holds ``session``, if one does. Each device's
+        executor alone owns its sessions; a look from another thread at whether one holds a
+        session is a single dict lookup, atomic under the GIL."""
+        for index, executor in enumerate(self._executors):
+            if session in executor.sessions:
+                return index
+        return None
 
-    def _connect(self) -> None:
+    # -- what the control machine asks for ------------------------------------------------
+
+    def _perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if type(action) is Send:
+                self._send(action.message)
+            elif type(action) is Attach:
+                for device in range(len(self.devices)):  # each lane says HEARTBEAT, so
+                    self._to_device(device, [_ATTACH, b"%d" % action.max_message_bytes])
+            elif type(action) is Connect:
+                self._connect(action)
+            elif type(action) is Probe:  # (blocks for at most half a second)
+                mechanism = announced_mechanism(self.broker)
+                self._perform(self.control.on_probe(action.event, action.value, mechanism))
+
+    def _connect(self, connect: Connect) -> None:
         self._close_dealer()
-        # Sessions die with the broker connection that knew them; every socket starts
-        # afresh, under a new identity (the broker may not yet have dropped the old ones).
-        self._lanes = [_routing_identity() for _ in self._pairs]
         self._to_devices.clear()  # (for the sessions of the old connection)
-        for device, lane in enumerate(self._lanes):
+        for device, lane in enumerate(connect.lanes):
             self._to_device(device, [_RESET, lane])
         self._set_reading_devices(True)
-        self.dealer = _dealer(self.context, _routing_identity(), self.hwm,
+        self.dealer = _dealer(self.context, connect.identity, self.hwm,
                               self.max_message_bytes, self.curve)
         # A refused key or mismatched encryption is only ever a monitor event.
         self._monitor = self.dealer.get_monitor_socket(_HANDSHAKE_FAILED)
-        self._warned = False
         self.dealer.connect(self.broker)
         self._poller = zmq.Poller()
         for sock in (self.dealer, self._monitor, *self._pairs):
             self._poller.register(sock, zmq.POLLIN)
-        self._register()
 
     def _close_dealer(self) -> None:
         if self.dealer is None:
@@ -389,27 +308,7 @@ class Worker:
         self.dealer.close(linger=0)
         self.dealer = self._monitor = None
 
-    def _on_handshake_failed(self, event: dict[str, Any]) -> None:
-        if self._warned:  # already explained; libzmq goes on retrying by itself
-            return
-        error = handshake_error(event["event"], event["value"], self.broker,
-                                encrypted=self.curve is not None)
-        if error is None:
-            return
-        if (event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                or error.details.get("reason") == "mechanism_mismatch"):
-            raise RegistrationRefused(error.message)  # retrying with these keys cannot help
-        log.warning("%s", error.message)  # once per connection
-        self._warned = True
-
-    def _register(self) -> None:
-        body = {"token": self.token, "name": self.name, "backend": self.backend,
-                "devices": [d.settings() for d in self.devices],
-                "lanes": self._lanes,
-                "max_message_bytes": self.max_message_bytes}
-        self._send(Message(Kind.REGISTER, body=body))
-
-    def _send(self, message: Message) -> None:
+    def _send(self, message: protocol.Message) -> None:
         # Only registration and heartbeats use this socket: when the broker takes nothing,
         # a heartbeat would not help, and it is sent again a heartbeat later.
         if not try_send(self.dealer, protocol.encode(message)):
@@ -423,7 +322,7 @@ class Worker:
 
     def _transfer(self, frames: list[zmq.Frame]) -> None:
         header = protocol.decode_header(frames[0])  # a device thread's own TRANSFER
-        device = self.session_device.get(header.session)
+        device = self.session_device(header.session)
         if device is None:
             return  # the destination closed meanwhile; the broker would drop it too
         self._to_device(device, frames)
@@ -452,62 +351,26 @@ class Worker:
 
     def run(self) -> None:
         """Serve until ``stop()``; reconnect and re-register whenever the broker is lost."""
+        control = self.control
+        wait_ms = control.tick_every * 1000
         try:
-            self._connect()
-            last_heard = last_sent = time.monotonic()
+            self._perform(control.start(time.monotonic()))
             while self._running:
-                for sock, _ in self._poller.poll(5 if self._to_devices else
-                                                 min(100, self.heartbeat * 1000)):
+                for sock, _ in self._poller.poll(5 if self._to_devices else wait_ms):
                     if sock is self.dealer:
-                        last_heard = time.monotonic()
-                        self._from_broker(recv_frames(self.dealer))
+                        self._perform(control.on_message(recv_frames(self.dealer),
+                                                         time.monotonic()))
                     elif sock is self._monitor:
-                        self._on_handshake_failed(recv_monitor_event(self._monitor))
+                        event = recv_monitor_event(self._monitor)
+                        self._perform(control.on_handshake_failed(event["event"],
+                                                                  event["value"]))
                     else:
                         self._transfer(recv_frames(sock))
                 if self._to_devices:
                     self._retry()
-                now = time.monotonic()
-                if now - last_heard > self.heartbeat * self.liveness:
-                    log.warning("broker silent for %.1f s; reconnecting", now - last_heard)
-                    self._connect()
-                    last_heard = now
-                elif now - last_sent >= self.heartbeat:
-                    self._send(Message(Kind.HEARTBEAT))
-                    last_sent = now
+                self._perform(control.tick(time.monotonic()))
         finally:
             self.close()
-
-    def _from_broker(self, frames: list[zmq.Frame]) -> None:
-        try:
-            header = protocol.decode_header(frames[0])
-        except FabricError as exc:
-            log.warning("bad message from the broker: %s", exc)
-            return
-        if header.kind in (Kind.HEARTBEAT, Kind.PONG):
-            return  # the lanes' heartbeats list each device's sessions
-        if header.kind in (Kind.REGISTERED, Kind.REJECT, Kind.ERROR) and header.session == 0:
-            self._control_from_broker(protocol.decode(frames, header))
-            return
-        log.warning("a %s message for session %#x came on the worker's own socket, not on "
-                    "a device's lane: dropped", header.kind.name, header.session)
-
-    def _control_from_broker(self, message: Message) -> None:
-        if message.kind == Kind.REGISTERED:
-            log.info("registered with %s", message.body["server"])
-            limit = message.body.get("max_message_bytes")
-            limit = limit if type(limit) is int and limit > 0 else self.max_message_bytes
-            for device in range(len(self.devices)):  # each lane says HEARTBEAT, so the
-                self._to_device(device, [_ATTACH, b"%d" % limit])  # broker can route to it
-            return
-        error = error_from_wire(message.body)
-        if isinstance(error, (AuthenticationError, VersionMismatch)):
-            raise RegistrationRefused(error.message)
-        if error.details.get("reason") == "not_registered":
-            log.warning("the broker does not know this worker (it restarted?): registering")
-            self._register()
-            return
-        log.warning("the broker reported: %s", error.message)
 
     def close(self) -> None:
         """Stop the device threads and close every socket. A device thread still busy with

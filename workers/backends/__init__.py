@@ -1,18 +1,22 @@
 """Backend devices a worker can host, and the ones it must refuse.
 
-Rule: a backend is chosen by name here and nowhere else. Devices that cannot host a remote
-server (a capture device records a client's ops; a remote device is itself a client) are
-refused with ``DeviceNotHostable`` and a sentence naming what to use instead.
+Rule: a backend is chosen by name here and nowhere else, and its module is imported only
+when a worker asks for it (a numpy worker never loads numexpr). Devices that cannot host a
+remote server (a capture device records a client's ops; a remote device is itself a client)
+are refused with ``DeviceNotHostable`` and a sentence naming what to use instead.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from fabric.errors import DeviceNotHostable
 
-from .numexpr_backend import NumexprDevice
-from .numpy_backend import NumpyDevice
+from .base import Backend
 
-BACKENDS = {"numpy": NumpyDevice, "numexpr": NumexprDevice}
+# Backend name -> (module of this package, device class in it).
+BACKENDS = {"numpy": ("numpy_backend", "NumpyDevice"),
+            "numexpr": ("numexpr_backend", "NumexprDevice")}
 
 NOT_HOSTABLE = {
     "capture": "a capture device records the ops a client issues; wrap a session in "
@@ -23,14 +27,15 @@ NOT_HOSTABLE = {
 }
 
 
-def device_class(backend: str) -> type[NumpyDevice] | type[NumexprDevice]:
+def device_class(backend: str) -> type[Backend]:
     """The device class for a backend name; DeviceNotHostable or ValueError otherwise."""
     if backend in NOT_HOSTABLE:
         raise DeviceNotHostable(
             f"Cannot host a remote server on a {backend} device: {NOT_HOSTABLE[backend]}.",
             backend=backend)
     try:
-        return BACKENDS[backend]
+        module, name = BACKENDS[backend]
     except KeyError:
         raise ValueError(f"Unknown backend {backend!r}: choose one of "
                          f"{', '.join(sorted(BACKENDS))}.") from None
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,0 +1,209 @@
+"""Sans-I/O tests of the worker's control machine (``fabric.workers.control``), on a fake clock:
+registration, heartbeats, a silent broker, refusals and failed security handshakes, without
+sockets or processes."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+from typing import Any
+
+import pytest
+import zmq
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from fabric import protocol
+from fabric.errors import AuthenticationError, ProtocolError, VersionMismatch
+from fabric.protocol import Kind, Message
+from fabric.workers.control import Attach, Connect, Control, Probe, RegistrationRefused, Send
+
+HEARTBEAT, LIVENESS = 1.0, 3
+BROKER = "tcp://127.0.0.1:5555"
+REGISTRATION = {"token": "t", "name": "w", "backend": "numpy",
+                "devices": [{"backend": "numpy"}, {"backend": "numpy"}],
+                "max_message_bytes": 1 << 20}
+
+
+def control(encrypted: bool = False) -> Control:
+    """A machine whose identities are numbered, so every one is new and tests can name them."""
+    counter = itertools.count(1)
+    return Control(dict(REGISTRATION), broker=BROKER, encrypted=encrypted, heartbeat=HEARTBEAT,
+                   liveness=LIVENESS, new_identity=lambda: b"id-%d" % next(counter))
+
+
+def frames(kind: Kind, body: dict[str, Any] | None = None, session: int = 0) -> list[Any]:
+    return protocol.encode(Message(kind, session, 0, body or {}))
+
+
+def sent(actions: list[Any]) -> list[Kind]:
+    return [a.message.kind for a in actions if type(a) is Send]
+
+
+def test_start_connects_under_new_identities_and_registers_every_lane():
+    machine = control()
+    connect, register = machine.start(0.0)
+    assert connect == Connect(b"id-3", (b"id-1", b"id-2"))
+    assert type(register) is Send and register.message.kind == Kind.REGISTER
+    assert register.message.body == {**REGISTRATION, "lanes": [b"id-1", b"id-2"]}
+
+
+def test_heartbeats_are_sent_every_heartbeat_and_not_between():
+    machine = control()
+    machine.start(0.0)
+    assert machine.tick(0.5) == []
+    assert sent(machine.tick(1.0)) == [Kind.HEARTBEAT]
+    assert machine.tick(1.9) == []
+    assert sent(machine.tick(2.0)) == [Kind.HEARTBEAT]
+    assert machine.tick_every == 0.1  # the loop looks at least this often
+
+
+def test_a_broker_silent_past_liveness_heartbeats_is_left_for_a_new_connection():
+    machine = control()
+    machine.start(0.0)
+    machine.on_message(frames(Kind.HEARTBEAT), 2.0)  # heard: alive until 2 + 3
+    assert Connect not in map(type, machine.tick(5.0))
+    actions = machine.tick(5.01)
+    assert [type(a) for a in actions] == [Connect, Send]
+    assert actions[0] == Connect(b"id-6", (b"id-4", b"id-5"))  # all new
+    assert actions[1].message.body["lanes"] == [b"id-4", b"id-5"]
+    assert machine.tick(5.02) == []  # the silence is counted again from the reconnection
+
+
+def test_anything_heard_shows_the_broker_lives_even_a_bad_or_misdirected_message(caplog):
+    machine = control()
+    machine.start(0.0)
+    with caplog.at_level(logging.WARNING, "fabric.worker"):
+        assert machine.on_message([b"not a header"], 2.5) == []
+        assert machine.on_message(frames(Kind.REPLY, session=7), 2.9) == []
+    assert "bad message from the broker" in caplog.text
+    assert "came on the worker's own socket" in caplog.text
+    assert Connect not in map(type, machine.tick(5.5))
+
+
+def test_registered_attaches_the_lanes_with_the_brokers_limit_or_ours():
+    machine = control()
+    machine.start(0.0)
+    assert machine.on_message(frames(Kind.REGISTERED, {"server": "b", "heartbeat": 1.0,
+                                                      "max_message_bytes": 4096}),
+                              0.1) == [Attach(4096)]
+    for bad in (0, -1, "big", None):
+        assert machine.on_message(frames(Kind.REGISTERED, {"server": "b", "heartbeat": 1.0,
+                                                           "max_message_bytes": bad}),
+                                  0.2) == [Attach(1 << 20)]
+
+
+@pytest.mark.parametrize("error", [AuthenticationError("refused the worker token"),
+                                   VersionMismatch("speaks version 1")])
+def test_a_refused_token_or_version_stops_the_worker(error):
+    machine = control()
+    machine.start(0.0)
+    with pytest.raises(RegistrationRefused, match=error.message):
+        machine.on_message(frames(Kind.REJECT, error.to_wire()), 0.1)
+
+
+def test_a_broker_that_does_not_know_the_worker_gets_its_registration_again(caplog):
+    machine = control()
+    _, first = machine.start(0.0)
+    unknown = ProtocolError("This worker is not registered.", reason="not_registered")
+    [again] = machine.on_message(frames(Kind.ERROR, unknown.to_wire()), 0.1)
+    assert again.message.body == first.message.body  # the same lanes: no new connection
+    with caplog.at_level(logging.WARNING, "fabric.worker"):
+        assert machine.on_message(frames(Kind.ERROR, ProtocolError("odd").to_wire()), 0.2) == []
+    assert "the broker reported: odd" in caplog.text
+
+
+def test_a_refused_curve_key_stops_the_worker():
+    machine = control(encrypted=True)
+    machine.start(0.0)
+    with pytest.raises(RegistrationRefused, match="refused this connection's CURVE key"):
+        machine.on_handshake_failed(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400)
+
+
+def test_a_cut_handshake_is_explained_by_a_probe_the_loop_makes():
+    machine = control(encrypted=True)
+    machine.start(0.0)
+    event = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    assert machine.on_handshake_failed(event, errno.EAGAIN) == []  # a timeout: no probe
+    assert machine.on_handshake_failed(event, errno.ECONNRESET) == [
+        Probe(event, errno.ECONNRESET)]
+    assert machine.on_probe(event, errno.ECONNRESET, None) == []  # nothing learned
+    with pytest.raises(RegistrationRefused, match="the peer at .* does not"):
+        machine.on_probe(event, errno.ECONNRESET, "NULL")  # encryption at one end only
+
+
+def test_a_handshake_failure_retrying_may_fix_is_explained_once_per_connection(caplog):
+    machine = control(encrypted=True)
+    machine.start(0.0)
+    event = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    with caplog.at_level(logging.WARNING, "fabric.worker"):
+        assert machine.on_probe(event, errno.ECONNRESET, "CURVE") == []
+        assert machine.on_handshake_failed(event, errno.ECONNRESET) == []  # said already
+        assert machine.on_handshake_failed(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, 0x11) == []
+    assert caplog.text.count("likely not its key") == 1
+    assert "protocol error" not in caplog.text
+    machine.tick(10.0)  # silent: a new connection, where it is explained again
+    assert machine.on_handshake_failed(event, errno.ECONNRESET) == [
+        Probe(event, errno.ECONNRESET)]
+
+
+class ControlOnAFakeClock(RuleBasedStateMachine):
+    """Any interleaving of time passing, broker messages and ticks: the machine reconnects
+    exactly when the broker was silent past liveness heartbeats, says HEARTBEAT on time, and
+    each connection registers its own, new lanes."""
+
+    @initialize()
+    def start(self) -> None:
+        self.machine = control()
+        self.now = 0.0
+        self.heard = 0.0  # when the broker was last heard, or the last connection began
+        self.heartbeat_sent = 0.0
+        self.identities: set[bytes] = set()
+        self._check(self.machine.start(self.now), connecting=True)
+
+    def _check(self, actions: list[Any], connecting: bool) -> None:
+        kinds = [type(a) for a in actions]
+        if not connecting:
+            assert Connect not in kinds
+            return
+        assert kinds == [Connect, Send]
+        connect, register = actions
+        fresh = {connect.identity, *connect.lanes}
+        assert len(fresh) == 3 and not fresh & self.identities  # all new
+        self.identities |= fresh
+        assert register.message.kind == Kind.REGISTER
+        assert register.message.body["lanes"] == list(connect.lanes)
+
+    @rule(dt=st.floats(0.0, 2.0 * HEARTBEAT * LIVENESS))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+
+    @rule(kind=st.sampled_from([Kind.HEARTBEAT, Kind.PONG]))
+    def broker_speaks(self, kind: Kind) -> None:
+        assert self.machine.on_message(frames(kind), self.now) == []
+        self.heard = self.now
+
+    @rule()
+    def tick(self) -> None:
+        actions = self.machine.tick(self.now)
+        silent = self.now - self.heard > HEARTBEAT * LIVENESS
+        self._check(actions, connecting=silent)
+        if silent:
+            self.heard = self.now
+        elif self.now - self.heartbeat_sent >= HEARTBEAT:
+            assert sent(actions) == [Kind.HEARTBEAT]
+            self.heartbeat_sent = self.now
+        else:
+            assert actions == []
+
+    @invariant()
+    def lanes_are_the_last_connections(self) -> None:
+        assert len(self.machine.lanes) == len(REGISTRATION["devices"])
+
+
+TestControlOnAFakeClock = ControlOnAFakeClock.TestCase
+TestControlOnAFakeClock.settings = settings(max_examples=60, stateful_step_count=30,
+                                            deadline=None)
+

@@ -1,0 +1,184 @@
+"""The worker's link to the broker, sans I/O: registering, heartbeats, noticing a lost broker
+and registering again, and what a failed security handshake means.
+
+Rule: every decision about the worker's own connection to the broker lives here, as answers
+to events (``start``, ``on_message``, ``on_handshake_failed``, ``on_probe``, ``tick``) that
+return the actions the I/O loop (``workers.worker``) performs: connect afresh under new
+identities, send a message, attach the devices' lanes, probe the broker's mechanism. A
+refusal that retrying cannot fix raises ``RegistrationRefused``. No sockets, no threads, no
+clock: the loop passes ``now``.
+
+Timing: the worker says HEARTBEAT every ``heartbeat`` seconds; a broker silent for more than
+``heartbeat * liveness`` seconds is gone, and the worker connects again (its sessions died
+with the connection that knew them). A REGISTER is sent once per connection, and again when
+the broker answers that it does not know the worker (it restarted behind the same address).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence, Union
+
+import zmq
+
+from fabric import protocol
+from fabric.errors import AuthenticationError, FabricError, VersionMismatch, error_from_wire
+from fabric.protocol import Kind, Message
+from fabric.security import explain_handshake, probe_needed
+
+log = logging.getLogger("fabric.worker")
+
+_QUIET = frozenset({Kind.HEARTBEAT, Kind.PONG})  # the lanes' heartbeats list the sessions
+_CONTROL = frozenset({Kind.REGISTERED, Kind.REJECT, Kind.ERROR})  # with session 0
+
+
+class RegistrationRefused(Exception):
+    """The broker refused this worker for a reason retrying cannot fix."""
+
+
+def routing_identity() -> bytes:
+    """A fresh random routing identity (ZeroMQ reserves those that start with a zero byte)."""
+    return b"F" + os.urandom(15)
+
+
+@dataclass(frozen=True)
+class Connect:
+    """Drop the connection (if any) and its sessions; connect again as ``identity``, each
+    device's lane as its identity in ``lanes``."""
+
+    identity: bytes
+    lanes: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send ``message`` on the worker's own socket."""
+
+    message: Message
+
+
+@dataclass(frozen=True)
+class Attach:
+    """Registered: each device's lane says HEARTBEAT (so the broker can route to it), and its
+    replies are held to ``max_message_bytes``, the largest message the broker takes."""
+
+    max_message_bytes: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Ask the broker's address which security mechanism it announces (a short blocking TCP
+    probe), and hand the answer to ``Control.on_probe(event, value, mechanism)``."""
+
+    event: int
+    value: int
+
+
+Action = Union[Connect, Send, Attach, Probe]
+
+
+class Control:
+    """The worker's control machine; see the module's rule.
+
+    ``registration``: the REGISTER body without its lanes (token, name, backend, the devices'
+    settings, the largest message the worker takes).
+    """
+
+    def __init__(self, registration: dict[str, Any], *, broker: str, encrypted: bool,
+                 heartbeat: float, liveness: int,
+                 new_identity: Callable[[], bytes] = routing_identity) -> None:
+        self.registration = registration
+        self.broker = broker
+        self.encrypted = encrypted
+        self.heartbeat = heartbeat
+        self.liveness = liveness
+        self.new_identity = new_identity
+        self.lanes: tuple[bytes, ...] = ()
+        self.last_heard = self.last_sent = 0.0
+        self.warned = False  # about a failed handshake, once per connection
+
+    @property
+    def tick_every(self) -> float:
+        """The longest the loop may wait between two ``tick`` calls, in seconds."""
+        return min(0.1, self.heartbeat)
+
+    def start(self, now: float) -> list[Action]:
+        """The first connection."""
+        self.last_heard = self.last_sent = now
+        return self._connect()
+
+    def tick(self, now: float) -> list[Action]:
+        """Time passed: connect again to a silent broker, or say HEARTBEAT when due."""
+        if now - self.last_heard > self.heartbeat * self.liveness:
+            log.warning("broker silent for %.1f s; reconnecting", now - self.last_heard)
+            self.last_heard = now
+            return self._connect()
+        if now - self.last_sent >= self.heartbeat:
+            self.last_sent = now
+            return [Send(Message(Kind.HEARTBEAT))]
+        return []
+
+    def on_message(self, frames: Sequence[Any], now: float) -> list[Action]:
+        """A message came on the worker's own socket (anything heard shows the broker lives)."""
+        self.last_heard = now
+        try:
+            header = protocol.decode_header(frames[0])
+        except FabricError as exc:
+            log.warning("bad message from the broker: %s", exc)
+            return []
+        if header.kind in _QUIET:
+            return []
+        if header.kind in _CONTROL and header.session == 0:
+            return self._from_broker(protocol.decode(frames, header))
+        log.warning("a %s message for session %#x came on the worker's own socket, not on "
+                    "a device's lane: dropped", header.kind.name, header.session)
+        return []
+
+    def on_handshake_failed(self, event: int, value: int) -> list[Action]:
+        """The socket monitor reported a failed security handshake (libzmq goes on retrying
+        by itself): explain it once per connection, or stop where retrying cannot help."""
+        if self.warned:
+            return []
+        if probe_needed(event, value):
+            return [Probe(event, value)]
+        return self.on_probe(event, value, None)
+
+    def on_probe(self, event: int, value: int, mechanism: str | None) -> list[Action]:
+        """The answer to a ``Probe``: the mechanism the broker announces (None: unknown)."""
+        error = explain_handshake(event, value, self.broker, encrypted=self.encrypted,
+                                  mechanism=mechanism)
+        if error is None:
+            return []
+        if (event == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                or error.details.get("reason") == "mechanism_mismatch"):
+            raise RegistrationRefused(error.message)  # retrying with these keys cannot help
+        log.warning("%s", error.message)
+        self.warned = True
+        return []
+
+    def _connect(self) -> list[Action]:
+        # Sessions die with the connection that knew them; every socket starts afresh, under
+        # a new identity (the broker may not yet have dropped the old ones).
+        self.lanes = tuple(self.new_identity() for _ in self.registration["devices"])
+        self.warned = False
+        return [Connect(self.new_identity(), self.lanes), self._register()]
+
+    def _register(self) -> Send:
+        return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes)}))
+
+    def _from_broker(self, message: Message) -> list[Action]:
+        if message.kind == Kind.REGISTERED:
+            log.info("registered with %s", message.body["server"])
+            limit = message.body.get("max_message_bytes")
+            ours = self.registration["max_message_bytes"]
+            return [Attach(limit if type(limit) is int and limit > 0 else ours)]
+        error = error_from_wire(message.body)
+        if isinstance(error, (AuthenticationError, VersionMismatch)):
+            raise RegistrationRefused(error.message)
+        if error.details.get("reason") == "not_registered":
+            log.warning("the broker does not know this worker (it restarted?): registering")
+            return [self._register()]
+        log.warning("the broker reported: %s", error.message)
+        return []

@@ -1,0 +1,126 @@
+"""One device's lane, sans I/O: what a device thread does with what the broker sends it.
+
+Rule: every decision a device thread takes about a message lives here, and every session's
+state lives in the device's ``Executor`` alone (the client's largest message included): the
+lane decodes a message, runs it, turns a failure that is a bug into an error reply instead of
+ending the device, closes the sessions a broker heartbeat no longer lists, and keeps the
+message-size policy: a REPLY or TRANSFER bigger than the way ahead takes is replaced by the
+same message carrying ``MessageTooLarge`` (a frame too big would cost the connection). The
+device thread (``workers.worker``) owns the sockets: it feeds messages in and sends what
+comes out.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+from fabric import protocol
+from fabric.errors import FabricError, MessageTooLarge, RemoteError
+from fabric.flow import largest_frame, size_text
+from fabric.protocol import Header, Kind, Message
+
+from .executor import Executor
+
+log = logging.getLogger("fabric.worker")
+
+# The kinds a device runs (the others on a lane: heartbeats, and errors to log). Tested as
+# sets on every message: on Python 3.11 each ``Kind.X`` goes through the enum class's
+# __getattr__ hook, five times the cost of a plain attribute.
+DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
+_TRANSFERS = frozenset({Kind.TRANSFER})
+# What may carry a frame too big, and whether the way ahead ends at the session's client
+# (whose limit may be lower than the broker's).
+_SIZED_REPLIES = {Kind.REPLY: True, Kind.TRANSFER: False}
+
+
+def message_body(header: Header, frames: Sequence[Any]) -> dict[str, Any]:
+    """A message's msgpack body, or an empty map when it has none or a malformed one."""
+    try:
+        return protocol.decode(frames, header).body
+    except FabricError:
+        return {}
+
+
+class Lane:
+    """The messages of one device (``index``) and its replies.
+
+    ``broker_limit`` is the largest message the broker takes (``attach`` updates it);
+    ``session_device(session)`` tells which device of this worker holds a session, if any.
+    """
+
+    def __init__(self, index: int, executor: Executor, broker_limit: int,
+                 session_device: Callable[[int], int | None]) -> None:
+        self.index = index
+        self.executor = executor
+        self.broker_limit = broker_limit
+        self.session_device = session_device
+
+    def attach(self, broker_limit: int) -> Message:
+        """Registered with a broker that takes ``broker_limit`` bytes: the HEARTBEAT that
+        makes this lane known to it."""
+        self.broker_limit = broker_limit
+        return Message(Kind.HEARTBEAT)
+
+    def reset(self) -> None:
+        """The broker that knew the sessions is gone: forget them."""
+        self.executor.close_all()
+
+    def handle(self, frames: Sequence[Any], header: Header | None = None) -> list[Message]:
+        """Run one message of ``DEVICE_KINDS`` (``header``: its first frame's, if already
+        read); the replies to send."""
+        try:
+            return self.executor.handle(protocol.decode(frames, header))
+        except Exception as exc:  # (the header was read when the message came: it decodes)
+            if not isinstance(exc, FabricError):  # a bug, which must not end the device
+                log.exception("device %d failed on a message", self.index)
+                exc = RemoteError(f"Device {self.index} failed on this message "
+                                  f"({type(exc).__name__}: {exc}); it goes on serving.")
+            header = protocol.decode_header(frames[0])
+            return [protocol.error_message(exc, session=header.session,
+                                           request=header.request)]
+
+    def reconcile(self, header: Header, frames: Sequence[Any]) -> None:
+        """A broker heartbeat on the lane: close every session it does not list. The broker
+        forgot it (its CLOSE may have been lost), so nothing will ever close it otherwise."""
+        listed = message_body(header, frames).get("sessions")
+        if not isinstance(listed, list):
+            return
+        known = set(listed)
+        for session in [s for s in self.executor.sessions if s not in known]:
+            log.info("session %#x is gone from the broker: closing it here", session)
+            self.executor.handle(Message(Kind.CLOSE, session))
+
+    def stays_on_worker(self, reply: Message) -> bool:
+        """Whether ``reply`` is a TRANSFER to a session of this worker, which may go to its
+        device in memory instead of through the broker."""
+        return reply.kind in _TRANSFERS and self.session_device(reply.session) is not None
+
+    def frames(self, reply: Message) -> list[Any]:
+        """A reply's frames, or in place of a REPLY or TRANSFER bigger than the way ahead
+        takes, the frames of the same message carrying ``MessageTooLarge``."""
+        frames = protocol.encode(reply)
+        to_client = _SIZED_REPLIES.get(reply.kind)
+        if to_client is None or not reply.buffers:
+            return frames
+        limit = self.broker_limit
+        if to_client:
+            session = self.executor.sessions.get(reply.session)
+            if session is not None and session.reply_limit is not None:
+                limit = min(session.reply_limit, limit)
+        size = largest_frame(frames)
+        if size <= limit:
+            return frames
+        if to_client:
+            error = MessageTooLarge(
+                f"The array read is {size_text(size)}, more than the {size_text(limit)} the "
+                "way to the client takes in one message: read it in slices "
+                "(t[:n].numpy()), or raise --max-message-bytes on the broker and workers "
+                "and max_message_bytes= on the client.", size=size, limit=limit)
+            return protocol.encode(protocol.reply_to(reply, {"error": error.to_wire()}))
+        error = MessageTooLarge(
+            f"The tensor moved with .to() is {size_text(size)}, more than the "
+            f"{size_text(limit)} the broker takes in one message: move it in slices, or "
+            "raise --max-message-bytes on the broker and workers.", size=size, limit=limit)
+        return protocol.encode(Message(Kind.TRANSFER, reply.session, reply.request,
+                                       {"id": reply.body.get("id"), "error": error.to_wire()}))
