@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,20 @@ def read_secret_file(path: str | os.PathLike[str]) -> str:
 
 
 def write_secret_file(path: str | os.PathLike[str], secret: str) -> None:
-    """Write a secret to ``path``, created with mode 0600 from the start."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    os.chmod(path, 0o600)
+    """Write a secret to ``path``, created with mode 0600 from the start.
+
+    It is written beside ``path`` and renamed into place, so a reader that finds the file
+    finds all of it.
+    """
+    path = Path(path)
+    fd, written = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+        os.replace(written, path)
+    except BaseException:
+        Path(written).unlink(missing_ok=True)
+        raise
 
 
 def new_token() -> str:
