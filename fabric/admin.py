@@ -7,9 +7,12 @@ The token is kept for the requests and never printed or put in a result.
 
 Where the address and token come from, first match wins:
 
-- address: ``address=``; else the connection file (``connection_file=``, else
-  $FABRIC_CONNECTION_FILE, else the default file ``fabric cluster up`` writes, if it exists);
-- token: ``token=``; else $FABRIC_ADMIN_TOKEN; else the connection file's admin token.
+- address: ``address=``; else the file named (``admin_file=``, the operator's file ``fabric
+  cluster up`` writes, or ``connection_file=``: an older file that holds every token, or a
+  client's, whose address and keys serve but which holds no admin token); with neither, the
+  file $FABRIC_ADMIN_FILE names, else $FABRIC_CONNECTION_FILE's, else the default admin file,
+  else the default connection file, if it exists;
+- token: ``token=``; else $FABRIC_ADMIN_TOKEN; else the file's admin token.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .config import CONNECTION_FILE_ENV, default_connection_file, load_connection_file
+from .config import (ADMIN_FILE_ENV, CONNECTION_FILE_ENV, default_admin_file,
+                     default_connection_file, load_admin_file)
 from .connection import ZMTP_HANDSHAKE_LIMIT, Connection, expect_reply, naming_connection_file
 from .security import CurveOption, client_keys
 from .errors import ConfigError
@@ -44,32 +48,50 @@ def parse_session_id(session: int | str) -> int:
                      "shows it, like 0x1f2e3d4c5b6a7988.")
 
 
-def resolve_target(address: str | None, token: str | None,
-                   connection_file: str | os.PathLike[str] | None,
-                   ) -> tuple[str, str, str | None]:
-    """The broker address, the admin token, and the connection file they came from (if any).
+def _admin_source(address: str | None, admin_file: str | os.PathLike[str] | None,
+                  connection_file: str | os.PathLike[str] | None,
+                  ) -> str | os.PathLike[str] | None:
+    """The file an admin reads: the one named; else, with no address either, the one the
+    environment names (the admin file's variable first), else a default file that exists."""
+    if admin_file is not None and connection_file is not None:
+        raise ConfigError("Give an admin file or a connection file, not both.")
+    if admin_file is not None or connection_file is not None or address is not None:
+        return admin_file if admin_file is not None else connection_file
+    named = os.environ.get(ADMIN_FILE_ENV) or os.environ.get(CONNECTION_FILE_ENV)
+    # (the default connection file: one written before the two files, holding every token)
+    defaults = [path for path in (default_admin_file(), default_connection_file())
+                if path.exists()]
+    return named or (defaults[0] if defaults else None)
 
-    Raises ConfigError, naming what to pass, when either is missing or the connection file
-    cannot be used.
+
+def resolve_target(address: str | None, token: str | None,
+                   admin_file: str | os.PathLike[str] | None,
+                   connection_file: str | os.PathLike[str] | None = None,
+                   ) -> tuple[str, str, str | None, dict[str, str] | None]:
+    """The broker address, the admin token, the file they came from (if any) and the CURVE
+    key files it names (if any).
+
+    Raises ConfigError, naming what to pass, when either is missing or the file cannot be
+    used; a client's connection file holds no admin token, and the error says so.
     """
-    info: dict[str, str] = {}
-    if connection_file is None and address is None:
-        default = default_connection_file()
-        connection_file = os.environ.get(CONNECTION_FILE_ENV) or (
-            default if default.exists() else None)
-    if connection_file is not None:
-        info = load_connection_file(connection_file)
+    source = _admin_source(address, admin_file, connection_file)
+    info = load_admin_file(source) if source is not None else {}
     address = address or info.get("address")
     if not address:
         raise ConfigError(
-            f"No broker address: pass one (--address), a connection file (--connection-file), "
-            f"or set {CONNECTION_FILE_ENV}; fabric cluster up writes {default_connection_file()}.")
+            f"No broker address: pass one (--address), the admin file (--admin-file), or set "
+            f"{ADMIN_FILE_ENV}; fabric cluster up writes {default_admin_file()}.")
     token = token or os.environ.get(ADMIN_TOKEN_ENV) or info.get("admin_token")
+    if not token and "token" in info:
+        raise ConfigError(
+            f"{info['path']} is a client's connection file: it holds no admin token. Use the "
+            f"admin file fabric cluster up wrote (--admin-file, or set {ADMIN_FILE_ENV}), or "
+            f"pass the admin token (--token-file, or set {ADMIN_TOKEN_ENV}).")
     if not token:
         raise ConfigError(
             f"No admin token: pass one (--token-file or --token), set {ADMIN_TOKEN_ENV}, or use "
-            "the connection file fabric cluster up wrote (it holds the admin token).")
-    return address, token, info.get("path")
+            "the admin file fabric cluster up wrote (it holds the admin token).")
+    return address, token, info.get("path"), info.get("curve")
 
 
 class Admin:
@@ -80,15 +102,19 @@ class Admin:
     ``EncryptionError`` when CURVE keys (``curve=``, as for ``fabric.connect``) do not fit,
     ``AuthenticationError`` when the token is not the admin token, and ``HandshakeTimeout``
     when nothing answers within ``timeout`` seconds.
+
+    The address, token and CURVE keys come from the arguments, else from the operator's
+    ``admin_file`` (or ``connection_file``) that ``fabric cluster up`` wrote, as the module says.
     """
 
     def __init__(self, address: str | None = None, *, token: str | None = None,
+                 admin_file: str | os.PathLike[str] | None = None,
                  connection_file: str | os.PathLike[str] | None = None,
                  timeout: float = 5.0, curve: CurveOption = None) -> None:
-        self.address, self._token, self.connection_file = resolve_target(
-            address, token, connection_file)
-        if curve is None and self.connection_file is not None:  # CURVE keys it names, if any
-            curve = load_connection_file(self.connection_file).get("curve")
+        self.address, self._token, self.source_file, file_curve = resolve_target(
+            address, token, admin_file, connection_file)
+        if curve is None:  # the CURVE keys the file names, if any
+            curve = file_curve
         self.timeout = timeout
         self._connection = Connection(self.address,
                                       handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
@@ -117,7 +143,7 @@ class Admin:
     def _run(self, command: str, **args: Any) -> dict[str, Any]:
         request = Message(Kind.ADMIN, body={"token": self._token, "command": command,
                                             "args": args})
-        with naming_connection_file(self.connection_file):
+        with naming_connection_file(self.source_file):
             reply = self._connection.request(request, self.timeout)
         return expect_reply(reply, Kind.ADMIN_REPLY).body["result"]
 

@@ -138,26 +138,40 @@ def cluster() -> None:
 @click.option("--backend-address", default="tcp://127.0.0.1:5556", show_default=True,
               help="Address the workers connect to.")
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
-              help="Where to write addresses and tokens (mode 0600) "
+              help="Where to write the connection file to hand to users: address, client "
+                   "token, client CURVE key files (mode 0600) "
                    "[default: ~/.config/fabric/cluster.json].")
+@click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the admin file for operators only: admin and worker tokens, "
+                   "backend address (mode 0600) [default: NAME-admin.json beside the "
+                   "connection file NAME.json].")
 @click.option("--memory-limit", type=int, default=None,
               help="Per-session resident byte limit on each device.")
 @click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
               help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
-                   "first if it has none); the connection file names the client's key files.")
+                   "first if it has none); both files name the client's key files.")
 @with_options(timing_options[:2])
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
-               backend_address: str, connection_file: str | None, memory_limit: int | None,
-               curve: str | None, heartbeat: float, liveness: int) -> None:
-    """Start a broker and WORKERS workers, write a connection file, serve until Ctrl-C.
+               backend_address: str, connection_file: str | None, admin_file: str | None,
+               memory_limit: int | None, curve: str | None, heartbeat: float,
+               liveness: int) -> None:
+    """Start a broker and WORKERS workers, write a connection file and an admin file, serve
+    until Ctrl-C.
 
-    Generates fresh client, admin and worker tokens. Ctrl-C or SIGTERM stops every process;
-    if the launcher itself is killed, its children notice and stop too. Exits 1 when a
+    Generates fresh client, admin and worker tokens. The connection file (address, client
+    token) is the one to hand to users; the admin file (admin and worker tokens) is for
+    operators: fabric admin reads it. Ctrl-C or SIGTERM stops every process and removes both
+    files; if the launcher itself is killed, its children notice and stop too. Exits 1 when a
     process fails to start or dies.
     """
     from .cluster import LocalCluster
-    from .config import default_connection_file
+    from .config import admin_file_beside, default_connection_file
 
+    client_path = Path(connection_file or default_connection_file())
+    admin_path = Path(admin_file or admin_file_beside(client_path))
+    if client_path.resolve() == admin_path.resolve():
+        raise click.UsageError("--connection-file and --admin-file must be different files: "
+                               "the first goes to users, the second only to operators.")
     if curve and not (Path(curve) / "broker.key_secret").exists():
         as_usage_error(lambda: generate_keys(curve))
         click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
@@ -170,21 +184,25 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         running.start()
     except FabricError as exc:
         raise click.ClickException(exc.message.replace("\n", " ")) from None
-    path = Path(connection_file or default_connection_file())
     try:
-        running.write_connection_file(path)
+        # The admin file first: once the connection file exists, both do.
+        running.write_admin_file(admin_path)
+        running.write_connection_file(client_path)
         click.echo(f"fabric cluster up: broker at {running.address} with {workers} {backend} "
                    f"worker(s), {workers * devices_per_worker} device(s); logs in "
                    f"{running.log_dir}")
-        click.echo(f"connection file: {path}")
+        click.echo(f"connection file (hand this one to users): {client_path}")
+        click.echo(f"admin file (operators only: admin and worker tokens): {admin_path}")
         click.echo(f"connect:  import fabric; session = fabric.connect(connection_file="
-                   f"{str(path)!r})")
+                   f"{str(client_path)!r})")
+        click.echo(f"admin:    fabric admin --admin-file {admin_path} status")
         click.echo("Ctrl-C stops everything.", err=True)
         reason = running.watch()
         click.echo(f"fabric cluster up: {reason}; stopping everything", err=True)
     finally:
         running.__exit__()
-        path.unlink(missing_ok=True)  # a stale file would only mislead
+        for path in (client_path, admin_path):
+            path.unlink(missing_ok=True)  # a stale file would only mislead
     if not reason.startswith("stopped by"):
         sys.exit(1)
 

@@ -30,7 +30,8 @@ ADMIN_EXIT_CODES = """\b
 Exit codes:
   0  done
   1  refused or not found: not the admin token or CURVE key, no such session or worker
-  2  usage: bad arguments, no address or token, unusable connection file
+  2  usage: bad arguments, no address or admin token (a client's connection file
+     holds none), unusable file
   3  cannot reach the broker: nothing listening, not a fabric broker, no answer
 """
 json_option = click.option("--json", "as_json", is_flag=True,
@@ -55,8 +56,9 @@ def _admin_call(options: dict[str, Any], call: Callable[[Any], Any], as_json: bo
 
     try:
         token = resolve_secret(options["token"], options["token_file"], ADMIN_TOKEN_ENV)
-        with Admin(options["address"], token=token, connection_file=options["connection_file"],
-                   timeout=options["timeout"], curve=options["curve"]) as admin:
+        with Admin(options["address"], token=token, admin_file=options["admin_file"],
+                   connection_file=options["connection_file"], timeout=options["timeout"],
+                   curve=options["curve"]) as admin:
             result = call(admin)
             address = admin.address
     except FabricError as exc:
@@ -168,27 +170,34 @@ def _print_sessions(sessions: list[dict[str, Any]], address: str) -> None:
 
 @click.group(epilog=ADMIN_EXIT_CODES)
 @click.option("--address", default=None, metavar="ADDRESS",
-              help="The broker's frontend, like tcp://host:5555 [default: the connection "
+              help="The broker's frontend, like tcp://host:5555 [default: the admin "
                    "file's].")
+@click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
+              help="The admin file fabric cluster up wrote for operators [default: "
+                   "$FABRIC_ADMIN_FILE, else $FABRIC_CONNECTION_FILE, else "
+                   "~/.config/fabric/cluster-admin.json if it exists].")
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
-              help="The file fabric cluster up wrote [default: $FABRIC_CONNECTION_FILE, else "
-                   "the default one if it exists].")
+              help="Instead of --admin-file: an older file that holds every token, or a "
+                   "client's connection file for its address and keys (it holds no admin token: "
+                   "give that with --token-file or $FABRIC_ADMIN_TOKEN).")
 @token_options("", "FABRIC_ADMIN_TOKEN", "admin token")
 @click.option("--timeout", type=float, default=5.0, show_default=True,
               help="Seconds to wait for the broker's answer.")
 @click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
               help="Encrypt with CURVE using KEYDIR/client.key_secret and KEYDIR/broker.key "
-                   "[default: the connection file's keys, if any].")
+                   "[default: the admin file's keys, if any].")
 @click.pass_context
-def admin(ctx: click.Context, address: str | None, connection_file: str | None,
-          token: str | None, token_file: str | None, timeout: float, curve: str | None) -> None:
+def admin(ctx: click.Context, address: str | None, admin_file: str | None,
+          connection_file: str | None, token: str | None, token_file: str | None,
+          timeout: float, curve: str | None) -> None:
     """Inspect and steer a running broker with the admin token (a client token is refused).
 
-    The address and token come from the options, else from the connection file; the token
-    from --token-file, $FABRIC_ADMIN_TOKEN or --token comes first. Tokens are never printed.
+    The address and token come from the options, else from the admin file fabric cluster up
+    wrote; the token from --token-file, $FABRIC_ADMIN_TOKEN or --token comes first. Tokens are
+    never printed.
     """
-    ctx.obj = {"address": address, "connection_file": connection_file, "token": token,
-               "token_file": token_file, "timeout": timeout, "curve": curve}
+    ctx.obj = {"address": address, "admin_file": admin_file, "connection_file": connection_file,
+               "token": token, "token_file": token_file, "timeout": timeout, "curve": curve}
 
 
 def _report_command(name: str, short_help: str, help_text: str,

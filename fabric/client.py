@@ -47,7 +47,8 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
     """Open a session on ``device`` of the broker at ``address``.
 
     With no address, the address and token come from ``connection_file`` (or the file named
-    by $FABRIC_CONNECTION_FILE, as written by ``fabric cluster up``); with neither, an
+    by $FABRIC_CONNECTION_FILE): the connection file ``fabric cluster up`` wrote for users,
+    not the operators' admin file (refused, with a ``ConfigError`` saying so); with neither, an
     embedded local cluster is started for this process and stopped when its last session
     closes or the interpreter exits.
 

@@ -20,7 +20,7 @@ import time
 from typing import Any, Mapping
 
 from .admin import Admin
-from .config import new_token, write_connection_file
+from .config import new_token, write_admin_file, write_connection_file
 from .connection import list_devices
 from .device import Device
 from .errors import ClusterError, ConnectError
@@ -124,6 +124,9 @@ class LocalCluster:
         self.workers: list[subprocess.Popen] = []
         self.address = ""
         self.backend_address = backend_address
+        # Where write_connection_file and write_admin_file wrote, once they have.
+        self.connection_file: str | None = None
+        self.admin_file: str | None = None
         self._logdir = tempfile.TemporaryDirectory(prefix="fabric-cluster-")
 
     # -- processes --------------------------------------------------------------------------
@@ -265,21 +268,36 @@ class LocalCluster:
         """The broker's admin commands, with this cluster's admin token."""
         return Admin(self.address, token=self.admin_token, timeout=timeout, curve=self.curve)
 
-    def connection_info(self) -> dict[str, Any]:
-        """Addresses and tokens (and CURVE key files, if any), as a connection file holds them."""
-        info: dict[str, Any] = {
-            "address": self.address, "backend_address": self.backend_address,
-            "token": self.token, "admin_token": self.admin_token,
-            "worker_token": self.worker_token}
-        if self.curve_dir:
-            info["curve"] = {
-                "secret_key_file": os.path.join(self.curve_dir, "client.key_secret"),
+    def _client_curve(self) -> dict[str, str] | None:
+        # The client pair: clients use it, and so does fabric admin (it connects as a client).
+        if not self.curve_dir:
+            return None
+        return {"secret_key_file": os.path.join(self.curve_dir, "client.key_secret"),
                 "server_public_key_file": os.path.join(self.curve_dir, "broker.key")}
-        return info
+
+    def connection_info(self) -> dict[str, Any]:
+        """What a connection file holds, for clients: the address, the client token and the
+        client's CURVE key files (if any)."""
+        return {"address": self.address, "token": self.token, "curve": self._client_curve()}
+
+    def admin_info(self) -> dict[str, Any]:
+        """What an admin file holds, for operators: both addresses, the admin and worker
+        tokens and the CURVE key files ``fabric admin`` connects with (if any)."""
+        return {"address": self.address, "backend_address": self.backend_address,
+                "admin_token": self.admin_token, "worker_token": self.worker_token,
+                "curve": self._client_curve()}
 
     def write_connection_file(self, path: str | os.PathLike[str]) -> str:
-        """Write this cluster's connection file (mode 0600); returns its path."""
-        return str(write_connection_file(path, self.connection_info()))
+        """Write the connection file to hand to users (mode 0600; no admin or worker token);
+        returns its path, also kept as ``connection_file``."""
+        self.connection_file = str(write_connection_file(path, self.connection_info()))
+        return self.connection_file
+
+    def write_admin_file(self, path: str | os.PathLike[str]) -> str:
+        """Write the admin file for operators only (mode 0600; the admin and worker tokens);
+        returns its path, also kept as ``admin_file``."""
+        self.admin_file = str(write_admin_file(path, self.admin_info()))
+        return self.admin_file
 
     def watch(self, poll: float = 0.2) -> str:
         """Block until SIGINT/SIGTERM or a child process dies; say which happened."""

@@ -1,8 +1,11 @@
-"""Tokens and secrets: where they come from, and the rule that keeps them private.
+"""Tokens and secrets: where they come from, and the rule that keeps them private; the
+connection file (for clients) and the admin file (for operators) that ``fabric cluster up``
+writes.
 
 Rule: a token comes from a file (which must not be readable by others), an environment
 variable, or a command-line value, in that order; it is never logged or printed. CURVE secret
-key files (``fabric.security``) pass the same ``check_private`` test.
+key files (``fabric.security``) pass the same ``check_private`` test. A file handed to clients
+never holds the admin or worker token.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +47,20 @@ def read_secret_file(path: str | os.PathLike[str]) -> str:
 
 
 def write_secret_file(path: str | os.PathLike[str], secret: str) -> None:
-    """Write a secret to ``path``, created with mode 0600 from the start."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    os.chmod(path, 0o600)
+    """Write a secret to ``path``, created with mode 0600 from the start.
+
+    It is written beside ``path`` and renamed into place, so a reader that finds the file
+    finds all of it.
+    """
+    path = Path(path)
+    fd, written = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secret + "\n")
+        os.replace(written, path)
+    except BaseException:
+        Path(written).unlink(missing_ok=True)
+        raise
 
 
 def new_token() -> str:
@@ -63,45 +76,70 @@ def resolve_secret(value: str | None, file: str | None, env: str) -> str | None:
 
 
 CONNECTION_FILE_ENV = "FABRIC_CONNECTION_FILE"
-_CONNECTION_KEYS = ("address", "backend_address", "token", "admin_token", "worker_token")
+ADMIN_FILE_ENV = "FABRIC_ADMIN_FILE"
+# Two files, because their readers differ: the connection file goes to every user, so it holds
+# only what a client needs; the admin file holds what steers the broker (the admin token) or
+# joins it as a worker (the worker token, the backend address), for operators alone. Both
+# name the client's CURVE key files (paths, never keys), under ``curve``, when there are any.
+CONNECTION_FILE_KEYS = ("address", "token")
+ADMIN_FILE_KEYS = ("address", "backend_address", "admin_token", "worker_token")
 
 
 def default_connection_file() -> Path:
-    """Where ``fabric cluster up`` writes its connection file unless told otherwise."""
+    """Where ``fabric cluster up`` writes the connection file (for clients) unless told
+    otherwise."""
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "fabric" / "cluster.json"
 
 
-def write_connection_file(path: str | os.PathLike[str], info: dict[str, Any]) -> Path:
-    """Write addresses and tokens (and the paths of CURVE key files, under ``curve``) as
-    JSON, mode 0600 from the start; returns the path."""
+def admin_file_beside(connection_file: str | os.PathLike[str]) -> Path:
+    """Where ``fabric cluster up`` writes the admin file unless told otherwise: beside the
+    connection file, ``NAME-admin.json`` for ``NAME.json``."""
+    path = Path(connection_file)
+    return path.with_name(f"{path.stem}-admin{path.suffix or '.json'}")
+
+
+def default_admin_file() -> Path:
+    """Where ``fabric cluster up`` writes the admin file (for operators) by default."""
+    return admin_file_beside(default_connection_file())
+
+
+def _write_json_file(path: str | os.PathLike[str], info: dict[str, Any],
+                     keys: tuple[str, ...]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    content = {k: info[k] for k in _CONNECTION_KEYS}
+    content = {k: info[k] for k in keys}
     if info.get("curve"):  # the client's CURVE key files (paths, not keys)
         content["curve"] = dict(info["curve"])
     write_secret_file(path, json.dumps(content, indent=2))
     return path
 
 
-def load_connection_file(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """Addresses and tokens from a connection file (``path``, else $FABRIC_CONNECTION_FILE).
+def write_connection_file(path: str | os.PathLike[str], info: dict[str, Any]) -> Path:
+    """Write the connection file clients use: the address, the client token and the paths of
+    the client's CURVE key files (``curve``), as JSON, mode 0600 from the start. Nothing else
+    of ``info`` is written. Returns the path."""
+    return _write_json_file(path, info, CONNECTION_FILE_KEYS)
 
-    Raises ConfigError with a sentence that says what to do when it is missing, readable by
-    others, or not a fabric connection file.
-    """
-    path = path or os.environ.get(CONNECTION_FILE_ENV)
-    if not path:
-        raise ConfigError(f"No connection file given: pass one, or set {CONNECTION_FILE_ENV}.")
+
+def write_admin_file(path: str | os.PathLike[str], info: dict[str, Any]) -> Path:
+    """Write the operators' admin file: the frontend and backend addresses, the admin and
+    worker tokens, and the CURVE key files ``fabric admin`` connects with (``curve``), as JSON,
+    mode 0600 from the start. The client token is not written. Returns the path."""
+    return _write_json_file(path, info, ADMIN_FILE_KEYS)
+
+
+def _read_json_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """A connection or admin file's content with its ``address`` (and ``curve``, if any)
+    checked, plus ``path``; ConfigError saying what to do otherwise."""
     text = read_secret_file(path)
     try:
         info = json.loads(text)
     except ValueError:
         info = None
-    if not isinstance(info, dict) or not all(isinstance(info.get(k), str) for k in
-                                             ("address", "token")):
-        raise ConfigError(f"{path} is not a fabric connection file: write one with "
-                          "fabric cluster up --connection-file.")
+    if not isinstance(info, dict) or not isinstance(info.get("address"), str) or not all(
+            isinstance(value, str) for key, value in info.items() if key != "curve"):
+        raise ConfigError(f"{path} is not a fabric {what}: fabric cluster up writes one.")
     curve = info.get("curve")
     if curve is not None and not (isinstance(curve, dict) and all(
             isinstance(curve.get(k), str) for k in ("secret_key_file", "server_public_key_file"))):
@@ -109,3 +147,36 @@ def load_connection_file(path: str | os.PathLike[str] | None = None) -> dict[str
                           "server_public_key_file; write it again with fabric cluster up --curve.")
     info["path"] = str(path)
     return info
+
+
+def load_connection_file(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The address, client token (and CURVE key files) from a connection file (``path``,
+    else $FABRIC_CONNECTION_FILE); an older file that also holds the admin and worker tokens
+    is read too.
+
+    Raises ConfigError with a sentence that says what to do when it is missing, readable by
+    others, an operator's admin file, or not a fabric connection file.
+    """
+    path = path or os.environ.get(CONNECTION_FILE_ENV)
+    if not path:
+        raise ConfigError(f"No connection file given: pass one, or set {CONNECTION_FILE_ENV}.")
+    info = _read_json_file(path, "connection file")
+    if "token" not in info:
+        if "admin_token" in info:
+            raise ConfigError(
+                f"{path} is the operators' admin file, not a connection file: it holds the admin "
+                "and worker tokens and no client token. Connect with the connection file "
+                "fabric cluster up wrote beside it, and keep this one for fabric admin.")
+        raise ConfigError(f"{path} holds no client token: write it again with fabric cluster up.")
+    return info
+
+
+def load_admin_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The address, admin token (and CURVE key files) from an operator's admin file (or an
+    older file that held every token). A client's connection file is read too, for its address
+    and keys: it has no ``admin_token``, which the caller must then find elsewhere.
+
+    Raises ConfigError with a sentence that says what to do when it is missing, readable by
+    others, or not a fabric file.
+    """
+    return _read_json_file(path, "admin file")

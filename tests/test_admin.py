@@ -186,17 +186,32 @@ def test_cli_read_commands_print_json_and_tables(shared_cluster, clean_env, tmp_
     assert not any(secret in text for text in outputs for secret in secrets_of(shared_cluster))
 
 
-def test_cli_connection_file_and_environment_give_address_and_token(shared_cluster, clean_env,
-                                                                     tmp_path):
-    path = tmp_path / "shared_cluster.json"
-    shared_cluster.write_connection_file(path)
-    done = fabric_admin("--connection-file", str(path), "workers", "--json", env=clean_env)
+def test_cli_admin_file_older_files_and_environment_give_address_and_token(
+        shared_cluster, clean_env, tmp_path):
+    path = tmp_path / "shared_cluster-admin.json"
+    shared_cluster.write_admin_file(path)
+    done = fabric_admin("--admin-file", str(path), "workers", "--json", env=clean_env)
     assert done.returncode == 0, done.stderr
     assert [w["name"] for w in json.loads(done.stdout)] == ["worker-0", "worker-1"]
-    env = {**clean_env, "FABRIC_CONNECTION_FILE": str(path)}
+    env = {**clean_env, "FABRIC_ADMIN_FILE": str(path)}
     assert fabric_admin("status", "--json", env=env).returncode == 0
     env = {**clean_env, "FABRIC_ADMIN_TOKEN": shared_cluster.admin_token}
     assert fabric_admin("--address", shared_cluster.address, "devices", env=env).returncode == 0
+    # A file written before the two files (every token in one) still serves, by option or
+    # variable, as it did.
+    combined = tmp_path / "combined.json"
+    write_secret_file(combined, json.dumps({
+        "address": shared_cluster.address, "backend_address": shared_cluster.backend_address,
+        "token": shared_cluster.token, "admin_token": shared_cluster.admin_token,
+        "worker_token": shared_cluster.worker_token}))
+    assert fabric_admin("--connection-file", str(combined), "status", env=clean_env
+                        ).returncode == 0
+    env = {**clean_env, "FABRIC_CONNECTION_FILE": str(combined)}
+    assert fabric_admin("status", "--json", env=env).returncode == 0
+    # A client's file gives the address; the admin token comes from elsewhere.
+    client = shared_cluster.write_connection_file(tmp_path / "client.json")
+    env = {**clean_env, "FABRIC_ADMIN_TOKEN": shared_cluster.admin_token}
+    assert fabric_admin("--connection-file", client, "devices", env=env).returncode == 0
 
 
 def test_cli_refusals_and_not_found_exit_1_with_one_line(shared_cluster, clean_env):

@@ -61,6 +61,47 @@ def test_cluster_up_serves_through_its_connection_file_and_stops_on_ctrl_c(clust
     assert not path.exists()
 
 
+def test_cluster_up_writes_a_connection_file_for_users_and_an_admin_file_for_operators(
+        cluster_up, tmp_path):
+    proc, path = cluster_up
+    admin_path = tmp_path / "conn-admin.json"  # the default: beside the connection file
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert admin_path.stat().st_mode & 0o777 == 0o600
+    operators = json.loads(admin_path.read_text())
+    secrets = [operators["admin_token"], operators["worker_token"]]
+    assert not any(secret in path.read_text() for secret in secrets)
+    assert json.loads(path.read_text())["token"] not in admin_path.read_text()
+    with fabric.connect(connection_file=str(path), timeout=10) as session:
+        assert session.arange(4).sum().numpy() == 6
+    with pytest.raises(ConfigError, match="admin file, not a connection file"):
+        fabric.connect(connection_file=str(admin_path), timeout=10)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "no-defaults")
+
+    def fabric_admin(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fabric", "admin", *args, "status"],
+                              env={**env, **extra_env}, capture_output=True, text=True,
+                              timeout=30)
+
+    for done in (fabric_admin("--admin-file", str(admin_path)),
+                 fabric_admin(FABRIC_ADMIN_FILE=str(admin_path))):
+        assert done.returncode == 0, done.stderr
+        assert "devices:" in done.stdout
+    # The users' file is no key to admin: exit 2 (usage: no admin token), saying why.
+    for done in (fabric_admin("--connection-file", str(path)),
+                 fabric_admin(FABRIC_CONNECTION_FILE=str(path))):
+        assert done.returncode == 2, done.stderr
+        assert "client's connection file: it holds no admin token" in done.stderr
+        assert "--admin-file" in done.stderr and done.stderr.count("\n") == 1
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert f"connection file (hand this one to users): {path}" in out
+    assert f"admin file (operators only: admin and worker tokens): {admin_path}" in out
+    assert not any(secret in out + err for secret in secrets)
+    assert not path.exists() and not admin_path.exists()
+
+
 def test_children_stop_when_the_launcher_is_killed(cluster_up):
     proc, _ = cluster_up
     children = wait_for(lambda: children_of(proc.pid) if len(children_of(proc.pid)) == 3

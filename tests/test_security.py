@@ -343,11 +343,11 @@ def test_tokens_never_reach_logs_or_admin_output(curve_cluster, plain_cluster, t
                 fabric.devices(cluster.address, token=token, timeout=5, curve=cluster.curve)
         with pytest.raises(AuthenticationError):
             Admin(cluster.address, token=cluster.token, curve=cluster.curve)
-    path = curve_cluster.write_connection_file(tmp_path / "cluster.json")
+    path = curve_cluster.write_admin_file(tmp_path / "cluster-admin.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
     outputs = []
     for extra in ((), ("--json",)):
-        done = run_cli("admin", "--connection-file", path, "status", *extra, env=env)
+        done = run_cli("admin", "--admin-file", path, "status", *extra, env=env)
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout + done.stderr)
     assert "unauthorized" in outputs[0]  # the refusals are shown, by reason
