@@ -141,6 +141,11 @@ class Registry:
         """Each client identity's sessions."""
         return self._sessions.by_client
 
+    def last_seen(self, session: Session) -> float:
+        """When a session's client was last heard from: its own traffic, or a PING on its
+        connection."""
+        return self._sessions.last_seen(session)
+
     def device_of(self, session: Session) -> dict[str, Any]:
         """The description of the device a session is on."""
         return self._workers.info(session.device)
@@ -265,8 +270,7 @@ class Registry:
         return [self._endings.close_on_worker(session, message.request)]
 
     def _on_ping(self, identity: bytes, message: Message, now: float) -> list[Send]:
-        for session in self._sessions.of_client(identity):
-            session.last_seen = now
+        self._sessions.heard_from_client(identity, now)  # constant time, however many sessions
         return [send_message(Side.FRONTEND, identity, Message(
             Kind.PONG, message.session, message.request))]
 
@@ -515,7 +519,7 @@ class Registry:
         for session in list(self.sessions.values()):
             if now > session.deadline:
                 sends += self._endings.expire(session, now)
-            elif (now - session.last_seen > limits.lease
+            elif (now - self._sessions.last_seen(session) > limits.lease
                   and now - session.probed > limits.lease):
                 # An unroutable PING tells the loop the client has gone (ROUTER_MANDATORY).
                 session.probed = now
