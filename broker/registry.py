@@ -24,7 +24,8 @@ leak a session's memory.
 
 A refused token (client, admin or worker) is counted and its answer carries a not-before time
 ``Limits.auth_delay`` ahead: the I/O loop holds it, so this object never sleeps and the loop
-never blocks.
+never blocks. What a peer can make the broker log at will (refusals, bad messages) goes through
+``broker.log_limit``: one line per kind per interval, flushed by ``tick``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from fabric.protocol import (
 from . import admin
 from .endings import Endings
 from .handshake import hello_refusal, size_limit, token_ok, version_mismatch
+from .log_limit import RateLimitedLog
 from .model import (
     Limits,
     Send,
@@ -113,6 +115,7 @@ class Registry:
         self.queue_figures: Callable[[], dict[str, Any]] = dict
         self._endings = Endings(self._sessions, self._workers, self.counters, self.rejects,
                                 limits)
+        self._log_limit = RateLimitedLog()  # what peers can make the broker log, per interval
 
     # -- what the rooms hold, for admin views and tests ---------------------------------------
 
@@ -152,9 +155,17 @@ class Registry:
 
     # -- answers -----------------------------------------------------------------------------
 
-    def _reject(self, identity: bytes, header: Header, error: FabricError) -> list[Send]:
+    def _log_peer(self, level: int, kind: str, identity: bytes, now: float,
+                  detail: str = "") -> None:
+        """Log a line a peer can cause at will through the rate limit (``broker.log_limit``)."""
+        line = self._log_limit.note(level, kind, identity, now, detail)
+        if line is not None:
+            log.log(*line)
+
+    def _reject(self, identity: bytes, header: Header, error: FabricError,
+                now: float) -> list[Send]:
         self.rejects[error.code] += 1
-        log.info("rejected handshake from %s: %s", identity.hex(), error.code)
+        self._log_peer(logging.INFO, f"rejected handshake ({error.code})", identity, now)
         return [send_error(Side.FRONTEND, identity, error, kind=Kind.REJECT,
                            session=header.session, request=header.request)]
 
@@ -164,20 +175,22 @@ class Registry:
         self.counters["tokens_refused"] += 1
         return [send._replace(not_before=now + self.limits.auth_delay) for send in sends]
 
-    def _bad_input(self, side: Side, identity: bytes, error: ProtocolError,
+    def _bad_input(self, side: Side, identity: bytes, error: ProtocolError, now: float,
                    header: Header | None = None) -> list[Send]:
         self.counters[f"{side.value}_protocol_errors"] += 1
-        log.warning("bad message on the %s from %s: %s", side.value, identity.hex(), error)
+        self._log_peer(logging.WARNING, f"bad message on the {side.value}", identity, now,
+                       str(error))
         session, request = (header.session, header.request) if header else (0, 0)
         return [send_error(side, identity, error, session=session, request=request)]
 
-    def _other_version(self, side: Side, identity: bytes, message: Message) -> list[Send]:
+    def _other_version(self, side: Side, identity: bytes, message: Message,
+                       now: float) -> list[Send]:
         """A non-handshake control message in another protocol version (body unvalidated)."""
         peer = "client" if side is Side.FRONTEND else "worker"
         return self._bad_input(side, identity, ProtocolError(
             f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
             "install matching fabric versions.", **{f"{peer}_version": message.version},
-            server_version=PROTOCOL_VERSION), message.header)
+            server_version=PROTOCOL_VERSION), now, message.header)
 
     # -- clients -----------------------------------------------------------------------
 
@@ -193,17 +206,17 @@ class Registry:
                 return self._route_client_data(identity, header, frames, now)
             if header.kind == Kind.HELLO and header.version != PROTOCOL_VERSION:
                 # Checked before the body: another version may lay out its body differently.
-                return self._reject(identity, header, version_mismatch("client",
-                                                                       header.version))
+                return self._reject(identity, header,
+                                    version_mismatch("client", header.version), now)
             message = protocol.decode(frames, header)
         except ProtocolError as exc:
-            return self._bad_input(Side.FRONTEND, identity, exc, header)
+            return self._bad_input(Side.FRONTEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:
-            return self._other_version(Side.FRONTEND, identity, message)
+            return self._other_version(Side.FRONTEND, identity, message, now)
         handler = self._client_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.FRONTEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a client."), header)
+                f"A {message.kind.name} message is not accepted from a client."), now, header)
         return handler(self, identity, message, now)
 
     def _route_client_data(self, identity: bytes, header: Header, frames: Sequence[Any],
@@ -224,7 +237,8 @@ class Registry:
     def _client_token_refused(self, identity: bytes, header: Header,
                               now: float) -> list[Send]:
         return self._token_refused(self._reject(identity, header, AuthenticationError(
-            "The broker refused the token: check the client token you were given.")), now)
+            "The broker refused the token: check the client token you were given."), now),
+            now)
 
     def _on_hello(self, identity: bytes, message: Message, now: float) -> list[Send]:
         body = message.body
@@ -232,7 +246,7 @@ class Registry:
             return self._client_token_refused(identity, message.header, now)
         refused = hello_refusal(identity, message, self._workers, self._sessions, self.limits)
         if refused is not None:
-            return self._reject(identity, message.header, refused)
+            return self._reject(identity, message.header, refused, now)
         device = body["device"]
         owner, local = self._workers.owner(device)
         worker = self.workers[owner]
@@ -277,8 +291,8 @@ class Registry:
     def _on_admin(self, identity: bytes, message: Message, now: float) -> list[Send]:
         if not token_ok(message.body["token"], self._admin_token):
             self.rejects["admin_unauthorized"] += 1
-            log.warning("refused an admin command from %s: not the admin token",
-                        identity.hex())
+            self._log_peer(logging.WARNING, "refused an admin command (not the admin token)",
+                           identity, now)
             return self._token_refused([send_error(Side.FRONTEND, identity, AuthenticationError(
                 "The broker refused the token: admin commands need the admin token "
                 "(FABRIC_ADMIN_TOKEN, or the admin_token of the connection file)."),
@@ -329,19 +343,20 @@ class Registry:
                 return self._on_register(identity, protocol.decode(frames, header), now)
             if worker is None:
                 self.counters["unregistered_worker_messages"] += 1
-                log.warning("message from unregistered worker %s", identity.hex())
+                self._log_peer(logging.WARNING, "message from an unregistered worker",
+                               identity, now)
                 return [send_error(Side.BACKEND, identity, ProtocolError(
                     "This worker is not registered: send REGISTER first.",
                     reason="not_registered"), session=header.session, request=header.request)]
             message = protocol.decode(frames, header)
         except ProtocolError as exc:
-            return self._bad_input(Side.BACKEND, identity, exc, header)
+            return self._bad_input(Side.BACKEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:  # its body was not validated
-            return self._other_version(Side.BACKEND, identity, message)
+            return self._other_version(Side.BACKEND, identity, message, now)
         handler = self._worker_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a worker."), header)
+                f"A {message.kind.name} message is not accepted from a worker."), now, header)
         return handler(self, worker, message, now)
 
     def _route_worker_data(self, worker: Worker, header: Header,
@@ -391,19 +406,19 @@ class Registry:
         body = message.body
         if not token_ok(body["token"], self._worker_token):
             self.rejects["worker_unauthorized"] += 1
-            log.warning("refused a worker registration from %s: bad worker token",
-                        identity.hex())
+            self._log_peer(logging.WARNING, "refused a worker registration (bad worker token)",
+                           identity, now)
             return self._token_refused([send_error(Side.BACKEND, identity, AuthenticationError(
                 "The broker refused the worker token: start the worker with the cluster's "
                 "worker token."), kind=Kind.REJECT)], now)
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
-                "REGISTER devices must be a list of maps."), message.header)
+                "REGISTER devices must be a list of maps."), now, message.header)
         lanes = body.get("lanes", [])
         refused = self._workers.lanes_refused(identity, body["name"], lanes,
                                               len(body["devices"]))
         if refused is not None:
-            return self._bad_input(Side.BACKEND, identity, refused, message.header)
+            return self._bad_input(Side.BACKEND, identity, refused, now, message.header)
         sends: list[Send] = []
         for old in self._workers.replaced_by(identity, body["name"]):
             sends += self._endings.lose_worker(old, "the worker re-registered")
@@ -500,7 +515,10 @@ class Registry:
             Kind.HEARTBEAT, body={"sessions": sorted(sessions)}))
 
     def tick(self, now: float) -> list[Send]:
-        """Heartbeats, lost workers, handshake and close deadlines, idle-client probes."""
+        """Heartbeats, lost workers, handshake and close deadlines, idle-client probes, and
+        the summaries of repeated log lines."""
+        for line in self._log_limit.due(now):
+            log.log(*line)
         sends: list[Send] = []
         limits = self.limits
         self._next_scan = now + limits.heartbeat / 4
