@@ -25,7 +25,8 @@ leak a session's memory.
 A refused token (client, admin or worker) is counted and its answer carries a not-before time
 ``Limits.auth_delay`` ahead: the I/O loop holds it, so this object never sleeps and the loop
 never blocks. What a peer can make the broker log at will (refusals, bad messages) goes through
-``broker.log_limit``: one line per kind per interval, flushed by ``tick``.
+``broker.log_limit``: one line per kind per interval, flushed by ``tick``. Session and
+connection ids are logged at DEBUG only.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ class Registry:
             self.counters["admin_errors"] += 1
             return [send_error(Side.FRONTEND, identity, exc, request=message.request)]
         self.counters["admin_commands"] += 1
-        log.info("admin command %s from %s", command, identity.hex())
+        log.info("admin command %s", command)  # (connection ids are not logged at INFO)
         return sends + [send_message(Side.FRONTEND, identity, Message(
             Kind.ADMIN_REPLY, 0, message.request, {"command": command, "result": result}))]
 
@@ -496,6 +497,12 @@ class Registry:
         """End every session of a client that left ``queued`` messages unread (see
         ``Endings.cut_client``); nothing when it has none left."""
         return self._endings.cut_client(identity, queued)
+
+    def worker_name(self, identity: bytes) -> str:
+        """The name of the worker that owns a routing identity (its socket or a lane), for
+        log lines, which show no connection ids above DEBUG."""
+        worker = self._find_worker(identity)
+        return worker.name if worker is not None else "(unregistered)"
 
     def lose_worker(self, identity: bytes, why: str) -> list[Send]:
         """Declare a worker lost for the I/O loop (say, it took nothing sent to it for too

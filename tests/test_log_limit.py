@@ -1,4 +1,4 @@
-"""What peers can make the broker log: one line per kind per interval.
+"""What peers can make the broker log: one line per kind per interval, ids only at DEBUG.
 
 Sans I/O on a fake clock: ``RateLimitedLog`` fed occurrences and ``now``, then the registry
 fed refused tokens, bad messages and messages from unregistered workers, its log read with
@@ -11,7 +11,7 @@ import logging
 
 import pytest
 from rawpeers import frames_of
-from test_registry import A, frames, make_registry
+from test_registry import A, C1, C2, frames, make_registry, open_session, two_workers
 
 from fabric.broker.log_limit import (
     DETAIL_CHARS,
@@ -21,6 +21,7 @@ from fabric.broker.log_limit import (
     RateLimitedLog,
     peer_text,
 )
+from fabric.broker.model import Side
 from fabric.protocol import Kind
 
 WARN = logging.WARNING
@@ -119,3 +120,15 @@ def test_a_refusal_flood_writes_one_line_per_kind_and_the_tick_sums_it_up(caplog
     assert ("rejected handshake (unauthorized): 399 more in the last 10 s (peers "
             "706565722d30, 706565722d31, 706565722d32 and others)") in summaries
 
+
+def test_a_normal_session_logs_no_session_or_connection_id_above_debug(caplog):
+    registry = two_workers()
+    with caplog.at_level(logging.INFO, "fabric.broker"):
+        open_session(registry, C1, session=0x5E551011, now=1.0)
+        registry.from_client(C1, frames(Kind.CLOSE, 0x5E551011, 2), 2.0)
+        open_session(registry, C2, session=0x5E551012, now=3.0)
+        registry.unroutable(Side.FRONTEND, C2, 4.0)  # gone without a CLOSE
+    text = caplog.text
+    assert "1 session(s) dropped: the client disconnected" in text
+    for secret in ("5e551011", "5e551012", C1.hex(), C2.hex()):
+        assert secret not in text
