@@ -51,6 +51,8 @@ class RegistryView(Protocol):
     @property
     def retired(self) -> dict[tuple[str, int], Traffic]: ...
 
+    def last_seen(self, session: Session) -> float: ...
+
     def close_session(self, session_id: int) -> list[Send]: ...
 
     def drain(self, name: str, draining: bool = True) -> Worker: ...
@@ -150,7 +152,7 @@ def sessions(registry: RegistryView, now: float) -> dict[str, Any]:
             "id": f"{session.id:#018x}", "client": session.client.hex(),
             "device": session.device, "worker": registry.workers[session.worker].name,
             "state": session.phase.value, "created_ago": now - session.created,
-            "last_seen_ago": now - session.last_seen, "messages": session.messages,
+            "last_seen_ago": now - registry.last_seen(session), "messages": session.messages,
             "bytes": session.bytes, "submits": session.submits, "errors": session.errors})
     return {"sessions": rows}
 

@@ -80,10 +80,12 @@ class Endings:
         """End a vanished client's sessions: closed on their workers, nobody else told."""
         sends: list[Send] = []
         for session in self._sessions.of_client(identity):
-            log.info("session %#x dropped: %s", session.id, why)
+            log.debug("session %#x dropped: %s", session.id, why)  # (ids at DEBUG only)
             self.counters["sessions_expired"] += 1
             self._sessions.end(session)
             sends.append(self.close_on_worker(session))
+        if sends:
+            log.info("%d session(s) dropped: %s", len(sends), why)
         return sends
 
     def cut_client(self, identity: bytes, queued: int) -> list[Send]:
@@ -96,8 +98,9 @@ class Endings:
         if not sessions:
             return []
         self.counters["clients_cut"] += 1
-        log.warning("client %s left %d messages unread: its sessions are ended",
-                    identity.hex(), queued)
+        log.warning("a client left %d messages unread: its %d session(s) are ended", queued,
+                    len(sessions))
+        log.debug("the client cut off is connection %s", identity.hex())
         sends: list[Send] = []
         for session in sessions:
             self.counters["sessions_cut"] += 1
@@ -143,7 +146,7 @@ class Endings:
             "open a new session.", device=device, session=session.id,
             reason="closed_by_admin"))]
         self.counters["sessions_closed_by_admin"] += 1
-        log.info("session %#x closed by an administrator", session.id)
+        log.debug("session %#x closed by an administrator", session.id)
         return sends
 
     def shutdown(self) -> list[Send]:

@@ -87,7 +87,8 @@ class FlowControl:
             self.blocking.add(key)
             self._counters["frontend_pauses"] += 1
             log.warning("worker %s is not reading: %d messages wait for it; not reading "
-                        "the frontend until it drains", identity.hex(), self.outbox.queued(key))
+                        "the frontend until it drains", self._registry.worker_name(identity),
+                        self.outbox.queued(key))
         return []
 
     def _cut_client(self, key: Peer, now: float) -> list[Send]:

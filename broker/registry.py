@@ -24,7 +24,9 @@ leak a session's memory.
 
 A refused token (client, admin or worker) is counted and its answer carries a not-before time
 ``Limits.auth_delay`` ahead: the I/O loop holds it, so this object never sleeps and the loop
-never blocks.
+never blocks. What a peer can make the broker log at will (refusals, bad messages) goes through
+``broker.log_limit``: one line per kind per interval, flushed by ``tick``. Session and
+connection ids are logged at DEBUG only.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from fabric.protocol import (
 from . import admin
 from .endings import Endings
 from .handshake import hello_refusal, size_limit, token_ok, version_mismatch
+from .log_limit import RateLimitedLog
 from .model import (
     Limits,
     Send,
@@ -113,6 +116,7 @@ class Registry:
         self.queue_figures: Callable[[], dict[str, Any]] = dict
         self._endings = Endings(self._sessions, self._workers, self.counters, self.rejects,
                                 limits)
+        self._log_limit = RateLimitedLog()  # what peers can make the broker log, per interval
 
     # -- what the rooms hold, for admin views and tests ---------------------------------------
 
@@ -141,15 +145,28 @@ class Registry:
         """Each client identity's sessions."""
         return self._sessions.by_client
 
+    def last_seen(self, session: Session) -> float:
+        """When a session's client was last heard from: its own traffic, or a PING on its
+        connection."""
+        return self._sessions.last_seen(session)
+
     def device_of(self, session: Session) -> dict[str, Any]:
         """The description of the device a session is on."""
         return self._workers.info(session.device)
 
     # -- answers -----------------------------------------------------------------------------
 
-    def _reject(self, identity: bytes, header: Header, error: FabricError) -> list[Send]:
+    def _log_peer(self, level: int, kind: str, identity: bytes, now: float,
+                  detail: str = "") -> None:
+        """Log a line a peer can cause at will through the rate limit (``broker.log_limit``)."""
+        line = self._log_limit.note(level, kind, identity, now, detail)
+        if line is not None:
+            log.log(*line)
+
+    def _reject(self, identity: bytes, header: Header, error: FabricError,
+                now: float) -> list[Send]:
         self.rejects[error.code] += 1
-        log.info("rejected handshake from %s: %s", identity.hex(), error.code)
+        self._log_peer(logging.INFO, f"rejected handshake ({error.code})", identity, now)
         return [send_error(Side.FRONTEND, identity, error, kind=Kind.REJECT,
                            session=header.session, request=header.request)]
 
@@ -159,20 +176,22 @@ class Registry:
         self.counters["tokens_refused"] += 1
         return [send._replace(not_before=now + self.limits.auth_delay) for send in sends]
 
-    def _bad_input(self, side: Side, identity: bytes, error: ProtocolError,
+    def _bad_input(self, side: Side, identity: bytes, error: ProtocolError, now: float,
                    header: Header | None = None) -> list[Send]:
         self.counters[f"{side.value}_protocol_errors"] += 1
-        log.warning("bad message on the %s from %s: %s", side.value, identity.hex(), error)
+        self._log_peer(logging.WARNING, f"bad message on the {side.value}", identity, now,
+                       str(error))
         session, request = (header.session, header.request) if header else (0, 0)
         return [send_error(side, identity, error, session=session, request=request)]
 
-    def _other_version(self, side: Side, identity: bytes, message: Message) -> list[Send]:
+    def _other_version(self, side: Side, identity: bytes, message: Message,
+                       now: float) -> list[Send]:
         """A non-handshake control message in another protocol version (body unvalidated)."""
         peer = "client" if side is Side.FRONTEND else "worker"
         return self._bad_input(side, identity, ProtocolError(
             f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
             "install matching fabric versions.", **{f"{peer}_version": message.version},
-            server_version=PROTOCOL_VERSION), message.header)
+            server_version=PROTOCOL_VERSION), now, message.header)
 
     # -- clients -----------------------------------------------------------------------
 
@@ -188,17 +207,17 @@ class Registry:
                 return self._route_client_data(identity, header, frames, now)
             if header.kind == Kind.HELLO and header.version != PROTOCOL_VERSION:
                 # Checked before the body: another version may lay out its body differently.
-                return self._reject(identity, header, version_mismatch("client",
-                                                                       header.version))
+                return self._reject(identity, header,
+                                    version_mismatch("client", header.version), now)
             message = protocol.decode(frames, header)
         except ProtocolError as exc:
-            return self._bad_input(Side.FRONTEND, identity, exc, header)
+            return self._bad_input(Side.FRONTEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:
-            return self._other_version(Side.FRONTEND, identity, message)
+            return self._other_version(Side.FRONTEND, identity, message, now)
         handler = self._client_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.FRONTEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a client."), header)
+                f"A {message.kind.name} message is not accepted from a client."), now, header)
         return handler(self, identity, message, now)
 
     def _route_client_data(self, identity: bytes, header: Header, frames: Sequence[Any],
@@ -219,7 +238,8 @@ class Registry:
     def _client_token_refused(self, identity: bytes, header: Header,
                               now: float) -> list[Send]:
         return self._token_refused(self._reject(identity, header, AuthenticationError(
-            "The broker refused the token: check the client token you were given.")), now)
+            "The broker refused the token: check the client token you were given."), now),
+            now)
 
     def _on_hello(self, identity: bytes, message: Message, now: float) -> list[Send]:
         body = message.body
@@ -227,7 +247,7 @@ class Registry:
             return self._client_token_refused(identity, message.header, now)
         refused = hello_refusal(identity, message, self._workers, self._sessions, self.limits)
         if refused is not None:
-            return self._reject(identity, message.header, refused)
+            return self._reject(identity, message.header, refused, now)
         device = body["device"]
         owner, local = self._workers.owner(device)
         worker = self.workers[owner]
@@ -265,16 +285,15 @@ class Registry:
         return [self._endings.close_on_worker(session, message.request)]
 
     def _on_ping(self, identity: bytes, message: Message, now: float) -> list[Send]:
-        for session in self._sessions.of_client(identity):
-            session.last_seen = now
+        self._sessions.heard_from_client(identity, now)  # constant time, however many sessions
         return [send_message(Side.FRONTEND, identity, Message(
             Kind.PONG, message.session, message.request))]
 
     def _on_admin(self, identity: bytes, message: Message, now: float) -> list[Send]:
         if not token_ok(message.body["token"], self._admin_token):
             self.rejects["admin_unauthorized"] += 1
-            log.warning("refused an admin command from %s: not the admin token",
-                        identity.hex())
+            self._log_peer(logging.WARNING, "refused an admin command (not the admin token)",
+                           identity, now)
             return self._token_refused([send_error(Side.FRONTEND, identity, AuthenticationError(
                 "The broker refused the token: admin commands need the admin token "
                 "(FABRIC_ADMIN_TOKEN, or the admin_token of the connection file)."),
@@ -286,7 +305,7 @@ class Registry:
             self.counters["admin_errors"] += 1
             return [send_error(Side.FRONTEND, identity, exc, request=message.request)]
         self.counters["admin_commands"] += 1
-        log.info("admin command %s from %s", command, identity.hex())
+        log.info("admin command %s", command)  # (connection ids are not logged at INFO)
         return sends + [send_message(Side.FRONTEND, identity, Message(
             Kind.ADMIN_REPLY, 0, message.request, {"command": command, "result": result}))]
 
@@ -325,19 +344,20 @@ class Registry:
                 return self._on_register(identity, protocol.decode(frames, header), now)
             if worker is None:
                 self.counters["unregistered_worker_messages"] += 1
-                log.warning("message from unregistered worker %s", identity.hex())
+                self._log_peer(logging.WARNING, "message from an unregistered worker",
+                               identity, now)
                 return [send_error(Side.BACKEND, identity, ProtocolError(
                     "This worker is not registered: send REGISTER first.",
                     reason="not_registered"), session=header.session, request=header.request)]
             message = protocol.decode(frames, header)
         except ProtocolError as exc:
-            return self._bad_input(Side.BACKEND, identity, exc, header)
+            return self._bad_input(Side.BACKEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:  # its body was not validated
-            return self._other_version(Side.BACKEND, identity, message)
+            return self._other_version(Side.BACKEND, identity, message, now)
         handler = self._worker_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a worker."), header)
+                f"A {message.kind.name} message is not accepted from a worker."), now, header)
         return handler(self, worker, message, now)
 
     def _route_worker_data(self, worker: Worker, header: Header,
@@ -387,19 +407,19 @@ class Registry:
         body = message.body
         if not token_ok(body["token"], self._worker_token):
             self.rejects["worker_unauthorized"] += 1
-            log.warning("refused a worker registration from %s: bad worker token",
-                        identity.hex())
+            self._log_peer(logging.WARNING, "refused a worker registration (bad worker token)",
+                           identity, now)
             return self._token_refused([send_error(Side.BACKEND, identity, AuthenticationError(
                 "The broker refused the worker token: start the worker with the cluster's "
                 "worker token."), kind=Kind.REJECT)], now)
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
-                "REGISTER devices must be a list of maps."), message.header)
+                "REGISTER devices must be a list of maps."), now, message.header)
         lanes = body.get("lanes", [])
         refused = self._workers.lanes_refused(identity, body["name"], lanes,
                                               len(body["devices"]))
         if refused is not None:
-            return self._bad_input(Side.BACKEND, identity, refused, message.header)
+            return self._bad_input(Side.BACKEND, identity, refused, now, message.header)
         sends: list[Send] = []
         for old in self._workers.replaced_by(identity, body["name"]):
             sends += self._endings.lose_worker(old, "the worker re-registered")
@@ -478,6 +498,12 @@ class Registry:
         ``Endings.cut_client``); nothing when it has none left."""
         return self._endings.cut_client(identity, queued)
 
+    def worker_name(self, identity: bytes) -> str:
+        """The name of the worker that owns a routing identity (its socket or a lane), for
+        log lines, which show no connection ids above DEBUG."""
+        worker = self._find_worker(identity)
+        return worker.name if worker is not None else "(unregistered)"
+
     def lose_worker(self, identity: bytes, why: str) -> list[Send]:
         """Declare a worker lost for the I/O loop (say, it took nothing sent to it for too
         long): its clients are told, as when it dies."""
@@ -496,7 +522,10 @@ class Registry:
             Kind.HEARTBEAT, body={"sessions": sorted(sessions)}))
 
     def tick(self, now: float) -> list[Send]:
-        """Heartbeats, lost workers, handshake and close deadlines, idle-client probes."""
+        """Heartbeats, lost workers, handshake and close deadlines, idle-client probes, and
+        the summaries of repeated log lines."""
+        for line in self._log_limit.due(now):
+            log.log(*line)
         sends: list[Send] = []
         limits = self.limits
         self._next_scan = now + limits.heartbeat / 4
@@ -515,7 +544,7 @@ class Registry:
         for session in list(self.sessions.values()):
             if now > session.deadline:
                 sends += self._endings.expire(session, now)
-            elif (now - session.last_seen > limits.lease
+            elif (now - self._sessions.last_seen(session) > limits.lease
                   and now - session.probed > limits.lease):
                 # An unroutable PING tells the loop the client has gone (ROUTER_MANDATORY).
                 session.probed = now

@@ -57,6 +57,9 @@ class SessionTable:
                  limits: Limits) -> None:
         self.sessions = sessions  # the registry's table, which only this object changes
         self.by_client: dict[bytes, set[int]] = {}  # client identity -> its sessions
+        # Client identity -> its last PING: liveness per connection, so that a PING costs
+        # the same however many sessions the client holds (kept while it holds any).
+        self._client_pinged: dict[bytes, float] = {}
         self._per_device: Counter[tuple[bytes, int]] = Counter()  # (worker, local) -> count
         self._workers = workers
         self._limits = limits
@@ -73,6 +76,15 @@ class SessionTable:
     def of_client(self, identity: bytes) -> list[Session]:
         """A client's sessions, by id."""
         return [self.sessions[s] for s in sorted(self.by_client.get(identity, ()))]
+
+    def heard_from_client(self, identity: bytes, now: float) -> None:
+        """A client's connection said PING: its sessions count as seen at ``now``."""
+        if identity in self.by_client:
+            self._client_pinged[identity] = now
+
+    def last_seen(self, session: Session) -> float:
+        """When a session was last seen: its own traffic, or a PING from its client."""
+        return max(session.last_seen, self._client_pinged.get(session.client, session.last_seen))
 
     def count_of_client(self, identity: bytes) -> int:
         """How many sessions a client connection holds (opening and closing ones too)."""
@@ -110,6 +122,7 @@ class SessionTable:
         held.discard(session.id)
         if not held:
             del self.by_client[session.client]
+            self._client_pinged.pop(session.client, None)
         key = (session.worker, session.local)
         self._per_device[key] -= 1
         if self._per_device[key] <= 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import socket
 import stat
@@ -358,6 +359,47 @@ def test_tokens_never_reach_logs_or_admin_output(curve_cluster, plain_cluster, t
         for secret in _secrets(cluster):
             assert not any(secret in text for text in logs + outputs)
     assert "fabric.broker.zap DEBUG" in curve_cluster.log_tail("broker", 5000)  # debug level
+
+
+# -- session and connection ids: at DEBUG only -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def info_cluster():
+    """A broker and one worker at the default log level; an idle client is checked on after
+    a second (``--lease``), so that one gone without a CLOSE is dropped soon."""
+    with LocalCluster(workers=1, heartbeat=HEARTBEAT, broker_args=("--lease", "1")) as running:
+        yield running
+
+
+def _hex_runs(text: str) -> set[str]:
+    """Runs of 10 or more hex digits (a libzmq routing id is 10, a session id up to 16)."""
+    return set(re.findall(r"[0-9a-f]{10,}", text.replace(socket.gethostname(), "")))
+
+
+def test_session_and_connection_ids_never_reach_logs_at_the_default_level(info_cluster):
+    cluster = info_cluster
+    seen: list[dict[str, Any]] = []  # the admin's rows: session ids and client connections
+    with Admin(cluster.address, token=cluster.admin_token) as admin:
+        with cluster.connect(device=0, timeout=5) as session:  # opened and closed
+            assert session.asarray(np.arange(4.0)).sum().numpy() == 6.0
+            seen += admin.sessions()
+        with RawDealer(cluster.address) as vanishing:  # opened, then gone without a CLOSE
+            vanishing.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
+                                     session=0x5EC0DE1D5E55, request=1))
+            assert vanishing.recv_message(timeout=5).kind == Kind.WELCOME
+            seen += admin.sessions()
+        deadline = time.monotonic() + 15
+        while admin.sessions():
+            assert time.monotonic() < deadline, "the vanished client's session stayed"
+            time.sleep(0.05)
+    logs = cluster.log_tail("broker", 5000) + cluster.log_tail("worker-0", 5000)
+    assert len({row["id"] for row in seen}) == 2
+    for row in seen:
+        assert f"{int(row['id'], 16):x}" not in logs and row["client"] not in logs
+    assert not _hex_runs(logs), _hex_runs(logs)  # nor the admin's connection, nor any other
+    assert "1 session(s) dropped: the client disconnected" in logs  # said, without ids
+    assert "admin command sessions" in logs
 
 
 # -- keys on disk -----------------------------------------------------------------------------

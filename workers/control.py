@@ -132,8 +132,9 @@ class Control:
             return []
         if header.kind in _CONTROL and header.session == 0:
             return self._from_broker(protocol.decode(frames, header))
-        log.warning("a %s message for session %#x came on the worker's own socket, not on "
-                    "a device's lane: dropped", header.kind.name, header.session)
+        log.warning("a %s message for a session came on the worker's own socket, not on a "
+                    "device's lane: dropped", header.kind.name)
+        log.debug("the session of that %s message: %#x", header.kind.name, header.session)
         return []
 
     def on_handshake_failed(self, event: int, value: int) -> list[Action]:

@@ -88,7 +88,7 @@ class Lane:
             return
         known = set(listed)
         for session in [s for s in self.executor.sessions if s not in known]:
-            log.info("session %#x is gone from the broker: closing it here", session)
+            log.debug("session %#x is gone from the broker: closing it here", session)
             self.executor.handle(Message(Kind.CLOSE, session))
 
     def stays_on_worker(self, reply: Message) -> bool:
