@@ -446,6 +446,8 @@ def test_worker_evicts_the_least_recently_used_past_its_bound_and_frees_on_reque
 class CompilingDevice(NumpyDevice):
     """A device with the optional hooks: it compiles graphs and counts what it fuses."""
 
+    counts_work = True
+
     def __init__(self, index: int) -> None:
         super().__init__(index)
         self.compiled: list[tuple[int, list]] = []

@@ -75,9 +75,9 @@ class Executor(GraphOps):
             return [_reply_error(message, SessionLost(
                 f"Session {message.session:#x} is not open on this worker: open a new "
                 "session.", session=message.session))]
-        if session is None:
-            return handler(self, message)
-        device = self.device  # (its counters read as attributes: a call costs more here)
+        device = self.device
+        if session is None or not device.counts_work:
+            return handler(self, message)  # (its counters read as attributes: a call costs more here)
         fused, evaluated = device.ops_fused, device.expressions_evaluated
         replies = handler(self, message)
         if device.ops_fused != fused or device.expressions_evaluated != evaluated:

@@ -64,14 +64,17 @@ class Backend:
 
     A subclass names its ``backend`` and defines ``settings`` and ``run``; the other hooks
     have defaults. Counters: ``ops_fused`` and ``expressions_evaluated`` count the device's
-    own work (a fusing device grows them); what they grow by while one session's message is
-    handled is credited to that session.
+    own work (a fusing device grows them, and says so with ``counts_work``); what they grow by
+    while one session's message is handled is credited to that session.
     """
 
     backend: ClassVar[str]
     # True when ``run(op, inputs, {})`` is ``np.asarray(op.impl(*inputs))``: the executor
     # may then make that call itself (every op of a stream costs two Python calls less).
     plain_calls: ClassVar[bool] = False
+    # True when the device grows its counters: the executor reads them around each message
+    # only then (on every read, that costs a device that counts nothing about 5% of its work).
+    counts_work: ClassVar[bool] = False
     ops_fused: int = 0
     expressions_evaluated: int = 0
 

@@ -75,6 +75,7 @@ class NumexprDevice(Backend):
     """
 
     backend = "numexpr"
+    counts_work = True
 
     def __init__(self, index: int, min_size: int | None = None) -> None:
         super().__init__(index)
