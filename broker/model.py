@@ -71,7 +71,7 @@ class SessionPhase(enum.Enum):
 class Session:
     id: int
     client: bytes
-    device: int  # global index (renumbered by the worker table when a new worker sorts first)
+    device: int  # global index: fixed for the broker's life (``broker.worker_table``)
     local: int  # index on its worker
     worker: bytes
     lane: bytes  # where its messages go: the device's own socket, or the worker's

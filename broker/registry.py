@@ -98,7 +98,7 @@ class Registry:
         self.limits = limits
         self.started = now
         self.sessions: dict[int, Session] = {}
-        self._workers = WorkerTable(self.sessions)
+        self._workers = WorkerTable()
         self._sessions = SessionTable(self.sessions, self._workers, limits)
         # The hot path's lookups, bound once (the tables never rebind them).
         self.workers: dict[bytes, Worker] = self._workers.workers
@@ -127,8 +127,8 @@ class Registry:
         return self._workers.device_count
 
     @property
-    def device_slots(self) -> list[tuple[str, int]]:
-        """Global index -> (worker name, local index), online or not."""
+    def device_slots(self) -> dict[int, tuple[str, int]]:
+        """Global index -> (worker name, local index), online or not (forgotten: absent)."""
         return self._workers.device_slots
 
     @property
@@ -395,6 +395,13 @@ class Registry:
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
                 "REGISTER devices must be a list of maps."), message.header)
+        taken = self._workers.name_held(identity, body["name"], now,
+                                        self.limits.heartbeat * self.limits.liveness)
+        if taken is not None:
+            self.rejects[taken.code] += 1
+            log.warning("refused a worker registration from %s: %s", identity.hex(), taken)
+            return [send_error(Side.BACKEND, identity, taken, kind=Kind.REJECT,
+                               request=message.request)]
         lanes = body.get("lanes", [])
         refused = self._workers.lanes_refused(identity, body["name"], lanes,
                                               len(body["devices"]))

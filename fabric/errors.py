@@ -164,6 +164,12 @@ class DeviceNotHostable(FabricError):
     code = "device_not_hostable"
 
 
+class WorkerNameTaken(FabricError):
+    """A worker registered under the name of a live worker: the newcomer is refused."""
+
+    code = "worker_name_taken"
+
+
 class NotFound(FabricError):
     """An admin command named a session or worker the broker does not have."""
 
