@@ -53,7 +53,7 @@ from fabric.protocol import (
 
 from . import admin
 from .endings import Endings
-from .handshake import hello_refusal, size_limit, token_ok, version_mismatch
+from .handshake import hello_refusal, size_limit, token_index, token_ok, version_mismatch
 from .model import (
     Limits,
     Send,
@@ -84,14 +84,17 @@ class Registry:
     def __init__(
         self,
         *,
-        client_token: str,
+        client_token: str | Sequence[str],
         worker_token: str,
         admin_token: str | None = None,
         server: str = "fabric-broker",
         limits: Limits = Limits(),
         now: float = 0.0,
     ) -> None:
-        self._client_token = client_token.encode()
+        # One client token, or several (one per user or team; each has its session cap).
+        tokens = [client_token] if isinstance(client_token, str) else list(client_token)
+        self._client_tokens = [token.encode() for token in tokens]
+        self._sessions_per_token = limits.sessions_per_token(len(tokens))
         self._worker_token = worker_token.encode()
         self._admin_token = admin_token.encode() if admin_token else None
         self.server = server
@@ -223,9 +226,11 @@ class Registry:
 
     def _on_hello(self, identity: bytes, message: Message, now: float) -> list[Send]:
         body = message.body
-        if not token_ok(body["token"], self._client_token):
+        token = token_index(body["token"], self._client_tokens)
+        if token is None:
             return self._client_token_refused(identity, message.header, now)
-        refused = hello_refusal(identity, message, self._workers, self._sessions, self.limits)
+        refused = hello_refusal(identity, token, message, self._workers, self._sessions,
+                                self.limits, self._sessions_per_token)
         if refused is not None:
             return self._reject(identity, message.header, refused)
         device = body["device"]
@@ -234,7 +239,7 @@ class Registry:
         session = Session(
             id=message.session, client=identity, device=device, local=local, worker=owner,
             lane=worker.lane(local), phase=_OPENING, created=now, last_seen=now,
-            hello_request=message.request,
+            hello_request=message.request, token=token,
             client_max=size_limit(body, self.limits.max_message_bytes))
         self._sessions.open(session, worker, now)
         self.counters["hellos"] += 1
@@ -244,7 +249,7 @@ class Registry:
              "max_message_bytes": session.client_max}))]
 
     def _on_devices(self, identity: bytes, message: Message, now: float) -> list[Send]:
-        if not token_ok(message.body["token"], self._client_token):
+        if token_index(message.body["token"], self._client_tokens) is None:
             return self._client_token_refused(identity, message.header, now)
         return [send_message(Side.FRONTEND, identity, Message(
             Kind.DEVICE_LIST, 0, message.request,

@@ -111,7 +111,8 @@ class SessionLost(FabricError):
 
 
 class TooManySessions(HandshakeError):
-    """A limit on open sessions (per client connection or per device) refused the HELLO."""
+    """A limit on open sessions (per client connection, per client token on a device, or per
+    device) refused the HELLO."""
 
     code = "too_many_sessions"
 

@@ -22,6 +22,7 @@ from fabric.errors import (
     NoSuchDevice,
     ProtocolError,
     SessionLost,
+    TooManySessions,
     VersionMismatch,
     WorkerNameTaken,
     error_from_wire,
@@ -970,7 +971,7 @@ def apply_events(registry: Registry, sequence: list, after_each=None) -> None:
             after_each(registry, now)
 
 
-# -- a live worker's name is not taken over (issue 30) -------------------------------------
+# -- a live worker's name is not taken over; one token's share of a device (issue 30) ------
 
 
 def test_a_registration_under_a_live_workers_name_is_refused_and_changes_nothing():
@@ -991,3 +992,48 @@ def test_a_registration_under_a_live_workers_name_is_refused_and_changes_nothing
     assert kinds(sends) == [Kind.ERROR, Kind.REGISTERED]
     assert [(d["index"], d["worker"]) for d in registry.devices] == [(0, "a"), (1, "b"), (2, "b")]
 
+
+def _two_tokens(per_device: int, per_token: int | None = None) -> Registry:
+    limits = Limits(heartbeat=1.0, liveness=3, max_sessions_per_device=per_device,
+                    max_sessions_per_token=per_token)
+    registry = Registry(client_token=[CLIENT_TOKEN, "other-team-token"],
+                        worker_token=WORKER_TOKEN, limits=limits)
+    registry.from_worker(A, register_frames("a", [{}, {}]), 0.0)
+    return registry
+
+
+def test_one_client_token_holds_at_most_its_share_of_a_device_over_any_connections():
+    registry = _two_tokens(per_device=4)  # two tokens: 2 sessions each by default
+    assert kinds(hello(registry, C1, session=1)) == [Kind.OPEN]
+    assert kinds(hello(registry, C2, session=2)) == [Kind.OPEN]  # another connection
+    _, error = rejected(hello(registry, b"client-3", session=3), b"client-3", TooManySessions)
+    assert error.details == {"reason": "per_token", "device": 0, "limit": 2}
+    assert "--max-sessions-per-token 2" in error.message and "token of your own" in error.message
+    # The other token's holders still get in; the same token still gets another device.
+    assert kinds(hello(registry, b"client-4", session=4, token="other-team-token")) == [
+        Kind.OPEN]
+    assert kinds(hello(registry, C1, session=5, device=1)) == [Kind.OPEN]
+    # A slot freed by a close is the token's again.
+    registry.from_client(C1, frames(Kind.CLOSE, 1, 9), 1.0)
+    registry.from_worker(A, frames(Kind.CLOSED, 1, 9), 1.0)
+    assert kinds(hello(registry, b"client-3", session=3)) == [Kind.OPEN]
+    check_invariants(registry)
+
+
+def test_the_per_token_cap_is_the_device_limit_shared_among_tokens_unless_set():
+    assert Limits(max_sessions_per_device=1024).sessions_per_token(1) == 1024
+    assert Limits(max_sessions_per_device=1024).sessions_per_token(3) == 341
+    assert Limits(max_sessions_per_device=2).sessions_per_token(5) == 1
+    assert Limits(max_sessions_per_token=7).sessions_per_token(3) == 7
+    registry = _two_tokens(per_device=4, per_token=3)
+    for session in (1, 2, 3):
+        assert kinds(hello(registry, C1, session=session)) == [Kind.OPEN]
+    rejected(hello(registry, C2, session=4), C2, TooManySessions)
+
+
+def test_every_client_token_is_accepted_and_a_wrong_one_refused():
+    registry = _two_tokens(per_device=4)
+    for token in (CLIENT_TOKEN, "other-team-token"):
+        sends = registry.from_client(C1, frames(Kind.DEVICES, 0, 1, {"token": token}), 0.0)
+        assert kinds(sends) == [Kind.DEVICE_LIST]
+    rejected(hello(registry, C1, session=1, token="other-team-toke"), C1, AuthenticationError)
