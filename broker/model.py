@@ -103,6 +103,7 @@ class Worker:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame it takes
     lanes: list[bytes] = field(default_factory=list)  # each device's own socket, if any
     attached: set[bytes] = field(default_factory=set)  # lanes heard from since REGISTER
+    instance: bytes = b""  # the worker process's random id: its reconnections carry it too
 
     @property
     def ready(self) -> bool:

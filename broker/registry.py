@@ -400,7 +400,9 @@ class Registry:
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
                 "REGISTER devices must be a list of maps."), message.header)
-        taken = self._workers.name_held(identity, body["name"], now,
+        instance = body.get("instance", b"")  # optional: a worker without one never matches
+        instance = instance if isinstance(instance, bytes) and len(instance) <= 64 else b""
+        taken = self._workers.name_held(identity, body["name"], instance, now,
                                         self.limits.heartbeat * self.limits.liveness)
         if taken is not None:
             self.rejects[taken.code] += 1
@@ -418,7 +420,7 @@ class Registry:
         self._workers.add(Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
             last_seen=now, max_message_bytes=size_limit(body, self.limits.max_message_bytes),
-            lanes=list(lanes)))
+            lanes=list(lanes), instance=instance))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
         sends.append(send_message(Side.BACKEND, identity, Message(

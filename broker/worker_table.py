@@ -5,8 +5,9 @@ first time gets the next indexes after the highest ever given, whatever the name
 a lost worker keeps its indexes, so no device ever moves, and gets them back when it
 registers again under its name (one that comes back with more devices gets new indexes for
 the extra ones, after the highest). A name held by a live worker is not taken over by
-another connection (``name_held``): only a worker whose old connection is gone, or silent
-past the liveness bound, is replaced by a new registration of its name.
+another process (``name_held``): only the same worker process reconnecting (its REGISTER
+carries the random instance id of its first), or a worker whose old connection is gone or
+silent past the liveness bound, replaces the registration of its name.
 
 Lanes: a worker may give each device its own socket (its "lane", a routing identity listed in
 REGISTER), so that a device's traffic skips the worker's control thread. A lane is routable
@@ -20,6 +21,7 @@ workers would be remembered.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 from typing import Any
@@ -81,14 +83,16 @@ class WorkerTable:
         restarted (same name) or reconnected (same socket) replaces its earlier self."""
         return [w for w in self.workers.values() if w.name == name or w.identity == identity]
 
-    def name_held(self, identity: bytes, name: str, now: float,
+    def name_held(self, identity: bytes, name: str, instance: bytes, now: float,
                   alive_for: float) -> WorkerNameTaken | None:
-        """The refusal of a registration as ``name`` from ``identity`` while another
-        connection registered under that name was heard from within ``alive_for`` seconds;
-        None when the name is free, is this connection's own, or its holder fell silent."""
+        """The refusal of a registration as ``name`` from ``identity`` (of worker process
+        ``instance``) while another process registered under that name was heard from within
+        ``alive_for`` seconds; None when the name is free, is this connection's or this
+        process's own (the instance ids match), or its holder fell silent."""
         for worker in self.workers.values():
             if (worker.name == name and worker.identity != identity
-                    and now - worker.last_seen <= alive_for):
+                    and now - worker.last_seen <= alive_for
+                    and not (instance and hmac.compare_digest(instance, worker.instance))):
                 return WorkerNameTaken(
                     f"Worker name {name!r} belongs to a live worker connected to this broker "
                     f"(heard from {now - worker.last_seen:.1f} s ago): give this worker "

@@ -47,7 +47,9 @@ def test_start_connects_under_new_identities_and_registers_every_lane():
     connect, register = machine.start(0.0)
     assert connect == Connect(b"id-3", (b"id-1", b"id-2"))
     assert type(register) is Send and register.message.kind == Kind.REGISTER
-    assert register.message.body == {**REGISTRATION, "lanes": [b"id-1", b"id-2"]}
+    assert register.message.body == {**REGISTRATION, "lanes": [b"id-1", b"id-2"],
+                                     "instance": machine.instance}
+    assert len(machine.instance) == 16
 
 
 def test_heartbeats_are_sent_every_heartbeat_and_not_between():
@@ -69,6 +71,7 @@ def test_a_broker_silent_past_liveness_heartbeats_is_left_for_a_new_connection()
     assert [type(a) for a in actions] == [Connect, Send]
     assert actions[0] == Connect(b"id-6", (b"id-4", b"id-5"))  # all new
     assert actions[1].message.body["lanes"] == [b"id-4", b"id-5"]
+    assert actions[1].message.body["instance"] == machine.instance  # the same process
     assert machine.tick(5.02) == []  # the silence is counted again from the reconnection
 
 

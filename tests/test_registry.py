@@ -993,6 +993,23 @@ def test_a_registration_under_a_live_workers_name_is_refused_and_changes_nothing
     assert [(d["index"], d["worker"]) for d in registry.devices] == [(0, "a"), (1, "b"), (2, "b")]
 
 
+def test_the_same_worker_process_reconnected_replaces_its_live_registration_at_once():
+    # A broker that stalled may have counted the old connection as live; the process's
+    # random instance id shows the newcomer is that same worker, reconnected.
+    registry = make_registry()
+    body = protocol.decode(register_frames("b", [{}])).body
+    registry.from_worker(B, frames(Kind.REGISTER, body={**body, "instance": b"i" * 16}), 0.0)
+    again = frames(Kind.REGISTER, body={**body, "instance": b"i" * 16})
+    assert kinds(registry.from_worker(b"b-reconnected", again, 1.0)) == [Kind.REGISTERED]
+    other = frames(Kind.REGISTER, body={**body, "instance": b"j" * 16})
+    rejected_register = registry.from_worker(b"other-process", other, 1.5)
+    assert type(error_from_wire(decoded(rejected_register[0]).body)) is WorkerNameTaken
+    without = frames(Kind.REGISTER, body=body)  # no instance id never matches one
+    assert kinds(registry.from_worker(b"no-instance", without, 1.5)) == [Kind.REJECT]
+    assert set(registry.workers) == {b"b-reconnected"}
+    assert [d["index"] for d in registry.devices] == [0]
+
+
 def _two_tokens(per_device: int, per_token: int | None = None) -> Registry:
     limits = Limits(heartbeat=1.0, liveness=3, max_sessions_per_device=per_device,
                     max_sessions_per_token=per_token)

@@ -8,7 +8,10 @@ identities, send a message, attach the devices' lanes, probe the broker's mechan
 refusal that retrying cannot fix raises ``RegistrationRefused``. No sockets, no threads, no
 clock: the loop passes ``now``.
 
-A registration refused because a live worker holds this worker's name (``WorkerNameTaken``)
+Every REGISTER carries this process's random instance id, so that the broker lets the same
+process, reconnected under new identities, replace its own registration at once (a broker
+that stalled may still count the old connection as live). A registration refused because a
+live worker holds this worker's name (``WorkerNameTaken``)
 is retried (each HEARTBEAT the broker does not know is answered by registering again) for
 the broker's liveness bound and one heartbeat more: the holder may be this worker's own
 previous process, whose end the broker has not noticed yet. Refused still, the name is
@@ -111,6 +114,7 @@ class Control:
         self.last_heard = self.last_sent = 0.0
         self.warned = False  # about a failed handshake, once per connection
         self.name_refused_since: float | None = None  # first WorkerNameTaken since registered
+        self.instance = os.urandom(16)  # this process, over all its connections
 
     @property
     def tick_every(self) -> float:
@@ -179,7 +183,8 @@ class Control:
         return [Connect(self.new_identity(), self.lanes), self._register()]
 
     def _register(self) -> Send:
-        return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes)}))
+        return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes),
+                                                 "instance": self.instance}))
 
     def _from_broker(self, message: Message, now: float) -> list[Action]:
         if message.kind == Kind.REGISTERED:
