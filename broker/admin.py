@@ -46,7 +46,7 @@ class RegistryView(Protocol):
     def device_count(self) -> int: ...
 
     @property
-    def device_slots(self) -> list[tuple[str, int]]: ...
+    def device_slots(self) -> dict[int, tuple[str, int]]: ...
 
     @property
     def retired(self) -> dict[tuple[str, int], Traffic]: ...
@@ -132,7 +132,7 @@ def devices(registry: RegistryView, now: float) -> dict[str, Any]:
     by_name = {w.name: w for w in registry.workers.values()}
     online = {d["index"] for d in registry.devices}
     rows = []
-    for index, (name, local) in enumerate(registry.device_slots):
+    for index, (name, local) in sorted(registry.device_slots.items()):
         worker = by_name.get(name)
         sessions = 0 if worker is None else sum(
             1 for s in worker.sessions if registry.sessions[s].local == local)

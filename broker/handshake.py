@@ -5,13 +5,18 @@ refusal (a ``FabricError`` with its code and a sentence saying what to do) or No
 compared in constant time. The checks on HELLO, in order: protocol version (before the body,
 which another version may lay out differently), client token, device index, device online,
 worker not draining, duplicate session id, and the session limits (per client connection,
-per device). The registry answers a refused token late (``Limits.auth_delay``).
+per device, per client token on the device: a full device is named as such). The registry answers a refused token late
+(``Limits.auth_delay``).
+
+A broker may hold several client tokens (one per user or team): a session is counted against
+the token that opened it, so one token's holders cannot take every slot of a device from
+the others. Clients that share one token share its cap.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, Sequence
 
 from fabric.errors import (
     DeviceDraining,
@@ -29,11 +34,22 @@ from .sessions import SessionTable
 from .worker_table import WorkerTable
 
 
+def token_index(offered: Any, tokens: Sequence[bytes]) -> int | None:
+    """Which of ``tokens`` ``offered`` is, or None. Every token is compared, each in
+    constant time, so the time taken says nothing of which one, or how much, matched."""
+    if not isinstance(offered, str):
+        return None
+    offered_bytes = offered.encode()
+    found = None
+    for index, token in enumerate(tokens):
+        if hmac.compare_digest(offered_bytes, token):
+            found = index
+    return found
+
+
 def token_ok(offered: Any, expected: bytes | None) -> bool:
     """Whether ``offered`` is the expected token (constant-time; no token set: never)."""
-    if expected is None or not isinstance(offered, str):
-        return False
-    return hmac.compare_digest(offered.encode(), expected)
+    return expected is not None and token_index(offered, (expected,)) is not None
 
 
 def version_mismatch(peer: str, version: int) -> VersionMismatch:
@@ -52,9 +68,11 @@ def size_limit(body: dict[str, Any], default: int) -> int:
     return default
 
 
-def hello_refusal(identity: bytes, message: Message, workers: WorkerTable,
-                  sessions: SessionTable, limits: Limits) -> FabricError | None:
-    """Why a HELLO with a valid token cannot open a session now, or None."""
+def hello_refusal(identity: bytes, token: int, message: Message, workers: WorkerTable,
+                  sessions: SessionTable, limits: Limits,
+                  per_token: int) -> FabricError | None:
+    """Why a HELLO with valid client token number ``token`` cannot open a session now, or
+    None; ``per_token`` is the sessions one token may hold on one device."""
     device = message.body["device"]
     if not 0 <= device < workers.device_count:
         return NoSuchDevice(
@@ -76,11 +94,12 @@ def hello_refusal(identity: bytes, message: Message, workers: WorkerTable,
         return DuplicateSession(
             f"Session id {message.session:#x} is already in use (or zero): "
             "let the client choose a fresh random id.", session=message.session)
-    return _session_limit(identity, device, owner, sessions, limits)
+    return _session_limit(identity, token, device, owner, sessions, limits, per_token)
 
 
-def _session_limit(identity: bytes, device: int, owner: tuple[bytes, int],
-                   sessions: SessionTable, limits: Limits) -> TooManySessions | None:
+def _session_limit(identity: bytes, token: int, device: int, owner: tuple[bytes, int],
+                   sessions: SessionTable, limits: Limits,
+                   per_token: int) -> TooManySessions | None:
     """The refusal when a new session would pass a session limit, else None."""
     held = sessions.count_of_client(identity)
     if held >= limits.max_sessions_per_client:
@@ -97,4 +116,13 @@ def _session_limit(identity: bytes, device: int, owner: tuple[bytes, int],
             "sessions, choose another device from fabric.devices(), or ask the operator "
             "to raise the limit.", reason="per_device", device=device,
             limit=limits.max_sessions_per_device)
+    held = sessions.count_of_token(token, *owner)
+    if held >= per_token:
+        return TooManySessions(
+            f"Sessions opened with your client token already hold {held} of device "
+            f"{device}'s slots, the most one token may hold there (--max-sessions-per-token "
+            f"{per_token}; every client given this token counts): close sessions you no "
+            "longer need, choose another device from fabric.devices(), or ask the operator "
+            "for a token of your own or a higher limit.", reason="per_token", device=device,
+            limit=per_token)
     return None

@@ -71,7 +71,7 @@ class SessionPhase(enum.Enum):
 class Session:
     id: int
     client: bytes
-    device: int  # global index (renumbered by the worker table when a new worker sorts first)
+    device: int  # global index: fixed for the broker's life (``broker.worker_table``)
     local: int  # index on its worker
     worker: bytes
     lane: bytes  # where its messages go: the device's own socket, or the worker's
@@ -79,6 +79,7 @@ class Session:
     created: float
     last_seen: float
     hello_request: int  # the HELLO's request id: WELCOME or REJECT answers it
+    token: int = 0  # which of the broker's client tokens opened it (its index)
     close_request: int = 0  # the CLOSE's request id, once the client asked: CLOSED answers it
     deadline: float = float("inf")  # for OPENING and CLOSING
     client_max: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame the client's socket takes
@@ -102,6 +103,7 @@ class Worker:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame it takes
     lanes: list[bytes] = field(default_factory=list)  # each device's own socket, if any
     attached: set[bytes] = field(default_factory=set)  # lanes heard from since REGISTER
+    instance: bytes = b""  # the worker process's random id: its reconnections carry it too
 
     @property
     def ready(self) -> bool:
@@ -143,6 +145,9 @@ class Limits:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # MAXMSGSIZE of both sockets
     max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT  # per client connection
     max_sessions_per_device: int = DEFAULT_MAX_SESSIONS_PER_DEVICE
+    # Sessions one client token may hold on one device; None: the per-device limit shared
+    # evenly among the client tokens, so no token holder can lock another out of a device.
+    max_sessions_per_token: int | None = None
     hwm: int = DEFAULT_HWM  # SNDHWM and RCVHWM of both sockets, per peer
     peer_queue: int = DEFAULT_PEER_QUEUE  # messages parked for a peer whose queue is full
     # How long a worker's parked queue may stay full (the frontend unread meanwhile) before
@@ -150,6 +155,12 @@ class Limits:
     # (fabric.flow), which would drop the connections of clients whose sends wait meanwhile.
     slow_peer_timeout: float | None = None
     auth_delay: float = 0.2  # a refused token is answered this much later (the loop holds it)
+
+    def sessions_per_token(self, client_tokens: int) -> int:
+        """``max_sessions_per_token``, or its default for this many client tokens."""
+        if self.max_sessions_per_token is not None:
+            return self.max_sessions_per_token
+        return max(1, self.max_sessions_per_device // max(1, client_tokens))
 
     @property
     def slow_worker_timeout(self) -> float:

@@ -55,7 +55,7 @@ from fabric.protocol import (
 
 from . import admin
 from .endings import Endings
-from .handshake import hello_refusal, size_limit, token_ok, version_mismatch
+from .handshake import hello_refusal, size_limit, token_index, token_ok, version_mismatch
 from .log_limit import RateLimitedLog
 from .model import (
     Limits,
@@ -87,21 +87,24 @@ class Registry:
     def __init__(
         self,
         *,
-        client_token: str,
+        client_token: str | Sequence[str],
         worker_token: str,
         admin_token: str | None = None,
         server: str = "fabric-broker",
         limits: Limits = Limits(),
         now: float = 0.0,
     ) -> None:
-        self._client_token = client_token.encode()
+        # One client token, or several (one per user or team; each has its session cap).
+        tokens = [client_token] if isinstance(client_token, str) else list(client_token)
+        self._client_tokens = [token.encode() for token in tokens]
+        self._sessions_per_token = limits.sessions_per_token(len(tokens))
         self._worker_token = worker_token.encode()
         self._admin_token = admin_token.encode() if admin_token else None
         self.server = server
         self.limits = limits
         self.started = now
         self.sessions: dict[int, Session] = {}
-        self._workers = WorkerTable(self.sessions)
+        self._workers = WorkerTable()
         self._sessions = SessionTable(self.sessions, self._workers, limits)
         # The hot path's lookups, bound once (the tables never rebind them).
         self.workers: dict[bytes, Worker] = self._workers.workers
@@ -131,8 +134,8 @@ class Registry:
         return self._workers.device_count
 
     @property
-    def device_slots(self) -> list[tuple[str, int]]:
-        """Global index -> (worker name, local index), online or not."""
+    def device_slots(self) -> dict[int, tuple[str, int]]:
+        """Global index -> (worker name, local index), online or not (forgotten: absent)."""
         return self._workers.device_slots
 
     @property
@@ -243,9 +246,11 @@ class Registry:
 
     def _on_hello(self, identity: bytes, message: Message, now: float) -> list[Send]:
         body = message.body
-        if not token_ok(body["token"], self._client_token):
+        token = token_index(body["token"], self._client_tokens)
+        if token is None:
             return self._client_token_refused(identity, message.header, now)
-        refused = hello_refusal(identity, message, self._workers, self._sessions, self.limits)
+        refused = hello_refusal(identity, token, message, self._workers, self._sessions,
+                                self.limits, self._sessions_per_token)
         if refused is not None:
             return self._reject(identity, message.header, refused, now)
         device = body["device"]
@@ -254,7 +259,7 @@ class Registry:
         session = Session(
             id=message.session, client=identity, device=device, local=local, worker=owner,
             lane=worker.lane(local), phase=_OPENING, created=now, last_seen=now,
-            hello_request=message.request,
+            hello_request=message.request, token=token,
             client_max=size_limit(body, self.limits.max_message_bytes))
         self._sessions.open(session, worker, now)
         self.counters["hellos"] += 1
@@ -264,7 +269,7 @@ class Registry:
              "max_message_bytes": session.client_max}))]
 
     def _on_devices(self, identity: bytes, message: Message, now: float) -> list[Send]:
-        if not token_ok(message.body["token"], self._client_token):
+        if token_index(message.body["token"], self._client_tokens) is None:
             return self._client_token_refused(identity, message.header, now)
         return [send_message(Side.FRONTEND, identity, Message(
             Kind.DEVICE_LIST, 0, message.request,
@@ -415,6 +420,16 @@ class Registry:
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.BACKEND, identity, ProtocolError(
                 "REGISTER devices must be a list of maps."), now, message.header)
+        instance = body.get("instance", b"")  # optional: a worker without one never matches
+        instance = instance if isinstance(instance, bytes) and len(instance) <= 64 else b""
+        taken = self._workers.name_held(identity, body["name"], instance, now,
+                                        self.limits.heartbeat * self.limits.liveness)
+        if taken is not None:
+            self.rejects[taken.code] += 1
+            self._log_peer(logging.WARNING, "refused a worker registration (name taken)",
+                           identity, now)
+            return [send_error(Side.BACKEND, identity, taken, kind=Kind.REJECT,
+                               request=message.request)]
         lanes = body.get("lanes", [])
         refused = self._workers.lanes_refused(identity, body["name"], lanes,
                                               len(body["devices"]))
@@ -426,7 +441,7 @@ class Registry:
         self._workers.add(Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
             last_seen=now, max_message_bytes=size_limit(body, self.limits.max_message_bytes),
-            lanes=list(lanes)))
+            lanes=list(lanes), instance=instance))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
         sends.append(send_message(Side.BACKEND, identity, Message(

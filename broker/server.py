@@ -76,8 +76,8 @@ def _router(context: zmq.Context, endpoint: str, limits: Limits,
 class Broker:
     """A running broker: bound sockets and the registry. ``run()`` serves until ``stop()``."""
 
-    def __init__(self, frontend: str, backend: str, *, client_token: str, worker_token: str,
-                 admin_token: str | None = None, limits: Limits = Limits(),
+    def __init__(self, frontend: str, backend: str, *, client_token: str | Sequence[str],
+                 worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
                  curve: CurveServer | None = None) -> None:
         self.context = zmq.Context()
         # With allow-lists, pyzmq's ZAP thread checks every peer's key before it is connected.
@@ -198,7 +198,7 @@ class Broker:
         self.context.term()
 
 
-def serve(frontend: str, backend: str, *, client_token: str, worker_token: str,
+def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], worker_token: str,
           admin_token: str | None = None, limits: Limits = Limits(),
           announce: Callable[[dict[str, Any]], None] | None = None,
           curve: CurveServer | None = None) -> None:

@@ -61,6 +61,8 @@ class SessionTable:
         # the same however many sessions the client holds (kept while it holds any).
         self._client_pinged: dict[bytes, float] = {}
         self._per_device: Counter[tuple[bytes, int]] = Counter()  # (worker, local) -> count
+        # (client token, worker, local) -> count: what one token holds on one device.
+        self._per_token: Counter[tuple[int, bytes, int]] = Counter()
         self._workers = workers
         self._limits = limits
 
@@ -72,6 +74,7 @@ class SessionTable:
         worker.sessions.add(session.id)
         self.by_client.setdefault(session.client, set()).add(session.id)
         self._per_device[session.worker, session.local] += 1
+        self._per_token[session.token, session.worker, session.local] += 1
 
     def of_client(self, identity: bytes) -> list[Session]:
         """A client's sessions, by id."""
@@ -93,6 +96,10 @@ class SessionTable:
     def count_on_device(self, worker: bytes, local: int) -> int:
         """How many sessions a device (worker identity, local index) serves."""
         return self._per_device[worker, local]
+
+    def count_of_token(self, token: int, worker: bytes, local: int) -> int:
+        """How many sessions opened with client token ``token`` a device serves."""
+        return self._per_token[token, worker, local]
 
     @staticmethod
     def allows(session: Session, event: SessionEvent) -> bool:
@@ -127,4 +134,8 @@ class SessionTable:
         self._per_device[key] -= 1
         if self._per_device[key] <= 0:
             del self._per_device[key]
+        key_of_token = (session.token, session.worker, session.local)
+        self._per_token[key_of_token] -= 1
+        if self._per_token[key_of_token] <= 0:
+            del self._per_token[key_of_token]
         self._workers.retire(session)

@@ -1,10 +1,13 @@
 """The broker's worker table: which workers are connected, their lanes, and device numbering.
 
-Rule: every device has one global index for the broker's life. Devices are numbered by worker
-name (naturally sorted: worker-2 before worker-10), then local index, over every worker seen
-so far: a lost worker keeps its indexes, so no other device moves, and gets them back when it
-registers again. A worker whose name sorts first may shift later indexes once; the sessions
-on them are renumbered with them (this table reads the session records for that alone).
+Rule: every device has one global index for the broker's life. A worker name seen for the
+first time gets the next indexes after the highest ever given, whatever the name sorts as;
+a lost worker keeps its indexes, so no device ever moves, and gets them back when it
+registers again under its name (one that comes back with more devices gets new indexes for
+the extra ones, after the highest). A name held by a live worker is not taken over by
+another process (``name_held``): only the same worker process reconnecting (its REGISTER
+carries the random instance id of its first), or a worker whose old connection is gone or
+silent past the liveness bound, replaces the registration of its name.
 
 Lanes: a worker may give each device its own socket (its "lane", a routing identity listed in
 REGISTER), so that a device's traffic skips the worker's control thread. A lane is routable
@@ -18,11 +21,12 @@ workers would be remembered.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
-from typing import Any, Mapping
+from typing import Any
 
-from fabric.errors import NotFound, ProtocolError
+from fabric.errors import NotFound, ProtocolError, WorkerNameTaken
 
 from .model import Session, Traffic, Worker
 
@@ -40,16 +44,16 @@ def natural_order(name: str) -> list[Any]:
 class WorkerTable:
     """Connected workers by identity, their lanes, and every device index ever given out."""
 
-    def __init__(self, sessions: Mapping[int, Session]) -> None:
-        self._sessions = sessions  # read only: to renumber their devices
+    def __init__(self) -> None:
         self.workers: dict[bytes, Worker] = {}
         self.lane_owner: dict[bytes, bytes] = {}  # lane identity -> its worker's identity
         self.devices: list[dict[str, Any]] = []  # the online devices, by global index
         self._device_info: dict[int, dict[str, Any]] = {}  # global index -> description
         self._device_owner: dict[int, tuple[bytes, int]] = {}  # global index -> (worker, local)
-        self._known: dict[str, int] = {}  # every worker name seen -> its device count
-        self.device_count = 0  # global indexes in use, online or not
-        self.device_slots: list[tuple[str, int]] = []  # global index -> (worker name, local)
+        # Every remembered worker name -> its global indexes, by local index (oldest first).
+        self._known: dict[str, list[int]] = {}
+        self.device_count = 0  # global indexes ever given: the next name's start after them
+        self.device_slots: dict[int, tuple[str, int]] = {}  # global index -> (name, local)
         self.retired: dict[tuple[str, int], Traffic] = {}  # (worker name, local) -> totals
 
     def find(self, identity: bytes) -> Worker | None:
@@ -79,6 +83,23 @@ class WorkerTable:
         restarted (same name) or reconnected (same socket) replaces its earlier self."""
         return [w for w in self.workers.values() if w.name == name or w.identity == identity]
 
+    def name_held(self, identity: bytes, name: str, instance: bytes, now: float,
+                  alive_for: float) -> WorkerNameTaken | None:
+        """The refusal of a registration as ``name`` from ``identity`` (of worker process
+        ``instance``) while another process registered under that name was heard from within
+        ``alive_for`` seconds; None when the name is free, is this connection's or this
+        process's own (the instance ids match), or its holder fell silent."""
+        for worker in self.workers.values():
+            if (worker.name == name and worker.identity != identity
+                    and now - worker.last_seen <= alive_for
+                    and not (instance and hmac.compare_digest(instance, worker.instance))):
+                return WorkerNameTaken(
+                    f"Worker name {name!r} belongs to a live worker connected to this broker "
+                    f"(heard from {now - worker.last_seen:.1f} s ago): give this worker "
+                    f"another --name, or stop the other one first (a worker silent for "
+                    f"{alive_for:g} s is replaced).", worker=name, alive_for=alive_for)
+        return None
+
     def lanes_refused(self, identity: bytes, name: str, lanes: Any,
                       devices: int) -> ProtocolError | None:
         """Why REGISTER's ``lanes`` cannot be used, or None: one distinct identity per
@@ -103,9 +124,14 @@ class WorkerTable:
         """A worker registered (whatever it replaces already removed)."""
         self.workers[worker.identity] = worker
         self.lane_owner.update(dict.fromkeys(worker.lanes, worker.identity))
-        self._known.pop(worker.name, None)  # re-inserted last: the newest is forgotten last
-        self._known[worker.name] = len(worker.devices)
-        self._renumber()
+        # Re-inserted last: the newest is forgotten last. Indexes only ever grow.
+        indexes = self._known.pop(worker.name, [])
+        self._known[worker.name] = indexes
+        for local in range(len(indexes), len(worker.devices)):
+            indexes.append(self.device_count)
+            self.device_slots[self.device_count] = (worker.name, local)
+            self.device_count += 1
+        self._list_online()
 
     def attach(self, worker: Worker, lane: bytes) -> None:
         """A lane was heard from: routable now; the worker's devices come online with the
@@ -113,45 +139,39 @@ class WorkerTable:
         worker.attached.add(lane)
         if worker.ready:
             log.info("worker %s: all %d device lanes attached", worker.name, len(worker.lanes))
-            self._renumber()
+            self._list_online()
 
     def remove(self, worker: Worker) -> None:
         """A worker is gone (its sessions already ended): its devices go offline."""
         del self.workers[worker.identity]
         for lane in worker.lanes:
             del self.lane_owner[lane]
-        self._renumber()
+        self._list_online()
 
     def retire(self, session: Session) -> None:
         """Fold an ended session's traffic into its device's totals."""
         name = self.workers[session.worker].name  # a session never outlives its worker here
         self.retired.setdefault((name, session.local), Traffic()).add(session)
 
-    def _renumber(self) -> None:
-        while len(self._known) > MAX_REMEMBERED_WORKERS:  # forget the oldest offline one
+    def _list_online(self) -> None:
+        """Forget the oldest offline workers past ``MAX_REMEMBERED_WORKERS`` (their indexes
+        are never given again), and list the online devices by their fixed indexes."""
+        while len(self._known) > MAX_REMEMBERED_WORKERS:
             online = {w.name for w in self.workers.values()}
             oldest = next((name for name in self._known if name not in online), None)
             if oldest is None:
                 break
-            del self._known[oldest]
+            for index in self._known.pop(oldest):
+                del self.device_slots[index]
             for key in [k for k in self.retired if k[0] == oldest]:
                 del self.retired[key]
-        online = {w.name: w for w in self.workers.values() if w.ready}
-        self.devices, self._device_info, self._device_owner = [], {}, {}
-        self.device_slots = []
-        index = 0
-        for name in sorted(self._known, key=natural_order):
-            worker = online.get(name)
-            for local in range(self._known[name]):
-                self.device_slots.append((name, local))
-                if worker is not None:
-                    info = {"index": index, "worker": name, "local": local,
-                            "backend": worker.backend, "settings": worker.devices[local]}
-                    self.devices.append(info)
-                    self._device_info[index] = info
-                    self._device_owner[index] = (worker.identity, local)
-                index += 1
-        self.device_count = index
-        for session in self._sessions.values():  # a new name may sort before theirs
-            session.device = next(i for i, owner in self._device_owner.items()
-                                  if owner == (session.worker, session.local))
+        self._device_info, self._device_owner = {}, {}
+        for worker in self.workers.values():
+            if not worker.ready:
+                continue
+            for local, index in enumerate(self._known[worker.name][:len(worker.devices)]):
+                info = {"index": index, "worker": worker.name, "local": local,
+                        "backend": worker.backend, "settings": worker.devices[local]}
+                self._device_info[index] = info
+                self._device_owner[index] = (worker.identity, local)
+        self.devices = [self._device_info[index] for index in sorted(self._device_info)]

@@ -42,7 +42,8 @@ def main() -> None:
                    " port * picks a free one).")
 @click.option("--backend", default="tcp://127.0.0.1:5556", show_default=True,
               help="Address workers connect to.")
-@token_options("", "FABRIC_TOKEN")
+@token_options("", "FABRIC_TOKEN", "client token, or several, one a line (one per user or team: "
+               "each has its own share of every device's sessions)")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @token_options("admin-", "FABRIC_ADMIN_TOKEN")
 @click.option("--open-timeout", type=float, default=5.0, show_default=True,
@@ -69,14 +70,15 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
 
     _logging(log_level)
     client = required_secret(token, token_file, "FABRIC_TOKEN", "token")
+    client_tokens = [line.strip() for line in client.splitlines() if line.strip()]
     worker = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN",
                              "worker token")
     admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
                     lease=lease, auth_delay=auth_delay, **limits)
     try:
-        serve(frontend, backend, client_token=client, worker_token=worker, admin_token=admin,
-              limits=limits, announce=announce_on_stdout, curve=curve)
+        serve(frontend, backend, client_token=client_tokens, worker_token=worker,
+              admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve)
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
         raise click.ClickException(f"cannot serve on {frontend} / {backend}: {exc}") from None
 

@@ -169,6 +169,10 @@ def limit_options(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any
             click.option("--max-sessions-per-device", type=count,
                          default=DEFAULT_MAX_SESSIONS_PER_DEVICE, show_default=True,
                          help="Sessions one device may serve; more are refused."),
+            click.option("--max-sessions-per-token", type=count, default=None,
+                         help="Sessions one client token may hold on one device, over all "
+                              "its connections; more are refused [default: the per-device "
+                              "limit shared evenly among the client tokens]."),
             click.option("--peer-queue", type=count, default=DEFAULT_PEER_QUEUE,
                          show_default=True, help="Messages held for a peer whose queue is "
                          "full: a client that leaves more unread is cut off; a worker that "
@@ -179,7 +183,7 @@ def limit_options(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any
                               "heartbeat x liveness [default: 2/3 of that]."),
         ]
     names = ["max_message_bytes", "hwm", "max_sessions_per_client", "max_sessions_per_device",
-             "peer_queue", "slow_peer_timeout"]
+             "max_sessions_per_token", "peer_queue", "slow_peer_timeout"]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(command)

@@ -228,9 +228,11 @@ class LocalCluster:
         atexit.register(self.stop)
         try:
             self.start_broker()
+            # One at a time: the broker numbers devices in registration order, so worker-i's
+            # devices come after those of every worker before it.
             for i in range(self.n_workers):
                 self.start_worker(i)
-            self.wait_for_devices(self.n_workers * self.devices_per_worker)
+                self.wait_for_devices((i + 1) * self.devices_per_worker)
         except BaseException:
             self.stop()
             raise

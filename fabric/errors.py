@@ -111,7 +111,8 @@ class SessionLost(FabricError):
 
 
 class TooManySessions(HandshakeError):
-    """A limit on open sessions (per client connection or per device) refused the HELLO."""
+    """A limit on open sessions (per client connection, per client token on a device, or per
+    device) refused the HELLO."""
 
     code = "too_many_sessions"
 
@@ -162,6 +163,12 @@ class DeviceNotHostable(FabricError):
     """A worker was asked to host a device that cannot serve remote sessions."""
 
     code = "device_not_hostable"
+
+
+class WorkerNameTaken(FabricError):
+    """A worker registered under the name of a live worker: the newcomer is refused."""
+
+    code = "worker_name_taken"
 
 
 class NotFound(FabricError):

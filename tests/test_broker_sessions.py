@@ -20,7 +20,7 @@ LIMITS = Limits(open_timeout=5.0)
 def table_with_worker():
     """A session table, the worker table it reads, and its worker a (one device)."""
     sessions: dict[int, Session] = {}
-    workers = WorkerTable(sessions)
+    workers = WorkerTable()
     worker = Worker(A, "a", "numpy", [{}], registered=0.0, last_seen=0.0)
     workers.add(worker)
     return SessionTable(sessions, workers, LIMITS), workers, worker

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from fabric import protocol
-from fabric.errors import AuthenticationError, ProtocolError, VersionMismatch
+from fabric.errors import AuthenticationError, ProtocolError, VersionMismatch, WorkerNameTaken
 from fabric.protocol import Kind, Message
 from fabric.workers.control import Attach, Connect, Control, Probe, RegistrationRefused, Send
 
@@ -47,7 +47,9 @@ def test_start_connects_under_new_identities_and_registers_every_lane():
     connect, register = machine.start(0.0)
     assert connect == Connect(b"id-3", (b"id-1", b"id-2"))
     assert type(register) is Send and register.message.kind == Kind.REGISTER
-    assert register.message.body == {**REGISTRATION, "lanes": [b"id-1", b"id-2"]}
+    assert register.message.body == {**REGISTRATION, "lanes": [b"id-1", b"id-2"],
+                                     "instance": machine.instance}
+    assert len(machine.instance) == 16
 
 
 def test_heartbeats_are_sent_every_heartbeat_and_not_between():
@@ -69,6 +71,7 @@ def test_a_broker_silent_past_liveness_heartbeats_is_left_for_a_new_connection()
     assert [type(a) for a in actions] == [Connect, Send]
     assert actions[0] == Connect(b"id-6", (b"id-4", b"id-5"))  # all new
     assert actions[1].message.body["lanes"] == [b"id-4", b"id-5"]
+    assert actions[1].message.body["instance"] == machine.instance  # the same process
     assert machine.tick(5.02) == []  # the silence is counted again from the reconnection
 
 
@@ -113,6 +116,31 @@ def test_a_broker_that_does_not_know_the_worker_gets_its_registration_again(capl
     with caplog.at_level(logging.WARNING, "fabric.worker"):
         assert machine.on_message(frames(Kind.ERROR, ProtocolError("odd").to_wire()), 0.2) == []
     assert "the broker reported: odd" in caplog.text
+
+
+def test_a_name_held_by_a_live_worker_is_retried_past_the_liveness_bound_then_stops(caplog):
+    machine = control()
+    machine.start(0.0)
+    taken = frames(Kind.REJECT, WorkerNameTaken("Worker name 'w' belongs to a live worker: "
+                                                "give this worker another --name.",
+                                                worker="w", alive_for=3.0).to_wire())
+    with caplog.at_level(logging.WARNING, "fabric.worker"):
+        assert machine.on_message(taken, 0.0) == []  # perhaps our own previous process
+    assert "Trying again for 4.0 s" in caplog.text
+    not_registered = frames(Kind.ERROR, ProtocolError("x", reason="not_registered").to_wire())
+    assert sent(machine.on_message(not_registered, 1.0)) == [Kind.REGISTER]
+    assert machine.on_message(taken, 4.0) == []  # still within 3 s + one heartbeat
+    with pytest.raises(RegistrationRefused, match="another --name"):
+        machine.on_message(taken, 4.01)
+
+
+def test_a_worker_registered_after_a_name_refusal_starts_counting_afresh():
+    machine = control()
+    machine.start(0.0)
+    taken = frames(Kind.REJECT, WorkerNameTaken("taken", alive_for=3.0).to_wire())
+    machine.on_message(taken, 0.0)
+    machine.on_message(frames(Kind.REGISTERED, {"server": "b", "heartbeat": 1.0}), 1.0)
+    assert machine.on_message(taken, 10.0) == []  # registered meanwhile: a new bound starts
 
 
 def test_a_refused_curve_key_stops_the_worker():

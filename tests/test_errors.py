@@ -40,6 +40,7 @@ STABLE_CODES = {
     "TraceError": "trace_error",
     "ProtocolError": "protocol_error",
     "DeviceNotHostable": "device_not_hostable",
+    "WorkerNameTaken": "worker_name_taken",
     "NotFound": "not_found",
     "ConfigError": "config_error",
     "ClusterError": "cluster_error",

@@ -22,7 +22,9 @@ from fabric.errors import (
     NoSuchDevice,
     ProtocolError,
     SessionLost,
+    TooManySessions,
     VersionMismatch,
+    WorkerNameTaken,
     error_from_wire,
 )
 from fabric.protocol import DATA_KINDS, PROTOCOL_VERSION, Kind, Message
@@ -171,22 +173,23 @@ def test_register_with_devices_that_are_not_maps_is_a_protocol_error():
     assert registry.workers == {}
 
 
-def test_devices_are_numbered_by_worker_name_then_local_index():
-    # "b" registers first but "a" sorts first.
+def test_devices_are_numbered_in_registration_order_whatever_the_names_sort_as():
+    # "b" registers first: "a", which sorts first, comes after it (issue 24, section 1).
     registry = make_registry((B, "b", 2), (A, "a", 1))
     assert [(d["index"], d["worker"], d["local"], d["settings"]) for d in registry.devices] == [
-        (0, "a", 0, {"n": 0}), (1, "b", 0, {"n": 0}), (2, "b", 1, {"n": 1})]
+        (0, "b", 0, {"n": 0}), (1, "b", 1, {"n": 1}), (2, "a", 0, {"n": 0})]
     # A HELLO for a global index is sent to its owner, with the owner's local index.
-    for device, owner, local in [(0, A, 0), (1, B, 0), (2, B, 1)]:
+    for device, owner, local in [(0, B, 0), (1, B, 1), (2, A, 0)]:
         sends = hello(registry, C1, session=100 + device, device=device)
         assert only(sends, Side.BACKEND, owner, Kind.OPEN).body["device"] == local
 
 
-def test_reregistering_under_the_same_name_replaces_the_old_worker():
+def test_reregistering_under_the_name_of_a_silent_worker_replaces_it():
     registry = two_workers()
     open_session(registry, C1, session=7, device=1)  # on "b"
     restarted = b"worker-b-restarted"
-    sends = registry.from_worker(restarted, register_frames("b", [{"new": True}]), 1.0)
+    # "b" was last heard at 0.0: past heartbeat x liveness (3 s), before a tick noticed.
+    sends = registry.from_worker(restarted, register_frames("b", [{"new": True}]), 3.5)
     # The client of the old worker learns its session is lost; the new worker is welcome.
     assert [(s.side, s.identity, decoded(s).kind) for s in sends] == [
         (Side.FRONTEND, C1, Kind.ERROR), (Side.BACKEND, restarted, Kind.REGISTERED)]
@@ -553,23 +556,36 @@ def test_device_indexes_stay_put_when_workers_come_and_go():
     assert offline.code == "device_offline"
     registry.from_worker(b"a-again", register_frames("a", [{}]), 1.0)  # back on index 0
     assert [d["index"] for d in registry.devices] == [0, 1, 2]
-    # A new worker whose name sorts first arrives: indexes move up, sessions follow.
+    # A new worker whose name sorts first arrives: it gets the next index, nothing moves.
     registry.from_worker(b"worker-0", register_frames("0", [{}]), 1.0)
     check_invariants(registry)
-    assert registry.device_of(registry.sessions[7])["index"] == 3
+    assert [(d["index"], d["worker"]) for d in registry.devices] == [
+        (0, "a"), (1, "b"), (2, "b"), (3, "0")]
+    assert registry.device_of(registry.sessions[7])["index"] == 2
     welcome = only(registry.from_worker(B, frames(Kind.OPENED, 8, 1), 1.0), Side.FRONTEND, C2,
                    Kind.WELCOME)
-    assert (welcome.body["device"]["worker"], welcome.body["device"]["local"]) == ("b", 0)
+    assert (welcome.body["device"]["index"], welcome.body["device"]["worker"],
+            welcome.body["device"]["local"]) == (1, "b", 0)
     # Losing "b" tells both clients, naming each session's device.
     sends = registry.unroutable(Side.BACKEND, B, 2.0)
     details = {s.identity: error_from_wire(decoded(s).body).details for s in sends}
-    assert details[C1]["device"] == 3 and details[C2]["device"] == 2
+    assert details[C1]["device"] == 2 and details[C2]["device"] == 1
     assert registry.sessions == {}
 
 
-def test_workers_are_numbered_in_natural_name_order():
+def test_a_worker_back_with_more_devices_keeps_its_indexes_and_gets_new_ones_after_all():
     registry = make_registry((B, "worker-10", 1), (A, "worker-2", 1))
-    assert [d["worker"] for d in registry.devices] == ["worker-2", "worker-10"]
+    registry.unroutable(Side.BACKEND, A, 1.0)
+    registry.from_worker(b"worker-2-again", register_frames("worker-2", [{}, {}]), 1.0)
+    assert [(d["index"], d["worker"], d["local"]) for d in registry.devices] == [
+        (0, "worker-10", 0), (1, "worker-2", 0), (2, "worker-2", 1)]
+    # Back with fewer: the index of the missing device stays its, offline.
+    registry.unroutable(Side.BACKEND, b"worker-2-again", 2.0)
+    registry.from_worker(A, register_frames("worker-2", [{}]), 2.0)
+    assert [d["index"] for d in registry.devices] == [0, 1]
+    assert registry.device_count == 3
+    assert registry.device_slots == {0: ("worker-10", 0), 1: ("worker-2", 0),
+                                     2: ("worker-2", 1)}
 
 
 def test_opening_past_the_open_timeout_is_rejected_and_closed_on_the_worker():
@@ -953,3 +969,88 @@ def apply_events(registry: Registry, sequence: list, after_each=None) -> None:
         check_invariants(registry)
         if after_each is not None:
             after_each(registry, now)
+
+
+# -- a live worker's name is not taken over; one token's share of a device (issue 30) ------
+
+
+def test_a_registration_under_a_live_workers_name_is_refused_and_changes_nothing():
+    registry = two_workers()
+    open_session(registry, C1, session=7, device=1)  # on "b"
+    registry.from_worker(B, frames(Kind.HEARTBEAT), 2.0)  # "b" lives
+    devices_before = registry.devices
+    sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 4.5)
+    message = only(sends, Side.BACKEND, b"impostor", Kind.REJECT)
+    error = error_from_wire(message.body)
+    assert type(error) is WorkerNameTaken and error.details["alive_for"] == 3.0
+    assert "--name" in error.message
+    assert set(registry.workers) == {A, B} and registry.devices == devices_before
+    assert registry.sessions[7].phase is SessionPhase.OPEN
+    assert registry.rejects[WorkerNameTaken.code] == 1
+    # Once "b" is silent past the bound, the same registration replaces it, as a restart does.
+    sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 5.1)
+    assert kinds(sends) == [Kind.ERROR, Kind.REGISTERED]
+    assert [(d["index"], d["worker"]) for d in registry.devices] == [(0, "a"), (1, "b"), (2, "b")]
+
+
+def test_the_same_worker_process_reconnected_replaces_its_live_registration_at_once():
+    # A broker that stalled may have counted the old connection as live; the process's
+    # random instance id shows the newcomer is that same worker, reconnected.
+    registry = make_registry()
+    body = protocol.decode(register_frames("b", [{}])).body
+    registry.from_worker(B, frames(Kind.REGISTER, body={**body, "instance": b"i" * 16}), 0.0)
+    again = frames(Kind.REGISTER, body={**body, "instance": b"i" * 16})
+    assert kinds(registry.from_worker(b"b-reconnected", again, 1.0)) == [Kind.REGISTERED]
+    other = frames(Kind.REGISTER, body={**body, "instance": b"j" * 16})
+    rejected_register = registry.from_worker(b"other-process", other, 1.5)
+    assert type(error_from_wire(decoded(rejected_register[0]).body)) is WorkerNameTaken
+    without = frames(Kind.REGISTER, body=body)  # no instance id never matches one
+    assert kinds(registry.from_worker(b"no-instance", without, 1.5)) == [Kind.REJECT]
+    assert set(registry.workers) == {b"b-reconnected"}
+    assert [d["index"] for d in registry.devices] == [0]
+
+
+def _two_tokens(per_device: int, per_token: int | None = None) -> Registry:
+    limits = Limits(heartbeat=1.0, liveness=3, max_sessions_per_device=per_device,
+                    max_sessions_per_token=per_token)
+    registry = Registry(client_token=[CLIENT_TOKEN, "other-team-token"],
+                        worker_token=WORKER_TOKEN, limits=limits)
+    registry.from_worker(A, register_frames("a", [{}, {}]), 0.0)
+    return registry
+
+
+def test_one_client_token_holds_at_most_its_share_of_a_device_over_any_connections():
+    registry = _two_tokens(per_device=4)  # two tokens: 2 sessions each by default
+    assert kinds(hello(registry, C1, session=1)) == [Kind.OPEN]
+    assert kinds(hello(registry, C2, session=2)) == [Kind.OPEN]  # another connection
+    _, error = rejected(hello(registry, b"client-3", session=3), b"client-3", TooManySessions)
+    assert error.details == {"reason": "per_token", "device": 0, "limit": 2}
+    assert "--max-sessions-per-token 2" in error.message and "token of your own" in error.message
+    # The other token's holders still get in; the same token still gets another device.
+    assert kinds(hello(registry, b"client-4", session=4, token="other-team-token")) == [
+        Kind.OPEN]
+    assert kinds(hello(registry, C1, session=5, device=1)) == [Kind.OPEN]
+    # A slot freed by a close is the token's again.
+    registry.from_client(C1, frames(Kind.CLOSE, 1, 9), 1.0)
+    registry.from_worker(A, frames(Kind.CLOSED, 1, 9), 1.0)
+    assert kinds(hello(registry, b"client-3", session=3)) == [Kind.OPEN]
+    check_invariants(registry)
+
+
+def test_the_per_token_cap_is_the_device_limit_shared_among_tokens_unless_set():
+    assert Limits(max_sessions_per_device=1024).sessions_per_token(1) == 1024
+    assert Limits(max_sessions_per_device=1024).sessions_per_token(3) == 341
+    assert Limits(max_sessions_per_device=2).sessions_per_token(5) == 1
+    assert Limits(max_sessions_per_token=7).sessions_per_token(3) == 7
+    registry = _two_tokens(per_device=4, per_token=3)
+    for session in (1, 2, 3):
+        assert kinds(hello(registry, C1, session=session)) == [Kind.OPEN]
+    rejected(hello(registry, C2, session=4), C2, TooManySessions)
+
+
+def test_every_client_token_is_accepted_and_a_wrong_one_refused():
+    registry = _two_tokens(per_device=4)
+    for token in (CLIENT_TOKEN, "other-team-token"):
+        sends = registry.from_client(C1, frames(Kind.DEVICES, 0, 1, {"token": token}), 0.0)
+        assert kinds(sends) == [Kind.DEVICE_LIST]
+    rejected(hello(registry, C1, session=1, token="other-team-toke"), C1, AuthenticationError)

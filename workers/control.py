@@ -8,6 +8,15 @@ identities, send a message, attach the devices' lanes, probe the broker's mechan
 refusal that retrying cannot fix raises ``RegistrationRefused``. No sockets, no threads, no
 clock: the loop passes ``now``.
 
+Every REGISTER carries this process's random instance id, so that the broker lets the same
+process, reconnected under new identities, replace its own registration at once (a broker
+that stalled may still count the old connection as live). A registration refused because a
+live worker holds this worker's name (``WorkerNameTaken``)
+is retried (each HEARTBEAT the broker does not know is answered by registering again) for
+the broker's liveness bound and one heartbeat more: the holder may be this worker's own
+previous process, whose end the broker has not noticed yet. Refused still, the name is
+really another worker's, and the worker stops with the broker's sentence.
+
 Timing: the worker says HEARTBEAT every ``heartbeat`` seconds; a broker silent for more than
 ``heartbeat * liveness`` seconds is gone, and the worker connects again (its sessions died
 with the connection that knew them). A REGISTER is sent once per connection, and again when
@@ -24,7 +33,13 @@ from typing import Any, Callable, Sequence, Union
 import zmq
 
 from fabric import protocol
-from fabric.errors import AuthenticationError, FabricError, VersionMismatch, error_from_wire
+from fabric.errors import (
+    AuthenticationError,
+    FabricError,
+    VersionMismatch,
+    WorkerNameTaken,
+    error_from_wire,
+)
 from fabric.protocol import Kind, Message
 from fabric.security import explain_handshake, probe_needed
 
@@ -98,6 +113,8 @@ class Control:
         self.lanes: tuple[bytes, ...] = ()
         self.last_heard = self.last_sent = 0.0
         self.warned = False  # about a failed handshake, once per connection
+        self.name_refused_since: float | None = None  # first WorkerNameTaken since registered
+        self.instance = os.urandom(16)  # this process, over all its connections
 
     @property
     def tick_every(self) -> float:
@@ -131,7 +148,7 @@ class Control:
         if header.kind in _QUIET:
             return []
         if header.kind in _CONTROL and header.session == 0:
-            return self._from_broker(protocol.decode(frames, header))
+            return self._from_broker(protocol.decode(frames, header), now)
         log.warning("a %s message for a session came on the worker's own socket, not on a "
                     "device's lane: dropped", header.kind.name)
         log.debug("the session of that %s message: %#x", header.kind.name, header.session)
@@ -167,19 +184,36 @@ class Control:
         return [Connect(self.new_identity(), self.lanes), self._register()]
 
     def _register(self) -> Send:
-        return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes)}))
+        return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes),
+                                                 "instance": self.instance}))
 
-    def _from_broker(self, message: Message) -> list[Action]:
+    def _from_broker(self, message: Message, now: float) -> list[Action]:
         if message.kind == Kind.REGISTERED:
             log.info("registered with %s", message.body["server"])
+            self.name_refused_since = None
             limit = message.body.get("max_message_bytes")
             ours = self.registration["max_message_bytes"]
             return [Attach(limit if type(limit) is int and limit > 0 else ours)]
         error = error_from_wire(message.body)
         if isinstance(error, (AuthenticationError, VersionMismatch)):
             raise RegistrationRefused(error.message)
+        if isinstance(error, WorkerNameTaken):
+            return self._name_taken(error, now)
         if error.details.get("reason") == "not_registered":
             log.warning("the broker does not know this worker (it restarted?): registering")
             return [self._register()]
         log.warning("the broker reported: %s", error.message)
+        return []
+
+    def _name_taken(self, error: WorkerNameTaken, now: float) -> list[Action]:
+        """A live worker holds this name: wait (see the module's rule), then stop."""
+        alive_for = error.details.get("alive_for")
+        if not isinstance(alive_for, (int, float)):
+            alive_for = self.heartbeat * self.liveness
+        if self.name_refused_since is None:
+            self.name_refused_since = now
+            log.warning("%s Trying again for %.1f s in case it is this worker's previous "
+                        "process.", error.message, alive_for + self.heartbeat)
+        elif now - self.name_refused_since > alive_for + self.heartbeat:
+            raise RegistrationRefused(error.message)
         return []
