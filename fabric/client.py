@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .config import CONNECTION_FILE_ENV, load_connection_file
+from .config import CONNECTION_FILE_ENV, first_secret, load_connection_file
 from .connection import list_devices
 from .device import Device
 from .errors import ConnectError
@@ -19,9 +19,10 @@ from .session import Session, dial
 
 
 def resolve_token(token: str | None) -> str:
-    """The token given, else ``FABRIC_TOKEN``; a clear error when there is neither."""
-    token = token if token is not None else os.environ.get("FABRIC_TOKEN")
-    if not token:
+    """The token given, else ``FABRIC_TOKEN``, without the whitespace around it; a clear
+    error when there is neither."""
+    token = first_secret(token, os.environ.get("FABRIC_TOKEN"))
+    if token is None:
         raise ConnectError("No token given: pass token=..., or set FABRIC_TOKEN.")
     return token
 
@@ -33,7 +34,7 @@ def _target(address: str | None, token: str | None, connection_file: str | None,
     arguments or the environment; None when nothing names a cluster (the embedded one)."""
     if address is None and (connection_file or os.environ.get(CONNECTION_FILE_ENV)):
         info = load_connection_file(connection_file)
-        return (info["address"], token or info["token"], info["path"],
+        return (info["address"], first_secret(token, info["token"]) or "", info["path"],
                 client_keys(curve if curve is not None else info.get("curve")))
     if address is None:
         return None
