@@ -43,7 +43,7 @@ from fabric.errors import (
     ProtocolError,
     SessionLost,
 )
-from fabric.flow import largest_frame, size_text
+from fabric.flow import largest_frame, size_and_limit_text
 from fabric.protocol import (
     CLIENT_DATA_KINDS,
     PROTOCOL_VERSION,
@@ -398,12 +398,12 @@ class Registry:
             tensor = protocol.decode(frames, header).body.get("id")
         except ProtocolError:
             return []
-        limit = destination.max_message_bytes
+        size, limit = largest_frame(frames), destination.max_message_bytes
+        size_words, limit_words = size_and_limit_text(size, limit)
         error = MessageTooLarge(
-            f"The tensor moved with .to() is {size_text(largest_frame(frames))}, more than "
-            f"the {size_text(limit)} worker {destination.name} takes in one message: move "
-            "it in slices, or start that worker with a larger --max-message-bytes.",
-            size=largest_frame(frames), limit=limit)
+            f"The tensor moved with .to() is {size_words}, more than the {limit_words} "
+            f"worker {destination.name} takes in one message: move it in slices, or start "
+            "that worker with a larger --max-message-bytes.", size=size, limit=limit)
         return [send_message(Side.BACKEND, session.lane, Message(
             Kind.TRANSFER, header.session, header.request,
             {"id": tensor, "error": error.to_wire()}))]

@@ -12,7 +12,8 @@ Where the address and token come from, first match wins:
   client's, whose address and keys serve but which holds no admin token); with neither, the
   file $FABRIC_ADMIN_FILE names, else $FABRIC_CONNECTION_FILE's, else the default admin file,
   else the default connection file, if it exists;
-- token: ``token=``; else $FABRIC_ADMIN_TOKEN; else the file's admin token.
+- token: ``token=``; else $FABRIC_ADMIN_TOKEN; else the file's admin token; the whitespace
+  around it stripped.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .config import (ADMIN_FILE_ENV, CONNECTION_FILE_ENV, default_admin_file,
+from .config import (ADMIN_FILE_ENV, CONNECTION_FILE_ENV, default_admin_file, first_secret,
                      default_connection_file, load_admin_file)
 from .connection import ZMTP_HANDSHAKE_LIMIT, Connection, expect_reply, naming_connection_file
 from .security import CurveOption, client_keys
@@ -81,7 +82,7 @@ def resolve_target(address: str | None, token: str | None,
         raise ConfigError(
             f"No broker address: pass one (--address), the admin file (--admin-file), or set "
             f"{ADMIN_FILE_ENV}; fabric cluster up writes {default_admin_file()}.")
-    token = token or os.environ.get(ADMIN_TOKEN_ENV) or info.get("admin_token")
+    token = first_secret(token, os.environ.get(ADMIN_TOKEN_ENV), info.get("admin_token"))
     if not token and "token" in info:
         raise ConfigError(
             f"{info['path']} is a client's connection file: it holds no admin token. Use the "

@@ -19,7 +19,7 @@ import numpy as np
 from . import numpy_functions  # noqa: F401  (registers numpy's functions on tensors)
 from .device import Device
 from .errors import MessageTooLarge
-from .flow import size_text
+from .flow import size_and_limit_text
 from .ops import OPS
 from .origins import issued_at
 from .random import Random
@@ -156,9 +156,9 @@ class ArrayNamespace(ABC):
 
     def _upload(self, array: np.ndarray) -> Tensor:
         if array.nbytes > self.max_upload_bytes:
+            size, limit = size_and_limit_text(array.nbytes, self.max_upload_bytes)
             raise MessageTooLarge(
-                f"The array is {size_text(array.nbytes)}, more than the "
-                f"{size_text(self.max_upload_bytes)} one message to device "
+                f"The array is {size}, more than the {limit} one message to device "
                 f"{self.device.index} may carry: upload it in slices and join them on "
                 "the device with np.concatenate, or raise --max-message-bytes on the "
                 "broker and workers.", size=array.nbytes, limit=self.max_upload_bytes)

@@ -27,7 +27,8 @@ def token_options(role: str, env: str, what: str | None = None,
         command = click.option(
             f"--{role}token-file", type=click.Path(dir_okay=False),
             help=f"File holding the {what} (mode 0600). Takes precedence "
-                 f"over ${env} and --{role}token.")(command)
+                 f"over ${env} and --{role}token. Whitespace around a token (a trailing "
+                 "newline or space) is ignored in all three.")(command)
         return click.option(
             f"--{role}token", metavar="TOKEN",
             help=f"The {what} itself (visible in ps; prefer the file or "

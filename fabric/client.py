@@ -9,31 +9,38 @@ from __future__ import annotations
 
 import os
 
-from .config import CONNECTION_FILE_ENV, load_connection_file
+from .config import CONNECTION_FILE_ENV, first_secret, load_connection_file
 from .connection import list_devices
 from .device import Device
 from .errors import ConnectError
 from .flow import DEFAULT_MAX_MESSAGE_BYTES
 from .security import CurveClient, CurveOption, client_keys
-from .session import Session, dial
+from .session import Session, check_argument, dial
 
 
 def resolve_token(token: str | None) -> str:
-    """The token given, else ``FABRIC_TOKEN``; a clear error when there is neither."""
-    token = token if token is not None else os.environ.get("FABRIC_TOKEN")
-    if not token:
+    """The token given, else ``FABRIC_TOKEN``, without the whitespace around it; a clear
+    error when there is neither."""
+    token = first_secret(token, os.environ.get("FABRIC_TOKEN"))
+    if token is None:
         raise ConnectError("No token given: pass token=..., or set FABRIC_TOKEN.")
     return token
 
 
 def _target(address: str | None, token: str | None, connection_file: str | None,
-            curve: CurveOption = None,
+            curve: CurveOption = None, timeout: float = 10.0,
             ) -> tuple[str, str, str | None, CurveClient | None] | None:
     """The address, token, connection file (if one was used) and CURVE keys from the
-    arguments or the environment; None when nothing names a cluster (the embedded one)."""
+    arguments or the environment; None when nothing names a cluster (the embedded one).
+    The arguments' types are checked first, so a wrong one is a ``TypeError`` naming it."""
+    check_argument("address", address, (str, type(None)), "a broker address (a str)")
+    check_argument("token", token, (str, type(None)), "a token (a str)")
+    check_argument("connection_file", connection_file, (str, os.PathLike, type(None)),
+                   "a path (a str or os.PathLike)")
+    check_argument("timeout", timeout, (int, float), "seconds (an int or a float)")
     if address is None and (connection_file or os.environ.get(CONNECTION_FILE_ENV)):
         info = load_connection_file(connection_file)
-        return (info["address"], token or info["token"], info["path"],
+        return (info["address"], first_secret(token, info["token"]) or "", info["path"],
                 client_keys(curve if curve is not None else info.get("curve")))
     if address is None:
         return None
@@ -66,7 +73,9 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
     keeps reads within it, and uploads within what it and the device's worker take, so an
     array too big is a ``MessageTooLarge`` at the call instead of a lost connection.
     """
-    target = _target(address, token, connection_file, curve)
+    check_argument("device", device, (int,), "a device index (an int)")
+    check_argument("max_message_bytes", max_message_bytes, (int,), "a size in bytes (an int)")
+    target = _target(address, token, connection_file, curve, timeout)
     if target is None:
         from .cluster import embedded_session  # (loaded only when needed: it starts processes)
 
@@ -82,7 +91,7 @@ def devices(address: str | None = None, *, token: str | None = None, timeout: fl
             connection_file: str | None = None, curve: CurveOption = None) -> list[Device]:
     """Every device of every worker registered with the broker at ``address`` (or the one a
     connection file names); ``curve`` as for ``connect``."""
-    target = _target(address, token, connection_file, curve)
+    target = _target(address, token, connection_file, curve, timeout)
     if target is None:
         raise ConnectError("No address given: pass one, or a connection_file, or set "
                            f"{CONNECTION_FILE_ENV}.")

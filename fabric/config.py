@@ -68,11 +68,21 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def first_secret(*candidates: str | None) -> str | None:
+    """The first of ``candidates`` that holds a token, without the whitespace around it (the
+    newline ``echo`` or a copied line leaves, which is never part of a token)."""
+    for candidate in candidates:
+        if candidate and candidate.strip():
+            return candidate.strip()
+    return None
+
+
 def resolve_secret(value: str | None, file: str | None, env: str) -> str | None:
-    """A token from its file, else the environment variable ``env``, else ``value``."""
+    """A token from its file, else the environment variable ``env``, else ``value``; the
+    whitespace around it is stripped, whichever it came from."""
     if file:
         return read_secret_file(file)
-    return os.environ.get(env) or value or None
+    return first_secret(os.environ.get(env), value)
 
 
 CONNECTION_FILE_ENV = "FABRIC_CONNECTION_FILE"

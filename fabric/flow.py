@@ -62,6 +62,16 @@ def size_text(count: int) -> str:
     raise AssertionError("unreachable")
 
 
+def size_and_limit_text(size: int, limit: int) -> tuple[str, str]:
+    """A size and the limit it is compared with, for one sentence: as ``size_text``, with the
+    exact bytes in parentheses when both would round to the same figure (``1.0 GiB`` would
+    otherwise read as more than ``1.0 GiB``)."""
+    size_words, limit_words = size_text(size), size_text(limit)
+    if size_words == limit_words and size != limit:
+        return f"{size_words} ({size} bytes)", f"{limit_words} ({limit} bytes)"
+    return size_words, limit_words
+
+
 class Outbox:
     """Messages parked per destination, in arrival order, each queue bounded.
 

@@ -73,6 +73,9 @@ class Session(ArrayNamespace):
         """Another session, on ``device``, over this session's connection (one connection
         serves sessions on any number of devices; it closes with its last session)."""
         self.stream.check_open()
+        check_argument("device", device, (int,), "a device index (an int)")
+        if timeout is not None:
+            check_argument("timeout", timeout, (int, float), "seconds (an int or a float)")
         return open_session(self.connection, self._token, device,
                             self.timeout if timeout is None else timeout)
 
@@ -202,6 +205,14 @@ class Session(ArrayNamespace):
         """The error for an op that mixes this session's tensors with another's."""
         return ValueError(f"{tensor!r} lives on another session: move it with .to(session) "
                           "first.")
+
+
+def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:
+    """A ``TypeError`` naming the argument and what it takes when ``value`` is not one of
+    ``kinds`` (a bool is not an int here): checked at the call, before a malformed request
+    travels and the broker refuses it as a protocol error."""
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise TypeError(f"{name}= takes {takes}, not {type(value).__name__} {value!r}.")
 
 
 def open_session(connection: Connection, token: str, device: int, timeout: float) -> Session:

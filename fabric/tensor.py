@@ -302,7 +302,7 @@ class Tensor(Spec):
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = ARRAY_FUNCTIONS.get(func)
         if handler is None:
-            raise TypeError(f"numpy.{func.__name__} is not supported on fabric tensors; read "
+            raise TypeError(f"{_numpy_name(func)} is not supported on fabric tensors; read "
                             "the tensor with .numpy() first if you mean to compute locally.")
         try:
             return handler(*args, **kwargs)
@@ -312,8 +312,13 @@ class Tensor(Spec):
             # The handler refused the arguments themselves (a keyword fabric does not take):
             # say so in numpy's terms, not the handler's name.
             reason = str(exc).split("() ", 1)[-1]
-            raise TypeError(f"numpy.{func.__name__} on fabric tensors: {reason}; read the "
+            raise TypeError(f"{_numpy_name(func)} on fabric tensors: {reason}; read the "
                             "tensor with .numpy() first if you mean to compute locally.") from None
+
+
+def _numpy_name(func: Any) -> str:
+    """A numpy function's name as users write it, with its submodule (``numpy.linalg.inv``)."""
+    return f"{getattr(func, '__module__', None) or 'numpy'}.{func.__qualname__}"
 
 
 def _elementwise_pair(name: str) -> Callable[[Any, Any], Tensor]:

@@ -12,6 +12,7 @@ import http.server
 import os
 import signal
 import socket
+import re
 import threading
 import time
 from typing import Iterator
@@ -327,3 +328,27 @@ def test_worker_dying_during_open_is_a_handshake_error(cluster):
         session.sync()
     assert [d.worker for d in fabric.devices(cluster.address, token=cluster.token)] == [
         "worker-0"]
+
+
+@pytest.mark.parametrize("arguments, named", [
+    ({"device": "1"}, "device= takes a device index (an int), not str '1'"),
+    ({"device": True}, "device= takes"),
+    ({"timeout": "5"}, "timeout= takes seconds"),
+    ({"max_message_bytes": 1.5e9}, "max_message_bytes= takes a size in bytes"),
+    ({"token": b"secret"}, "token= takes a token (a str)"),
+])
+def test_a_connect_argument_of_the_wrong_type_is_a_type_error_naming_it(
+        shared_cluster, arguments, named):
+    call = {"token": shared_cluster.token, **arguments}
+    with pytest.raises(TypeError, match=re.escape(named)):
+        fabric.connect(shared_cluster.address, **call)
+
+
+def test_open_and_devices_check_their_argument_types_at_the_call(session, shared_cluster):
+    with pytest.raises(TypeError, match=re.escape("device= takes a device index")):
+        session.open("1")
+    with pytest.raises(TypeError, match=re.escape("timeout= takes seconds")):
+        fabric.devices(shared_cluster.address, token=shared_cluster.token, timeout="5")
+    with pytest.raises(TypeError, match=re.escape("address= takes a broker address")):
+        fabric.devices(5555, token=shared_cluster.token)
+    session.sync()  # the session goes on

@@ -44,7 +44,7 @@ from conftest import HEARTBEAT
 from fabric import protocol
 from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
 from fabric.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES, Outbox,
-                         largest_frame, size_text)
+                         largest_frame, size_and_limit_text, size_text)
 from fabric.protocol import Kind, Message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,6 +111,14 @@ def test_outbox_replace_parks_last_words_without_the_limit():
 def test_largest_frame_and_sizes_in_sentences():
     assert largest_frame([b"ab", b"abcd", b""]) == 4 and largest_frame([]) == 0
     assert size_text(10) == "10 bytes" and size_text(3 * MiB) == "3.0 MiB"
+
+
+def test_a_size_just_past_its_limit_does_not_read_as_equal_to_it():
+    GiB = 1 << 30
+    assert size_and_limit_text(GiB + 1, GiB) == ("1.0 GiB (1073741825 bytes)",
+                                                 "1.0 GiB (1073741824 bytes)")
+    assert size_and_limit_text(3 * MiB, MiB) == ("3.0 MiB", "1.0 MiB")  # already differ
+    assert size_and_limit_text(11, 10) == ("11 bytes", "10 bytes")
 
 
 # -- the registry's limits, sans I/O ---------------------------------------------------------
@@ -244,6 +252,8 @@ def test_an_upload_too_big_for_the_way_fails_at_the_call_before_sending(small_me
         with pytest.raises(MessageTooLarge) as info:
             session.asarray(too_big)
         assert info.value.details == {"size": too_big.nbytes, "limit": MiB // 2}
+        assert (f"is 512.0 KiB ({MiB // 2 + 8} bytes), more than the 512.0 KiB "
+                f"({MiB // 2} bytes)") in info.value.message
         assert "slices" in info.value.message and "--max-message-bytes" in info.value.message
         x = session.asarray(np.arange(10.0))
         with pytest.raises(MessageTooLarge):

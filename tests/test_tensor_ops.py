@@ -14,7 +14,7 @@ import copy
 import gc
 import operator
 import pickle
-
+import re
 import warnings
 
 import numpy as np
@@ -1081,6 +1081,14 @@ def test_a_keyword_fabric_does_not_take_is_named_in_numpys_terms(session):
         np.concatenate([t, t], dtype="float32")
     with pytest.raises(TypeError, match=r"numpy.zeros_like on fabric tensors: .*'order'"):
         np.zeros_like(t, order="F")
+
+
+def test_an_unsupported_numpy_function_is_named_with_its_submodule(session):
+    t = session.asarray(np.eye(3))
+    for call, name in ((np.linalg.inv, "numpy.linalg.inv"), (np.linalg.svd, "numpy.linalg.svd"),
+                       (np.fft.fft, "numpy.fft.fft")):
+        with pytest.raises(TypeError, match=rf"^{re.escape(name)} is not supported"):
+            call(t)
 
 
 def test_numpy_functions_stay_remote(session):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from fabric import protocol
 from fabric.errors import FabricError, MessageTooLarge, RemoteError
-from fabric.flow import largest_frame, size_text
+from fabric.flow import largest_frame, size_and_limit_text
 from fabric.protocol import Header, Kind, Message
 
 from .executor import Executor
@@ -111,16 +111,17 @@ class Lane:
         size = largest_frame(frames)
         if size <= limit:
             return frames
+        size_words, limit_words = size_and_limit_text(size, limit)
         if to_client:
             error = MessageTooLarge(
-                f"The array read is {size_text(size)}, more than the {size_text(limit)} the "
+                f"The array read is {size_words}, more than the {limit_words} the "
                 "way to the client takes in one message: read it in slices "
                 "(t[:n].numpy()), or raise --max-message-bytes on the broker and workers "
                 "and max_message_bytes= on the client.", size=size, limit=limit)
             return protocol.encode(protocol.reply_to(reply, {"error": error.to_wire()}))
         error = MessageTooLarge(
-            f"The tensor moved with .to() is {size_text(size)}, more than the "
-            f"{size_text(limit)} the broker takes in one message: move it in slices, or "
+            f"The tensor moved with .to() is {size_words}, more than the "
+            f"{limit_words} the broker takes in one message: move it in slices, or "
             "raise --max-message-bytes on the broker and workers.", size=size, limit=limit)
         return protocol.encode(Message(Kind.TRANSFER, reply.session, reply.request,
                                        {"id": reply.body.get("id"), "error": error.to_wire()}))
