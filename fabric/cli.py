@@ -237,7 +237,13 @@ def keys_generate(directory: str) -> None:
 @main.command()
 @click.option("--workers", type=int, default=2, show_default=True)
 def demo(workers: int) -> None:
-    """Start a local broker with WORKERS workers, list devices, open a session on each."""
+    """Run the quick-start job on a local cluster started and stopped for you.
+
+    Starts a broker and WORKERS numpy workers, lists their devices, uploads an array to
+    device 0, streams 300 ops on it, moves the result to device 1 worker to worker, computes
+    there, reads the result back and checks it against local numpy, then prints the session's
+    stats and the broker's admin status, and stops every process.
+    """
     from .demo import run
 
     run(workers)

@@ -141,7 +141,9 @@ def _print_status(status: dict[str, Any], address: str) -> None:
 def _print_workers(workers: list[dict[str, Any]], address: str) -> None:
     _table(workers, [
         ("NAME", lambda r: r["name"]), ("BACKEND", lambda r: r["backend"]),
-        ("DEVICES", lambda r: ",".join(map(str, r["devices"])) or "-"),
+        # (a count and the indexes apart: under one column, device 0 read as "no devices")
+        ("DEVICES", lambda r: len(r["devices"])),
+        ("INDEXES", lambda r: ",".join(map(str, r["devices"])) or "-"),
         ("SESSIONS", lambda r: r["sessions"]),
         ("DRAINING", lambda r: "yes" if r["draining"] else "no"),
         ("REGISTERED", lambda r: _duration(r["registered_ago"]) + " ago"),

@@ -186,6 +186,34 @@ def test_cli_read_commands_print_json_and_tables(shared_cluster, clean_env, tmp_
     assert not any(secret in text for text in outputs for secret in secrets_of(shared_cluster))
 
 
+def test_cli_workers_table_shows_a_device_count_and_the_indexes(shared_cluster, clean_env,
+                                                                tmp_path):
+    # (issue 23: device indexes under a column named DEVICES made device 0 read as none)
+    token_file = tmp_path / "admin-token"
+    write_secret_file(token_file, shared_cluster.admin_token)
+    table = fabric_admin("--address", shared_cluster.address, "--token-file", str(token_file),
+                         "workers", env=clean_env)
+    assert table.returncode == 0, table.stderr
+    header, *rows = table.stdout.splitlines()
+    columns = header.split()
+    assert "DEVICES" in columns and "INDEXES" in columns
+    by_name = {row.split()[0]: row.split() for row in rows}
+    for name, index in (("worker-0", "0"), ("worker-1", "1")):
+        cells = by_name[name]
+        assert cells[columns.index("DEVICES")] == "1"
+        assert cells[columns.index("INDEXES")] == index
+
+
+def test_cli_demo_help_says_what_it_runs():
+    done = subprocess.run([sys.executable, "-m", "fabric", "demo", "--help"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    words = " ".join(done.stdout.split())
+    for step in ("uploads an array", "streams 300 ops", "worker to worker", "reads the result",
+                 "admin status", "stops every process"):
+        assert step in words, step
+
+
 def test_cli_admin_file_older_files_and_environment_give_address_and_token(
         shared_cluster, clean_env, tmp_path):
     path = tmp_path / "shared_cluster-admin.json"
