@@ -47,3 +47,14 @@ def test_brokers_and_workers_load_no_client(module: str) -> None:
                           timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_every_public_name_loads_from_its_module() -> None:
+    # (fabric/__init__ names each public name's module; a wrong entry fails only when used)
+    import fabric
+    import fabric.trace  # a submodule named like a public name would now shadow it
+
+    for name in fabric.__all__:
+        value = getattr(fabric, name)
+        assert name.isupper() or value.__name__ == name, name  # (constants have no __name__)
+    assert callable(fabric.capture) and fabric.capture is fabric.trace.capture
