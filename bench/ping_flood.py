@@ -19,37 +19,22 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
 from fabric import protocol  # noqa: E402
-from fabric.protocol import Header, Kind  # noqa: E402
+from fabric.protocol import Kind, Message  # noqa: E402
+from bench.run import w2_fabric  # noqa: E402
 
 DEADLINE_MS = 10_000
-
-
-def _frames(kind: Kind, body: dict | None = None, session: int = 0,
-            request: int = 0) -> list[bytes]:
-    return [Header(kind, session, request).pack(), protocol.pack_body(body or {})]
 
 
 def _recv(sock: zmq.Socket) -> protocol.Message:
     if not sock.poll(DEADLINE_MS):
         raise SystemExit("the broker did not answer within the deadline")
     return protocol.decode(sock.recv_multipart())
-
-
-def _reads(session: fabric.Session, count: int) -> list[float]:
-    x = session.asarray(np.arange(16.0))
-    took = []
-    for _ in range(count):
-        started = time.perf_counter()
-        x.numpy()
-        took.append(time.perf_counter() - started)
-    return took
 
 
 def _flooder(address: str, token: str, sessions: int, window: int, opened: Any, start: Any,
@@ -60,19 +45,19 @@ def _flooder(address: str, token: str, sessions: int, window: int, opened: Any, 
     sock.connect(address)
     try:
         for session in range(1, sessions + 1):
-            sock.send_multipart(_frames(Kind.HELLO, {"token": token, "device": 0},
-                                        session=session, request=session))
+            sock.send_multipart(protocol.encode(Message(Kind.HELLO, session, session,
+                                                        {"token": token, "device": 0})))
         for _ in range(sessions):
             assert _recv(sock).kind == Kind.WELCOME
         opened.set()
         if not start.wait(DEADLINE_MS / 1000):
             return
         for request in range(window):
-            sock.send_multipart(_frames(Kind.PING, request=request))
+            sock.send_multipart(protocol.encode(Message(Kind.PING, request=request)))
         while not done.is_set():
             _recv(sock)
             answered.value += 1
-            sock.send_multipart(_frames(Kind.PING))
+            sock.send_multipart(protocol.encode(Message(Kind.PING)))
         for _ in range(window):  # what is still in flight
             _recv(sock)
     finally:
@@ -105,10 +90,10 @@ def main() -> None:
         try:
             if not opened.wait(60):
                 raise SystemExit("the flooding client did not open its sessions in time")
-            quiet = _reads(reader, args.reads)
+            quiet = w2_fabric(reader, args.reads)
             start.set()
             started = time.perf_counter()
-            flooded = _reads(reader, args.reads)
+            flooded = w2_fabric(reader, args.reads)
             seconds = time.perf_counter() - started
         finally:
             start.set()
