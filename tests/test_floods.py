@@ -10,13 +10,13 @@ a legitimate client's results are checked meanwhile. Timings are not asserted he
 from __future__ import annotations
 
 import os
-import time
 from typing import Iterator
 
 import numpy as np
 import pytest
 import zmq
 from conftest import HEARTBEAT
+from faultproxy import wait_for
 from rawpeers import RawDealer, frames_of
 
 from fabric import Admin, LocalCluster
@@ -45,14 +45,11 @@ def _counters(cluster: LocalCluster) -> dict[str, int]:
 def _wait_for_counts(cluster: LocalCluster, before: dict[str, int],
                      expected: dict[str, int], timeout: float = 30.0) -> None:
     """Until the broker has counted ``expected`` more of each counter than ``before``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def gained() -> dict[str, int]:
         now = _counters(cluster)
-        gained = {name: now.get(name, 0) - before.get(name, 0) for name in expected}
-        if gained == expected:
-            return
-        assert time.monotonic() < deadline, f"the broker counted {gained}, not {expected}"
-        time.sleep(0.05)
+        return {name: now.get(name, 0) - before.get(name, 0) for name in expected}
+
+    wait_for(lambda: gained() == expected, timeout, f"the broker to count {expected} more")
 
 
 def _log_size(cluster: LocalCluster) -> int:
