@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fabric  # noqa: E402
 from fabric import protocol  # noqa: E402
 from fabric.protocol import Kind, Message  # noqa: E402
+from fabric.security import present_token  # noqa: E402
 from bench.run import w2_fabric  # noqa: E402
 
 DEADLINE_MS = 10_000
@@ -42,6 +43,7 @@ def _flooder(address: str, token: str, sessions: int, window: int, opened: Any, 
     """The flooding client's process: its sessions, then PINGs from ``start`` to ``done``."""
     sock = zmq.Context().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    present_token(sock, "client", token)
     sock.connect(address)
     try:
         for session in range(1, sessions + 1):

@@ -1,12 +1,19 @@
-"""The broker's admission checks: who may open a session, and what a peer says it takes.
+"""The broker's admission checks: who may connect, who may open a session, and what a peer
+says it takes.
 
 Rule: every check here runs before any state is created and changes nothing; it returns the
-refusal (a ``FabricError`` with its code and a sentence saying what to do) or None. Tokens are
-compared in constant time. The checks on HELLO, in order: protocol version (before the body,
-which another version may lay out differently), client token, device index, device online,
-worker not draining, duplicate session id, and the session limits (per client connection,
-per device, per client token on the device: a full device is named as such). The registry answers a refused token late
-(``Limits.auth_delay``).
+refusal (a ``FabricError`` with its code and a sentence saying what to do), or the role, or
+None. Tokens are compared in constant time.
+
+First gate, in the ZeroMQ handshake (``handshake_role``, asked through ZAP): a peer without a
+token (or, with CURVE, an allowed key) is refused before its connection is attached to the
+socket, so nothing it sends, its routing id included, ever reaches libzmq's routing table or
+the broker (libzmq 4.3.5 aborts the process when a peer-chosen routing id collides with one it
+numbers itself). Second gate, in the protocol: the checks on HELLO, in order: protocol version
+(before the body, which another version may lay out differently), client token, device index,
+device online, worker not draining, duplicate session id, and the session limits (per client
+connection, per device, per client token on the device: a full device is named as such). The
+registry answers a refused token late (``Limits.auth_delay``), at either gate.
 
 A broker may hold several client tokens (one per user or team): a session is counted against
 the token that opened it, so one token's holders cannot take every slot of a device from
@@ -16,7 +23,9 @@ the others. Clients that share one token share its cap.
 from __future__ import annotations
 
 import hmac
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+from zmq.utils import z85
 
 from fabric.errors import (
     DeviceDraining,
@@ -28,18 +37,24 @@ from fabric.errors import (
     VersionMismatch,
 )
 from fabric.protocol import PROTOCOL_VERSION, Message
+from fabric.security import BACKEND_DOMAIN
 
 from .model import Limits
 from .sessions import SessionTable
 from .worker_table import WorkerTable
+from .zap import ZapRequest
 
 
 def token_index(offered: Any, tokens: Sequence[bytes]) -> int | None:
-    """Which of ``tokens`` ``offered`` is, or None. Every token is compared, each in
-    constant time, so the time taken says nothing of which one, or how much, matched."""
-    if not isinstance(offered, str):
+    """Which of ``tokens`` ``offered`` (text, or bytes from the ZeroMQ handshake) is, or None.
+    Every token is compared, each in constant time, so the time taken says nothing of which
+    one, or how much, matched."""
+    if isinstance(offered, str):
+        offered_bytes = offered.encode()
+    elif isinstance(offered, bytes):
+        offered_bytes = offered
+    else:
         return None
-    offered_bytes = offered.encode()
     found = None
     for index, token in enumerate(tokens):
         if hmac.compare_digest(offered_bytes, token):
@@ -50,6 +65,33 @@ def token_index(offered: Any, tokens: Sequence[bytes]) -> int | None:
 def token_ok(offered: Any, expected: bytes | None) -> bool:
     """Whether ``offered`` is the expected token (constant-time; no token set: never)."""
     return expected is not None and token_index(offered, (expected,)) is not None
+
+
+def handshake_role(request: ZapRequest, tokens: Mapping[str, Sequence[bytes]],
+                   curve_keys: Mapping[str, frozenset[bytes]] | None) -> str | None:
+    """Who the peer connecting in ``request`` is ("client", "admin", "worker"), or None to
+    refuse it before its connection is attached (ZAP: nothing it sends reaches the broker).
+
+    Without CURVE the password of the PLAIN mechanism is a token, any of the broker's on
+    either socket (a client at the workers' port is told so in the protocol, by role);
+    with CURVE (``curve_keys``: the allow-list of each socket's ZAP domain) the peer's
+    public key must be in its socket's list, and its token is checked in HELLO or REGISTER.
+    """
+    if curve_keys is not None:
+        allowed = curve_keys.get(request.domain, frozenset())
+        if (request.mechanism == "CURVE" and len(request.credentials) == 1
+                and len(request.credentials[0]) == 32
+                and z85.encode(request.credentials[0]) in allowed):
+            return "worker" if request.domain == BACKEND_DOMAIN else "client"
+        return None
+    if request.mechanism != "PLAIN" or len(request.credentials) != 2:
+        return None
+    password = request.credentials[1]
+    found = None
+    for role, role_tokens in tokens.items():  # every role compared: constant time
+        if token_index(password, role_tokens) is not None:
+            found = role
+    return found
 
 
 def version_mismatch(peer: str, version: int) -> VersionMismatch:

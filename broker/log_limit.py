@@ -17,6 +17,7 @@ from typing import NamedTuple
 INTERVAL = 10.0  # seconds over which repeats of one kind are folded into one line
 SAMPLE_PEERS = 3  # peers named in a summary line
 PEER_BYTES = 16  # bytes of a routing identity shown (a peer may choose 255)
+ADDRESS_CHARS = 64  # characters of a network address shown
 DETAIL_CHARS = 200  # of the first line's detail (an error sentence may quote a peer's input)
 
 
@@ -27,10 +28,13 @@ class LogLine(NamedTuple):
     text: str
 
 
-def peer_text(identity: bytes) -> str:
-    """A routing identity as bounded hex."""
-    shown = identity[:PEER_BYTES].hex()
-    return shown + "..." if len(identity) > PEER_BYTES else shown
+def peer_text(peer: bytes | str) -> str:
+    """A routing identity as bounded hex; a network address (a peer in the ZeroMQ handshake
+    has no identity yet) as bounded text."""
+    if isinstance(peer, str):
+        return peer[:ADDRESS_CHARS]
+    shown = peer[:PEER_BYTES].hex()
+    return shown + "..." if len(peer) > PEER_BYTES else shown
 
 
 @dataclass
@@ -51,7 +55,7 @@ class RateLimitedLog:
         self.interval = interval
         self._spells: dict[str, _Spell] = {}  # kind -> its interval, while it repeats
 
-    def note(self, level: int, kind: str, peer: bytes, now: float,
+    def note(self, level: int, kind: str, peer: bytes | str, now: float,
              detail: str = "") -> LogLine | None:
         """One occurrence of ``kind`` from ``peer``: the line to log now (the first in a
         quiet interval), or None when it is counted for the summary."""

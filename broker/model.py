@@ -29,6 +29,7 @@ from fabric.protocol import Kind, Message
 class Side(str, enum.Enum):  # (a str: hashed in C; a plain Enum's __hash__ is Python code)
     FRONTEND = "frontend"  # clients and admin
     BACKEND = "backend"  # workers
+    ZAP = "zap"  # libzmq asking whether a connecting peer may finish its handshake
 
 
 class Send(NamedTuple):

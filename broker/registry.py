@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fabric import protocol
 from fabric.errors import (
@@ -44,6 +44,7 @@ from fabric.errors import (
     SessionLost,
 )
 from fabric.flow import largest_frame, size_and_limit_text
+from fabric.security import BACKEND_DOMAIN
 from fabric.protocol import (
     CLIENT_DATA_KINDS,
     PROTOCOL_VERSION,
@@ -53,9 +54,16 @@ from fabric.protocol import (
     Message,
 )
 
-from . import admin
+from . import admin, zap
 from .endings import Endings
-from .handshake import hello_refusal, size_limit, token_index, token_ok, version_mismatch
+from .handshake import (
+    handshake_role,
+    hello_refusal,
+    size_limit,
+    token_index,
+    token_ok,
+    version_mismatch,
+)
 from .log_limit import RateLimitedLog
 from .model import (
     Limits,
@@ -93,6 +101,7 @@ class Registry:
         server: str = "fabric-broker",
         limits: Limits = Limits(),
         now: float = 0.0,
+        curve_keys: Mapping[str, frozenset[bytes]] | None = None,
     ) -> None:
         # One client token, or several (one per user or team; each has its session cap).
         tokens = [client_token] if isinstance(client_token, str) else list(client_token)
@@ -100,6 +109,11 @@ class Registry:
         self._sessions_per_token = limits.sessions_per_token(len(tokens))
         self._worker_token = worker_token.encode()
         self._admin_token = admin_token.encode() if admin_token else None
+        # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
+        # (``curve_keys``, per ZAP domain) an allowed key.
+        self._handshake_tokens = {"client": self._client_tokens, "worker": [self._worker_token],
+                                  "admin": [self._admin_token] if self._admin_token else []}
+        self._curve_keys = curve_keys
         self.server = server
         self.limits = limits
         self.started = now
@@ -159,7 +173,7 @@ class Registry:
 
     # -- answers -----------------------------------------------------------------------------
 
-    def _log_peer(self, level: int, kind: str, identity: bytes, now: float,
+    def _log_peer(self, level: int, kind: str, identity: bytes | str, now: float,
                   detail: str = "") -> None:
         """Log a line a peer can cause at will through the rate limit (``broker.log_limit``)."""
         line = self._log_limit.note(level, kind, identity, now, detail)
@@ -195,6 +209,31 @@ class Registry:
             f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
             "install matching fabric versions.", **{f"{peer}_version": message.version},
             server_version=PROTOCOL_VERSION), now, message.header)
+
+    # -- the ZeroMQ handshake ---------------------------------------------------------------
+
+    def from_zap(self, identity: bytes, frames: Sequence[Any], now: float) -> list[Send]:
+        """libzmq asks (ZAP) whether a peer may finish connecting: allowed with its role as
+        the connection's User-Id, or refused ``auth_delay`` later, counted and logged."""
+        try:
+            request = zap.parse_request(frames)
+        except ValueError:  # only libzmq writes here; answered so no handshake waits on it
+            self.counters["zap_malformed"] += 1
+            return [Send(Side.ZAP, identity, zap.reply(b"", zap.FAILED, "malformed request"))]
+        role = handshake_role(request, self._handshake_tokens, self._curve_keys)
+        if role is not None:
+            return [Send(Side.ZAP, identity, zap.reply(request.request_id, zap.ALLOWED, "OK",
+                                                       role))]
+        peers = "worker" if request.domain == BACKEND_DOMAIN else "client"
+        if self._curve_keys is None:
+            reason, what = AuthenticationError.code, "no token of this broker"
+        else:
+            reason, what = f"{peers}_key_refused", "a CURVE key not in its allow list"
+        self.rejects[reason] += 1
+        self._log_peer(logging.WARNING, f"refused a connection to the {peers}s' socket "
+                       f"({what})", request.address, now)
+        return self._token_refused([Send(Side.ZAP, identity, zap.reply(
+            request.request_id, zap.REFUSED, "refused"))], now)
 
     # -- clients -----------------------------------------------------------------------
 

@@ -7,15 +7,19 @@ the registry as vanished. What a full peer cannot take yet goes to the flow cont
 (``broker.flow``), which decides when to cut a client, pause the frontend or lose a worker;
 the loop retries its queues and reads the frontend only while it allows. Answers with a
 not-before time (refused tokens) wait in a small timer queue (``broker.held``) that the poll
-timeout respects. With CURVE, both ROUTERs are CURVE servers and pyzmq's ZAP thread checks
-peers' keys (``fabric.security``).
+timeout respects. Peers authenticate in the ZeroMQ handshake (PLAIN with a token as the
+password, or CURVE with an allowed key; ``fabric.security``): libzmq asks this loop over ZAP
+(a third ROUTER, ``broker.zap``) and the registry answers, so a peer without a token is never
+attached to either ROUTER.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -26,24 +30,35 @@ from typing import Any, Callable, Sequence
 import zmq
 
 from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
-from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, BrokerAuth, CurveServer
+from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, CurveServer, authenticate_peers
 
 from .flow import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
 from .model import Limits, Send, Side
 from .registry import Registry
+from .zap import ZAP_ENDPOINT
 
 log = logging.getLogger("fabric.broker")
 
 RETRY_MS = 5  # how often parked messages are retried while there are any
 
 
+def _unpredictable_routing_counters() -> None:
+    """Seed the C library's ``rand()``, from which libzmq 4.3.5 draws where each ROUTER starts
+    numbering its peers (unseeded, the same numbers in every process). A peer admitted with
+    a token can then no longer claim the number libzmq hands out next as its own routing id,
+    which makes libzmq abort the process: it would have to guess among 2**32."""
+    try:
+        ctypes.CDLL(None).srand(secrets.randbits(32))
+    except (OSError, AttributeError):  # no C library to reach: nothing to seed
+        log.warning("could not seed rand(): libzmq numbers this broker's peers predictably")
+
+
 def _router(context: zmq.Context, endpoint: str, limits: Limits,
-            curve: CurveServer | None = None, domain: str = "", *,
+            curve: CurveServer | None, domain: str, *,
             workers: bool = False) -> zmq.Socket:
     sock = context.socket(zmq.ROUTER)
-    if curve is not None:  # before bind: a CURVE server, its peers' keys checked in ``domain``
-        curve.apply(sock, domain)
+    authenticate_peers(sock, domain, curve)  # (before bind)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, 0)
     if workers:
@@ -79,9 +94,12 @@ class Broker:
     def __init__(self, frontend: str, backend: str, *, client_token: str | Sequence[str],
                  worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
                  curve: CurveServer | None = None) -> None:
+        _unpredictable_routing_counters()  # before the ROUTERs draw their starts
         self.context = zmq.Context()
-        # With allow-lists, pyzmq's ZAP thread checks every peer's key before it is connected.
-        self.auth = BrokerAuth(self.context, curve) if curve and curve.authenticates else None
+        # Bound before the ROUTERs, so no handshake is ever finished without asking it.
+        self.zap = self.context.socket(zmq.ROUTER)
+        self.zap.setsockopt(zmq.LINGER, 0)
+        self.zap.bind(ZAP_ENDPOINT)
         self.frontend = _router(self.context, frontend, limits, curve, FRONTEND_DOMAIN)
         self.backend = _router(self.context, backend, limits, curve, BACKEND_DOMAIN,
                                workers=True)
@@ -89,8 +107,10 @@ class Broker:
         server = f"fabric-broker {socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.registry = Registry(client_token=client_token, worker_token=worker_token,
                                  admin_token=admin_token, server=server, limits=limits,
-                                 now=time.monotonic())
-        self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend}
+                                 now=time.monotonic(),
+                                 curve_keys=curve.allow_lists if curve is not None else None)
+        self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend,
+                         Side.ZAP: self.zap}
         self._running = True
         self._flow = FlowControl(self.registry, limits)  # peers whose queue is full
         self._outbox = self._flow.outbox  # (the hot path's test: any parked for this peer?)
@@ -145,13 +165,15 @@ class Broker:
     def run(self) -> None:
         """Serve until ``stop()`` (or SIGINT/SIGTERM when installed by ``main``)."""
         # What the loop polls, for zmq.zmq_poll itself (a Poller adds a Python call per pass).
-        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN)]
-        backend_only = [(self.backend, POLLIN)]  # while a worker's parked queue is full
+        # Handshakes are answered (ZAP) even while the frontend is paused.
+        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN), (self.zap, POLLIN)]
+        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN)]  # a worker's queue is full
         registry = self.registry
         blocking = self._flow.blocking  # while not empty, the frontend is not read
         # Per socket: the registry's handler, and whether another message waits there.
         from_side = {sock: (handler, message_check(sock)) for sock, handler in (
-            (self.frontend, registry.from_client), (self.backend, registry.from_worker))}
+            (self.frontend, registry.from_client), (self.backend, registry.from_worker),
+            (self.zap, registry.from_zap))}
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
@@ -168,8 +190,6 @@ class Broker:
                     timeout_ms = min(timeout_ms, RETRY_MS)
                 for sock, _ in zmq.zmq_poll(backend_only if blocking else both_sides,
                                             int(timeout_ms)):
-                    if self.auth is not None:  # before an admin status may report them
-                        self._count_refused_keys()
                     # Drain a bounded batch per socket so one side cannot starve the other;
                     # a batch takes milliseconds at most, so it shares one reading of the clock.
                     handle, more = from_side[sock]
@@ -185,16 +205,10 @@ class Broker:
         finally:
             self.close()
 
-    def _count_refused_keys(self) -> None:
-        # The ZAP thread counts; the registry is this thread's alone, so the counts are copied.
-        for reason, count in self.auth.refused().items():
-            self.registry.rejects[reason] = count
-
     def close(self) -> None:
         self.frontend.close(linger=200)
         self.backend.close(linger=0)
-        if self.auth is not None:
-            self.auth.stop()
+        self.zap.close()
         self.context.term()
 
 
@@ -203,7 +217,8 @@ def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], wor
           announce: Callable[[dict[str, Any]], None] | None = None,
           curve: CurveServer | None = None) -> None:
     """Run a broker in this process until SIGINT or SIGTERM; ``announce`` gets the endpoints.
-    With ``curve`` both sockets are CURVE servers (and check keys when it has allow-lists)."""
+    With ``curve`` both sockets are CURVE servers that admit only the keys of its allow-lists;
+    without, PLAIN servers that admit only the broker's tokens."""
     broker = Broker(frontend, backend, client_token=client_token, worker_token=worker_token,
                     admin_token=admin_token, limits=limits, curve=curve)
     signal.signal(signal.SIGINT, broker.stop)

@@ -117,7 +117,7 @@ class Admin:
         if curve is None:  # the CURVE keys the file names, if any
             curve = file_curve
         self.timeout = timeout
-        self._connection = Connection(self.address,
+        self._connection = Connection(self.address, self._token, role="admin",
                                       handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
                                       curve=client_keys(curve))
         try:

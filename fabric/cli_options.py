@@ -86,9 +86,14 @@ def curve_server_options(command: Callable[..., Any]) -> Callable[..., Any]:
         keydir = Path(curve_dir) if curve_dir else None
         clients = curve_allow_clients or curve_allow or (keydir and keydir / "clients")
         workers = curve_allow_workers or curve_allow or (keydir and keydir / "workers")
+        if not (clients and workers):
+            raise click.UsageError(
+                "--curve-secret-key needs the public keys it admits: --curve-allow DIR (or "
+                "--curve-allow-clients and --curve-allow-workers). A broker admits no peer "
+                "without an allowed key or a token; fabric keys generate writes both lists.")
         curve = as_usage_error(lambda: CurveServer.from_files(
-            curve_secret_key or keydir / "broker.key_secret", allow_clients=clients or None,
-            allow_workers=workers or None))
+            curve_secret_key or keydir / "broker.key_secret", allow_clients=clients,
+            allow_workers=workers))
         return command(*args, curve=curve, **kwargs)
 
     directory = click.Path(file_okay=False)
@@ -98,8 +103,8 @@ def curve_server_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "wrote: KEYDIR/broker.key_secret, and only the client keys in "
                           "KEYDIR/clients and worker keys in KEYDIR/workers get in."),
         click.option("--curve-secret-key", type=click.Path(dir_okay=False), metavar="FILE",
-                     help="The broker's CURVE secret key file (mode 0600), instead of --curve. "
-                          "Without an allow-list any key gets in: encryption only."),
+                     help="The broker's CURVE secret key file (mode 0600), instead of --curve; "
+                          "give the allow-lists with it."),
         click.option("--curve-allow", type=directory, metavar="DIR",
                      help="Public keys (*.key files) accepted from clients and workers."),
         click.option("--curve-allow-clients", type=directory, metavar="DIR",

@@ -33,8 +33,16 @@ from .errors import (
 from .flow import CLIENT_HEARTBEAT_MS, CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
-from .security import CurveClient, handshake_error
-from .sockets import NOBLOCK, POLLIN, message_check, recv_frames, recv_monitor_event, send_frames
+from .security import CurveClient, handshake_error, present_token
+from .sockets import (
+    NOBLOCK,
+    POLLIN,
+    message_check,
+    new_routing_id,
+    recv_frames,
+    recv_monitor_event,
+    send_frames,
+)
 from .stream import ONE_THREAD
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
@@ -52,16 +60,18 @@ _WATCHED_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_D
 class Connection:
     """One DEALER connection to a broker's frontend, used by the thread that made it."""
 
-    def __init__(self, address: str, *, handshake_limit: float = ZMTP_HANDSHAKE_LIMIT,
-                 curve: CurveClient | None = None,
+    def __init__(self, address: str, token: str | None, *, role: str = "client",
+                 handshake_limit: float = ZMTP_HANDSHAKE_LIMIT, curve: CurveClient | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.address = address
+        self.role = role  # whose token it shows: "client" or "admin"
         self.curve = curve  # CURVE keys: the connection is encrypted, the broker checks them
         self.pending = PendingTable()
         self._thread = threading.get_ident()
         self._context = zmq.Context.instance()
         self.socket = self._context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTING_ID, new_routing_id())
         self.socket.setsockopt(zmq.HANDSHAKE_IVL, int(handshake_limit * 1000))
         self.socket.setsockopt(zmq.HEARTBEAT_IVL, CLIENT_HEARTBEAT_MS)
         self.socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, CLIENT_HEARTBEAT_TIMEOUT_MS)
@@ -70,8 +80,11 @@ class Connection:
         self.max_message_bytes = max_message_bytes
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.set_send_timeout(10.0)
+        # The broker admits a connection only with a token (or with CURVE, an allowed key).
         if curve is not None:
             curve.apply(self.socket)
+        else:
+            present_token(self.socket, role, token)
         self._monitor = self.socket.get_monitor_socket(_WATCHED_EVENTS)
         # What a wait polls, for zmq.zmq_poll itself (a Poller adds a Python call per wait).
         self._poll_items = [(self.socket, POLLIN), (self._monitor, POLLIN)]
@@ -203,7 +216,7 @@ class Connection:
                     "are gone. Open a new session once the broker is back.")
             return
         security = handshake_error(kind, event["value"], self.address,
-                                   encrypted=self.curve is not None)
+                                   encrypted=self.curve is not None, role=self.role)
         if security is not None:  # ZeroMQ is silent about these but for this event
             self.error = security
         elif kind == zmq.EVENT_CONNECT_RETRIED:
@@ -280,7 +293,7 @@ def list_devices(address: str, token: str, timeout: float, curve: CurveClient | 
                  connection_file: str | None = None) -> list[Device]:
     """Every device of every worker registered with the broker at ``address``, asked over a
     connection of its own (``connection_file``: where the address came from, if a file)."""
-    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+    connection = Connection(address, token, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
                             curve=curve)
     try:
         with naming_connection_file(connection_file):

@@ -1,12 +1,17 @@
-"""CURVE encryption: key pairs on disk, the broker's allow-lists, and the sockets that use them.
+"""Authentication in the ZeroMQ handshake: tokens as PLAIN passwords, CURVE key pairs on
+disk, the broker's allow-lists, and the sockets that use them.
+
+Every peer of the broker authenticates before its connection is attached: without CURVE, by
+a token as the PLAIN mechanism's password; with CURVE, by a key in the broker's allow-list
+(its token is then checked in the protocol). The broker decides through ZAP
+(``broker.zap``, ``broker.handshake.handshake_role``); this module sets the sockets up and
+turns ZeroMQ's silent handshake failures (socket monitor events, and when the peer just
+hangs up, the mechanism its greeting announces) into typed errors whose sentences name the
+likely cause.
 
 Rule: a secret key is read only from a file no one else can read (``config.check_private``,
 the rule token files follow) and is never logged, printed or put in a repr. Keys are the z85
-text libzmq takes. Which keys the broker accepts is decided by pyzmq's own ZAP handler
-(``zmq.auth.thread.ThreadAuthenticator``); this module only tells it the allowed keys, and
-turns ZeroMQ's silent handshake failures (socket monitor events, and when the peer just
-hangs up, the mechanism its greeting announces) into ``EncryptionError`` sentences that name
-the likely cause.
+text libzmq takes.
 
 ``generate_keys(DIR)`` (``fabric keys generate DIR``) writes::
 
@@ -24,7 +29,6 @@ a 0700 scratch directory, then moved in). To admit another client or worker, cop
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import shutil
 import socket
@@ -39,9 +43,7 @@ import zmq
 import zmq.auth
 
 from .config import check_private
-from .errors import ConfigError, EncryptionError
-
-log = logging.getLogger("fabric.security")
+from .errors import AuthenticationError, ConfigError, ConnectError, EncryptionError
 
 ROLES = ("broker", "client", "worker")
 # ZAP domains of the broker's two sockets: each has its own allow-list.
@@ -189,24 +191,27 @@ def client_keys(curve: CurveOption, role: str = "client") -> CurveClient | None:
 
 @dataclass(frozen=True)
 class CurveServer:
-    """The broker's CURVE setup: its key pair and, per socket, the public keys it accepts
-    (``None``: any key, which is encryption without authentication)."""
+    """The broker's CURVE setup: its key pair and, per socket, the public keys it accepts.
+
+    There is no "any key" setting: a peer is admitted to a socket only with a key of its
+    allow-list (or, without CURVE, with a token), because libzmq lets any admitted peer
+    choose its routing id and aborts the process on some choices.
+    """
 
     public_key: bytes
     secret_key: bytes = field(repr=False)
-    clients: frozenset[bytes] | None = None
-    workers: frozenset[bytes] | None = None
+    clients: frozenset[bytes]
+    workers: frozenset[bytes]
 
     @classmethod
-    def from_files(cls, secret_key_file: PathLike, *, allow_clients: PathLike | None = None,
-                   allow_workers: PathLike | None = None) -> "CurveServer":
+    def from_files(cls, secret_key_file: PathLike, *, allow_clients: PathLike,
+                   allow_workers: PathLike) -> "CurveServer":
         """The broker's pair from ``secret_key_file`` (mode 0600); the allow-lists from the
-        ``*.key`` files of directories (None accepts any key on that socket)."""
+        ``*.key`` files of two directories."""
         _require_curve()
         public, secret = load_secret_key(secret_key_file)
-        return cls(public, secret,
-                   None if allow_clients is None else load_allow_list(allow_clients),
-                   None if allow_workers is None else load_allow_list(allow_workers))
+        return cls(public, secret, load_allow_list(allow_clients),
+                   load_allow_list(allow_workers))
 
     @classmethod
     def from_dir(cls, directory: PathLike) -> "CurveServer":
@@ -218,62 +223,30 @@ class CurveServer:
                               allow_workers=directory / "workers")
 
     @property
-    def authenticates(self) -> bool:
-        """Whether a ZAP handler must check client or worker keys."""
-        return self.clients is not None or self.workers is not None
+    def allow_lists(self) -> dict[str, frozenset[bytes]]:
+        """The keys admitted per ZAP domain (the broker's two sockets)."""
+        return {FRONTEND_DOMAIN: self.clients, BACKEND_DOMAIN: self.workers}
 
-    def apply(self, socket: zmq.Socket, domain: str) -> None:
-        """Make ``socket`` a CURVE server (before it binds), checked in ZAP ``domain``."""
+
+def authenticate_peers(socket: zmq.Socket, domain: str, curve: CurveServer | None) -> None:
+    """Make one of the broker's sockets (before it binds) authenticate every peer in the
+    ZeroMQ handshake, asking the broker's ZAP handler in ``domain``: a CURVE server with
+    ``curve``, else a PLAIN server whose password must be one of the broker's tokens."""
+    if curve is not None:
         socket.curve_server = True
-        socket.curve_secretkey = self.secret_key
-        socket.curve_publickey = self.public_key
-        if self.authenticates:
-            socket.zap_domain = domain.encode()
+        socket.curve_secretkey = curve.secret_key
+        socket.curve_publickey = curve.public_key
+    else:
+        socket.plain_server = True
+    socket.zap_domain = domain.encode()
 
 
-class AllowList:
-    """A ZAP credentials provider: accepts the keys it holds (any, when None) and counts the
-    rest. Called from the authenticator's thread, which alone writes ``refused``."""
-
-    def __init__(self, keys: frozenset[bytes] | None, role: str) -> None:
-        self.keys = keys
-        self.role = role
-        self.refused = 0
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        """pyzmq's question: may the peer with this z85 public key connect?"""
-        if self.keys is None or key in self.keys:
-            return True
-        self.refused += 1
-        log.warning("refused a %s's CURVE key %s: it is not in the broker's allow list",
-                    self.role, key.decode(errors="replace"))
-        return False
-
-
-class BrokerAuth:
-    """pyzmq's ZAP ThreadAuthenticator on ``context`` with the broker's two allow-lists.
-
-    Start it before the sockets bind; ``stop()`` ends its thread before the context ends.
-    """
-
-    def __init__(self, context: zmq.Context, curve: CurveServer) -> None:
-        from zmq.auth.thread import ThreadAuthenticator  # pulls in asyncio: only brokers pay
-
-        self.allow = {FRONTEND_DOMAIN: AllowList(curve.clients, "client"),
-                      BACKEND_DOMAIN: AllowList(curve.workers, "worker")}
-        self._auth = ThreadAuthenticator(context, log=logging.getLogger("fabric.broker.zap"))
-        self._auth.start()
-        for domain, allow in self.allow.items():
-            self._auth.configure_curve_callback(domain, allow)
-
-    def refused(self) -> dict[str, int]:
-        """Keys refused so far, by role, as rejection reasons (``client_key_refused``...)."""
-        return {f"{allow.role}_key_refused": allow.refused for allow in self.allow.values()
-                if allow.refused}
-
-    def stop(self) -> None:
-        """End the authenticator thread (idempotent)."""
-        self._auth.stop()
+def present_token(socket: zmq.Socket, role: str, token: str | None) -> None:
+    """Make ``socket`` (before it connects, without CURVE) show ``token`` in the ZeroMQ
+    handshake, as the PLAIN mechanism's password (``role`` is the user name: ``client``,
+    ``admin`` or ``worker``). The broker admits no connection without one of its tokens."""
+    socket.plain_username = role.encode()
+    socket.plain_password = (token or "").encode()
 
 
 def announced_mechanism(address: str, timeout: float = 0.5) -> str | None:
@@ -315,55 +288,77 @@ def announced_mechanism(address: str, timeout: float = 0.5) -> str | None:
     return greeting[12:32].rstrip(b"\0").decode("ascii", "replace")
 
 
-def _mismatch(address: str, *, encrypted: bool) -> EncryptionError:
+# What to do about a refused token, by whose it is.
+_TOKEN_HINTS = {
+    "client": "check the client token you were given (token=, the connection file's token, "
+              "or FABRIC_TOKEN).",
+    "admin": "admin commands need the admin token (FABRIC_ADMIN_TOKEN, or the admin_token of "
+             "the admin file).",
+    "worker": "start the worker with the cluster's worker token (FABRIC_WORKER_TOKEN or "
+              "--worker-token-file).",
+}
+
+
+def _mismatch(address: str, *, encrypted: bool, mechanism: str | None) -> ConnectError:
     if encrypted:
         return EncryptionError(
             f"This connection uses CURVE encryption and the peer at {address} does not: "
             "the broker was started without --curve (then connect without CURVE keys), "
             "or the address is another service.", reason="mechanism_mismatch")
-    return EncryptionError(
-        f"The broker at {address} requires CURVE encryption and this connection has "
-        "none: give your key pair and the broker's public key, as fabric keys generate "
-        "writes them (curve= in Python, the connection file of fabric cluster up --curve, "
-        "or a worker's --curve-secret-key and --broker-public-key).",
-        reason="mechanism_mismatch")
+    if mechanism == "CURVE":
+        return EncryptionError(
+            f"The broker at {address} requires CURVE encryption and this connection has "
+            "none: give your key pair and the broker's public key, as fabric keys generate "
+            "writes them (curve= in Python, the connection file of fabric cluster up --curve, "
+            "or a worker's --curve-secret-key and --broker-public-key).",
+            reason="mechanism_mismatch")
+    return ConnectError(
+        f"The peer at {address} does not ask for a token in the ZeroMQ handshake (it speaks "
+        f"{mechanism or 'another security mechanism'}), as every fabric broker does: it is "
+        "another ZeroMQ service, or a fabric broker of an older version. Check the address "
+        "and port.", reason="mechanism_mismatch")
 
 
-def handshake_error(event: int, value: int, address: str, *,
-                    encrypted: bool) -> EncryptionError | None:
+def handshake_error(event: int, value: int, address: str, *, encrypted: bool,
+                    role: str = "client") -> ConnectError | None:
     """``explain_handshake``, asking the peer which mechanism it speaks where the event needs
     it (``probe_needed``): a TCP probe that blocks for up to half a second."""
     mechanism = announced_mechanism(address) if probe_needed(event, value) else None
-    return explain_handshake(event, value, address, encrypted=encrypted, mechanism=mechanism)
+    return explain_handshake(event, value, address, encrypted=encrypted, mechanism=mechanism,
+                             role=role)
 
 
 def probe_needed(event: int, value: int) -> bool:
     """Whether explaining a socket monitor event needs the mechanism the peer announces
-    (``announced_mechanism``): a handshake the peer cut short, not a timeout."""
-    return event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value != errno.EAGAIN
+    (``announced_mechanism``): a handshake the peer cut short or whose mechanism differs,
+    not a timeout."""
+    return ((event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and value != errno.EAGAIN)
+            or (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH))
 
 
 def explain_handshake(event: int, value: int, address: str, *, encrypted: bool,
-                      mechanism: str | None) -> EncryptionError | None:
-    """The ``EncryptionError`` a socket monitor event during the ZeroMQ handshake means, or
-    None when the event is not about encryption. ``encrypted``: this end uses CURVE;
-    ``mechanism``: what the peer announces, where ``probe_needed`` (None: unknown).
+                      mechanism: str | None, role: str = "client") -> ConnectError | None:
+    """The error a socket monitor event during the ZeroMQ handshake means, or None when the
+    event is not about authentication or encryption. ``encrypted``: this end uses CURVE;
+    ``mechanism``: what the peer announces, where ``probe_needed`` (None: unknown); ``role``:
+    whose token this end showed (``client``, ``admin`` or ``worker``).
     """
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         if not encrypted:
-            return EncryptionError(
-                f"The broker at {address} refused the connection's security handshake (ZAP "
-                f"status {value}): check its encryption settings and your keys.", status=value)
+            return AuthenticationError(
+                f"The broker at {address} refused the {role} token in the ZeroMQ handshake: "
+                f"{_TOKEN_HINTS[role]}", status=value)
         return EncryptionError(
             f"The broker at {address} refused this connection's CURVE key: it accepts only "
             "the public keys in its allow list. Use the key pair you were given, or ask the "
             "broker's administrator to add your public key (.key file) to it.", status=value)
     if (event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH):
-        return _mismatch(address, encrypted=encrypted)
+        return _mismatch(address, encrypted=encrypted, mechanism=mechanism)
     if probe_needed(event, value):
-        if mechanism is not None and (mechanism == "CURVE") != encrypted:
-            return _mismatch(address, encrypted=encrypted)
+        if mechanism is not None and mechanism != ("CURVE" if encrypted else "PLAIN"):
+            return _mismatch(address, encrypted=encrypted, mechanism=mechanism)
         if encrypted and mechanism == "CURVE":
             return EncryptionError(
                 f"The broker at {address} closed the connection during the CURVE handshake: "

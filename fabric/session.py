@@ -243,7 +243,7 @@ def dial(address: str, token: str, device: int, timeout: float, curve: CurveClie
          connection_file: str | None = None) -> Session:
     """A session on ``device`` of the broker at ``address``, over a new connection
     (``connection_file``: where the address came from, if a file)."""
-    connection = Connection(address, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+    connection = Connection(address, token, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
                             curve=curve, max_message_bytes=max_message_bytes)
     with naming_connection_file(connection_file):
         return open_session(connection, token, device, timeout)

@@ -11,6 +11,7 @@ all (with ``NOBLOCK``, only the first frame can raise ``zmq.Again``).
 
 from __future__ import annotations
 
+import os
 import struct
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -23,6 +24,13 @@ SNDMORE, NOBLOCK, POLLIN = (int(flag) for flag in (zmq.SNDMORE, zmq.NOBLOCK, zmq
 # Python method that only adds DRAFT routing ids and groups: that wrapper costs as much as
 # the send itself (0.4 µs per frame warm, more after a wake-up), on every frame.
 _send = zmq.backend.Socket.send
+
+
+def new_routing_id() -> bytes:
+    """A fresh random routing id for a socket that connects to the broker: unguessable (a
+    peer cannot claim it to reach sessions bound to it), and never starting with the zero
+    byte libzmq reserves for the ids it numbers itself."""
+    return b"F" + os.urandom(15)
 
 
 def message_check(sock: zmq.Socket) -> Callable[[], list[Any]]:

@@ -29,10 +29,11 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import zmq
-from rawpeers import ServerThread
+from rawpeers import AdmittingContext, ServerThread
 
 import fabric
 from fabric import protocol
+from fabric.security import present_token
 
 TO_BROKER, TO_WORKER = "to_broker", "to_worker"
 MAX_IN_FLIGHT = 10_000  # messages the proxy holds per direction; more are dropped, counted
@@ -52,9 +53,10 @@ class FaultProxy(ServerThread):
     ``received`` how many of each kind came from either side (held or dropped ones too).
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, worker_token: str) -> None:
         super().__init__(FaultProxy._serve)  # started, stopped and checked by ServerThread
         self.upstream = upstream
+        self.worker_token = worker_token  # what its DEALERs show the broker, for the worker
         self.drop_every = 0
         self.delay = 0.0
         self.partition = False
@@ -81,21 +83,22 @@ class FaultProxy(ServerThread):
     # -- the thread --------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        context = zmq.Context.instance()
-        worker_side = context.socket(zmq.ROUTER)
-        upstream: dict[bytes, zmq.Socket] = {}  # per worker socket, a DEALER to the broker
-        try:
-            worker_side.setsockopt(zmq.LINGER, 0)
-            worker_side.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            worker_side.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as the broker's backend does
-            worker_side.bind("tcp://127.0.0.1:*")
-            self.address = worker_side.getsockopt_string(zmq.LAST_ENDPOINT)
-            self.ready.set()
-            self._forward(context, worker_side, upstream)
-        finally:
-            worker_side.close(linger=0)
-            for sock in upstream.values():
-                sock.close(linger=0)
+        # The worker's handshakes are admitted whatever its token; its DEALERs show the broker
+        # the worker token.
+        with AdmittingContext() as admitting:
+            worker_side = admitting.router()
+            upstream: dict[bytes, zmq.Socket] = {}  # per worker socket, a DEALER to the broker
+            try:
+                worker_side.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                worker_side.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as the broker's backend does
+                worker_side.bind("tcp://127.0.0.1:*")
+                self.address = worker_side.getsockopt_string(zmq.LAST_ENDPOINT)
+                self.ready.set()
+                self._forward(admitting.context, worker_side, upstream)
+            finally:
+                worker_side.close(linger=0)
+                for sock in upstream.values():
+                    sock.close(linger=0)
 
     def _forward(self, context: zmq.Context, worker_side: zmq.Socket,
                  upstream: dict[bytes, zmq.Socket]) -> None:
@@ -126,6 +129,7 @@ class FaultProxy(ServerThread):
                             dealer = upstream[peer] = context.socket(zmq.DEALER)
                             dealer.setsockopt(zmq.LINGER, 0)
                             dealer.setsockopt(zmq.ROUTING_ID, peer)
+                            present_token(dealer, "worker", self.worker_token)
                             dealer.connect(self.upstream)
                             peer_of[dealer] = peer
                             poller.register(dealer, zmq.POLLIN)

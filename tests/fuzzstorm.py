@@ -254,8 +254,11 @@ class StormPeers:
     every answer that has come (checking it decodes), ``settle`` drains until quiet."""
 
     def __init__(self, frontend: str, backend: str) -> None:
-        self.peers = {"frontend": RawDealer(frontend), "stranger": RawDealer(backend),
-                      "worker": RawDealer(backend)}
+        # (a client token on the workers' socket passes the handshake: only REGISTER with
+        # the worker token makes a worker)
+        self.peers = {"frontend": RawDealer(frontend, CLIENT_TOKEN),
+                      "stranger": RawDealer(backend, CLIENT_TOKEN),
+                      "worker": RawDealer(backend, WORKER_TOKEN)}
         self.sent: dict[str, int] = dict.fromkeys(PEERS, 0)
         self.malformed: dict[str, int] = dict.fromkeys(PEERS, 0)  # no readable header
         self.answers: dict[str, int] = dict.fromkeys(PEERS, 0)

@@ -16,7 +16,10 @@ from typing import Any, Callable, Sequence
 import zmq
 
 from fabric import protocol
+from fabric.broker import zap
+from fabric.broker.zap import ZAP_ENDPOINT
 from fabric.protocol import PROTOCOL_VERSION, Header, Kind, Message
+from fabric.security import present_token
 
 
 def free_tcp_address() -> str:
@@ -39,12 +42,16 @@ def frames_of(kind: Kind, body: dict[str, Any] | None = None, *, session: int = 
 
 
 class RawDealer:
-    """A DEALER connected to a broker socket, sending frames as given; ``options`` are
-    socket options set before it connects (``{zmq.RCVHWM: 1}``, say)."""
+    """A DEALER connected to a broker socket, sending frames as given. ``token`` is shown in
+    the ZeroMQ handshake as the broker requires (None: none, for a bare ZeroMQ peer);
+    ``options`` are socket options set before it connects (``{zmq.RCVHWM: 1}``, say)."""
 
-    def __init__(self, address: str, options: dict[int, int] | None = None) -> None:
+    def __init__(self, address: str, token: str | None,
+                 options: dict[int, Any] | None = None) -> None:
         self.socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if token is not None:
+            present_token(self.socket, "client", token)
         for option, value in (options or {}).items():
             self.socket.setsockopt(option, value)
         self.socket.connect(address)
@@ -134,3 +141,44 @@ def poll_until(stop: threading.Event, sock: zmq.Socket, deadline: float) -> bool
         if sock.poll(50, zmq.POLLIN):
             return True
     return False
+
+
+class AdmittingContext:
+    """A ZeroMQ context whose PLAIN-server sockets admit every peer, for fake brokers: libzmq
+    finishes no PLAIN handshake without a ZAP handler, and fabric's clients and workers always
+    show a token. A context manager; make sockets with ``router()`` and close them before exit.
+    """
+
+    def __init__(self) -> None:
+        self.context = zmq.Context()
+        self._zap = self.context.socket(zmq.ROUTER)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind(ZAP_ENDPOINT)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._admit, daemon=True)
+        self._thread.start()
+
+    def _admit(self) -> None:
+        while not self._stop.is_set():
+            if self._zap.poll(50, zmq.POLLIN):
+                identity, *frames = self._zap.recv_multipart()
+                request = zap.parse_request(frames)
+                self._zap.send_multipart([identity, *zap.reply(request.request_id, zap.ALLOWED,
+                                                               "OK", "test")])
+
+    def router(self) -> zmq.Socket:
+        """A ROUTER that takes PLAIN handshakes (not yet bound)."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.plain_server = True
+        return sock
+
+    def __enter__(self) -> "AdmittingContext":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
+        assert not self._thread.is_alive(), "the ZAP thread did not stop"
+        self._zap.close(linger=0)
+        self.context.destroy(linger=0)

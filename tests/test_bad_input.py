@@ -68,7 +68,7 @@ def _protocol_error_for(peer: RawDealer, name: str, frames: list) -> Message:
 
 
 def test_malformed_frontend_messages_get_protocol_errors(cluster):
-    with RawDealer(cluster.address) as dealer:
+    with RawDealer(cluster.address, cluster.token) as dealer:
         for name, frames in FRONTEND_GARBAGE:
             answer = _protocol_error_for(dealer, name, frames)
             # Where the header could be read, the answer names the request it answers.
@@ -96,7 +96,7 @@ def test_a_client_given_a_bad_device_fails_fast_at_the_call(cluster):
 
 
 def test_messages_for_sessions_that_do_not_exist_get_session_lost(cluster):
-    with RawDealer(cluster.address) as dealer:
+    with RawDealer(cluster.address, cluster.token) as dealer:
         for kind in (Kind.SUBMIT, Kind.REQUEST):
             dealer.send([Header(kind, session=0xBAD, request=3).pack(), b"never decoded"])
             answer = dealer.recv_message(timeout=2)
@@ -116,7 +116,7 @@ def test_messages_for_sessions_that_do_not_exist_get_session_lost(cluster):
 
 
 def test_a_client_cannot_reach_into_another_clients_session(cluster):
-    with cluster.connect(device=0, timeout=5) as session, RawDealer(cluster.address) as thief:
+    with cluster.connect(device=0, timeout=5) as session, RawDealer(cluster.address, cluster.token) as thief:
         thief.send([Header(Kind.REQUEST, session=session.id, request=1).pack(),
                     protocol.pack_body({"op": "sync"})])
         answer = thief.recv_message(timeout=2)
@@ -147,7 +147,7 @@ BACKEND_GARBAGE = [
 @pytest.mark.parametrize("kind", [Kind.HEARTBEAT, Kind.OPENED, Kind.CLOSED, Kind.REPLY,
                                   Kind.ERROR])
 def test_worker_messages_from_an_unregistered_worker_are_refused(cluster, kind):
-    with RawDealer(cluster.backend_address) as stranger:
+    with RawDealer(cluster.backend_address, cluster.worker_token) as stranger:
         stranger.send(frames_of(kind, {}, session=0x51, request=6))
         answer = stranger.recv_message(timeout=2)
         assert answer.kind == Kind.ERROR
@@ -160,7 +160,7 @@ def test_worker_messages_from_an_unregistered_worker_are_refused(cluster, kind):
 
 
 def test_malformed_backend_messages_get_protocol_errors(cluster):
-    with RawDealer(cluster.backend_address) as stranger:
+    with RawDealer(cluster.backend_address, cluster.worker_token) as stranger:
         for name, frames in BACKEND_GARBAGE:
             _protocol_error_for(stranger, name, frames)
     assert_broker_serves(cluster)
@@ -179,7 +179,7 @@ def test_bad_registrations_are_refused(cluster, case):
     elif case == "devices not maps":
         body.update(token=cluster.worker_token, devices=[1, 2])
         expected_kind, expected_code = Kind.ERROR, "protocol_error"
-    with RawDealer(cluster.backend_address) as impostor:
+    with RawDealer(cluster.backend_address, cluster.worker_token) as impostor:
         impostor.send(frames_of(Kind.REGISTER, body, request=3, version=version))
         answer = impostor.recv_message(timeout=2)
         assert answer.kind == expected_kind
@@ -196,12 +196,12 @@ def test_bad_registrations_are_refused(cluster, case):
 def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(cluster):
     # A HELLO sent to the backend is from an unregistered worker; a REGISTER sent to the
     # frontend is not a client message.
-    with RawDealer(cluster.backend_address) as lost_client:
+    with RawDealer(cluster.backend_address, cluster.worker_token) as lost_client:
         lost_client.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
                                    session=0x77, request=1))
         answer = lost_client.recv_message(timeout=2)
         assert error_from_wire(answer.body).details.get("reason") == "not_registered"
-    with RawDealer(cluster.address) as lost_worker:
+    with RawDealer(cluster.address, cluster.token) as lost_worker:
         lost_worker.send(frames_of(Kind.REGISTER, dict(_register_body,
                                                        token=cluster.worker_token), request=1))
         answer = lost_worker.recv_message(timeout=2)
@@ -211,7 +211,7 @@ def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(clust
 
 
 def test_well_behaved_clients_are_served_after_a_flood_of_garbage(cluster):
-    with RawDealer(cluster.address) as front, RawDealer(cluster.backend_address) as back:
+    with RawDealer(cluster.address, cluster.token) as front, RawDealer(cluster.backend_address, cluster.worker_token) as back:
         for _ in range(20):
             for _, frames in FRONTEND_GARBAGE:
                 front.send(frames)
@@ -230,7 +230,7 @@ def test_well_behaved_clients_are_served_after_a_flood_of_garbage(cluster):
 
 def test_ids_that_are_not_ints_are_refused_and_the_device_serves_on(cluster):
     session = 0x5B17
-    with RawDealer(cluster.address) as raw:
+    with RawDealer(cluster.address, cluster.token) as raw:
         raw.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0}, session=session,
                            request=1))
         assert raw.recv_message(timeout=5).kind == Kind.WELCOME

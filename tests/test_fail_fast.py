@@ -21,6 +21,7 @@ import pytest
 import zmq
 from conftest import HEARTBEAT, assert_broker_serves
 from rawpeers import (
+    AdmittingContext,
     RawDealer,
     ServerThread,
     frames_of,
@@ -86,15 +87,16 @@ def _accept_then_close(server: ServerThread) -> None:
 
 @contextlib.contextmanager
 def _bound_router(server: ServerThread) -> Iterator[zmq.Socket]:
-    """A ROUTER on a free loopback port, announced through ``server``; closed on exit."""
-    sock = zmq.Context.instance().socket(zmq.ROUTER)
-    try:
-        sock.setsockopt(zmq.LINGER, 0)
-        server.address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
-        server.ready.set()
-        yield sock
-    finally:
-        sock.close(linger=0)
+    """A ROUTER on a free loopback port that admits any token, announced through ``server``;
+    closed on exit."""
+    with AdmittingContext() as admitting:
+        sock = admitting.router()
+        try:
+            server.address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
+            server.ready.set()
+            yield sock
+        finally:
+            sock.close(linger=0)
 
 
 def _router_closes_after_hello(server: ServerThread) -> None:
@@ -231,7 +233,7 @@ def test_refused_hello_leaves_no_state_behind(cluster, case):
              "version": dict(version=PROTOCOL_VERSION + 1)}[case]
     expected = {"token": fabric.AuthenticationError, "device": fabric.NoSuchDevice,
                 "version": fabric.VersionMismatch}[case]
-    with RawDealer(cluster.address) as dealer:
+    with RawDealer(cluster.address, cluster.token) as dealer:
         started = time.monotonic()
         dealer.send(_hello(cluster, session, **hello))
         reject = dealer.recv_message(timeout=2)
@@ -244,7 +246,7 @@ def test_refused_hello_leaves_no_state_behind(cluster, case):
 
 
 def test_wrong_protocol_version_is_a_version_mismatch_with_both_versions(cluster):
-    with RawDealer(cluster.address) as dealer:
+    with RawDealer(cluster.address, cluster.token) as dealer:
         started = time.monotonic()
         dealer.send(_hello(cluster, 0xF00D, version=PROTOCOL_VERSION + 1))
         reject = dealer.recv_message(timeout=2)
@@ -259,7 +261,7 @@ def test_wrong_protocol_version_is_a_version_mismatch_with_both_versions(cluster
 
 
 def test_hello_reusing_an_open_session_id_is_rejected(cluster):
-    with cluster.connect(device=0, timeout=5) as session, RawDealer(cluster.address) as dealer:
+    with cluster.connect(device=0, timeout=5) as session, RawDealer(cluster.address, cluster.token) as dealer:
         started = time.monotonic()
         dealer.send(_hello(cluster, session.id, device=1))
         reject = dealer.recv_message(timeout=2)
@@ -271,14 +273,14 @@ def test_hello_reusing_an_open_session_id_is_rejected(cluster):
         session.sync()  # the owner's session is untouched
         assert session.device.index == 0
     # Once closed by its owner, the id is free again: the refusal left nothing behind.
-    with RawDealer(cluster.address) as dealer:
+    with RawDealer(cluster.address, cluster.token) as dealer:
         _open_and_close_raw(dealer, cluster, session.id)
     assert_broker_serves(cluster)
 
 
 def test_two_hellos_with_one_session_id_open_it_once(cluster):
     session = 0xD0B1E
-    with RawDealer(cluster.address) as dealer:
+    with RawDealer(cluster.address, cluster.token) as dealer:
         started = time.monotonic()
         dealer.send(_hello(cluster, session, request=1))
         dealer.send(_hello(cluster, session, request=2))
@@ -292,7 +294,7 @@ def test_two_hellos_with_one_session_id_open_it_once(cluster):
         assert error_from_wire(answers[2].body).code == "duplicate_session"
         dealer.send(frames_of(Kind.CLOSE, session=session, request=3))
         assert dealer.recv_until(lambda m: m.request == 3).kind == Kind.CLOSED
-    with RawDealer(cluster.address) as dealer:
+    with RawDealer(cluster.address, cluster.token) as dealer:
         _open_and_close_raw(dealer, cluster, session)
     assert_broker_serves(cluster)
 

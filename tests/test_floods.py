@@ -83,8 +83,8 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(cl
     ]
     before, offset = _counters(cluster), _log_size(cluster)
     options = {zmq.SNDTIMEO: SEND_TIMEOUT_MS}
-    dealers = [RawDealer(cluster.address, options) for _ in range(PEERS)] + [
-        RawDealer(cluster.backend_address, options) for _ in range(PEERS)]
+    dealers = [RawDealer(cluster.address, cluster.token, options) for _ in range(PEERS)] + [
+        RawDealer(cluster.backend_address, cluster.worker_token, options) for _ in range(PEERS)]
     try:
         for _ in range(ROUNDS):
             for dealer in dealers[:PEERS]:
@@ -116,7 +116,7 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(cl
 
 def test_a_ping_flood_from_a_client_with_many_sessions_keeps_them_and_others_are_served(
         cluster):
-    with RawDealer(cluster.address, {zmq.SNDTIMEO: SEND_TIMEOUT_MS}) as flooder, \
+    with RawDealer(cluster.address, cluster.token, {zmq.SNDTIMEO: SEND_TIMEOUT_MS}) as flooder, \
             cluster.connect(device=0, timeout=5) as other:
         for session in range(1, PING_SESSIONS + 1):
             flooder.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},

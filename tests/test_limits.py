@@ -291,7 +291,7 @@ def test_a_tensor_moved_between_workers_too_big_for_the_broker_arrives_as_an_err
 
 
 def test_a_raw_frame_past_the_broker_limit_costs_only_its_sender(small_messages):
-    with RawDealer(small_messages.address) as rogue:
+    with RawDealer(small_messages.address, small_messages.token) as rogue:
         rogue.send(frames_of(Kind.DEVICES, {"token": small_messages.token}) + [b"\0" * (MiB + 1)])
         with pytest.raises(AssertionError):  # dropped by libzmq with the connection: no answer
             rogue.recv(timeout=0.5)
@@ -342,7 +342,7 @@ def test_a_client_that_stops_reading_is_cut_off_and_no_one_else_notices():
             "--hwm", "8", "--peer-queue", "8")) as cluster, \
             ClientLoop(lambda: cluster.connect(device=0, timeout=5), deadline=6.0,
                        seed=1) as bystander, cluster.admin() as admin:
-        with RawDealer(cluster.address, {zmq.RCVHWM: 1}) as greedy:
+        with RawDealer(cluster.address, cluster.token, {zmq.RCVHWM: 1}) as greedy:
             _flood_with_reads(greedy, cluster.token, 0x5107)
             wait_for(lambda: admin.status()["counters"].get("clients_cut"), 20,
                      "the broker to cut the client off")
@@ -356,7 +356,7 @@ def test_a_client_that_stops_reading_is_cut_off_and_no_one_else_notices():
         # Another one goes away without reading its notice: what waits for it is dropped
         # when the broker finds it unroutable (ROUTER_MANDATORY), and nothing is left. (It
         # may go while the broker is not reading it: see test_the_frontend_survives_...)
-        with RawDealer(cluster.address, {zmq.RCVHWM: 1}) as greedy:
+        with RawDealer(cluster.address, cluster.token, {zmq.RCVHWM: 1}) as greedy:
             _flood_with_reads(greedy, cluster.token, 0x5108)
             wait_for(lambda: admin.status()["counters"].get("sessions_cut") == 2, 20,
                      "the broker to cut the second client off")
@@ -376,7 +376,7 @@ def _stalled_worker(address: str, token: str, stop: threading.Event, opened: thr
     """A worker that registers, opens one session, then reads nothing but keeps sending
     heartbeats (so only its full queue, not silence, can give it away)."""
     try:
-        with RawDealer(address, {zmq.RCVHWM: 1}) as peer:
+        with RawDealer(address, token, {zmq.RCVHWM: 1}) as peer:
             peer.send(frames_of(Kind.REGISTER, {"token": token, "name": "zz-stalled",
                                                 "backend": "numpy", "devices": [{}]}))
             opening = peer.recv_until(lambda m: m.kind == Kind.OPEN, timeout=20)
@@ -474,7 +474,7 @@ def test_the_frontend_survives_a_client_that_resets_while_it_is_not_read():
                                 stderr=subprocess.PIPE, text=True)
     try:
         address = frontend.stdout.readline().strip()
-        with RawDealer(address, {zmq.RCVHWM: 1}) as client:
+        with RawDealer(address, None, {zmq.RCVHWM: 1}) as client:  # (a bare ROUTER)
             for _ in range(200):  # far past the frontend's RCVHWM, while it reads none
                 client.send([bytes(50)])
             client.recv(timeout=5)  # its answers have come; the rest stay unread

@@ -42,7 +42,7 @@ def two_token_cluster(tmp_path: Path):
 def _hello_answers(address: str, token: str, connections: int, per_connection: int,
                    ) -> list[Message]:
     """HELLOs from ``connections`` raw DEALERs, ``per_connection`` each: every answer."""
-    peers = [RawDealer(address) for _ in range(connections)]
+    peers = [RawDealer(address, token) for _ in range(connections)]
     try:
         answers = []
         for c, peer in enumerate(peers):

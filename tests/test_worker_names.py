@@ -34,7 +34,7 @@ def cluster():
 
 def _register(cluster: LocalCluster, name: str, devices: int = 1) -> Message:
     """REGISTER as ``name`` from a raw DEALER with the worker token; the broker's answer."""
-    with RawDealer(cluster.backend_address) as peer:
+    with RawDealer(cluster.backend_address, cluster.worker_token) as peer:
         peer.send_message(Message(Kind.REGISTER, body={
             "token": cluster.worker_token, "name": name, "backend": "numpy",
             "devices": [{"backend": "numpy"}] * devices}))

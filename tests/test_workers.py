@@ -20,7 +20,7 @@ import pytest
 import zmq
 from conftest import HEARTBEAT
 from faultproxy import wait_for
-from rawpeers import free_tcp_address
+from rawpeers import AdmittingContext, free_tcp_address
 
 import fabric
 from fabric import LocalCluster, protocol
@@ -100,8 +100,8 @@ def test_worker_with_a_wrong_token_is_refused_and_exits(cluster, which):
 
 def test_a_device_lane_survives_malformed_messages_from_its_broker():
     # A raw ROUTER plays the broker, to send what a real one never would.
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
+    admitting = AdmittingContext()  # (its handshake takes the worker's token)
+    router = admitting.router()
     address = free_tcp_address()
     router.bind(address)
     env = dict(_env_without_tokens(), FABRIC_WORKER_TOKEN="a-token")
@@ -138,6 +138,7 @@ def test_a_device_lane_survives_malformed_messages_from_its_broker():
         worker.terminate()
         _, stderr = worker.communicate(timeout=15)
         router.close(linger=0)
+        admitting.__exit__()
     assert "Traceback" not in stderr
 
 

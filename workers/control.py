@@ -42,6 +42,7 @@ from fabric.errors import (
 )
 from fabric.protocol import Kind, Message
 from fabric.security import explain_handshake, probe_needed
+from fabric.sockets import new_routing_id
 
 log = logging.getLogger("fabric.worker")
 
@@ -51,11 +52,6 @@ _CONTROL = frozenset({Kind.REGISTERED, Kind.REJECT, Kind.ERROR})  # with session
 
 class RegistrationRefused(Exception):
     """The broker refused this worker for a reason retrying cannot fix."""
-
-
-def routing_identity() -> bytes:
-    """A fresh random routing identity (ZeroMQ reserves those that start with a zero byte)."""
-    return b"F" + os.urandom(15)
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,7 @@ class Control:
 
     def __init__(self, registration: dict[str, Any], *, broker: str, encrypted: bool,
                  heartbeat: float, liveness: int,
-                 new_identity: Callable[[], bytes] = routing_identity) -> None:
+                 new_identity: Callable[[], bytes] = new_routing_id) -> None:
         self.registration = registration
         self.broker = broker
         self.encrypted = encrypted
@@ -166,7 +162,7 @@ class Control:
     def on_probe(self, event: int, value: int, mechanism: str | None) -> list[Action]:
         """The answer to a ``Probe``: the mechanism the broker announces (None: unknown)."""
         error = explain_handshake(event, value, self.broker, encrypted=self.encrypted,
-                                  mechanism=mechanism)
+                                  mechanism=mechanism, role="worker")
         if error is None:
             return []
         if (event == zmq.EVENT_HANDSHAKE_FAILED_AUTH

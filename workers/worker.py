@@ -15,9 +15,10 @@ thread never waits for a device: what a full pair cannot take waits in a bounded
 a worker told to stop while a device computes a long op ends a few seconds later
 (``_STOP_WAIT``), without waiting for the op.
 
-The control DEALER's socket monitor reports what ZeroMQ keeps silent: a CURVE key the
-broker refuses, or encryption on at one end only, stops the worker
-(``RegistrationRefused``) as a refused token does. Where the event alone does not say, the
+Every link authenticates in the ZeroMQ handshake (the worker token as the PLAIN password,
+or with CURVE the worker's key). The control DEALER's socket monitor reports what ZeroMQ
+keeps silent: a token or CURVE key the broker refuses, or encryption on at one end only,
+stops the worker (``RegistrationRefused``) as a refused REGISTER does. Where the event alone does not say, the
 control machine asks for a probe of the broker's address, which this loop makes.
 """
 
@@ -36,7 +37,7 @@ from fabric import protocol
 from fabric.errors import FabricError
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox
 from fabric.protocol import Kind
-from fabric.security import CurveClient, announced_mechanism
+from fabric.security import CurveClient, announced_mechanism, present_token
 from fabric.sockets import POLLIN, message_check, recv_frames, recv_monitor_event, try_send
 
 from .backends import device_class
@@ -57,15 +58,17 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-def _dealer(context: zmq.Context, identity: bytes, hwm: int, max_message_bytes: int,
-            curve: CurveClient | None) -> zmq.Socket:
-    """A DEALER to the broker's backend, not yet connected."""
-    sock = context.socket(zmq.DEALER)
-    for option, value in ((zmq.LINGER, 0), (zmq.ROUTING_ID, identity), (zmq.SNDHWM, hwm),
-                          (zmq.RCVHWM, hwm), (zmq.MAXMSGSIZE, max_message_bytes)):
+def _dealer(worker: "Worker", identity: bytes) -> zmq.Socket:
+    """A DEALER to the broker's backend, not yet connected: it authenticates in the ZeroMQ
+    handshake with the worker token (or with CURVE, the worker's key)."""
+    sock = worker.context.socket(zmq.DEALER)
+    for option, value in ((zmq.LINGER, 0), (zmq.ROUTING_ID, identity), (zmq.SNDHWM, worker.hwm),
+                          (zmq.RCVHWM, worker.hwm), (zmq.MAXMSGSIZE, worker.max_message_bytes)):
         sock.setsockopt(option, value)
-    if curve is not None:
-        curve.apply(sock)
+    if worker.curve is not None:
+        worker.curve.apply(sock)
+    else:
+        present_token(sock, "worker", worker.token)
     return sock
 
 
@@ -138,8 +141,7 @@ class _DeviceThread:
             self._waiting.clear()  # (the old connection's)
             worker = self._worker
             self._close_lane()
-            self._lane_socket = _dealer(worker.context, frames[1].bytes, worker.hwm,
-                                 worker.max_message_bytes, worker.curve)
+            self._lane_socket = _dealer(worker, frames[1].bytes)
             self._lane_socket.connect(worker.broker)
             self._lane_waits = message_check(self._lane_socket)
             self._poll_items.append((self._lane_socket, POLLIN))
@@ -224,6 +226,7 @@ class Worker:
         cls = device_class(backend)  # refuses capture/remote before anything starts
         self.broker = broker
         self.curve = curve  # CURVE keys: the links to the broker are encrypted
+        self.token = token  # shown in every link's ZeroMQ handshake (without CURVE)
         self.backend = backend
         self.name = name
         self.heartbeat = heartbeat
@@ -291,8 +294,7 @@ class Worker:
         for device, lane in enumerate(connect.lanes):
             self._to_device(device, [_RESET, lane])
         self._set_reading_devices(True)
-        self.dealer = _dealer(self.context, connect.identity, self.hwm,
-                              self.max_message_bytes, self.curve)
+        self.dealer = _dealer(self, connect.identity)
         # A refused key or mismatched encryption is only ever a monitor event.
         self._monitor = self.dealer.get_monitor_socket(_HANDSHAKE_FAILED)
         self.dealer.connect(self.broker)
