@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 from fabric.errors import ProtocolError
 from fabric.protocol import MAX_ID, PROTOCOL_VERSION
 
-from .model import Send, Session, Traffic, Worker
+from .model import Send, Session, Traffic, Worker, peer_label
 
 Result = tuple[dict[str, Any], list[Send]]
 
@@ -149,7 +149,7 @@ def sessions(registry: RegistryView, now: float) -> dict[str, Any]:
     rows = []
     for session in sorted(registry.sessions.values(), key=lambda s: (s.created, s.id)):
         rows.append({
-            "id": f"{session.id:#018x}", "client": session.client.hex(),
+            "id": f"{session.id:#018x}", "client": peer_label(session.client),
             "device": session.device, "worker": registry.workers[session.worker].name,
             "state": session.phase.value, "created_ago": now - session.created,
             "last_seen_ago": now - registry.last_seen(session), "messages": session.messages,

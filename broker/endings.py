@@ -16,7 +16,17 @@ from collections import Counter
 from fabric.errors import FabricError, HandshakeError, NotFound, SessionLost
 from fabric.protocol import Kind, Message
 
-from .model import Limits, Send, Session, SessionPhase, Side, Worker, send_error, send_message
+from .model import (
+    Limits,
+    Send,
+    Session,
+    SessionPhase,
+    Side,
+    Worker,
+    peer_label,
+    send_error,
+    send_message,
+)
 from .sessions import SessionEvent, SessionTable
 from .worker_table import WorkerTable
 
@@ -100,7 +110,7 @@ class Endings:
         self.counters["clients_cut"] += 1
         log.warning("a client left %d messages unread: its %d session(s) are ended", queued,
                     len(sessions))
-        log.debug("the client cut off is connection %s", identity.hex())
+        log.debug("the client cut off is connection %s", peer_label(identity))
         sends: list[Send] = []
         for session in sessions:
             self.counters["sessions_cut"] += 1

@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .model import peer_label
+
 INTERVAL = 10.0  # seconds over which repeats of one kind are folded into one line
 SAMPLE_PEERS = 3  # peers named in a summary line
-PEER_BYTES = 16  # bytes of a routing identity shown (a peer may choose 255)
 ADDRESS_CHARS = 64  # characters of a network address shown
 DETAIL_CHARS = 200  # of the first line's detail (an error sentence may quote a peer's input)
 
@@ -29,12 +30,11 @@ class LogLine(NamedTuple):
 
 
 def peer_text(peer: bytes | str) -> str:
-    """A routing identity as bounded hex; a network address (a peer in the ZeroMQ handshake
-    has no identity yet) as bounded text."""
+    """A routing identity as its label (``model.peer_label``); a network address (a peer in
+    the ZeroMQ handshake has no identity yet) as bounded text."""
     if isinstance(peer, str):
         return peer[:ADDRESS_CHARS]
-    shown = peer[:PEER_BYTES].hex()
-    return shown + "..." if len(peer) > PEER_BYTES else shown
+    return peer_label(peer)
 
 
 @dataclass
