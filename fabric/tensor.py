@@ -488,6 +488,8 @@ class Tensor(Spec):
                             f"{' with ' + ', '.join(kwargs) if kwargs else ''} is not "
                             "supported on fabric tensors; read the tensor with .numpy() "
                             "first if you mean to compute locally.")
+        if out is not None:
+            _check_out(ufunc, inputs, out)
         if ufunc is np.divmod:
             results: Any = _divmod(*inputs)
         else:
@@ -497,9 +499,8 @@ class Tensor(Spec):
         if out is None:
             return results
         if ufunc is not np.divmod:
-            return _store_into(out[0], results, ufunc, inputs)
-        return tuple(_store_into(target, result, ufunc, inputs)
-                     for target, result in zip(out, results))
+            return _store_into(out[0], results)
+        return tuple(_store_into(target, result) for target, result in zip(out, results))
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = ARRAY_FUNCTIONS.get(func)
@@ -624,26 +625,41 @@ for _dunder, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multip
     setattr(Tensor, f"__i{_dunder}__", _in_place(_ufunc))
 
 
-def _store_into(target: Any, result: Tensor, ufunc: np.ufunc, inputs: tuple[Any, ...]
-                ) -> Tensor:
-    """``ufunc(*inputs, out=target)``: ``result`` stored into tensor ``target`` with numpy's
-    rules (the inputs broadcast to its shape; its dtype, cast to by 'same_kind')."""
-    if not isinstance(target, Tensor) or target.session is not result.session:
-        raise TypeError(f"numpy.{ufunc.__name__} on fabric tensors takes out= only as a "
-                        "tensor of their session; read the result with .numpy() to store "
-                        "it into a numpy array.")
-    target._check_writable()
-    shape = np.broadcast_shapes(result.shape, target.shape)
+def _check_out(ufunc: np.ufunc, inputs: tuple[Any, ...], out: tuple[Any, ...]) -> None:
+    """Raise numpy's error, before anything is sent, where ``ufunc(*inputs, out=out)`` may
+    not store into ``out``: not tensors, a dtype 'same_kind' casting refuses (numpy's own
+    error, from the ufunc on stand-ins of one element), or a shape the inputs do not
+    broadcast to."""
+    session = next(a.session for a in inputs + out if isinstance(a, Tensor))
+    for target in out:
+        if not isinstance(target, Tensor) or target.session is not session:
+            raise TypeError(f"numpy.{ufunc.__name__} on fabric tensors takes out= only as a "
+                            "tensor of their session; read the result with .numpy() to "
+                            "store it into a numpy array.")
+        target._check_writable()
+
+    def tiny(a: Any) -> Any:
+        return np.zeros((1,) * len(a.shape), a.dtype) if isinstance(a, Spec) else a
+    with np.errstate(all="ignore"):
+        ufunc(*map(tiny, inputs), out=tuple(map(tiny, out)))
+    if ufunc.signature is None:  # elementwise: the inputs broadcast to out's shape (a
+        # gufunc's result, np.matmul's, is checked when it is known: _store_into)
+        for target in out:
+            _check_broadcast([a.shape for a in inputs if isinstance(a, Spec)], target)
+
+
+def _check_broadcast(shapes: list[tuple[int, ...]], target: Tensor) -> None:
+    shape = np.broadcast_shapes(*shapes, target.shape)
     if shape != target.shape:
         raise ValueError(f"non-broadcastable output operand with shape {target.shape} "
                          f"doesn't match the broadcast shape {shape}")
-    values = result
-    if result.dtype != target.dtype:
-        # numpy's own casting error (or none), from the ufunc on stand-ins of one element
-        with np.errstate(all="ignore"):
-            ufunc(*[np.zeros((1,) * len(a.shape), a.dtype) if isinstance(a, Spec) else a
-                    for a in inputs], out=np.zeros((1,) * len(target.shape), target.dtype))
-        values = values.astype(target.dtype)
+
+
+def _store_into(target: Tensor, result: Tensor) -> Tensor:
+    """``result`` stored into ``target``, as numpy's out= does (checked by ``_check_out``):
+    broadcast to its shape and cast to its dtype."""
+    _check_broadcast([result.shape], target)
+    values = result if result.dtype == target.dtype else result.astype(target.dtype)
     if values.shape != target.shape:
         values = target.session.apply("broadcast_to", (values,), {"shape": target.shape})
     target._assign(values)
