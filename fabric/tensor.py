@@ -471,7 +471,7 @@ class Tensor(Spec):
 
     def argsort(self, axis: int | None = -1, kind: str | None = None) -> "Tensor":
         """The indices that sort the tensor along ``axis``, as ``np.argsort``. (There is no
-        ``t.sort()``: tensors never change; ``np.sort(t)`` gives a sorted tensor.)"""
+        ``t.sort()`` yet; ``np.sort(t)`` gives a sorted tensor.)"""
         return self._op("argsort", axis=axis, kind=kind)
 
     # -- numpy interoperability: everything stays remote ------------------------------------
