@@ -57,6 +57,14 @@ class ArrayNamespace(ABC):
         """``tensor``'s values (``t.numpy()``)."""
 
     @abstractmethod
+    def resolve_shape(self, tensor: Tensor) -> None:
+        """Learn ``tensor``'s shape, made by an op whose result's shape depends on the data
+        (``a[mask]``, ``np.nonzero``, ``np.unique``)."""
+
+    def check_update(self) -> None:
+        """Raise where this namespace's tensors may not be updated (``t[i] = v``)."""
+
+    @abstractmethod
     def receive_from(self, source: Tensor) -> Tensor:
         """``source``, a tensor of another session, as a tensor of this one (``t.to(...)``)."""
 

@@ -148,6 +148,19 @@ class Tracer(ArrayNamespace):
     def _outside(self, call: str) -> TraceError:
         return self._refuse(call, "call it outside the traced function")
 
+    def resolve_shape(self, tensor: Tensor) -> None:
+        """Refused: a graph's shapes are fixed when it is traced."""
+        raise self._refuse(
+            "An op whose result's shape depends on the data (a[mask], np.nonzero, np.unique)",
+            "a graph's shapes are fixed when it is traced: select with np.where(mask, x, y) "
+            "instead, or do it outside the traced function")
+
+    def check_update(self) -> None:
+        """Refused: a traced function makes new tensors, it does not update its inputs."""
+        raise self._refuse(
+            "An update of a tensor (t[i] = v, t += v, out=, np.add.at)",
+            "make a new tensor instead (np.where(mask, v, t), t = t + v) and return it")
+
     def receive_from(self, source: Tensor) -> Tensor:
         """Refused: a trace moves no data between sessions."""
         raise self._outside("t.to(session)")

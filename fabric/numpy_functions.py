@@ -3,8 +3,9 @@
 
 Rule: everything stays on the device. A handler is one op of the table (``session.apply``) or
 a composite of tensor ops and numpy functions on tensors (``_roll``, ``_tile``, ``_triangle``,
-...), never a read; what would need the data's values (``np.where(condition)``) or a form
-fabric does not take is refused with numpy's error type and a sentence that says what to do.
+...), never a read; where the result's shape depends on the data (``np.nonzero``,
+``np.unique``), the device says it in one small round trip (``resolve_shape``). A form fabric
+does not take is refused with numpy's error type and a sentence that says what to do.
 """
 
 from __future__ import annotations
@@ -25,13 +26,35 @@ def _session_of(tensors: Iterable[Any]) -> Any:
     raise TypeError("At least one argument must be a fabric tensor.")
 
 
-def _where(condition: Any, *xy: Any) -> Tensor:
-    if len(xy) != 2:  # np.where(condition): the indices where it holds, as many as the data
-        raise TypeError("numpy.where needs x and y on fabric tensors: the indices where a "
-                        "condition holds (np.where(condition), np.nonzero) depend on the data, "
-                        "so their shape cannot be known before it is read; read the condition "
-                        "with .numpy() first.")
+def _where(condition: Any, *xy: Any) -> Any:
+    if not xy:  # np.where(condition): numpy's np.nonzero(condition)
+        return _nonzero(condition)
+    if len(xy) != 2:
+        raise ValueError("either both or neither of x and y should be given")
     return _session_of((condition, *xy)).apply("where", (condition, *xy), {})
+
+
+def _nonzero(a: Any) -> tuple[Tensor, ...]:
+    if not isinstance(a, Tensor):  # (a tensor among x and y only: numpy's own answer)
+        return np.nonzero(a)
+    return a.nonzero()
+
+
+def _argwhere(a: Tensor) -> Tensor:
+    found = a.session.apply("argwhere", (a,), {})
+    a.session.resolve_shape(found)
+    return found
+
+
+def _unique(ar: Tensor, return_index: bool = False, return_inverse: bool = False,
+            return_counts: bool = False, axis: Any = None, *, equal_nan: bool = True) -> Tensor:
+    if return_index or return_inverse or return_counts or axis is not None or not equal_nan:
+        raise TypeError("numpy.unique on fabric tensors takes its plain form only (sorted "
+                        "unique values of the flattened tensor); read the tensor with "
+                        ".numpy() first for indices, inverses, counts or an axis.")
+    found = ar.session.apply("unique", (ar,), {})
+    ar.session.resolve_shape(found)
+    return found
 
 
 def _reduction_function(name: str) -> Any:
@@ -175,7 +198,7 @@ ARRAY_FUNCTIONS.update({
     np.transpose: lambda a, axes=None: a.transpose(*(axes or ())),
     np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
     np.squeeze: lambda a, axis=None: a.squeeze(axis),
-    np.expand_dims: lambda a, axis: a.session.apply("expand_dims", (a,), {"axis": axis}),
+    np.expand_dims: lambda a, axis: a.view_op("expand_dims", axis=axis),
     np.concatenate: _join_function("concatenate"),
     np.stack: _join_function("stack"),
     np.copy: lambda a: a.copy(),
@@ -201,8 +224,11 @@ ARRAY_FUNCTIONS.update({
     np.ones_like: _like("ones"),
     np.empty_like: _like("empty"),
     np.full_like: _like("full"),
-    np.broadcast_to: lambda array, shape: array.session.apply("broadcast_to", (array,),
-                                                            {"shape": as_shape(shape)}),
+    np.broadcast_to: lambda array, shape: array.view_op("broadcast_to", "read-only",
+                                                        shape=as_shape(shape)),
+    np.nonzero: _nonzero,
+    np.argwhere: _argwhere,
+    np.unique: _unique,
     np.flip: _flip,
     np.diff: _diff,
     np.roll: _roll,

@@ -72,6 +72,39 @@ def _view_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     return _apply(op.impl, args, params, tiny=False).shape
 
 
+def selects_by_data(arrays: Sequence[Any]) -> bool:
+    """Whether an index's arrays hold a boolean tensor: how many elements it selects is known
+    only on the device (its stand-in selects none)."""
+    return any(isinstance(a, Spec) and a.dtype == np.bool_ for a in arrays)
+
+
+def _update_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # setitem and ufunc_at: the target's shape. The index is checked on a stand-in of the
+    # target, and each value must broadcast to the part it selects (numpy drops a value's
+    # leading ones), unless a boolean tensor selects it (checked on the device).
+    target = args[0]
+    values = 1 if op.name == "setitem" else ufunc_named(params["ufunc"]).nin - 1
+    arrays = args[1 + values:]
+    region = _apply(_index, (target, *arrays), {"index": params["index"]}, tiny=False).shape
+    if not selects_by_data(arrays):
+        for value in args[1:1 + values]:
+            shape = np.shape(value) if not isinstance(value, Spec) else value.shape
+            while len(shape) > len(region) and shape[0] == 1:
+                shape = shape[1:]
+            if len(shape) > len(region) or np.broadcast_shapes(shape, region) != region:
+                raise ValueError(f"could not broadcast input array from shape {shape} into "
+                                 f"shape {region}")
+    return target.shape
+
+
+def _unknown_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # argwhere, unique: how many rows depends on the data; the client learns it from the
+    # device (Session.resolve_shape); until then, none.
+    if op.name == "argwhere":
+        return (0, len(args[0].shape))
+    return (0,)
+
+
 def _axis_of_0d(shape: Shape, axis: Any) -> bool:
     # numpy's quirk: most of its reductions and scans take axis 0 (or -1) of a 0-d array
     return not shape and isinstance(axis, (int, np.integer)) and axis in (0, -1)
@@ -230,6 +263,29 @@ def _param_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dt
     return np.dtype(params["dtype"])
 
 
+def _update_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    # The target's dtype; a scalar value that it cannot hold (300 into int8, nan into an
+    # int) is refused with numpy's error, by storing it into a stand-in; ufunc.at's own
+    # casting rule is numpy's, on stand-ins of one element.
+    target, dtype = args[0], args[0].dtype
+    if op.name == "setitem":
+        if not isinstance(args[1], Spec):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (complex into real: numpy warns, as here)
+                np.empty((), dtype)[()] = args[1]
+        return dtype
+    function = ufunc_named(params["ufunc"])
+    values = [np.zeros((), v.dtype) if isinstance(v, Spec) else v
+              for v in args[1:function.nin]]
+    with np.errstate(all="ignore"):
+        function.at(np.zeros(1, dtype), np.zeros((), np.intp), *values)
+    return target.dtype
+
+
+def _index_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    return np.dtype(np.intp)
+
+
 # -- the table -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -312,8 +368,62 @@ def _example_scalar(kind: type, value: Any) -> Any:
     return value if value is not None else (None if kind is type(None) else kind(1))
 
 
-def _index(array: np.ndarray, index: Any) -> np.ndarray:
-    return array[index]
+class IndexArray:
+    """An array in an index, standing for the op's index argument number ``position``
+    (those after the target and the values): the index's other items travel in its param."""
+
+    __slots__ = ("position",)
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def __eq__(self, other: Any) -> bool:
+        return type(other) is IndexArray and other.position == self.position
+
+    def __hash__(self) -> int:
+        return hash((IndexArray, self.position))
+
+
+def bind_index(index: tuple[Any, ...], arrays: Sequence[Any]) -> tuple[Any, ...]:
+    """``index`` with each ``IndexArray`` replaced by the array it stands for."""
+    return tuple(arrays[item.position] if type(item) is IndexArray else item for item in index)
+
+
+def _index(array: np.ndarray, *arrays: Any, index: tuple[Any, ...]) -> np.ndarray:
+    return array[bind_index(index, arrays) if arrays else index]
+
+
+def _setitem(array: np.ndarray, value: Any, *arrays: Any, index: tuple[Any, ...]) -> np.ndarray:
+    # Copy on write: a device's arrays never change, so views and other tensors made from
+    # the old value keep theirs; the client rebinds the handle to this new array.
+    updated = array.copy()
+    updated[bind_index(index, arrays)] = value
+    return updated
+
+
+def ufunc_named(name: str) -> np.ufunc:
+    """numpy's ufunc ``name``, one of the op table's (ValueError for any other name)."""
+    function = getattr(np, name, None) if name in OPS else None
+    if not isinstance(function, np.ufunc):
+        raise ValueError(f"{name!r} is not a ufunc of the op table.")
+    return function
+
+
+def _ufunc_at(array: np.ndarray, *operands: Any, ufunc: str, index: tuple[Any, ...]
+              ) -> np.ndarray:
+    function = ufunc_named(ufunc)
+    values, arrays = operands[:function.nin - 1], operands[function.nin - 1:]
+    updated = array.copy()
+    function.at(updated, bind_index(index, arrays), *values)
+    return updated
+
+
+def _argwhere(a: np.ndarray) -> np.ndarray:
+    return np.argwhere(a)
+
+
+def _unique(a: np.ndarray) -> np.ndarray:
+    return np.unique(a)
 
 
 def _where(condition: Any, x: Any, y: Any) -> np.ndarray:
@@ -384,6 +494,10 @@ OPS: dict[str, Op] = {op.name: op for op in [
        np.einsum(subscripts, *operands, optimize=optimize), _einsum_shape, _tiny_dtype),
     Op("dot", np.dot, _dot_shape, _tiny_dtype),
     Op("getitem", _index, _view_shape, _same_dtype),
+    Op("setitem", _setitem, _update_shape, _update_dtype),
+    Op("ufunc_at", _ufunc_at, _update_shape, _update_dtype),
+    Op("argwhere", _argwhere, _unknown_shape, _index_dtype),
+    Op("unique", _unique, _unknown_shape, _same_dtype),
     Op("reshape", np.reshape, _view_shape, _same_dtype),
     Op("transpose", np.transpose, _view_shape, _same_dtype),
     Op("swapaxes", np.swapaxes, _view_shape, _same_dtype),
@@ -412,3 +526,14 @@ OPS: dict[str, Op] = {op.name: op for op in [
 ]}
 # The ops the executor passes the session's generator
 RANDOM_OPS = frozenset({"uniform", "normal", "integers"})
+# The ops whose result's shape depends on the data: the client asks the device for it
+DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique"})
+
+
+def shape_from_device(name: str, args: Sequence[Any]) -> bool:
+    """Whether op ``name`` on ``args`` makes a result whose shape the device must say."""
+    return name in DATA_DEPENDENT_OPS or name == "getitem" and selects_by_data(args[1:])
+
+
+# The ops with an index param (``fabric.wire.encode_index``)
+INDEXED_OPS = frozenset({"getitem", "setitem", "ufunc_at"})

@@ -8,6 +8,7 @@ batched. A remote error comes back naming the op and the line of user code that 
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -168,6 +169,17 @@ class Session(ArrayNamespace):
         if len(reply.buffers) != 1:
             raise ProtocolError("A read reply must carry exactly one buffer.")
         return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
+
+    def resolve_shape(self, tensor: Tensor) -> None:
+        """Learn ``tensor``'s shape from the device, its op sent and run first: one small
+        round trip (``a[mask]``, ``np.nonzero``, ``np.unique``). The op's error, if it failed,
+        is raised here, naming the line that issued it."""
+        shape = self._call({"op": "shape", "id": tensor.id}).body.get("shape")
+        if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape) \
+                or len(shape) != len(tensor.shape):
+            raise ProtocolError(f"A shape reply must list {len(tensor.shape)} sizes.")
+        tensor.shape = tuple(shape)
+        tensor.size = math.prod(shape)
 
     def receive_from(self, source: Tensor) -> Tensor:
         """``source``, a tensor of another session, sent worker to worker (``t.to(self)``)."""

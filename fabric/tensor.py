@@ -1,20 +1,28 @@
 """Tensors: handles to arrays that live on a device, and their operators.
 
 Rule: a tensor's shape and dtype are known on the client from the op table (``fabric.ops``)
-before anything is sent. A ``Tensor`` holds no data and never changes: every method and
-operator queues an op on its session's stream (``session.apply``), the elementwise operators
-by a short way straight into the stream (``OpStream.push``), and only ``numpy()`` and the
-conversions read. numpy's functions on tensors are looked up in ``ARRAY_FUNCTIONS``, which
+before anything is sent (or, where they depend on the data, learned from the device at the
+op: ``a[mask]``, ``np.unique``). A ``Tensor`` holds no data: every method and operator queues
+an op on its session's stream (``session.apply``), the elementwise operators by a short way
+straight into the stream (``OpStream.push``), and only ``numpy()``, the conversions and
+printing read. A device's arrays never change; an update (``t[i] = v``, ``t += v``,
+``out=t``, ``np.add.at(t, ...)``) computes a new array and moves the tensor's handle to it,
+and views (``t[0]``, ``t.T``, ...) are linked to their base so that a write through either
+reaches the other as numpy's does (``_assign``), or is refused where numpy's result depends
+on memory layout. numpy's functions on tensors are looked up in ``ARRAY_FUNCTIONS``, which
 ``fabric.numpy_api`` fills (NEP 18's registry).
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Iterator
+import weakref
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from .errors import FabricError
+from .indexing import PreparedIndex, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
@@ -28,6 +36,50 @@ _ELEMENTWISE_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
 ARRAY_FUNCTIONS: dict[Any, Callable[..., Any]] = {}
 
 
+class ViewLink(NamedTuple):
+    """How a view was made from its base: op ``name`` on ``(base, *args)`` with ``params``
+    (as they travel), and ``kind``: "view" (numpy always shares memory: a write through it
+    reaches the base), "read-only" (``broadcast_to``: numpy refuses writes through it) or
+    "layout" (``reshape``: numpy shares memory only where the layout allows, so a write
+    through it, or into its base while it lives, is refused). A view holds its base, as
+    numpy's does (a view of a temporary view still reaches the array); a reshape holds it
+    weakly, so that the reshape of a tensor nobody holds is free to change."""
+
+    held: Any  # the base, or for "layout" a weak reference to it
+    name: str
+    args: tuple[Any, ...]
+    params: dict[str, Any]
+    kind: str
+
+    @property
+    def base(self) -> "Tensor | None":
+        """The tensor this view was made from; None once a reshape's base is let go."""
+        return self.held() if self.kind == "layout" else self.held
+
+
+_LAYOUT_DEPENDENT = (
+    "Cannot write into {which} as numpy writes into a reshape and its base only where no "
+    "copy was needed, which depends on memory layout: write into the tensor in its own shape "
+    "and reshape it again afterwards, or take .copy() of the reshape (or let it go) first.")
+
+# How a write through a view reaches its base: the view's new values, put back in the
+# base's layout (getitem's is a setitem with the view's own index).
+_UNDO_VIEW = {
+    "transpose": lambda values, link, base: values.session.apply(
+        "transpose", (values,), {"axes": None if link.params["axes"] is None else tuple(
+            np.argsort([axis % values.ndim for axis in link.params["axes"]]).tolist())}),
+    "swapaxes": lambda values, link, base: values.session.apply(
+        "swapaxes", (values,), link.params),
+    "expand_dims": lambda values, link, base: values.session.apply(
+        "reshape", (values,), {"shape": base.shape}),
+    "squeeze": lambda values, link, base: values.session.apply(
+        "reshape", (values,), {"shape": base.shape}),
+    "getitem": lambda values, link, base: base.session.emit(
+        "setitem", (base, values, *link.args), base.shape, base.dtype, link.params,
+        issued_at()),
+}
+
+
 class Tensor(Spec):
     """An array on a session's device. Nothing is read back until ``numpy()``.
 
@@ -35,7 +87,8 @@ class Tensor(Spec):
     tensor is not made by calling this class.
     """
 
-    __slots__ = ("session", "id", "size", "__weakref__")
+    # (_view_of and _views are set only on views and their bases; read with getattr)
+    __slots__ = ("session", "id", "size", "_view_of", "_views", "__weakref__")
     __array_priority__ = 1000  # numpy defers binary operators to us
 
     def __init__(self, *_: Any, **__: Any) -> None:
@@ -84,9 +137,31 @@ class Tensor(Spec):
             raise TypeError("iteration over a 0-d tensor")
         return (self[i] for i in range(self.shape[0]))
 
-    def __repr__(self) -> str:
+    def _handle(self) -> str:
         return (f"<fabric.Tensor shape={self.shape} dtype={self.dtype} id={self.id} "
                 f"device={self.session.device.index}>")
+
+    def _printed(self, show: Callable[[np.ndarray], str]) -> str:
+        try:
+            values = self.numpy()
+        except FabricError as exc:  # (a failed op, a closed session, a trace: still shown)
+            return f"{self._handle()[:-1]} unreadable: {type(exc).__name__}>"
+        return show(values)
+
+    def __repr__(self) -> str:
+        """numpy's repr of the values, as ``tensor(...)``: a read of the whole tensor
+        (numpy's print options summarise a large one)."""
+        text = repr  # (numpy aligns continuation lines under "array(": one more space)
+        return self._printed(lambda values: "tensor" + text(values)[len("array"):].replace(
+            "\n" + " " * len("array("), "\n" + " " * len("tensor(")))
+
+    def __str__(self) -> str:
+        """numpy's str of the values: a read of the whole tensor."""
+        return self._printed(str)
+
+    def __format__(self, spec: str) -> str:
+        """numpy's format of the values (``f"{loss:.4f}"`` on a 0-d tensor): a read."""
+        return self._printed(lambda values: format(values, spec)) if spec else str(self)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -126,8 +201,8 @@ class Tensor(Spec):
         return int(self.numpy())
 
     def __index__(self) -> int:
-        if self.dtype.kind not in "iub":
-            raise TypeError("only integer tensors can be used as an index")
+        if self.dtype.kind not in "iub" or self.shape:  # (numpy's words; nothing read)
+            raise TypeError("only integer scalar arrays can be converted to a scalar index")
         return int(self.numpy())
 
     # -- ops -------------------------------------------------------------------------------
@@ -135,32 +210,149 @@ class Tensor(Spec):
     def _op(self, name: str, *args: Any, **params: Any) -> "Tensor":
         return self.session.apply(name, (self, *args), params)
 
+    def view_op(self, name: str, kind: str = "view", **params: Any) -> "Tensor":
+        """Op ``name`` of the table, a view of this tensor in numpy (``ViewLink``'s kinds):
+        its result is linked to this tensor, so that updates reach both as numpy's do."""
+        return self._link(self.session.apply(name, (self,), params), name, (), params, kind)
+
+    def _link(self, view: "Tensor", name: str, args: tuple[Any, ...],
+              params: dict[str, Any], kind: str) -> "Tensor":
+        view._view_of = ViewLink(weakref.ref(self) if kind == "layout" else self, name, args,
+                                 params, kind)
+        views = getattr(self, "_views", None)
+        if views is None:
+            views = self._views = weakref.WeakSet()
+        views.add(view)
+        return view
+
+    def _indexed(self, name: str, values: tuple[Any, ...], index: Any,
+                 **params: Any) -> tuple["Tensor", PreparedIndex, list[Any], dict[str, Any]]:
+        """Op ``name`` (getitem, setitem, ufunc_at) on this tensor, ``values`` and ``index``
+        (numpy arrays and lists in either uploaded): its result, the index taken apart, the
+        index's tensors and the op's params as they travel."""
+        prepared = prepare_index(index)
+        session = self.session
+        values = tuple(session.asarray(v) if isinstance(v, (np.ndarray, list, tuple)) else v
+                       for v in values)
+        # (inferred with the index's numpy arrays themselves: numpy's errors, out of bounds
+        # included, at the call)
+        shape, dtype = OPS[name].infer((self, *values, *prepared.arrays),
+                                       {**params, "index": prepared.items})
+        arrays = [a if isinstance(a, Tensor) else session.asarray(a) for a in prepared.arrays]
+        wire = {**params, "index": encode_index(prepared.items)}
+        result = session.emit(name, (self, *values, *arrays), shape, dtype, wire, issued_at(3))
+        return result, prepared, arrays, wire
+
     def __getitem__(self, index: Any) -> "Tensor":
-        wire = {"index": encode_index(index)}
-        return self.session.apply("getitem", (self,), {"index": index}, wire)
+        """numpy's indexing: ints, slices, ``...``, None, boolean masks and integer arrays
+        (numpy's, lists or tensors). A basic index gives a view, as numpy's. A boolean
+        tensor's result has as many elements as it holds true: one small round trip to the
+        device learns how many."""
+        result, prepared, arrays, wire = self._indexed("getitem", (), index)
+        if prepared.data_dependent:
+            self.session.resolve_shape(result)
+        elif prepared.is_view(len(self.shape)):
+            self._link(result, "getitem", tuple(arrays), wire, "view")
+        return result
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``t[index] = value`` for every index numpy takes, run on the device as one op:
+        the tensor (and the views of it, and the tensor it is a view of) then holds the new
+        values, as numpy's does; other tensors made from its old values keep theirs."""
+        self._check_writable()
+        updated = self._indexed("setitem", (value,), index)[0]
+        self._assign(updated)
+
+    def _check_writable(self) -> None:
+        """Raise, before anything is sent, where an update may not run: inside a traced
+        function, through a read-only view, or where numpy's result would depend on the
+        memory layout (a reshape of a tensor, while both are in use)."""
+        self.session.check_update()
+        tensor, link = self, getattr(self, "_view_of", None)
+        while link is not None and link.base is not None:
+            if link.kind == "read-only":
+                raise ValueError("assignment destination is read-only (a broadcast_to view, "
+                                 "as numpy's): write into the tensor it was made from, or "
+                                 "take .copy() of it first.")
+            if link.kind == "layout":
+                raise ValueError(_LAYOUT_DEPENDENT.format(
+                    which="this tensor, a reshape of another tensor still in use,"))
+            tensor = link.base
+            link = getattr(tensor, "_view_of", None)
+        pending = [tensor]
+        while pending:
+            views = getattr(pending.pop(), "_views", None)
+            for view in list(views or ()):
+                if view._view_of.kind == "layout" and view is not self:
+                    raise ValueError(_LAYOUT_DEPENDENT.format(
+                        which=f"a reshape of this tensor (shape {view.shape}), still in use,"))
+                pending.append(view)
+
+    def _assign(self, values: "Tensor") -> None:
+        """This tensor now holds ``values`` (a new tensor of its shape and dtype, which this
+        takes over): written back into the tensor it is a view of, and seen by its views."""
+        link = getattr(self, "_view_of", None)
+        base = None if link is None else link.base
+        if base is not None:
+            base._assign(_UNDO_VIEW[link.name](values, link, base))  # (this view included)
+            return
+        self._take(values)
+        self._refresh_views()
+
+    def _take(self, values: "Tensor") -> None:
+        # The handle moves to values' array, and the old one is freed at this point of the
+        # stream (values' own handle is let go without freeing it).
+        stream = self.session.stream
+        old, self.id = self.id, values.id
+        del values.session
+        stream.batch.append(old)
+        stream.freed.append(old)
+
+    def _refresh_views(self) -> None:
+        # Each live view is made again from the new values (a view op: no copy on the device)
+        for view in list(getattr(self, "_views", None) or ()):
+            link = view._view_of
+            view._take(self.session.emit(link.name, (self, *link.args), view.shape,
+                                         view.dtype, link.params, issued_at()))
+            view._refresh_views()
 
     def reshape(self, *shape: Any) -> "Tensor":
-        """The same values in a new shape (one dimension may be -1), as numpy's."""
-        return self._op("reshape", shape=as_shape(shape[0] if len(shape) == 1 else shape))
+        """The same values in a new shape (one dimension may be -1), as numpy's. numpy's
+        result shares memory only where the layout allows, so while both are in use,
+        neither may be written into (a ValueError says what to do instead)."""
+        return self.view_op("reshape", "layout",
+                            shape=as_shape(shape[0] if len(shape) == 1 else shape))
 
     def transpose(self, *axes: Any) -> "Tensor":
-        """The axes permuted (reversed without arguments), as numpy's."""
+        """The axes permuted (reversed without arguments), as numpy's: a view."""
         axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
-        return self._op("transpose", axes=tuple(axes) if axes else None)
+        return self.view_op("transpose", axes=tuple(axes) if axes else None)
 
     def ravel(self) -> "Tensor":
-        """The tensor flat (tensors never change, so this is also ``flatten``)."""
+        """The tensor flat, as ``reshape(-1)``."""
         return self.reshape(-1)
 
-    flatten = ravel
+    def flatten(self) -> "Tensor":
+        """A flat copy of the tensor (never a view, as numpy's)."""
+        return self.reshape(-1).copy()
 
     def swapaxes(self, axis1: int, axis2: int) -> "Tensor":
-        """Two axes interchanged."""
-        return self._op("swapaxes", axis1=axis1, axis2=axis2)
+        """Two axes interchanged: a view."""
+        return self.view_op("swapaxes", axis1=axis1, axis2=axis2)
 
     def squeeze(self, axis: int | tuple[int, ...] | None = None) -> "Tensor":
-        """Axes of length one removed (all, or those named)."""
-        return self._op("squeeze", axis=axis)
+        """Axes of length one removed (all, or those named): a view."""
+        return self.view_op("squeeze", axis=axis)
+
+    def nonzero(self) -> tuple["Tensor", ...]:
+        """The indices of the non-zero elements, one tensor per axis, as numpy's: their
+        length depends on the data, learned from the device by one small round trip."""
+        if not self.shape:
+            raise ValueError("Calling nonzero on 0d arrays is not allowed. Use "
+                             "np.atleast_1d(scalar).nonzero() instead.")
+        found = self.session.apply("argwhere", (self,), {})
+        self.session.resolve_shape(found)
+        return tuple(found[:, axis] for axis in range(len(self.shape)))
 
     def astype(self, dtype: Any) -> "Tensor":
         """The values cast to ``dtype``, as numpy's (unsafe) casting does."""
@@ -279,25 +471,36 @@ class Tensor(Spec):
 
     def argsort(self, axis: int | None = -1, kind: str | None = None) -> "Tensor":
         """The indices that sort the tensor along ``axis``, as ``np.argsort``. (There is no
-        ``t.sort()``: tensors never change; ``np.sort(t)`` gives a sorted tensor.)"""
+        ``t.sort()`` yet; ``np.sort(t)`` gives a sorted tensor.)"""
         return self._op("argsort", axis=axis, kind=kind)
 
     # -- numpy interoperability: everything stays remote ------------------------------------
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any,
                         **kwargs: Any) -> Any:
-        if ufunc is np.divmod and method == "__call__" and not kwargs:
-            return _divmod(*inputs)
-        if method != "__call__" or kwargs or ufunc.__name__ not in OPS:
+        out = kwargs.pop("out", None)
+        known = ufunc.__name__ in OPS or ufunc is np.divmod
+        if method == "at" and not kwargs and out is None and ufunc.__name__ in OPS:
+            return _ufunc_at(ufunc, *inputs)
+        if method != "__call__" or kwargs or not known:
             raise TypeError(f"numpy.{ufunc.__name__}"
                             f"{'' if method == '__call__' else '.' + method}"
                             f"{' with ' + ', '.join(kwargs) if kwargs else ''} is not "
                             "supported on fabric tensors; read the tensor with .numpy() "
                             "first if you mean to compute locally.")
-        elementwise = _PAIRS.get(ufunc.__name__) or _SINGLES.get(ufunc.__name__)
-        if elementwise is not None:
-            return elementwise(*inputs)
-        return self.session.apply(ufunc.__name__, inputs, {})  # (np.matmul)
+        if out is not None:
+            _check_out(ufunc, inputs, out)
+        if ufunc is np.divmod:
+            results: Any = _divmod(*inputs)
+        else:
+            elementwise = _PAIRS.get(ufunc.__name__) or _SINGLES.get(ufunc.__name__)
+            results = elementwise(*inputs) if elementwise is not None \
+                else self.session.apply(ufunc.__name__, inputs, {})  # (np.matmul)
+        if out is None:
+            return results
+        if ufunc is not np.divmod:
+            return _store_into(out[0], results)
+        return tuple(_store_into(target, result) for target, result in zip(out, results))
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = ARRAY_FUNCTIONS.get(func)
@@ -405,6 +608,76 @@ for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolu
                        ("invert", "invert")]:
     setattr(Tensor, f"__{_dunder}__", _SINGLES[_name])
 Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
+
+
+def _in_place(ufunc: np.ufunc) -> Callable[[Tensor, Any], Tensor]:
+    def method(self: Tensor, other: Any) -> Tensor:
+        return ufunc(self, other, out=self)  # (numpy's in-place rules: _store_into)
+    return method
+
+
+for _dunder, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                        ("truediv", np.true_divide), ("floordiv", np.floor_divide),
+                        ("mod", np.remainder), ("pow", np.power), ("and", np.bitwise_and),
+                        ("or", np.bitwise_or), ("xor", np.bitwise_xor),
+                        ("lshift", np.left_shift), ("rshift", np.right_shift),
+                        ("matmul", np.matmul)]:
+    setattr(Tensor, f"__i{_dunder}__", _in_place(_ufunc))
+
+
+def _check_out(ufunc: np.ufunc, inputs: tuple[Any, ...], out: tuple[Any, ...]) -> None:
+    """Raise numpy's error, before anything is sent, where ``ufunc(*inputs, out=out)`` may
+    not store into ``out``: not tensors, a dtype 'same_kind' casting refuses (numpy's own
+    error, from the ufunc on stand-ins of one element), or a shape the inputs do not
+    broadcast to."""
+    session = next(a.session for a in inputs + out if isinstance(a, Tensor))
+    for target in out:
+        if not isinstance(target, Tensor) or target.session is not session:
+            raise TypeError(f"numpy.{ufunc.__name__} on fabric tensors takes out= only as a "
+                            "tensor of their session; read the result with .numpy() to "
+                            "store it into a numpy array.")
+        target._check_writable()
+
+    def tiny(a: Any) -> Any:
+        return np.zeros((1,) * len(a.shape), a.dtype) if isinstance(a, Spec) else a
+    with np.errstate(all="ignore"):
+        ufunc(*map(tiny, inputs), out=tuple(map(tiny, out)))
+    if ufunc.signature is None:  # elementwise: the inputs broadcast to out's shape (a
+        # gufunc's result, np.matmul's, is checked when it is known: _store_into)
+        for target in out:
+            _check_broadcast([a.shape for a in inputs if isinstance(a, Spec)], target)
+
+
+def _check_broadcast(shapes: list[tuple[int, ...]], target: Tensor) -> None:
+    shape = np.broadcast_shapes(*shapes, target.shape)
+    if shape != target.shape:
+        raise ValueError(f"non-broadcastable output operand with shape {target.shape} "
+                         f"doesn't match the broadcast shape {shape}")
+
+
+def _store_into(target: Tensor, result: Tensor) -> Tensor:
+    """``result`` stored into ``target``, as numpy's out= does (checked by ``_check_out``):
+    broadcast to its shape and cast to its dtype."""
+    _check_broadcast([result.shape], target)
+    values = result if result.dtype == target.dtype else result.astype(target.dtype)
+    if values.shape != target.shape:
+        values = target.session.apply("broadcast_to", (values,), {"shape": target.shape})
+    target._assign(values)
+    return target
+
+
+def _ufunc_at(ufunc: np.ufunc, target: Any, indices: Any, *values: Any) -> None:
+    """``np.add.at(target, indices, values)`` (any ufunc of the table) on tensor
+    ``target``: unbuffered, so repeated indices each count, as numpy's; one op."""
+    if not isinstance(target, Tensor):
+        raise TypeError(f"numpy.{ufunc.__name__}.at with fabric tensors needs the target to "
+                        "be a tensor: upload it with session.asarray(...), or read the "
+                        "tensors with .numpy() to update a numpy array.")
+    if len(values) != ufunc.nin - 1:
+        raise TypeError(f"numpy.{ufunc.__name__}.at takes {ufunc.nin - 1} operand(s) after "
+                        "the indices")
+    target._check_writable()
+    target._assign(target._indexed("ufunc_at", values, indices, ufunc=ufunc.__name__)[0])
 
 
 def _divmod(left: Any, right: Any) -> tuple[Tensor, Tensor]:

@@ -16,7 +16,7 @@ import msgpack
 import numpy as np
 
 from .arrays import ArrayNamespace
-from .ops import Spec
+from .ops import Spec, shape_from_device
 from .origins import issued_at
 from .tensor import Tensor
 from .wire import decode_scalar
@@ -108,7 +108,10 @@ class Trace:
                 args = [tensors[a] if type(a) is int else decode_scalar(a)
                         for a in entry["args"]]
                 shape, dtype = tuple(entry["shape"]), np.dtype(entry["dtype"])
-                tensors[entry["out"]] = session.emit(name, args, shape, dtype, params, origin)
+                tensors[entry["out"]] = made = session.emit(name, args, shape, dtype, params,
+                                                            origin)
+                if shape_from_device(name, args):  # (recorded before it was known)
+                    session.resolve_shape(made)
         return tensors
 
 

@@ -13,8 +13,9 @@ A SUBMIT's body is ``{"ops": [entry, ...]}``, run in order. An entry is either
 
 An arg is a tensor id (an int) or a scalar: a float, a bool or None as it is, ``[value]`` for
 a Python int and ``[value, dtype]`` for a numpy scalar (``encode_scalar``). Params are
-msgpack values (``encode_param``): an index as ``encode_index`` makes it, an axis tuple as a
-list, a dtype as a device dtype's ``str``. ``put`` carries its array as the message's buffer
+msgpack values (``encode_param``): an index as ``encode_index`` makes it (its arrays are
+the op's args after the target and the values), an axis tuple as a list, a dtype as a device
+dtype's ``str``. ``put`` carries its array as the message's buffer
 number ``params["buffer"]``, with ``dtype`` and ``shape``; a read's reply carries the bytes
 as its one buffer (``array_from_frame``).
 
@@ -38,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .errors import ProtocolError
-from .ops import Spec
+from .ops import INDEXED_OPS, IndexArray
 
 GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the client mirrors the bound)
 GRAPH_OPS = ("graph_register", "graph_call", "graph_free")
@@ -67,30 +68,41 @@ def parse_op(entry: Any) -> OpEntry:
     return OpEntry(name, out, args, params)
 
 
-def encode_index(index: Any) -> list[Any]:
-    """Basic numpy indexing (ints, slices, None, ...) as msgpack-able items."""
-    items = index if isinstance(index, tuple) else (index,)
-    encoded = []
-    for item in items:
+def encode_index(index: tuple[Any, ...]) -> list[Any]:
+    """An index as msgpack-able items: an int, None, ``"..."``, ``[start, stop, step]`` for a
+    slice and ``{"array": n}`` for the op's index array number ``n`` (an ``IndexArray``);
+    ``fabric.indexing`` makes such an index of whatever numpy takes."""
+    encoded: list[Any] = []
+    for item in index:
         if item is Ellipsis:
             encoded.append("...")
-        elif isinstance(item, slice):
+        elif type(item) is slice:
             encoded.append([item.start, item.stop, item.step])
-        elif item is None or isinstance(item, (int, np.integer)) and not isinstance(item, bool):
-            encoded.append(None if item is None else int(item))
-        elif isinstance(item, (bool, np.bool_, list, np.ndarray, Spec)):  # numpy's advanced
-            raise TypeError(f"Index {item!r} is not supported on fabric tensors: use ints, "
-                            "slices, None and ... (advanced indexing is not supported yet).")
-        else:  # (numpy's refusal, and its words)
-            raise IndexError(f"Index {item!r}: only integers, slices (`:`), ellipsis (`...`) "
-                             "and None (numpy.newaxis) are valid indices of fabric tensors.")
+        elif type(item) is IndexArray:
+            encoded.append({"array": item.position})
+        else:  # an int or None
+            encoded.append(item)
     return encoded
 
 
-def decode_index(encoded: list[Any]) -> tuple[Any, ...]:
-    """The inverse of ``encode_index``."""
-    return tuple(Ellipsis if item == "..." else slice(*item) if isinstance(item, list) else item
-                 for item in encoded)
+def decode_index(encoded: Any) -> tuple[Any, ...]:
+    """The inverse of ``encode_index``; ProtocolError for anything it does not make."""
+    if type(encoded) is not list:
+        raise ProtocolError(f"An index must be a list, not {type(encoded).__name__}.")
+    index: list[Any] = []
+    for item in encoded:
+        kind = type(item)
+        if item is None or kind is int:
+            index.append(item)
+        elif item == "...":
+            index.append(Ellipsis)
+        elif kind is list and len(item) == 3 and all(p is None or type(p) is int for p in item):
+            index.append(slice(*item))
+        elif kind is dict and type(item.get("array")) is int and len(item) == 1:
+            index.append(IndexArray(item["array"]))
+        else:
+            raise ProtocolError(f"Malformed index item of type {kind.__name__}.")
+    return tuple(index)
 
 
 def device_dtype(dtype: Any) -> np.dtype:
@@ -107,8 +119,8 @@ def decode_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     given must be a device's: ``device_dtype``)."""
     if "dtype" in params:
         device_dtype(params["dtype"])
-    if name == "getitem":
-        return {"index": decode_index(params["index"])}
+    if name in INDEXED_OPS:
+        return {**params, "index": decode_index(params.get("index"))}
     if type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
         return {**params, "axis": tuple(params["axis"])}  # which numpy refuses
     return params
@@ -193,7 +205,7 @@ def encode_scalar(arg: Any) -> Any:
 
 def encode_param(name: str, key: str, value: Any) -> Any:
     """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float
-    or a str, or a list or tuple of them; numpy's scalars (and other subclasses) as the Python
+    or a str, or a list, tuple or str-keyed dict of them; numpy's scalars (and other subclasses) as the Python
     scalars they hold. Anything else raises TypeError, at the call."""
     kind = type(value)
     if kind is bool or kind is float or kind is str or value is None:
@@ -202,6 +214,8 @@ def encode_param(name: str, key: str, value: Any) -> Any:
         return value
     if kind is tuple or kind is list:
         return kind(encode_param(name, key, item) for item in value)
+    if kind is dict and all(type(k) is str for k in value):  # (an index's array item)
+        return {k: encode_param(name, key, v) for k, v in value.items()}
     if isinstance(value, np.generic):
         return encode_param(name, key, value.item())
     for base in (int, float, str):

@@ -2,7 +2,9 @@
 and as a registered and replayed ``fabric.function``), must agree.
 
 Each example builds a short chain (elementwise ops with tensors and with Python and numpy
-scalars, reductions, views, casts, joins, scans) from random dtypes and small shapes. At every
+scalars, reductions, views, casts, joins, scans, updates, and selections whose shape depends
+on the data) from random dtypes and small shapes. A ``fabric.function`` refuses updates and
+data-dependent shapes, so its chains stop before the first. At every
 step the tensor's shape and dtype, known on the client before anything is read, must be
 numpy's, and where numpy refuses, fabric must refuse at the call with the same exception
 type; at the end the values read back must be numpy's. Seeded (derandomized), so CI is
@@ -70,7 +72,7 @@ def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list
     for _ in range(draw(st.integers(1, 5))):
         kind = draw(st.sampled_from(["binary", "binary", "scalar", "unary", "reduce", "view",
                                      "astype", "where", "clip", "join", "scan", "matmul",
-                                     "other"]))
+                                     "other", "update", "select"]))
         if kind == "binary":
             steps.append((kind, (draw(st.sampled_from(binary)), draw(st.booleans()))))
         elif kind == "scalar":
@@ -96,12 +98,49 @@ def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list
                                                         "moveaxis", "outer", "divmod", "flip",
                                                         "diff", "roll", "tril", "repeat",
                                                         "tile", "einsum"])),)))
+        elif kind == "update":
+            steps.append((kind, (draw(st.sampled_from(list(UPDATES))),)))
+        elif kind == "select":
+            steps.append((kind, (draw(st.sampled_from(list(SELECTIONS))),)))
         elif kind in ("where", "clip", "join", "matmul"):
             steps.append((kind, (draw(st.integers(0, 1)),)))
         else:
             steps.append((kind, (draw(st.sampled_from(["cumsum", "sort", "argsort"])),
                                  _axis(draw, ndim))))
     return bases, steps
+
+
+def _updated(update):
+    """An update of a copy of the running value (numpy's in-place rules: casting, broadcast)."""
+    def run(value, other):
+        value = value.copy()
+        update(value, other)
+        return value
+    return run
+
+
+def _at(value, other):
+    np.add.at(value, [0, -1, 0], 1)
+
+
+UPDATES = {
+    "mask = 7": _updated(lambda v, o: v.__setitem__(v > 0, 7)),
+    "mask *= 2": _updated(lambda v, o: v.__setitem__(v != 0, v[v != 0] * 2)),
+    "+= other": _updated(lambda v, o: v.__iadd__(o)),
+    "*= 1.5": _updated(lambda v, o: v.__imul__(1.5)),
+    "[[0, 0]] -= 1": _updated(lambda v, o: v.__setitem__([0, 0], v[[0, 0]] - 1)),
+    "[..., :1] = other": _updated(lambda v, o: v.__setitem__((Ellipsis, slice(None, 1)),
+                                                             o[..., :1])),
+    "np.add.at": _updated(_at),
+    "out=": _updated(lambda v, o: np.maximum(v, o, out=v)),
+}
+SELECTIONS = {
+    "mask": lambda v, o: v[v > 0],
+    "other's mask": lambda v, o: v[o.astype(bool)],
+    "fancy": lambda v, o: v[[-1, 0, 0]],
+    "nonzero": lambda v, o: np.nonzero(v)[-1],
+    "unique": lambda v, o: np.unique(v),
+}
 
 
 def apply(step: tuple[str, tuple], value, other):
@@ -125,6 +164,10 @@ def apply(step: tuple[str, tuple], value, other):
                 "first": lambda v: v[0], "squeeze": lambda v: np.squeeze(v)}[how](value)
     if kind == "astype":
         return value.astype(args[0])
+    if kind == "update":
+        return UPDATES[args[0]](value, other)
+    if kind == "select":
+        return SELECTIONS[args[0]](value, other)
     if kind == "where":
         return np.where(value > 0, value, other) if args[0] else np.where(other, 1.5, value)
     if kind == "clip":
@@ -194,6 +237,8 @@ def check_graph(session, chain) -> None:
     local, other = bases
     accepted = []
     for step in steps:
+        if step[0] in ("update", "select"):  # (refused while tracing)
+            break
         try:
             local = apply_with_numpy(step, local, other)
         except Exception:

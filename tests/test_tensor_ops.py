@@ -569,14 +569,6 @@ def test_indexing_a_zero_dimensional_result_and_chains(session):
     session.sync()
 
 
-def test_advanced_indexing_is_refused_not_downloaded(session):
-    t = poisoned(session)  # a read would raise RemoteError, not TypeError
-    for index in ([0, 1], np.array([0]), np.array([True, False]), session.asarray([0]), True,
-                  (0, np.False_)):
-        with pytest.raises(TypeError, match="not supported"):
-            t[index]
-
-
 # -- concatenate, stack, astype -----------------------------------------------------------------
 
 JOINS = {
@@ -649,19 +641,6 @@ def test_the_copy_module_copies_values_and_either_tensor_may_be_let_go(session, 
     again = how(t)
     del t
     np.testing.assert_array_equal(again.numpy(), data("float64", seed=45))
-    session.sync()
-
-
-def test_tensors_never_change_an_augmented_assignment_makes_a_new_one(session):
-    # (README: tensors never change, as JAX's arrays)
-    x = session.asarray(np.arange(3.0))
-    y = x
-    x += 1
-    assert x is not y and x.id != y.id
-    np.testing.assert_array_equal(y.numpy(), [0.0, 1.0, 2.0])
-    np.testing.assert_array_equal(x.numpy(), [1.0, 2.0, 3.0])
-    with pytest.raises(TypeError, match="does not support item assignment"):
-        x[0] = 5
     session.sync()
 
 
@@ -914,15 +893,12 @@ def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuc
     (lambda t: np.diff(t, prepend=0), "diff"),
     (lambda t: np.linalg.norm(t, ord=1), "norm"),
     (lambda t: np.fft.fft(t), "fft"),
-    (lambda t: np.unique(t), "unique"),
     (lambda t: np.einsum(t, [0]), "einsum"),  # (the form with lists of axes)
     (lambda t: np.add.reduce(t), "add.reduce"),
     (lambda t: np.multiply.accumulate(t), "multiply.accumulate"),
     (lambda t: np.add.outer(t, t), "add.outer"),
     (lambda t: np.nextafter(t, t), "nextafter"),
     (lambda t: np.sin(t, out=np.empty(2)), "sin"),
-    (lambda t: np.where(t), "where"),  # (the indices: a shape only the data tells)
-    (lambda t: np.nonzero(t), "nonzero"),
 ], ids=lambda x: x if isinstance(x, str) else "")
 def test_unsupported_numpy_function_raises_type_error_without_reading(session, call, name):
     t = poisoned(session)  # reading it would raise RemoteError: a TypeError proves no read
@@ -1135,13 +1111,11 @@ def test_asarray_of_another_sessions_tensor_is_not_silently_foreign(session, sha
         np.testing.assert_array_equal(moved.numpy(), data("float64", seed=47))
 
 
-def test_repr_does_not_read(session):
+def test_descriptions_do_not_read(session):
     t = poisoned(session)  # reading it would raise
-    for text in (repr(t), str(t)):
-        assert "(2,)" in text and "int64" in text
     assert (t.ndim, t.size, t.nbytes, len(t), np.shape(t)) == (1, 2, 16, 2, (2,))
-    big = session.zeros((3, 4), "float32")
-    assert "(3, 4)" in repr(big) and "float32" in repr(big)
+    for text in (repr(t), str(t)):  # (printing reads: a failed op is shown, not raised)
+        assert "(2,)" in text and "int64" in text and "unreadable: RemoteError" in text
     with pytest.raises(RemoteError):
         t.numpy()
 

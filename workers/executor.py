@@ -343,16 +343,9 @@ class Executor(GraphOps):
         tensor_id = message.body.get("id")
         array = session.tensors.get(tensor_id)
         if type(array) is not np.ndarray:  # a deferred value, a poisoned or unknown tensor
-            self._materialize(session, tensor_id)
-            if tensor_id in session.poisoned:
-                error = session.poisoned[tensor_id]
-                if error in session.unreported:
-                    session.unreported.remove(error)
-                return [reply_to(message, {"error": error})]
-            array = session.tensors.get(tensor_id)
-            if array is None:
-                return [_reply_error(message, ProtocolError(
-                    f"Tensor {tensor_id} does not exist in this session."))]
+            array = self._computed(session, message, tensor_id)
+            if type(array) is Message:
+                return [array]
         shape = list(array.shape)
         dtype = dtype_name(array.dtype)
         flat = np.frombuffer(np.ascontiguousarray(array), np.uint8)  # (whatever the shape)
@@ -369,6 +362,29 @@ class Executor(GraphOps):
                 "op that made the tensor.", tensor=tensor_id, dtype=dtype, shape=shape))]
         return [reply_to(message, body, (flat,))]
 
+    def _computed(self, session: DeviceSession, message: Message,
+                  tensor_id: Any) -> np.ndarray | Message:
+        """Tensor ``tensor_id``'s array, computed if deferred; or the reply to ``message``
+        that says why there is none (its op's error, reported here, or no such tensor)."""
+        self._materialize(session, tensor_id)
+        if tensor_id in session.poisoned:
+            error = session.poisoned[tensor_id]
+            if error in session.unreported:
+                session.unreported.remove(error)
+            return reply_to(message, {"error": error})
+        array = session.tensors.get(tensor_id)
+        if array is None:
+            return _reply_error(message, ProtocolError(
+                f"Tensor {tensor_id} does not exist in this session."))
+        return array
+
+    def _shape(self, session: DeviceSession, message: Message) -> list[Message]:
+        # The shape of a tensor whose op's result depends on the data (a boolean index,
+        # np.unique): the client learns it here, and its later reads are checked against it.
+        array = self._computed(session, message, message.body.get("id"))
+        return [array if type(array) is Message else
+                reply_to(message, {"shape": list(array.shape)})]
+
     def _stats(self, session: DeviceSession, message: Message) -> list[Message]:
         return [reply_to(message, {
             "tensors": len(session.tensors), "resident_bytes": session.resident,
@@ -378,7 +394,7 @@ class Executor(GraphOps):
             **session.counters, **session.graphs.stats()})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
-        "sync": _sync, "read": _read, "stats": _stats, "await": _await}
+        "sync": _sync, "read": _read, "stats": _stats, "await": _await, "shape": _shape}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 
