@@ -164,6 +164,9 @@ class Limits:
     # (fabric.flow), which would drop the connections of clients whose sends wait meanwhile.
     slow_peer_timeout: float | None = None
     auth_delay: float = 0.2  # a refused token is answered this much later (the loop holds it)
+    # How long a peer has to finish the ZeroMQ handshake, its token included: connections that
+    # send nothing, junk, or wait on a refusal the full held queue dropped are closed then.
+    handshake_timeout: float = 10.0
 
     def sessions_per_token(self, client_tokens: int) -> int:
         """``max_sessions_per_token``, or its default for this many client tokens."""

@@ -19,6 +19,7 @@ import ctypes
 import json
 import logging
 import os
+import resource
 import secrets
 import signal
 import socket
@@ -41,6 +42,20 @@ from .zap import ZAP_ENDPOINT
 log = logging.getLogger("fabric.broker")
 
 RETRY_MS = 5  # how often parked messages are retried while there are any
+
+
+def _raise_open_file_limit() -> None:
+    """Raise this process's open-file limit to its hard limit, where allowed: each peer's
+    connection is a file, and a broker out of them cannot take its legitimate clients'."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, exc)
+            return
+    log.info("open-file limit: %d connections at most",
+             resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
 def _unpredictable_routing_counters() -> None:
@@ -68,7 +83,8 @@ def _router(context: zmq.Context, endpoint: str, limits: Limits,
     # Bounded per-peer queues both ways, and no frame bigger than the limit (before bind:
     # accepted connections take the options the listener had).
     for option, value in ((zmq.SNDHWM, limits.hwm), (zmq.RCVHWM, limits.hwm),
-                          (zmq.MAXMSGSIZE, limits.max_message_bytes)):
+                          (zmq.MAXMSGSIZE, limits.max_message_bytes),
+                          (zmq.HANDSHAKE_IVL, int(limits.handshake_timeout * 1000))):
         sock.setsockopt(option, value)
     if not workers:
         # TCP keepalive drops a client's half-open connection (its host gone without a
@@ -94,6 +110,7 @@ class Broker:
     def __init__(self, frontend: str, backend: str, *, client_token: str | Sequence[str],
                  worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
                  curve: CurveServer | None = None) -> None:
+        _raise_open_file_limit()
         _unpredictable_routing_counters()  # before the ROUTERs draw their starts
         self.context = zmq.Context()
         # Bound before the ROUTERs, so no handshake is ever finished without asking it.

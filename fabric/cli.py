@@ -52,13 +52,17 @@ def main() -> None:
               help="Idle seconds after which the broker checks a client is still connected.")
 @click.option("--auth-delay", type=click.FloatRange(min=0), default=0.2, show_default=True,
               help="Seconds before a refused token (client, admin or worker) is answered.")
+@click.option("--handshake-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True,
+              help="Seconds a peer has to finish the ZeroMQ handshake (with its token) before "
+                   "its connection is closed.")
 @with_options(timing_options)
 @limit_options("broker")
 @curve_server_options
 def broker(frontend: str, backend: str, token: str | None, token_file: str | None,
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
-           liveness: int, log_level: str, auth_delay: float,
+           liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
            curve: CurveServer | None, limits: dict[str, Any]) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
@@ -75,7 +79,8 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
                              "worker token")
     admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
-                    lease=lease, auth_delay=auth_delay, **limits)
+                    lease=lease, auth_delay=auth_delay, handshake_timeout=handshake_timeout,
+                    **limits)
     try:
         serve(frontend, backend, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve)

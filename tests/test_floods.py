@@ -10,6 +10,8 @@ a legitimate client's results are checked meanwhile. Timings are not asserted he
 from __future__ import annotations
 
 import os
+import socket
+import time
 from typing import Iterator
 
 import numpy as np
@@ -21,6 +23,7 @@ from rawpeers import RawDealer, frames_of
 
 from fabric import Admin, LocalCluster
 from fabric.protocol import Kind
+from fabric.security import present_token
 
 WRONG_TOKEN = "not-a-token-of-this-cluster-5e1d"
 PEERS = 6  # raw connections per socket
@@ -138,3 +141,79 @@ def test_a_ping_flood_from_a_client_with_many_sessions_keeps_them_and_others_are
         closed = {flooder.recv_until(lambda m: m.kind == Kind.CLOSED, timeout=10).session
                   for _ in range(PING_SESSIONS)}
         assert closed == set(range(1, PING_SESSIONS + 1))
+
+
+# -- connections that never finish the handshake ---------------------------------------------
+
+IDLE, JUNK, REFUSED = 200, 200, 100  # raw connections of each kind
+HANDSHAKE_TIMEOUT = 1.0
+
+
+def _closed_by_peer(sock: socket.socket, deadline: float) -> bool:
+    """Read (the broker's greeting, say) until the broker closes the connection or the
+    deadline passes: True if it closed it."""
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if not sock.recv(4096):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+    return False
+
+
+def _open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.fixture(scope="module")
+def short_handshakes() -> Iterator[LocalCluster]:
+    """A broker that gives a peer HANDSHAKE_TIMEOUT to finish the ZeroMQ handshake."""
+    with LocalCluster(workers=1, heartbeat=HEARTBEAT, broker_args=(
+            "--handshake-timeout", str(HANDSHAKE_TIMEOUT))) as running:
+        yield running
+
+
+def test_idle_junk_and_tokenless_connections_are_dropped_and_clients_are_served(
+        short_handshakes):
+    cluster = short_handshakes
+    pid = cluster.broker.pid
+    baseline, offset = _open_files(pid), _log_size(cluster)
+    with Admin(cluster.address, token=cluster.admin_token) as admin:
+        refused_before = admin.status()["rejects"].get("unauthorized", 0)
+    host, port = cluster.address[len("tcp://"):].rsplit(":", 1)
+    raw: list[socket.socket] = []
+    context = zmq.Context()
+    try:
+        for i in range(IDLE + JUNK):
+            sock = socket.create_connection((host, int(port)), timeout=5)
+            raw.append(sock)
+            if i >= IDLE:  # what libzmq takes for the start of a ZMTP 1.0 handshake
+                sock.sendall(b"\x01\x00")
+        dealers = [context.socket(zmq.DEALER) for _ in range(REFUSED)]
+        for dealer in dealers:
+            dealer.setsockopt(zmq.LINGER, 0)
+            present_token(dealer, "client", WRONG_TOKEN)
+            dealer.connect(cluster.address)
+        assert _open_files(pid) > baseline  # the broker holds them for now
+        _assert_served(cluster)  # meanwhile
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT + 10
+        assert all(_closed_by_peer(sock, deadline) for sock in raw)
+
+        def refused() -> int:
+            with Admin(cluster.address, token=cluster.admin_token) as admin:
+                return admin.status()["rejects"]["unauthorized"] - refused_before
+
+        wait_for(lambda: refused() == REFUSED, 10, "the broker to refuse every wrong token")
+    finally:
+        for sock in raw:
+            sock.close()
+        context.destroy(linger=0)
+    wait_for(lambda: _open_files(pid) <= baseline + 2, 10, "the broker to close them all")
+    _assert_served(cluster)
+    lines = [line for line in _log_since(cluster, offset).splitlines()
+             if " admin command " not in line]
+    assert len(lines) <= 4, "\n".join(lines)[:2000]  # the refusals: one line (and a summary)
+    assert WRONG_TOKEN not in "\n".join(lines)
