@@ -434,10 +434,13 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
 
 _UNREAD_FRONTEND = """
 import select, sys, time, zmq
+sys.path.insert(0, "tests")
+from rawpeers import AdmittingContext
 from fabric.broker.model import Limits
 from fabric.broker.server import _router
-context = zmq.Context()
-frontend = _router(context, "tcp://127.0.0.1:*", Limits(hwm=8))  # heartbeat: 1 s
+from fabric.security import FRONTEND_DOMAIN
+context = AdmittingContext().context  # (the broker's frontend asks ZAP for every peer)
+frontend = _router(context, "tcp://127.0.0.1:*", Limits(hwm=8), None, FRONTEND_DOMAIN)
 print(frontend.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)
 client = frontend.recv_multipart()[0]
 for _ in range(100):  # answers it will not read
@@ -474,7 +477,7 @@ def test_the_frontend_survives_a_client_that_resets_while_it_is_not_read():
                                 stderr=subprocess.PIPE, text=True)
     try:
         address = frontend.stdout.readline().strip()
-        with RawDealer(address, None, {zmq.RCVHWM: 1}) as client:  # (a bare ROUTER)
+        with RawDealer(address, "any token", {zmq.RCVHWM: 1}) as client:
             for _ in range(200):  # far past the frontend's RCVHWM, while it reads none
                 client.send([bytes(50)])
             client.recv(timeout=5)  # its answers have come; the rest stay unread
