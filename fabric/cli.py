@@ -18,7 +18,7 @@ import zmq
 
 from .cli_admin import admin
 from .cli_options import (as_usage_error, curve_client_options, curve_server_options,
-                          limit_options, required_secret, timing_options, token_options,
+                          limit_options, renamed_option, required_secret, timing_options, token_options,
                           with_options)
 from .config import resolve_secret
 from .errors import DeviceNotHostable, FabricError
@@ -40,8 +40,9 @@ def main() -> None:
 @click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
               help="Address clients and the admin CLI connect to (tcp://host:port, ipc://path;"
                    " port * picks a free one).")
-@click.option("--backend", default="tcp://127.0.0.1:5556", show_default=True,
-              help="Address workers connect to.")
+@click.option("--worker-address", default="tcp://127.0.0.1:5556", show_default=True,
+              help="Address workers connect to (their --broker; port * picks a free one). "
+                   "Formerly --backend, which still works for this release.")
 @token_options("", "FABRIC_TOKEN", "client token, or several, one a line (one per user or team: "
                "each has its own share of every device's sessions)")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
@@ -55,7 +56,8 @@ def main() -> None:
 @with_options(timing_options)
 @limit_options("broker")
 @curve_server_options
-def broker(frontend: str, backend: str, token: str | None, token_file: str | None,
+@renamed_option("--backend", "--worker-address")
+def broker(frontend: str, worker_address: str, token: str | None, token_file: str | None,
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float,
@@ -77,17 +79,18 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
                     lease=lease, auth_delay=auth_delay, **limits)
     try:
-        serve(frontend, backend, client_token=client_tokens, worker_token=worker,
+        serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve)
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
-        raise click.ClickException(f"cannot serve on {frontend} / {backend}: {exc}") from None
+        raise click.ClickException(f"cannot serve on {frontend} / {worker_address}: {exc}"
+                                   ) from None
 
 
 @main.command()
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
-              help="The broker's backend address.")
+              help="The broker's address for workers (fabric broker --worker-address).")
 @click.option("--backend", default="numpy", show_default=True,
-              help="Backend to host: numpy or numexpr. (capture and remote devices cannot host a "
+              help="Device backend to host: numpy or numexpr. (capture and remote devices cannot host a "
                    "server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
@@ -133,19 +136,21 @@ def cluster() -> None:
 @cluster.command("up")
 @click.option("--workers", type=int, default=2, show_default=True,
               help="How many worker processes to start.")
-@click.option("--backend", default="numpy", show_default=True, help="Device backend.")
+@click.option("--backend", default="numpy", show_default=True,
+              help="Device backend: numpy or numexpr.")
 @click.option("--devices-per-worker", type=int, default=1, show_default=True)
 @click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
               help="Address for clients and admin (port * picks a free one).")
-@click.option("--backend-address", default="tcp://127.0.0.1:5556", show_default=True,
-              help="Address the workers connect to.")
+@click.option("--worker-address", default="tcp://127.0.0.1:5556", show_default=True,
+              help="Address the workers connect to (port * picks a free one). Formerly "
+                   "--backend-address, which still works for this release.")
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
               help="Where to write the connection file to hand to users: address, client "
                    "token, client CURVE key files (mode 0600) "
                    "[default: ~/.config/fabric/cluster.json].")
 @click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
               help="Where to write the admin file for operators only: admin and worker tokens, "
-                   "backend address (mode 0600) [default: NAME-admin.json beside the "
+                   "worker address (mode 0600) [default: NAME-admin.json beside the "
                    "connection file NAME.json].")
 @click.option("--memory-limit", type=int, default=None,
               help="Per-session resident byte limit on each device.")
@@ -153,8 +158,9 @@ def cluster() -> None:
               help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
                    "first if it has none); both files name the client's key files.")
 @with_options(timing_options[:2])
+@renamed_option("--backend-address", "--worker-address")
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
-               backend_address: str, connection_file: str | None, admin_file: str | None,
+               worker_address: str, connection_file: str | None, admin_file: str | None,
                memory_limit: int | None, curve: str | None, heartbeat: float,
                liveness: int) -> None:
     """Start a broker and WORKERS workers, write a connection file and an admin file, serve
@@ -179,7 +185,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
     running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files are a usage error
         workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
-        liveness=liveness, frontend=frontend, backend_address=backend_address,
+        liveness=liveness, frontend=frontend, backend_address=worker_address,
         worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
         curve=curve))
     try:

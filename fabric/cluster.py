@@ -159,7 +159,7 @@ class LocalCluster:
             self.broker = subprocess.Popen(
                 [sys.executable, "-m", "fabric", "broker",
                  "--frontend", frontend or self.frontend,
-                 "--backend", backend or self.backend_address,
+                 "--worker-address", backend or self.backend_address,
                  "--heartbeat", str(self.heartbeat),
                  "--liveness", str(self.liveness), *self._curve_args, *self.broker_args],
                 stdout=subprocess.PIPE, stderr=log, env=self._env(),

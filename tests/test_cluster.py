@@ -25,7 +25,7 @@ def cluster_up(tmp_path):
     path = tmp_path / "conn.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "2",
-         "--frontend", "tcp://127.0.0.1:*", "--backend-address", "tcp://127.0.0.1:*",
+         "--frontend", "tcp://127.0.0.1:*", "--worker-address", "tcp://127.0.0.1:*",
          "--connection-file", str(path), "--heartbeat", "0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -118,7 +118,7 @@ def test_cluster_up_on_a_port_in_use_fails_with_one_clear_line(tmp_path):
         port = taken.address.rsplit(":", 1)[1]
         result = subprocess.run(
             [sys.executable, "-m", "fabric", "cluster", "up", "--frontend",
-             f"tcp://127.0.0.1:{port}", "--backend-address", "tcp://127.0.0.1:*",
+             f"tcp://127.0.0.1:{port}", "--worker-address", "tcp://127.0.0.1:*",
              "--connection-file", str(tmp_path / "c.json")],
             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
