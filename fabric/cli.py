@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,10 @@ def cluster() -> None:
                    "connection file NAME.json].")
 @click.option("--memory-limit", type=int, default=None,
               help="Per-session resident byte limit on each device.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the broker's and each worker's log (made if missing, appended "
+                   "to, kept after stop) [default: NAME-logs-DATE-TIME beside the connection "
+                   "file NAME.json].")
 @click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
               help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
                    "first if it has none); both files name the client's key files.")
@@ -161,19 +166,20 @@ def cluster() -> None:
 @renamed_option("--backend-address", "--worker-address")
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
-               memory_limit: int | None, curve: str | None, heartbeat: float,
-               liveness: int) -> None:
+               memory_limit: int | None, log_dir: str | None, curve: str | None,
+               heartbeat: float, liveness: int) -> None:
     """Start a broker and WORKERS workers, write a connection file and an admin file, serve
     until Ctrl-C.
 
     Generates fresh client, admin and worker tokens. The connection file (address, client
     token) is the one to hand to users; the admin file (admin and worker tokens) is for
     operators: fabric admin reads it. Ctrl-C or SIGTERM stops every process and removes both
-    files; if the launcher itself is killed, its children notice and stop too. Exits 1 when a
-    process fails to start or dies.
+    files, and keeps the logs (--log-dir), whose folder is named on every exit; if the
+    launcher itself is killed, its children notice and stop too. Exits 1 when a process fails
+    to start or dies.
     """
     from .cluster import LocalCluster
-    from .config import admin_file_beside, default_connection_file
+    from .config import admin_file_beside, default_connection_file, logs_beside
 
     client_path = Path(connection_file or default_connection_file())
     admin_path = Path(admin_file or admin_file_beside(client_path))
@@ -183,15 +189,25 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     if curve and not (Path(curve) / "broker.key_secret").exists():
         as_usage_error(lambda: generate_keys(curve))
         click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
+    logs = Path(log_dir) if log_dir else logs_beside(client_path, datetime.now())
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.UsageError(f"Cannot make the log folder {logs}: {exc.strerror}.") from None
     running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files are a usage error
         workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
         liveness=liveness, frontend=frontend, backend_address=worker_address,
         worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
-        curve=curve))
+        curve=curve, log_dir=logs))
+    kept = f"fabric cluster up: logs kept in {logs}"
     try:
         running.start()
     except FabricError as exc:
-        raise click.ClickException(exc.message.replace("\n", " ")) from None
+        raise click.ClickException(f"{exc.message} (logs in {logs})".replace("\n", " ")
+                                   ) from None
+    except BaseException:  # interrupted while starting: start() stopped what it started
+        click.echo(kept, err=True)
+        raise
     try:
         # The admin file first: once the connection file exists, both do.
         running.write_admin_file(admin_path)
@@ -211,6 +227,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         running.__exit__()
         for path in (client_path, admin_path):
             path.unlink(missing_ok=True)  # a stale file would only mislead
+        click.echo(kept, err=True)
     if not reason.startswith("stopped by"):
         sys.exit(1)
 
