@@ -8,6 +8,10 @@ worker not draining, duplicate session id, and the session limits (per client co
 per device, per client token on the device: a full device is named as such). The registry answers a refused token late
 (``Limits.auth_delay``).
 
+A peer whose first message belongs to the other port (a client's HELLO, DEVICES or ADMIN on
+the workers' port, a worker's REGISTER or HEARTBEAT on the clients') is refused with
+``WrongPort``, naming the port it reached and the right one.
+
 A broker may hold several client tokens (one per user or team): a session is counted against
 the token that opened it, so one token's holders cannot take every slot of a device from
 the others. Clients that share one token share its cap.
@@ -26,10 +30,11 @@ from fabric.errors import (
     NoSuchDevice,
     TooManySessions,
     VersionMismatch,
+    WrongPort,
 )
-from fabric.protocol import PROTOCOL_VERSION, Message
+from fabric.protocol import PROTOCOL_VERSION, Kind, Message
 
-from .model import Limits
+from .model import Limits, Side
 from .sessions import SessionTable
 from .worker_table import WorkerTable
 
@@ -58,6 +63,30 @@ def version_mismatch(peer: str, version: int) -> VersionMismatch:
         f"The {peer} speaks protocol version {version} and this broker speaks "
         f"{PROTOCOL_VERSION}: install matching fabric versions.",
         client_version=version, server_version=PROTOCOL_VERSION)
+
+
+# The messages that open a client's conversation and a worker's: one that reaches the other
+# kind of peer's port comes from a peer given the wrong address, and is told so.
+CLIENT_OPENINGS = frozenset({Kind.HELLO, Kind.DEVICES, Kind.ADMIN})
+WORKER_OPENINGS = frozenset({Kind.REGISTER, Kind.HEARTBEAT})
+
+
+def wrong_port(reached: Side, endpoints: dict[str, str]) -> WrongPort:
+    """The refusal of a peer that reached the other kind of peer's port (``reached``: the
+    socket it came to), naming the right port's bound address when ``endpoints`` has it."""
+    if reached is Side.BACKEND:
+        bound = endpoints.get("frontend")
+        where = f", bound at {bound}" if bound else ""
+        return WrongPort(
+            "This is the broker's port for workers (fabric broker --worker-address), not for "
+            f"clients: connect fabric.connect and fabric admin to its client port{where} "
+            "(fabric broker --frontend).", port="workers", client_port=bound)
+    bound = endpoints.get("backend")
+    where = f", bound at {bound}" if bound else ""
+    return WrongPort(
+        "This worker reached the broker's client port (fabric broker --frontend): start it "
+        f"with --broker set to the broker's port for workers{where} (fabric broker "
+        "--worker-address).", port="clients", worker_port=bound)
 
 
 def size_limit(body: dict[str, Any], default: int) -> int:

@@ -42,6 +42,7 @@ from fabric.errors import (
     MessageTooLarge,
     ProtocolError,
     SessionLost,
+    WrongPort,
 )
 from fabric.flow import largest_frame, size_and_limit_text
 from fabric.protocol import (
@@ -55,7 +56,16 @@ from fabric.protocol import (
 
 from . import admin
 from .endings import Endings
-from .handshake import hello_refusal, size_limit, token_index, token_ok, version_mismatch
+from .handshake import (
+    CLIENT_OPENINGS,
+    WORKER_OPENINGS,
+    hello_refusal,
+    size_limit,
+    token_index,
+    token_ok,
+    version_mismatch,
+    wrong_port,
+)
 from .log_limit import RateLimitedLog
 from .model import (
     Limits,
@@ -93,6 +103,7 @@ class Registry:
         server: str = "fabric-broker",
         limits: Limits = Limits(),
         now: float = 0.0,
+        endpoints: dict[str, str] | None = None,
     ) -> None:
         # One client token, or several (one per user or team; each has its session cap).
         tokens = [client_token] if isinstance(client_token, str) else list(client_token)
@@ -101,6 +112,9 @@ class Registry:
         self._worker_token = worker_token.encode()
         self._admin_token = admin_token.encode() if admin_token else None
         self.server = server
+        # The bound addresses ("frontend", "backend"), to name the right port to a peer that
+        # came to the wrong one.
+        self.endpoints = dict(endpoints or {})
         self.limits = limits
         self.started = now
         self.sessions: dict[int, Session] = {}
@@ -187,6 +201,17 @@ class Registry:
         session, request = (header.session, header.request) if header else (0, 0)
         return [send_error(side, identity, error, session=session, request=request)]
 
+    def _wrong_port(self, reached: Side, identity: bytes, header: Header,
+                    now: float) -> list[Send]:
+        """A client at the workers' port, or a worker at the clients' port: refused with a
+        sentence naming the port it reached and the right one (``handshake.wrong_port``)."""
+        self.rejects[WrongPort.code] += 1
+        wrong = ("a client at the workers' port" if reached is Side.BACKEND
+                 else "a worker at the clients' port")
+        self._log_peer(logging.WARNING, wrong, identity, now)
+        return [send_error(reached, identity, wrong_port(reached, self.endpoints),
+                           kind=Kind.REJECT, session=header.session, request=header.request)]
+
     def _other_version(self, side: Side, identity: bytes, message: Message,
                        now: float) -> list[Send]:
         """A non-handshake control message in another protocol version (body unvalidated)."""
@@ -217,6 +242,8 @@ class Registry:
             return self._bad_input(Side.FRONTEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:
             return self._other_version(Side.FRONTEND, identity, message, now)
+        if message.kind in WORKER_OPENINGS:
+            return self._wrong_port(Side.FRONTEND, identity, header, now)
         handler = self._client_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.FRONTEND, identity, ProtocolError(
@@ -347,7 +374,7 @@ class Registry:
                                        version_mismatch("worker", header.version),
                                        kind=Kind.REJECT)]
                 return self._on_register(identity, protocol.decode(frames, header), now)
-            if worker is None:
+            if worker is None and header.kind not in CLIENT_OPENINGS:
                 self.counters["unregistered_worker_messages"] += 1
                 self._log_peer(logging.WARNING, "message from an unregistered worker",
                                identity, now)
@@ -359,6 +386,8 @@ class Registry:
             return self._bad_input(Side.BACKEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:  # its body was not validated
             return self._other_version(Side.BACKEND, identity, message, now)
+        if worker is None:  # a client's first message, on the workers' port
+            return self._wrong_port(Side.BACKEND, identity, header, now)
         handler = self._worker_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.BACKEND, identity, ProtocolError(

@@ -100,17 +100,25 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--memory-limit", type=int, default=None,
               help="Most bytes one session may keep resident on a device; going past it "
                    "fails the op with QuotaExceeded and the worker goes on [default: none].")
+@click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Exit 1 once the broker has said nothing for SECONDS, at start or later "
+                   "(for a supervisor that starts the worker elsewhere) [default: never].")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
-           memory_limit: int | None, worker_token: str | None, worker_token_file: str | None,
-           heartbeat: float, liveness: int, log_level: str,
+           memory_limit: int | None, give_up_after: float | None, worker_token: str | None,
+           worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
-    """Run a worker: host DEVICES devices of BACKEND for the broker at --broker."""
+    """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
+
+    Exits 1 when the broker refuses it or stays silent past --give-up-after, 2 on a usage
+    error (a backend that cannot be hosted, the broker's client port given as --broker).
+    """
     from fabric.workers.backends import device_class
-    from fabric.workers.worker import RegistrationRefused, serve
+    from fabric.workers.control import WorkerStops
+    from fabric.workers.worker import serve
 
     _logging(log_level)
     try:
@@ -120,11 +128,14 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
               heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit, curve=curve,
-              **limits)
+              give_up_after=give_up_after, **limits)
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)
-    except (RegistrationRefused, ValueError) as exc:
+    except WorkerStops as exc:
+        click.echo(f"fabric worker: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except ValueError as exc:
         click.echo(f"fabric worker: {exc}", err=True)
         sys.exit(1)
 
