@@ -8,9 +8,10 @@ worker not draining, duplicate session id, and the session limits (per client co
 per device, per client token on the device: a full device is named as such). The registry answers a refused token late
 (``Limits.auth_delay``).
 
-A peer whose first message belongs to the other port (a client's HELLO, DEVICES or ADMIN on
-the workers' port, a worker's REGISTER or HEARTBEAT on the clients') is refused with
-``WrongPort``, naming the port it reached and the right one.
+A message a port does not take from its sender is answered by ``misplaced``: a peer whose
+first message belongs to the other port (a client's HELLO, DEVICES or ADMIN on the workers'
+port, a worker's REGISTER or HEARTBEAT on the clients') gets ``WrongPort``, naming the port
+it reached and the right one.
 
 A broker may hold several client tokens (one per user or team): a session is counted against
 the token that opened it, so one token's holders cannot take every slot of a device from
@@ -28,6 +29,7 @@ from fabric.errors import (
     DuplicateSession,
     FabricError,
     NoSuchDevice,
+    ProtocolError,
     TooManySessions,
     VersionMismatch,
     WrongPort,
@@ -71,22 +73,30 @@ CLIENT_OPENINGS = frozenset({Kind.HELLO, Kind.DEVICES, Kind.ADMIN})
 WORKER_OPENINGS = frozenset({Kind.REGISTER, Kind.HEARTBEAT})
 
 
-def wrong_port(reached: Side, endpoints: dict[str, str]) -> WrongPort:
-    """The refusal of a peer that reached the other kind of peer's port (``reached``: the
-    socket it came to), naming the right port's bound address when ``endpoints`` has it."""
+def misplaced(reached: Side, kind: Kind, endpoints: dict[str, str]) -> FabricError:
+    """The answer to a message of ``kind`` that the port it ``reached`` does not take from
+    its sender (any but REGISTER from a stranger on the workers' port; a worker's kind on the
+    clients' port): ``WrongPort`` naming the right port (its bound address when
+    ``endpoints`` has it) for the first message of the other kind of peer, else a
+    ``ProtocolError``."""
     if reached is Side.BACKEND:
+        if kind not in CLIENT_OPENINGS:
+            return ProtocolError("This worker is not registered: send REGISTER first.",
+                                 reason="not_registered")
         bound = endpoints.get("frontend")
-        where = f", bound at {bound}" if bound else ""
         return WrongPort(
             "This is the broker's port for workers (fabric broker --worker-address), not for "
-            f"clients: connect fabric.connect and fabric admin to its client port{where} "
-            "(fabric broker --frontend).", port="workers", client_port=bound)
+            "clients: connect fabric.connect and fabric admin to its client port"
+            f"{f', bound at {bound}' if bound else ''} (fabric broker --frontend).",
+            port="workers", client_port=bound)
+    if kind not in WORKER_OPENINGS:
+        return ProtocolError(f"A {kind.name} message is not accepted from a client.")
     bound = endpoints.get("backend")
-    where = f", bound at {bound}" if bound else ""
     return WrongPort(
         "This worker reached the broker's client port (fabric broker --frontend): start it "
-        f"with --broker set to the broker's port for workers{where} (fabric broker "
-        "--worker-address).", port="clients", worker_port=bound)
+        f"with --broker set to the broker's port for workers"
+        f"{f', bound at {bound}' if bound else ''} (fabric broker --worker-address).",
+        port="clients", worker_port=bound)
 
 
 def size_limit(body: dict[str, Any], default: int) -> int:

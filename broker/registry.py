@@ -42,7 +42,6 @@ from fabric.errors import (
     MessageTooLarge,
     ProtocolError,
     SessionLost,
-    WrongPort,
 )
 from fabric.flow import largest_frame, size_and_limit_text
 from fabric.protocol import (
@@ -56,16 +55,8 @@ from fabric.protocol import (
 
 from . import admin
 from .endings import Endings
-from .handshake import (
-    CLIENT_OPENINGS,
-    WORKER_OPENINGS,
-    hello_refusal,
-    size_limit,
-    token_index,
-    token_ok,
-    version_mismatch,
-    wrong_port,
-)
+from .handshake import (hello_refusal, misplaced, size_limit, token_index, token_ok,
+                        version_mismatch)
 from .log_limit import RateLimitedLog
 from .model import (
     Limits,
@@ -112,9 +103,7 @@ class Registry:
         self._worker_token = worker_token.encode()
         self._admin_token = admin_token.encode() if admin_token else None
         self.server = server
-        # The bound addresses ("frontend", "backend"), to name the right port to a peer that
-        # came to the wrong one.
-        self.endpoints = dict(endpoints or {})
+        self.endpoints = dict(endpoints or {})  # the bound addresses, named to misplaced peers
         self.limits = limits
         self.started = now
         self.sessions: dict[int, Session] = {}
@@ -193,24 +182,13 @@ class Registry:
         self.counters["tokens_refused"] += 1
         return [send._replace(not_before=now + self.limits.auth_delay) for send in sends]
 
-    def _bad_input(self, side: Side, identity: bytes, error: ProtocolError, now: float,
+    def _bad_input(self, side: Side, identity: bytes, error: FabricError, now: float,
                    header: Header | None = None) -> list[Send]:
         self.counters[f"{side.value}_protocol_errors"] += 1
         self._log_peer(logging.WARNING, f"bad message on the {side.value}", identity, now,
                        str(error))
         session, request = (header.session, header.request) if header else (0, 0)
         return [send_error(side, identity, error, session=session, request=request)]
-
-    def _wrong_port(self, reached: Side, identity: bytes, header: Header,
-                    now: float) -> list[Send]:
-        """A client at the workers' port, or a worker at the clients' port: refused with a
-        sentence naming the port it reached and the right one (``handshake.wrong_port``)."""
-        self.rejects[WrongPort.code] += 1
-        wrong = ("a client at the workers' port" if reached is Side.BACKEND
-                 else "a worker at the clients' port")
-        self._log_peer(logging.WARNING, wrong, identity, now)
-        return [send_error(reached, identity, wrong_port(reached, self.endpoints),
-                           kind=Kind.REJECT, session=header.session, request=header.request)]
 
     def _other_version(self, side: Side, identity: bytes, message: Message,
                        now: float) -> list[Send]:
@@ -242,12 +220,10 @@ class Registry:
             return self._bad_input(Side.FRONTEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:
             return self._other_version(Side.FRONTEND, identity, message, now)
-        if message.kind in WORKER_OPENINGS:
-            return self._wrong_port(Side.FRONTEND, identity, header, now)
         handler = self._client_handlers.get(message.kind)
         if handler is None:
-            return self._bad_input(Side.FRONTEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a client."), now, header)
+            return self._bad_input(Side.FRONTEND, identity, misplaced(  # (WrongPort to a worker)
+                Side.FRONTEND, message.kind, self.endpoints), now, header)
         return handler(self, identity, message, now)
 
     def _route_client_data(self, identity: bytes, header: Header, frames: Sequence[Any],
@@ -374,20 +350,18 @@ class Registry:
                                        version_mismatch("worker", header.version),
                                        kind=Kind.REJECT)]
                 return self._on_register(identity, protocol.decode(frames, header), now)
-            if worker is None and header.kind not in CLIENT_OPENINGS:
+            if worker is None:
                 self.counters["unregistered_worker_messages"] += 1
                 self._log_peer(logging.WARNING, "message from an unregistered worker",
                                identity, now)
-                return [send_error(Side.BACKEND, identity, ProtocolError(
-                    "This worker is not registered: send REGISTER first.",
-                    reason="not_registered"), session=header.session, request=header.request)]
+                return [send_error(Side.BACKEND, identity, misplaced(  # (WrongPort to a client)
+                    Side.BACKEND, header.kind, self.endpoints), session=header.session,
+                    request=header.request)]
             message = protocol.decode(frames, header)
         except ProtocolError as exc:
             return self._bad_input(Side.BACKEND, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:  # its body was not validated
             return self._other_version(Side.BACKEND, identity, message, now)
-        if worker is None:  # a client's first message, on the workers' port
-            return self._wrong_port(Side.BACKEND, identity, header, now)
         handler = self._worker_handlers.get(message.kind)
         if handler is None:
             return self._bad_input(Side.BACKEND, identity, ProtocolError(

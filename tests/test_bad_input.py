@@ -133,7 +133,7 @@ _register_body = {"token": "", "name": "impostor", "backend": "numpy", "devices"
 
 # (name, frames) sent on the backend by a peer that never registered.
 BACKEND_GARBAGE = [
-    ("single frame", [GOOD_HEADER]),
+    ("single frame", [Header(Kind.OPENED, session=7, request=9).pack()]),
     ("garbage header", [b"\x00" * 3, GOOD_BODY]),
     ("wrong magic", [b"XX" + GOOD_HEADER[2:], GOOD_BODY]),
     ("truncated header", [GOOD_HEADER[:-1], GOOD_BODY]),
@@ -200,14 +200,14 @@ def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(clust
         lost_client.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
                                    session=0x77, request=1))
         answer = lost_client.recv_message(timeout=2)
-        assert answer.kind == Kind.REJECT and (answer.session, answer.request) == (0x77, 1)
+        assert answer.kind == Kind.ERROR and (answer.session, answer.request) == (0x77, 1)
         assert error_from_wire(answer.body).code == "wrong_port"
         assert cluster.address in answer.body["message"]
     with RawDealer(cluster.address) as lost_worker:
         lost_worker.send(frames_of(Kind.REGISTER, dict(_register_body,
                                                        token=cluster.worker_token), request=1))
         answer = lost_worker.recv_message(timeout=2)
-        assert answer.kind == Kind.REJECT and answer.request == 1
+        assert answer.kind == Kind.ERROR and answer.request == 1
         assert error_from_wire(answer.body).code == "wrong_port"
         assert cluster.backend_address in answer.body["message"]
     assert_broker_serves(cluster)
