@@ -170,7 +170,7 @@ def _servers_run(workload: str, iterations: int, scratch: str, port: int) -> lis
                   ["-c", f"from bench.raw import raw_worker; raw_worker({backend!r}, True)"]]
         drive = partial(_drive_raw, iterations, frontend)
     else:
-        starts = [["-m", "fabric", "broker", "--frontend", frontend, "--backend", backend,
+        starts = [["-m", "fabric", "broker", "--frontend", frontend, "--worker-address", backend,
                    *slow],
                   ["-m", "fabric", "worker", "--broker", backend, "--name", "w0", *slow]]
         drive = partial(_drive_fabric, workload, iterations, frontend)

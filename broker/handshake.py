@@ -15,6 +15,11 @@ device online, worker not draining, duplicate session id, and the session limits
 connection, per device, per client token on the device: a full device is named as such). The
 registry answers a refused token late (``Limits.auth_delay``), at either gate.
 
+A message a port does not take from its sender is answered by ``misplaced``: a peer whose
+first message belongs to the other port (a client's HELLO, DEVICES or ADMIN on the workers'
+port, a worker's REGISTER or HEARTBEAT on the clients') gets ``WrongPort``, naming the port
+it reached and the right one.
+
 A broker may hold several client tokens (one per user or team): a session is counted against
 the token that opened it, so one token's holders cannot take every slot of a device from
 the others. Clients that share one token share its cap.
@@ -33,13 +38,15 @@ from fabric.errors import (
     DuplicateSession,
     FabricError,
     NoSuchDevice,
+    ProtocolError,
     TooManySessions,
     VersionMismatch,
+    WrongPort,
 )
-from fabric.protocol import PROTOCOL_VERSION, Message
+from fabric.protocol import PROTOCOL_VERSION, Kind, Message
 from fabric.security import BACKEND_DOMAIN
 
-from .model import Limits
+from .model import Limits, Side
 from .sessions import SessionTable
 from .worker_table import WorkerTable
 from .zap import ZapRequest
@@ -100,6 +107,38 @@ def version_mismatch(peer: str, version: int) -> VersionMismatch:
         f"The {peer} speaks protocol version {version} and this broker speaks "
         f"{PROTOCOL_VERSION}: install matching fabric versions.",
         client_version=version, server_version=PROTOCOL_VERSION)
+
+
+# The messages that open a client's conversation and a worker's: one that reaches the other
+# kind of peer's port comes from a peer given the wrong address, and is told so.
+CLIENT_OPENINGS = frozenset({Kind.HELLO, Kind.DEVICES, Kind.ADMIN})
+WORKER_OPENINGS = frozenset({Kind.REGISTER, Kind.HEARTBEAT})
+
+
+def misplaced(reached: Side, kind: Kind, endpoints: dict[str, str]) -> FabricError:
+    """The answer to a message of ``kind`` that the port it ``reached`` does not take from
+    its sender (any but REGISTER from a stranger on the workers' port; a worker's kind on the
+    clients' port): ``WrongPort`` naming the right port (its bound address when
+    ``endpoints`` has it) for the first message of the other kind of peer, else a
+    ``ProtocolError``."""
+    if reached is Side.BACKEND:
+        if kind not in CLIENT_OPENINGS:
+            return ProtocolError("This worker is not registered: send REGISTER first.",
+                                 reason="not_registered")
+        bound = endpoints.get("frontend")
+        return WrongPort(
+            "This is the broker's port for workers (fabric broker --worker-address), not for "
+            "clients: connect fabric.connect and fabric admin to its client port"
+            f"{f', bound at {bound}' if bound else ''} (fabric broker --frontend).",
+            port="workers", client_port=bound)
+    if kind not in WORKER_OPENINGS:
+        return ProtocolError(f"A {kind.name} message is not accepted from a client.")
+    bound = endpoints.get("backend")
+    return WrongPort(
+        "This worker reached the broker's client port (fabric broker --frontend): start it "
+        f"with --broker set to the broker's port for workers"
+        f"{f', bound at {bound}' if bound else ''} (fabric broker --worker-address).",
+        port="clients", worker_port=bound)
 
 
 def size_limit(body: dict[str, Any], default: int) -> int:

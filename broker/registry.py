@@ -59,6 +59,7 @@ from .endings import Endings
 from .handshake import (
     handshake_role,
     hello_refusal,
+    misplaced,
     size_limit,
     token_index,
     token_ok,
@@ -102,6 +103,7 @@ class Registry:
         limits: Limits = Limits(),
         now: float = 0.0,
         curve_keys: Mapping[str, frozenset[bytes]] | None = None,
+        endpoints: dict[str, str] | None = None,
     ) -> None:
         # One client token, or several (one per user or team; each has its session cap).
         tokens = [client_token] if isinstance(client_token, str) else list(client_token)
@@ -115,6 +117,7 @@ class Registry:
                                   "admin": [self._admin_token] if self._admin_token else []}
         self._curve_keys = curve_keys
         self.server = server
+        self.endpoints = dict(endpoints or {})  # the bound addresses, named to misplaced peers
         self.limits = limits
         self.started = now
         self.sessions: dict[int, Session] = {}
@@ -193,7 +196,7 @@ class Registry:
         self.counters["tokens_refused"] += 1
         return [send._replace(not_before=now + self.limits.auth_delay) for send in sends]
 
-    def _bad_input(self, side: Side, identity: bytes, error: ProtocolError, now: float,
+    def _bad_input(self, side: Side, identity: bytes, error: FabricError, now: float,
                    header: Header | None = None) -> list[Send]:
         self.counters[f"{side.value}_protocol_errors"] += 1
         self._log_peer(logging.WARNING, f"bad message on the {side.value}", identity, now,
@@ -258,8 +261,8 @@ class Registry:
             return self._other_version(Side.FRONTEND, identity, message, now)
         handler = self._client_handlers.get(message.kind)
         if handler is None:
-            return self._bad_input(Side.FRONTEND, identity, ProtocolError(
-                f"A {message.kind.name} message is not accepted from a client."), now, header)
+            return self._bad_input(Side.FRONTEND, identity, misplaced(  # (WrongPort to a worker)
+                Side.FRONTEND, message.kind, self.endpoints), now, header)
         return handler(self, identity, message, now)
 
     def _route_client_data(self, identity: bytes, header: Header, frames: Sequence[Any],
@@ -390,9 +393,9 @@ class Registry:
                 self.counters["unregistered_worker_messages"] += 1
                 self._log_peer(logging.WARNING, "message from an unregistered worker",
                                identity, now)
-                return [send_error(Side.BACKEND, identity, ProtocolError(
-                    "This worker is not registered: send REGISTER first.",
-                    reason="not_registered"), session=header.session, request=header.request)]
+                return [send_error(Side.BACKEND, identity, misplaced(  # (WrongPort to a client)
+                    Side.BACKEND, header.kind, self.endpoints), session=header.session,
+                    request=header.request)]
             message = protocol.decode(frames, header)
         except ProtocolError as exc:
             return self._bad_input(Side.BACKEND, identity, exc, now, header)

@@ -124,7 +124,7 @@ class Broker:
         server = f"fabric-broker {socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.registry = Registry(client_token=client_token, worker_token=worker_token,
                                  admin_token=admin_token, server=server, limits=limits,
-                                 now=time.monotonic(),
+                                 now=time.monotonic(), endpoints=self.endpoints,
                                  curve_keys=curve.allow_lists if curve is not None else None)
         self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend,
                          Side.ZAP: self.zap}

@@ -17,7 +17,7 @@ _ERRORS = (
     "AuthenticationError", "ConnectError", "DeviceNotHostable", "EncryptionError", "FabricError",
     "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoSuchDevice",
     "ProtocolError", "RemoteError", "RequestTimeout", "ServerDisconnected", "SessionLost",
-    "TooManySessions", "TraceError", "VersionMismatch",
+    "TooManySessions", "TraceError", "VersionMismatch", "WrongPort",
 )
 _HOMES = {
     "Admin": "admin", "Trace": "trace", "capture": "trace", "Device": "device",

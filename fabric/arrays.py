@@ -40,6 +40,7 @@ class ArrayNamespace(ABC):
     tracing = False  # True for fabric.graph.Tracer, which records ops instead of sending them
     # The largest array one upload may carry (a session learns it from its broker).
     max_upload_bytes: float = math.inf
+    upload_limit_hint = "raise --max-message-bytes on the broker and workers"  # (what binds)
 
     def __init__(self, device: Device, session_id: int = 0) -> None:
         self.device = device
@@ -168,8 +169,8 @@ class ArrayNamespace(ABC):
             raise MessageTooLarge(
                 f"The array is {size}, more than the {limit} one message to device "
                 f"{self.device.index} may carry: upload it in slices and join them on "
-                "the device with np.concatenate, or raise --max-message-bytes on the "
-                "broker and workers.", size=array.nbytes, limit=self.max_upload_bytes)
+                f"the device with np.concatenate, or {self.upload_limit_hint}.",
+                size=array.nbytes, limit=self.max_upload_bytes)
         device_dtype(array.dtype)
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import zmq
 
 from .cli_admin import admin
 from .cli_options import (as_usage_error, curve_client_options, curve_server_options,
-                          limit_options, required_secret, timing_options, token_options,
+                          limit_options, renamed_option, required_secret, timing_options, token_options,
                           with_options)
 from .config import resolve_secret
 from .errors import DeviceNotHostable, FabricError
@@ -40,8 +41,9 @@ def main() -> None:
 @click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
               help="Address clients and the admin CLI connect to (tcp://host:port, ipc://path;"
                    " port * picks a free one).")
-@click.option("--backend", default="tcp://127.0.0.1:5556", show_default=True,
-              help="Address workers connect to.")
+@click.option("--worker-address", default="tcp://127.0.0.1:5556", show_default=True,
+              help="Address workers connect to (their --broker; port * picks a free one). "
+                   "Formerly --backend, which still works for this release.")
 @token_options("", "FABRIC_TOKEN", "client token, or several, one a line (one per user or team: "
                "each has its own share of every device's sessions)")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
@@ -59,7 +61,8 @@ def main() -> None:
 @with_options(timing_options)
 @limit_options("broker")
 @curve_server_options
-def broker(frontend: str, backend: str, token: str | None, token_file: str | None,
+@renamed_option("--backend", "--worker-address")
+def broker(frontend: str, worker_address: str, token: str | None, token_file: str | None,
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
@@ -82,17 +85,18 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
                     lease=lease, auth_delay=auth_delay, handshake_timeout=handshake_timeout,
                     **limits)
     try:
-        serve(frontend, backend, client_token=client_tokens, worker_token=worker,
+        serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve)
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
-        raise click.ClickException(f"cannot serve on {frontend} / {backend}: {exc}") from None
+        raise click.ClickException(f"cannot serve on {frontend} / {worker_address}: {exc}"
+                                   ) from None
 
 
 @main.command()
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
-              help="The broker's backend address.")
+              help="The broker's address for workers (fabric broker --worker-address).")
 @click.option("--backend", default="numpy", show_default=True,
-              help="Backend to host: numpy or numexpr. (capture and remote devices cannot host a "
+              help="Device backend to host: numpy or numexpr. (capture and remote devices cannot host a "
                    "server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
@@ -101,17 +105,25 @@ def broker(frontend: str, backend: str, token: str | None, token_file: str | Non
 @click.option("--memory-limit", type=int, default=None,
               help="Most bytes one session may keep resident on a device; going past it "
                    "fails the op with QuotaExceeded and the worker goes on [default: none].")
+@click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Exit 1 once the broker has said nothing for SECONDS, at start or later "
+                   "(for a supervisor that starts the worker elsewhere) [default: never].")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
-           memory_limit: int | None, worker_token: str | None, worker_token_file: str | None,
-           heartbeat: float, liveness: int, log_level: str,
+           memory_limit: int | None, give_up_after: float | None, worker_token: str | None,
+           worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
-    """Run a worker: host DEVICES devices of BACKEND for the broker at --broker."""
+    """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
+
+    Exits 1 when the broker refuses it or stays silent past --give-up-after, 2 on a usage
+    error (a backend that cannot be hosted, the broker's client port given as --broker).
+    """
     from fabric.workers.backends import device_class
-    from fabric.workers.worker import RegistrationRefused, serve
+    from fabric.workers.control import WorkerStops
+    from fabric.workers.worker import serve
 
     _logging(log_level)
     try:
@@ -121,11 +133,14 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
               heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit, curve=curve,
-              **limits)
+              give_up_after=give_up_after, **limits)
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)
-    except (RegistrationRefused, ValueError) as exc:
+    except WorkerStops as exc:
+        click.echo(f"fabric worker: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except ValueError as exc:
         click.echo(f"fabric worker: {exc}", err=True)
         sys.exit(1)
 
@@ -138,41 +153,49 @@ def cluster() -> None:
 @cluster.command("up")
 @click.option("--workers", type=int, default=2, show_default=True,
               help="How many worker processes to start.")
-@click.option("--backend", default="numpy", show_default=True, help="Device backend.")
+@click.option("--backend", default="numpy", show_default=True,
+              help="Device backend: numpy or numexpr.")
 @click.option("--devices-per-worker", type=int, default=1, show_default=True)
 @click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
               help="Address for clients and admin (port * picks a free one).")
-@click.option("--backend-address", default="tcp://127.0.0.1:5556", show_default=True,
-              help="Address the workers connect to.")
+@click.option("--worker-address", default="tcp://127.0.0.1:5556", show_default=True,
+              help="Address the workers connect to (port * picks a free one). Formerly "
+                   "--backend-address, which still works for this release.")
 @click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
               help="Where to write the connection file to hand to users: address, client "
                    "token, client CURVE key files (mode 0600) "
                    "[default: ~/.config/fabric/cluster.json].")
 @click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
               help="Where to write the admin file for operators only: admin and worker tokens, "
-                   "backend address (mode 0600) [default: NAME-admin.json beside the "
+                   "worker address (mode 0600) [default: NAME-admin.json beside the "
                    "connection file NAME.json].")
 @click.option("--memory-limit", type=int, default=None,
               help="Per-session resident byte limit on each device.")
+@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder for the broker's and each worker's log (made if missing, appended "
+                   "to, kept after stop) [default: NAME-logs-DATE-TIME beside the connection "
+                   "file NAME.json].")
 @click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
               help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
                    "first if it has none); both files name the client's key files.")
 @with_options(timing_options[:2])
+@renamed_option("--backend-address", "--worker-address")
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
-               backend_address: str, connection_file: str | None, admin_file: str | None,
-               memory_limit: int | None, curve: str | None, heartbeat: float,
-               liveness: int) -> None:
+               worker_address: str, connection_file: str | None, admin_file: str | None,
+               memory_limit: int | None, log_dir: str | None, curve: str | None,
+               heartbeat: float, liveness: int) -> None:
     """Start a broker and WORKERS workers, write a connection file and an admin file, serve
     until Ctrl-C.
 
     Generates fresh client, admin and worker tokens. The connection file (address, client
     token) is the one to hand to users; the admin file (admin and worker tokens) is for
     operators: fabric admin reads it. Ctrl-C or SIGTERM stops every process and removes both
-    files; if the launcher itself is killed, its children notice and stop too. Exits 1 when a
-    process fails to start or dies.
+    files, and keeps the logs (--log-dir), whose folder is named on every exit; if the
+    launcher itself is killed, its children notice and stop too. Exits 1 when a process fails
+    to start or dies.
     """
     from .cluster import LocalCluster
-    from .config import admin_file_beside, default_connection_file
+    from .config import admin_file_beside, default_connection_file, logs_beside
 
     client_path = Path(connection_file or default_connection_file())
     admin_path = Path(admin_file or admin_file_beside(client_path))
@@ -182,15 +205,25 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     if curve and not (Path(curve) / "broker.key_secret").exists():
         as_usage_error(lambda: generate_keys(curve))
         click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
+    logs = Path(log_dir) if log_dir else logs_beside(client_path, datetime.now())
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.UsageError(f"Cannot make the log folder {logs}: {exc.strerror}.") from None
     running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files are a usage error
         workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
-        liveness=liveness, frontend=frontend, backend_address=backend_address,
+        liveness=liveness, frontend=frontend, backend_address=worker_address,
         worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
-        curve=curve))
+        curve=curve, log_dir=logs))
+    kept = f"fabric cluster up: logs kept in {logs}"
     try:
         running.start()
     except FabricError as exc:
-        raise click.ClickException(exc.message.replace("\n", " ")) from None
+        raise click.ClickException(f"{exc.message} (logs in {logs})".replace("\n", " ")
+                                   ) from None
+    except BaseException:  # interrupted while starting: start() stopped what it started
+        click.echo(kept, err=True)
+        raise
     try:
         # The admin file first: once the connection file exists, both do.
         running.write_admin_file(admin_path)
@@ -210,6 +243,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         running.__exit__()
         for path in (client_path, admin_path):
             path.unlink(missing_ok=True)  # a stale file would only mislead
+        click.echo(kept, err=True)
     if not reason.startswith("stopped by"):
         sys.exit(1)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
+from click.core import ParameterSource
 
 from .config import resolve_secret
 from .errors import FabricError
@@ -200,6 +201,30 @@ def limit_options(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any
         for option in reversed(options):
             wrapper = option(wrapper)
         return wrapper
+    return decorate
+
+
+def renamed_option(old: str, new: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Keep ``old``, the former spelling of the command's option ``new``, working for one
+    release: hidden from --help, it sets ``new`` and says on stderr to use ``new``. Put it
+    right above the function."""
+    old_name = "renamed_" + old.lstrip("-").replace("-", "_")
+    new_name = new.lstrip("-").replace("-", "_")
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            value = kwargs.pop(old_name)
+            if value is not None:
+                context = click.get_current_context()
+                if context.get_parameter_source(new_name) is ParameterSource.COMMANDLINE:
+                    raise click.UsageError(f"Give {new} alone: {old} is its old spelling.")
+                click.echo(f"{context.command_path}: {old} is deprecated and goes in the next "
+                           f"release: use {new}.", err=True)
+                kwargs[new_name] = value
+            return command(*args, **kwargs)
+
+        return click.option(old, old_name, default=None, hidden=True)(wrapper)
     return decorate
 
 

@@ -69,9 +69,10 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
     ``secret_key_file`` and ``server_public_key_file``; a connection file may name them too.
     A key the broker refuses, or encryption on at one end only, is an ``EncryptionError``.
 
-    ``max_message_bytes`` is the largest frame (one array) the connection takes; the broker
-    keeps reads within it, and uploads within what it and the device's worker take, so an
-    array too big is a ``MessageTooLarge`` at the call instead of a lost connection.
+    ``max_message_bytes`` is the largest frame (one array) the connection carries either way:
+    the broker keeps reads within it, and uploads are kept within it and within what the
+    broker and the device's worker take, so an array too big is a ``MessageTooLarge`` at the
+    call instead of a lost connection.
     """
     check_argument("device", device, (int,), "a device index (an int)")
     check_argument("max_message_bytes", max_message_bytes, (int,), "a size in bytes (an int)")

@@ -99,13 +99,16 @@ class LocalCluster:
 
     With ``curve`` (a directory written by ``fabric keys generate``) every link is
     CURVE-encrypted and the broker accepts only that directory's client and worker keys.
+    The children log to ``log_dir`` (made if missing, appended to, kept), or else to a
+    temporary folder removed when the cluster is left.
     """
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
                  heartbeat: float = 1.0, liveness: int = 3, start_timeout: float = 30.0,
                  frontend: str = "tcp://127.0.0.1:*", backend_address: str = "tcp://127.0.0.1:*",
                  broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = (),
-                 curve: str | os.PathLike[str] | None = None) -> None:
+                 curve: str | os.PathLike[str] | None = None,
+                 log_dir: str | os.PathLike[str] | None = None) -> None:
         self.n_workers = workers
         # CURVE: a ``fabric keys generate`` directory; broker, workers and clients use its keys.
         self.curve_dir = os.path.abspath(curve) if curve is not None else None
@@ -127,7 +130,12 @@ class LocalCluster:
         # Where write_connection_file and write_admin_file wrote, once they have.
         self.connection_file: str | None = None
         self.admin_file: str | None = None
-        self._logdir = tempfile.TemporaryDirectory(prefix="fabric-cluster-")
+        # Where the children's logs are: ``log_dir``, kept, or a folder removed on leaving.
+        self._temporary_logs = (tempfile.TemporaryDirectory(prefix="fabric-cluster-")
+                                if log_dir is None else None)
+        self.log_dir = (self._temporary_logs.name if self._temporary_logs is not None
+                        else os.path.abspath(log_dir))
+        os.makedirs(self.log_dir, exist_ok=True)
 
     # -- processes --------------------------------------------------------------------------
 
@@ -138,17 +146,12 @@ class LocalCluster:
 
     def _log(self, name: str) -> Any:
         # Appended to, so a restarted process's log follows its predecessor's.
-        return open(os.path.join(self._logdir.name, f"{name}.log"), "ab")
-
-    @property
-    def log_dir(self) -> str:
-        """Where the children's logs are (removed when the cluster is left)."""
-        return self._logdir.name
+        return open(os.path.join(self.log_dir, f"{name}.log"), "ab")
 
     def log_tail(self, name: str, lines: int = 10) -> str:
         """The last lines a child process logged (``broker`` or ``worker-N``)."""
         try:
-            with open(os.path.join(self._logdir.name, f"{name}.log"), "rb") as f:
+            with open(os.path.join(self.log_dir, f"{name}.log"), "rb") as f:
                 return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
         except OSError:
             return ""
@@ -159,7 +162,7 @@ class LocalCluster:
             self.broker = subprocess.Popen(
                 [sys.executable, "-m", "fabric", "broker",
                  "--frontend", frontend or self.frontend,
-                 "--backend", backend or self.backend_address,
+                 "--worker-address", backend or self.backend_address,
                  "--heartbeat", str(self.heartbeat),
                  "--liveness", str(self.liveness), *self._curve_args, *self.broker_args],
                 stdout=subprocess.PIPE, stderr=log, env=self._env(),
@@ -254,7 +257,8 @@ class LocalCluster:
 
     def __exit__(self, *_: Any) -> None:
         self.stop()
-        self._logdir.cleanup()
+        if self._temporary_logs is not None:
+            self._temporary_logs.cleanup()
 
     # -- use --------------------------------------------------------------------------------
 

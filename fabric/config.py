@@ -15,6 +15,7 @@ import os
 import secrets
 import stat
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,14 @@ def admin_file_beside(connection_file: str | os.PathLike[str]) -> Path:
     connection file, ``NAME-admin.json`` for ``NAME.json``."""
     path = Path(connection_file)
     return path.with_name(f"{path.stem}-admin{path.suffix or '.json'}")
+
+
+def logs_beside(connection_file: str | os.PathLike[str], started: datetime) -> Path:
+    """Where ``fabric cluster up`` keeps its processes' logs unless told otherwise: a folder
+    beside the connection file, dated when the cluster started, ``NAME-logs-YYYYmmdd-HHMMSS``
+    for ``NAME.json``."""
+    path = Path(connection_file)
+    return path.with_name(f"{path.stem}-logs-{started:%Y%m%d-%H%M%S}")
 
 
 def default_admin_file() -> Path:

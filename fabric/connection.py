@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import zmq
 
 from . import protocol
+from .addresses import host_not_resolving
 from .device import Device
 from .errors import (
     ConnectError,
@@ -219,10 +220,10 @@ class Connection:
                                    encrypted=self.curve is not None, role=self.role)
         if security is not None:  # ZeroMQ is silent about these but for this event
             self.error = security
-        elif kind == zmq.EVENT_CONNECT_RETRIED:
-            self.error = ConnectError(
+        elif kind == zmq.EVENT_CONNECT_RETRIED:  # (libzmq retries an unknown host name too)
+            self.error = ConnectError(host_not_resolving(self.address) or (
                 f"Nothing is listening at {self.address}: start a broker there "
-                "(fabric broker --frontend ...) or check the address.")
+                "(fabric broker --frontend ...) or check the address."))
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             self.error = ConnectError(
                 f"The peer at {self.address} is not a fabric broker (it broke the ZeroMQ "

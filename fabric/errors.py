@@ -38,6 +38,14 @@ class EncryptionError(ConnectError):
     code = "encryption_failed"
 
 
+class WrongPort(ConnectError):
+    """The address is the broker's port for the other kind of peer: a client or ``fabric
+    admin`` at the workers' port, or a worker at the clients' port. The sentence names the
+    right port when the broker knows it."""
+
+    code = "wrong_port"
+
+
 class HandshakeError(ConnectError):
     """The broker was reached but the session could not be opened."""
 

@@ -51,10 +51,14 @@ class Session(ArrayNamespace):
         self.device_count: int = welcome.body["device_count"]
         self.server: str = welcome.body["server"]
         # The largest array this session may upload in one piece: every socket on the way
-        # to its device takes it (an oversized frame would silently cost the connection).
+        # to its device takes it (an oversized frame would silently cost the connection),
+        # and so does the caller's own max_message_bytes=, which bounds both directions.
         limit = welcome.body.get("max_message_bytes")
-        self.max_upload_bytes: int = (limit if type(limit) is int and limit > 0
-                                      else connection.max_message_bytes)
+        own = connection.max_message_bytes
+        way = limit if type(limit) is int and limit > 0 else own
+        self.max_upload_bytes: int = min(way, own)
+        if own < way:
+            self.upload_limit_hint = "pass a larger max_message_bytes= to fabric.connect"
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         connection.set_send_timeout(timeout)

@@ -133,7 +133,7 @@ _register_body = {"token": "", "name": "impostor", "backend": "numpy", "devices"
 
 # (name, frames) sent on the backend by a peer that never registered.
 BACKEND_GARBAGE = [
-    ("single frame", [GOOD_HEADER]),
+    ("single frame", [Header(Kind.OPENED, session=7, request=9).pack()]),
     ("garbage header", [b"\x00" * 3, GOOD_BODY]),
     ("wrong magic", [b"XX" + GOOD_HEADER[2:], GOOD_BODY]),
     ("truncated header", [GOOD_HEADER[:-1], GOOD_BODY]),
@@ -194,19 +194,22 @@ def test_bad_registrations_are_refused(cluster, case):
 
 
 def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(cluster):
-    # A HELLO sent to the backend is from an unregistered worker; a REGISTER sent to the
-    # frontend is not a client message.
-    with RawDealer(cluster.backend_address, cluster.worker_token) as lost_client:
+    # A HELLO sent to the backend, or a REGISTER sent to the frontend, is refused as coming
+    # to the wrong port (a client or worker given the wrong address), naming the right one.
+    with RawDealer(cluster.backend_address, cluster.token) as lost_client:
         lost_client.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
                                    session=0x77, request=1))
         answer = lost_client.recv_message(timeout=2)
-        assert error_from_wire(answer.body).details.get("reason") == "not_registered"
-    with RawDealer(cluster.address, cluster.token) as lost_worker:
+        assert answer.kind == Kind.ERROR and (answer.session, answer.request) == (0x77, 1)
+        assert error_from_wire(answer.body).code == "wrong_port"
+        assert cluster.address in answer.body["message"]
+    with RawDealer(cluster.address, cluster.worker_token) as lost_worker:
         lost_worker.send(frames_of(Kind.REGISTER, dict(_register_body,
                                                        token=cluster.worker_token), request=1))
         answer = lost_worker.recv_message(timeout=2)
         assert answer.kind == Kind.ERROR and answer.request == 1
-        assert error_from_wire(answer.body).code == "protocol_error"
+        assert error_from_wire(answer.body).code == "wrong_port"
+        assert cluster.backend_address in answer.body["message"]
     assert_broker_serves(cluster)
 
 

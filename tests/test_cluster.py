@@ -25,7 +25,7 @@ def cluster_up(tmp_path):
     path = tmp_path / "conn.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "2",
-         "--frontend", "tcp://127.0.0.1:*", "--backend-address", "tcp://127.0.0.1:*",
+         "--frontend", "tcp://127.0.0.1:*", "--worker-address", "tcp://127.0.0.1:*",
          "--connection-file", str(path), "--heartbeat", "0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -59,6 +59,11 @@ def test_cluster_up_serves_through_its_connection_file_and_stops_on_ctrl_c(clust
     assert info["token"] not in out + err  # printed: where the file is, never the tokens
     assert not any(Path(f"/proc/{pid}").exists() for pid in children)
     assert not path.exists()
+    # The logs stay, in a dated folder beside the connection file, named at start and stop.
+    logs, = path.parent.glob("conn-logs-*")
+    assert f"logs in {logs}" in out and err.rstrip().endswith(f"logs kept in {logs}")
+    assert {p.name for p in logs.iterdir()} == {"broker.log", "worker-0.log", "worker-1.log"}
+    assert "registered with" in (logs / "worker-1.log").read_text()
 
 
 def test_cluster_up_writes_a_connection_file_for_users_and_an_admin_file_for_operators(
@@ -103,7 +108,7 @@ def test_cluster_up_writes_a_connection_file_for_users_and_an_admin_file_for_ope
 
 
 def test_children_stop_when_the_launcher_is_killed(cluster_up):
-    proc, _ = cluster_up
+    proc, path = cluster_up
     children = wait_for(lambda: children_of(proc.pid) if len(children_of(proc.pid)) == 3
                           else None, 10, "three children")
     proc.kill()
@@ -111,6 +116,31 @@ def test_children_stop_when_the_launcher_is_killed(cluster_up):
     wait_for(lambda: not any(Path(f"/proc/{pid}/stat").exists()
                                and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
                                for pid in children), 10, "the orphaned children to stop")
+    logs, = path.parent.glob("conn-logs-*")  # what a killed launcher leaves: the logs
+    assert (logs / "broker.log").exists()
+
+
+def test_cluster_up_keeps_its_logs_in_log_dir_and_says_where_on_each_exit(tmp_path):
+    logs = tmp_path / "logs" / "today"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "1",
+         "--frontend", "tcp://127.0.0.1:*", "--worker-address", "tcp://127.0.0.1:*",
+         "--connection-file", str(tmp_path / "c.json"), "--log-dir", str(logs)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "c.json").exists() or proc.poll() is not None, 30,
+                 "the connection file")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert f"logs in {logs}" in out and err.rstrip().endswith(f"logs kept in {logs}")
+    assert "stopped by SIGTERM" in err
+    assert "broker serving clients" in (logs / "broker.log").read_text()
+    assert not list(tmp_path.glob("c-logs-*"))  # --log-dir replaces the default folder
 
 
 def test_cluster_up_on_a_port_in_use_fails_with_one_clear_line(tmp_path):
@@ -118,13 +148,16 @@ def test_cluster_up_on_a_port_in_use_fails_with_one_clear_line(tmp_path):
         port = taken.address.rsplit(":", 1)[1]
         result = subprocess.run(
             [sys.executable, "-m", "fabric", "cluster", "up", "--frontend",
-             f"tcp://127.0.0.1:{port}", "--backend-address", "tcp://127.0.0.1:*",
+             f"tcp://127.0.0.1:{port}", "--worker-address", "tcp://127.0.0.1:*",
              "--connection-file", str(tmp_path / "c.json")],
             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "Address already in use" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "c.json").exists()
+    logs, = tmp_path.glob("c-logs-*")  # the line names the logs, which are kept
+    assert f"(logs in {logs})" in result.stderr
+    assert "Address already in use" in (logs / "broker.log").read_text()
 
 
 def test_a_stale_connection_file_names_itself(tmp_path):

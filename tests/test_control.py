@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from fabric import protocol
-from fabric.errors import AuthenticationError, ProtocolError, VersionMismatch, WorkerNameTaken
+from fabric.errors import (AuthenticationError, ProtocolError, VersionMismatch,
+                           WorkerNameTaken, WrongPort)
 from fabric.protocol import Kind, Message
-from fabric.workers.control import Attach, Connect, Control, Probe, RegistrationRefused, Send
+from fabric.workers.control import (Attach, BrokerSilent, ClientPortReached, Connect, Control,
+                                    Probe, RegistrationRefused, Send)
 
 HEARTBEAT, LIVENESS = 1.0, 3
 BROKER = "tcp://127.0.0.1:5555"
@@ -27,11 +29,13 @@ REGISTRATION = {"token": "t", "name": "w", "backend": "numpy",
                 "max_message_bytes": 1 << 20}
 
 
-def control(encrypted: bool = False) -> Control:
-    """A machine whose identities are numbered, so every one is new and tests can name them."""
+def control(encrypted: bool = False, **options: Any) -> Control:
+    """A machine whose identities are numbered, so every one is new and tests can name them;
+    its broker's host name resolves unless ``options`` say otherwise."""
     counter = itertools.count(1)
     return Control(dict(REGISTRATION), broker=BROKER, encrypted=encrypted, heartbeat=HEARTBEAT,
-                   liveness=LIVENESS, new_identity=lambda: b"id-%d" % next(counter))
+                   liveness=LIVENESS, new_identity=lambda: b"id-%d" % next(counter),
+                   **{"host_not_resolving": lambda address: None, **options})
 
 
 def frames(kind: Kind, body: dict[str, Any] | None = None, session: int = 0) -> list[Any]:
@@ -105,6 +109,47 @@ def test_a_refused_token_or_version_stops_the_worker(error):
     machine.start(0.0)
     with pytest.raises(RegistrationRefused, match=error.message):
         machine.on_message(frames(Kind.REJECT, error.to_wire()), 0.1)
+
+
+def test_the_broker_s_client_port_reached_stops_the_worker_as_a_usage_error():
+    machine = control()
+    machine.start(0.0)
+    wrong = WrongPort("This worker reached the broker's client port (fabric broker "
+                      "--frontend): start it with --broker set to ...", port="clients")
+    with pytest.raises(ClientPortReached, match="reached the broker's client port") as info:
+        machine.on_message(frames(Kind.REJECT, wrong.to_wire()), 0.1)
+    assert info.value.exit_code == 2 and BROKER in str(info.value)
+
+
+def test_a_silent_broker_is_named_with_why_its_name_may_not_resolve(caplog):
+    said = "The host name 'brokr' in tcp://brokr:5556 does not resolve: check its spelling."
+    machine = control(host_not_resolving=lambda address: said)
+    machine.start(0.0)
+    with caplog.at_level(logging.WARNING, "fabric.worker"):
+        assert sent(machine.tick(3.5)) == [Kind.REGISTER]  # a new connection
+    assert f"the broker at {BROKER} has been silent for 3.5 s; reconnecting. {said}" \
+        in caplog.text
+
+
+def test_without_give_up_after_a_silent_broker_is_retried_forever():
+    machine = control()
+    machine.start(0.0)
+    for now in range(4, 10_000, 4):
+        machine.tick(float(now))  # reconnects, never raises
+
+
+def test_give_up_after_stops_a_worker_whose_broker_stays_silent():
+    machine = control(give_up_after=10.0)
+    machine.start(0.0)
+    machine.tick(3.5)  # reconnects meanwhile
+    machine.on_message(frames(Kind.HEARTBEAT), 5.0)  # heard: the bound starts again
+    machine.tick(9.0)
+    assert sent(machine.tick(15.0)) == [Kind.REGISTER]  # silent 10 s: not yet past it
+    with pytest.raises(BrokerSilent) as info:
+        machine.tick(15.01)
+    assert info.value.exit_code == 1
+    assert f"The broker at {BROKER} has said nothing for 10.0 s (--give-up-after 10)" \
+        in str(info.value)
 
 
 def test_a_broker_that_does_not_know_the_worker_gets_its_registration_again(caplog):

@@ -279,6 +279,22 @@ def test_a_read_too_big_for_the_client_is_a_typed_error_and_the_session_goes_on(
         assert session.ones(3).sum().numpy() == 3
 
 
+def test_the_clients_own_max_message_bytes_bounds_uploads_too(small_messages):
+    """max_message_bytes= on connect bounds both directions: an upload past it is refused at
+    the call, sending nothing, and the sentence names the argument to raise."""
+    with fabric.connect(small_messages.address, token=small_messages.token,
+                        max_message_bytes=64 << 10, timeout=5) as session:
+        assert session.max_upload_bytes == 64 << 10  # below the workers' 512 KiB
+        too_big = np.zeros((64 << 10) // 8 + 1)
+        with pytest.raises(MessageTooLarge) as info:
+            session.asarray(too_big)
+        assert info.value.details == {"size": too_big.nbytes, "limit": 64 << 10}
+        assert "max_message_bytes= to fabric.connect" in info.value.message
+        assert session.stats()["bytes_uploaded"] == 0
+        fits = np.arange((64 << 10) // 8, dtype=np.float64)
+        assert np.array_equal(session.asarray(fits).numpy(), fits)
+
+
 def test_a_tensor_moved_between_workers_too_big_for_the_broker_arrives_as_an_error(
         small_messages):
     with small_messages.connect(device=0) as a, small_messages.connect(device=1) as b:

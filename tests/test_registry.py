@@ -16,6 +16,7 @@ from fabric.broker.registry import Registry
 from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
+    ConnectError,
     DeviceOffline,
     DuplicateSession,
     HandshakeError,
@@ -25,6 +26,7 @@ from fabric.errors import (
     TooManySessions,
     VersionMismatch,
     WorkerNameTaken,
+    WrongPort,
     error_from_wire,
 )
 from fabric.protocol import DATA_KINDS, PROTOCOL_VERSION, Kind, Message
@@ -815,7 +817,50 @@ def test_malformed_frames_from_an_unknown_worker(bad):
     assert registry.workers == {}
 
 
-@pytest.mark.parametrize("kind", [Kind.REGISTER, Kind.OPENED, Kind.WELCOME, Kind.HEARTBEAT])
+ENDPOINTS = {"frontend": "tcp://127.0.0.1:5555", "backend": "tcp://127.0.0.1:5556"}
+
+
+@pytest.mark.parametrize("kind", [Kind.REGISTER, Kind.HEARTBEAT])
+def test_a_worker_at_the_clients_port_is_refused_naming_the_workers_port(kind):
+    registry = two_workers()
+    registry.endpoints = ENDPOINTS
+    body = {"token": WORKER_TOKEN, "name": "lost", "backend": "numpy", "devices": [{}],
+            "max_message_bytes": 1 << 20}
+    message = only(registry.from_client(C1, frames(kind, 0, 2, body), 1.0), Side.FRONTEND, C1,
+                   Kind.ERROR)
+    error = error_from_wire(message.body)
+    assert type(error) is WrongPort and error.details["port"] == "clients"
+    assert "reached the broker's client port" in error.message
+    assert "bound at tcp://127.0.0.1:5556" in error.message  # the workers' port
+    assert message.request == 2 and registry.counters["frontend_protocol_errors"] == 1
+    assert set(registry.workers) == {A, B}
+
+
+@pytest.mark.parametrize("kind", [Kind.HELLO, Kind.DEVICES, Kind.ADMIN])
+def test_a_client_at_the_workers_port_is_refused_naming_the_client_port(kind):
+    registry = two_workers()
+    registry.endpoints = ENDPOINTS
+    body = {"token": CLIENT_TOKEN, "device": 0, "command": "status", "args": {}}
+    message = only(registry.from_worker(b"lost", frames(kind, 7, 2, body), 1.0), Side.BACKEND,
+                   b"lost", Kind.ERROR)
+    error = error_from_wire(message.body)
+    assert type(error) is WrongPort and isinstance(error, ConnectError)
+    assert "This is the broker's port for workers" in error.message
+    assert "bound at tcp://127.0.0.1:5555" in error.message  # the clients' port
+    assert (message.session, message.request) == (7, 2)
+    assert registry.counters["unregistered_worker_messages"] == 1
+    assert_no_session_state(registry)
+
+
+def test_a_wrong_port_without_known_endpoints_still_says_which_port_it_is():
+    registry = two_workers()  # (a registry made without the bound addresses)
+    message = only(registry.from_worker(b"lost", frames(Kind.HELLO, 7, 2, {
+        "token": CLIENT_TOKEN, "device": 0}), 1.0), Side.BACKEND, b"lost", Kind.ERROR)
+    assert "port for workers" in message.body["message"]
+    assert "bound at" not in message.body["message"]
+
+
+@pytest.mark.parametrize("kind", [Kind.OPENED, Kind.WELCOME])
 def test_client_sending_a_kind_it_may_not_send(kind):
     registry = two_workers()
     body = {"token": WORKER_TOKEN, "name": "evil", "backend": "numpy", "devices": [{}],

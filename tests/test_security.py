@@ -446,7 +446,7 @@ def test_the_cli_generates_keys_and_refuses_readable_ones(tmp_path):
     assert again.returncode == 1 and "already holds keys" in again.stderr
     os.chmod(tmp_path / "keys" / "broker.key_secret", 0o644)
     env = {**os.environ, "FABRIC_TOKEN": "t", "FABRIC_WORKER_TOKEN": "w"}
-    broker = run_cli("broker", "--frontend", "tcp://127.0.0.1:*", "--backend",
+    broker = run_cli("broker", "--frontend", "tcp://127.0.0.1:*", "--worker-address",
                      "tcp://127.0.0.1:*", "--curve", str(tmp_path / "keys"), env=env)
     assert broker.returncode == 2  # a usage error, before anything is bound
     assert "can be read by other users: run chmod 600" in broker.stderr

@@ -4,8 +4,10 @@ and registering again, and what a failed security handshake means.
 Rule: every decision about the worker's own connection to the broker lives here, as answers
 to events (``start``, ``on_message``, ``on_handshake_failed``, ``on_probe``, ``tick``) that
 return the actions the I/O loop (``workers.worker``) performs: connect afresh under new
-identities, send a message, attach the devices' lanes, probe the broker's mechanism. A
-refusal that retrying cannot fix raises ``RegistrationRefused``. No sockets, no threads, no
+identities, send a message, attach the devices' lanes, probe the broker's mechanism. What
+going on cannot fix raises a ``WorkerStops``: a refusal (``RegistrationRefused``), the
+broker's client port reached instead of its workers' (``ClientPortReached``), or a broker
+silent past ``give_up_after`` (``BrokerSilent``). No sockets, no threads, no
 clock: the loop passes ``now``.
 
 Every REGISTER carries this process's random instance id, so that the broker lets the same
@@ -21,6 +23,7 @@ Timing: the worker says HEARTBEAT every ``heartbeat`` seconds; a broker silent f
 ``heartbeat * liveness`` seconds is gone, and the worker connects again (its sessions died
 with the connection that knew them). A REGISTER is sent once per connection, and again when
 the broker answers that it does not know the worker (it restarted behind the same address).
+The silent broker is named in the log line, with a note when its host name does not resolve.
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from fabric.errors import (
     FabricError,
     VersionMismatch,
     WorkerNameTaken,
+    WrongPort,
     error_from_wire,
 )
+from fabric.addresses import host_not_resolving
 from fabric.protocol import Kind, Message
 from fabric.security import explain_handshake, probe_needed
 from fabric.sockets import new_routing_id
@@ -50,8 +55,26 @@ _QUIET = frozenset({Kind.HEARTBEAT, Kind.PONG})  # the lanes' heartbeats list th
 _CONTROL = frozenset({Kind.REGISTERED, Kind.REJECT, Kind.ERROR})  # with session 0
 
 
-class RegistrationRefused(Exception):
+class WorkerStops(Exception):
+    """The worker stops with this sentence: going on cannot help. ``exit_code`` is what
+    ``fabric worker`` exits with."""
+
+    exit_code = 1
+
+
+class RegistrationRefused(WorkerStops):
     """The broker refused this worker for a reason retrying cannot fix."""
+
+
+class ClientPortReached(WorkerStops):
+    """The worker was given the broker's client port: a usage error (exit code 2)."""
+
+    exit_code = 2
+
+
+class BrokerSilent(WorkerStops):
+    """No broker answered for ``give_up_after`` seconds (a supervisor may start the worker
+    elsewhere)."""
 
 
 @dataclass(frozen=True)
@@ -94,20 +117,27 @@ class Control:
     """The worker's control machine; see the module's rule.
 
     ``registration``: the REGISTER body without its lanes (token, name, backend, the devices'
-    settings, the largest message the worker takes).
+    settings, the largest message the worker takes). ``give_up_after``: seconds without a
+    word from the broker after which the worker stops (``BrokerSilent``) [default: never].
+    ``host_not_resolving``: what to say of the broker's address when it stays silent.
     """
 
     def __init__(self, registration: dict[str, Any], *, broker: str, encrypted: bool,
-                 heartbeat: float, liveness: int,
-                 new_identity: Callable[[], bytes] = new_routing_id) -> None:
+                 heartbeat: float, liveness: int, give_up_after: float | None = None,
+                 new_identity: Callable[[], bytes] = new_routing_id,
+                 host_not_resolving: Callable[[str], str | None] = host_not_resolving,
+                 ) -> None:
         self.registration = registration
         self.broker = broker
+        self.give_up_after = give_up_after
+        self.host_not_resolving = host_not_resolving
         self.encrypted = encrypted
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.new_identity = new_identity
         self.lanes: tuple[bytes, ...] = ()
-        self.last_heard = self.last_sent = 0.0
+        self.last_heard = self.last_sent = 0.0  # (last_heard: moved on at each reconnection)
+        self.answered = 0.0  # when the broker last said anything
         self.warned = False  # about a failed handshake, once per connection
         self.name_refused_since: float | None = None  # first WorkerNameTaken since registered
         self.instance = os.urandom(16)  # this process, over all its connections
@@ -119,13 +149,19 @@ class Control:
 
     def start(self, now: float) -> list[Action]:
         """The first connection."""
-        self.last_heard = self.last_sent = now
+        self.last_heard = self.last_sent = self.answered = now
         return self._connect()
 
     def tick(self, now: float) -> list[Action]:
         """Time passed: connect again to a silent broker, or say HEARTBEAT when due."""
+        if self.give_up_after is not None and now - self.answered > self.give_up_after:
+            raise BrokerSilent(
+                f"The broker at {self.broker} has said nothing for {now - self.answered:.1f} "
+                f"s (--give-up-after {self.give_up_after:g}): stopping."
+                + self._unresolved())
         if now - self.last_heard > self.heartbeat * self.liveness:
-            log.warning("broker silent for %.1f s; reconnecting", now - self.last_heard)
+            log.warning("the broker at %s has been silent for %.1f s; reconnecting.%s",
+                        self.broker, now - self.last_heard, self._unresolved())
             self.last_heard = now
             return self._connect()
         if now - self.last_sent >= self.heartbeat:
@@ -135,7 +171,7 @@ class Control:
 
     def on_message(self, frames: Sequence[Any], now: float) -> list[Action]:
         """A message came on the worker's own socket (anything heard shows the broker lives)."""
-        self.last_heard = now
+        self.last_heard = self.answered = now
         try:
             header = protocol.decode_header(frames[0])
         except FabricError as exc:
@@ -172,6 +208,12 @@ class Control:
         self.warned = True
         return []
 
+    def _unresolved(self) -> str:
+        """' ' and the sentence saying the broker's host name does not resolve, if it does
+        not ('' otherwise)."""
+        words = self.host_not_resolving(self.broker)
+        return f" {words}" if words else ""
+
     def _connect(self) -> list[Action]:
         # Sessions die with the connection that knew them; every socket starts afresh, under
         # a new identity (the broker may not yet have dropped the old ones).
@@ -193,6 +235,8 @@ class Control:
         error = error_from_wire(message.body)
         if isinstance(error, (AuthenticationError, VersionMismatch)):
             raise RegistrationRefused(error.message)
+        if isinstance(error, WrongPort):
+            raise ClientPortReached(f"{error.message} (The address was {self.broker}.)")
         if isinstance(error, WorkerNameTaken):
             return self._name_taken(error, now)
         if error.details.get("reason") == "not_registered":

@@ -222,7 +222,7 @@ class Worker:
                  name: str, heartbeat: float = 1.0, liveness: int = 3,
                  memory_limit: int | None = None, curve: CurveClient | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 hwm: int = DEFAULT_HWM) -> None:
+                 hwm: int = DEFAULT_HWM, give_up_after: float | None = None) -> None:
         cls = device_class(backend)  # refuses capture/remote before anything starts
         self.broker = broker
         self.curve = curve  # CURVE keys: the links to the broker are encrypted
@@ -239,7 +239,8 @@ class Worker:
             {"token": token, "name": name, "backend": backend,
              "devices": [d.settings() for d in self.devices],
              "max_message_bytes": max_message_bytes},
-            broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness)
+            broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness,
+            give_up_after=give_up_after)
         self._executors = [Executor(device, memory_limit) for device in self.devices]
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
