@@ -4,15 +4,13 @@ get the worker killed by the kernel, not the test machine's memory exhausted."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_executor import SESSION, opened, read, request, submit
+from test_executor import SESSION, read, request, submit
 
-import fabric
 from fabric import LocalCluster
 from fabric.errors import QuotaExceeded, error_from_wire
 from fabric.protocol import Kind, Message
@@ -91,7 +89,6 @@ def test_frees_and_closes_give_the_budget_back():
     submit(executor, ["ones", 1, [], {"shape": [50000], "dtype": "<f8"}])
     executor.handle(Message(Kind.CLOSE, SESSION, 2))
     assert executor.allowance.held == 0
-    assert budgeted(MiB) and opened()  # (a fresh one; and no budget at all still works)
 
 
 def test_the_devices_of_one_worker_share_its_budget():
@@ -214,4 +211,3 @@ def test_the_attacks_get_quota_exceeded_and_the_worker_serves_on(memory_cgroup):
         with cluster.connect() as fresh:
             assert fresh.arange(5).sum().numpy() == 10
         assert worker.poll() is None and cluster.workers[0] is worker
-        assert os.getpid()  # (the cgroup is removed once the worker has ended)

@@ -26,7 +26,6 @@ from fabric.ops import OPS
 
 from .backends.base import DeferredValue
 
-DEFAULT_SHARE = "50%"
 _MAX_CHUNK = 64 << 20  # the most of the budget a device keeps unspent between messages
 _TEMPORARY_ITEMSIZE = 8  # the temporary an op may make: one float64 per operand element
 # Ops whose result has at most as many elements as the product of their tensor inputs'
