@@ -103,8 +103,14 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--name", default=None, help="Worker name, unique in the cluster "
               "[default: worker-HOST-PID].")
 @click.option("--memory-limit", type=int, default=None,
-              help="Most bytes one session may keep resident on a device; going past it "
-                   "fails the op with QuotaExceeded and the worker goes on [default: none].")
+              help="Most bytes one session may keep resident on a device; an op that would "
+                   "pass it fails with QuotaExceeded and the worker goes on [default: none].")
+@click.option("--memory-budget", default="50%", show_default=True, metavar="SIZE|PERCENT",
+              help="Most bytes all sessions on all of this worker's devices may hold: a size "
+                   "(1073741824, 512MiB, 2G) or a percentage of the memory available at start "
+                   "(MemAvailable, less where a memory cgroup has less left). An op or upload "
+                   "that would pass it fails with QuotaExceeded before it allocates, and the "
+                   "worker goes on.")
 @click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Exit 1 once the broker has said nothing for SECONDS, at start or later "
                    "(for a supervisor that starts the worker elsewhere) [default: never].")
@@ -113,7 +119,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @limit_options("worker")
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
-           memory_limit: int | None, give_up_after: float | None, worker_token: str | None,
+           memory_limit: int | None, memory_budget: str, give_up_after: float | None,
+           worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -123,17 +130,22 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     """
     from fabric.workers.backends import device_class
     from fabric.workers.control import WorkerStops
+    from fabric.workers.memory import budget_from_option
     from fabric.workers.worker import serve
 
     _logging(log_level)
+    try:
+        budget = budget_from_option(memory_budget)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
     try:
         device_class(backend)  # a backend that can never be hosted is refused before the token
         token = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN",
                                 "worker token")
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
-              heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit, curve=curve,
-              give_up_after=give_up_after, **limits)
+              heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
+              memory_budget=budget, curve=curve, give_up_after=give_up_after, **limits)
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)
@@ -171,6 +183,10 @@ def cluster() -> None:
                    "connection file NAME.json].")
 @click.option("--memory-limit", type=int, default=None,
               help="Per-session resident byte limit on each device.")
+@click.option("--memory-budget", default="50%", show_default=True, metavar="SIZE|PERCENT",
+              help="Most bytes the workers' sessions may hold in all, shared evenly among "
+                   "the workers: a size (2G, 512MiB) or a percentage of the memory available "
+                   "(see fabric worker --help).")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the broker's and each worker's log (made if missing, appended "
                    "to, kept after stop) [default: NAME-logs-DATE-TIME beside the connection "
@@ -182,7 +198,8 @@ def cluster() -> None:
 @renamed_option("--backend-address", "--worker-address")
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
-               memory_limit: int | None, log_dir: str | None, curve: str | None,
+               memory_limit: int | None, memory_budget: str, log_dir: str | None,
+               curve: str | None,
                heartbeat: float, liveness: int) -> None:
     """Start a broker and WORKERS workers, write a connection file and an admin file, serve
     until Ctrl-C.
@@ -205,6 +222,14 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     if curve and not (Path(curve) / "broker.key_secret").exists():
         as_usage_error(lambda: generate_keys(curve))
         click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
+    from fabric.workers.memory import budget_from_option
+
+    try:  # each worker's even share, as a size: the cluster's budget is measured once
+        share = budget_from_option(memory_budget) // max(workers, 1)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
+    memory_args = ("--memory-budget", str(max(share, 1)),
+                   *(("--memory-limit", str(memory_limit)) if memory_limit else ()))
     logs = Path(log_dir) if log_dir else logs_beside(client_path, datetime.now())
     try:
         logs.mkdir(parents=True, exist_ok=True)
@@ -213,8 +238,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files are a usage error
         workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
         liveness=liveness, frontend=frontend, backend_address=worker_address,
-        worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
-        curve=curve, log_dir=logs))
+        worker_args=memory_args, curve=curve, log_dir=logs))
     kept = f"fabric cluster up: logs kept in {logs}"
     try:
         running.start()

@@ -2,7 +2,9 @@
 
 Rule: every process a ``LocalCluster`` starts is ended by it, on ``stop()``, on leaving the
 ``with`` block, or at interpreter exit, with SIGTERM first and SIGKILL after a deadline.
-Tokens reach the children through their environment, never their command line.
+Tokens reach the children through their environment, never their command line. While it
+``watch``es, a worker that dies is restarted, as a supervisor would, at most ``RestartLimit``
+times in a window; past that it stays down and the others go on serving.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Mapping
+from collections import deque
+from typing import Any, Callable, Mapping
 
 from .admin import Admin
 from .config import new_token, write_admin_file, write_connection_file
@@ -92,6 +95,29 @@ def _end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+class RestartLimit:
+    """At most ``count`` restarts in any ``window`` seconds (a supervisor's restart
+    intensity), sans I/O: ``allow(now)`` says whether one more may happen now, and counts it."""
+
+    def __init__(self, count: int = 5, window: float = 60.0) -> None:
+        self.count = count
+        self.window = window
+        self._times: deque[float] = deque()
+
+    def allow(self, now: float) -> bool:
+        """Whether a restart at ``now`` stays within the limit (if so, it is counted)."""
+        while self._times and now - self._times[0] >= self.window:
+            self._times.popleft()
+        if len(self._times) >= self.count:
+            return False
+        self._times.append(now)
+        return True
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class LocalCluster:
@@ -305,18 +331,37 @@ class LocalCluster:
         self.admin_file = str(write_admin_file(path, self.admin_info()))
         return self.admin_file
 
-    def watch(self, poll: float = 0.2) -> str:
-        """Block until SIGINT/SIGTERM or a child process dies; say which happened."""
+    def watch(self, poll: float = 0.2, restarts: int = 5, window: float = 60.0,
+              report: Callable[[str], None] = _to_stderr) -> str:
+        """Block until SIGINT/SIGTERM, the broker dies or no worker is left; say which.
+
+        A worker that dies is restarted under its name (so its devices keep their indexes),
+        at most ``restarts`` times in ``window`` seconds; past that it stays down. Each
+        death, and what is done about it, goes to ``report`` with the end of its log."""
         stopping: list[str] = []
         previous = {sig: signal.signal(sig, lambda n, _: stopping.append(signal.Signals(n).name))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
+        limits = [RestartLimit(restarts, window) for _ in self.workers]
+        down: set[int] = set()
         try:
             while not stopping:
-                for name, proc in [("broker", self.broker),
-                                   *((f"worker-{i}", p) for i, p in enumerate(self.workers))]:
-                    if proc is not None and proc.poll() is not None:
-                        return (f"{name} exited with code {proc.returncode}: "
-                                + self.log_tail(name, 3))
+                if self.broker is not None and self.broker.poll() is not None:
+                    return (f"broker exited with code {self.broker.returncode}: "
+                            + self.log_tail("broker", 3))
+                for i, proc in enumerate(self.workers):
+                    if i in down or proc.poll() is None:
+                        continue
+                    death = (f"worker-{i} exited with code {proc.returncode} "
+                             f"({self.log_tail(f'worker-{i}', 3) or 'no log'})")
+                    if limits[i].allow(time.monotonic()):
+                        report(f"{death}: restarting it")
+                        self.start_worker(i)
+                        continue
+                    down.add(i)
+                    report(f"{death}: it was restarted {restarts} times in {window:g} s, so it "
+                           "stays down; the other workers go on serving")
+                    if len(down) == len(self.workers):
+                        return "every worker stays down after restarting too often"
                 time.sleep(poll)
             return f"stopped by {stopping[0]}"
         finally:

@@ -142,11 +142,15 @@ class Pair:
 @pytest.fixture(scope="module")
 def clusters():
     """A numpy worker and a numexpr worker that fuses ops of every size (the small arrays
-    of these tests included), each behind its own broker."""
+    of these tests included), each behind its own broker. Their memory budget is past any
+    machine's, so that an op too big to allocate fails inside numpy and numexpr (a fused
+    evaluation's failure), not at the budget (tests/test_worker_memory.py)."""
+    unbounded = ("--memory-budget", "1000TiB")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(MIN_SIZE_ENV, "0")  # the workers' environment is this process's
-        with LocalCluster(workers=1, heartbeat=HEARTBEAT) as reference, \
-                LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as fused:
+        with LocalCluster(workers=1, heartbeat=HEARTBEAT, worker_args=unbounded) as reference, \
+                LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT,
+                             worker_args=unbounded) as fused:
             yield reference, fused
 
 

@@ -2,8 +2,10 @@
 
 Rule: every rule about a session's life on the worker lives here: open, close, running its
 ops in submission order, poisoning the outputs of an op that fails (and of every op that
-reads a poisoned tensor), the per-session memory limit, and answering reads and syncs. The
-device thread feeds it decoded messages and sends back what it returns.
+reads a poisoned tensor), memory (the per-session ``--memory-limit`` and this device's part
+of the worker's ``MemoryBudget``, both checked before an op allocates: ``workers.memory``),
+and answering reads and syncs. The device thread feeds it decoded messages and sends back
+what it returns.
 
 The device is reached only through the ``Backend`` contract (``backends.base``). Telemetry:
 a device counts its own work (``DEVICE_COUNTERS``: ops it fused, expressions it evaluated);
@@ -19,12 +21,13 @@ import numpy as np
 
 from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
 from fabric.flow import CREDIT_EVERY
-from fabric.ops import OPS, RANDOM_OPS
+from fabric.ops import OPS, RANDOM_OPS, Spec
 from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import decode_params, decode_scalar, device_dtype, dtype_name, parse_op
 
 from .backends.base import DEVICE_COUNTERS, Backend, DeferredError, DeferredValue, Value
 from .graphs import GraphOps, SessionGraphs
+from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
 
 # For a device whose ``plain_calls`` is true, an op without params is this call, its result
 # made an array. (Random ops are not here: they always take the session's generator.)
@@ -54,9 +57,11 @@ class DeviceSession:
 class Executor(GraphOps):
     """The sessions of one device and the messages addressed to them."""
 
-    def __init__(self, device: Backend, memory_limit: int | None = None) -> None:
+    def __init__(self, device: Backend, memory_limit: int | None = None,
+                 budget: MemoryBudget | None = None) -> None:
         self.device = device
-        self.memory_limit = memory_limit
+        self.memory_limit = memory_limit  # per session; the budget is the worker's
+        self.allowance = (budget or MemoryBudget(None)).allowance()
         self.sessions: dict[int, DeviceSession] = {}
         self._plain_impls = _PLAIN_IMPLS if device.plain_calls else {}
 
@@ -100,12 +105,15 @@ class Executor(GraphOps):
         return [Message(Kind.OPENED, message.session, message.request)]
 
     def _close(self, message: Message) -> list[Message]:
-        del self.sessions[message.session]
+        self.allowance.held -= self.sessions.pop(message.session).resident
+        self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
 
     def close_all(self) -> None:
         """Forget every session (the broker that knew them is gone)."""
         self.sessions.clear()
+        self.allowance.held = 0
+        self.allowance.settle()
 
     # -- ops ------------------------------------------------------------------------------
 
@@ -118,20 +126,55 @@ class Executor(GraphOps):
         if not isinstance(ops, list):
             return [_reply_error(message, ProtocolError("SUBMIT needs a list 'ops'.")), *credit]
         self._run(session, ops, message.buffers)
+        self.allowance.settle()
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit
 
-    def _store(self, session: DeviceSession, tensor_id: int, array: np.ndarray) -> None:
+    def _store(self, session: DeviceSession, tensor_id: int, array: Value) -> None:
+        """Hold ``array`` (admitted already: ``_admit``, ``_require``) as ``tensor_id``."""
         if tensor_id in session.tensors or tensor_id in session.poisoned:  # (an id used again)
             self._drop(session, (tensor_id,))
-        if self.memory_limit is not None and session.resident + array.nbytes > self.memory_limit:
-            raise QuotaExceeded(
-                f"The op needs {array.nbytes} more bytes but the session already holds "
-                f"{session.resident} of its {self.memory_limit}-byte limit: free tensors "
-                "(del them) or ask for a larger --memory-limit.",
-                limit=self.memory_limit, resident=session.resident)
         session.tensors[tensor_id] = array
         session.resident += array.nbytes
+        self.allowance.held += array.nbytes
+
+    def _admit(self, session: DeviceSession, name: str, inputs: list[Any],
+               params: dict[str, Any], elements: int) -> None:
+        """Refuse op ``name`` of the table before it allocates (``_require``). Where it is one
+        of ``SAME_SIZE_OPS`` and no input is empty, ``elements`` (the product of its tensor
+        inputs' sizes) bounds its size; else its shape rule tells it."""
+        limit, bound = self.memory_limit, BOUND_PER_ELEMENT * elements
+        if elements and name in SAME_SIZE_OPS and (
+                limit is None or session.resident + bound <= limit) and self.allowance.fits(bound):
+            return
+        op = OPS.get(name)
+        if op is None:
+            return  # an upload (checked in _compute) or an unknown op (which fails there)
+        specs = [Spec(v.shape, v.dtype) if isinstance(v, (np.ndarray, DeferredValue)) else v
+                 for v in inputs]
+        shape, dtype = op.infer(specs, decode_params(name, params) if params else {})
+        self._require(session, name, int(np.prod(shape)) * np.dtype(dtype).itemsize,
+                      exact_need((shape, dtype), inputs))
+
+    def _require(self, session: DeviceSession, what: str, result_bytes: int,
+                 amount: int) -> None:
+        """Raise QuotaExceeded unless ``what`` may hold ``result_bytes`` more in the session
+        (its --memory-limit) and allocate ``amount`` bytes on the worker (its budget)."""
+        limit = self.memory_limit
+        if limit is not None and session.resident + result_bytes > limit:
+            raise QuotaExceeded(
+                f"{what} needs {result_bytes} more bytes but the session already holds "
+                f"{session.resident} of its {limit}-byte --memory-limit: free tensors "
+                "(del them), work in smaller pieces, or ask for a larger --memory-limit.",
+                limit=limit, resident=session.resident, requested=result_bytes)
+        if not self.allowance.fits(amount):
+            budget = self.allowance.budget
+            raise QuotaExceeded(
+                f"{what} needs {amount} bytes (its {result_bytes}-byte result and room to "
+                f"compute it) but this worker's devices hold {budget.held()} of its "
+                f"{budget.limit}-byte memory budget: free tensors (del them), work in smaller "
+                "pieces, or start the worker with a larger --memory-budget. The worker goes "
+                "on serving.", budget=budget.limit, requested=amount, held=budget.held())
 
     def _drop(self, session: DeviceSession, tensor_ids: Iterable[Any]) -> None:
         tensors, poisoned = session.tensors, session.poisoned
@@ -139,6 +182,7 @@ class Executor(GraphOps):
             array = tensors.pop(tensor_id, None)
             if array is not None:
                 session.resident -= array.nbytes
+                self.allowance.held -= array.nbytes
             if poisoned:
                 poisoned.pop(tensor_id, None)
 
@@ -148,7 +192,9 @@ class Executor(GraphOps):
         # call of ours (a call per op, to run it and to store its result, cost 7% of the
         # worker's work).
         tensors, poisoned, store = session.tensors, session.poisoned, self._store
-        plain_impls, special_ops, limit = self._plain_impls, self._special_ops, self.memory_limit
+        plain_impls, special_ops = self._plain_impls, self._special_ops
+        admit, allowance, limit = self._admit, self.allowance, self.memory_limit
+        same_size = SAME_SIZE_OPS
         freed = 0
         for op in ops:
             if type(op) is int:  # a tensor the client let go, freed at the point it did so
@@ -157,6 +203,7 @@ class Executor(GraphOps):
                 array = tensors.pop(op, None)
                 if array is not None:
                     session.resident -= array.nbytes
+                    allowance.held -= array.nbytes
                 if poisoned:
                     poisoned.pop(op, None)
                 freed += 1
@@ -176,21 +223,28 @@ class Executor(GraphOps):
                 if impl is None and name in special_ops:
                     special_ops[name](self, session, out, args, params)
                     continue
-                inputs = []
+                inputs, elements = [], 1
                 for arg in args:  # (a poisoned input is not held: its lookup fails, below)
                     if type(arg) is int:
-                        inputs.append(tensors[arg])
+                        value = tensors[arg]
+                        inputs.append(value)
+                        elements *= value.size
                     else:  # (a float, the commonest scalar, as it is: no call)
                         inputs.append(arg if type(arg) is float else decode_scalar(arg))
+                if not (elements and name in same_size and limit is None  # (_admit's common
+                        and allowance.held + BOUND_PER_ELEMENT * elements  # case, inline)
+                        <= allowance.granted):
+                    admit(session, name, inputs, params, elements)  # before it allocates
                 if impl is None:
                     store(session, out, self._compute(session, name, inputs, params, buffers))
                     continue
                 result = impl(*inputs)  # the device's own run, without the calls around it
                 if type(result) is not np.ndarray:
                     result = np.asarray(result)
-                if limit is None and out not in tensors and out not in poisoned:
+                if out not in tensors and out not in poisoned:
                     tensors[out] = result  # _store's common case, inline
                     session.resident += result.nbytes
+                    allowance.held += result.nbytes
                 else:
                     store(session, out, result)
             except Exception as exc:  # any failure of the op becomes the poison of its output
@@ -262,9 +316,11 @@ class Executor(GraphOps):
 
     def _compute(self, session: DeviceSession, name: str, inputs: list[Any],
                  params: dict[str, Any], buffers: Any) -> Value:
-        if name == "put":
-            return np.frombuffer(buffers[params["buffer"]], dtype=device_dtype(params["dtype"])) \
-                .reshape(params["shape"])
+        if name == "put":  # (a view of the frame that brought it: nothing is allocated)
+            array = np.frombuffer(buffers[params["buffer"]],
+                                  dtype=device_dtype(params["dtype"])).reshape(params["shape"])
+            self._require(session, "put (an upload)", array.nbytes, array.nbytes)
+            return array
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
@@ -302,8 +358,12 @@ class Executor(GraphOps):
                 session.poisoned[tensor_id] = body["error"]
             else:
                 array = np.frombuffer(message.buffers[0], np.dtype(body["dtype"]))
-                self._store(session, tensor_id, array.reshape(body["shape"]))
-        except Exception as exc:  # a malformed transfer or the quota: poison, as for an op
+                array = array.reshape(body["shape"])
+                self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
+                self._store(session, tensor_id, array)
+        except QuotaExceeded as exc:
+            session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
+        except Exception as exc:  # a malformed transfer: poison, as for an op
             session.poisoned[tensor_id] = RemoteError(
                 f"The tensor moved to this session could not be stored: "
                 f"{type(exc).__name__}: {exc}", op="to", tensor=tensor_id).to_wire()

@@ -6,7 +6,10 @@ compiled plan. Every way a call can fail (a graph the session does not hold, bin
 wrong count, shape or dtype, an input freed meanwhile, an op failing inside) poisons all of
 the call's outputs with an error naming the graph, reported at the next read or sync like
 any op's; the session goes on. Intermediate results live only during the call, and each is
-dropped as soon as the last op that reads it has run.
+dropped as soon as the last op that reads it has run. What a call needs in memory is found at
+registration, from the input specs through the op table's shape rules (``need``): every op's
+result at once, and one temporary; a call past the session's limit or the worker's budget
+is refused with QuotaExceeded before the plan runs.
 
 What a session's cache holds is decided by the client (``fabric.graph``), which mirrors it
 and says ``graph_free`` before it registers past the bound; the bound here is the same size
@@ -34,10 +37,11 @@ import msgpack
 import numpy as np
 
 from fabric.errors import GraphError, ProtocolError
-from fabric.ops import OPS, RANDOM_OPS, Op
+from fabric.ops import OPS, RANDOM_OPS, Op, Spec
 from fabric.wire import GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_scalar, parse_op
 
 from .backends.base import Backend, GraphPlan
+from .memory import need
 
 _FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops
 
@@ -52,6 +56,8 @@ class RegisteredGraph:
     outputs: int
     op_names: list[str]
     wire_bytes: int  # what sending its ops one by one would cost
+    output_bytes: int = 0  # what a call's outputs hold
+    need: int = 0  # the bytes a call is admitted for (memory.need of all its results)
     plan: GraphPlan | None = None
     error: dict[str, Any] | None = None  # a registration that failed: every call raises it
     called: bool = False  # the first call comes with the registration; later ones replay
@@ -107,10 +113,34 @@ def register(params: dict[str, Any], device: Backend) -> RegisteredGraph:
            "every output must be a defined local id")
     graph = RegisteredGraph(graph_id, str(params.get("name", "")), specs, len(outputs),
                             [op[0] for op in ops], len(msgpack.packb(ops)))
+    graph.output_bytes, graph.need = _sizes(specs, ops, outputs)
     graph.plan = device.compile_graph(ops, len(specs), outputs)
     if graph.plan is None:
         graph.plan = generate(graph, ops, outputs, device.bind)
     return graph
+
+
+def _sizes(specs: list[tuple[tuple[int, ...], np.dtype]], ops: list[list[Any]],
+           outputs: list[int]) -> tuple[int, int]:
+    """The bytes of a call's outputs, and what a call needs (every op's result held at once,
+    the most a plan can hold, and one temporary), from the op table's shape rules."""
+    values: dict[int, Spec] = {i: Spec(*spec) for i, spec in enumerate(specs, 1)}
+    for name, out, args, params in ops:
+        try:
+            shape, dtype = OPS[name].infer(
+                [values[a] if type(a) is int else decode_scalar(a) for a in args],
+                decode_params(name, params) if params else {})
+        except Exception:  # numpy refuses this op: a call fails there, before the ops after
+            break  # it allocate anything, and says so as the op's own error
+        values[out] = Spec(shape, np.dtype(dtype))
+    made = [values[out] for _, out, _, _ in ops if out in values]
+    largest = max((int(np.prod(v.shape)) for v in values.values()), default=0)
+    return (sum(_nbytes(values[o]) for o in outputs if o in values),
+            need(sum(_nbytes(v) for v in made), largest))
+
+
+def _nbytes(spec: Spec) -> int:
+    return int(np.prod(spec.shape)) * spec.dtype.itemsize
 
 
 def generate(graph: RegisteredGraph, ops: list[list[Any]], outputs: list[int],
@@ -277,6 +307,7 @@ class GraphOps:
                                  f"tensor {arg} is {array.shape} {array.dtype}: trace the "
                                  "function for this signature.")
             inputs.append(array)
+        self._require(session, f"the {graph.label()}", graph.output_bytes, graph.need)
         return graph.plan(inputs, session.rng)
 
     _graph_ops: dict[str, Callable[..., None]] = {

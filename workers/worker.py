@@ -44,6 +44,7 @@ from .backends import device_class
 from .control import Action, Attach, Connect, Control, Probe, RegistrationRefused, Send
 from .executor import Executor
 from .lane import DEVICE_KINDS, Lane, message_body
+from .memory import MemoryBudget
 
 __all__ = ["RegistrationRefused", "Worker", "serve"]
 
@@ -220,7 +221,8 @@ class Worker:
 
     def __init__(self, broker: str, *, token: str, backend: str = "numpy", devices: int = 1,
                  name: str, heartbeat: float = 1.0, liveness: int = 3,
-                 memory_limit: int | None = None, curve: CurveClient | None = None,
+                 memory_limit: int | None = None, memory_budget: int | None = None,
+                 curve: CurveClient | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  hwm: int = DEFAULT_HWM, give_up_after: float | None = None) -> None:
         cls = device_class(backend)  # refuses capture/remote before anything starts
@@ -241,7 +243,8 @@ class Worker:
              "max_message_bytes": max_message_bytes},
             broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness,
             give_up_after=give_up_after)
-        self._executors = [Executor(device, memory_limit) for device in self.devices]
+        budget = MemoryBudget(memory_budget, devices)  # one for all the devices
+        self._executors = [Executor(device, memory_limit, budget) for device in self.devices]
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
         for i, executor in enumerate(self._executors):

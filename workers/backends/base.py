@@ -7,14 +7,15 @@ backend computes what it computes, op for op (dtype, shape, and values within ro
 
 A backend may defer work (the numexpr device keeps chains of elementwise ops as one
 expression): ``run`` then returns a ``DeferredValue``, which the executor holds in a
-session's tensors as it holds arrays (it has their ``shape``, ``dtype`` and ``nbytes``, so
-the memory quota charges it as if computed) and turns into an array with ``materialize``
-when a read, a sync or a transfer needs one. A deferred op that fails when its chain is
+session's tensors as it holds arrays (it has their ``shape``, ``dtype``, ``size`` and
+``nbytes``, so the memory budget charges it as if computed) and turns into an array with
+``materialize`` when a read, a sync or a transfer needs one. A deferred op that fails when its chain is
 evaluated raises ``DeferredError``, which the executor turns into that op's poison.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, ClassVar, Union
 
 import numpy as np
@@ -40,6 +41,11 @@ class DeferredValue:
     dtype: np.dtype
     nbytes: int
     error: dict[str, Any] | None
+
+    @property
+    def size(self) -> int:
+        """Its number of elements, as an array's."""
+        return math.prod(self.shape)
 
 
 # What a session's tensor id holds on a device.

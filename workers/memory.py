@@ -1,0 +1,178 @@
+"""A worker's memory budget, sans I/O: the bytes all of its devices' sessions may hold.
+
+Rule: a byte is admitted before it is allocated, against one budget for the whole worker (all
+its devices, all their sessions). What an op needs is its result and room for one temporary:
+``need`` says how much, from shapes and dtypes alone. Each device thread draws grants from
+the budget under a lock and spends them without one (its held bytes are its own, written by
+its thread only); a device gives back what it holds past ``chunk`` after each message, so an
+idle device keeps at most that much of the budget from the others.
+
+The default budget is a share of the memory this process may use when it starts: the
+machine's MemAvailable, and where the process runs in a memory cgroup (v2 ``memory.max``, or
+v1 ``memory.limit_in_bytes``, its ancestors' included) what is left below its limit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from fabric.ops import OPS
+
+from .backends.base import DeferredValue
+
+_MAX_CHUNK = 64 << 20  # the most of the budget a device keeps unspent between messages
+_TEMPORARY_ITEMSIZE = 8  # the temporary an op may make: one float64 per operand element
+# Ops whose result has at most as many elements as the product of their tensor inputs'
+# (when none is empty): elementwise ops (broadcasting included), reductions, scans, copies.
+SAME_SIZE_OPS = frozenset(name for name, op in OPS.items() if op.elementwise or op.name in (
+    "sum", "prod", "mean", "std", "var", "min", "max", "any", "all", "argmin", "argmax",
+    "cumsum", "cumprod", "sort", "argsort", "copy"))
+# What an op of SAME_SIZE_OPS needs at most per element of that product: a result element
+# (complex128 is the widest) and its temporary.
+BOUND_PER_ELEMENT = 16 + _TEMPORARY_ITEMSIZE
+_TENSORS = (np.ndarray, DeferredValue)  # (what else an op takes is a scalar)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 10**6, "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30,
+          "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def elements(value: Any) -> int:
+    """How many elements a tensor value (an array, or a device's deferred value) has."""
+    return math.prod(value.shape)
+
+
+def need(result_bytes: int, operand_elements: int) -> int:
+    """The bytes an op is admitted for: its result, and one float64 temporary the size of its
+    largest operand (numpy's reductions upcast, and BLAS copies a strided input)."""
+    return result_bytes + _TEMPORARY_ITEMSIZE * operand_elements
+
+
+def exact_need(result: tuple[tuple[int, ...], np.dtype], inputs: Sequence[Any]) -> int:
+    """``need`` of an op whose result has the shape and dtype ``result`` (as inferred by
+    the op table), given its inputs."""
+    shape, dtype = result
+    count = math.prod(shape)
+    largest = max([count, *(elements(v) for v in inputs if isinstance(v, _TENSORS))])
+    return need(count * np.dtype(dtype).itemsize, largest)
+
+
+class MemoryBudget:
+    """``limit`` bytes (None: no limit) shared by the ``Allowance`` of each device."""
+
+    def __init__(self, limit: int | None, devices: int = 1) -> None:
+        self.limit = limit
+        self.chunk = min(_MAX_CHUNK, limit // (8 * max(devices, 1))) if limit else 0
+        self.allowances: list[Allowance] = []
+        self._lock = threading.Lock()
+
+    def allowance(self) -> "Allowance":
+        """A new device's share: what it holds and what it was granted."""
+        allowance = Allowance(self)
+        self.allowances.append(allowance)
+        return allowance
+
+    def held(self) -> int:
+        """Bytes held by every device of the worker (a glance: each changes as it runs)."""
+        return sum(a.held for a in self.allowances)
+
+    def _grow(self, allowance: "Allowance", amount: int) -> bool:
+        with self._lock:
+            free = self.limit - sum(a.granted for a in self.allowances)
+            short = allowance.held + amount - allowance.granted
+            if short > free:
+                return False
+            allowance.granted += min(free, short + self.chunk)
+            return True
+
+
+class Allowance:
+    """One device's part of a ``MemoryBudget``: ``held`` bytes of its sessions' tensors,
+    within ``granted`` bytes drawn from the budget. Used by that device's thread only."""
+
+    __slots__ = ("budget", "held", "granted")
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+        self.held = 0
+        self.granted = 0 if budget.limit is not None else math.inf
+
+    def fits(self, amount: int) -> bool:
+        """Whether ``amount`` more bytes may be allocated now (drawing on the budget if the
+        grant is short); they count as held once stored."""
+        return self.held + amount <= self.granted or self.budget._grow(self, amount)
+
+    def settle(self) -> None:
+        """Give back what is granted past ``chunk`` more than held (after each message)."""
+        budget = self.budget
+        if budget.limit is not None and self.granted - self.held > 2 * budget.chunk:
+            with budget._lock:
+                self.granted = self.held + budget.chunk
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``text``: ``1073741824``, ``512MiB``, ``2G`` (binary), ``2GB`` (decimal).
+    Raises ValueError, saying what is accepted."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match and _UNITS.get(match.group(2).lower())
+    if not match or unit is None:
+        raise ValueError(f"{text!r} is not a size: give bytes (1073741824), a size with a unit "
+                         "(512MiB, 2G) or a percentage of the memory available (50%).")
+    return int(float(match.group(1)) * unit)
+
+
+def budget_from_option(text: str, available: int | None = None) -> int:
+    """The budget ``--memory-budget`` asks for: a size (``parse_size``), or a percentage of
+    ``available`` (default: ``available_memory()``). Raises ValueError."""
+    if text.strip().endswith("%"):
+        try:
+            percent = float(text.strip()[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 < percent <= 100:
+            raise ValueError(f"{text!r} is not a percentage between 0 and 100.")
+        return int((available_memory() if available is None else available) * percent / 100)
+    budget = parse_size(text)
+    if budget <= 0:
+        raise ValueError("The memory budget must be more than 0 bytes.")
+    return budget
+
+
+def available_memory(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> int:
+    """Bytes this process may still allocate: MemAvailable, or less where a memory cgroup
+    (v2 or v1, this process's or an ancestor's) has less left below its limit."""
+    meminfo = dict(line.split(":", 1) for line in (proc / "meminfo").read_text().splitlines())
+    available = int(meminfo["MemAvailable"].split()[0]) * 1024
+    for limit, usage in _cgroup_limits(proc, cgroups):
+        available = min(available, max(0, limit - usage))
+    return available
+
+
+def _cgroup_limits(proc: Path, cgroups: Path) -> list[tuple[int, int]]:
+    """(limit, usage) of each memory cgroup above this process that has a limit."""
+    found = []
+    for line in (proc / "self" / "cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: memory.max and memory.current, up to the root
+            files, root = ("memory.max", "memory.current"), cgroups
+            if not (root / "cgroup.controllers").exists():
+                root = cgroups / "unified"
+        elif "memory" in controllers.split(","):  # v1
+            files, root = ("memory.limit_in_bytes", "memory.usage_in_bytes"), cgroups / "memory"
+        else:
+            continue
+        directory = root / path.lstrip("/")
+        while directory != root.parent and directory.is_relative_to(root):
+            try:
+                limit, usage = ((directory / f).read_text().strip() for f in files)
+                if limit.isdigit() and int(limit) < 1 << 60:  # (v1 writes "no limit" as 2^63)
+                    found.append((int(limit), int(usage)))
+            except OSError:
+                pass
+            directory = directory.parent
+    return found
