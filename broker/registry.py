@@ -412,7 +412,8 @@ class Registry:
         session = self.sessions.get(header.session)
         if header.kind == Kind.TRANSFER:
             # A tensor moving between sessions: the sender must own the source session (the
-            # request field); knowing the destination's random 64-bit id is the capability.
+            # request field); the destination's device takes it only with a ticket it gave
+            # its own client (``expect``), so knowing a session id is not enough.
             source = self.sessions.get(header.request)
             if (source is None or source.worker != worker.identity or session is None
                     or session.phase is not _OPEN):
@@ -437,7 +438,7 @@ class Registry:
         error instead (the body is decoded only on this rare path)."""
         self.counters["transfers_too_large"] += 1
         try:
-            tensor = protocol.decode(frames, header).body.get("id")
+            ticket = protocol.decode(frames, header).body.get("ticket")
         except ProtocolError:
             return []
         size, limit = largest_frame(frames), destination.max_message_bytes
@@ -448,7 +449,7 @@ class Registry:
             "that worker with a larger --max-message-bytes.", size=size, limit=limit)
         return [send_message(Side.BACKEND, session.lane, Message(
             Kind.TRANSFER, header.session, header.request,
-            {"id": tensor, "error": error.to_wire()}))]
+            {"ticket": ticket, "error": error.to_wire()}))]
 
     def _on_register(self, identity: bytes, message: Message, now: float) -> list[Send]:
         body = message.body

@@ -186,10 +186,16 @@ class Session(ArrayNamespace):
         tensor.size = math.prod(shape)
 
     def receive_from(self, source: Tensor) -> Tensor:
-        """``source``, a tensor of another session, sent worker to worker (``t.to(self)``)."""
+        """``source``, a tensor of another session, sent worker to worker (``t.to(self)``).
+
+        This session's device first agrees to take it, as a new tensor, with a one-time
+        ticket that only this client knows and the sending device attaches: no other client
+        can push a tensor into a session, or replace one there."""
         tensor = self.stream.new_tensor(source.shape, source.dtype, issued_at())
+        ticket = secrets.randbits(63)
+        self._call({"op": "expect", "id": tensor.id, "ticket": ticket})
         sender = source.session
-        sender.stream.enqueue(["send", 0, [source.id], {"session": self.id, "id": tensor.id}])
+        sender.stream.enqueue(["send", 0, [source.id], {"session": self.id, "ticket": ticket}])
         sender.flush()
         self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
         return tensor

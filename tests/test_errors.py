@@ -41,6 +41,7 @@ STABLE_CODES = {
     "ProtocolError": "protocol_error",
     "DeviceNotHostable": "device_not_hostable",
     "WorkerNameTaken": "worker_name_taken",
+    "WrongPort": "wrong_port",
     "NotFound": "not_found",
     "ConfigError": "config_error",
     "ClusterError": "cluster_error",

@@ -85,10 +85,10 @@ def test_a_transfer_bigger_than_the_broker_takes_carries_the_error_instead():
     open_session(device)
     put(device, 1, BROKER_LIMIT + 1)
     [transfer] = [r for r in run(device, Message(Kind.SUBMIT, SESSION, 0, {"ops": [
-        ["send", 0, [1], {"session": OTHER, "id": 5}]]})) if r.kind == Kind.TRANSFER]
+        ["send", 0, [1], {"session": OTHER, "ticket": 5}]]})) if r.kind == Kind.TRANSFER]
     assert not device.stays_on_worker(transfer)  # (OTHER is on another worker)
     message = sent(device, transfer)
-    assert (message.kind, message.session, message.body["id"]) == (Kind.TRANSFER, OTHER, 5)
+    assert (message.kind, message.session, message.body["ticket"]) == (Kind.TRANSFER, OTHER, 5)
     assert "moved with .to()" in message.body["error"]["message"] and not message.buffers
 
 
@@ -97,7 +97,7 @@ def test_a_transfer_to_a_session_of_this_worker_stays_on_it():
     open_session(device)
     put(device, 1, 8)
     replies = run(device, Message(Kind.SUBMIT, SESSION, 0, {"ops": [
-        ["send", 0, [1], {"session": OTHER, "id": 5}]]}))
+        ["send", 0, [1], {"session": OTHER, "ticket": 5}]]}))
     assert [device.stays_on_worker(r) for r in replies] == [True]
     assert not device.stays_on_worker(read(device, 1))  # a reply goes to the client
 

@@ -190,7 +190,7 @@ def test_a_transfer_bigger_than_its_destination_takes_arrives_as_the_error():
     registry = registry_with(Limits(), (A, "a", 1, {}), (B, "b", 1, {"max_message_bytes": 100}))
     open_session(registry, C1, session=1, device=0)
     open_session(registry, C1, session=2, device=1)
-    body = {"id": 9, "dtype": "<f8", "shape": [25]}
+    body = {"ticket": 9, "dtype": "<f8", "shape": [25]}
     small = frames(Kind.TRANSFER, 2, 1, body, buffers=[b"\0" * 100])
     sends = registry.from_worker(A, small, 0.0)
     assert sends[0].identity == B and sends[0].frames == small
@@ -198,7 +198,7 @@ def test_a_transfer_bigger_than_its_destination_takes_arrives_as_the_error():
                                  0.0)
     transfer = only(sends, Side.BACKEND, B, Kind.TRANSFER)
     assert (transfer.session, transfer.request, transfer.buffers) == (2, 1, ())
-    assert transfer.body["id"] == 9
+    assert transfer.body["ticket"] == 9
     error = error_from_wire(transfer.body["error"])
     assert type(error) is MessageTooLarge and error.details == {"size": 101, "limit": 100}
     assert "worker b" in error.message and "--max-message-bytes" in error.message

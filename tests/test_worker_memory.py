@@ -66,7 +66,8 @@ def test_uploads_transfers_and_graph_calls_past_the_budget_are_refused():
     submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [big.size], "buffer": 0}],
            buffers=(big.tobytes(),))
     assert error_of(executor, 1).details["op"] == "put"
-    executor.handle(Message(Kind.TRANSFER, SESSION, 0, {"id": 2, "dtype": "<f8",
+    executor.handle(Message(Kind.REQUEST, SESSION, 1, {"op": "expect", "id": 2, "ticket": 9}))
+    executor.handle(Message(Kind.TRANSFER, SESSION, 0, {"ticket": 9, "dtype": "<f8",
                                                          "shape": [big.size]}, (big,)))
     assert error_of(executor, 2).details["op"] == "to"
     submit(executor, ["ones", 3, [], {"shape": [1000], "dtype": "<f8"}],

@@ -31,6 +31,7 @@ from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
 
 # For a device whose ``plain_calls`` is true, an op without params is this call, its result
 # made an array. (Random ops are not here: they always take the session's generator.)
+MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at once
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
 
 
@@ -50,6 +51,9 @@ class DeviceSession:
     submits: int = 0  # SUBMITs run: the client's credit (fabric.flow.SUBMIT_WINDOW)
     outgoing: list[Message] = field(default_factory=list)  # TRANSFERs made by "send" ops
     awaiting: dict[int, list[Message]] = field(default_factory=dict)  # id -> "await" requests
+    # Tensors this session consented to receive (``expect``): one-time ticket -> new tensor id.
+    expected: dict[int, int] = field(default_factory=dict)
+    transfers_refused: int = 0  # TRANSFERs without a ticket it gave: dropped
     graphs: SessionGraphs = field(default_factory=SessionGraphs)
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEVICE_COUNTERS, 0))
 
@@ -331,9 +335,10 @@ class Executor(GraphOps):
 
     def _transfer(self, session: DeviceSession, tensor_id: int,
                   params: dict[str, Any]) -> Message:
-        """The TRANSFER that carries a tensor (or its poison) to another session."""
-        _require_ints("A send op", session=params.get("session"), id=params.get("id"))
-        body: dict[str, Any] = {"id": params["id"]}
+        """The TRANSFER that carries a tensor (or its poison) to another session, with the
+        ticket that session gave its client when it agreed to take it (``expect``)."""
+        _require_ints("A send op", session=params.get("session"), ticket=params.get("ticket"))
+        body: dict[str, Any] = {"ticket": params["ticket"]}
         buffers: tuple[Any, ...] = ()
         self._materialize(session, tensor_id)
         if tensor_id in session.poisoned:
@@ -348,11 +353,16 @@ class Executor(GraphOps):
         return Message(Kind.TRANSFER, params["session"], session.id, body, buffers)
 
     def _receive(self, message: Message) -> list[Message]:
-        """A tensor sent from another session arrives: store it, answer who awaits it."""
+        """A tensor sent from another session arrives: stored as the tensor its ticket names,
+        and who awaits it answered. One whose ticket this session never gave (or already
+        used) is dropped and counted: no session can push tensors into another, nor replace
+        one there, whatever ids it knows."""
         session = self.sessions[message.session]
         body = message.body
-        tensor_id = body.get("id")
-        _require_ints("A TRANSFER", id=tensor_id)
+        tensor_id = session.expected.pop(body.get("ticket"), None)  # (a ticket is used once)
+        if tensor_id is None or tensor_id in session.tensors or tensor_id in session.poisoned:
+            session.transfers_refused += 1
+            return []
         try:
             if "error" in body:
                 session.poisoned[tensor_id] = body["error"]
@@ -369,6 +379,23 @@ class Executor(GraphOps):
                 f"{type(exc).__name__}: {exc}", op="to", tensor=tensor_id).to_wire()
         return [reply_to(request, {"ok": True})
                 for request in session.awaiting.pop(tensor_id, [])]
+
+    def _expect(self, session: DeviceSession, message: Message) -> list[Message]:
+        """This session's client agrees to receive a tensor from another of its sessions, as
+        new tensor ``id``, sent with ``ticket`` (a random number only that client knows)."""
+        body = message.body
+        tensor_id, ticket = body.get("id"), body.get("ticket")
+        _require_ints("An expect request", id=tensor_id, ticket=ticket)
+        if tensor_id in session.tensors or tensor_id in session.poisoned:
+            return [_reply_error(message, ProtocolError(
+                f"Tensor {tensor_id} already exists in this session: a tensor moved here "
+                "takes a new id, never an existing tensor's."))]
+        if len(session.expected) >= MAX_EXPECTED:
+            return [_reply_error(message, ProtocolError(
+                f"This session already waits for {MAX_EXPECTED} tensors moved from other "
+                "sessions: move them (t.to()) one after another."))]
+        session.expected[ticket] = tensor_id
+        return [reply_to(message, {"ok": True})]
 
     def _await(self, session: DeviceSession, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
@@ -451,10 +478,11 @@ class Executor(GraphOps):
             "ops": session.ops, "poisoned": len(session.poisoned),
             "device_sessions": len(self.sessions),
             "device_resident_bytes": sum(s.resident for s in self.sessions.values()),
-            **session.counters, **session.graphs.stats()})]
+            "transfers_refused": session.transfers_refused, **session.counters, **session.graphs.stats()})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
-        "sync": _sync, "read": _read, "stats": _stats, "await": _await, "shape": _shape}
+        "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,
+        "shape": _shape}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 

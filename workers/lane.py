@@ -124,4 +124,5 @@ class Lane:
             f"{limit_words} the broker takes in one message: move it in slices, or "
             "raise --max-message-bytes on the broker and workers.", size=size, limit=limit)
         return protocol.encode(Message(Kind.TRANSFER, reply.session, reply.request,
-                                       {"id": reply.body.get("id"), "error": error.to_wire()}))
+                                       {"ticket": reply.body.get("ticket"),
+                                        "error": error.to_wire()}))

@@ -1,0 +1,67 @@
+"""Moving tensors between sessions needs the destination's consent (issue 30, high 2).
+
+``t.to(other)`` makes ``other``'s device agree first to take a new tensor, with a one-time
+ticket only its client knows; the sending device attaches the ticket. A client that knows
+another's session id (and its tensor ids, which count up from 1) sends its own tensor there
+with a guessed ticket, or in the old form that named the tensor id to fill: the tensor never
+lands, nothing there is replaced or charged, on both paths (through the broker to another
+worker, and in memory on one worker).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fabric
+
+
+def _devices(cluster) -> dict[str, int]:
+    return {device.worker: device.index for device in cluster.devices()}
+
+
+@pytest.mark.parametrize("path", ["same worker", "other worker"])
+def test_a_move_lands_only_where_it_was_agreed_to(cluster, path):
+    devices = _devices(cluster)
+    victim_device = devices["worker-0"]
+    attacker_device = victim_device if path == "same worker" else devices["worker-1"]
+    with cluster.connect(device=victim_device, timeout=5) as victim, \
+            cluster.connect(device=attacker_device, timeout=5) as attacker:
+        kept = victim.asarray(np.arange(4.0))
+        before = victim.stats()
+        payload = attacker.asarray(np.full(100_000, 7.0))
+        for params in ({"session": victim.id, "ticket": 1},  # a guessed ticket
+                       {"session": victim.id, "ticket": kept.id},
+                       {"session": victim.id, "id": kept.id}):  # naming the tensor to fill
+            attacker.stream.enqueue(["send", 0, [payload.id], params])
+        attacker.flush()
+        with pytest.raises(fabric.ProtocolError) as refused:  # the ticketless form: its own op
+            attacker.sync(timeout=5)
+        assert "ticket" in str(refused.value)
+        assert (payload + 1).sum().numpy() == 800_000.0  # the attacker's session goes on
+        after = victim.stats()
+        assert after["transfers_refused"] - before["transfers_refused"] == 2
+        assert after["tensors"] == before["tensors"]
+        assert after["resident_bytes"] == before["resident_bytes"]  # nothing charged
+        assert np.array_equal(kept.numpy(), np.arange(4.0))  # nothing replaced
+        moved = payload.to(victim)  # a move the victim's client makes is taken
+        assert moved.sum().numpy() == 700_000.0
+
+
+def test_a_ticket_is_used_once(cluster):
+    devices = _devices(cluster)
+    with cluster.connect(device=devices["worker-0"], timeout=5) as a, \
+            cluster.connect(device=devices["worker-1"], timeout=5) as b:
+        source = a.asarray(np.arange(3.0))
+        moved = source.to(b)
+        assert moved.numpy().tolist() == [0.0, 1.0, 2.0]
+        # The same ticket again (as if replayed): the first move's tensor stays as it was.
+        ticket = 12345
+        b._call({"op": "expect", "id": 10_000, "ticket": ticket})
+        for _ in range(2):
+            a.stream.enqueue(["send", 0, [a.asarray(np.ones(3)).id],
+                              {"session": b.id, "ticket": ticket}])
+            a.flush()
+        a.sync(timeout=5)
+        b._call({"op": "await", "id": 10_000})
+        assert b.stats()["transfers_refused"] == 1
