@@ -15,13 +15,16 @@ seconds, measured on the broker's monotonic clock.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any, Callable, Protocol
 
-from fabric.errors import ProtocolError
-from fabric.protocol import MAX_ID, PROTOCOL_VERSION
+from fabric.errors import FabricError, ProtocolError
+from fabric.protocol import MAX_ID, PROTOCOL_VERSION, Kind, Message
 
-from .model import Send, Session, Traffic, Worker, peer_label
+from .model import Send, Session, Side, Traffic, Worker, peer_label, send_error, send_message
+
+log = logging.getLogger("fabric.broker")
 
 Result = tuple[dict[str, Any], list[Send]]
 
@@ -231,3 +234,19 @@ def run(registry: RegistryView, command: str, args: dict[str, Any], now: float) 
         raise ProtocolError(f"Unknown admin command {command!r}: use one of "
                             f"{', '.join(COMMANDS)}.", command=command)
     return handler(registry, args, now)
+
+
+def answer(registry: RegistryView, identity: bytes, message: Message,
+           now: float) -> list[Send]:
+    """What the broker sends for an ADMIN message that showed the admin token: the command's
+    messages and its ADMIN_REPLY, or the error that says why it was not run."""
+    command = message.body["command"]
+    try:
+        result, sends = run(registry, command, message.body["args"], now)
+    except FabricError as exc:
+        registry.counters["admin_errors"] += 1
+        return [send_error(Side.FRONTEND, identity, exc, request=message.request)]
+    registry.counters["admin_commands"] += 1
+    log.info("admin command %s", command)  # (connection ids are not logged at INFO)
+    return sends + [send_message(Side.FRONTEND, identity, Message(
+        Kind.ADMIN_REPLY, 0, message.request, {"command": command, "result": result}))]

@@ -49,7 +49,6 @@ from fabric.security import BACKEND_DOMAIN
 from .model import Limits, Side
 from .sessions import SessionTable
 from .worker_table import WorkerTable
-from .zap import ZapRequest
 
 
 def token_index(offered: Any, tokens: Sequence[bytes]) -> int | None:
@@ -74,10 +73,12 @@ def token_ok(offered: Any, expected: bytes | None) -> bool:
     return expected is not None and token_index(offered, (expected,)) is not None
 
 
-def handshake_role(request: ZapRequest, tokens: Mapping[str, Sequence[bytes]],
+def handshake_role(domain: str, mechanism: str, credentials: Sequence[bytes],
+                   tokens: Mapping[str, Sequence[bytes]],
                    curve_keys: Mapping[str, frozenset[bytes]] | None) -> str | None:
-    """Who the peer connecting in ``request`` is ("client", "admin", "worker"), or None to
-    refuse it before its connection is attached (ZAP: nothing it sends reaches the broker).
+    """Who a peer connecting to the socket of ZAP ``domain`` is ("client", "admin",
+    "worker"), or None to refuse it before its connection is attached (nothing it sends
+    reaches the broker). ``mechanism`` and ``credentials`` are what ZAP reports of it.
 
     Without CURVE the password of the PLAIN mechanism is a token, any of the broker's on
     either socket (a client at the workers' port is told so in the protocol, by role);
@@ -85,18 +86,16 @@ def handshake_role(request: ZapRequest, tokens: Mapping[str, Sequence[bytes]],
     public key must be in its socket's list, and its token is checked in HELLO or REGISTER.
     """
     if curve_keys is not None:
-        allowed = curve_keys.get(request.domain, frozenset())
-        if (request.mechanism == "CURVE" and len(request.credentials) == 1
-                and len(request.credentials[0]) == 32
-                and z85.encode(request.credentials[0]) in allowed):
-            return "worker" if request.domain == BACKEND_DOMAIN else "client"
+        allowed = curve_keys.get(domain, frozenset())
+        if (mechanism == "CURVE" and len(credentials) == 1 and len(credentials[0]) == 32
+                and z85.encode(credentials[0]) in allowed):
+            return "worker" if domain == BACKEND_DOMAIN else "client"
         return None
-    if request.mechanism != "PLAIN" or len(request.credentials) != 2:
+    if mechanism != "PLAIN" or len(credentials) != 2:
         return None
-    password = request.credentials[1]
     found = None
     for role, role_tokens in tokens.items():  # every role compared: constant time
-        if token_index(password, role_tokens) is not None:
+        if token_index(credentials[1], role_tokens) is not None:
             found = role
     return found
 

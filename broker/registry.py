@@ -3,24 +3,23 @@
 Rule: this is where an event meets the rooms it touches. The I/O loop (``broker.server``)
 feeds this object frames, "unroutable" events and the clock, and sends the ``Send`` items it
 returns; nothing here touches a socket or reads the clock. The rooms keep their own rules:
-admission checks in ``broker.handshake``, session phases and indexes in ``broker.sessions``,
-sessions the broker ends itself (and what each side is told) in ``broker.endings``, workers,
-lanes and device numbers in ``broker.worker_table``, admin commands in ``broker.admin``, the
-records in ``broker.model``; the loop's flow control in ``broker.flow``.
+admission checks in ``broker.handshake`` (ZAP's answers in ``broker.zap``), session phases
+and indexes in ``broker.sessions``, sessions the broker ends itself in ``broker.endings``,
+workers, lanes and device numbers in ``broker.worker_table``, admin commands in
+``broker.admin``, answers to oversized messages in ``broker.sizes``, the records in
+``broker.model``; the loop's flow control in ``broker.flow``.
 
-Data messages are routed by the header alone (the hot path: a header unpack and a dict
-lookup): their body and buffers are handed on as the frame objects that arrived. Traffic is
-counted per session on that path (messages, bytes, SUBMITs as op batches) and folded into
-per-device totals when a session ends, so per-device and per-worker figures cost nothing per
-message.
+Data messages are routed by the header alone (a header unpack and a dict lookup), their
+body and buffers handed on as the frames that arrived. Traffic is counted per session there
+(messages, bytes, SUBMITs) and folded into per-device totals when a session ends.
 
 Message sizes: each peer says the largest frame its socket takes (``max_message_bytes`` in
 HELLO and REGISTER); the broker tells each side what it may send towards the other (WELCOME
 for uploads, OPEN for replies, REGISTERED for transfers), so that an oversized array is
-refused with ``MessageTooLarge`` by its sender instead of a silent disconnect (see
-``fabric.flow``). Every heartbeat to a worker lists the sessions the broker holds on it (each
-heartbeat to a lane, that device's), and the worker closes any other: a lost CLOSE cannot
-leak a session's memory.
+refused with ``MessageTooLarge`` by its sender instead of a silent disconnect; a message
+with more frames or bytes in all than fabric ever sends is refused too (``fabric.flow``).
+Heartbeats to a worker list the sessions the broker holds on it (to a lane, its device's),
+and the worker closes any other: a lost CLOSE cannot leak a session's memory.
 
 A refused token (client, admin or worker) is counted and its answer carries a not-before time
 ``Limits.auth_delay`` ahead: the I/O loop holds it, so this object never sleeps and the loop
@@ -39,12 +38,10 @@ from fabric import protocol
 from fabric.errors import (
     AuthenticationError,
     FabricError,
-    MessageTooLarge,
     ProtocolError,
     SessionLost,
 )
-from fabric.flow import largest_frame, size_and_limit_text
-from fabric.security import BACKEND_DOMAIN
+from fabric.flow import MAX_MESSAGE_FRAMES, largest_frame, message_bytes_limit
 from fabric.protocol import (
     CLIENT_DATA_KINDS,
     PROTOCOL_VERSION,
@@ -54,10 +51,9 @@ from fabric.protocol import (
     Message,
 )
 
-from . import admin, zap
+from . import admin
 from .endings import Endings
 from .handshake import (
-    handshake_role,
     hello_refusal,
     misplaced,
     size_limit,
@@ -79,7 +75,9 @@ from .model import (
     send_message,
 )
 from .sessions import SessionEvent, SessionTable
+from .sizes import message_too_large, transfer_too_large
 from .worker_table import WorkerTable
+from .zap import ZapGate
 
 log = logging.getLogger("fabric.broker")
 
@@ -111,14 +109,10 @@ class Registry:
         self._sessions_per_token = limits.sessions_per_token(len(tokens))
         self._worker_token = worker_token.encode()
         self._admin_token = admin_token.encode() if admin_token else None
-        # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
-        # (``curve_keys``, per ZAP domain) an allowed key.
-        self._handshake_tokens = {"client": self._client_tokens, "worker": [self._worker_token],
-                                  "admin": [self._admin_token] if self._admin_token else []}
-        self._curve_keys = curve_keys
         self.server = server
         self.endpoints = dict(endpoints or {})  # the bound addresses, named to misplaced peers
         self.limits = limits
+        self._message_bytes = message_bytes_limit(limits.max_message_bytes)  # in all frames
         self.started = now
         self.sessions: dict[int, Session] = {}
         self._workers = WorkerTable()
@@ -137,6 +131,11 @@ class Registry:
         self._endings = Endings(self._sessions, self._workers, self.counters, self.rejects,
                                 limits)
         self._log_limit = RateLimitedLog()  # what peers can make the broker log, per interval
+        # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
+        # (``curve_keys``, per ZAP domain) an allowed key. The I/O loop feeds it ZAP requests.
+        self.zap = ZapGate({"client": self._client_tokens, "worker": [self._worker_token],
+                            "admin": [self._admin_token] if self._admin_token else []},
+                           curve_keys, self.rejects, self._log_peer, self._token_refused)
 
     # -- what the rooms hold, for admin views and tests ---------------------------------------
 
@@ -204,6 +203,16 @@ class Registry:
         session, request = (header.session, header.request) if header else (0, 0)
         return [send_error(side, identity, error, session=session, request=request)]
 
+    def _oversized(self, frames: Sequence[Any]) -> bool:
+        return len(frames) > MAX_MESSAGE_FRAMES or _frames_size(frames) > self._message_bytes
+
+    def _too_large(self, side: Side, identity: bytes, header: Header, frames: Sequence[Any],
+                   now: float) -> list[Send]:
+        self.counters["messages_too_large"] += 1
+        self._log_peer(logging.WARNING, f"message too large on the {side.value}", identity, now)
+        return message_too_large(side, identity, header, frames, _frames_size(frames),
+                                 self._message_bytes)
+
     def _other_version(self, side: Side, identity: bytes, message: Message,
                        now: float) -> list[Send]:
         """A non-handshake control message in another protocol version (body unvalidated)."""
@@ -212,31 +221,6 @@ class Registry:
             f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
             "install matching fabric versions.", **{f"{peer}_version": message.version},
             server_version=PROTOCOL_VERSION), now, message.header)
-
-    # -- the ZeroMQ handshake ---------------------------------------------------------------
-
-    def from_zap(self, identity: bytes, frames: Sequence[Any], now: float) -> list[Send]:
-        """libzmq asks (ZAP) whether a peer may finish connecting: allowed with its role as
-        the connection's User-Id, or refused ``auth_delay`` later, counted and logged."""
-        try:
-            request = zap.parse_request(frames)
-        except ValueError:  # only libzmq writes here; answered so no handshake waits on it
-            self.counters["zap_malformed"] += 1
-            return [Send(Side.ZAP, identity, zap.reply(b"", zap.FAILED, "malformed request"))]
-        role = handshake_role(request, self._handshake_tokens, self._curve_keys)
-        if role is not None:
-            return [Send(Side.ZAP, identity, zap.reply(request.request_id, zap.ALLOWED, "OK",
-                                                       role))]
-        peers = "worker" if request.domain == BACKEND_DOMAIN else "client"
-        if self._curve_keys is None:
-            reason, what = AuthenticationError.code, "no token of this broker"
-        else:
-            reason, what = f"{peers}_key_refused", "a CURVE key not in its allow list"
-        self.rejects[reason] += 1
-        self._log_peer(logging.WARNING, f"refused a connection to the {peers}s' socket "
-                       f"({what})", request.address, now)
-        return self._token_refused([Send(Side.ZAP, identity, zap.reply(
-            request.request_id, zap.REFUSED, "refused"))], now)
 
     # -- clients -----------------------------------------------------------------------
 
@@ -247,6 +231,8 @@ class Registry:
             if not frames:
                 raise ProtocolError("A message needs a header frame.")
             header = protocol.decode_header(frames[0])
+            if len(frames) > 2 and self._oversized(frames):  # (two are within MAXMSGSIZE)
+                return self._too_large(Side.FRONTEND, identity, header, frames, now)
             if header.kind in CLIENT_DATA_KINDS and header.version == PROTOCOL_VERSION:
                 protocol.check_frames(header, frames)
                 return self._route_client_data(identity, header, frames, now)
@@ -345,16 +331,7 @@ class Registry:
                 "The broker refused the token: admin commands need the admin token "
                 "(FABRIC_ADMIN_TOKEN, or the admin_token of the connection file)."),
                 kind=Kind.REJECT, request=message.request)], now)
-        command = message.body["command"]
-        try:
-            result, sends = admin.run(self, command, message.body["args"], now)
-        except FabricError as exc:
-            self.counters["admin_errors"] += 1
-            return [send_error(Side.FRONTEND, identity, exc, request=message.request)]
-        self.counters["admin_commands"] += 1
-        log.info("admin command %s", command)  # (connection ids are not logged at INFO)
-        return sends + [send_message(Side.FRONTEND, identity, Message(
-            Kind.ADMIN_REPLY, 0, message.request, {"command": command, "result": result}))]
+        return admin.answer(self, identity, message, now)
 
     _client_handlers = {
         Kind.HELLO: _on_hello,
@@ -373,6 +350,8 @@ class Registry:
             if not frames:
                 raise ProtocolError("A message needs a header frame.")
             header = protocol.decode_header(frames[0])
+            if len(frames) > 2 and self._oversized(frames):
+                return self._too_large(Side.BACKEND, identity, header, frames, now)
             worker = self._find_worker(identity)
             if (worker is not None and identity in self._lane_owner
                     and identity not in worker.attached and header.kind == Kind.HEARTBEAT):
@@ -423,7 +402,8 @@ class Registry:
             session.bytes += _frames_size(frames)
             destination = self.workers[session.worker]
             if largest_frame(frames) > destination.max_message_bytes:
-                return self._transfer_too_large(destination, session, header, frames)
+                self.counters["transfers_too_large"] += 1
+                return transfer_too_large(destination, session.lane, header, frames)
             return [new_send(Send, (Side.BACKEND, session.lane, list(frames), 0.0))]
         if session is None or session.worker != worker.identity:
             self.counters["stale_worker_data"] += 1  # the session closed meanwhile
@@ -431,25 +411,6 @@ class Registry:
         session.messages += 1
         session.bytes += _frames_size(frames)
         return [new_send(Send, (Side.FRONTEND, session.client, list(frames), 0.0))]
-
-    def _transfer_too_large(self, destination: Worker, session: Session, header: Header,
-                            frames: Sequence[Any]) -> list[Send]:
-        """A TRANSFER bigger than its destination worker takes: the tensor arrives as the
-        error instead (the body is decoded only on this rare path)."""
-        self.counters["transfers_too_large"] += 1
-        try:
-            ticket = protocol.decode(frames, header).body.get("ticket")
-        except ProtocolError:
-            return []
-        size, limit = largest_frame(frames), destination.max_message_bytes
-        size_words, limit_words = size_and_limit_text(size, limit)
-        error = MessageTooLarge(
-            f"The tensor moved with .to() is {size_words}, more than the {limit_words} "
-            f"worker {destination.name} takes in one message: move it in slices, or start "
-            "that worker with a larger --max-message-bytes.", size=size, limit=limit)
-        return [send_message(Side.BACKEND, session.lane, Message(
-            Kind.TRANSFER, header.session, header.request,
-            {"ticket": ticket, "error": error.to_wire()}))]
 
     def _on_register(self, identity: bytes, message: Message, now: float) -> list[Send]:
         body = message.body

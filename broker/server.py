@@ -190,7 +190,7 @@ class Broker:
         # Per socket: the registry's handler, and whether another message waits there.
         from_side = {sock: (handler, message_check(sock)) for sock, handler in (
             (self.frontend, registry.from_client), (self.backend, registry.from_worker),
-            (self.zap, registry.from_zap))}
+            (self.zap, registry.zap.answer))}
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()

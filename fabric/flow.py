@@ -34,6 +34,23 @@ DEFAULT_HWM = 1000  # SNDHWM and RCVHWM, in messages, per peer, on every fabric 
 DEFAULT_PEER_QUEUE = 1000  # messages the broker parks for one peer whose queue is full
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 256  # per client connection (a DEALER identity)
 DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
+# A client flushes its op batch at MAX_BATCH_ENTRIES entries or once its uploaded buffers
+# reach MAX_BATCH_BYTES (``fabric.stream`` says why these sizes). That bounds one message,
+# which libzmq does not: it holds a multipart message whole before the broker sees it and
+# bounds only each frame (MAXMSGSIZE), never their count or sum. The broker refuses, with
+# MessageTooLarge, a message with more frames or bytes than a fabric peer ever sends.
+MAX_BATCH_ENTRIES = 512
+MAX_BATCH_BYTES = 4 << 20
+MAX_MESSAGE_FRAMES = 2 + MAX_BATCH_ENTRIES  # a header, a body, a buffer per entry at most
+
+
+def message_bytes_limit(max_message_bytes: int) -> int:
+    """The most bytes one message may carry when each frame may carry ``max_message_bytes``:
+    a body, and a batch's uploads (under MAX_BATCH_BYTES before its last, which may be one
+    frame's worth)."""
+    return 2 * max_message_bytes + MAX_BATCH_BYTES
+
+
 # Credit: a client has at most SUBMIT_WINDOW of a session's SUBMITs sent and not yet run by
 # the device, which says how many it has run (CREDIT) every CREDIT_EVERY. A client that
 # streams faster than its device computes then waits for the device, instead of filling

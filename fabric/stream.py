@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from .errors import FabricError, SessionLost
-from .flow import SUBMIT_WINDOW
+from .flow import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, SUBMIT_WINDOW
 from .ops import Spec
 from .origins import Origin
 from .protocol import Kind, Message
@@ -32,8 +32,8 @@ from .tensor import Tensor
 # sent, and a read waits for the last batch to run: small batches keep the worker busy while
 # the client builds more, and the wait short (10,000 tiny ops, bench W1: 4096 ops a batch
 # took a quarter longer than 256; below ~128, each message's own cost starts to show).
-MAX_BATCH_ENTRIES = 512
-MAX_BATCH_BYTES = 4 << 20  # ... or when its uploaded buffers reach this many bytes,
+# (MAX_BATCH_ENTRIES, and MAX_BATCH_BYTES of uploaded buffers, are in ``fabric.flow``: they
+# also bound what the broker takes in one message.)
 # ... or when its ops touch this many array elements (each op's inputs and output): about a
 # millisecond of device work, against a message's tenth of one. A heavy op is then sent at
 # once, and runs while the user's code goes on, instead of waiting for the next read.

@@ -43,7 +43,8 @@ from fabric.broker.registry import Registry
 from conftest import HEARTBEAT
 from fabric import protocol
 from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
-from fabric.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES, Outbox,
+from fabric.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES,
+                         MAX_MESSAGE_FRAMES, Outbox, message_bytes_limit,
                          largest_frame, size_and_limit_text, size_text)
 from fabric.protocol import Kind, Message
 
@@ -243,6 +244,44 @@ def small_messages():
                              broker_args=("--max-message-bytes", str(MiB)),
                              worker_args=("--max-message-bytes", str(MiB // 2))) as running:
         yield running
+
+
+@pytest.mark.parametrize("side", ["frontend", "backend"])
+def test_a_message_past_the_frame_count_or_total_is_refused_with_its_request(small_messages,
+                                                                           side):
+    # Issue 30, high 1: libzmq bounds each frame, never their count or sum; the broker
+    # refuses what no fabric peer sends, and tells the sender on its request.
+    address, token = ((small_messages.address, small_messages.token) if side == "frontend"
+                      else (small_messages.backend_address, small_messages.worker_token))
+    many = frames_of(Kind.SUBMIT, session=5, request=6) + [b"x"] * MAX_MESSAGE_FRAMES
+    heavy = frames_of(Kind.SUBMIT, session=5, request=7) + [bytes(MiB)] * 7  # 7 MiB in all
+    assert sum(map(len, heavy)) > message_bytes_limit(MiB)
+    with RawDealer(address, token) as peer:
+        for frames, request in ((many, 6), (heavy, 7)):
+            peer.send(frames)
+            answer = peer.recv_message(timeout=5)
+            assert (answer.kind, answer.session, answer.request) == (Kind.ERROR, 5, request)
+            assert type(error_from_wire(answer.body)) is MessageTooLarge
+    with small_messages.connect(device=0) as session:  # and everyone else is served
+        assert session.arange(5).sum().numpy() == 10
+
+
+def test_a_peer_without_a_token_cannot_make_the_broker_hold_a_message(small_messages):
+    # The attack of issue 30, high 1 (12 frames of 256 MiB held whole by libzmq), scaled to
+    # this broker's 1 MiB frames: a peer without a token never gets a message in at all.
+    def resident() -> int:
+        with open(f"/proc/{small_messages.broker.pid}/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status
+                        if line.startswith("VmRSS:"))
+
+    before = resident()
+    with RawDealer(small_messages.address, "not a token", {zmq.SNDTIMEO: 5000}) as peer:
+        for _ in range(16):  # 64 MiB offered
+            peer.send([bytes(MiB)] * 4)
+        with pytest.raises(AssertionError):  # refused in the handshake: no answer ever
+            peer.recv(timeout=1.0)
+    assert resident() - before < 16 * MiB
+    assert small_messages.broker.poll() is None
 
 
 def test_an_upload_too_big_for_the_way_fails_at_the_call_before_sending(small_messages):

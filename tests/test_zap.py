@@ -1,5 +1,5 @@
 """The broker's first gate, sans I/O: ZAP frames (``broker.zap``), who is admitted
-(``broker.handshake.handshake_role``) and the registry's answers (``Registry.from_zap``).
+(``broker.handshake.handshake_role``) and the answers (``ZapGate``, the registry's).
 The same gate against real processes and raw attackers: ``test_routing_ids.py``."""
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ def request_frames(mechanism: bytes, *credentials: bytes, domain: str = FRONTEND
     """What libzmq sends a ZAP handler bound as a ROUTER, after the routing frame."""
     return [b"", b"1.0", request_id, domain.encode(), b"127.0.0.1", b"", mechanism,
             *credentials]
+
+
+def role_of(request: zap.ZapRequest, curve_keys: dict | None) -> str | None:
+    return handshake_role(request.domain, request.mechanism, request.credentials, TOKENS,
+                          curve_keys)
 
 
 def plain(password: str, domain: str = FRONTEND_DOMAIN) -> zap.ZapRequest:
@@ -62,9 +67,9 @@ def test_any_frames_parse_or_raise_value_error(frames):
 
 def test_every_token_of_the_broker_is_admitted_on_either_socket_with_its_role():
     for domain in (FRONTEND_DOMAIN, BACKEND_DOMAIN):
-        assert handshake_role(plain(CLIENT_TOKEN, domain), TOKENS, None) == "client"
-        assert handshake_role(plain(WORKER_TOKEN, domain), TOKENS, None) == "worker"
-        assert handshake_role(plain(ADMIN_TOKEN, domain), TOKENS, None) == "admin"
+        assert role_of(plain(CLIENT_TOKEN, domain), None) == "client"
+        assert role_of(plain(WORKER_TOKEN, domain), None) == "worker"
+        assert role_of(plain(ADMIN_TOKEN, domain), None) == "admin"
 
 
 @pytest.mark.parametrize("request_", [
@@ -74,7 +79,7 @@ def test_every_token_of_the_broker_is_admitted_on_either_socket_with_its_role():
     zap.parse_request(request_frames(b"CURVE", bytes(32))),  # CURVE where there is none
 ], ids=["wrong", "empty", "padded", "prefix", "null", "no-password", "curve"])
 def test_a_peer_without_a_token_is_refused(request_):
-    assert handshake_role(request_, TOKENS, None) is None
+    assert role_of(request_, None) is None
 
 
 def test_with_curve_only_the_keys_of_the_sockets_allow_list_get_in():
@@ -87,26 +92,27 @@ def test_with_curve_only_the_keys_of_the_sockets_allow_list_get_in():
         return zap.parse_request(request_frames(b"CURVE", zmq.utils.z85.decode(key),
                                                 domain=domain))
 
-    assert handshake_role(curve(client_public, FRONTEND_DOMAIN), TOKENS, lists) == "client"
-    assert handshake_role(curve(worker_public, BACKEND_DOMAIN), TOKENS, lists) == "worker"
-    assert handshake_role(curve(worker_public, FRONTEND_DOMAIN), TOKENS, lists) is None
-    assert handshake_role(curve(client_public, BACKEND_DOMAIN), TOKENS, lists) is None
-    assert handshake_role(plain(CLIENT_TOKEN), TOKENS, lists) is None  # a token is no key
+    assert role_of(curve(client_public, FRONTEND_DOMAIN), lists) == "client"
+    assert role_of(curve(worker_public, BACKEND_DOMAIN), lists) == "worker"
+    assert role_of(curve(worker_public, FRONTEND_DOMAIN), lists) is None
+    assert role_of(curve(client_public, BACKEND_DOMAIN), lists) is None
+    assert role_of(plain(CLIENT_TOKEN), lists) is None  # a token is no key
 
 
 def test_the_registry_admits_at_once_and_refuses_late_counted_and_logged(caplog):
     registry = Registry(client_token=CLIENT_TOKEN, worker_token=WORKER_TOKEN,
                         admin_token=ADMIN_TOKEN, server=SERVER, limits=LIMITS)
-    [admitted] = registry.from_zap(b"pipe-1", request_frames(
+    [admitted] = registry.zap.answer(b"pipe-1", request_frames(
         b"PLAIN", b"client", CLIENT_TOKEN.encode()), now=1.0)
     assert admitted == (Side.ZAP, b"pipe-1", zap.reply(b"7", zap.ALLOWED, "OK", "client"), 0.0)
     with caplog.at_level("WARNING", logger="fabric.broker"):
-        [refused] = registry.from_zap(b"pipe-2", request_frames(
+        [refused] = registry.zap.answer(b"pipe-2", request_frames(
             b"PLAIN", b"client", b"guess"), now=2.0)
     assert refused.frames[3] == zap.REFUSED
     assert refused.not_before == 2.0 + LIMITS.auth_delay  # held back, like a refused HELLO
     assert registry.rejects["unauthorized"] == 1
     assert registry.counters["tokens_refused"] == 1
     assert "127.0.0.1" in caplog.text and "guess" not in caplog.text
-    [failed] = registry.from_zap(b"pipe-3", [b"junk"], now=3.0)
+    [failed] = registry.zap.answer(b"pipe-3", [b"junk"], now=3.0)
     assert failed.frames[3] == zap.FAILED and failed.not_before == 0.0
+    assert registry.rejects["zap_malformed"] == 1
