@@ -295,53 +295,58 @@ class Tensor(Spec):
     def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
                 **extra: Any) -> "Tensor":
         # ``extra``: numpy's other keywords of the reduction (ddof, dtype, initial), those
-        # given as None left out, as numpy's defaults.
-        if extra.pop("out", None) is not None or extra.pop("where", True) is not True:
-            raise TypeError(f"numpy.{name} with out= or where= is not supported on fabric "
-                            "tensors: the result is a new tensor on the device; select with "
-                            "np.where(condition, t, ...) before reducing.")
+        # given as None left out, as numpy's defaults; where=, a mask, is a second input.
+        if extra.pop("out", None) is not None:
+            raise TypeError(f"numpy.{name} with out= is not supported on fabric tensors: the "
+                            "result is a new tensor on the device; assign it where you need "
+                            "it (t[...] = result).")
+        where = extra.pop("where", True)
         axis = tuple(axis) if isinstance(axis, list) else axis
-        return self._op(name, axis=axis, keepdims=keepdims, **given_params(extra))
+        return self.session.apply(name, (self,) if where is True else (self, where),
+                                  {"axis": axis, "keepdims": keepdims, **given_params(extra)})
 
     def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
-            initial: Any = None) -> "Tensor":
+            initial: Any = None, where: Any = True) -> "Tensor":
         """The sum over ``axis`` (all axes with None), starting from ``initial``."""
-        return self._reduce("sum", axis, keepdims, dtype=dtype, initial=initial)
+        return self._reduce("sum", axis, keepdims, dtype=dtype, initial=initial, where=where)
 
     def prod(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
-             initial: Any = None) -> "Tensor":
+             initial: Any = None, where: Any = True) -> "Tensor":
         """The product over ``axis`` (all axes with None), starting from ``initial``."""
-        return self._reduce("prod", axis, keepdims, dtype=dtype, initial=initial)
+        return self._reduce("prod", axis, keepdims, dtype=dtype, initial=initial, where=where)
 
-    def mean(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+    def mean(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
+             where: Any = True) -> "Tensor":
         """The mean over ``axis`` (all axes with None)."""
-        return self._reduce("mean", axis, keepdims, dtype=dtype)
+        return self._reduce("mean", axis, keepdims, dtype=dtype, where=where)
 
     def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
-            dtype: Any = None) -> "Tensor":
+            dtype: Any = None, where: Any = True) -> "Tensor":
         """The standard deviation over ``axis``, with ``ddof`` degrees of freedom."""
-        return self._reduce("std", axis, keepdims, ddof=ddof, dtype=dtype)
+        return self._reduce("std", axis, keepdims, ddof=ddof, dtype=dtype, where=where)
 
     def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
-            dtype: Any = None) -> "Tensor":
+            dtype: Any = None, where: Any = True) -> "Tensor":
         """The variance over ``axis``, with ``ddof`` degrees of freedom."""
-        return self._reduce("var", axis, keepdims, ddof=ddof, dtype=dtype)
+        return self._reduce("var", axis, keepdims, ddof=ddof, dtype=dtype, where=where)
 
-    def min(self, axis: Any = None, keepdims: bool = False, initial: Any = None) -> "Tensor":
+    def min(self, axis: Any = None, keepdims: bool = False, initial: Any = None,
+            where: Any = True) -> "Tensor":
         """The minimum over ``axis`` (all axes with None), ``initial`` included."""
-        return self._reduce("min", axis, keepdims, initial=initial)
+        return self._reduce("min", axis, keepdims, initial=initial, where=where)
 
-    def max(self, axis: Any = None, keepdims: bool = False, initial: Any = None) -> "Tensor":
+    def max(self, axis: Any = None, keepdims: bool = False, initial: Any = None,
+            where: Any = True) -> "Tensor":
         """The maximum over ``axis`` (all axes with None), ``initial`` included."""
-        return self._reduce("max", axis, keepdims, initial=initial)
+        return self._reduce("max", axis, keepdims, initial=initial, where=where)
 
-    def any(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+    def any(self, axis: Any = None, keepdims: bool = False, where: Any = True) -> "Tensor":
         """Whether any element over ``axis`` is true."""
-        return self._reduce("any", axis, keepdims)
+        return self._reduce("any", axis, keepdims, where=where)
 
-    def all(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+    def all(self, axis: Any = None, keepdims: bool = False, where: Any = True) -> "Tensor":
         """Whether every element over ``axis`` is true."""
-        return self._reduce("all", axis, keepdims)
+        return self._reduce("all", axis, keepdims, where=where)
 
     def argmin(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
         """The index of the minimum along ``axis`` (of the flattened tensor with None)."""

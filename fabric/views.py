@@ -182,3 +182,13 @@ def ufunc_at(ufunc: np.ufunc, target: Any, indices: Any, *values: Any) -> None:
                         "the indices")
     check_writable(target)
     assign(target, target._indexed("ufunc_at", values, indices, ufunc=ufunc.__name__)[0])
+
+
+def root(tensor: Any) -> Any:
+    """The tensor whose device memory ``tensor``, a view of views, shares in numpy (itself
+    when it is no view, or a reshape whose base is gone)."""
+    view_link = getattr(tensor, "_view_of", None)
+    while view_link is not None and view_link.base is not None:
+        tensor = view_link.base
+        view_link = getattr(tensor, "_view_of", None)
+    return tensor
