@@ -23,6 +23,7 @@ from fabric.errors import FabricError, ProtocolError
 from fabric.protocol import MAX_ID, PROTOCOL_VERSION, Kind, Message
 
 from .model import Send, Session, Side, Traffic, Worker, peer_label, send_error, send_message
+from .worker_table import WorkerTable
 
 log = logging.getLogger("fabric.broker")
 
@@ -41,6 +42,7 @@ class RegistryView(Protocol):
     counters: Counter[str]
     rejects: Counter[str]
     queue_figures: Callable[[], dict[str, Any]]
+    worker_table: WorkerTable
 
     @property
     def devices(self) -> list[dict[str, Any]]: ...
@@ -204,6 +206,14 @@ def _set_draining(draining: bool) -> Callable[[RegistryView, dict[str, Any], flo
     return command
 
 
+def _forget(registry: RegistryView, args: dict[str, Any], now: float) -> Result:
+    name = _arg(args, "worker", str, "forget")
+    indexes = registry.worker_table.forget(name)
+    log.info("worker %s forgotten by an administrator: device indexes %s are retired",
+             name, indexes)
+    return {"worker": name, "indexes": indexes}, []
+
+
 def _shutdown(registry: RegistryView, args: dict[str, Any], now: float) -> Result:
     registry.stopping = True  # the loop sends this reply, then stops and tells the clients
     return {"server": registry.server, "stopping": True,
@@ -219,6 +229,7 @@ COMMANDS: dict[str, Callable[[RegistryView, dict[str, Any], float], Result]] = {
     "close-session": _close_session,
     "drain": _set_draining(True),
     "undrain": _set_draining(False),
+    "forget": _forget,
     "shutdown": _shutdown,
 }
 

@@ -115,12 +115,12 @@ class Registry:
         self._message_bytes = message_bytes_limit(limits.max_message_bytes)  # in all frames
         self.started = now
         self.sessions: dict[int, Session] = {}
-        self._workers = WorkerTable()
-        self._sessions = SessionTable(self.sessions, self._workers, limits)
+        self.worker_table = WorkerTable()  # (the numbering: admin forgets, the loop saves it)
+        self._sessions = SessionTable(self.sessions, self.worker_table, limits)
         # The hot path's lookups, bound once (the tables never rebind them).
-        self.workers: dict[bytes, Worker] = self._workers.workers
-        self._lane_owner = self._workers.lane_owner
-        self._find_worker = self._workers.find
+        self.workers: dict[bytes, Worker] = self.worker_table.workers
+        self._lane_owner = self.worker_table.lane_owner
+        self._find_worker = self.worker_table.find
         self._next_heartbeat = now
         self._next_scan = now
         self.counters: Counter[str] = Counter()
@@ -128,7 +128,7 @@ class Registry:
         self.stopping = False  # set by the admin ``shutdown``: the I/O loop stops
         # The I/O loop's flow-control figures, for the admin ``status`` (``broker.flow``).
         self.queue_figures: Callable[[], dict[str, Any]] = dict
-        self._endings = Endings(self._sessions, self._workers, self.counters, self.rejects,
+        self._endings = Endings(self._sessions, self.worker_table, self.counters, self.rejects,
                                 limits)
         self._log_limit = RateLimitedLog()  # what peers can make the broker log, per interval
         # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
@@ -142,22 +142,22 @@ class Registry:
     @property
     def devices(self) -> list[dict[str, Any]]:
         """The online devices, by global index."""
-        return self._workers.devices
+        return self.worker_table.devices
 
     @property
     def device_count(self) -> int:
         """Global device indexes in use, online or not."""
-        return self._workers.device_count
+        return self.worker_table.device_count
 
     @property
     def device_slots(self) -> dict[int, tuple[str, int]]:
         """Global index -> (worker name, local index), online or not (forgotten: absent)."""
-        return self._workers.device_slots
+        return self.worker_table.device_slots
 
     @property
     def retired(self) -> dict[tuple[str, int], Traffic]:
         """The traffic of ended sessions per device (worker name, local index)."""
-        return self._workers.retired
+        return self.worker_table.retired
 
     @property
     def client_sessions(self) -> dict[bytes, set[int]]:
@@ -171,7 +171,7 @@ class Registry:
 
     def device_of(self, session: Session) -> dict[str, Any]:
         """The description of the device a session is on."""
-        return self._workers.info(session.device)
+        return self.worker_table.info(session.device)
 
     # -- answers -----------------------------------------------------------------------------
 
@@ -277,12 +277,12 @@ class Registry:
         token = token_index(body["token"], self._client_tokens)
         if token is None:
             return self._client_token_refused(identity, message.header, now)
-        refused = hello_refusal(identity, token, message, self._workers, self._sessions,
+        refused = hello_refusal(identity, token, message, self.worker_table, self._sessions,
                                 self.limits, self._sessions_per_token)
         if refused is not None:
             return self._reject(identity, message.header, refused, now)
         device = body["device"]
-        owner, local = self._workers.owner(device)
+        owner, local = self.worker_table.owner(device)
         worker = self.workers[owner]
         session = Session(
             id=message.session, client=identity, device=device, local=local, worker=owner,
@@ -355,7 +355,7 @@ class Registry:
             worker = self._find_worker(identity)
             if (worker is not None and identity in self._lane_owner
                     and identity not in worker.attached and header.kind == Kind.HEARTBEAT):
-                self._workers.attach(worker, identity)
+                self.worker_table.attach(worker, identity)
             if worker is not None:
                 worker.last_seen = now
                 if header.kind in WORKER_DATA_KINDS and header.version == PROTOCOL_VERSION:
@@ -426,7 +426,7 @@ class Registry:
                 "REGISTER devices must be a list of maps."), now, message.header)
         instance = body.get("instance", b"")  # optional: a worker without one never matches
         instance = instance if isinstance(instance, bytes) and len(instance) <= 64 else b""
-        taken = self._workers.name_held(identity, body["name"], instance, now,
+        taken = self.worker_table.name_held(identity, body["name"], instance, now,
                                         self.limits.heartbeat * self.limits.liveness)
         if taken is not None:
             self.rejects[taken.code] += 1
@@ -435,14 +435,14 @@ class Registry:
             return [send_error(Side.BACKEND, identity, taken, kind=Kind.REJECT,
                                request=message.request)]
         lanes = body.get("lanes", [])
-        refused = self._workers.lanes_refused(identity, body["name"], lanes,
+        refused = self.worker_table.lanes_refused(identity, body["name"], lanes,
                                               len(body["devices"]))
         if refused is not None:
             return self._bad_input(Side.BACKEND, identity, refused, now, message.header)
         sends: list[Send] = []
-        for old in self._workers.replaced_by(identity, body["name"]):
+        for old in self.worker_table.replaced_by(identity, body["name"]):
             sends += self._endings.lose_worker(old, "the worker re-registered")
-        self._workers.add(Worker(
+        self.worker_table.add(Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
             last_seen=now, max_message_bytes=size_limit(body, self.limits.max_message_bytes),
             lanes=list(lanes), instance=instance))
@@ -582,14 +582,14 @@ class Registry:
 
     def worker_named(self, name: str) -> Worker:
         """The connected worker called ``name``; NotFound when there is none."""
-        return self._workers.named(name)
+        return self.worker_table.named(name)
 
     def drain(self, name: str, draining: bool = True) -> Worker:
         """Stop (or, with ``draining=False``, resume) new sessions on a worker's devices.
 
         Existing sessions go on. Raises NotFound, changing nothing, for an unknown worker.
         """
-        worker = self._workers.named(name)
+        worker = self.worker_table.named(name)
         worker.draining = draining
         log.info("worker %s %s by an administrator", name,
                  "drained" if draining else "undrained")

@@ -37,6 +37,7 @@ from .flow import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
 from .model import Limits, Send, Side
 from .registry import Registry
+from .state_file import StateFile
 from .zap import ZAP_ENDPOINT
 
 log = logging.getLogger("fabric.broker")
@@ -109,7 +110,7 @@ class Broker:
 
     def __init__(self, frontend: str, backend: str, *, client_token: str | Sequence[str],
                  worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
-                 curve: CurveServer | None = None) -> None:
+                 curve: CurveServer | None = None, state_file: str | None = None) -> None:
         _raise_open_file_limit()
         _unpredictable_routing_counters()  # before the ROUTERs draw their starts
         self.context = zmq.Context()
@@ -128,6 +129,9 @@ class Broker:
                                  curve_keys=curve.allow_lists if curve is not None else None)
         self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend,
                          Side.ZAP: self.zap}
+        self._state = StateFile(state_file, self.registry.worker_table) if state_file else None
+        if self._state is not None:
+            self._state.load()
         self._running = True
         self._flow = FlowControl(self.registry, limits)  # peers whose queue is full
         self._outbox = self._flow.outbox  # (the hot path's test: any parked for this peer?)
@@ -218,6 +222,8 @@ class Broker:
                             break  # backpressure: a worker's queue is full
                         if not more():
                             break
+                if self._state is not None:
+                    self._state.save_if_changed()
             self._send(registry.shutdown())
         finally:
             self.close()
@@ -232,12 +238,13 @@ class Broker:
 def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], worker_token: str,
           admin_token: str | None = None, limits: Limits = Limits(),
           announce: Callable[[dict[str, Any]], None] | None = None,
-          curve: CurveServer | None = None) -> None:
+          curve: CurveServer | None = None, state_file: str | None = None) -> None:
     """Run a broker in this process until SIGINT or SIGTERM; ``announce`` gets the endpoints.
     With ``curve`` both sockets are CURVE servers that admit only the keys of its allow-lists;
-    without, PLAIN servers that admit only the broker's tokens."""
+    without, PLAIN servers that admit only the broker's tokens. With ``state_file`` its device
+    numbering is read from there and kept there."""
     broker = Broker(frontend, backend, client_token=client_token, worker_token=worker_token,
-                    admin_token=admin_token, limits=limits, curve=curve)
+                    admin_token=admin_token, limits=limits, curve=curve, state_file=state_file)
     signal.signal(signal.SIGINT, broker.stop)
     signal.signal(signal.SIGTERM, broker.stop)
     endpoints = broker.endpoints

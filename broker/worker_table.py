@@ -16,7 +16,11 @@ when all its lanes have.
 
 Traffic of ended sessions is kept here per device (worker name, local index): a device's
 totals are forgotten with the device, when more than ``MAX_REMEMBERED_WORKERS`` offline
-workers would be remembered.
+workers would be remembered, or when an operator forgets an offline worker (``forget``).
+
+The numbering (worker name -> indexes, and how many were ever given) is the broker's only
+state worth keeping across a restart: ``state()`` gives it and ``restore`` takes it back, and
+``revision`` counts its changes, for the I/O loop that writes it to ``--state-file``.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class WorkerTable:
         self.device_count = 0  # global indexes ever given: the next name's start after them
         self.device_slots: dict[int, tuple[str, int]] = {}  # global index -> (name, local)
         self.retired: dict[tuple[str, int], Traffic] = {}  # (worker name, local) -> totals
+        self.revision = 0  # changes to the numbering (``state()``) so far
 
     def find(self, identity: bytes) -> Worker | None:
         """The worker that owns this routing identity: its own socket or one of its lanes."""
@@ -131,7 +136,53 @@ class WorkerTable:
             indexes.append(self.device_count)
             self.device_slots[self.device_count] = (worker.name, local)
             self.device_count += 1
+        self.revision += 1  # (the order of names changed at least: the oldest go first)
         self._list_online()
+
+    def forget(self, name: str) -> list[int]:
+        """Drop an offline worker's name and its indexes, which are never given again; the
+        indexes dropped. NotFound for a name never seen; WorkerNameTaken while it is online."""
+        if any(worker.name == name for worker in self.workers.values()):
+            raise WorkerNameTaken(f"Worker {name!r} is connected: stop it first (fabric admin "
+                                  "drain, then end its process); only an offline worker's "
+                                  "indexes can be forgotten.", worker=name)
+        if name not in self._known:
+            known = ", ".join(sorted(self._known, key=natural_order)) or "none"
+            raise NotFound(f"No worker named {name!r} has devices on this broker (known: "
+                           f"{known}): list them with fabric admin devices.", worker=name)
+        return self._drop(name)
+
+    def _drop(self, name: str) -> list[int]:
+        indexes = self._known.pop(name)
+        for index in indexes:
+            del self.device_slots[index]
+        for key in [k for k in self.retired if k[0] == name]:
+            del self.retired[key]
+        self.revision += 1
+        return indexes
+
+    def state(self) -> dict[str, Any]:
+        """The numbering, as JSON takes it: indexes given so far, and each name's."""
+        return {"device_count": self.device_count,
+                "workers": {name: list(indexes) for name, indexes in self._known.items()}}
+
+    def restore(self, state: Any) -> None:
+        """Take back a numbering ``state()`` gave (before any worker registers); ValueError
+        naming what is wrong when it is not one."""
+        try:
+            count, known = state["device_count"], state["workers"]
+            slots = {index: (name, local) for name, indexes in known.items()
+                     for local, index in enumerate(indexes)}
+            valid = (type(count) is int and all(type(name) is str for name in known)
+                     and all(type(i) is int and 0 <= i < count for i in slots)
+                     and len(slots) == sum(map(len, known.values())))
+        except (TypeError, KeyError, AttributeError):
+            valid = False
+        if not valid:
+            raise ValueError("it is not a device numbering this broker wrote (device_count, "
+                             "and each worker's distinct indexes below it)")
+        self._known = {name: list(indexes) for name, indexes in known.items()}
+        self.device_slots, self.device_count = slots, count
 
     def attach(self, worker: Worker, lane: bytes) -> None:
         """A lane was heard from: routable now; the worker's devices come online with the
@@ -161,10 +212,7 @@ class WorkerTable:
             oldest = next((name for name in self._known if name not in online), None)
             if oldest is None:
                 break
-            for index in self._known.pop(oldest):
-                del self.device_slots[index]
-            for key in [k for k in self.retired if k[0] == oldest]:
-                del self.retired[key]
+            self._drop(oldest)
         self._device_info, self._device_owner = {}, {}
         for worker in self.workers.values():
             if not worker.ready:

@@ -189,6 +189,15 @@ class Admin:
         """Let ``worker`` take new sessions again after ``drain``."""
         return self._run("undrain", worker=worker)
 
+    def forget(self, worker: str) -> dict[str, Any]:
+        """Drop an offline worker's name and device indexes (never given again): a worker
+        that registers under that name later gets new ones.
+
+        Raises WorkerNameTaken while it is connected and NotFound for a name the broker never
+        numbered (nothing changes either way).
+        """
+        return self._run("forget", worker=worker)
+
     def shutdown(self) -> dict[str, Any]:
         """Stop the broker: it answers, tells every client its session ends, and exits."""
         return self._run("shutdown")

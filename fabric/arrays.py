@@ -16,7 +16,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import numpy_functions  # noqa: F401  (registers numpy's functions on tensors)
+from . import numpy_functions, numpy_linalg  # noqa: F401  (register numpy's functions on
+# tensors)
 from .device import Device
 from .errors import MessageTooLarge
 from .flow import size_and_limit_text

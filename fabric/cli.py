@@ -22,7 +22,7 @@ from .cli_options import (as_usage_error, curve_client_options, curve_server_opt
                           limit_options, renamed_option, required_secret, timing_options, token_options,
                           with_options)
 from .config import resolve_secret
-from .errors import DeviceNotHostable, FabricError
+from .errors import ConfigError, DeviceNotHostable, FabricError
 from .security import CurveClient, CurveServer, generate_keys
 
 
@@ -58,6 +58,11 @@ def main() -> None:
               show_default=True,
               help="Seconds a peer has to finish the ZeroMQ handshake (with its token) before "
                    "its connection is closed.")
+@click.option("--state-file", type=click.Path(dir_okay=False), default=None,
+              help="Keep the device numbering (worker name -> indexes) in this file, read at "
+                   "start and rewritten atomically when it changes, so indexes survive a "
+                   "broker restart [default: none; fabric cluster up puts one beside its "
+                   "connection file].")
 @with_options(timing_options)
 @limit_options("broker")
 @curve_server_options
@@ -66,7 +71,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
-           curve: CurveServer | None, limits: dict[str, Any]) -> None:
+           state_file: str | None, curve: CurveServer | None, limits: dict[str, Any]) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
@@ -86,7 +91,10 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
                     **limits)
     try:
         serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
-              admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve)
+              admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve,
+              state_file=state_file)
+    except ConfigError as exc:  # a state file it cannot use
+        raise click.ClickException(exc.message) from None
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
         raise click.ClickException(f"cannot serve on {frontend} / {worker_address}: {exc}"
                                    ) from None
@@ -208,11 +216,17 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     token) is the one to hand to users; the admin file (admin and worker tokens) is for
     operators: fabric admin reads it. Ctrl-C or SIGTERM stops every process and removes both
     files, and keeps the logs (--log-dir), whose folder is named on every exit; if the
-    launcher itself is killed, its children notice and stop too. Exits 1 when a process fails
-    to start or dies.
+    launcher itself is killed, its children notice and stop too. The broker keeps its device
+    numbering in NAME-state.json beside the connection file NAME.json, so a worker keeps its
+    device indexes from one run to the next. Exits 1 when a process fails to start or dies.
     """
     from .cluster import LocalCluster
-    from .config import admin_file_beside, default_connection_file, logs_beside
+    from .config import (
+        admin_file_beside,
+        default_connection_file,
+        logs_beside,
+        state_file_beside,
+    )
 
     client_path = Path(connection_file or default_connection_file())
     admin_path = Path(admin_file or admin_file_beside(client_path))
@@ -238,6 +252,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files are a usage error
         workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
         liveness=liveness, frontend=frontend, backend_address=worker_address,
+        broker_args=("--state-file", str(state_file_beside(client_path))),
         worker_args=memory_args, curve=curve, log_dir=logs))
     kept = f"fabric cluster up: logs kept in {logs}"
     try:

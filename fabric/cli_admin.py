@@ -269,6 +269,19 @@ def admin_undrain(options: dict[str, Any], worker: str, as_json: bool) -> None:
                 lambda r, _: click.echo(f"{r['worker']} takes new sessions again"))
 
 
+@admin.command("forget", epilog=ADMIN_EXIT_CODES,
+               short_help="Drop an offline worker's device indexes.")
+@click.argument("worker")
+@json_option
+@click.pass_obj
+def admin_forget(options: dict[str, Any], worker: str, as_json: bool) -> None:
+    """Drop offline WORKER's name and device indexes; they are never given again (refused
+    while it is connected)."""
+    _admin_call(options, lambda a: a.forget(worker), as_json, lambda r, _: click.echo(
+        f"{r['worker']} forgotten: device index(es) {', '.join(map(str, r['indexes']))} "
+        "retired"))
+
+
 @admin.command("shutdown", epilog=ADMIN_EXIT_CODES, short_help="Stop the broker.")
 @json_option
 @click.pass_obj

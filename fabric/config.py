@@ -106,8 +106,18 @@ def default_connection_file() -> Path:
 def admin_file_beside(connection_file: str | os.PathLike[str]) -> Path:
     """Where ``fabric cluster up`` writes the admin file unless told otherwise: beside the
     connection file, ``NAME-admin.json`` for ``NAME.json``."""
+    return _beside(connection_file, "admin")
+
+
+def state_file_beside(connection_file: str | os.PathLike[str]) -> Path:
+    """Where ``fabric cluster up``'s broker keeps its device numbering (``--state-file``):
+    ``NAME-state.json`` beside the connection file ``NAME.json``."""
+    return _beside(connection_file, "state")
+
+
+def _beside(connection_file: str | os.PathLike[str], what: str) -> Path:
     path = Path(connection_file)
-    return path.with_name(f"{path.stem}-admin{path.suffix or '.json'}")
+    return path.with_name(f"{path.stem}-{what}{path.suffix or '.json'}")
 
 
 def logs_beside(connection_file: str | os.PathLike[str], started: datetime) -> Path:

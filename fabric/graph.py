@@ -151,7 +151,8 @@ class Tracer(ArrayNamespace):
     def resolve_shape(self, tensor: Tensor) -> None:
         """Refused: a graph's shapes are fixed when it is traced."""
         raise self._refuse(
-            "An op whose result's shape depends on the data (a[mask], np.nonzero, np.unique)",
+            "An op whose result's shape or dtype depends on the data (a[mask], np.nonzero, "
+            "np.unique, np.bincount, np.linalg.eig)",
             "a graph's shapes are fixed when it is traced: select with np.where(mask, x, y) "
             "instead, or do it outside the traced function")
 

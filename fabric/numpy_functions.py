@@ -4,8 +4,9 @@
 Rule: everything stays on the device. A handler is one op of the table (``session.apply``) or
 a composite of tensor ops and numpy functions on tensors (``_roll``, ``_tile``, ``_triangle``,
 ...), never a read; where the result's shape depends on the data (``np.nonzero``,
-``np.unique``), the device says it in one small round trip (``resolve_shape``). A form fabric
-does not take is refused with numpy's error type and a sentence that says what to do.
+``np.unique``, ``np.bincount``), the device says it in one small round trip
+(``resolve_shape``). A form fabric does not take is refused with numpy's error type and a
+sentence that says what to do. (Linear algebra and ``np.cov``: ``fabric.numpy_linalg``.)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .tensor import ARRAY_FUNCTIONS, Tensor, as_shape
+from .views import link, root
 
 
 def _session_of(tensors: Iterable[Any]) -> Any:
@@ -64,9 +66,22 @@ def _reduction_function(name: str) -> Any:
 
 
 def _atleast(a: Any, ndim: int) -> Any:
-    # np.atleast_1d/2d for tensors and arrays alike: ones put in front of the shape
-    missing = ndim - np.ndim(a)
-    return a if missing <= 0 else np.reshape(a, (1,) * missing + np.shape(a))
+    # np.atleast_1d/2d/3d for tensors and arrays alike: new axes of length one, as numpy
+    # puts them (a view, as numpy's)
+    if not isinstance(a, Tensor):
+        return getattr(np, f"atleast_{ndim}d")(a)
+    if ndim == 3:
+        index = {0: (None, None, None), 1: (None, slice(None), None), 2: (..., None)}.get(a.ndim)
+    else:
+        index = (None,) * (ndim - a.ndim) if a.ndim < ndim else None
+    return a if index is None else a[index]
+
+
+def _atleast_function(ndim: int) -> Any:
+    def function(*arys: Any) -> Any:
+        results = tuple(_atleast(a, ndim) for a in arys)
+        return results[0] if len(results) == 1 else results
+    return function
 
 
 def _moveaxis(a: Tensor, source: Any, destination: Any) -> Tensor:
@@ -141,14 +156,6 @@ def _triangle(lower: bool) -> Any:
     return function
 
 
-def _norm(x: Tensor, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Tensor:
-    if ord is not None:
-        raise TypeError("numpy.linalg.norm on fabric tensors takes ord=None (the 2-norm of a "
-                        "vector, Frobenius of a matrix) only; read the tensor with .numpy() "
-                        "first for other norms.")
-    if x.dtype.kind not in "fc":
-        x = x.astype(float)
-    return np.sqrt((x * x).sum(axis=axis, keepdims=keepdims))
 
 
 def _repeat(a: Tensor, repeats: int, axis: int | None = None) -> Tensor:
@@ -177,6 +184,143 @@ def _einsum(subscripts: str, *operands: Any, optimize: Any = False) -> Tensor:
                         "('ij,jk->ik'), not as lists of axes.")
     params = {"subscripts": subscripts, **({"optimize": optimize} if optimize else {})}
     return _session_of(operands).apply("einsum", operands, params)
+
+
+def _no_out(name: str, out: Any) -> None:
+    if out is not None:
+        raise TypeError(f"numpy.{name} with out= is not supported on fabric tensors: the "
+                        "result is a new tensor on the device; assign it where you need it "
+                        "(t[...] = result).")
+
+
+def _median(a: Tensor, axis: Any = None, out: Any = None, overwrite_input: bool = False,
+            keepdims: bool = False) -> Tensor:
+    _no_out("median", out)
+    return a._reduce("median", axis, keepdims)
+
+
+def _quantile_function(name: str) -> Any:
+    # np.percentile and np.quantile: q travels as numbers, a param of the op
+    def function(a: Tensor, q: Any, axis: Any = None, out: Any = None,
+                 overwrite_input: bool = False, method: str = "linear", keepdims: bool = False,
+                 *, weights: Any = None) -> Tensor:
+        _no_out(name, out)
+        if weights is not None or not isinstance(a, Tensor) or isinstance(q, Tensor):
+            raise TypeError(f"numpy.{name} on fabric tensors takes the array as a tensor and q "
+                            "as numbers, without weights; read the tensors with .numpy() "
+                            "first otherwise.")
+        axis = tuple(axis) if isinstance(axis, list) else axis
+        return a.session.apply(name, (a,), {"q": np.asarray(q).tolist(), "axis": axis,
+                                            "method": method, "keepdims": keepdims})
+    return function
+
+
+def _pad(array: Tensor, pad_width: Any, mode: Any = "constant", **kwargs: Any) -> Tensor:
+    if isinstance(pad_width, Tensor) or not isinstance(mode, str) \
+            or any(isinstance(value, Tensor) for value in kwargs.values()):
+        raise TypeError("numpy.pad on fabric tensors takes its widths and values as numbers "
+                        "and its mode as a name; read the tensor with .numpy() first for a "
+                        "mode that is a function.")
+    widths = np.asarray(pad_width)
+    if widths.dtype.kind not in "iu":
+        raise TypeError("`pad_width` must be of integral type.")
+    params = {key: np.asarray(value).tolist() for key, value in kwargs.items()}
+    return array.session.apply("pad", (array,), {"pad_width": widths.tolist(), "mode": mode,
+                                                 **params})
+
+
+def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Tensor:
+    session = _session_of((x, weights))
+    counts = session.apply("bincount", (x,) if weights is None else (x, weights),
+                           {"minlength": operator.index(minlength)})
+    session.resolve_shape(counts)
+    return counts
+
+
+def _meshgrid(*xi: Any, copy: bool = True, sparse: bool = False, indexing: str = "xy") -> Any:
+    if indexing not in ("xy", "ij"):
+        raise ValueError("Valid values for `indexing` are 'xy' and 'ij'.")
+    session, ndim = _session_of(xi), len(xi)
+    shapes = [(1,) * i + (-1,) + (1,) * (ndim - i - 1) for i in range(ndim)]
+    if indexing == "xy" and ndim > 1:  # (the first two axes swapped, as numpy's)
+        shapes[0], shapes[1] = shapes[1], shapes[0]
+    output: Any = [session.asarray(x).reshape(shape) for x, shape in zip(xi, shapes)]
+    if not sparse:
+        shape = np.broadcast_shapes(*[grid.shape for grid in output])
+        output = tuple(np.broadcast_to(grid, shape) for grid in output)
+    return tuple(grid.copy() for grid in output) if copy else output
+
+
+def _take(a: Tensor, indices: Any, axis: Any = None, out: Any = None,
+          mode: str = "raise") -> Tensor:
+    _no_out("take", out)
+    if axis is None or not a.shape:  # (numpy takes from a 0-d array as from a 1-d one)
+        a, axis = a.ravel(), 0 if axis is None else axis
+    axis = normalize_axis_index(axis, a.ndim)
+    if mode != "raise":
+        length = a.shape[axis]
+        indices = np.mod(indices, length) if mode == "wrap" else np.clip(indices, 0, length - 1)
+    taken = a[(slice(None),) * axis + (indices,)]
+    return taken.copy() if getattr(taken, "_view_of", None) is not None else taken  # (numpy's
+    # take is never a view)
+
+
+def _diag(v: Tensor, k: int = 0) -> Tensor:
+    # (the diagonal's indices made on the device: nothing is uploaded, so a traced function
+    # takes it too)
+    k = operator.index(k)
+    if v.ndim == 1:
+        rows = v.session.arange(max(-k, 0), v.shape[0] + max(-k, 0))
+        square = v.session.zeros((v.shape[0] + abs(k),) * 2, v.dtype)
+        return square._indexed("setitem", (v,), (rows, rows + k))[0]  # (a new tensor)
+    if v.ndim != 2:
+        raise ValueError("Input must be 1- or 2-d.")
+    length = max(0, min(v.shape[0] - max(-k, 0), v.shape[1] - max(k, 0)))
+    rows = v.session.arange(max(-k, 0), length + max(-k, 0))
+    diagonal, _, arrays, wire = v._indexed("getitem", (), (rows, rows + k))
+    # numpy's is a read-only view: a write into the matrix shows in it
+    return link(v, diagonal, "getitem", tuple(arrays), wire, "read-only")
+
+
+def _array_split(ary: Tensor, indices_or_sections: Any, axis: int = 0) -> list[Tensor]:
+    axis = normalize_axis_index(axis, ary.ndim)
+    length = ary.shape[axis]
+    try:
+        sections = operator.index(indices_or_sections)
+    except TypeError:
+        bounds = [0, *indices_or_sections, length]
+    else:
+        if sections <= 0:
+            raise ValueError("number sections must be larger than 0.") from None
+        each, extra = divmod(length, sections)
+        bounds = np.cumsum([0] + [each + 1] * extra + [each] * (sections - extra)).tolist()
+    return [_along(ary, axis, start, stop) for start, stop in zip(bounds, bounds[1:])]
+
+
+def _split(ary: Tensor, indices_or_sections: Any, axis: int = 0) -> list[Tensor]:
+    if np.ndim(indices_or_sections) == 0 and \
+            ary.shape[normalize_axis_index(axis, ary.ndim)] % indices_or_sections:
+        raise ValueError("array split does not result in an equal division")
+    return _array_split(ary, indices_or_sections, axis)
+
+
+def _append(arr: Any, values: Any, axis: Any = None) -> Tensor:
+    if axis is None:
+        return np.concatenate([np.ravel(arr), np.ravel(values)])
+    return np.concatenate([arr, values], axis=axis)
+
+
+def _flip_first(m: Tensor, axes: int) -> Tensor:
+    # np.flipud (axes 1), np.fliplr (axes 2): numpy's views
+    if m.ndim < axes:
+        raise ValueError(f"Input must be >= {axes}-d.")
+    return m[(slice(None),) * (axes - 1) + (slice(None, None, -1),)]
+
+
+def _may_share_memory(a: Any, b: Any, max_work: Any = None) -> bool:
+    # True for a view and its base, or two views of one tensor; False for tensors of other
+    # handles (whose device arrays never share memory) and for numpy arrays
+    return isinstance(a, Tensor) and isinstance(b, Tensor) and root(a) is root(b)
 
 
 def _join_function(name: str) -> Any:
@@ -234,10 +378,27 @@ ARRAY_FUNCTIONS.update({
     np.roll: _roll,
     np.tril: _triangle(lower=True),
     np.triu: _triangle(lower=False),
-    np.linalg.norm: _norm,
     np.repeat: _repeat,
     np.tile: _tile,
     np.einsum: _einsum,
+    np.median: _median,
+    np.percentile: _quantile_function("percentile"),
+    np.quantile: _quantile_function("quantile"),
+    np.pad: _pad,
+    np.bincount: _bincount,
+    np.meshgrid: _meshgrid,
+    np.take: _take,
+    np.diag: _diag,
+    np.split: _split,
+    np.array_split: _array_split,
+    np.append: _append,
+    np.flipud: lambda m: _flip_first(m, 1),
+    np.fliplr: lambda m: _flip_first(m, 2),
+    np.atleast_1d: _atleast_function(1),
+    np.atleast_2d: _atleast_function(2),
+    np.atleast_3d: _atleast_function(3),
+    np.may_share_memory: _may_share_memory,
+    np.shares_memory: _may_share_memory,
     np.shape: lambda a: a.shape,
     np.ndim: lambda a: a.ndim,
     np.size: lambda a: a.size,

@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
+from . import ops_functions as functions
+
 Shape = tuple[int, ...]
 
 
@@ -112,6 +114,10 @@ def _axis_of_0d(shape: Shape, axis: Any) -> bool:
 
 def _reduce_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
     shape = args[0].shape
+    if len(args) > 1 and np.broadcast_shapes(np.shape(args[1]) if not isinstance(
+            args[1], Spec) else args[1].shape, shape) != shape:  # where=, numpy's error
+        raise ValueError(f"operands could not be broadcast together: where= of shape "
+                         f"{np.shape(args[1])} and the array's {shape}")
     axis = params.get("axis")
     if _axis_of_0d(shape, axis) and op.name not in ("mean", "std", "var"):
         return ()
@@ -128,6 +134,11 @@ def _reduce_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shap
     if params.get("keepdims"):
         return tuple(1 if i in axes else n for i, n in enumerate(shape))
     return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def _quantile_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # percentile, quantile: one reduction per q, q's axes first
+    return np.shape(params["q"]) + _reduce_shape(op, args, params)
 
 
 def _core_mismatch(a: Shape, b: Shape, k_a: int, k_b: int) -> ValueError:
@@ -443,8 +454,9 @@ def _copy(a: np.ndarray) -> np.ndarray:
 
 
 def _reduction(func: Callable[..., Any]) -> Callable[..., Any]:
-    def run(a: np.ndarray, **params: Any) -> Any:
-        return np.asarray(func(a, **params))
+    # a reduction's input, and its where= mask if it was given one (a second input)
+    def run(a: np.ndarray, *where: Any, **params: Any) -> Any:
+        return np.asarray(func(a, where=where[0], **params) if where else func(a, **params))
     return run
 
 
@@ -489,6 +501,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     *[Op(name, func, _scan_shape, _tiny_dtype) for name, func in SCANS.items()],
     *[Op(name, _reduction(func), _reduce_shape, _tiny_dtype,
          single_axis=name.startswith("arg")) for name, func in REDUCTIONS.items()],
+    Op("median", _reduction(np.median), _reduce_shape, _tiny_dtype),
+    Op("percentile", np.percentile, _quantile_shape, _tiny_dtype),
+    Op("quantile", np.quantile, _quantile_shape, _tiny_dtype),
     Op("matmul", np.matmul, _matmul_shape, _tiny_dtype),
     Op("einsum", lambda *operands, subscripts, optimize=False:
        np.einsum(subscripts, *operands, optimize=optimize), _einsum_shape, _tiny_dtype),
@@ -498,6 +513,13 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("ufunc_at", _ufunc_at, _update_shape, _update_dtype),
     Op("argwhere", _argwhere, _unknown_shape, _index_dtype),
     Op("unique", _unique, _unknown_shape, _same_dtype),
+    Op("bincount", functions.bincount, _unknown_shape, _tiny_dtype),
+    Op("pad", functions.pad, functions.pad_shape, _tiny_dtype),
+    Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),
+    Op("det", np.linalg.det, functions.det_shape, functions.ones_dtype),
+    Op("solve", np.linalg.solve, functions.solve_shape, functions.ones_dtype),
+    *[Op(name, getattr(functions, name), functions.packed_shape, functions.ones_dtype)
+      for name in ("eig", "eigh", "svd")],
     Op("reshape", np.reshape, _view_shape, _same_dtype),
     Op("transpose", np.transpose, _view_shape, _same_dtype),
     Op("swapaxes", np.swapaxes, _view_shape, _same_dtype),
@@ -527,12 +549,16 @@ OPS: dict[str, Op] = {op.name: op for op in [
 # The ops the executor passes the session's generator
 RANDOM_OPS = frozenset({"uniform", "normal", "integers"})
 # The ops whose result's shape depends on the data: the client asks the device for it
-DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique"})
+DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique", "bincount"})
+# ... and those whose dtype does (eig's is real where every eigenvalue is)
+DATA_DEPENDENT_DTYPE = frozenset({"eig"})
 
 
 def shape_from_device(name: str, args: Sequence[Any]) -> bool:
-    """Whether op ``name`` on ``args`` makes a result whose shape the device must say."""
-    return name in DATA_DEPENDENT_OPS or name == "getitem" and selects_by_data(args[1:])
+    """Whether op ``name`` on ``args`` makes a result whose shape or dtype the device must
+    say."""
+    return name in DATA_DEPENDENT_OPS or name in DATA_DEPENDENT_DTYPE \
+        or name == "getitem" and selects_by_data(args[1:])
 
 
 # The ops with an index param (``fabric.wire.encode_index``)

@@ -30,7 +30,7 @@ from .protocol import Kind, Message
 from .security import CurveClient
 from .sockets import try_send
 from .tensor import Tensor
-from .wire import array_from_frame, dtype_name
+from .wire import array_from_frame, device_dtype, dtype_name
 
 
 class Session(ArrayNamespace):
@@ -175,14 +175,20 @@ class Session(ArrayNamespace):
         return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
 
     def resolve_shape(self, tensor: Tensor) -> None:
-        """Learn ``tensor``'s shape from the device, its op sent and run first: one small
-        round trip (``a[mask]``, ``np.nonzero``, ``np.unique``). The op's error, if it failed,
-        is raised here, naming the line that issued it."""
-        shape = self._call({"op": "shape", "id": tensor.id}).body.get("shape")
+        """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
+        small round trip (``a[mask]``, ``np.nonzero``, ``np.unique``, ``np.linalg.eig``). The
+        op's error, if it failed, is raised here, naming the line that issued it."""
+        body = self._call({"op": "shape", "id": tensor.id}).body
+        shape = body.get("shape")
         if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape) \
                 or len(shape) != len(tensor.shape):
             raise ProtocolError(f"A shape reply must list {len(tensor.shape)} sizes.")
-        tensor.shape = tuple(shape)
+        dtype_text = body.get("dtype")
+        try:
+            dtype = device_dtype(dtype_text if type(dtype_text) is str else "a missing name")
+        except TypeError:
+            raise ProtocolError("A shape reply must name the tensor's dtype.") from None
+        tensor.shape, tensor.dtype = tuple(shape), dtype
         tensor.size = math.prod(shape)
 
     def receive_from(self, source: Tensor) -> Tensor:

@@ -5,19 +5,16 @@ before anything is sent (or, where they depend on the data, learned from the dev
 op: ``a[mask]``, ``np.unique``). A ``Tensor`` holds no data: every method and operator queues
 an op on its session's stream (``session.apply``), the elementwise operators by a short way
 straight into the stream (``OpStream.push``), and only ``numpy()``, the conversions and
-printing read. A device's arrays never change; an update (``t[i] = v``, ``t += v``,
-``out=t``, ``np.add.at(t, ...)``) computes a new array and moves the tensor's handle to it,
-and views (``t[0]``, ``t.T``, ...) are linked to their base so that a write through either
-reaches the other as numpy's does (``_assign``), or is refused where numpy's result depends
-on memory layout. numpy's functions on tensors are looked up in ``ARRAY_FUNCTIONS``, which
-``fabric.numpy_api`` fills (NEP 18's registry).
+printing read. Updates (``t[i] = v``, ``t += v``, ``out=t``, ``np.add.at(t, ...)``) are
+copy on write, and views are linked to their base so that a write through either reaches the
+other as numpy's does: ``fabric.views`` keeps that rule. numpy's functions on tensors are
+looked up in ``ARRAY_FUNCTIONS``, which ``fabric.numpy_functions`` fills (NEP 18's registry).
 """
 
 from __future__ import annotations
 
 import operator
-import weakref
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -25,59 +22,16 @@ from .errors import FabricError
 from .indexing import PreparedIndex, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
+from .views import assign, check_out, check_writable, link, store_into, ufunc_at
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 
 # The result dtype of an elementwise op on one tensor, on two tensors of one shape, or on a
 # tensor and a Python scalar (``_elementwise_single``, ``_elementwise_pair``): at most a few
 # thousand entries, as ops, numeric dtypes, ndims and the stand-ins of ints in 64 bits are few.
 _ELEMENTWISE_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
-# numpy function -> its handler on tensors; filled by fabric.numpy_api, which the module that
-# makes every tensor's session (fabric.arrays) imports.
+# numpy function -> its handler on tensors; filled by fabric.numpy_functions, which the
+# module that makes every tensor's session (fabric.arrays) imports.
 ARRAY_FUNCTIONS: dict[Any, Callable[..., Any]] = {}
-
-
-class ViewLink(NamedTuple):
-    """How a view was made from its base: op ``name`` on ``(base, *args)`` with ``params``
-    (as they travel), and ``kind``: "view" (numpy always shares memory: a write through it
-    reaches the base), "read-only" (``broadcast_to``: numpy refuses writes through it) or
-    "layout" (``reshape``: numpy shares memory only where the layout allows, so a write
-    through it, or into its base while it lives, is refused). A view holds its base, as
-    numpy's does (a view of a temporary view still reaches the array); a reshape holds it
-    weakly, so that the reshape of a tensor nobody holds is free to change."""
-
-    held: Any  # the base, or for "layout" a weak reference to it
-    name: str
-    args: tuple[Any, ...]
-    params: dict[str, Any]
-    kind: str
-
-    @property
-    def base(self) -> "Tensor | None":
-        """The tensor this view was made from; None once a reshape's base is let go."""
-        return self.held() if self.kind == "layout" else self.held
-
-
-_LAYOUT_DEPENDENT = (
-    "Cannot write into {which} as numpy writes into a reshape and its base only where no "
-    "copy was needed, which depends on memory layout: write into the tensor in its own shape "
-    "and reshape it again afterwards, or take .copy() of the reshape (or let it go) first.")
-
-# How a write through a view reaches its base: the view's new values, put back in the
-# base's layout (getitem's is a setitem with the view's own index).
-_UNDO_VIEW = {
-    "transpose": lambda values, link, base: values.session.apply(
-        "transpose", (values,), {"axes": None if link.params["axes"] is None else tuple(
-            np.argsort([axis % values.ndim for axis in link.params["axes"]]).tolist())}),
-    "swapaxes": lambda values, link, base: values.session.apply(
-        "swapaxes", (values,), link.params),
-    "expand_dims": lambda values, link, base: values.session.apply(
-        "reshape", (values,), {"shape": base.shape}),
-    "squeeze": lambda values, link, base: values.session.apply(
-        "reshape", (values,), {"shape": base.shape}),
-    "getitem": lambda values, link, base: base.session.emit(
-        "setitem", (base, values, *link.args), base.shape, base.dtype, link.params,
-        issued_at()),
-}
 
 
 class Tensor(Spec):
@@ -213,17 +167,7 @@ class Tensor(Spec):
     def view_op(self, name: str, kind: str = "view", **params: Any) -> "Tensor":
         """Op ``name`` of the table, a view of this tensor in numpy (``ViewLink``'s kinds):
         its result is linked to this tensor, so that updates reach both as numpy's do."""
-        return self._link(self.session.apply(name, (self,), params), name, (), params, kind)
-
-    def _link(self, view: "Tensor", name: str, args: tuple[Any, ...],
-              params: dict[str, Any], kind: str) -> "Tensor":
-        view._view_of = ViewLink(weakref.ref(self) if kind == "layout" else self, name, args,
-                                 params, kind)
-        views = getattr(self, "_views", None)
-        if views is None:
-            views = self._views = weakref.WeakSet()
-        views.add(view)
-        return view
+        return link(self, self.session.apply(name, (self,), params), name, (), params, kind)
 
     def _indexed(self, name: str, values: tuple[Any, ...], index: Any,
                  **params: Any) -> tuple["Tensor", PreparedIndex, list[Any], dict[str, Any]]:
@@ -252,69 +196,15 @@ class Tensor(Spec):
         if prepared.data_dependent:
             self.session.resolve_shape(result)
         elif prepared.is_view(len(self.shape)):
-            self._link(result, "getitem", tuple(arrays), wire, "view")
+            link(self, result, "getitem", tuple(arrays), wire, "view")
         return result
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``t[index] = value`` for every index numpy takes, run on the device as one op:
         the tensor (and the views of it, and the tensor it is a view of) then holds the new
         values, as numpy's does; other tensors made from its old values keep theirs."""
-        self._check_writable()
-        updated = self._indexed("setitem", (value,), index)[0]
-        self._assign(updated)
-
-    def _check_writable(self) -> None:
-        """Raise, before anything is sent, where an update may not run: inside a traced
-        function, through a read-only view, or where numpy's result would depend on the
-        memory layout (a reshape of a tensor, while both are in use)."""
-        self.session.check_update()
-        tensor, link = self, getattr(self, "_view_of", None)
-        while link is not None and link.base is not None:
-            if link.kind == "read-only":
-                raise ValueError("assignment destination is read-only (a broadcast_to view, "
-                                 "as numpy's): write into the tensor it was made from, or "
-                                 "take .copy() of it first.")
-            if link.kind == "layout":
-                raise ValueError(_LAYOUT_DEPENDENT.format(
-                    which="this tensor, a reshape of another tensor still in use,"))
-            tensor = link.base
-            link = getattr(tensor, "_view_of", None)
-        pending = [tensor]
-        while pending:
-            views = getattr(pending.pop(), "_views", None)
-            for view in list(views or ()):
-                if view._view_of.kind == "layout" and view is not self:
-                    raise ValueError(_LAYOUT_DEPENDENT.format(
-                        which=f"a reshape of this tensor (shape {view.shape}), still in use,"))
-                pending.append(view)
-
-    def _assign(self, values: "Tensor") -> None:
-        """This tensor now holds ``values`` (a new tensor of its shape and dtype, which this
-        takes over): written back into the tensor it is a view of, and seen by its views."""
-        link = getattr(self, "_view_of", None)
-        base = None if link is None else link.base
-        if base is not None:
-            base._assign(_UNDO_VIEW[link.name](values, link, base))  # (this view included)
-            return
-        self._take(values)
-        self._refresh_views()
-
-    def _take(self, values: "Tensor") -> None:
-        # The handle moves to values' array, and the old one is freed at this point of the
-        # stream (values' own handle is let go without freeing it).
-        stream = self.session.stream
-        old, self.id = self.id, values.id
-        del values.session
-        stream.batch.append(old)
-        stream.freed.append(old)
-
-    def _refresh_views(self) -> None:
-        # Each live view is made again from the new values (a view op: no copy on the device)
-        for view in list(getattr(self, "_views", None) or ()):
-            link = view._view_of
-            view._take(self.session.emit(link.name, (self, *link.args), view.shape,
-                                         view.dtype, link.params, issued_at()))
-            view._refresh_views()
+        check_writable(self)
+        assign(self, self._indexed("setitem", (value,), index)[0])
 
     def reshape(self, *shape: Any) -> "Tensor":
         """The same values in a new shape (one dimension may be -1), as numpy's. numpy's
@@ -405,53 +295,58 @@ class Tensor(Spec):
     def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
                 **extra: Any) -> "Tensor":
         # ``extra``: numpy's other keywords of the reduction (ddof, dtype, initial), those
-        # given as None left out, as numpy's defaults.
-        if extra.pop("out", None) is not None or extra.pop("where", True) is not True:
-            raise TypeError(f"numpy.{name} with out= or where= is not supported on fabric "
-                            "tensors: the result is a new tensor on the device; select with "
-                            "np.where(condition, t, ...) before reducing.")
+        # given as None left out, as numpy's defaults; where=, a mask, is a second input.
+        if extra.pop("out", None) is not None:
+            raise TypeError(f"numpy.{name} with out= is not supported on fabric tensors: the "
+                            "result is a new tensor on the device; assign it where you need "
+                            "it (t[...] = result).")
+        where = extra.pop("where", True)
         axis = tuple(axis) if isinstance(axis, list) else axis
-        return self._op(name, axis=axis, keepdims=keepdims, **given_params(extra))
+        return self.session.apply(name, (self,) if where is True else (self, where),
+                                  {"axis": axis, "keepdims": keepdims, **given_params(extra)})
 
     def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
-            initial: Any = None) -> "Tensor":
+            initial: Any = None, where: Any = True) -> "Tensor":
         """The sum over ``axis`` (all axes with None), starting from ``initial``."""
-        return self._reduce("sum", axis, keepdims, dtype=dtype, initial=initial)
+        return self._reduce("sum", axis, keepdims, dtype=dtype, initial=initial, where=where)
 
     def prod(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
-             initial: Any = None) -> "Tensor":
+             initial: Any = None, where: Any = True) -> "Tensor":
         """The product over ``axis`` (all axes with None), starting from ``initial``."""
-        return self._reduce("prod", axis, keepdims, dtype=dtype, initial=initial)
+        return self._reduce("prod", axis, keepdims, dtype=dtype, initial=initial, where=where)
 
-    def mean(self, axis: Any = None, keepdims: bool = False, dtype: Any = None) -> "Tensor":
+    def mean(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
+             where: Any = True) -> "Tensor":
         """The mean over ``axis`` (all axes with None)."""
-        return self._reduce("mean", axis, keepdims, dtype=dtype)
+        return self._reduce("mean", axis, keepdims, dtype=dtype, where=where)
 
     def std(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
-            dtype: Any = None) -> "Tensor":
+            dtype: Any = None, where: Any = True) -> "Tensor":
         """The standard deviation over ``axis``, with ``ddof`` degrees of freedom."""
-        return self._reduce("std", axis, keepdims, ddof=ddof, dtype=dtype)
+        return self._reduce("std", axis, keepdims, ddof=ddof, dtype=dtype, where=where)
 
     def var(self, axis: Any = None, keepdims: bool = False, ddof: int = 0,
-            dtype: Any = None) -> "Tensor":
+            dtype: Any = None, where: Any = True) -> "Tensor":
         """The variance over ``axis``, with ``ddof`` degrees of freedom."""
-        return self._reduce("var", axis, keepdims, ddof=ddof, dtype=dtype)
+        return self._reduce("var", axis, keepdims, ddof=ddof, dtype=dtype, where=where)
 
-    def min(self, axis: Any = None, keepdims: bool = False, initial: Any = None) -> "Tensor":
+    def min(self, axis: Any = None, keepdims: bool = False, initial: Any = None,
+            where: Any = True) -> "Tensor":
         """The minimum over ``axis`` (all axes with None), ``initial`` included."""
-        return self._reduce("min", axis, keepdims, initial=initial)
+        return self._reduce("min", axis, keepdims, initial=initial, where=where)
 
-    def max(self, axis: Any = None, keepdims: bool = False, initial: Any = None) -> "Tensor":
+    def max(self, axis: Any = None, keepdims: bool = False, initial: Any = None,
+            where: Any = True) -> "Tensor":
         """The maximum over ``axis`` (all axes with None), ``initial`` included."""
-        return self._reduce("max", axis, keepdims, initial=initial)
+        return self._reduce("max", axis, keepdims, initial=initial, where=where)
 
-    def any(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+    def any(self, axis: Any = None, keepdims: bool = False, where: Any = True) -> "Tensor":
         """Whether any element over ``axis`` is true."""
-        return self._reduce("any", axis, keepdims)
+        return self._reduce("any", axis, keepdims, where=where)
 
-    def all(self, axis: Any = None, keepdims: bool = False) -> "Tensor":
+    def all(self, axis: Any = None, keepdims: bool = False, where: Any = True) -> "Tensor":
         """Whether every element over ``axis`` is true."""
-        return self._reduce("all", axis, keepdims)
+        return self._reduce("all", axis, keepdims, where=where)
 
     def argmin(self, axis: int | None = None, keepdims: bool = False) -> "Tensor":
         """The index of the minimum along ``axis`` (of the flattened tensor with None)."""
@@ -481,7 +376,11 @@ class Tensor(Spec):
         out = kwargs.pop("out", None)
         known = ufunc.__name__ in OPS or ufunc is np.divmod
         if method == "at" and not kwargs and out is None and ufunc.__name__ in OPS:
-            return _ufunc_at(ufunc, *inputs)
+            if not isinstance(inputs[0], Tensor):
+                raise TypeError(f"numpy.{ufunc.__name__}.at with fabric tensors needs the "
+                                "target to be a tensor: upload it with session.asarray(...), "
+                                "or read the tensors with .numpy() to update a numpy array.")
+            return ufunc_at(ufunc, *inputs)
         if method != "__call__" or kwargs or not known:
             raise TypeError(f"numpy.{ufunc.__name__}"
                             f"{'' if method == '__call__' else '.' + method}"
@@ -489,7 +388,12 @@ class Tensor(Spec):
                             "supported on fabric tensors; read the tensor with .numpy() "
                             "first if you mean to compute locally.")
         if out is not None:
-            _check_out(ufunc, inputs, out)
+            session = next(a.session for a in inputs + out if isinstance(a, Tensor))
+            if any(not isinstance(t, Tensor) or t.session is not session for t in out):
+                raise TypeError(f"numpy.{ufunc.__name__} on fabric tensors takes out= only "
+                                "as a tensor of their session; read the result with .numpy() "
+                                "to store it into a numpy array.")
+            check_out(ufunc, inputs, out)
         if ufunc is np.divmod:
             results: Any = _divmod(*inputs)
         else:
@@ -499,8 +403,8 @@ class Tensor(Spec):
         if out is None:
             return results
         if ufunc is not np.divmod:
-            return _store_into(out[0], results)
-        return tuple(_store_into(target, result) for target, result in zip(out, results))
+            return store_into(out[0], results)
+        return tuple(store_into(target, result) for target, result in zip(out, results))
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = ARRAY_FUNCTIONS.get(func)
@@ -612,7 +516,7 @@ Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is el
 
 def _in_place(ufunc: np.ufunc) -> Callable[[Tensor, Any], Tensor]:
     def method(self: Tensor, other: Any) -> Tensor:
-        return ufunc(self, other, out=self)  # (numpy's in-place rules: _store_into)
+        return ufunc(self, other, out=self)  # (numpy's in-place rules: store_into)
     return method
 
 
@@ -623,61 +527,6 @@ for _dunder, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multip
                         ("lshift", np.left_shift), ("rshift", np.right_shift),
                         ("matmul", np.matmul)]:
     setattr(Tensor, f"__i{_dunder}__", _in_place(_ufunc))
-
-
-def _check_out(ufunc: np.ufunc, inputs: tuple[Any, ...], out: tuple[Any, ...]) -> None:
-    """Raise numpy's error, before anything is sent, where ``ufunc(*inputs, out=out)`` may
-    not store into ``out``: not tensors, a dtype 'same_kind' casting refuses (numpy's own
-    error, from the ufunc on stand-ins of one element), or a shape the inputs do not
-    broadcast to."""
-    session = next(a.session for a in inputs + out if isinstance(a, Tensor))
-    for target in out:
-        if not isinstance(target, Tensor) or target.session is not session:
-            raise TypeError(f"numpy.{ufunc.__name__} on fabric tensors takes out= only as a "
-                            "tensor of their session; read the result with .numpy() to "
-                            "store it into a numpy array.")
-        target._check_writable()
-
-    def tiny(a: Any) -> Any:
-        return np.zeros((1,) * len(a.shape), a.dtype) if isinstance(a, Spec) else a
-    with np.errstate(all="ignore"):
-        ufunc(*map(tiny, inputs), out=tuple(map(tiny, out)))
-    if ufunc.signature is None:  # elementwise: the inputs broadcast to out's shape (a
-        # gufunc's result, np.matmul's, is checked when it is known: _store_into)
-        for target in out:
-            _check_broadcast([a.shape for a in inputs if isinstance(a, Spec)], target)
-
-
-def _check_broadcast(shapes: list[tuple[int, ...]], target: Tensor) -> None:
-    shape = np.broadcast_shapes(*shapes, target.shape)
-    if shape != target.shape:
-        raise ValueError(f"non-broadcastable output operand with shape {target.shape} "
-                         f"doesn't match the broadcast shape {shape}")
-
-
-def _store_into(target: Tensor, result: Tensor) -> Tensor:
-    """``result`` stored into ``target``, as numpy's out= does (checked by ``_check_out``):
-    broadcast to its shape and cast to its dtype."""
-    _check_broadcast([result.shape], target)
-    values = result if result.dtype == target.dtype else result.astype(target.dtype)
-    if values.shape != target.shape:
-        values = target.session.apply("broadcast_to", (values,), {"shape": target.shape})
-    target._assign(values)
-    return target
-
-
-def _ufunc_at(ufunc: np.ufunc, target: Any, indices: Any, *values: Any) -> None:
-    """``np.add.at(target, indices, values)`` (any ufunc of the table) on tensor
-    ``target``: unbuffered, so repeated indices each count, as numpy's; one op."""
-    if not isinstance(target, Tensor):
-        raise TypeError(f"numpy.{ufunc.__name__}.at with fabric tensors needs the target to "
-                        "be a tensor: upload it with session.asarray(...), or read the "
-                        "tensors with .numpy() to update a numpy array.")
-    if len(values) != ufunc.nin - 1:
-        raise TypeError(f"numpy.{ufunc.__name__}.at takes {ufunc.nin - 1} operand(s) after "
-                        "the indices")
-    target._check_writable()
-    target._assign(target._indexed("ufunc_at", values, indices, ufunc=ufunc.__name__)[0])
 
 
 def _divmod(left: Any, right: Any) -> tuple[Tensor, Tensor]:

@@ -3,9 +3,9 @@ and as a registered and replayed ``fabric.function``), must agree.
 
 Each example builds a short chain (elementwise ops with tensors and with Python and numpy
 scalars, reductions, views, casts, joins, scans, updates, and selections whose shape depends
-on the data) from random dtypes and small shapes. A ``fabric.function`` refuses updates and
-data-dependent shapes, so its chains stop before the first. At every
-step the tensor's shape and dtype, known on the client before anything is read, must be
+on the data, numpy's everyday functions and linear algebra) from random dtypes and small
+shapes. A ``fabric.function`` refuses updates, data-dependent shapes and uploads, so its
+chains stop before the first. At every step the tensor's shape and dtype, known on the client before anything is read, must be
 numpy's, and where numpy refuses, fabric must refuse at the call with the same exception
 type; at the end the values read back must be numpy's. Seeded (derandomized), so CI is
 repeatable; ``FABRIC_DIFFERENTIAL_EXAMPLES=N`` runs N random examples instead.
@@ -97,7 +97,7 @@ def chains(draw: st.DrawFn, exact: bool = False) -> tuple[list[np.ndarray], list
             steps.append((kind, (draw(st.sampled_from(["round", "isclose", "nan_to_num",
                                                         "moveaxis", "outer", "divmod", "flip",
                                                         "diff", "roll", "tril", "repeat",
-                                                        "tile", "einsum"])),)))
+                                                        "tile", "einsum", *FUNCTIONS])),)))
         elif kind == "update":
             steps.append((kind, (draw(st.sampled_from(list(UPDATES))),)))
         elif kind == "select":
@@ -140,6 +140,33 @@ SELECTIONS = {
     "fancy": lambda v, o: v[[-1, 0, 0]],
     "nonzero": lambda v, o: np.nonzero(v)[-1],
     "unique": lambda v, o: np.unique(v),
+    "bincount": lambda v, o: np.bincount((v != 0).ravel().astype(np.int8)),
+}
+# (the functions that upload an array of their own, which a traced function refuses)
+UPLOADS = {"take", "solve"}
+# numpy's everyday functions on the running value (``v``) and the other base (``o``)
+FUNCTIONS = {
+    "flipud": lambda v, o: np.flipud(v),
+    "fliplr": lambda v, o: np.fliplr(v),
+    "atleast_3d": lambda v, o: np.atleast_3d(v),
+    "median": lambda v, o: np.median(v, axis=-1),
+    "percentile": lambda v, o: np.percentile(v, [25, 50]),
+    "quantile": lambda v, o: np.quantile(v, 0.5, axis=0, method="lower"),
+    "pad": lambda v, o: np.pad(v, 1, mode="edge"),
+    "meshgrid": lambda v, o: np.meshgrid(np.ravel(v), np.ravel(o))[1],
+    "take": lambda v, o: np.take(v, [0, -1], axis=-1),
+    "diag": lambda v, o: np.diag(v),
+    "split": lambda v, o: np.array_split(v, 2, axis=-1)[-1],
+    "append": lambda v, o: np.append(v, o),
+    "sum where": lambda v, o: np.sum(v, axis=-1, where=o != 0),
+    "mean where": lambda v, o: np.mean(v, where=v > 0),
+    "max where": lambda v, o: np.max(v, axis=0, where=o > 0, initial=-2),
+    "cov": lambda v, o: np.cov(v),
+    "norm": lambda v, o: np.linalg.norm(v, 1, axis=-1),
+    "matrix norm": lambda v, o: np.linalg.norm(v, np.inf),
+    "det": lambda v, o: np.linalg.det(v[..., :1, :1]),
+    "solve": lambda v, o: np.linalg.solve(np.ones((2, 2)) + np.eye(2), np.ones(2) * v[..., 0]),
+    "svd": lambda v, o: np.linalg.svd(v, compute_uv=False),
 }
 
 
@@ -189,7 +216,9 @@ def apply(step: tuple[str, tuple], value, other):
                 "tril": lambda v: np.tril(v, -1),
                 "repeat": lambda v: np.repeat(v, 2, axis=-1),
                 "tile": lambda v: np.tile(v, (2, 1)),
-                "einsum": lambda v: np.einsum("...i,...i->...", v, other)}[args[0]](value)
+                "einsum": lambda v: np.einsum("...i,...i->...", v, other),
+                **{name: lambda v, f=f: f(v, other) for name, f in FUNCTIONS.items()},
+                }[args[0]](value)
     name, axis = args
     return getattr(np, name)(value, axis=axis)
 
@@ -237,8 +266,8 @@ def check_graph(session, chain) -> None:
     local, other = bases
     accepted = []
     for step in steps:
-        if step[0] in ("update", "select"):  # (refused while tracing)
-            break
+        if step[0] in ("update", "select") or step[1][0] in UPLOADS:  # (refused while
+            break  # tracing)
         try:
             local = apply_with_numpy(step, local, other)
         except Exception:

@@ -393,11 +393,10 @@ def test_reductions_take_numpys_other_keywords(session, reduce):
 
 
 @pytest.mark.parametrize("reduce", [
-    lambda t: np.sum(t, where=t > 0), lambda t: np.sum(t, out=np.empty(())),
-    lambda t: np.mean(t, axis=0, out=np.empty(4)),
-], ids=["where", "out", "mean out"])
-def test_reductions_refuse_out_and_where_saying_so(session, reduce):
-    with pytest.raises(TypeError, match="with out= or where= is not supported"):
+    lambda t: np.sum(t, out=np.empty(())), lambda t: np.mean(t, axis=0, out=np.empty(4)),
+], ids=["out", "mean out"])
+def test_reductions_refuse_out_saying_so(session, reduce):
+    with pytest.raises(TypeError, match="with out= is not supported"):
         reduce(session.asarray(data("float64", seed=28)))
     session.sync()
 
@@ -891,7 +890,7 @@ def test_values_msgpack_cannot_carry_are_refused_at_the_call_and_nothing_is_stuc
 
 @pytest.mark.parametrize("call, name", [
     (lambda t: np.diff(t, prepend=0), "diff"),
-    (lambda t: np.linalg.norm(t, ord=1), "norm"),
+    (lambda t: np.linalg.qr(t), "qr"),
     (lambda t: np.fft.fft(t), "fft"),
     (lambda t: np.einsum(t, [0]), "einsum"),  # (the form with lists of axes)
     (lambda t: np.add.reduce(t), "add.reduce"),
@@ -1061,7 +1060,8 @@ def test_a_keyword_fabric_does_not_take_is_named_in_numpys_terms(session):
 
 def test_an_unsupported_numpy_function_is_named_with_its_submodule(session):
     t = session.asarray(np.eye(3))
-    for call, name in ((np.linalg.inv, "numpy.linalg.inv"), (np.linalg.svd, "numpy.linalg.svd"),
+    for call, name in ((np.linalg.qr, "numpy.linalg.qr"),
+                       (np.linalg.cholesky, "numpy.linalg.cholesky"),
                        (np.fft.fft, "numpy.fft.fft")):
         with pytest.raises(TypeError, match=rf"^{re.escape(name)} is not supported"):
             call(t)

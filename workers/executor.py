@@ -466,11 +466,12 @@ class Executor(GraphOps):
         return array
 
     def _shape(self, session: DeviceSession, message: Message) -> list[Message]:
-        # The shape of a tensor whose op's result depends on the data (a boolean index,
-        # np.unique): the client learns it here, and its later reads are checked against it.
+        # The shape (and dtype) of a tensor whose op's result depends on the data (a boolean
+        # index, np.unique, np.linalg.eig): the client learns it here, and its later reads
+        # are checked against it.
         array = self._computed(session, message, message.body.get("id"))
-        return [array if type(array) is Message else
-                reply_to(message, {"shape": list(array.shape)})]
+        return [array if type(array) is Message else reply_to(
+            message, {"shape": list(array.shape), "dtype": dtype_name(array.dtype)})]
 
     def _stats(self, session: DeviceSession, message: Message) -> list[Message]:
         return [reply_to(message, {

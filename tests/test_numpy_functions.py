@@ -1,0 +1,268 @@
+"""End-to-end parity with numpy for its everyday functions on tensors: linear algebra
+(``inv``, ``solve``, ``det``, ``eig``, ``eigh``, ``svd``, ``norm`` with every ``ord``),
+``cov``, ``median``, ``percentile``/``quantile``, ``pad``, ``meshgrid``, ``bincount``, ``take``,
+``diag``, ``split``/``array_split``, ``append``, ``flipud``/``fliplr``, ``atleast_*d``,
+``may_share_memory``, and the reductions' ``where=``.
+
+Each is checked against numpy over the dtypes it takes, on the numpy device and on a numexpr
+device whose inputs are deferred chains: the shape and dtype known before anything is read
+(or, for ``bincount`` and ``eig``'s dtype, learned from the device at the call), then the
+values; where numpy refuses at the call, fabric refuses alike. Nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import HEARTBEAT
+from test_tensor_ops import DTYPES, compare, data, expect_same, poisoned
+
+from fabric import LocalCluster, Tensor
+from fabric.errors import RemoteError
+from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
+
+# Functions of a (3, 4) array t and a positive one u, over every dtype (numpy's refusals
+# included: an axis out of range, a float bincount).
+EVERYDAY = {
+    "np.flipud": lambda t, u: np.flipud(t),
+    "np.flipud 0-d": lambda t, u: np.flipud(t[0, 0]),
+    "np.fliplr": lambda t, u: np.fliplr(t),
+    "np.fliplr 1-d": lambda t, u: np.fliplr(t[0]),
+    "np.atleast_1d": lambda t, u: np.atleast_1d(t[0, 0]),
+    "np.atleast_2d": lambda t, u: np.atleast_2d(t[0]),
+    "np.atleast_3d 1-d": lambda t, u: np.atleast_3d(t[0]),
+    "np.atleast_3d 2-d": lambda t, u: np.atleast_3d(t),
+    "np.atleast_2d several": lambda t, u: np.atleast_2d(t[0, 0], u)[0],
+    "np.median": lambda t, u: np.median(t),
+    "np.median axis keepdims": lambda t, u: np.median(t, axis=0, keepdims=True),
+    "np.percentile": lambda t, u: np.percentile(t, 30),
+    "np.percentile qs axis": lambda t, u: np.percentile(t, [10, 50, 95], axis=1),
+    "np.percentile out of range": lambda t, u: np.percentile(t, 130),
+    "np.quantile method": lambda t, u: np.quantile(t, [[0.2], [0.7]], axis=0, method="nearest"),
+    "np.pad": lambda t, u: np.pad(t, 1),
+    "np.pad pairs constant": lambda t, u: np.pad(t, ((0, 2), (1, 0)), constant_values=3),
+    "np.pad edge": lambda t, u: np.pad(t, (2, 1), mode="edge"),
+    "np.pad wrap": lambda t, u: np.pad(t[0], 3, mode="wrap"),
+    "np.pad negative": lambda t, u: np.pad(t, -1),
+    "np.meshgrid": lambda t, u: np.meshgrid(t[0], u[1, :2])[0],
+    "np.meshgrid ij": lambda t, u: np.meshgrid(t[0], u[1, :2], t[2, :3], indexing="ij")[2],
+    "np.meshgrid sparse": lambda t, u: np.meshgrid(t[0], u[1], sparse=True)[1],
+    "np.bincount": lambda t, u: np.bincount(u.ravel()),
+    "np.bincount minlength": lambda t, u: np.bincount(u[0], minlength=9),
+    "np.bincount weights": lambda t, u: np.bincount(u[0], weights=t[1]),
+    "np.take": lambda t, u: np.take(t, [2, 0, 2]),
+    "np.take axis": lambda t, u: np.take(t, [[3, 0]], axis=1),
+    "np.take wrap": lambda t, u: np.take(t, [5, -7], axis=1, mode="wrap"),
+    "np.take clip scalar": lambda t, u: np.take(t, 9, axis=0, mode="clip"),
+    "np.take out of bounds": lambda t, u: np.take(t, [4], axis=1),
+    "np.diag": lambda t, u: np.diag(t),
+    "np.diag k": lambda t, u: np.diag(t, 2),
+    "np.diag k=-1": lambda t, u: np.diag(t, -1),
+    "np.diag 1-d": lambda t, u: np.diag(t[0]),
+    "np.diag 1-d k": lambda t, u: np.diag(t[1], -2),
+    "np.split": lambda t, u: np.split(t, 2, axis=1)[1],
+    "np.split indices": lambda t, u: np.split(t, [1, -1])[1],
+    "np.split unequal": lambda t, u: np.split(t, 3, axis=1),
+    "np.array_split": lambda t, u: np.array_split(t, 3, axis=1)[0],
+    "np.array_split last": lambda t, u: np.array_split(t[0], 3)[2],
+    "np.append": lambda t, u: np.append(t, u),
+    "np.append axis": lambda t, u: np.append(t, u[:1], axis=0),
+    "np.append list": lambda t, u: np.append(t[0], [1, 2]),
+    "np.sum where": lambda t, u: np.sum(t, where=u > 2),
+    "t.sum where axis": lambda t, u: t.sum(axis=0, where=u > 1),
+    "np.prod where keepdims": lambda t, u: np.prod(t, axis=1, keepdims=True, where=u != 1),
+    "np.mean where": lambda t, u: np.mean(t, axis=1, where=u > 1),
+    "np.std where": lambda t, u: np.std(t, where=[True, False, True, True]),
+    "np.max where initial": lambda t, u: np.max(t, axis=0, where=u > 2, initial=-1),
+    "np.min where without initial": lambda t, u: np.min(t, where=u > 2),
+    "np.any where": lambda t, u: np.any(t, axis=1, where=u > 3),
+    "t.all where": lambda t, u: t.all(where=u > 1),
+    "np.sum where bad shape": lambda t, u: np.sum(t, where=u[:, :1, None] > 2),
+    "np.argmax where": lambda t, u: np.argmax(t, where=u > 2),
+}
+# The results of sums and square roots (numpy's order of operations may differ)
+APPROX_EVERYDAY = {
+    "np.cov": lambda t, u: np.cov(t),
+    "np.cov rowvar bias": lambda t, u: np.cov(t, rowvar=False, bias=True),
+    "np.cov y ddof": lambda t, u: np.cov(t[0], u[1], ddof=0),
+    "np.cov dtype": lambda t, u: np.cov(t, dtype=np.float32),
+    "np.cov 3-d": lambda t, u: np.cov(t[None]),
+    "np.linalg.norm ord=2": lambda t, u: np.linalg.norm(t, 2),
+    "np.linalg.norm fro": lambda t, u: np.linalg.norm(t, "fro"),
+    "np.linalg.norm inf": lambda t, u: np.linalg.norm(t, np.inf),
+    "np.linalg.norm -inf": lambda t, u: np.linalg.norm(t, -np.inf),
+    "np.linalg.norm 1": lambda t, u: np.linalg.norm(t, 1),
+    "np.linalg.norm -1 keepdims": lambda t, u: np.linalg.norm(t, -1, keepdims=True),
+    "np.linalg.norm nuc": lambda t, u: np.linalg.norm(t, "nuc"),
+    "np.linalg.norm -2": lambda t, u: np.linalg.norm(t, -2),
+    "np.linalg.norm vector inf": lambda t, u: np.linalg.norm(t[0], np.inf),
+    "np.linalg.norm vector 0": lambda t, u: np.linalg.norm(t, 0, axis=1),
+    "np.linalg.norm vector 3": lambda t, u: np.linalg.norm(u, 3, axis=0),
+    "np.linalg.norm vector 2": lambda t, u: np.linalg.norm(t[1], 2),
+    "np.linalg.norm axes": lambda t, u: np.linalg.norm(t[None], 1, axis=(2, 1)),
+    "np.linalg.norm bad": lambda t, u: np.linalg.norm(t, "fro", axis=0),
+    "np.linalg.norm bad matrix": lambda t, u: np.linalg.norm(t, 3),
+    "np.linalg.norm 3-d": lambda t, u: np.linalg.norm(t[None], 1),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Mean of empty slice")  # (numpy's own, of a mask of none)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(EVERYDAY))
+def test_everyday_functions(session, name, dtype):
+    expect_same(session, EVERYDAY[name], data(dtype, seed=70),
+                data(dtype, kind="positive", seed=71).astype(np.int64) if "bincount" in name
+                else data(dtype, kind="positive", seed=71), label=name)
+    session.sync()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(APPROX_EVERYDAY))
+def test_everyday_functions_within_rounding(session, name, dtype):
+    expect_same(session, APPROX_EVERYDAY[name], data(dtype, seed=72),
+                data(dtype, kind="positive", seed=73), approx=True, label=name)
+    session.sync()
+
+
+def _matrix(m):
+    """A well-conditioned matrix (diagonally dominant) from a (3, 4) array, numpy's or not."""
+    return m[:, :3] + 12 * np.eye(3, dtype=m.dtype if m.dtype.kind == "f" else None)
+
+
+def _symmetric(m):
+    square = _matrix(m)
+    return square + square.T
+
+
+# Linear algebra of well-conditioned matrices (numpy's LAPACK runs on the worker: its very
+# results, whatever the sign conventions)
+LINALG = {
+    "inv": lambda t, u: np.linalg.inv(_matrix(t)),
+    "inv batched": lambda t, u: np.linalg.inv(np.stack([_matrix(t), _matrix(u)])),
+    "inv not square": lambda t, u: np.linalg.inv(t),
+    "inv 1-d": lambda t, u: np.linalg.inv(t[0]),
+    "det": lambda t, u: np.linalg.det(_matrix(t)),
+    "det batched": lambda t, u: np.linalg.det(np.stack([_matrix(t), _matrix(u)])),
+    "solve vector": lambda t, u: np.linalg.solve(_matrix(t), u[0, :3]),
+    "solve matrix": lambda t, u: np.linalg.solve(_matrix(t), u[:, 1:]),
+    "solve batched": lambda t, u: np.linalg.solve(np.stack([_matrix(t)] * 2), u[None, :, :2]),
+    "solve mismatch": lambda t, u: np.linalg.solve(_matrix(t), u[0]),
+    "eig values": lambda t, u: np.linalg.eig(_symmetric(t))[0],
+    "eig vectors": lambda t, u: np.linalg.eig(_symmetric(t)).eigenvectors,
+    "eig not square": lambda t, u: np.linalg.eig(t),
+    "eigh values": lambda t, u: np.linalg.eigh(_symmetric(t))[0],
+    "eigh vectors U": lambda t, u: np.linalg.eigh(_symmetric(t), UPLO="U")[1],
+    "svd U": lambda t, u: np.linalg.svd(t)[0],
+    "svd S": lambda t, u: np.linalg.svd(t).S,
+    "svd Vh": lambda t, u: np.linalg.svd(t)[2],
+    "svd thin Vh": lambda t, u: np.linalg.svd(t, full_matrices=False)[2],
+    "svd values": lambda t, u: np.linalg.svd(np.stack([t, u]), compute_uv=False),
+}
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float32", "float64"])
+@pytest.mark.parametrize("name", list(LINALG))
+def test_linear_algebra(session, name, dtype):
+    expect_same(session, LINALG[name], data(dtype, seed=74),
+                data(dtype, kind="positive", seed=75), approx=True, label=name)
+    session.sync()
+
+
+def test_decompositions_are_numpys_result_types_and_eig_learns_its_dtype(session):
+    rotation = np.array([[0.0, -1.0], [1.0, 0.0]])  # eigenvalues +-i: numpy's are complex
+    for matrix in (rotation, np.diag([2.0, 3.0])):  # ... and here real
+        expected, got = np.linalg.eig(matrix), np.linalg.eig(session.asarray(matrix))
+        assert type(got) is type(expected)
+        for want, have in zip(expected, got):
+            assert isinstance(have, Tensor) and have.dtype == want.dtype
+            np.testing.assert_allclose(have.numpy(), want)
+    assert type(np.linalg.svd(session.eye(3))) is type(np.linalg.svd(np.eye(3)))
+    assert type(np.linalg.eigh(session.eye(3))) is type(np.linalg.eigh(np.eye(3)))
+
+
+def test_a_singular_matrix_fails_at_the_read_naming_the_op(session):
+    inverse = np.linalg.inv(session.zeros((3, 3)))  # (numpy raises at the call: the values
+    assert inverse.shape == (3, 3)  # are on the device)
+    with pytest.raises(RemoteError, match="inv.*Singular matrix"):
+        inverse.numpy()
+
+
+def test_may_share_memory_for_views_and_other_handles(session):
+    a = session.asarray(data("float64", seed=76))
+    b = a.copy()
+    assert np.may_share_memory(a, a[1:]) and np.may_share_memory(a[0], a.T)
+    assert np.shares_memory(np.diag(a), a)
+    assert not np.may_share_memory(a, b) and not np.may_share_memory(a, a + 1)
+    assert not np.may_share_memory(a, data("float64", seed=76))
+
+
+def test_diag_of_a_matrix_is_a_read_only_view_and_split_gives_views(session):
+    local = data("float64", seed=77)
+    a = session.asarray(local)
+    diagonal, (left, right) = np.diag(a), np.split(a, 2, axis=1)
+    with pytest.raises(ValueError, match="read-only"):
+        diagonal[0] = 5
+    a[1, 1] = 9.0  # the diagonal sees it, as numpy's view does
+    right[0] = -1.0  # a write through a split reaches the array, as numpy's
+    local[1, 1], local[0, 2:] = 9.0, -1.0
+    np.testing.assert_array_equal(diagonal.numpy(), np.diag(local))
+    np.testing.assert_array_equal(a.numpy(), local)
+    np.testing.assert_array_equal(left.numpy(), local[:, :2])
+
+
+def test_data_dependent_lengths_and_new_functions_stay_remote(session):
+    t = poisoned(session)  # any read would raise RemoteError; the round trip of bincount too
+    results = [np.flipud(t), np.atleast_2d(t), np.median(t), np.percentile(t, 50),
+               np.pad(t, 1), np.meshgrid(t, t)[0], np.take(t, [1]), np.diag(t),
+               np.split(t, 2)[0], np.append(t, t), np.sum(t, where=t > 0), np.cov(t),
+               np.linalg.norm(t, 1), np.linalg.det(np.outer(t, t))]
+    assert all(isinstance(r, Tensor) for r in results)
+    with pytest.raises(RemoteError):
+        np.bincount(t)  # its length is learned at the call: the op's error is raised there
+    with pytest.raises(RemoteError):
+        results[-1].numpy()
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda t: np.median(t, out=t), TypeError),
+    (lambda t: np.percentile(t, 50, weights=t), TypeError),
+    (lambda t: np.cov(t, fweights=[1, 2]), TypeError),
+    (lambda t: np.pad(t, 1, mode=lambda *a: None), TypeError),
+    (lambda t: np.pad(t, 1.5), TypeError),
+    (lambda t: np.linalg.eigh(t, UPLO="X"), ValueError),
+    (lambda t: np.diag(t[None, None]), ValueError),
+    (lambda t: np.meshgrid(t, indexing="yx"), ValueError),
+], ids=["median out", "percentile weights", "cov weights", "pad function", "pad float",
+        "eigh UPLO", "diag 3-d", "meshgrid indexing"])
+def test_forms_fabric_does_not_take_are_refused_at_the_call_saying_what_to_do(session, call,
+                                                                              error):
+    t = poisoned(session)
+    with pytest.raises(error):
+        call(t)
+
+
+@pytest.fixture(scope="module")
+def numexpr_session():
+    """A session on a numexpr device that fuses chains of every size (these are small)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(MIN_SIZE_ENV, "0")  # the worker's environment is this process's
+        with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
+                cluster.connect() as session:
+            yield session
+
+
+@pytest.mark.parametrize("table", [EVERYDAY, APPROX_EVERYDAY, LINALG],
+                         ids=["everyday", "rounding", "linalg"])
+def test_the_numexpr_device_gives_numpys_results_from_deferred_inputs(numexpr_session, table):
+    local_t, local_u = data("float64", seed=78), data("float64", kind="positive", seed=79)
+    for name, function in table.items():
+        # (each input a deferred chain on the device: the functions take its evaluation)
+        t = numexpr_session.asarray(local_t) * 1.0 + 0.0
+        u = numexpr_session.asarray(local_u) * 1.0 + 0.0
+        if "bincount" in name:
+            local, remote = local_u.astype(np.int64), u.astype(np.int64)
+            compare(lambda: function(local_t, local), lambda: function(t, remote), label=name)
+        else:
+            compare(lambda: function(local_t, local_u), lambda: function(t, u), approx=True,
+                    label=name)
+    numexpr_session.sync()
