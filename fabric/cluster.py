@@ -153,6 +153,7 @@ class LocalCluster:
         self.workers: list[subprocess.Popen] = []
         self.address = ""
         self.backend_address = backend_address
+        self.metrics_url: str | None = None  # the broker's /metrics, with --metrics in broker_args
         # Where write_connection_file and write_admin_file wrote, once they have.
         self.connection_file: str | None = None
         self.admin_file: str | None = None
@@ -199,6 +200,7 @@ class LocalCluster:
             raise ClusterError("The broker did not start: " + self.log_tail("broker", 1))
         ready = json.loads(line)
         self.address, self.backend_address = ready["frontend"], ready["backend"]
+        self.metrics_url = ready.get("metrics")
 
     def restart_broker(self, timeout: float = 5.0) -> None:
         """Stop the broker and start it again on the same addresses with the same tokens.
