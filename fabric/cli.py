@@ -18,6 +18,7 @@ import click
 import zmq
 
 from .cli_admin import admin
+from .cli_top import top
 from .cli_options import (as_usage_error, curve_client_options, curve_server_options,
                           limit_options, metrics_option, renamed_option, required_secret,
                           timing_options, token_options, with_options)
@@ -323,3 +324,4 @@ def demo(workers: int) -> None:
 
 
 main.add_command(admin)
+main.add_command(top)
