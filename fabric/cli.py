@@ -250,7 +250,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         broker_args=("--metrics", metrics) if metrics else ()))
     kept = f"fabric cluster up: logs kept in {logs}"
     try:
-        running.start()
+        running.start(report=lambda line: click.echo(f"fabric cluster up: {line}", err=True))
     except FabricError as exc:
         raise click.ClickException(f"{exc.message} (logs in {logs})".replace("\n", " ")
                                    ) from None
