@@ -1,6 +1,7 @@
 """Benchmarks W1-W3: fabric figures beside raw pyzmq measured in the same run.
 
     python bench/run.py            # all, prints a table of medians and ratios
+    python bench/run.py --scrape-hz 10   # the same while /metrics is scraped 10 times a second
 
 Raw baselines: "direct" is a DEALER talking to a ROUTER worker; "hop" puts the minimal Python
 broker of ``bench/raw.py`` between them, which is the path fabric's traffic takes. The raw
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import contextlib
 import statistics
+import subprocess
 import sys
 import time
+from typing import Iterator
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -107,6 +111,31 @@ def w3_raw(peers: RawPeers, array: np.ndarray) -> tuple[float, float]:
     return BULK_BYTES / up / 1e9, BULK_BYTES / down / 1e9
 
 
+# A scraper in its own process (not a thread of the client being measured), reading /metrics
+# at a fixed rate until ended.
+_SCRAPER = """
+import sys, time, urllib.request
+url, period = sys.argv[1], 1 / float(sys.argv[2])
+while True:
+    urllib.request.urlopen(url, timeout=5).read()
+    time.sleep(period)
+"""
+
+
+@contextlib.contextmanager
+def scraping(url: str | None, hz: float) -> Iterator[None]:
+    """Scrape ``url`` ``hz`` times a second while inside (nothing when hz is 0)."""
+    if not hz or url is None:
+        yield
+        return
+    scraper = subprocess.Popen([sys.executable, "-c", _SCRAPER, url, str(hz)])
+    try:
+        yield
+    finally:
+        scraper.terminate()
+        scraper.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="repetitions; medians are shown")
@@ -114,6 +143,9 @@ def main() -> None:
                         help="first of 4 loopback ports (below the ephemeral range, where "
                         "a closed connection's port can stay taken for a minute)")
     parser.add_argument("--skip-bulk", action="store_true", help="skip W3 (256 MiB)")
+    parser.add_argument("--scrape-hz", type=float, default=0.0,
+                        help="serve the broker's Prometheus metrics and scrape them this many "
+                        "times a second throughout [default: not served]")
     args = parser.parse_args()
     # The raw peers' processes get the allocator settings LocalCluster gives fabric's broker
     # and worker (freed memory kept for the next large frame, on huge pages): like for like.
@@ -128,7 +160,10 @@ def main() -> None:
     # The three systems run side by side and are measured in turn, run after run, so that a
     # noisy neighbour slows all of them alike and the ratios stay meaningful.
     with RawPeers(False, args.port) as direct, RawPeers(True, args.port + 2) as hop, \
-            fabric.LocalCluster(workers=1) as cluster, cluster.connect(timeout=60) as session:
+            fabric.LocalCluster(workers=1, broker_args=(
+                ("--metrics", "127.0.0.1:0") if args.scrape_hz else ())) as cluster, \
+            cluster.connect(timeout=60) as session, scraping(cluster.metrics_url,
+                                                             args.scrape_hz):
         systems = {"direct": direct, "hop": hop}
         for _ in range(args.runs):
             for name, peers in systems.items():
@@ -160,7 +195,8 @@ def main() -> None:
                          f"{m['fabric'] / m['hop']:.2f}x hop"))
     header = ("figure", "fabric", "raw direct", "raw hop", "ratio")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
-    print(f"medians of {args.runs} interleaved runs")
+    print(f"medians of {args.runs} interleaved runs"
+          + (f", /metrics scraped {args.scrape_hz:g} times a second" if args.scrape_hz else ""))
     for row in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
 

@@ -76,8 +76,28 @@ class SessionPhase(enum.Enum):
     ENDED = "ended"  # forgotten by the broker (closed, refused, expired, lost, cut)
 
 
+class Directions:
+    """Data traffic counted by direction: ``_in`` towards a device (a client's messages, and
+    tensors moving from another device), ``_out`` from a device to its client."""
+
+    messages_in: int
+    bytes_in: int
+    messages_out: int
+    bytes_out: int
+
+    @property
+    def messages(self) -> int:
+        """Data messages both ways."""
+        return self.messages_in + self.messages_out
+
+    @property
+    def bytes(self) -> int:
+        """Data bytes both ways."""
+        return self.bytes_in + self.bytes_out
+
+
 @dataclass
-class Session:
+class Session(Directions):
     id: int
     client: bytes
     device: int  # global index: fixed for the broker's life (``broker.worker_table``)
@@ -93,8 +113,10 @@ class Session:
     deadline: float = float("inf")  # for OPENING and CLOSING
     client_max: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame the client's socket takes
     probed: float = 0.0  # when the broker last checked an idle client was still there
-    messages: int = 0  # data messages both ways
-    bytes: int = 0
+    messages_in: int = 0  # data messages and bytes by direction (``Directions``)
+    bytes_in: int = 0
+    messages_out: int = 0
+    bytes_out: int = 0
     submits: int = 0  # SUBMIT messages: batches of ops (bodies are never decoded here)
     errors: int = 0  # ERROR messages from the worker about this session
 
@@ -125,19 +147,23 @@ class Worker:
 
 
 @dataclass
-class Traffic:
+class Traffic(Directions):
     """Totals of the sessions that have ended on one device (by worker name, local index)."""
 
     sessions: int = 0
-    messages: int = 0
-    bytes: int = 0
+    messages_in: int = 0
+    bytes_in: int = 0
+    messages_out: int = 0
+    bytes_out: int = 0
     submits: int = 0
     errors: int = 0
 
     def add(self, session: Session | Traffic) -> None:
         """Fold a session's (or another total's) counts into this one."""
-        self.messages += session.messages
-        self.bytes += session.bytes
+        self.messages_in += session.messages_in
+        self.bytes_in += session.bytes_in
+        self.messages_out += session.messages_out
+        self.bytes_out += session.bytes_out
         self.submits += session.submits
         self.errors += session.errors
         self.sessions += session.sessions if isinstance(session, Traffic) else 1

@@ -260,8 +260,8 @@ class Registry:
                 f"Session {header.session:#x} is not open on this broker: open a new session.",
                 session=header.session), session=header.session, request=header.request)]
         session.last_seen = now
-        session.messages += 1
-        session.bytes += _frames_size(frames)
+        session.messages_in += 1
+        session.bytes_in += _frames_size(frames)
         if header.kind is Kind.SUBMIT:  # enum members are singletons: the cheapest test
             session.submits += 1
         return [new_send(Send, (Side.BACKEND, session.lane, list(frames), 0.0))]
@@ -398,8 +398,8 @@ class Registry:
                     or session.phase is not _OPEN):
                 self.counters["refused_transfers"] += 1
                 return []
-            session.messages += 1
-            session.bytes += _frames_size(frames)
+            session.messages_in += 1  # (towards the destination device)
+            session.bytes_in += _frames_size(frames)
             destination = self.workers[session.worker]
             if largest_frame(frames) > destination.max_message_bytes:
                 self.counters["transfers_too_large"] += 1
@@ -408,8 +408,8 @@ class Registry:
         if session is None or session.worker != worker.identity:
             self.counters["stale_worker_data"] += 1  # the session closed meanwhile
             return []
-        session.messages += 1
-        session.bytes += _frames_size(frames)
+        session.messages_out += 1
+        session.bytes_out += _frames_size(frames)
         return [new_send(Send, (Side.FRONTEND, session.client, list(frames), 0.0))]
 
     def _on_register(self, identity: bytes, message: Message, now: float) -> list[Send]:

@@ -35,6 +35,7 @@ from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, CurveServer, authen
 
 from .flow import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
+from .metrics import MetricsPublisher
 from .model import Limits, Send, Side
 from .registry import Registry
 from .state_file import StateFile
@@ -110,7 +111,8 @@ class Broker:
 
     def __init__(self, frontend: str, backend: str, *, client_token: str | Sequence[str],
                  worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
-                 curve: CurveServer | None = None, state_file: str | None = None) -> None:
+                 curve: CurveServer | None = None, state_file: str | None = None,
+                 metrics: tuple[str, int] | None = None) -> None:
         _raise_open_file_limit()
         _unpredictable_routing_counters()  # before the ROUTERs draw their starts
         self.context = zmq.Context()
@@ -136,6 +138,8 @@ class Broker:
         self._flow = FlowControl(self.registry, limits)  # peers whose queue is full
         self._outbox = self._flow.outbox  # (the hot path's test: any parked for this peer?)
         self.registry.queue_figures = self._flow.figures
+        # Prometheus' /metrics at (host, port): served from its own threads (broker.metrics).
+        self.metrics = MetricsPublisher(*metrics) if metrics is not None else None
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -202,6 +206,8 @@ class Broker:
                 if now >= wake:  # (not per message: tick scans all)
                     self._send(registry.tick(now))
                     wake = registry.next_deadline()
+                if self.metrics is not None and now >= self.metrics.due:
+                    self.metrics.publish(registry, now, len(self._held))
                 if self._held:
                     self._send(self._held.due(now))
                     wake = min(wake, self._held.next_deadline())
@@ -229,6 +235,8 @@ class Broker:
             self.close()
 
     def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         self.frontend.close(linger=200)
         self.backend.close(linger=0)
         self.zap.close()
@@ -238,16 +246,22 @@ class Broker:
 def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], worker_token: str,
           admin_token: str | None = None, limits: Limits = Limits(),
           announce: Callable[[dict[str, Any]], None] | None = None,
-          curve: CurveServer | None = None, state_file: str | None = None) -> None:
+          curve: CurveServer | None = None, state_file: str | None = None,
+          metrics: tuple[str, int] | None = None) -> None:
     """Run a broker in this process until SIGINT or SIGTERM; ``announce`` gets the endpoints.
     With ``curve`` both sockets are CURVE servers that admit only the keys of its allow-lists;
     without, PLAIN servers that admit only the broker's tokens. With ``state_file`` its device
-    numbering is read from there and kept there."""
+    numbering is read from there and kept there; with ``metrics`` (host, port), Prometheus'
+    /metrics is served there too."""
     broker = Broker(frontend, backend, client_token=client_token, worker_token=worker_token,
-                    admin_token=admin_token, limits=limits, curve=curve, state_file=state_file)
+                    admin_token=admin_token, limits=limits, curve=curve, state_file=state_file,
+                    metrics=metrics)
     signal.signal(signal.SIGINT, broker.stop)
     signal.signal(signal.SIGTERM, broker.stop)
     endpoints = broker.endpoints
+    if broker.metrics is not None:
+        endpoints["metrics"] = broker.metrics.url
+        log.info("Prometheus metrics at %s", broker.metrics.url)
     log.info("broker serving clients on %s and workers on %s", endpoints["frontend"],
              endpoints["backend"])
     if announce is not None:

@@ -18,9 +18,10 @@ import click
 import zmq
 
 from .cli_admin import admin
+from .cli_top import top
 from .cli_options import (as_usage_error, curve_client_options, curve_server_options,
-                          limit_options, renamed_option, required_secret, timing_options, token_options,
-                          with_options)
+                          limit_options, metrics_option, renamed_option, required_secret,
+                          timing_options, token_options, with_options)
 from .config import resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .security import CurveClient, CurveServer, generate_keys
@@ -66,17 +67,20 @@ def main() -> None:
 @with_options(timing_options)
 @limit_options("broker")
 @curve_server_options
+@metrics_option
 @renamed_option("--backend", "--worker-address")
 def broker(frontend: str, worker_address: str, token: str | None, token_file: str | None,
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
-           state_file: str | None, curve: CurveServer | None, limits: dict[str, Any]) -> None:
+           state_file: str | None, curve: CurveServer | None, limits: dict[str, Any],
+           metrics: str | None) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
     cleanly on SIGINT or SIGTERM.
     """
+    from fabric.broker.metrics import parse_address
     from fabric.broker.model import Limits
     from fabric.broker.server import announce_on_stdout, serve
 
@@ -92,11 +96,14 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     try:
         serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve,
-              state_file=state_file)
+              state_file=state_file, metrics=parse_address(metrics) if metrics else None)
     except ConfigError as exc:  # a state file it cannot use
         raise click.ClickException(exc.message) from None
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
         raise click.ClickException(f"cannot serve on {frontend} / {worker_address}: {exc}"
+                                   ) from None
+    except OSError as exc:  # the metrics address: taken, or not this host's
+        raise click.ClickException(f"cannot serve metrics on {metrics}: {exc.strerror}"
                                    ) from None
 
 
@@ -202,12 +209,13 @@ def cluster() -> None:
 @click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
               help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
                    "first if it has none); both files name the client's key files.")
+@metrics_option
 @with_options(timing_options[:2])
 @renamed_option("--backend-address", "--worker-address")
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
                memory_limit: int | None, memory_budget: str, log_dir: str | None,
-               curve: str | None,
+               curve: str | None, metrics: str | None,
                heartbeat: float, liveness: int) -> None:
     """Start a broker and WORKERS workers, write a connection file and an admin file, serve
     until Ctrl-C.
@@ -252,11 +260,12 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files are a usage error
         workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
         liveness=liveness, frontend=frontend, backend_address=worker_address,
-        broker_args=("--state-file", str(state_file_beside(client_path))),
-        worker_args=memory_args, curve=curve, log_dir=logs))
+        worker_args=memory_args, curve=curve, log_dir=logs,
+        broker_args=("--state-file", str(state_file_beside(client_path)),
+                     *(("--metrics", metrics) if metrics else ()))))
     kept = f"fabric cluster up: logs kept in {logs}"
     try:
-        running.start()
+        running.start(report=lambda line: click.echo(f"fabric cluster up: {line}", err=True))
     except FabricError as exc:
         raise click.ClickException(f"{exc.message} (logs in {logs})".replace("\n", " ")
                                    ) from None
@@ -275,6 +284,8 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         click.echo(f"connect:  import fabric; session = fabric.connect(connection_file="
                    f"{str(client_path)!r})")
         click.echo(f"admin:    fabric admin --admin-file {admin_path} status")
+        if running.metrics_url:
+            click.echo(f"metrics:  {running.metrics_url}")
         click.echo("Ctrl-C stops everything.", err=True)
         reason = running.watch()
         click.echo(f"fabric cluster up: {reason}; stopping everything", err=True)
@@ -328,3 +339,4 @@ def demo(workers: int) -> None:
 
 
 main.add_command(admin)
+main.add_command(top)

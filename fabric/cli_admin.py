@@ -7,13 +7,14 @@ and every failure ends with one line on stderr and a documented exit code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
-from .cli_options import token_options
+from .cli_options import token_options, with_options
 from .config import resolve_secret
 from .errors import (
     AuthenticationError,
@@ -49,9 +50,10 @@ def _admin_exit_code(error: FabricError) -> int:
     return 1
 
 
-def _admin_call(options: dict[str, Any], call: Callable[[Any], Any], as_json: bool,
-                render: Callable[[Any, str], None]) -> None:
-    """Open a ``fabric.Admin`` from the group's options, make one call, print its result."""
+@contextlib.contextmanager
+def open_admin(options: dict[str, Any], command: str = "fabric admin") -> Iterator[Any]:
+    """A ``fabric.Admin`` opened from ``admin_target_options``' values; a FabricError inside
+    ends the command with one line on stderr and its documented exit code."""
     from .admin import ADMIN_TOKEN_ENV, Admin
 
     try:
@@ -59,18 +61,25 @@ def _admin_call(options: dict[str, Any], call: Callable[[Any], Any], as_json: bo
         with Admin(options["address"], token=token, admin_file=options["admin_file"],
                    connection_file=options["connection_file"], timeout=options["timeout"],
                    curve=options["curve"]) as admin:
-            result = call(admin)
-            address = admin.address
+            yield admin
     except FabricError as exc:
-        click.echo(f"fabric admin: {' '.join(str(exc).splitlines())}", err=True)
+        click.echo(f"{command}: {' '.join(str(exc).splitlines())}", err=True)
         sys.exit(_admin_exit_code(exc))
+
+
+def _admin_call(options: dict[str, Any], call: Callable[[Any], Any], as_json: bool,
+                render: Callable[[Any, str], None]) -> None:
+    """Open a ``fabric.Admin`` from the group's options, make one call, print its result."""
+    with open_admin(options) as admin:
+        result = call(admin)
+        address = admin.address
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
         render(result, address)
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     seconds = max(seconds, 0.0)
     if seconds < 60:
         return f"{seconds:.1f}s"
@@ -82,7 +91,7 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def _size(count: float) -> str:
+def size_text(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
@@ -102,7 +111,7 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, Callable[[dict],
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip())
 
 
-_TRAFFIC = [("MESSAGES", lambda r: r["messages"]), ("BYTES", lambda r: _size(r["bytes"])),
+_TRAFFIC = [("MESSAGES", lambda r: r["messages"]), ("BYTES", lambda r: size_text(r["bytes"])),
             ("SUBMITS", lambda r: r["submits"]), ("ERRORS", lambda r: r["errors"])]
 
 
@@ -116,16 +125,16 @@ def _print_status(status: dict[str, Any], address: str) -> None:
     lines = [
         ("server", f"{status['server']} (protocol {status['protocol_version']})"),
         ("address", address),
-        ("uptime", _duration(status["uptime"])),
+        ("uptime", duration_text(status["uptime"])),
         ("workers", f"{status['workers']}"
                     + (f" ({len(draining)} draining: {', '.join(draining)})" if draining else "")),
         ("devices", f"{status['devices_online']} online of {status['devices_total']}"),
         ("sessions", f"{status['sessions']} ({_counts(status['sessions_by_state'])}), "
                      f"{status['sessions_ended']} ended"),
-        ("traffic", f"{traffic['messages']} messages, {_size(traffic['bytes'])}, "
+        ("traffic", f"{traffic['messages']} messages, {size_text(traffic['bytes'])}, "
                     f"{traffic['submits']} submits, {traffic['errors']} errors"),
         ("rates", f"{rates['messages_per_s']:.1f} messages/s, "
-                  f"{_size(rates['bytes_per_s'])}/s since start"),
+                  f"{size_text(rates['bytes_per_s'])}/s since start"),
         ("rejects", _counts(status["rejects"])),
         ("protocol errors", _counts(status["protocol_errors"])),
     ]
@@ -146,8 +155,8 @@ def _print_workers(workers: list[dict[str, Any]], address: str) -> None:
         ("INDEXES", lambda r: ",".join(map(str, r["devices"])) or "-"),
         ("SESSIONS", lambda r: r["sessions"]),
         ("DRAINING", lambda r: "yes" if r["draining"] else "no"),
-        ("REGISTERED", lambda r: _duration(r["registered_ago"]) + " ago"),
-        ("LAST SEEN", lambda r: _duration(r["last_seen_ago"]) + " ago"), *_TRAFFIC],
+        ("REGISTERED", lambda r: duration_text(r["registered_ago"]) + " ago"),
+        ("LAST SEEN", lambda r: duration_text(r["last_seen_ago"]) + " ago"), *_TRAFFIC],
         f"no workers are connected to {address}")
 
 
@@ -165,29 +174,35 @@ def _print_sessions(sessions: list[dict[str, Any]], address: str) -> None:
     _table(sessions, [
         ("ID", lambda r: r["id"]), ("CLIENT", lambda r: r["client"]),
         ("DEVICE", lambda r: r["device"]), ("WORKER", lambda r: r["worker"]),
-        ("STATE", lambda r: r["state"]), ("AGE", lambda r: _duration(r["created_ago"])),
-        ("IDLE", lambda r: _duration(r["last_seen_ago"])), *_TRAFFIC],
+        ("STATE", lambda r: r["state"]), ("AGE", lambda r: duration_text(r["created_ago"])),
+        ("IDLE", lambda r: duration_text(r["last_seen_ago"])), *_TRAFFIC],
         f"no sessions are open on {address}")
 
 
+# Where the broker is and the admin token: ``fabric admin``'s options, and ``fabric top``'s.
+admin_target_options = [
+    click.option("--address", default=None, metavar="ADDRESS",
+                 help="The broker's frontend, like tcp://host:5555 [default: the admin "
+                      "file's]."),
+    click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
+                 help="The admin file fabric cluster up wrote for operators [default: "
+                      "$FABRIC_ADMIN_FILE, else $FABRIC_CONNECTION_FILE, else "
+                      "~/.config/fabric/cluster-admin.json if it exists]."),
+    click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
+                 help="Instead of --admin-file: an older file that holds every token, or a "
+                      "client's connection file for its address and keys (it holds no admin "
+                      "token: give that with --token-file or $FABRIC_ADMIN_TOKEN)."),
+    token_options("", "FABRIC_ADMIN_TOKEN", "admin token"),
+    click.option("--timeout", type=float, default=5.0, show_default=True,
+                 help="Seconds to wait for the broker's answer."),
+    click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
+                 help="Encrypt with CURVE using KEYDIR/client.key_secret and KEYDIR/broker.key "
+                      "[default: the admin file's keys, if any]."),
+]
+
+
 @click.group(epilog=ADMIN_EXIT_CODES)
-@click.option("--address", default=None, metavar="ADDRESS",
-              help="The broker's frontend, like tcp://host:5555 [default: the admin "
-                   "file's].")
-@click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
-              help="The admin file fabric cluster up wrote for operators [default: "
-                   "$FABRIC_ADMIN_FILE, else $FABRIC_CONNECTION_FILE, else "
-                   "~/.config/fabric/cluster-admin.json if it exists].")
-@click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
-              help="Instead of --admin-file: an older file that holds every token, or a "
-                   "client's connection file for its address and keys (it holds no admin token: "
-                   "give that with --token-file or $FABRIC_ADMIN_TOKEN).")
-@token_options("", "FABRIC_ADMIN_TOKEN", "admin token")
-@click.option("--timeout", type=float, default=5.0, show_default=True,
-              help="Seconds to wait for the broker's answer.")
-@click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
-              help="Encrypt with CURVE using KEYDIR/client.key_secret and KEYDIR/broker.key "
-                   "[default: the admin file's keys, if any].")
+@with_options(admin_target_options)
 @click.pass_context
 def admin(ctx: click.Context, address: str | None, admin_file: str | None,
           connection_file: str | None, token: str | None, token_file: str | None,

@@ -61,6 +61,25 @@ timing_options = [
 ]
 
 
+def _metrics_address(ctx: click.Context, param: click.Parameter,
+                     value: str | None) -> str | None:
+    from fabric.broker.metrics import parse_address
+
+    if value is not None:
+        try:
+            parse_address(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return value
+
+
+metrics_option = click.option(
+    "--metrics", metavar="HOST:PORT", default=None, callback=_metrics_address,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (a port alone: on loopback; "
+         "port 0 picks a free one) [default: not served]. Bound only there: anyone who can "
+         "reach it sees the cluster's figures (never a token or session id).")
+
+
 def as_usage_error(call: Callable[[], Any]) -> Any:
     """``call()``, with a ConfigError (a bad key file, say) turned into a usage error."""
     try:

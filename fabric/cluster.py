@@ -153,6 +153,7 @@ class LocalCluster:
         self.workers: list[subprocess.Popen] = []
         self.address = ""
         self.backend_address = backend_address
+        self.metrics_url: str | None = None  # the broker's /metrics, with --metrics in broker_args
         # Where write_connection_file and write_admin_file wrote, once they have.
         self.connection_file: str | None = None
         self.admin_file: str | None = None
@@ -199,6 +200,7 @@ class LocalCluster:
             raise ClusterError("The broker did not start: " + self.log_tail("broker", 1))
         ready = json.loads(line)
         self.address, self.backend_address = ready["frontend"], ready["backend"]
+        self.metrics_url = ready.get("metrics")
 
     def restart_broker(self, timeout: float = 5.0) -> None:
         """Stop the broker and start it again on the same addresses with the same tokens.
@@ -252,16 +254,23 @@ class LocalCluster:
         raise ClusterError(f"{', '.join(missing) or 'a worker'} did not register in time:\n"
                            + "\n".join(self.log_tail(m) for m in missing))
 
-    def start(self) -> "LocalCluster":
-        """Start the broker and every worker, and wait until all devices are registered."""
+    def start(self, report: Callable[[str], None] | None = None) -> "LocalCluster":
+        """Start the broker and every worker, and wait until all devices are registered;
+        ``report`` gets a line as the broker starts and as each worker registers."""
         atexit.register(self.stop)
         try:
             self.start_broker()
+            if report is not None:
+                report(f"broker at {self.address}; starting {self.n_workers} worker(s)")
             # One at a time: the broker numbers devices in registration order, so worker-i's
             # devices come after those of every worker before it.
             for i in range(self.n_workers):
                 self.start_worker(i)
-                self.wait_for_devices((i + 1) * self.devices_per_worker)
+                devices = self.wait_for_devices((i + 1) * self.devices_per_worker)
+                if report is not None:
+                    indexes = [d.index for d in devices if d.worker == f"worker-{i}"]
+                    report(f"worker-{i} registered ({i + 1} of {self.n_workers}): device(s) "
+                           f"{', '.join(map(str, indexes))}")
         except BaseException:
             self.stop()
             raise

@@ -26,7 +26,7 @@ def cluster_up(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "2",
          "--frontend", "tcp://127.0.0.1:*", "--worker-address", "tcp://127.0.0.1:*",
-         "--connection-file", str(path), "--heartbeat", "0.2"],
+         "--connection-file", str(path), "--heartbeat", "0.2", "--metrics", "127.0.0.1:0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: path.exists() or proc.poll() is not None, 30, "the connection file")
@@ -64,6 +64,11 @@ def test_cluster_up_serves_through_its_connection_file_and_stops_on_ctrl_c(clust
     assert f"logs in {logs}" in out and err.rstrip().endswith(f"logs kept in {logs}")
     assert {p.name for p in logs.iterdir()} == {"broker.log", "worker-0.log", "worker-1.log"}
     assert "registered with" in (logs / "worker-1.log").read_text()
+    # Workers shown as they came in, then where the broker's metrics are.
+    assert err.index("worker-0 registered (1 of 2): device(s) 0") < \
+        err.index("worker-1 registered (2 of 2): device(s) 1")
+    metrics_url = out.split("metrics:  ", 1)[1].split()[0]
+    assert metrics_url.startswith("http://127.0.0.1:") and metrics_url.endswith("/metrics")
 
 
 def test_cluster_up_writes_a_connection_file_for_users_and_an_admin_file_for_operators(

@@ -1,0 +1,237 @@
+"""The broker's Prometheus metrics: figures the I/O loop publishes, a collector that reads them.
+
+Rule: a scrape never touches the registry. The registry belongs to the I/O loop's thread, and
+prometheus_client answers scrapes in threads of its own; so the loop calls ``publish`` (at
+most every ``interval`` seconds, and only when ``--metrics`` is on), which builds an immutable
+snapshot of the figures from the registry (``figures``, sans I/O) and swaps it in with one
+assignment; a scrape turns the latest snapshot into metric families (``families``, sans I/O)
+and never waits for the loop, nor the loop for it.
+
+Labels stay few: ``device`` and ``worker`` at most, plus small fixed sets (a state, a
+direction, a refusal reason, an event name); never a session or connection id. The broker
+sees data messages, not the ops inside them (it never decodes their bodies), so a device's
+work is counted in SUBMIT batches; workers report no memory figures to the broker, so there
+are no memory metrics.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import start_wsgi_server
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from .admin import RegistryView, device_traffic
+from .model import Traffic
+
+PUBLISH_INTERVAL = 0.25  # seconds between snapshots: what a scrape sees is at most this old
+DEFAULT_HOST = "127.0.0.1"  # a bare port binds to loopback only
+PREFIX = "fabric_"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or a bare ``PORT`` (loopback) as (host, port); port 0
+    picks a free one. Raises ValueError with a sentence that says what to write."""
+    host, _, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    if (not port.isdigit() or not 0 <= int(port) <= 65535
+            or (":" in host and not (bracketed and _is_ip(host)))):
+        raise ValueError(f"{text!r} is not an address to serve metrics on: write HOST:PORT, "
+                         f"like {DEFAULT_HOST}:9464 ([::1]:9464 for IPv6), or a port alone "
+                         "for loopback.")
+    return host or DEFAULT_HOST, int(port)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _worker_state(worker: Any) -> str:
+    return "draining" if worker.draining else "ready" if worker.ready else "attaching"
+
+
+def _count_by(values: Any, *states: str) -> dict[str, int]:
+    counts = dict.fromkeys(states, 0)
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
+    """What the metrics show, read from the registry at ``now`` (``held``: refusal answers
+    the loop holds back): fresh copies, in read-only mappings and tuples, that nothing
+    changes once built."""
+    online = {d["index"] for d in registry.devices}
+    traffic = device_traffic(registry)
+    sessions_on: dict[tuple[str, int], int] = {}
+    for session in registry.sessions.values():
+        key = (registry.workers[session.worker].name, session.local)
+        sessions_on[key] = sessions_on.get(key, 0) + 1
+    devices = tuple(
+        MappingProxyType({"device": str(index), "worker": name, "online": index in online,
+                          "sessions": sessions_on.get((name, local), 0),
+                          "traffic": traffic.get((name, local), Traffic())})
+        for index, (name, local) in sorted(registry.device_slots.items()))
+    counters = registry.counters
+    return MappingProxyType({
+        "uptime": now - registry.started,
+        "workers": _count_by(map(_worker_state, registry.workers.values()),
+                             "ready", "attaching", "draining"),
+        "devices": devices,
+        "sessions": _count_by((s.phase.value for s in registry.sessions.values()),
+                              "opening", "open", "closing"),
+        "sessions_opened": counters["hellos"],
+        "sessions_ended": sum(t.sessions for t in registry.retired.values()),
+        "refusals": dict(registry.rejects),
+        "tokens_refused": counters["tokens_refused"],
+        "workers_lost": counters["workers_lost"],
+        "queues": {"parked_messages": 0, "parked_bytes": 0, "peers_waiting": 0,
+                   "frontend_paused": False, **registry.queue_figures()},
+        "held_answers": held,
+        "events": dict(counters),
+    })
+
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def _gauge(name: str, documentation: str, value: float | None = None,
+           labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, documentation, value=value,
+                             labels=list(labels) if labels else None)
+
+
+def _counter(name: str, documentation: str, value: float | None = None,
+             labels: tuple[str, ...] = ()) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, documentation, value=value,
+                               labels=list(labels) if labels else None)
+
+
+def _by_label(make: Callable[..., Metric], name: str, documentation: str, label: str,
+              counts: Mapping[str, float]) -> Metric:
+    """A family of one ``label``, with a sample per key of ``counts``."""
+    family = make(name, documentation, labels=(label,))
+    for key, value in sorted(counts.items()):
+        family.add_metric([key], value)
+    return family
+
+
+def _device_families(devices: tuple[Mapping[str, Any], ...]) -> Iterator[Metric]:
+    labels = ("device", "worker")
+    online = _gauge("device_online", "1 while the device's worker is connected, else 0.",
+                    labels=labels)
+    sessions = _gauge("device_sessions", "Sessions the broker holds on the device now.",
+                      labels=labels)
+    messages = _counter("routed_messages_total", "Data messages routed, by direction: "
+                        "to_device (from clients, and tensors moving in from another device) "
+                        "or to_client.", labels=(*labels, "direction"))
+    sizes = _counter("routed_bytes_total", "Bytes of the data messages routed, by direction "
+                     "(as routed_messages_total).", labels=(*labels, "direction"))
+    submits = _counter("device_submits_total", "SUBMIT messages (batches of ops) sent to the "
+                       "device.", labels=labels)
+    errors = _counter("device_errors_total", "ERROR messages the device sent about a "
+                      "session.", labels=labels)
+    for device in devices:
+        key = [device["device"], device["worker"]]
+        traffic: Traffic = device["traffic"]
+        online.add_metric(key, 1.0 if device["online"] else 0.0)
+        sessions.add_metric(key, device["sessions"])
+        for direction, count, size in (("to_device", traffic.messages_in, traffic.bytes_in),
+                                       ("to_client", traffic.messages_out, traffic.bytes_out)):
+            messages.add_metric([*key, direction], count)
+            sizes.add_metric([*key, direction], size)
+        submits.add_metric(key, traffic.submits)
+        errors.add_metric(key, traffic.errors)
+    yield from (online, sessions, messages, sizes, submits, errors)
+
+
+def families(snapshot: Mapping[str, Any]) -> list[Metric]:
+    """The metric families of one snapshot of ``figures`` (none before the first)."""
+    if not snapshot:
+        return []
+    devices = snapshot["devices"]
+    queues = snapshot["queues"]
+    online = sum(1 for device in devices if device["online"])
+    return [
+        _gauge("uptime_seconds", "Seconds since the broker started.", snapshot["uptime"]),
+        _by_label(_gauge, "workers", "Connected workers by state: ready, attaching (not all "
+                  "device lanes heard from yet) or draining.", "state", snapshot["workers"]),
+        _by_label(_gauge, "devices", "Device indexes by state: online, or offline (their worker "
+                  "is gone; the index is kept for it).", "state",
+                  {"online": online, "offline": len(devices) - online}),
+        *_device_families(devices),
+        _by_label(_gauge, "sessions", "Sessions by state: opening, open or closing.", "state",
+                  snapshot["sessions"]),
+        _counter("sessions_opened_total", "HELLOs accepted: sessions sent to a device to open.",
+                 snapshot["sessions_opened"]),
+        _counter("sessions_ended_total", "Sessions ended, for any reason.",
+                 snapshot["sessions_ended"]),
+        _by_label(_counter, "refusals_total", "Refusals by reason (the error code, such as "
+                  "AuthenticationError): sessions refused (HELLO), workers refused (REGISTER), "
+                  "admin commands refused, connections refused in the ZeroMQ handshake.",
+                  "reason", snapshot["refusals"]),
+        _counter("tokens_refused_total", "Failed authentications: tokens or keys refused, in "
+                 "the ZeroMQ handshake or in a message.", snapshot["tokens_refused"]),
+        _counter("workers_lost_total", "Workers lost: disconnected, silent past the liveness "
+                 "bound, not reading, or replaced.", snapshot["workers_lost"]),
+        _gauge("queue_parked_messages", "Messages parked for peers whose queue is full.",
+               queues["parked_messages"]),
+        _gauge("queue_parked_bytes", "Bytes of the parked messages.", queues["parked_bytes"]),
+        _gauge("queue_peers_waiting", "Peers with parked messages.", queues["peers_waiting"]),
+        _gauge("frontend_paused", "1 while clients are not read because a worker's queue is "
+               "full, else 0.", 1.0 if queues["frontend_paused"] else 0.0),
+        _gauge("held_answers", "Answers to refused tokens held back (the auth delay).",
+               snapshot["held_answers"]),
+        _by_label(_counter, "broker_events_total", "Every event the broker counts, by name (as "
+                  "fabric admin status lists them under counters).", "event",
+                  snapshot["events"]),
+    ]
+
+
+class FabricCollector(Collector):
+    """A prometheus_client collector over the latest snapshot that ``latest`` returns."""
+
+    def __init__(self, latest: Callable[[], Mapping[str, Any]]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families of the latest snapshot (one read of it per scrape)."""
+        return iter(families(self._latest()))
+
+
+class MetricsPublisher:
+    """The snapshot the I/O loop publishes and the HTTP server's threads read; and that
+    server, bound where the operator said."""
+
+    def __init__(self, host: str, port: int, interval: float = PUBLISH_INTERVAL) -> None:
+        self.latest: Mapping[str, Any] = EMPTY
+        self.due = 0.0  # when the loop publishes next
+        self._interval = interval
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(FabricCollector(lambda: self.latest))
+        self._server, self._thread = start_wsgi_server(port, host, registry)
+
+    @property
+    def url(self) -> str:
+        """Where Prometheus scrapes (with the actual port when bound to port 0)."""
+        host, port = self._server.server_address[:2]
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+    def publish(self, registry: RegistryView, now: float, held: int) -> None:
+        """Swap in a fresh snapshot (one assignment: a scrape sees the old or the new)."""
+        self.latest = figures(registry, now, held)
+        self.due = now + self._interval
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()

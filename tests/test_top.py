@@ -1,0 +1,92 @@
+"""``fabric top``: one frame as JSON from a real cluster with known sessions, and the view's
+rates from two snapshots sans I/O."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from fabric.top import view
+
+
+def top(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabric", "top", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_once_json_lists_the_known_sessions_devices_and_workers(cluster, tmp_path):
+    admin_file = cluster.write_admin_file(tmp_path / "cluster-admin.json")
+    with cluster.connect(device=0) as a, cluster.connect(device=0) as b, \
+            cluster.connect(device=1) as c:
+        a.asarray([1.0, 2.0, 3.0]).sum().numpy()
+        done = top("--admin-file", admin_file, "--once", "--json", "--interval", "0.2")
+        assert done.returncode == 0, done.stderr
+        frame = json.loads(done.stdout)
+        listed = {int(row["id"], 16): row for row in frame["sessions"]}
+        assert set(listed) == {a.id, b.id, c.id}
+        assert [listed[s.id]["device"] for s in (a, b, c)] == [0, 0, 1]
+        assert all(row["state"] == "open" for row in listed.values())
+        assert listed[a.id]["bytes"] > 0 and listed[a.id]["submits"] >= 1
+        assert listed[b.id]["submits"] == 0
+        devices = {row["index"]: row for row in frame["devices"]}
+        assert (devices[0]["sessions"], devices[1]["sessions"]) == (2, 1)
+        assert all(row["online"] for row in devices.values())
+        assert [w["name"] for w in frame["workers"]] == ["worker-0", "worker-1"]
+        assert [w["sessions"] for w in frame["workers"]] == [2, 1]
+        broker = frame["broker"]
+        assert (broker["workers"], broker["devices_online"], broker["sessions"]) == (2, 2, 3)
+        assert frame["address"] == cluster.address
+        assert "token" not in done.stdout and cluster.admin_token not in done.stdout
+
+
+def test_once_draws_a_frame_and_json_needs_once(cluster, tmp_path):
+    admin_file = cluster.write_admin_file(tmp_path / "cluster-admin.json")
+    with cluster.connect(device=1) as session:
+        drawn = top("--admin-file", admin_file, "--once", "--interval", "0.2")
+        assert drawn.returncode == 0, drawn.stderr
+        assert f"{session.id:#018x}" in drawn.stdout
+        assert "worker-1" in drawn.stdout and cluster.address in drawn.stdout
+    refused = top("--admin-file", admin_file, "--json")
+    assert refused.returncode == 2 and "--once" in refused.stderr
+
+
+def test_a_client_token_is_refused_like_fabric_admin(cluster, tmp_path):
+    done = top("--address", cluster.address, "--token", cluster.token, "--once",
+               "--interval", "0.2")
+    assert done.returncode == 1
+    assert done.stderr.startswith("fabric top: ")
+
+
+def _snapshot(at: float, messages: int, submits: int, session_bytes: int) -> dict:
+    traffic = {"messages": messages, "bytes": 10 * messages, "submits": submits, "errors": 0}
+    return {
+        "at": at, "address": "tcp://127.0.0.1:5555",
+        "status": {"server": "s", "uptime": at, "workers": 1, "devices_online": 1,
+                   "devices_total": 1, "sessions": 1, "sessions_ended": 0,
+                   "traffic": traffic, "rejects": {"unauthorized": 2, "device_not_found": 1},
+                   "queues": {"parked_messages": 0, "frontend_paused": False}},
+        "workers": [{"name": "w", **traffic}],
+        "devices": [{"index": 0, **traffic}],
+        "sessions": [{"id": "0x1", "messages": messages, "bytes": session_bytes,
+                      "submits": submits}],
+    }
+
+
+def test_rates_are_differences_of_two_snapshots_over_their_interval():
+    frame = view(_snapshot(10.0, 100, 4, 1000), _snapshot(12.0, 160, 10, 5000))
+    assert frame["interval"] == 2.0
+    for row in (frame["broker"], frame["workers"][0], frame["devices"][0]):
+        assert (row["messages_per_s"], row["bytes_per_s"], row["submits_per_s"]) == \
+            (30.0, 300.0, 3.0)
+    assert frame["sessions"][0]["bytes_per_s"] == 2000.0
+    assert frame["broker"]["rejects"] == 3
+
+
+def test_a_row_new_since_the_first_snapshot_counts_all_it_did_as_in_the_interval():
+    before = _snapshot(0.0, 20, 2, 0)
+    before["sessions"] = []
+    frame = view(before, _snapshot(0.5, 50, 5, 500))
+    assert frame["sessions"][0]["submits_per_s"] == 10.0
+    assert frame["sessions"][0]["bytes_per_s"] == 1000.0
+    assert frame["devices"][0]["submits_per_s"] == 6.0
