@@ -11,6 +11,7 @@ import pytest
 
 import fabric
 from fabric import LocalCluster
+from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
 
 # Short heartbeats keep fault tests fast; the code paths are the same as the defaults.
 HEARTBEAT = 0.2
@@ -85,3 +86,13 @@ def cluster():
     """A broker and two one-device numpy workers, with short heartbeats."""
     with LocalCluster(workers=2, heartbeat=HEARTBEAT) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def numexpr_session():
+    """A session on a numexpr device that fuses chains of every size (these are small)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(MIN_SIZE_ENV, "0")  # the worker's environment is this process's
+        with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
+                cluster.connect() as session:
+            yield session

@@ -18,13 +18,11 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import HEARTBEAT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fabric
-from fabric import LocalCluster, Tensor
-from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
+from fabric import Tensor
 
 DTYPES = ["bool", "int32", "int64", "float32", "float64"]
 SHAPES = [(), (3,), (2, 3), (1, 3), (2, 1, 3), (0, 3)]
@@ -298,16 +296,6 @@ EXAMPLES = settings(max_examples=EXAMPLE_COUNT,
 @given(chains())
 def test_random_chains_agree_with_numpy(session, chain):
     check(session, chain)
-
-
-@pytest.fixture(scope="module")
-def numexpr_session():
-    """A session on a numexpr device that fuses chains of every size (these are small)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MIN_SIZE_ENV, "0")  # the worker's environment is this process's
-        with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
-                cluster.connect() as session:
-            yield session
 
 
 @EXAMPLES

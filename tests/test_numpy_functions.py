@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import HEARTBEAT
 from test_tensor_ops import DTYPES, compare, data, expect_same, poisoned
 
-from fabric import LocalCluster, Tensor
+from fabric import Tensor
 from fabric.errors import RemoteError
-from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
 
 # Functions of a (3, 4) array t and a positive one u, over every dtype (numpy's refusals
 # included: an axis out of range, a float bincount).
@@ -239,16 +237,6 @@ def test_forms_fabric_does_not_take_are_refused_at_the_call_saying_what_to_do(se
     t = poisoned(session)
     with pytest.raises(error):
         call(t)
-
-
-@pytest.fixture(scope="module")
-def numexpr_session():
-    """A session on a numexpr device that fuses chains of every size (these are small)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MIN_SIZE_ENV, "0")  # the worker's environment is this process's
-        with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
-                cluster.connect() as session:
-            yield session
 
 
 @pytest.mark.parametrize("table", [EVERYDAY, APPROX_EVERYDAY, LINALG],
