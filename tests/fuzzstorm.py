@@ -44,7 +44,7 @@ from test_protocol import (  # noqa: E402
 )
 
 from fabric import protocol  # noqa: E402
-from fabric.errors import ProtocolError  # noqa: E402
+from fabric.errors import ProtocolError, WrongPort  # noqa: E402
 from fabric.protocol import (  # noqa: E402
     DATA_KINDS,
     HEADER,
@@ -300,8 +300,10 @@ class StormPeers:
                 if header.kind in DATA_KINDS:
                     continue  # forwarded from the storm's own worker as it sent it
                 answer = protocol.decode(frames)  # the broker's own: valid
+                # (a worker's kind on the clients' port is a protocol error answered as
+                # WrongPort, which names the right port)
                 if answer.kind in (Kind.ERROR, Kind.REJECT) \
-                        and answer.body["code"] == ProtocolError.code:
+                        and answer.body["code"] in (ProtocolError.code, WrongPort.code):
                     self.protocol_errors[name] += 1
 
     def settle(self, quiet: float = 0.5, limit: float = 10.0) -> None:

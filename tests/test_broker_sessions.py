@@ -64,7 +64,7 @@ def test_an_ended_session_leaves_every_index_and_its_traffic_is_kept():
     table, workers, worker = table_with_worker()
     session = new_session(table, worker, 7)
     new_session(table, worker, 8, client=C2)
-    session.messages, session.bytes = 3, 300
+    session.messages_in, session.bytes_in = 3, 300
     assert table.end(session) is OPENING
     assert session.phase is ENDED
     assert set(table.sessions) == {8} and worker.sessions == {8}
