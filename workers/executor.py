@@ -139,8 +139,8 @@ class Executor(GraphOps):
         running = _running_op(sys._getframe(1))
         if running is None:  # (nothing computes here outside an op)
             return
-        session, name, op = running
-        warning = op._replace(message=f"{kind} encountered in {name}")  # (numpy's words)
+        session, name, out, graph, graph_op = running
+        warning = DeviceWarning(f"{kind} encountered in {name}", out, graph, graph_op)
         if warning in session.warnings:
             return
         if len(session.warnings) < MAX_WARNINGS:
@@ -525,23 +525,23 @@ class Executor(GraphOps):
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 
 
-def _running_op(frame: FrameType | None) -> tuple[DeviceSession, str, DeviceWarning] | None:
-    """The session and op that ``frame`` (numpy's caller) runs for: the op's name, and the
-    warning naming it, its message left empty. Read from the frames of ``Executor._run`` (its
-    locals ``session``, ``name``, ``out``, ``params``) and of a graph's plan; only a warning
-    pays for this look."""
+def _running_op(frame: FrameType | None) -> tuple[DeviceSession, str, int, Any, Any] | None:
+    """The session and op that ``frame`` (numpy's caller) runs for: the op's name, the tensor
+    it makes and, inside a graph, the graph's id and the op's index there. Read from the
+    frames of ``Executor._run`` (its locals ``session``, ``name``, ``out``, ``params``) and
+    of a graph's plan; only a warning pays for this look."""
     graph_op = None
     while frame is not None:
         if frame.f_code is _RUN_CODE:
             local = frame.f_locals
             session, name, out = local["session"], local["name"], local["out"]
             if name != "graph_call":
-                return session, name, DeviceWarning("", out)
+                return session, name, out, None, None
             graph_id = local["params"].get("graph")
             graph = session.graphs.held.get(graph_id)
             if graph is not None and graph_op is not None:
                 name = graph.op_names[graph_op]
-            return session, name, DeviceWarning("", out, graph_id, graph_op)
+            return session, name, out, graph_id, graph_op
         if graph_op is None:
             graph_op = plan_op(frame)
         frame = frame.f_back
