@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 _ERRORS = (
     "AuthenticationError", "ConnectError", "DeviceNotHostable", "EncryptionError", "FabricError",
     "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoSuchDevice",
-    "ProtocolError", "RemoteError", "RequestTimeout", "ServerDisconnected", "SessionLost",
-    "TooManySessions", "TraceError", "VersionMismatch", "WrongPort",
+    "ProtocolError", "RemoteError", "RemoteWarning", "RequestTimeout", "ServerDisconnected",
+    "SessionLost", "TooManySessions", "TraceError", "VersionMismatch", "WrongPort",
 )
 _HOMES = {
     "Admin": "admin", "Trace": "trace", "capture": "trace", "Device": "device",

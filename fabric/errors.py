@@ -197,6 +197,13 @@ class ClusterError(FabricError):
     code = "cluster_error"
 
 
+class RemoteWarning(RuntimeWarning):
+    """numpy warned on the device (divide by zero, overflow, invalid value): issued through
+    Python's ``warnings`` at the next read or sync, at the line of user code that issued the
+    op, with numpy's message. Not an error: it has no code, and ``warnings`` filters decide
+    what becomes of it (``"error"`` raises it at that read)."""
+
+
 def _all_subclasses(cls: type[FabricError]) -> list[type[FabricError]]:
     found = [cls]
     for sub in cls.__subclasses__():

@@ -21,6 +21,7 @@ from .arrays import ArrayNamespace
 from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, check_version, expect_reply,
                          naming_connection_file)
 from .device import Device
+from .device_warnings import issue_warnings
 from .errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeout, SessionLost,
                      error_from_wire)
 from .flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
@@ -138,7 +139,10 @@ class Session(ArrayNamespace):
         reply = self.connection.request(Message(Kind.REQUEST, self.id, 0, body),
                                         self.timeout if timeout is None else timeout,
                                         session=self.id)
-        return expect_reply(reply, Kind.REPLY)
+        reply = expect_reply(reply, Kind.REPLY)
+        if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
+            issue_warnings(reply.body, self.stream)
+        return reply
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
         """Flush, send a request to the device and return its reply (raising its error)."""

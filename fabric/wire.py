@@ -29,6 +29,10 @@ Graph ops (``fabric.graph`` traces, ``workers.graphs`` runs), in the same stream
 Inside a graph, ids are local: ``1..len(inputs)`` are the inputs, then one id per op; a
 call's outputs are the ids ``first_out .. first_out + n - 1``. Each session holds at most
 ``GRAPH_CACHE_SIZE`` graphs on its worker.
+
+A REPLY's body may carry the floating-point warnings of the session's ops since the last
+reply (``DeviceWarning``): ``"warnings": [[message, tensor, graph, graph_op], ...]``, at most
+``MAX_WARNINGS`` distinct ones, and ``"warnings_dropped"``: how many more were left out.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the client mirror
 GRAPH_OPS = ("graph_register", "graph_call", "graph_free")
 SESSION_OPS = ("seed", "send", *GRAPH_OPS)  # ops that act on the session, not the op table's
 INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (msgpack's)
+MAX_WARNINGS = 64  # distinct device warnings one reply carries; more are only counted
 
 
 class OpEntry(NamedTuple):
@@ -66,6 +71,35 @@ def parse_op(entry: Any) -> OpEntry:
     if type(out) is not int:  # an id; anything else could not even be poisoned
         raise ProtocolError(f"Malformed op {entry!r}.")
     return OpEntry(name, out, args, params)
+
+
+class DeviceWarning(NamedTuple):
+    """A warning numpy gave on the device: its message, and the op that caused it, named by
+    the tensor it made (a graph call's first output) and, inside a graph, the graph's id and
+    the op's index in it."""
+
+    message: str
+    tensor: int
+    graph: int | None = None
+    graph_op: int | None = None
+
+
+def decode_warnings(body: dict[str, Any]) -> tuple[list[DeviceWarning], int]:
+    """The device warnings a REPLY body carries, and how many more were left out;
+    ProtocolError if they are malformed."""
+    entries, dropped = body.get("warnings", []), body.get("warnings_dropped", 0)
+    if not isinstance(entries, list) or len(entries) > MAX_WARNINGS or type(dropped) is not int:
+        raise ProtocolError(f"A reply's 'warnings' must be a list of at most {MAX_WARNINGS} "
+                            "entries, and 'warnings_dropped' an int.")
+    found = []
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 4 and type(entry[0]) is str
+                and type(entry[1]) is int
+                and all(v is None or type(v) is int for v in entry[2:])):
+            raise ProtocolError(f"Malformed device warning {entry!r}: it must be "
+                                "[message, tensor, graph, graph_op].")
+        found.append(DeviceWarning(*entry))
+    return found, dropped
 
 
 def encode_index(index: tuple[Any, ...]) -> list[Any]:

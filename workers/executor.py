@@ -7,6 +7,13 @@ of the worker's ``MemoryBudget``, both checked before an op allocates: ``workers
 and answering reads and syncs. The device thread feeds it decoded messages and sends back
 what it returns.
 
+Warnings: numpy's floating-point warnings (divide by zero, overflow, invalid value) of a
+session's ops are kept per session (at most ``MAX_WARNINGS`` distinct ones, the rest
+counted) and carried back in the session's next REPLY. The device thread runs in
+``floating_point_errors()``: numpy, which checks the FPU's flags after every ufunc anyway,
+then calls ``_on_float_error`` instead of printing on the worker's stderr; nothing runs per op
+that warns nothing. The callback finds the op from the executor's own frames.
+
 The device is reached only through the ``Backend`` contract (``backends.base``). Telemetry:
 a device counts its own work (``DEVICE_COUNTERS``: ops it fused, expressions it evaluated);
 what that grows by while one session's message is handled is credited to that session.
@@ -14,7 +21,9 @@ what that grows by while one session's message is handled is credited to that se
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -23,10 +32,11 @@ from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY
 from fabric.ops import OPS, RANDOM_OPS, Spec
 from fabric.protocol import Kind, Message, reply_to
-from fabric.wire import decode_params, decode_scalar, device_dtype, dtype_name, parse_op
+from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
+                         dtype_name, parse_op)
 
 from .backends.base import DEVICE_COUNTERS, Backend, DeferredError, DeferredValue, Value
-from .graphs import GraphOps, SessionGraphs
+from .graphs import GraphOps, SessionGraphs, plan_op
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
 
 # For a device whose ``plain_calls`` is true, an op without params is this call, its result
@@ -54,6 +64,9 @@ class DeviceSession:
     # Tensors this session consented to receive (``expect``): one-time ticket -> new tensor id.
     expected: dict[int, int] = field(default_factory=dict)
     transfers_refused: int = 0  # TRANSFERs without a ticket it gave: dropped
+    # numpy's warnings since the last REPLY (distinct ones, in order), and how many more
+    warnings: dict[DeviceWarning, None] = field(default_factory=dict)
+    warnings_dropped: int = 0
     graphs: SessionGraphs = field(default_factory=SessionGraphs)
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEVICE_COUNTERS, 0))
 
@@ -112,6 +125,28 @@ class Executor(GraphOps):
         self.allowance.held -= self.sessions.pop(message.session).resident
         self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
+
+    def floating_point_errors(self) -> np.errstate:
+        """numpy's error state for the thread that runs this device (numpy keeps it per
+        thread): divide by zero, overflow and invalid value call ``_on_float_error`` instead
+        of warning; underflow stays ignored, as numpy's default says."""
+        return np.errstate(call=self._on_float_error, divide="call", over="call",
+                           invalid="call", under="ignore")
+
+    def _on_float_error(self, kind: str, flag: int) -> None:
+        """numpy's callback for an op that hit a floating-point error: keep numpy's warning
+        (``kind`` is "divide by zero", ...) for the op's session, once per op."""
+        running = _running_op(sys._getframe(1))
+        if running is None:  # (nothing computes here outside an op)
+            return
+        session, name, out, graph, graph_op = running
+        warning = DeviceWarning(f"{kind} encountered in {name}", out, graph, graph_op)
+        if warning in session.warnings:
+            return
+        if len(session.warnings) < MAX_WARNINGS:
+            session.warnings[warning] = None
+        else:
+            session.warnings_dropped += 1
 
     def close_all(self) -> None:
         """Forget every session (the broker that knew them is gone)."""
@@ -415,7 +450,10 @@ class Executor(GraphOps):
         tensor_id = message.body.get("id", 0)
         if type(tensor_id) is not int:  # (tested here first: this is every read's path)
             _require_ints(f"A {op} request", id=tensor_id)
-        return handler(self, session, message)
+        replies = handler(self, session, message)
+        if session.warnings and replies:  # (an await answered later carries them then)
+            _carry_warnings(session, replies[0])
+        return replies
 
     def _sync(self, session: DeviceSession, message: Message) -> list[Message]:
         for tensor_id in [t for t, v in session.tensors.items() if isinstance(v, DeferredValue)]:
@@ -488,6 +526,38 @@ class Executor(GraphOps):
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 
 
+def _running_op(frame: FrameType | None) -> tuple[DeviceSession, str, int, Any, Any] | None:
+    """The session and op that ``frame`` (numpy's caller) runs for: the op's name, the tensor
+    it makes and, inside a graph, the graph's id and the op's index there. Read from the
+    frames of ``Executor._run`` (its locals ``session``, ``name``, ``out``, ``params``) and
+    of a graph's plan; only a warning pays for this look."""
+    graph_op = None
+    while frame is not None:
+        if frame.f_code is _RUN_CODE:
+            local = frame.f_locals
+            session, name, out = local["session"], local["name"], local["out"]
+            if name != "graph_call":
+                return session, name, out, None, None
+            graph_id = local["params"].get("graph")
+            graph = session.graphs.held.get(graph_id)
+            if graph is not None and graph_op is not None:
+                name = graph.op_names[graph_op]
+            return session, name, out, graph_id, graph_op
+        if graph_op is None:
+            graph_op = plan_op(frame)
+        frame = frame.f_back
+    return None
+
+
+def _carry_warnings(session: DeviceSession, reply: Message) -> None:
+    """Move the session's warnings into ``reply``'s body (``fabric.wire.DeviceWarning``)."""
+    reply.body["warnings"] = [list(w) for w in session.warnings]
+    if session.warnings_dropped:
+        reply.body["warnings_dropped"] = session.warnings_dropped
+    session.warnings.clear()
+    session.warnings_dropped = 0
+
+
 def _error(message: Message, error: FabricError, kind: Kind = Kind.ERROR) -> Message:
     return Message(kind, message.session, message.request, error.to_wire())
 
@@ -513,3 +583,6 @@ def _require_ints(what: str, **ids: Any) -> None:
 
 def _reply_error(message: Message, error: FabricError) -> Message:
     return reply_to(message, {"error": error.to_wire()})
+
+
+_RUN_CODE = Executor._run.__code__

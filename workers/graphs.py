@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Callable
 
 import msgpack
@@ -44,6 +45,7 @@ from .backends.base import Backend, GraphPlan
 from .memory import need
 
 _FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops
+_PLAN_FILE = "<fabric graph "  # how a generated plan's file name starts
 
 
 @dataclass
@@ -69,7 +71,7 @@ class RegisteredGraph:
     @property
     def filename(self) -> str:
         """The file name of its generated plan, found again in tracebacks."""
-        return f"<fabric graph {self.id}>"
+        return f"{_PLAN_FILE}{self.id}>"
 
 
 def _check(condition: bool, graph_id: Any, what: str) -> None:
@@ -176,6 +178,13 @@ def generate(graph: RegisteredGraph, ops: list[list[Any]], outputs: list[int],
     lines.append(f"    return [{', '.join(names[o] for o in outputs)}]")
     exec(compile("\n".join(lines), graph.filename, "exec"), namespace)
     return namespace["plan"]
+
+
+def plan_op(frame: FrameType) -> int | None:
+    """The index of the op a generated plan's ``frame`` is running; None for another frame."""
+    if frame.f_code.co_filename.startswith(_PLAN_FILE):
+        return frame.f_lineno - _FIRST_OP_LINE
+    return None
 
 
 def failed_op(graph: RegisteredGraph, exc: BaseException) -> int | None:

@@ -111,6 +111,11 @@ class _DeviceThread:
         self._pair = _pair(worker.context, worker.hwm)
         self._pair.connect(self.pair_address)
         self._poll_items = [(self._pair, POLLIN)]
+        # numpy's warnings of this device's ops go to their sessions, not to stderr
+        with self.lane.executor.floating_point_errors():
+            self._serve()
+
+    def _serve(self) -> None:
         waiting = self._waiting
         try:
             while True:
