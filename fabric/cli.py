@@ -244,25 +244,22 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     if curve and not (Path(curve) / "broker.key_secret").exists():
         as_usage_error(lambda: generate_keys(curve))
         click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
-    from fabric.workers.memory import budget_from_option
-
-    try:  # each worker's even share, as a size: the cluster's budget is measured once
-        share = budget_from_option(memory_budget) // max(workers, 1)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
-    memory_args = ("--memory-budget", str(max(share, 1)),
-                   *(("--memory-limit", str(memory_limit)) if memory_limit else ()))
     logs = Path(log_dir) if log_dir else logs_beside(client_path, datetime.now())
     try:
         logs.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"Cannot make the log folder {logs}: {exc.strerror}.") from None
-    running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files are a usage error
-        workers, backend=backend, devices_per_worker=devices_per_worker, heartbeat=heartbeat,
-        liveness=liveness, frontend=frontend, backend_address=worker_address,
-        worker_args=memory_args, curve=curve, log_dir=logs,
-        broker_args=("--state-file", str(state_file_beside(client_path)),
-                     *(("--metrics", metrics) if metrics else ()))))
+    try:
+        running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files: a usage error
+            workers, backend=backend, devices_per_worker=devices_per_worker,
+            heartbeat=heartbeat, liveness=liveness, frontend=frontend,
+            backend_address=worker_address, memory_budget=memory_budget,
+            worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
+            curve=curve, log_dir=logs,
+            broker_args=("--state-file", str(state_file_beside(client_path)),
+                         *(("--metrics", metrics) if metrics else ()))))
+    except ValueError as exc:  # the budget is measured once, and shared among the workers
+        raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
     kept = f"fabric cluster up: logs kept in {logs}"
     try:
         running.start(report=lambda line: click.echo(f"fabric cluster up: {line}", err=True))

@@ -126,7 +126,10 @@ class LocalCluster:
     With ``curve`` (a directory written by ``fabric keys generate``) every link is
     CURVE-encrypted and the broker accepts only that directory's client and worker keys.
     The children log to ``log_dir`` (made if missing, appended to, kept), or else to a
-    temporary folder removed when the cluster is left.
+    temporary folder removed when the cluster is left. ``memory_budget`` (a size or a
+    percentage of the memory available now, as ``fabric worker --memory-budget`` takes it) is
+    shared evenly among the workers, so together they are never promised more than the
+    machine has; ValueError when it is not one.
     """
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
@@ -134,7 +137,10 @@ class LocalCluster:
                  frontend: str = "tcp://127.0.0.1:*", backend_address: str = "tcp://127.0.0.1:*",
                  broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = (),
                  curve: str | os.PathLike[str] | None = None,
-                 log_dir: str | os.PathLike[str] | None = None) -> None:
+                 log_dir: str | os.PathLike[str] | None = None,
+                 memory_budget: str = "50%") -> None:
+        from fabric.workers.memory import budget_from_option  # (measured once, here)
+
         self.n_workers = workers
         # CURVE: a ``fabric keys generate`` directory; broker, workers and clients use its keys.
         self.curve_dir = os.path.abspath(curve) if curve is not None else None
@@ -147,7 +153,9 @@ class LocalCluster:
         self.liveness = liveness
         self.start_timeout = start_timeout
         self.broker_args = broker_args
-        self.worker_args = worker_args
+        # Each worker's share of the budget first: a --memory-budget in worker_args wins.
+        share = max(1, budget_from_option(memory_budget) // max(workers, 1))
+        self.worker_args = ("--memory-budget", str(share), *worker_args)
         self.token, self.worker_token, self.admin_token = new_token(), new_token(), new_token()
         self.broker: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []

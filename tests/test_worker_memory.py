@@ -212,3 +212,15 @@ def test_the_attacks_get_quota_exceeded_and_the_worker_serves_on(memory_cgroup):
         with cluster.connect() as fresh:
             assert fresh.arange(5).sum().numpy() == 10
         assert worker.poll() is None and cluster.workers[0] is worker
+
+
+def test_an_embedded_cluster_shares_its_budget_among_its_workers():
+    # Two workers of a 64 MiB cluster take 32 MiB each: together never more than promised.
+    with LocalCluster(workers=2, memory_budget="64MiB") as cluster:
+        for device in (0, 1):
+            with cluster.connect(device=device) as session:
+                assert session.ones(MiB).sum().numpy() == MiB  # 8 MiB (and its sum) fits
+                with pytest.raises(QuotaExceeded, match="--memory-budget"):
+                    session.ones(5 * MiB).numpy()  # 40 MiB, under the cluster's 64, does not
+    with pytest.raises(ValueError):
+        LocalCluster(workers=1, memory_budget="lots")
