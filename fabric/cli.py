@@ -202,6 +202,9 @@ def cluster() -> None:
               help="Most bytes the workers' sessions may hold in all, shared evenly among "
                    "the workers: a size (2G, 512MiB) or a percentage of the memory available "
                    "(see fabric worker --help).")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Times a worker that dies is restarted within a minute; past that it "
+                   "stays down and the others serve on (0: never restarted).")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
               help="Folder for the broker's and each worker's log (made if missing, appended "
                    "to, kept after stop) [default: NAME-logs-DATE-TIME beside the connection "
@@ -214,7 +217,8 @@ def cluster() -> None:
 @renamed_option("--backend-address", "--worker-address")
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
-               memory_limit: int | None, memory_budget: str, log_dir: str | None,
+               memory_limit: int | None, memory_budget: str, max_restarts: int,
+               log_dir: str | None,
                curve: str | None, metrics: str | None,
                heartbeat: float, liveness: int) -> None:
     """Start a broker and WORKERS workers, write a connection file and an admin file, serve
@@ -284,7 +288,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         if running.metrics_url:
             click.echo(f"metrics:  {running.metrics_url}")
         click.echo("Ctrl-C stops everything.", err=True)
-        reason = running.watch()
+        reason = running.watch(restarts=max_restarts)
         click.echo(f"fabric cluster up: {reason}; stopping everything", err=True)
     finally:
         running.__exit__()

@@ -60,28 +60,40 @@ def _opens(connection_file: Path, device: int):
     return attempt
 
 
-def test_a_killed_worker_is_restarted_by_cluster_up_and_the_others_serve_on(tmp_path):
+@pytest.mark.parametrize("max_restarts", [None, 0], ids=["default", "never"])
+def test_a_killed_worker_is_restarted_by_cluster_up_and_the_others_serve_on(tmp_path,
+                                                                            max_restarts):
     client_file, admin_file = tmp_path / "cluster.json", tmp_path / "admin.json"
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "2",
-         "--frontend", "tcp://127.0.0.1:*", "--backend-address", "tcp://127.0.0.1:*",
-         "--connection-file", str(client_file), "--admin-file", str(admin_file),
-         "--heartbeat", str(HEARTBEAT)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    said = tmp_path / "launcher.err"  # what the launcher reports, read while it runs
+    with open(said, "wb") as stderr:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "2",
+             "--frontend", "tcp://127.0.0.1:*", "--worker-address", "tcp://127.0.0.1:*",
+             "--connection-file", str(client_file), "--admin-file", str(admin_file),
+             "--heartbeat", str(HEARTBEAT),
+             *(("--max-restarts", str(max_restarts)) if max_restarts is not None else ())],
+            stdout=subprocess.DEVNULL, stderr=stderr)
+    expected = "stays down" if max_restarts == 0 else "restarting it"
     try:
         _until(client_file.exists)
         before = fabric.devices(connection_file=str(client_file))
         with fabric.connect(connection_file=str(client_file), device=1) as survivor:
             kept = survivor.arange(10)
             os.kill(_until(lambda: _worker_pid(launcher.pid, "worker-0")), signal.SIGKILL)
-            _until(_opens(client_file, 0))  # restarted, registered again, serving
+            _until(lambda: expected in said.read_text())
+            if max_restarts != 0:
+                _until(_opens(client_file, 0))  # restarted, registered again, serving
             assert kept.sum().numpy() == 45  # worker-1's session never noticed
         after = fabric.devices(connection_file=str(client_file))
-        assert [(d.index, d.worker) for d in after] == [(d.index, d.worker) for d in before]
+        if max_restarts == 0:  # left down (no process of it), the other worker serving
+            assert _worker_pid(launcher.pid, "worker-0") is None
+            assert "worker-1" in [d.worker for d in after]
+        else:
+            assert [(d.index, d.worker) for d in after] == [(d.index, d.worker) for d in before]
     finally:
         launcher.send_signal(signal.SIGTERM)
-        _, stderr = launcher.communicate(timeout=30)
-    assert "worker-0 exited with code -9" in stderr.decode() and "restarting it" in stderr.decode()
+        launcher.wait(timeout=30)
+    assert "worker-0 exited with code -9" in said.read_text()
 
 
 def test_a_worker_in_a_crash_loop_stays_down_after_the_bound():
