@@ -111,8 +111,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
               help="The broker's address for workers (fabric broker --worker-address).")
 @click.option("--backend", default="numpy", show_default=True,
-              help="Device backend to host: numpy or numexpr. (capture and remote devices cannot host a "
-                   "server and are refused.)")
+              help="Device backend to host: numpy or numexpr. (capture and remote devices "
+                   "cannot host a server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
 @click.option("--name", default=None, help="Worker name, unique in the cluster "

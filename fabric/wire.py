@@ -239,8 +239,8 @@ def encode_scalar(arg: Any) -> Any:
 
 def encode_param(name: str, key: str, value: Any) -> Any:
     """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float
-    or a str, or a list, tuple or str-keyed dict of them; numpy's scalars (and other subclasses) as the Python
-    scalars they hold. Anything else raises TypeError, at the call."""
+    or a str, or a list, tuple or str-keyed dict of them; numpy's scalars (and other
+    subclasses) as the Python scalars they hold. Anything else raises TypeError, at the call."""
     kind = type(value)
     if kind is bool or kind is float or kind is str or value is None:
         return value

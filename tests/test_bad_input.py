@@ -116,7 +116,8 @@ def test_messages_for_sessions_that_do_not_exist_get_session_lost(cluster):
 
 
 def test_a_client_cannot_reach_into_another_clients_session(cluster):
-    with cluster.connect(device=0, timeout=5) as session, RawDealer(cluster.address, cluster.token) as thief:
+    with cluster.connect(device=0, timeout=5) as session, \
+            RawDealer(cluster.address, cluster.token) as thief:
         thief.send([Header(Kind.REQUEST, session=session.id, request=1).pack(),
                     protocol.pack_body({"op": "sync"})])
         answer = thief.recv_message(timeout=2)
@@ -214,7 +215,8 @@ def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(clust
 
 
 def test_well_behaved_clients_are_served_after_a_flood_of_garbage(cluster):
-    with RawDealer(cluster.address, cluster.token) as front, RawDealer(cluster.backend_address, cluster.worker_token) as back:
+    with RawDealer(cluster.address, cluster.token) as front, \
+            RawDealer(cluster.backend_address, cluster.worker_token) as back:
         for _ in range(20):
             for _, frames in FRONTEND_GARBAGE:
                 front.send(frames)

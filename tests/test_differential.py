@@ -5,10 +5,11 @@ Each example builds a short chain (elementwise ops with tensors and with Python 
 scalars, reductions, views, casts, joins, scans, updates, and selections whose shape depends
 on the data, numpy's everyday functions and linear algebra) from random dtypes and small
 shapes. A ``fabric.function`` refuses updates, data-dependent shapes and uploads, so its
-chains stop before the first. At every step the tensor's shape and dtype, known on the client before anything is read, must be
-numpy's, and where numpy refuses, fabric must refuse at the call with the same exception
-type; at the end the values read back must be numpy's. Seeded (derandomized), so CI is
-repeatable; ``FABRIC_DIFFERENTIAL_EXAMPLES=N`` runs N random examples instead.
+chains stop before the first. At every step the tensor's shape and dtype, known on the
+client before anything is read, must be numpy's, and where numpy refuses, fabric must
+refuse at the call with the same exception type; at the end the values read back must be
+numpy's. Seeded (derandomized), so CI is repeatable; ``FABRIC_DIFFERENTIAL_EXAMPLES=N`` runs
+N random examples instead.
 """
 
 from __future__ import annotations

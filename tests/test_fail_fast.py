@@ -261,7 +261,8 @@ def test_wrong_protocol_version_is_a_version_mismatch_with_both_versions(cluster
 
 
 def test_hello_reusing_an_open_session_id_is_rejected(cluster):
-    with cluster.connect(device=0, timeout=5) as session, RawDealer(cluster.address, cluster.token) as dealer:
+    with cluster.connect(device=0, timeout=5) as session, \
+            RawDealer(cluster.address, cluster.token) as dealer:
         started = time.monotonic()
         dealer.send(_hello(cluster, session.id, device=1))
         reject = dealer.recv_message(timeout=2)

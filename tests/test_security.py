@@ -291,7 +291,8 @@ def test_refused_tokens_are_answered_after_the_delay_and_counted(plain_cluster):
     cluster = plain_cluster
     with Admin(cluster.address, token=cluster.admin_token) as admin:
         before = admin.status()
-    with RawDealer(cluster.address, cluster.token) as client, RawDealer(cluster.address, cluster.token) as other, \
+    with RawDealer(cluster.address, cluster.token) as client, \
+            RawDealer(cluster.address, cluster.token) as other, \
             RawDealer(cluster.backend_address, cluster.worker_token) as worker:
         # Connected and greeted first, so that only the broker's answer is timed.
         for dealer in (client, other):
@@ -386,7 +387,8 @@ def test_session_and_connection_ids_never_reach_logs_at_the_default_level(info_c
         with cluster.connect(device=0, timeout=5) as session:  # opened and closed
             assert session.asarray(np.arange(4.0)).sum().numpy() == 6.0
             seen += admin.sessions()
-        with RawDealer(cluster.address, cluster.token) as vanishing:  # opened, then gone without a CLOSE
+        # Opened, then gone without a CLOSE.
+        with RawDealer(cluster.address, cluster.token) as vanishing:
             vanishing.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
                                      session=0x5EC0DE1D5E55, request=1))
             assert vanishing.recv_message(timeout=5).kind == Kind.WELCOME

@@ -99,7 +99,8 @@ class Executor(GraphOps):
                 "session.", session=message.session))]
         device = self.device
         if session is None or not device.counts_work:
-            return handler(self, message)  # (its counters read as attributes: a call costs more here)
+            # (its counters read as attributes: a call costs more here)
+            return handler(self, message)
         fused, evaluated = device.ops_fused, device.expressions_evaluated
         replies = handler(self, message)
         if device.ops_fused != fused or device.expressions_evaluated != evaluated:
@@ -517,7 +518,8 @@ class Executor(GraphOps):
             "ops": session.ops, "poisoned": len(session.poisoned),
             "device_sessions": len(self.sessions),
             "device_resident_bytes": sum(s.resident for s in self.sessions.values()),
-            "transfers_refused": session.transfers_refused, **session.counters, **session.graphs.stats()})]
+            "transfers_refused": session.transfers_refused, **session.counters,
+            **session.graphs.stats()})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,

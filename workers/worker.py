@@ -18,8 +18,9 @@ a worker told to stop while a device computes a long op ends a few seconds later
 Every link authenticates in the ZeroMQ handshake (the worker token as the PLAIN password,
 or with CURVE the worker's key). The control DEALER's socket monitor reports what ZeroMQ
 keeps silent: a token or CURVE key the broker refuses, or encryption on at one end only,
-stops the worker (``RegistrationRefused``) as a refused REGISTER does. Where the event alone does not say, the
-control machine asks for a probe of the broker's address, which this loop makes.
+stops the worker (``RegistrationRefused``) as a refused REGISTER does. Where the event alone
+does not say, the control machine asks for a probe of the broker's address, which this loop
+makes.
 """
 
 from __future__ import annotations

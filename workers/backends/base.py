@@ -9,8 +9,8 @@ A backend may defer work (the numexpr device keeps chains of elementwise ops as 
 expression): ``run`` then returns a ``DeferredValue``, which the executor holds in a
 session's tensors as it holds arrays (it has their ``shape``, ``dtype``, ``size`` and
 ``nbytes``, so the memory budget charges it as if computed) and turns into an array with
-``materialize`` when a read, a sync or a transfer needs one. A deferred op that fails when its chain is
-evaluated raises ``DeferredError``, which the executor turns into that op's poison.
+``materialize`` when a read, a sync or a transfer needs one. A deferred op that fails when
+its chain is evaluated raises ``DeferredError``, which the executor turns into that op's poison.
 """
 
 from __future__ import annotations
