@@ -43,6 +43,7 @@ from fabric.errors import (
     VersionMismatch,
     WrongPort,
 )
+from fabric import __version__
 from fabric.protocol import PROTOCOL_VERSION, Kind, Message
 from fabric.security import BACKEND_DOMAIN
 
@@ -98,6 +99,19 @@ def handshake_role(domain: str, mechanism: str, credentials: Sequence[bytes],
         if token_index(credentials[1], role_tokens) is not None:
             found = role
     return found
+
+
+def release_mismatch(body: dict[str, Any]) -> VersionMismatch | None:
+    """The refusal of a REGISTER from a worker of another fabric release than this broker's
+    (``fabric_version``; a worker that does not say is judged by its protocol version alone):
+    hosts that drift apart fail at once, naming both, instead of in subtle ways later."""
+    theirs = body.get("fabric_version")
+    if not isinstance(theirs, str) or theirs == __version__:
+        return None
+    return VersionMismatch(
+        f"The worker runs fabric {theirs[:40]} and this broker fabric {__version__}: install "
+        f"the same release on every host (pip install fabric-arrays=={__version__}).",
+        worker_fabric_version=theirs[:40], broker_fabric_version=__version__)
 
 
 def version_mismatch(peer: str, version: int) -> VersionMismatch:

@@ -21,9 +21,8 @@ with more frames or bytes in all than fabric ever sends is refused too (``fabric
 Heartbeats to a worker list the sessions the broker holds on it (to a lane, its device's),
 and the worker closes any other: a lost CLOSE cannot leak a session's memory.
 
-A refused token (client, admin or worker) is counted and its answer carries a not-before time
-``Limits.auth_delay`` ahead: the I/O loop holds it, so this object never sleeps and the loop
-never blocks. What a peer can make the broker log at will (refusals, bad messages) goes through
+A refused token (client, admin or worker) is counted and its answer held ``Limits.auth_delay``
+by the I/O loop (a not-before time): this object never sleeps and the loop never blocks. What a peer can make the broker log at will (refusals, bad messages) goes through
 ``broker.log_limit``: one line per kind per interval, flushed by ``tick``. Session and
 connection ids are logged at DEBUG only.
 """
@@ -55,6 +54,7 @@ from . import admin
 from .endings import Endings
 from .handshake import (
     hello_refusal,
+    release_mismatch,
     misplaced,
     size_limit,
     token_index,
@@ -426,17 +426,17 @@ class Registry:
                 "REGISTER devices must be a list of maps."), now, message.header)
         instance = body.get("instance", b"")  # optional: a worker without one never matches
         instance = instance if isinstance(instance, bytes) and len(instance) <= 64 else b""
-        taken = self.worker_table.name_held(identity, body["name"], instance, now,
-                                        self.limits.heartbeat * self.limits.liveness)
-        if taken is not None:
-            self.rejects[taken.code] += 1
-            self._log_peer(logging.WARNING, "refused a worker registration (name taken)",
+        refused = release_mismatch(body) or self.worker_table.name_held(
+            identity, body["name"], instance, now, self.limits.heartbeat * self.limits.liveness)
+        if refused is not None:  # another fabric release, or a live worker's name
+            self.rejects[refused.code] += 1
+            self._log_peer(logging.WARNING, f"refused a worker registration ({refused.code})",
                            identity, now)
-            return [send_error(Side.BACKEND, identity, taken, kind=Kind.REJECT,
+            return [send_error(Side.BACKEND, identity, refused, kind=Kind.REJECT,
                                request=message.request)]
         lanes = body.get("lanes", [])
         refused = self.worker_table.lanes_refused(identity, body["name"], lanes,
-                                              len(body["devices"]))
+                                                  len(body["devices"]))
         if refused is not None:
             return self._bad_input(Side.BACKEND, identity, refused, now, message.header)
         sends: list[Send] = []

@@ -88,7 +88,9 @@ KNOWN_KINDS = frozenset(_KIND_OF)
 # - ``sessions`` (list of ids) in the broker's HEARTBEAT: the sessions it holds on that
 #   worker (or, on a device's lane, on that device), which closes any other;
 # - ``lanes`` (list of routing identities, one per device) in REGISTER: each device's own
-#   socket, to which the broker sends that device's sessions' messages.
+#   socket, to which the broker sends that device's sessions' messages;
+# - ``fabric_version`` (str) in REGISTER: the worker's fabric release, which must be the
+#   broker's.
 _ERROR_FIELDS = {"code": str, "message": str, "details": dict}
 BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.HELLO: {"token": str, "device": int},

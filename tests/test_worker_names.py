@@ -18,7 +18,7 @@ from rawpeers import RawDealer
 
 import fabric
 from fabric import LocalCluster, protocol
-from fabric.errors import WorkerNameTaken, error_from_wire
+from fabric.errors import VersionMismatch, WorkerNameTaken, error_from_wire
 from fabric.protocol import Kind, Message
 
 pytestmark = pytest.mark.timeout(90)
@@ -32,12 +32,13 @@ def cluster():
         yield running
 
 
-def _register(cluster: LocalCluster, name: str, devices: int = 1) -> Message:
-    """REGISTER as ``name`` from a raw DEALER with the worker token; the broker's answer."""
+def _register(cluster: LocalCluster, name: str, devices: int = 1, **more: str) -> Message:
+    """REGISTER as ``name`` (and ``more`` fields) from a raw DEALER with the worker token;
+    the broker's answer."""
     with RawDealer(cluster.backend_address, cluster.worker_token) as peer:
         peer.send_message(Message(Kind.REGISTER, body={
             "token": cluster.worker_token, "name": name, "backend": "numpy",
-            "devices": [{"backend": "numpy"}] * devices}))
+            "devices": [{"backend": "numpy"}] * devices, **more}))
         return peer.recv_until(lambda m: m.kind in (Kind.REGISTERED, Kind.REJECT), 5.0)
 
 
@@ -57,6 +58,18 @@ def test_registering_under_a_live_workers_name_is_refused_and_its_session_goes_o
         assert (x * 2).numpy().tolist() == list(range(0, 20, 2))
         assert session.device.index == 0
     assert _listing(cluster) == [(0, "worker-0", 0), (1, "worker-1", 0)]
+
+
+def test_a_worker_of_another_fabric_release_is_refused_naming_both(cluster):
+    # Issue 24: hosts whose fabric drifted apart fail at once, not in subtle ways later.
+    answer = _register(cluster, "elsewhere", fabric_version="0.0.1")
+    assert answer.kind == Kind.REJECT
+    error = error_from_wire(answer.body)
+    assert type(error) is VersionMismatch
+    assert f"fabric 0.0.1 and this broker fabric {fabric.__version__}" in error.message
+    assert _register(cluster, "same", fabric_version=fabric.__version__).kind == Kind.REGISTERED
+    assert "elsewhere" not in [d.worker for d in fabric.devices(cluster.address,
+                                                                token=cluster.token)]
 
 
 def test_a_worker_registering_later_never_shifts_an_index_whatever_its_name(cluster):

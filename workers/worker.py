@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import zmq
 
-from fabric import protocol
+from fabric import __version__, protocol
 from fabric.errors import FabricError
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox
 from fabric.protocol import Kind
@@ -246,7 +246,7 @@ class Worker:
         self.control = Control(
             {"token": token, "name": name, "backend": backend,
              "devices": [d.settings() for d in self.devices],
-             "max_message_bytes": max_message_bytes},
+             "max_message_bytes": max_message_bytes, "fabric_version": __version__},
             broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness,
             give_up_after=give_up_after)
         budget = MemoryBudget(memory_budget, devices)  # one for all the devices
