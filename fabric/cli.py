@@ -202,6 +202,10 @@ def cluster() -> None:
               help="Most bytes the workers' sessions may hold in all, shared evenly among "
                    "the workers: a size (2G, 512MiB) or a percentage of the memory available "
                    "(see fabric worker --help).")
+@click.option("--advertise", default=None, metavar="HOST",
+              help="The host name or address clients and workers reach the broker by, written "
+                   "into both files with the bound ports; needed when --frontend or "
+                   "--worker-address binds every interface (tcp://0.0.0.0:PORT).")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True,
               help="Times a worker that dies is restarted within a minute; past that it "
                    "stays down and the others serve on (0: never restarted).")
@@ -217,7 +221,8 @@ def cluster() -> None:
 @renamed_option("--backend-address", "--worker-address")
 def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
-               memory_limit: int | None, memory_budget: str, max_restarts: int,
+               memory_limit: int | None, memory_budget: str, advertise: str | None,
+               max_restarts: int,
                log_dir: str | None,
                curve: str | None, metrics: str | None,
                heartbeat: float, liveness: int) -> None:
@@ -232,13 +237,16 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     numbering in NAME-state.json beside the connection file NAME.json, so a worker keeps its
     device indexes from one run to the next. Exits 1 when a process fails to start or dies.
     """
-    from .cluster import LocalCluster
+    from .cluster import LocalCluster, advertised
     from .config import (
         admin_file_beside,
         default_connection_file,
         logs_beside,
         state_file_beside,
     )
+
+    for address in (frontend, worker_address):  # (a wildcard one needs --advertise)
+        as_usage_error(lambda: advertised(address, advertise))
 
     client_path = Path(connection_file or default_connection_file())
     admin_path = Path(admin_file or admin_file_beside(client_path))
@@ -257,7 +265,7 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files: a usage error
             workers, backend=backend, devices_per_worker=devices_per_worker,
             heartbeat=heartbeat, liveness=liveness, frontend=frontend,
-            backend_address=worker_address, memory_budget=memory_budget,
+            backend_address=worker_address, memory_budget=memory_budget, advertise=advertise,
             worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
             curve=curve, log_dir=logs,
             broker_args=("--state-file", str(state_file_beside(client_path)),

@@ -120,6 +120,23 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def advertised(address: str, host: str | None) -> str:
+    """``address`` as others connect to it: on ``host`` (with the same port) when one is
+    given. A wildcard bind address (``0.0.0.0``, ``::``, ``*``) is never one to connect to,
+    so without ``host`` it is refused (ClusterError), never written to a file."""
+    scheme, _, rest = address.partition("://")
+    bound, _, port = rest.rpartition(":")
+    if scheme != "tcp":
+        return address
+    if host is not None:
+        return f"tcp://{host}:{port}"
+    if bound.strip("[]") in ("0.0.0.0", "::", "*"):
+        raise ClusterError(f"{address} listens on every interface: it is not an address to "
+                           "connect to. Give the host name or address that clients and "
+                           "workers reach the broker by (--advertise HOST).")
+    return address
+
+
 class LocalCluster:
     """A broker and ``workers`` worker processes on loopback; a context manager.
 
@@ -129,7 +146,8 @@ class LocalCluster:
     temporary folder removed when the cluster is left. ``memory_budget`` (a size or a
     percentage of the memory available now, as ``fabric worker --memory-budget`` takes it) is
     shared evenly among the workers, so together they are never promised more than the
-    machine has; ValueError when it is not one.
+    machine has; ValueError when it is not one. ``advertise`` is the host the connection and
+    admin files name (with the bound ports), for a broker bound to a wildcard address.
     """
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
@@ -138,7 +156,7 @@ class LocalCluster:
                  broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = (),
                  curve: str | os.PathLike[str] | None = None,
                  log_dir: str | os.PathLike[str] | None = None,
-                 memory_budget: str = "50%") -> None:
+                 memory_budget: str = "50%", advertise: str | None = None) -> None:
         from fabric.workers.memory import budget_from_option  # (measured once, here)
 
         self.n_workers = workers
@@ -153,6 +171,7 @@ class LocalCluster:
         self.liveness = liveness
         self.start_timeout = start_timeout
         self.broker_args = broker_args
+        self.advertise = advertise  # the host the files name, for a broker bound to every one
         # Each worker's share of the budget first: a --memory-budget in worker_args wins.
         share = max(1, budget_from_option(memory_budget) // max(workers, 1))
         self.worker_args = ("--memory-budget", str(share), *worker_args)
@@ -327,12 +346,14 @@ class LocalCluster:
     def connection_info(self) -> dict[str, Any]:
         """What a connection file holds, for clients: the address, the client token and the
         client's CURVE key files (if any)."""
-        return {"address": self.address, "token": self.token, "curve": self._client_curve()}
+        return {"address": advertised(self.address, self.advertise), "token": self.token,
+                "curve": self._client_curve()}
 
     def admin_info(self) -> dict[str, Any]:
         """What an admin file holds, for operators: both addresses, the admin and worker
         tokens and the CURVE key files ``fabric admin`` connects with (if any)."""
-        return {"address": self.address, "backend_address": self.backend_address,
+        return {"address": advertised(self.address, self.advertise),
+                "backend_address": advertised(self.backend_address, self.advertise),
                 "admin_token": self.admin_token, "worker_token": self.worker_token,
                 "curve": self._client_curve()}
 

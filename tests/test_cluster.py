@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import fabric
-from fabric.errors import ConfigError, ConnectError
+from fabric.cluster import advertised
+from fabric.errors import ClusterError, ConfigError, ConnectError
 
 from conftest import child_pids, children_of
 from faultproxy import wait_for
@@ -228,3 +229,40 @@ def test_brokers_and_workers_start_with_bulk_malloc_unless_told_otherwise(monkey
             environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
             assert any(e.startswith(f"GLIBC_TUNABLES={BULK_MALLOC_TUNABLES[0]}".encode())
                        for e in environ)
+
+
+@pytest.mark.parametrize("address, host, expected", [
+    ("tcp://127.0.0.1:5555", None, "tcp://127.0.0.1:5555"),
+    ("tcp://0.0.0.0:5555", "node7.example", "tcp://node7.example:5555"),
+    ("tcp://[::]:5555", "10.0.0.7", "tcp://10.0.0.7:5555"),
+    ("ipc:///tmp/fabric", "node7", "ipc:///tmp/fabric"),
+])
+def test_an_advertised_address_keeps_the_bound_port(address, host, expected):
+    assert advertised(address, host) == expected
+
+
+@pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://[::]:1", "tcp://*:5555"])
+def test_a_wildcard_bind_address_is_never_written_for_clients(address):
+    with pytest.raises(ClusterError, match="--advertise"):
+        advertised(address, None)
+
+
+def test_cluster_up_bound_to_every_interface_writes_the_advertised_host(tmp_path):
+    client_file = tmp_path / "cluster.json"
+    args = [sys.executable, "-m", "fabric", "cluster", "up", "--workers", "1",
+            "--frontend", "tcp://0.0.0.0:*", "--worker-address", "tcp://0.0.0.0:*",
+            "--connection-file", str(client_file), "--heartbeat", "0.2"]
+    refused = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 2 and "--advertise" in refused.stderr
+    assert not client_file.exists()
+    launcher = subprocess.Popen([*args, "--advertise", "127.0.0.1"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+    try:
+        wait_for(client_file.exists, 30, "the connection file")
+        address = json.loads(client_file.read_text())["address"]
+        assert address.startswith("tcp://127.0.0.1:") and not address.endswith(":*")
+        with fabric.connect(connection_file=str(client_file), timeout=5) as session:
+            assert session.arange(4).sum().numpy() == 6
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        launcher.communicate(timeout=30)
