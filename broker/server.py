@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
+from fabric.addresses import advertised
 from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
 from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, CurveServer, authenticate_peers
 
@@ -112,7 +113,7 @@ class Broker:
     def __init__(self, frontend: str, backend: str, *, client_token: str | Sequence[str],
                  worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
                  curve: CurveServer | None = None, state_file: str | None = None,
-                 metrics: tuple[str, int] | None = None) -> None:
+                 metrics: tuple[str, int] | None = None, advertise: str | None = None) -> None:
         _raise_open_file_limit()
         _unpredictable_routing_counters()  # before the ROUTERs draw their starts
         self.context = zmq.Context()
@@ -127,7 +128,9 @@ class Broker:
         server = f"fabric-broker {socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.registry = Registry(client_token=client_token, worker_token=worker_token,
                                  admin_token=admin_token, server=server, limits=limits,
-                                 now=time.monotonic(), endpoints=self.endpoints,
+                                 now=time.monotonic(), endpoints={  # named to lost peers
+                                     side: advertised(endpoint, advertise) if advertise
+                                     else endpoint for side, endpoint in self.endpoints.items()},
                                  curve_keys=curve.allow_lists if curve is not None else None)
         self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend,
                          Side.ZAP: self.zap}
@@ -247,15 +250,15 @@ def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], wor
           admin_token: str | None = None, limits: Limits = Limits(),
           announce: Callable[[dict[str, Any]], None] | None = None,
           curve: CurveServer | None = None, state_file: str | None = None,
-          metrics: tuple[str, int] | None = None) -> None:
+          metrics: tuple[str, int] | None = None, advertise: str | None = None) -> None:
     """Run a broker in this process until SIGINT or SIGTERM; ``announce`` gets the endpoints.
     With ``curve`` both sockets are CURVE servers that admit only the keys of its allow-lists;
     without, PLAIN servers that admit only the broker's tokens. With ``state_file`` its device
     numbering is read from there and kept there; with ``metrics`` (host, port), Prometheus'
-    /metrics is served there too."""
+    /metrics is served there too; ``advertise`` is the host it names its ports by."""
     broker = Broker(frontend, backend, client_token=client_token, worker_token=worker_token,
                     admin_token=admin_token, limits=limits, curve=curve, state_file=state_file,
-                    metrics=metrics)
+                    metrics=metrics, advertise=advertise)
     signal.signal(signal.SIGINT, broker.stop)
     signal.signal(signal.SIGTERM, broker.stop)
     endpoints = broker.endpoints

@@ -1,13 +1,17 @@
-"""What an address that answers nothing says about itself: a host name that does not resolve.
+"""Addresses as others see them: a host name that does not resolve, and the address to hand
+out for a broker bound to every interface.
 
-Rule: looked up only once a connection has failed (libzmq retries an unresolvable name as
-it retries a closed port, and says nothing more), so a working address never pays for it.
+Rule: a name is looked up only once a connection has failed (libzmq retries an unresolvable
+name as it retries a closed port, and says nothing more), so a working address never pays
+for it. A wildcard bind address is never handed to anyone to connect to.
 """
 
 from __future__ import annotations
 
 import socket
 from urllib.parse import urlsplit
+
+from .errors import ConfigError
 
 
 def _host(address: str) -> str | None:
@@ -33,3 +37,20 @@ def host_not_resolving(address: str) -> str | None:
         return (f"The host name {host!r} in {address} does not resolve: check its spelling "
                 "(and this machine's DNS).")
     return None
+
+
+def advertised(address: str, host: str | None) -> str:
+    """``address`` as others connect to it: on ``host`` (with the same port) when one is
+    given. A wildcard bind address (``0.0.0.0``, ``::``, ``*``) is never one to connect to,
+    so without ``host`` it is refused (ConfigError), never handed out."""
+    scheme, _, rest = address.partition("://")
+    bound, _, port = rest.rpartition(":")
+    if scheme != "tcp":
+        return address
+    if host is not None:
+        return f"tcp://{host}:{port}"
+    if bound.strip("[]") in ("0.0.0.0", "::", "*"):
+        raise ConfigError(f"{address} listens on every interface: it is not an address to "
+                          "connect to. Give the host name or address that clients and "
+                          "workers reach the broker by (--advertise HOST).")
+    return address

@@ -59,6 +59,10 @@ def main() -> None:
               show_default=True,
               help="Seconds a peer has to finish the ZeroMQ handshake (with its token) before "
                    "its connection is closed.")
+@click.option("--advertise", default=None, metavar="HOST",
+              help="The host name or address clients and workers reach this broker by, where "
+                   "it names its ports to a peer at the wrong one (for a broker bound to every "
+                   "interface) [default: the bound address].")
 @click.option("--state-file", type=click.Path(dir_okay=False), default=None,
               help="Keep the device numbering (worker name -> indexes) in this file, read at "
                    "start and rewritten atomically when it changes, so indexes survive a "
@@ -73,8 +77,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
-           state_file: str | None, curve: CurveServer | None, limits: dict[str, Any],
-           metrics: str | None) -> None:
+           advertise: str | None, state_file: str | None, curve: CurveServer | None,
+           limits: dict[str, Any], metrics: str | None) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
@@ -96,7 +100,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     try:
         serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve,
-              state_file=state_file, metrics=parse_address(metrics) if metrics else None)
+              state_file=state_file, metrics=parse_address(metrics) if metrics else None,
+              advertise=advertise)
     except ConfigError as exc:  # a state file it cannot use
         raise click.ClickException(exc.message) from None
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
@@ -237,7 +242,8 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     numbering in NAME-state.json beside the connection file NAME.json, so a worker keeps its
     device indexes from one run to the next. Exits 1 when a process fails to start or dies.
     """
-    from .cluster import LocalCluster, advertised
+    from .addresses import advertised
+    from .cluster import LocalCluster
     from .config import (
         admin_file_beside,
         default_connection_file,
@@ -269,7 +275,8 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
             worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
             curve=curve, log_dir=logs,
             broker_args=("--state-file", str(state_file_beside(client_path)),
-                         *(("--metrics", metrics) if metrics else ()))))
+                         *(("--metrics", metrics) if metrics else ()),
+                         *(("--advertise", advertise) if advertise else ()))))
     except ValueError as exc:  # the budget is measured once, and shared among the workers
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
     kept = f"fabric cluster up: logs kept in {logs}"

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Mapping
 
+from .addresses import advertised
 from .admin import Admin
 from .config import new_token, write_admin_file, write_connection_file
 from .connection import list_devices
@@ -118,23 +119,6 @@ class RestartLimit:
 
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def advertised(address: str, host: str | None) -> str:
-    """``address`` as others connect to it: on ``host`` (with the same port) when one is
-    given. A wildcard bind address (``0.0.0.0``, ``::``, ``*``) is never one to connect to,
-    so without ``host`` it is refused (ClusterError), never written to a file."""
-    scheme, _, rest = address.partition("://")
-    bound, _, port = rest.rpartition(":")
-    if scheme != "tcp":
-        return address
-    if host is not None:
-        return f"tcp://{host}:{port}"
-    if bound.strip("[]") in ("0.0.0.0", "::", "*"):
-        raise ClusterError(f"{address} listens on every interface: it is not an address to "
-                           "connect to. Give the host name or address that clients and "
-                           "workers reach the broker by (--advertise HOST).")
-    return address
 
 
 class LocalCluster:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import fabric
-from fabric.cluster import advertised
-from fabric.errors import ClusterError, ConfigError, ConnectError
+from fabric.addresses import advertised
+from fabric.errors import ConfigError, ConnectError
 
 from conftest import child_pids, children_of
 from faultproxy import wait_for
@@ -243,7 +243,7 @@ def test_an_advertised_address_keeps_the_bound_port(address, host, expected):
 
 @pytest.mark.parametrize("address", ["tcp://0.0.0.0:5555", "tcp://[::]:1", "tcp://*:5555"])
 def test_a_wildcard_bind_address_is_never_written_for_clients(address):
-    with pytest.raises(ClusterError, match="--advertise"):
+    with pytest.raises(ConfigError, match="--advertise"):
         advertised(address, None)
 
 

@@ -50,6 +50,15 @@ def test_a_client_at_the_workers_port_is_told_so_and_given_the_client_port(share
         assert session.arange(3).sum().numpy() == 3
 
 
+def test_a_broker_bound_to_every_interface_names_its_advertised_address():
+    with fabric.LocalCluster(workers=0, heartbeat=0.2, frontend="tcp://0.0.0.0:*",
+                             broker_args=("--advertise", "127.0.0.1")) as cluster:
+        port = cluster.address.rpartition(":")[2]
+        with pytest.raises(WrongPort) as info:
+            fabric.devices(cluster.backend_address, token=cluster.token, timeout=5)
+        assert f"bound at tcp://127.0.0.1:{port}" in info.value.message
+
+
 def test_fabric_admin_at_the_workers_port_exits_3_naming_the_client_port(shared_cluster):
     done = fabric_cli("admin", "--address", shared_cluster.backend_address, "status",
                       env={"FABRIC_ADMIN_TOKEN": shared_cluster.admin_token})
