@@ -65,6 +65,8 @@ class RateLimitedLog:
             text = f"{kind} (peer {peer_text(peer)})"
             return LogLine(level, f"{text}: {detail[:DETAIL_CHARS]}" if detail else text)
         spell.count += 1
+        if spell.more_peers:  # the sample is full and said so: a flood pays no digest
+            return None
         name = peer_text(peer)
         if name not in spell.peers:
             if len(spell.peers) < SAMPLE_PEERS:

@@ -22,9 +22,9 @@ Heartbeats to a worker list the sessions the broker holds on it (to a lane, its 
 and the worker closes any other: a lost CLOSE cannot leak a session's memory.
 
 A refused token (client, admin or worker) is counted and its answer held ``Limits.auth_delay``
-by the I/O loop (a not-before time): this object never sleeps and the loop never blocks. What a peer can make the broker log at will (refusals, bad messages) goes through
-``broker.log_limit``: one line per kind per interval, flushed by ``tick``. Session and
-connection ids are logged at DEBUG only.
+by the I/O loop: this object never sleeps and the loop never blocks. What a peer can make the
+broker log at will (refusals, bad messages) goes through ``broker.log_limit``: one line per
+kind per interval, flushed by ``tick``. Session and connection ids are logged at DEBUG only.
 """
 
 from __future__ import annotations
