@@ -407,9 +407,13 @@ def _index(array: np.ndarray, *arrays: Any, index: tuple[Any, ...]) -> np.ndarra
 def _setitem(array: np.ndarray, value: Any, *arrays: Any, index: tuple[Any, ...]) -> np.ndarray:
     # Copy on write: a device's arrays never change, so views and other tensors made from
     # the old value keep theirs; the client rebinds the handle to this new array.
-    updated = array.copy()
-    updated[bind_index(index, arrays)] = value
-    return updated
+    return _write_setitem(array.copy(), value, *arrays, index=index)
+
+
+def _write_setitem(array: np.ndarray, value: Any, *arrays: Any,
+                   index: tuple[Any, ...]) -> np.ndarray:
+    array[bind_index(index, arrays)] = value
+    return array
 
 
 def ufunc_named(name: str) -> np.ufunc:
@@ -422,11 +426,15 @@ def ufunc_named(name: str) -> np.ufunc:
 
 def _ufunc_at(array: np.ndarray, *operands: Any, ufunc: str, index: tuple[Any, ...]
               ) -> np.ndarray:
+    return _write_ufunc_at(array.copy(), *operands, ufunc=ufunc, index=index)
+
+
+def _write_ufunc_at(array: np.ndarray, *operands: Any, ufunc: str, index: tuple[Any, ...]
+                    ) -> np.ndarray:
     function = ufunc_named(ufunc)
     values, arrays = operands[:function.nin - 1], operands[function.nin - 1:]
-    updated = array.copy()
-    function.at(updated, bind_index(index, arrays), *values)
-    return updated
+    function.at(array, bind_index(index, arrays), *values)
+    return array
 
 
 def _argwhere(a: np.ndarray) -> np.ndarray:
@@ -564,3 +572,8 @@ def shape_from_device(name: str, args: Sequence[Any]) -> bool:
 
 # The ops with an index param (``fabric.wire.encode_index``)
 INDEXED_OPS = frozenset({"getitem", "setitem", "ufunc_at"})
+# The updates, and how each writes into its target itself: what a device may run instead of
+# the op when the op says ``in_place`` (the client lets the target go right after it: an
+# update's old value is never read again) and nothing else on the device sees the target's
+# memory (``workers.in_place``).
+WRITES_IN_PLACE = {"setitem": _write_setitem, "ufunc_at": _write_ufunc_at}

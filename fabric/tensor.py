@@ -169,11 +169,12 @@ class Tensor(Spec):
         its result is linked to this tensor, so that updates reach both as numpy's do."""
         return link(self, self.session.apply(name, (self,), params), name, (), params, kind)
 
-    def _indexed(self, name: str, values: tuple[Any, ...], index: Any,
+    def _indexed(self, name: str, values: tuple[Any, ...], index: Any, in_place: bool = False,
                  **params: Any) -> tuple["Tensor", PreparedIndex, list[Any], dict[str, Any]]:
         """Op ``name`` (getitem, setitem, ufunc_at) on this tensor, ``values`` and ``index``
         (numpy arrays and lists in either uploaded): its result, the index taken apart, the
-        index's tensors and the op's params as they travel."""
+        index's tensors and the op's params as they travel. ``in_place``: an update whose
+        result this tensor takes over, its old value let go (``fabric.ops.WRITES_IN_PLACE``)."""
         prepared = prepare_index(index)
         session = self.session
         values = tuple(session.asarray(v) if isinstance(v, (np.ndarray, list, tuple)) else v
@@ -184,6 +185,8 @@ class Tensor(Spec):
                                        {**params, "index": prepared.items})
         arrays = [a if isinstance(a, Tensor) else session.asarray(a) for a in prepared.arrays]
         wire = {**params, "index": encode_index(prepared.items)}
+        if in_place:
+            wire["in_place"] = True
         result = session.emit(name, (self, *values, *arrays), shape, dtype, wire, issued_at(3))
         return result, prepared, arrays, wire
 
@@ -204,7 +207,7 @@ class Tensor(Spec):
         the tensor (and the views of it, and the tensor it is a view of) then holds the new
         values, as numpy's does; other tensors made from its old values keep theirs."""
         check_writable(self)
-        assign(self, self._indexed("setitem", (value,), index)[0])
+        assign(self, self._indexed("setitem", (value,), index, in_place=True)[0])
 
     def reshape(self, *shape: Any) -> "Tensor":
         """The same values in a new shape (one dimension may be -1), as numpy's. numpy's

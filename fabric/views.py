@@ -181,7 +181,8 @@ def ufunc_at(ufunc: np.ufunc, target: Any, indices: Any, *values: Any) -> None:
         raise TypeError(f"numpy.{ufunc.__name__}.at takes {ufunc.nin - 1} operand(s) after "
                         "the indices")
     check_writable(target)
-    assign(target, target._indexed("ufunc_at", values, indices, ufunc=ufunc.__name__)[0])
+    assign(target, target._indexed("ufunc_at", values, indices, in_place=True,
+                                   ufunc=ufunc.__name__)[0])
 
 
 def root(tensor: Any) -> Any:

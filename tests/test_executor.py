@@ -244,3 +244,61 @@ def test_no_body_makes_the_executor_raise_anything_but_a_typed_error(messages):
             pass
     submit(executor, ["ones", 99, [], {"shape": [3], "dtype": "<f8"}])  # still served
     assert request(executor, op="read", id=99, dtype="<f8", shape=[3]).buffers
+
+
+def _setitem(out: int, target: int, value: Any, in_place: bool = True) -> list:
+    # target[1:3] = value, marked in place (the client frees target next) or not
+    params = {"index": [[1, 3, None]], **({"in_place": True} if in_place else {})}
+    return ["setitem", out, [target, value], params]
+
+
+def test_an_update_marked_in_place_writes_into_a_target_nothing_else_sees():
+    # Under a limit that holds one copy of the array and not two, only a write into the
+    # target itself fits; the values are numpy's either way.
+    executor = opened(memory_limit=1200)
+    submit(executor, ["zeros", 1, [], {"shape": [100], "dtype": "<f8"}],
+           _setitem(2, 1, 5.0), 1, ["ufunc_at", 3, [2, [7]], {
+               "ufunc": "add", "index": [[None, None, None]], "in_place": True}], 2)
+    assert "error" not in request(executor, op="sync").body
+    expected = np.zeros(100)
+    expected[1:3] = 5.0
+    np.testing.assert_array_equal(read(executor, 3), expected + 7)  # (add.at of [:])
+    assert request(executor, op="stats").body["resident_bytes"] == 800
+
+
+@pytest.mark.parametrize("holder", [
+    ["getitem", 9, [1], {"index": [[None, None, 2]]}],  # a view of the target's memory
+    ["reshape", 9, [1], {"shape": [10, 10]}],  # another view
+    ["broadcast_to", 9, [1], {"shape": [2, 100]}],  # a read-only view
+])
+def test_an_update_marked_in_place_copies_where_another_tensor_sees_the_target(holder):
+    executor = opened()
+    submit(executor, ["arange", 1, [], {"start": 0, "stop": 100, "step": 1, "dtype": "<f8"}],
+           holder, _setitem(2, 1, -1.0), 1)
+    assert "error" not in request(executor, op="sync").body
+    before = read(executor, 9).copy()
+    seen = np.arange(100.0)
+    np.testing.assert_array_equal(before, np.asarray(OPS_OF_HOLDER[holder[0]](seen)))
+    assert read(executor, 2)[1] == -1.0  # the update's result has the new values
+
+
+OPS_OF_HOLDER = {"getitem": lambda a: a[::2], "reshape": lambda a: a.reshape(10, 10),
+                 "broadcast_to": lambda a: np.broadcast_to(a, (2, 100))}
+
+
+def test_an_update_not_marked_in_place_leaves_its_target_as_it_was():
+    executor = opened()
+    submit(executor, ["ones", 1, [], {"shape": [4], "dtype": "<f8"}],
+           _setitem(2, 1, 0.0, in_place=False))
+    np.testing.assert_array_equal(read(executor, 1), np.ones(4))
+    np.testing.assert_array_equal(read(executor, 2), [1.0, 0.0, 0.0, 1.0])
+
+
+def test_an_upload_is_copied_once_then_updated_in_place():
+    # An upload is a view of the frame that brought it: its first update copies it (room for
+    # two copies, just), the next one writes in place (no room left for a second copy).
+    executor = opened(memory_limit=1600)
+    submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [100], "buffer": 0}],
+           _setitem(2, 1, 3.0), 1, ["zeros", 5, [], {"shape": [1], "dtype": "<f8"}],
+           _setitem(3, 2, 4.0), 2, buffers=(np.zeros(100).tobytes(),))
+    assert read(executor, 3)[1] == 4.0 and read(executor, 3)[0] == 0.0

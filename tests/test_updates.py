@@ -15,7 +15,7 @@ from conftest import HEARTBEAT
 
 import fabric
 from fabric import LocalCluster, Tensor
-from fabric.errors import RemoteError, TraceError
+from fabric.errors import QuotaExceeded, RemoteError, TraceError
 from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
 
 BASE = np.arange(-6.0, 14.0).reshape(4, 5)
@@ -244,6 +244,27 @@ def test_a_tensor_keeps_its_handle_and_other_tensors_their_values(session):
     assert t.id != first_id  # the handle moved to a new array (copy on write)
     np.testing.assert_array_equal(made_before.numpy(), BASE)
     session.sync()
+
+
+def test_an_update_writes_in_place_unless_another_tensor_sees_the_array():
+    # A --memory-limit that holds the array once, and not twice: only an update written
+    # into the array itself fits; one that must copy (a view is in use) is refused.
+    n = 10_000
+    limit = str(n * 8 * 3 // 2)
+    with LocalCluster(workers=1, worker_args=("--memory-limit", limit)) as cluster, \
+            cluster.connect() as session:
+        expected, t = np.zeros(n), session.zeros(n)
+        for a in (expected, t):
+            for i in range(3):
+                a[i] = i + 1
+                a[a > 2] = -1
+            np.add.at(a, [0, 0], 1)
+        np.testing.assert_array_equal(t.numpy(), expected)
+        view = t[::2]
+        t[0] = 5
+        with pytest.raises(QuotaExceeded, match="memory-limit"):
+            t.numpy()
+        del view
 
 
 def test_a_write_through_a_reshape_is_refused_and_says_what_to_do(session):

@@ -30,13 +30,14 @@ import numpy as np
 
 from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
 from fabric.flow import CREDIT_EVERY
-from fabric.ops import OPS, RANDOM_OPS, Spec
+from fabric.ops import OPS, RANDOM_OPS, WRITES_IN_PLACE, Spec
 from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
                          dtype_name, parse_op)
 
 from .backends.base import DEVICE_COUNTERS, Backend, DeferredError, DeferredValue, Value
 from .graphs import GraphOps, SessionGraphs, plan_op
+from .in_place import write_in_place
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
 
 # For a device whose ``plain_calls`` is true, an op without params is this call, its result
@@ -260,6 +261,12 @@ class Executor(GraphOps):
                 continue
             try:
                 impl = None if params else plain_impls.get(name)
+                if impl is None and name in WRITES_IN_PLACE:
+                    # (this loop's names for the last op's arrays let go: to write_in_place,
+                    # a reference left to a view of the target is a view still in use)
+                    inputs = value = result = None
+                    if write_in_place(session, name, out, args, params):
+                        continue
                 if impl is None and name in special_ops:
                     special_ops[name](self, session, out, args, params)
                     continue
