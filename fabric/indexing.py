@@ -77,6 +77,26 @@ def _as_index_array(item: Any) -> np.ndarray:
     return array
 
 
+def basic_index_key(index: Any) -> tuple[Any, ...] | None:
+    """``index`` as a hashable key where it is basic, made of ints, None, ``...`` and slices
+    of ints (whose result's shape and wire form follow from the indexed shape alone); None
+    for any other index."""
+    key: list[Any] = []
+    for item in index if type(index) is tuple else (index,):
+        kind = type(item)
+        if kind is slice:
+            parts = (item.start, item.stop, item.step)
+            for part in parts:
+                if part is not None and type(part) is not int:
+                    return None
+            key.append(parts)
+        elif kind is int or item is None or item is Ellipsis:
+            key.append(item)
+        else:
+            return None
+    return tuple(key)
+
+
 def prepare_index(index: Any) -> PreparedIndex:
     """``index`` (what ``t[index]`` was given) taken apart, or numpy's IndexError for what is
     not an index, naming it by type, shape and dtype."""

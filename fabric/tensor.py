@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .errors import FabricError
-from .indexing import PreparedIndex, prepare_index
+from .indexing import PreparedIndex, basic_index_key, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
 from .views import assign, check_out, check_writable, link, store_into, ufunc_at
@@ -29,6 +29,10 @@ from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 # tensor and a Python scalar (``_elementwise_single``, ``_elementwise_pair``): at most a few
 # thousand entries, as ops, numeric dtypes, ndims and the stand-ins of ints in 64 bits are few.
 _ELEMENTWISE_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
+# Basic indexes already inferred: (indexed shape, ``basic_index_key``) -> (result's shape,
+# params as they travel, whether it is a view). Emptied when full: shapes are many.
+_BASIC_INDEXES: dict[tuple[Any, ...], tuple[tuple[int, ...], dict[str, Any], bool]] = {}
+BASIC_INDEXES_KEPT = 4096
 # numpy function -> its handler on tensors; filled by fabric.numpy_functions, which the
 # module that makes every tensor's session (fabric.arrays) imports.
 ARRAY_FUNCTIONS: dict[Any, Callable[..., Any]] = {}
@@ -195,11 +199,24 @@ class Tensor(Spec):
         (numpy's, lists or tensors). A basic index gives a view, as numpy's. A boolean
         tensor's result has as many elements as it holds true: one small round trip to the
         device learns how many."""
+        basic = basic_index_key(index)
+        if basic is not None:  # (the same few views each step of a stencil: as inferred)
+            known = _BASIC_INDEXES.get((self.shape, basic))
+            if known is not None:
+                shape, wire, view = known
+                result = self.session.stream.push("getitem", (self.id,), self.size, shape,
+                                                  self.dtype, wire, issued_at(2))
+                return link(self, result, "getitem", (), wire, "view") if view else result
         result, prepared, arrays, wire = self._indexed("getitem", (), index)
+        view = not prepared.data_dependent and prepared.is_view(len(self.shape))
         if prepared.data_dependent:
             self.session.resolve_shape(result)
-        elif prepared.is_view(len(self.shape)):
+        elif view:
             link(self, result, "getitem", tuple(arrays), wire, "view")
+        if basic is not None:
+            if len(_BASIC_INDEXES) >= BASIC_INDEXES_KEPT:
+                _BASIC_INDEXES.clear()
+            _BASIC_INDEXES[self.shape, basic] = (result.shape, wire, view)
         return result
 
     def __setitem__(self, index: Any, value: Any) -> None:

@@ -267,6 +267,21 @@ def test_an_update_writes_in_place_unless_another_tensor_sees_the_array():
         del view
 
 
+def test_a_basic_index_taken_again_is_the_same_view_as_the_first_time(session):
+    # (the second time, its shape and params are remembered: a stencil's step)
+    expected, t = BASE.copy(), session.asarray(BASE)
+    for step in range(3):
+        for a in (expected, t):
+            view, scalar = a[1:-1, 1:], a[2, 3]
+            view[0, step] = -step  # through the view: reaches the base
+            a[2, 3] = scalar + 10  # (all ints: numpy's scalar, a copy, not a view)
+        np.testing.assert_array_equal(view.numpy(), expected[1:-1, 1:])
+    np.testing.assert_array_equal(t.numpy(), expected)
+    assert t[3, 4].shape == () and session.zeros((2, 2))[1:-1, 1:].shape == (0, 1)
+    with pytest.raises(IndexError):
+        session.zeros((2, 5))[3, 4]  # in bounds of BASE's shape, not of this one
+
+
 def test_a_write_through_a_reshape_is_refused_and_says_what_to_do(session):
     t = session.asarray(BASE)
     flat = t.reshape(-1)
