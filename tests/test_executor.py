@@ -302,3 +302,15 @@ def test_an_upload_is_copied_once_then_updated_in_place():
            _setitem(2, 1, 3.0), 1, ["zeros", 5, [], {"shape": [1], "dtype": "<f8"}],
            _setitem(3, 2, 4.0), 2, buffers=(np.zeros(100).tobytes(),))
     assert read(executor, 3)[1] == 4.0 and read(executor, 3)[0] == 0.0
+
+
+def test_a_broadcast_of_differently_shaped_inputs_is_admitted_by_its_result():
+    # Inputs of one shape bound an elementwise result by their size; of two shapes, by the
+    # product of theirs (a column and a row make a square).
+    executor = opened(memory_limit=5000)
+    submit(executor, ["ones", 1, [], {"shape": [50, 1], "dtype": "<f8"}],
+           ["ones", 2, [], {"shape": [1, 50], "dtype": "<f8"}],
+           ["add", 3, [1, 1], {}], ["add", 4, [1, 2], {}])
+    assert read(executor, 3).shape == (50, 1)
+    error = error_from_wire(request(executor, op="read", id=4).body["error"])
+    assert error.code == "quota_exceeded"

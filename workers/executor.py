@@ -182,10 +182,11 @@ class Executor(GraphOps):
     def _admit(self, session: DeviceSession, name: str, inputs: list[Any],
                params: dict[str, Any], elements: int) -> None:
         """Refuse op ``name`` of the table before it allocates (``_require``). Where it is one
-        of ``SAME_SIZE_OPS`` and no input is empty, ``elements`` (the product of its tensor
-        inputs' sizes) bounds its size; else its shape rule tells it."""
+        of ``SAME_SIZE_OPS``, or a basic index (the indexed array its only input), and no
+        input is empty, ``elements`` (the product of its tensor inputs' sizes, an input of the
+        first one's shape counted once) bounds its size; else its shape rule tells it."""
         limit, bound = self.memory_limit, BOUND_PER_ELEMENT * elements
-        if elements and name in SAME_SIZE_OPS and (
+        if elements and (name in SAME_SIZE_OPS or name == "getitem" and len(inputs) == 1) and (
                 limit is None or session.resident + bound <= limit) and self.allowance.fits(bound):
             return
         op = OPS.get(name)
@@ -262,20 +263,22 @@ class Executor(GraphOps):
             try:
                 impl = None if params else plain_impls.get(name)
                 if impl is None and name in WRITES_IN_PLACE:
-                    # (this loop's names for the last op's arrays let go: to write_in_place,
-                    # a reference left to a view of the target is a view still in use)
-                    inputs = value = result = None
+                    inputs = value = result = None  # (to write_in_place, a name left to a
+                    # view of the target, from the last op, would be a view in use)
                     if write_in_place(session, name, out, args, params):
                         continue
                 if impl is None and name in special_ops:
                     special_ops[name](self, session, out, args, params)
                     continue
-                inputs, elements = [], 1
+                inputs, elements, shape = [], 1, None
                 for arg in args:  # (a poisoned input is not held: its lookup fails, below)
                     if type(arg) is int:
                         value = tensors[arg]
                         inputs.append(value)
-                        elements *= value.size
+                        if shape is None:
+                            shape, elements = value.shape, value.size
+                        elif value.shape != shape:  # (an input of the first's shape adds
+                            elements *= value.size  # nothing to what a broadcast makes)
                     else:  # (a float, the commonest scalar, as it is: no call)
                         inputs.append(arg if type(arg) is float else decode_scalar(arg))
                 if not (elements and name in same_size and limit is None  # (_admit's common

@@ -29,10 +29,12 @@ from .backends.base import DeferredValue
 _MAX_CHUNK = 64 << 20  # the most of the budget a device keeps unspent between messages
 _TEMPORARY_ITEMSIZE = 8  # the temporary an op may make: one float64 per operand element
 # Ops whose result has at most as many elements as the product of their tensor inputs'
-# (when none is empty): elementwise ops (broadcasting included), reductions, scans, copies.
+# (when none is empty), an input of the first one's shape counted once: elementwise ops
+# (broadcasting included), reductions, scans, copies, and updates (their target's shape;
+# the target comes first).
 SAME_SIZE_OPS = frozenset(name for name, op in OPS.items() if op.elementwise or op.name in (
     "sum", "prod", "mean", "std", "var", "min", "max", "any", "all", "argmin", "argmax",
-    "cumsum", "cumprod", "sort", "argsort", "copy"))
+    "cumsum", "cumprod", "sort", "argsort", "copy", "roll", "setitem", "ufunc_at"))
 # What an op of SAME_SIZE_OPS needs at most per element of that product: a result element
 # (complex128 is the widest) and its temporary.
 BOUND_PER_ELEMENT = 16 + _TEMPORARY_ITEMSIZE
