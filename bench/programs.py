@@ -12,8 +12,9 @@ ratio, then the latency of one read inside a loop. A program's result is read ba
 read) as part of its time on the device. Programs that read inside their loop (k-means'
 masked means, PageRank's convergence test) pay one round trip per read: they are marked.
 
-scipy, pandas and scikit-learn are not dependencies of fabric: the programs that hand arrays
-to them run where the package is installed, and are listed as skipped otherwise.
+scipy, pandas and scikit-learn are not dependencies of fabric (the test extra installs them):
+the programs that hand arrays to them run where the package is installed, and are listed as
+skipped otherwise.
 """
 
 from __future__ import annotations
