@@ -7,8 +7,8 @@ nothing; a command that names a missing session or worker raises ``NotFound`` be
 changes anything. No result ever holds a token.
 
 Traffic figures are what the broker sees without decoding data bodies: data messages and
-bytes both ways, ``submits`` (SUBMIT messages, each a batch of ops: the op count itself is in
-the body, which the broker never reads) and ``errors`` (ERROR messages from the worker about
+bytes both ways, ``submits`` (batches of ops: SUBMITs, and requests whose header says they
+carry one; the op count itself is in the body, which the broker never reads) and ``errors`` (ERROR messages from the worker about
 a session; op errors reported inside a REPLY body are not visible here). Times are ages in
 seconds, measured on the broker's monotonic clock.
 """

@@ -135,8 +135,8 @@ def _device_families(devices: tuple[Mapping[str, Any], ...]) -> Iterator[Metric]
                         "or to_client.", labels=(*labels, "direction"))
     sizes = _counter("routed_bytes_total", "Bytes of the data messages routed, by direction "
                      "(as routed_messages_total).", labels=(*labels, "direction"))
-    submits = _counter("device_submits_total", "SUBMIT messages (batches of ops) sent to the "
-                       "device.", labels=labels)
+    submits = _counter("device_submits_total", "Batches of ops sent to the device (SUBMITs, "
+                       "and requests that carry one).", labels=labels)
     errors = _counter("device_errors_total", "ERROR messages the device sent about a "
                       "session.", labels=labels)
     for device in devices:

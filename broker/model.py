@@ -117,7 +117,7 @@ class Session(Directions):
     bytes_in: int = 0
     messages_out: int = 0
     bytes_out: int = 0
-    submits: int = 0  # SUBMIT messages: batches of ops (bodies are never decoded here)
+    submits: int = 0  # batches of ops: SUBMITs and CARRIES_BATCH requests (bodies unread)
     errors: int = 0  # ERROR messages from the worker about this session
 
 

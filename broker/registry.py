@@ -262,7 +262,7 @@ class Registry:
         session.last_seen = now
         session.messages_in += 1
         session.bytes_in += _frames_size(frames)
-        if header.kind is Kind.SUBMIT:  # enum members are singletons: the cheapest test
+        if header.kind is Kind.SUBMIT or header.flags & protocol.CARRIES_BATCH:  # (batches)
             session.submits += 1
         return [new_send(Send, (Side.BACKEND, session.lane, list(frames), 0.0))]
 

@@ -135,10 +135,22 @@ class Connection:
 
     def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
         """Send a request and wait for its reply (matched by request id) until the deadline."""
+        return self.await_reply(self.send_request(message), timeout, session=session)
+
+    def send_request(self, message: Message) -> int:
+        """Send a request; its request id, whose reply ``await_reply`` waits for."""
         request = self.pending.new_request()
         try:
             # Unlike ``send``, no read right after: the wait reads everything that has come.
             self._send(protocol.with_request(message, request))
+        except BaseException:
+            self.pending.forget(request)
+            raise
+        return request
+
+    def await_reply(self, request: int, timeout: float, *, session: int = 0) -> Message:
+        """The reply to request ``request`` (``send_request``), waited for until the deadline."""
+        try:
             reply = self._wait_for(partial(self.pending.take, request),
                                    time.monotonic() + timeout, session, self._timeout_error)
         except BaseException:

@@ -37,6 +37,9 @@ MAGIC = b"FB"
 HEADER = struct.Struct("!2sHBBQQ")  # magic, version, kind, flags, session id, request id
 HEADER_SIZE = HEADER.size
 NO_BODY = 0x01  # header flag: the body is the empty map and its frame is left out
+# header flag: a REQUEST that carries its session's batch of ops (body "ops", and the batch's
+# buffers), run before it as a SUBMIT would be; the broker counts it as one without decoding
+CARRIES_BATCH = 0x02
 MAX_ID = 2**64 - 1
 
 
@@ -191,7 +194,8 @@ def encode(message: Message) -> list[Any]:
     """Frames for a message: header, msgpack body (unless empty), then the raw buffers as
     they are."""
     body = message.body  # (the header is packed directly: a Header first costs a µs)
-    header = HEADER.pack(MAGIC, message.version, message.kind, 0 if body else NO_BODY,
+    flags = CARRIES_BATCH if "ops" in body and message.kind is Kind.REQUEST else 0
+    header = HEADER.pack(MAGIC, message.version, message.kind, flags if body else NO_BODY,
                          message.session, message.request)
     if body:
         return [header, pack_body(body), *message.buffers]

@@ -113,13 +113,16 @@ class Session(ArrayNamespace):
         """Send the batched ops now (reads, syncs and close do this for you). If the device
         has not yet run the session's last batches (``fabric.flow.SUBMIT_WINDOW`` of them),
         wait for it first, up to ``timeout`` (default: the session's)."""
-        stream = self.stream
-        if not stream.batch or self.closed:  # (closed: tensors freed since, nothing to send)
-            return
-        needed = stream.credit_needed(self.connection.pending.done.get(self.id, 0))
+        if not self.stream.batch or self.closed:  # (closed: tensors freed since, nothing to
+            return  # send)
+        self._make_room(timeout)
+        self.stream.send_batch(self.connection.send)
+
+    def _make_room(self, timeout: float | None) -> None:
+        # Backpressure before a batch is sent: see flush
+        needed = self.stream.credit_needed(self.connection.pending.done.get(self.id, 0))
         if needed is not None:
             self._wait_for_device(needed, self.timeout if timeout is None else timeout)
-        stream.send_batch(self.connection.send)
 
     def _wait_for_device(self, done: int, timeout: float) -> None:
         """Backpressure: wait until the device has run ``done`` of this session's batches."""
@@ -133,22 +136,34 @@ class Session(ArrayNamespace):
 
     # -- requests and reads ------------------------------------------------------------------
 
-    def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+    def _request(self, body: dict[str, Any], timeout: float | None = None,
+                 carry_batch: bool = False) -> Message:
         if self.closed:  # (every read: the call only to raise)
             self.stream.check_open()
-        reply = self.connection.request(Message(Kind.REQUEST, self.id, 0, body),
-                                        self.timeout if timeout is None else timeout,
-                                        session=self.id)
+        connection = self.connection
+        if carry_batch:  # the batch rides in the request, its SUBMIT, run first by the device
+            sent: list[int] = []
+            self.stream.send_batch(lambda submit: sent.append(connection.send_request(Message(
+                Kind.REQUEST, self.id, 0, {**body, "ops": submit.body["ops"]},
+                submit.buffers))))
+            request = sent[0]
+        else:
+            request = connection.send_request(Message(Kind.REQUEST, self.id, 0, body))
+        reply = connection.await_reply(request, self.timeout if timeout is None else timeout,
+                                       session=self.id)
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
             issue_warnings(reply.body, self.stream)
         return reply
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
-        """Flush, send a request to the device and return its reply (raising its error)."""
-        if self.stream.batch:  # (a read with nothing batched skips the call)
-            self.flush(timeout)
-        reply = self._request(body, timeout)
+        """Send a request to the device, with the batched ops (which run first), and return
+        its reply (raising its error). One message, where a flush and then a request were
+        two: a read inside a loop waits for one trip to the device, not two."""
+        carry_batch = bool(self.stream.batch) and not self.closed
+        if carry_batch:
+            self._make_room(timeout)
+        reply = self._request(body, timeout, carry_batch)
         if "error" in reply.body:
             raise self._remote_error(reply.body["error"])
         return reply

@@ -314,3 +314,17 @@ def test_a_broadcast_of_differently_shaped_inputs_is_admitted_by_its_result():
     assert read(executor, 3).shape == (50, 1)
     error = error_from_wire(request(executor, op="read", id=4).body["error"])
     assert error.code == "quota_exceeded"
+
+
+def test_a_request_that_carries_a_batch_runs_it_first_and_counts_it_as_a_submit():
+    executor = opened()
+    for i in range(CREDIT_EVERY):
+        body = {"op": "read", "id": i + 1, "ops": [["full", i + 1, [], {
+            "shape": [2], "dtype": "<f8", "fill_value": float(i)}]]}
+        replies = executor.handle(decode(encode(Message(Kind.REQUEST, SESSION, 7, body))))
+        reply = replies[-1]
+        assert reply.kind == Kind.REPLY and "error" not in reply.body
+        np.testing.assert_array_equal(np.frombuffer(reply.buffers[0]), [float(i)] * 2)
+    assert replies[0].kind == Kind.CREDIT and replies[0].body == {"done": CREDIT_EVERY}
+    bad = executor.handle(Message(Kind.REQUEST, SESSION, 8, {"op": "sync", "ops": 5}))
+    assert error_from_wire(bad[0].body["error"]).code == "protocol_error"

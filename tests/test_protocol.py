@@ -93,6 +93,14 @@ def test_an_empty_body_is_left_out_and_the_header_says_so():
     assert len(frames) == 3 and not protocol.decode_header(frames[0]).flags & protocol.NO_BODY
 
 
+def test_a_request_that_carries_a_batch_says_so_in_its_header():
+    def flags(kind: Kind, body: dict) -> int:
+        return protocol.decode_header(protocol.encode(Message(kind, 3, 4, body))[0]).flags
+    assert flags(Kind.REQUEST, {"op": "read", "id": 1, "ops": []}) == protocol.CARRIES_BATCH
+    assert flags(Kind.REQUEST, {"op": "read", "id": 1}) == 0
+    assert flags(Kind.SUBMIT, {"ops": []}) == 0  # (a SUBMIT is a batch by its kind)
+
+
 def test_a_lone_header_without_the_no_body_flag_is_a_protocol_error():
     with pytest.raises(ProtocolError, match="a header and a body are needed"):
         protocol.decode([Header(Kind.PING, 1, 2).pack()])

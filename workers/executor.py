@@ -22,7 +22,6 @@ what that grows by while one session's message is handled is credited to that se
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Callable, Iterable
 
@@ -35,8 +34,9 @@ from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
                          dtype_name, parse_op)
 
-from .backends.base import DEVICE_COUNTERS, Backend, DeferredError, DeferredValue, Value
-from .graphs import GraphOps, SessionGraphs, plan_op
+from .backends.base import Backend, DeferredError, DeferredValue, Value
+from .device_session import DeviceSession
+from .graphs import GraphOps, plan_op
 from .in_place import write_in_place
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
 
@@ -44,32 +44,6 @@ from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
 # made an array. (Random ops are not here: they always take the session's generator.)
 MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at once
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
-
-
-@dataclass(slots=True)  # (slots: its fields are read several times per op)
-class DeviceSession:
-    """One session's state on its device: its tensors, poison, credit, graphs, counters."""
-
-    id: int
-    client: str
-    reply_limit: int | None = None  # the largest message its client takes, if it said
-    tensors: dict[int, Value] = field(default_factory=dict)
-    poisoned: dict[int, dict[str, Any]] = field(default_factory=dict)  # id -> wire error
-    unreported: list[dict[str, Any]] = field(default_factory=list)  # for the next sync
-    resident: int = 0  # bytes held in ``tensors``
-    rng: np.random.Generator = field(default_factory=np.random.default_rng)
-    ops: int = 0
-    submits: int = 0  # SUBMITs run: the client's credit (fabric.flow.SUBMIT_WINDOW)
-    outgoing: list[Message] = field(default_factory=list)  # TRANSFERs made by "send" ops
-    awaiting: dict[int, list[Message]] = field(default_factory=dict)  # id -> "await" requests
-    # Tensors this session consented to receive (``expect``): one-time ticket -> new tensor id.
-    expected: dict[int, int] = field(default_factory=dict)
-    transfers_refused: int = 0  # TRANSFERs without a ticket it gave: dropped
-    # numpy's warnings since the last REPLY (distinct ones, in order), and how many more
-    warnings: dict[DeviceWarning, None] = field(default_factory=dict)
-    warnings_dropped: int = 0
-    graphs: SessionGraphs = field(default_factory=SessionGraphs)
-    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEVICE_COUNTERS, 0))
 
 
 class Executor(GraphOps):
@@ -456,15 +430,18 @@ class Executor(GraphOps):
         session = self.sessions[message.session]
         op = message.body.get("op")  # (a str: the REQUEST schema says so)
         handler = self._requests.get(op)
-        if handler is None:
-            return [_reply_error(message, ProtocolError(f"Unknown request {op!r}."))]
+        if handler is None or type(message.body.get("ops", [])) is not list:
+            return [_reply_error(message, ProtocolError(
+                f"Unknown request {op!r}." if handler is None else "'ops' must be a list."))]
+        # A request may carry the session's batch (fabric.session): its SUBMIT, run first.
+        carried = self._submit(message) if "ops" in message.body else []
         tensor_id = message.body.get("id", 0)
         if type(tensor_id) is not int:  # (tested here first: this is every read's path)
             _require_ints(f"A {op} request", id=tensor_id)
         replies = handler(self, session, message)
         if session.warnings and replies:  # (an await answered later carries them then)
             _carry_warnings(session, replies[0])
-        return replies
+        return carried + replies if carried else replies
 
     def _sync(self, session: DeviceSession, message: Message) -> list[Message]:
         for tensor_id in [t for t, v in session.tensors.items() if isinstance(v, DeferredValue)]:

@@ -21,12 +21,14 @@ import numpy as np
 from fabric.ops import WRITES_IN_PLACE
 from fabric.wire import decode_params, decode_scalar
 
+from .device_session import DeviceSession
+
 # The references of a target that nothing else sees, while it is checked: the session's
 # table, the local name, and getrefcount's own argument.
 _ALONE = 3
 
 
-def write_in_place(session: Any, name: str, out: int, args: list[Any],
+def write_in_place(session: DeviceSession, name: str, out: int, args: list[Any],
                    params: dict[str, Any]) -> bool:
     """Run update ``name`` (its wire ``args`` and ``params``) of ``session`` (an executor's
     ``DeviceSession``) into its target's own array, which the session then holds as ``out``
