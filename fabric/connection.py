@@ -135,10 +135,24 @@ class Connection:
 
     def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
         """Send a request and wait for its reply (matched by request id) until the deadline."""
+        return self.wait_for_reply(self.send_request(message), timeout, session=session)
+
+    def send_request(self, message: Message) -> int:
+        """Send a request without waiting for its reply: its request id, for
+        ``wait_for_reply`` (so that many requests are in flight at once)."""
         request = self.pending.new_request()
         try:
             # Unlike ``send``, no read right after: the wait reads everything that has come.
             self._send(protocol.with_request(message, request))
+        except BaseException:
+            self.pending.forget(request)
+            raise
+        return request
+
+    def wait_for_reply(self, request: int, timeout: float, *, session: int = 0) -> Message:
+        """The reply to ``request`` (sent by ``send_request``), waited for until the deadline;
+        on any error the request is forgotten (a late reply is dropped)."""
+        try:
             reply = self._wait_for(partial(self.pending.take, request),
                                    time.monotonic() + timeout, session, self._timeout_error)
         except BaseException:

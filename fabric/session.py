@@ -134,11 +134,17 @@ class Session(ArrayNamespace):
     # -- requests and reads ------------------------------------------------------------------
 
     def _request(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+        return self._reply(self._send_request(body), timeout)
+
+    def _send_request(self, body: dict[str, Any]) -> int:
         if self.closed:  # (every read: the call only to raise)
             self.stream.check_open()
-        reply = self.connection.request(Message(Kind.REQUEST, self.id, 0, body),
-                                        self.timeout if timeout is None else timeout,
-                                        session=self.id)
+        return self.connection.send_request(Message(Kind.REQUEST, self.id, 0, body))
+
+    def _reply(self, request: int, timeout: float | None = None) -> Message:
+        reply = self.connection.wait_for_reply(request,
+                                               self.timeout if timeout is None else timeout,
+                                               session=self.id)
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
             issue_warnings(reply.body, self.stream)
@@ -171,12 +177,18 @@ class Session(ArrayNamespace):
 
     def read(self, tensor: Tensor) -> np.ndarray:
         """``tensor``'s values, read back: an ordinary, writable numpy array (``t.numpy()``)."""
+        return self.start_read(tensor).result()
+
+    def start_read(self, tensor: Tensor) -> "ReadInFlight":
+        """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
+        for the values: ``.result()`` waits for them. Reads of many sessions can so be in
+        flight at once (a sharded tensor's ``numpy()`` gathers its shards so)."""
+        if self.stream.batch:
+            self.flush()
         # The worker checks what this client inferred, and answers with the bytes alone.
-        reply = self._call({"op": "read", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
-                            "shape": tensor.shape})
-        if len(reply.buffers) != 1:
-            raise ProtocolError("A read reply must carry exactly one buffer.")
-        return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
+        request = self._send_request({"op": "read", "id": tensor.id,
+                                      "dtype": dtype_name(tensor.dtype), "shape": tensor.shape})
+        return ReadInFlight(self, tensor, request)
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
@@ -237,6 +249,27 @@ class Session(ArrayNamespace):
         """The error for an op that mixes this session's tensors with another's."""
         return ValueError(f"{tensor!r} lives on another session: move it with .to(session) "
                           "first.")
+
+
+class ReadInFlight:
+    """A read sent by ``Session.start_read``, its reply not yet taken."""
+
+    def __init__(self, session: Session, tensor: Tensor, request: int) -> None:
+        self.session, self.tensor, self.request = session, tensor, request
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """The values, waited for up to ``timeout`` (default: the session's); the op's
+        error, if it failed, naming the line that issued it."""
+        reply = self.session._reply(self.request, timeout)
+        if "error" in reply.body:
+            raise self.session._remote_error(reply.body["error"])
+        if len(reply.buffers) != 1:
+            raise ProtocolError("A read reply must carry exactly one buffer.")
+        return array_from_frame(reply.buffers[0], self.tensor.dtype, self.tensor.shape)
+
+    def cancel(self) -> None:
+        """Stop waiting for the values: a reply that comes later is dropped."""
+        self.session.connection.pending.forget(self.request)
 
 
 def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:
