@@ -12,7 +12,7 @@ import math
 import os
 import secrets
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from .errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeou
                      error_from_wire)
 from .flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
 from .graph import Function
+from .mesh import Mesh
 from .origins import issued_at, origin_line
 from .protocol import Kind, Message
 from .security import CurveClient
@@ -62,6 +63,7 @@ class Session(ArrayNamespace):
             self.upload_limit_hint = "pass a larger max_message_bytes= to fabric.connect"
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
+        self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -85,10 +87,27 @@ class Session(ArrayNamespace):
         return open_session(self.connection, self._token, device,
                             self.timeout if timeout is None else timeout)
 
+    def mesh(self, devices: Sequence[int] | None = None) -> Mesh:
+        """A mesh of a new session on each of ``devices`` (every online device by default),
+        over this session's connection, for sharded tensors (``mesh.asarray(a, axis=0)``);
+        it closes with this session, or by its own ``close()``."""
+        self.stream.check_open()
+        return Mesh.open(self, devices)
+
+    def devices(self) -> list[Device]:
+        """Every online device of the broker, asked over this session's connection."""
+        self.stream.check_open()
+        reply = self.connection.request(Message(Kind.DEVICES, body={"token": self._token}),
+                                        self.timeout)
+        return [Device.from_wire(d) for d in expect_reply(reply, Kind.DEVICE_LIST).body["devices"]]
+
     def close(self, timeout: float | None = None) -> None:
-        """Close the session and free everything it holds on the device (idempotent)."""
+        """Close the session and free everything it holds on the device (idempotent), and
+        the meshes it opened."""
         if self.closed:
             return
+        for mesh in list(self.meshes):
+            mesh.close()
         self.closed = True
         self.stream.close()  # every later op is refused; closing frees what was batched
         try:
