@@ -246,7 +246,7 @@ class ShardedTensor(Tensor):
         if self.axis is None:  # each device keeps its own part of its copy
             return self if axis is None else ShardedTensor(self.mesh, [
                 t[along(axis, ndim, slice(*bounds))] for t, bounds in zip(
-                    tensors, blockblock_ranges(split_blocks(self.shape[axis], len(tensors))))], axis)
+                    tensors, block_ranges(split_blocks(self.shape[axis], len(tensors))))], axis)
         targets = [(0, self.shape[self.axis])] * len(tensors) if axis is None else \
             block_ranges(split_blocks(self.shape[axis], len(tensors)))
         shards = []
