@@ -9,7 +9,7 @@ axis is cut into blocks is ``fabric.sharding``'s.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
@@ -18,17 +18,15 @@ from .sharded import ShardedTensor
 from .sharding import along, block_ranges, split_blocks
 from .tensor import Tensor, as_shape
 
-if TYPE_CHECKING:
-    from .session import Session, ReadInFlight
-
 Shape = tuple[int, ...]
+Session = Any  # a fabric.Session (which imports this module: named, not imported)
 
 
 class Mesh:
     """Sessions on several devices that hold sharded tensors (``session.mesh()``): use as a
     context manager or call ``close()``; the session that opened it closes it too."""
 
-    def __init__(self, parent: "Session", sessions: list["Session"]) -> None:
+    def __init__(self, parent: Session, sessions: list[Session]) -> None:
         self.parent = parent
         self.sessions = sessions
         self.devices: tuple[int, ...] = tuple(s.device.index for s in sessions)
@@ -36,7 +34,7 @@ class Mesh:
         self.closed = False
 
     @classmethod
-    def open(cls, parent: "Session", devices: Sequence[int] | None = None) -> "Mesh":
+    def open(cls, parent: Session, devices: Sequence[int] | None = None) -> "Mesh":
         """A mesh of a session per device of ``devices`` (every online one by default), each
         opened over ``parent``'s connection."""
         if devices is None:
@@ -83,7 +81,7 @@ class Mesh:
     def gather(self, tensors: Sequence[Tensor]) -> list[np.ndarray]:
         """The values of ``tensors`` (each of one of the mesh's sessions), every read sent
         before any is waited for, so the devices answer in parallel."""
-        reads: list[ReadInFlight] = []
+        reads = []
         try:
             for tensor in tensors:
                 reads.append(tensor.session.start_read(tensor))
@@ -95,7 +93,7 @@ class Mesh:
     # -- making sharded tensors ----------------------------------------------------------------
 
     def per_device(self, shape: Any, axis: int | None,
-                   make: Callable[["Session", Shape], Tensor]) -> ShardedTensor:
+                   make: Callable[[Session, Shape], Tensor]) -> ShardedTensor:
         """A sharded tensor of ``shape`` whose shards ``make(session, block_shape)`` creates
         on each device: split along ``axis`` in ``array_split`` blocks, or (None) whole on
         each."""
@@ -194,7 +192,7 @@ class MeshRandom:
             session.random.seed(int(child.generate_state(1, np.uint64)[0]))
 
     def _draw(self, size: Any, axis: int | None,
-              draw: Callable[["Session", Shape], Tensor]) -> ShardedTensor:
+              draw: Callable[[Session, Shape], Tensor]) -> ShardedTensor:
         if axis is None:
             raise ValueError("Each device draws its own values, so a random tensor is split: "
                              "give an axis, or draw on one session and replicate it with "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
@@ -24,8 +24,7 @@ from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
 from .sharding import Sharding, along, block_ranges, block_slices, split_blocks
 from .tensor import Tensor, given_params
 
-if TYPE_CHECKING:
-    from .mesh import Mesh
+Mesh = Any  # a fabric.Mesh (which imports this module: named, not imported)
 
 _ELEMENTWISE = {ufunc.__name__ for ufunc in BINARY_UFUNCS + UNARY_UFUNCS}
 _RESHARD = ("reshard it so that the axis it works along lies whole on each device "
@@ -39,7 +38,7 @@ class ShardedTensor(Tensor):
 
     __array_priority__ = 2000  # above a tensor's: numpy and Python defer to this class
 
-    def __init__(self, mesh: "Mesh", shards: list[Tensor], axis: int | None) -> None:
+    def __init__(self, mesh: Mesh, shards: list[Tensor], axis: int | None) -> None:
         self.mesh = mesh
         self._shards: list[Tensor] | None = shards
         self._partials: tuple[list[list[Tensor]], Callable[..., np.ndarray]] | None = None
@@ -52,7 +51,7 @@ class ShardedTensor(Tensor):
         self.sharding = Sharding(axis, blocks, mesh.devices)
 
     @classmethod
-    def combined(cls, mesh: "Mesh", shape: tuple[int, ...], dtype: np.dtype,
+    def combined(cls, mesh: Mesh, shape: tuple[int, ...], dtype: np.dtype,
                  partials: list[list[Tensor]],
                  combine: Callable[[list[list[np.ndarray]]], np.ndarray]) -> "ShardedTensor":
         """A reduction across the split axis: ``partials`` (each shard's tensors) combined
@@ -297,7 +296,7 @@ def _position(items: tuple[Any, ...], axis: int) -> tuple[int, int]:
     raise AssertionError("an expanded index covers every axis")
 
 
-def _operands(args: Sequence[Any]) -> tuple["Mesh", list[Any]]:
+def _operands(args: Sequence[Any]) -> tuple[Mesh, list[Any]]:
     """The mesh of the sharded operands, and the operands, numpy's arrays and lists made
     arrays; a tensor of one device refused."""
     mesh = None
@@ -344,7 +343,7 @@ def _split_axis(operands: Sequence[Any], ndim: int, aligned: Callable[[Any], int
     return axis
 
 
-def per_shard(mesh: "Mesh", fn: Callable[..., Tensor], operands: Sequence[Any],
+def per_shard(mesh: Mesh, fn: Callable[..., Tensor], operands: Sequence[Any],
               axis: int | None) -> ShardedTensor:
     """``fn`` on each device's shards of ``operands`` (other operands as they are): the
     sharded result, split along ``axis``."""
