@@ -312,7 +312,12 @@ def list_devices(address: str, token: str, timeout: float, curve: CurveClient | 
                             curve=curve)
     try:
         with naming_connection_file(connection_file):
-            reply = connection.request(Message(Kind.DEVICES, body={"token": token}), timeout)
-        return [Device.from_wire(d) for d in expect_reply(reply, Kind.DEVICE_LIST).body["devices"]]
+            return ask_devices(connection, token, timeout)
     finally:
         connection.close()
+
+
+def ask_devices(connection: Connection, token: str, timeout: float) -> list[Device]:
+    """Every online device of the broker ``connection`` reaches, as it lists them."""
+    reply = connection.request(Message(Kind.DEVICES, body={"token": token}), timeout)
+    return [Device.from_wire(d) for d in expect_reply(reply, Kind.DEVICE_LIST).body["devices"]]

@@ -72,9 +72,15 @@ class Mesh:
         if self.closed:
             return
         self.closed = True
-        for session in self.sessions:
-            session.close()
         self.parent.meshes.remove(self)
+        failure = None
+        for session in self.sessions:  # each one, even after another's error
+            try:
+                session.close()
+            except Exception as exc:  # (a lost device's session needs no close: not this)
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from . import protocol
 from .arrays import ArrayNamespace
-from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, check_version, expect_reply,
-                         naming_connection_file)
+from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices, check_version,
+                         expect_reply, naming_connection_file)
 from .device import Device
 from .device_warnings import issue_warnings
 from .errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeout, SessionLost,
@@ -97,17 +97,20 @@ class Session(ArrayNamespace):
     def devices(self) -> list[Device]:
         """Every online device of the broker, asked over this session's connection."""
         self.stream.check_open()
-        reply = self.connection.request(Message(Kind.DEVICES, body={"token": self._token}),
-                                        self.timeout)
-        return [Device.from_wire(d) for d in expect_reply(reply, Kind.DEVICE_LIST).body["devices"]]
+        return ask_devices(self.connection, self._token, self.timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Close the session and free everything it holds on the device (idempotent), and
         the meshes it opened."""
         if self.closed:
             return
-        for mesh in list(self.meshes):
-            mesh.close()
+        try:
+            for mesh in list(self.meshes):
+                mesh.close()
+        finally:
+            self._close_own(timeout)
+
+    def _close_own(self, timeout: float | None) -> None:
         self.closed = True
         self.stream.close()  # every later op is refused; closing frees what was batched
         try:
