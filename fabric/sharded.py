@@ -232,6 +232,11 @@ class ShardedTensor(Tensor):
         return elementwise(np.floor_divide, (self, other)), elementwise(np.remainder,
                                                                          (self, other))
 
+    def rebalance(self) -> "ShardedTensor":
+        """This array in ``array_split`` blocks along its split axis again (a slice may have
+        left them uneven), moved worker to worker."""
+        return self.reshard(self.axis)
+
     def reshard(self, axis: int | None = 0) -> "ShardedTensor":
         """This array split along ``axis`` in ``array_split`` blocks over the same devices
         (None: whole on each), each piece sent worker to worker (``Tensor.to``), never

@@ -30,7 +30,8 @@ def test_blocks_follow_array_split_and_slices_cut_them_by_range():
 
 
 def test_a_sharding_prints_its_axis_blocks_and_devices():
-    assert str(Sharding(1, (2, 0), (3, 5))) == "split along axis 1 in blocks [2, 0] on devices [3, 5]"
+    assert str(Sharding(1, (2, 0), (3, 5))) == \
+        "split along axis 1 in blocks [2, 0] on devices [3, 5]"
     assert str(Sharding(None, (), (0, 1))) == "replicated on devices [0, 1]"
     assert Sharding(None, (), (0,)).replicated and not Sharding(0, (1,), (0,)).replicated
 
