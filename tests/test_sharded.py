@@ -91,6 +91,19 @@ def test_creation_on_the_devices(meshes):
         mesh.from_shards([np.zeros(2), np.zeros(2, "int8"), np.zeros(2)])
 
 
+def test_a_tensor_of_one_device_is_split_or_replicated_worker_to_worker(meshes):
+    mesh = meshes[3]
+    values = np.arange(21).reshape(7, 3)
+    one = mesh.parent.asarray(values)  # on the parent session's device
+    uploaded = [s.stats()["bytes_uploaded"] for s in mesh.sessions]
+    split = mesh.asarray(one, axis=1)
+    assert split.sharding.blocks == (1, 1, 1) and split.numpy().tobytes() == values.tobytes()
+    copies = mesh.replicate(one)
+    assert all(t.numpy().tobytes() == values.tobytes() for _, t in copies.shards)
+    assert mesh.asarray(split, axis=0, dtype="float32").numpy().tolist() == values.tolist()
+    assert [s.stats()["bytes_uploaded"] for s in mesh.sessions] == uploaded
+
+
 def test_random_shards_are_seeded_distinctly_and_reproducibly(meshes):
     mesh = meshes[3]
     mesh.random.seed(7)
