@@ -24,7 +24,8 @@ _HOMES = {
     "Session": "session", "connect": "client", "devices": "client", "LocalCluster": "cluster",
     "Function": "graph", "function": "graph", "PROTOCOL_VERSION": "protocol",
     "CurveClient": "security", "CurveServer": "security", "generate_keys": "security",
-    "Tensor": "tensor", **{name: "errors" for name in _ERRORS},
+    "Tensor": "tensor", "Mesh": "mesh", "ShardedTensor": "sharded", "Sharding": "sharding",
+    **{name: "errors" for name in _ERRORS},
 }
 
 __all__ = sorted(_HOMES)

@@ -135,10 +135,11 @@ class Connection:
 
     def request(self, message: Message, timeout: float, *, session: int = 0) -> Message:
         """Send a request and wait for its reply (matched by request id) until the deadline."""
-        return self.await_reply(self.send_request(message), timeout, session=session)
+        return self.wait_for_reply(self.send_request(message), timeout, session=session)
 
     def send_request(self, message: Message) -> int:
-        """Send a request; its request id, whose reply ``await_reply`` waits for."""
+        """Send a request without waiting for its reply: its request id, for
+        ``wait_for_reply`` (so that many requests are in flight at once)."""
         request = self.pending.new_request()
         try:
             # Unlike ``send``, no read right after: the wait reads everything that has come.
@@ -148,8 +149,9 @@ class Connection:
             raise
         return request
 
-    def await_reply(self, request: int, timeout: float, *, session: int = 0) -> Message:
-        """The reply to request ``request`` (``send_request``), waited for until the deadline."""
+    def wait_for_reply(self, request: int, timeout: float, *, session: int = 0) -> Message:
+        """The reply to ``request`` (sent by ``send_request``), waited for until the deadline;
+        on any error the request is forgotten (a late reply is dropped)."""
         try:
             reply = self._wait_for(partial(self.pending.take, request),
                                    time.monotonic() + timeout, session, self._timeout_error)
@@ -310,7 +312,12 @@ def list_devices(address: str, token: str, timeout: float, curve: CurveClient | 
                             curve=curve)
     try:
         with naming_connection_file(connection_file):
-            reply = connection.request(Message(Kind.DEVICES, body={"token": token}), timeout)
-        return [Device.from_wire(d) for d in expect_reply(reply, Kind.DEVICE_LIST).body["devices"]]
+            return ask_devices(connection, token, timeout)
     finally:
         connection.close()
+
+
+def ask_devices(connection: Connection, token: str, timeout: float) -> list[Device]:
+    """Every online device of the broker ``connection`` reaches, as it lists them."""
+    reply = connection.request(Message(Kind.DEVICES, body={"token": token}), timeout)
+    return [Device.from_wire(d) for d in expect_reply(reply, Kind.DEVICE_LIST).body["devices"]]

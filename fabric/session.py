@@ -12,20 +12,21 @@ import math
 import os
 import secrets
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import protocol
 from .arrays import ArrayNamespace
-from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, check_version, expect_reply,
-                         naming_connection_file)
+from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices, check_version,
+                         expect_reply, naming_connection_file)
 from .device import Device
 from .device_warnings import issue_warnings
 from .errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeout, SessionLost,
                      error_from_wire)
 from .flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
 from .graph import Function
+from .mesh import Mesh
 from .origins import issued_at, origin_line
 from .protocol import Kind, Message
 from .security import CurveClient
@@ -62,6 +63,7 @@ class Session(ArrayNamespace):
             self.upload_limit_hint = "pass a larger max_message_bytes= to fabric.connect"
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
+        self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -85,10 +87,30 @@ class Session(ArrayNamespace):
         return open_session(self.connection, self._token, device,
                             self.timeout if timeout is None else timeout)
 
+    def mesh(self, devices: Sequence[int] | None = None) -> Mesh:
+        """A mesh of a new session on each of ``devices`` (every online device by default),
+        over this session's connection, for sharded tensors (``mesh.asarray(a, axis=0)``);
+        it closes with this session, or by its own ``close()``."""
+        self.stream.check_open()
+        return Mesh.open(self, devices)
+
+    def devices(self) -> list[Device]:
+        """Every online device of the broker, asked over this session's connection."""
+        self.stream.check_open()
+        return ask_devices(self.connection, self._token, self.timeout)
+
     def close(self, timeout: float | None = None) -> None:
-        """Close the session and free everything it holds on the device (idempotent)."""
+        """Close the session and free everything it holds on the device (idempotent), and
+        the meshes it opened."""
         if self.closed:
             return
+        try:
+            for mesh in list(self.meshes):
+                mesh.close()
+        finally:
+            self._close_own(timeout)
+
+    def _close_own(self, timeout: float | None) -> None:
         self.closed = True
         self.stream.close()  # every later op is refused; closing frees what was batched
         try:
@@ -136,34 +158,34 @@ class Session(ArrayNamespace):
 
     # -- requests and reads ------------------------------------------------------------------
 
-    def _request(self, body: dict[str, Any], timeout: float | None = None,
-                 carry_batch: bool = False) -> Message:
+    def _send_request(self, body: dict[str, Any], timeout: float | None = None) -> int:
+        """Send a request to the device with the ops batched before it, which run first (one
+        message, where a flush and then a request were two: a read inside a loop waits for
+        one trip to the device); its request id, for ``_reply``."""
         if self.closed:  # (every read: the call only to raise)
             self.stream.check_open()
         connection = self.connection
-        if carry_batch:  # the batch rides in the request, its SUBMIT, run first by the device
-            sent: list[int] = []
-            self.stream.send_batch(lambda submit: sent.append(connection.send_request(Message(
-                Kind.REQUEST, self.id, 0, {**body, "ops": submit.body["ops"]},
-                submit.buffers))))
-            request = sent[0]
-        else:
-            request = connection.send_request(Message(Kind.REQUEST, self.id, 0, body))
-        reply = connection.await_reply(request, self.timeout if timeout is None else timeout,
-                                       session=self.id)
+        if not self.stream.batch:
+            return connection.send_request(Message(Kind.REQUEST, self.id, 0, body))
+        self._make_room(timeout)
+        sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
+        self.stream.send_batch(lambda submit: sent.append(connection.send_request(Message(
+            Kind.REQUEST, self.id, 0, {**body, "ops": submit.body["ops"]}, submit.buffers))))
+        return sent[0]
+
+    def _reply(self, request: int, timeout: float | None = None) -> Message:
+        reply = self.connection.wait_for_reply(request,
+                                               self.timeout if timeout is None else timeout,
+                                               session=self.id)
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
             issue_warnings(reply.body, self.stream)
         return reply
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
-        """Send a request to the device, with the batched ops (which run first), and return
-        its reply (raising its error). One message, where a flush and then a request were
-        two: a read inside a loop waits for one trip to the device, not two."""
-        carry_batch = bool(self.stream.batch) and not self.closed
-        if carry_batch:
-            self._make_room(timeout)
-        reply = self._request(body, timeout, carry_batch)
+        """Send a request to the device, with the batched ops (``_send_request``), and return
+        its reply (raising its error)."""
+        reply = self._reply(self._send_request(body, timeout), timeout)
         if "error" in reply.body:
             raise self._remote_error(reply.body["error"])
         return reply
@@ -186,12 +208,16 @@ class Session(ArrayNamespace):
 
     def read(self, tensor: Tensor) -> np.ndarray:
         """``tensor``'s values, read back: an ordinary, writable numpy array (``t.numpy()``)."""
+        return self.start_read(tensor).result()
+
+    def start_read(self, tensor: Tensor) -> "ReadInFlight":
+        """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
+        for the values: ``.result()`` waits for them. Reads of many sessions can so be in
+        flight at once (a sharded tensor's ``numpy()`` gathers its shards so)."""
         # The worker checks what this client inferred, and answers with the bytes alone.
-        reply = self._call({"op": "read", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
-                            "shape": tensor.shape})
-        if len(reply.buffers) != 1:
-            raise ProtocolError("A read reply must carry exactly one buffer.")
-        return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
+        request = self._send_request({"op": "read", "id": tensor.id,
+                                      "dtype": dtype_name(tensor.dtype), "shape": tensor.shape})
+        return ReadInFlight(self, tensor, request)
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
@@ -252,6 +278,27 @@ class Session(ArrayNamespace):
         """The error for an op that mixes this session's tensors with another's."""
         return ValueError(f"{tensor!r} lives on another session: move it with .to(session) "
                           "first.")
+
+
+class ReadInFlight:
+    """A read sent by ``Session.start_read``, its reply not yet taken."""
+
+    def __init__(self, session: Session, tensor: Tensor, request: int) -> None:
+        self.session, self.tensor, self.request = session, tensor, request
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """The values, waited for up to ``timeout`` (default: the session's); the op's
+        error, if it failed, naming the line that issued it."""
+        reply = self.session._reply(self.request, timeout)
+        if "error" in reply.body:
+            raise self.session._remote_error(reply.body["error"])
+        if len(reply.buffers) != 1:
+            raise ProtocolError("A read reply must carry exactly one buffer.")
+        return array_from_frame(reply.buffers[0], self.tensor.dtype, self.tensor.shape)
+
+    def cancel(self) -> None:
+        """Stop waiting for the values: a reply that comes later is dropped."""
+        self.session.connection.pending.forget(self.request)
 
 
 def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:

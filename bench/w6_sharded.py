@@ -1,0 +1,115 @@
+"""Benchmark W6: one array sharded over 1, 2, 4 devices (one worker each), against local numpy
+and, where it is installed, dask.array (threads), in one run.
+
+    python bench/w6_sharded.py                  # 64 MiB of float64, 5 repeats
+    python bench/w6_sharded.py --mib 2048 --devices 1 2 4 8 --repeats 3
+
+Two workloads, each timed from the first op to the result read back (the data is drawn on
+the devices beforehand, so no upload is timed):
+- "chain": 20 elementwise ops on an (n, 512) float64 array, then a full sum;
+- "matmul": the (n, 512) array times a replicated (512, 512) one, then a full sum.
+Prints the median seconds and each figure's ratio to local numpy (above 1: faster). On a
+machine with fewer cores than devices the workers share them: the ratios then show the
+overhead, not the scaling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import fabric  # noqa: E402
+
+COLUMNS = 512
+CHAIN = 20
+
+
+def chain(x: Any) -> Any:
+    """20 elementwise ops, alike for numpy, dask and sharded tensors, and a full sum."""
+    for step in range(CHAIN // 4):
+        x = (x * 1.0001 + step) / 1.5
+        x = abs(x) - 0.25
+    return x.sum()
+
+
+def matmul(x: Any, weights: Any) -> Any:
+    """``x @ weights``, summed."""
+    return (x @ weights).sum()
+
+
+def median_seconds(run: Callable[[], Any], repeats: int) -> float:
+    """The median wall time of ``run()`` (which reads its result back), after one warm-up."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def on_devices(count: int, rows: int, repeats: int) -> dict[str, float]:
+    with fabric.LocalCluster(workers=count) as cluster, cluster.connect() as session:
+        mesh = session.mesh(devices=list(range(count)))
+        mesh.random.seed(6)
+        x = mesh.random.normal(size=(rows, COLUMNS))
+        weights = mesh.replicate(np.random.default_rng(6).standard_normal((COLUMNS, COLUMNS)))
+        x.sum().numpy()  # (drawn before the clock starts)
+        return {"chain": median_seconds(lambda: chain(x).numpy(), repeats),
+                "matmul": median_seconds(lambda: matmul(x, weights).numpy(), repeats)}
+
+
+def local(rows: int, repeats: int) -> dict[str, float]:
+    x = np.random.default_rng(6).standard_normal((rows, COLUMNS))
+    weights = np.random.default_rng(6).standard_normal((COLUMNS, COLUMNS))
+    return {"chain": median_seconds(lambda: chain(x), repeats),
+            "matmul": median_seconds(lambda: matmul(x, weights), repeats)}
+
+
+def with_dask(rows: int, count: int, repeats: int) -> dict[str, float] | None:
+    try:
+        import dask
+        import dask.array as da
+    except ImportError:
+        return None
+    x = da.random.default_rng(6).standard_normal((rows, COLUMNS),
+                                                 chunks=(-(-rows // count), COLUMNS)).persist()
+    weights = np.random.default_rng(6).standard_normal((COLUMNS, COLUMNS))
+    with dask.config.set(scheduler="threads", num_workers=count):
+        return {"chain": median_seconds(lambda: chain(x).compute(), repeats),
+                "matmul": median_seconds(lambda: matmul(x, weights).compute(), repeats)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=int, default=64, help="the array's size (float64)")
+    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    rows = args.mib * 2**20 // (8 * COLUMNS)
+    print(f"W6: ({rows}, {COLUMNS}) float64, {args.mib} MiB; {os.cpu_count()} cores; "
+          f"median of {args.repeats}")
+    baseline = local(rows, args.repeats)
+    figures = [("numpy, local", baseline)]
+    for count in args.devices:
+        figures.append((f"fabric, {count} device{'s' * (count > 1)}",
+                        on_devices(count, rows, args.repeats)))
+        dask_figures = with_dask(rows, count, args.repeats)
+        if dask_figures is not None:
+            figures.append((f"dask.array, {count} threads", dask_figures))
+    print(f"{'':24} {'chain s':>9} {'x numpy':>8} {'matmul s':>9} {'x numpy':>8}")
+    for name, times in figures:
+        print(f"{name:24} {times['chain']:9.4f} {baseline['chain'] / times['chain']:8.2f} "
+              f"{times['matmul']:9.4f} {baseline['matmul'] / times['matmul']:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

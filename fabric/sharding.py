@@ -1,0 +1,74 @@
+"""How a sharded tensor lies on its devices, sans I/O: the split axis, the blocks, the ranges.
+
+Rule: an axis is cut into blocks by numpy's ``array_split`` rule (``split_blocks``), here
+alone; a range of a split axis (a slice) is cut into each block's part here too
+(``block_slices``), so that slicing re-shards by range intersection without moving data.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How a sharded tensor lies on its mesh: split along ``axis`` in ``blocks`` (one per
+    device of ``devices``, in order), or replicated (``axis`` None: a copy on each)."""
+
+    axis: int | None
+    blocks: tuple[int, ...]
+    devices: tuple[int, ...]
+
+    @property
+    def replicated(self) -> bool:
+        """Whether every device holds the whole array."""
+        return self.axis is None
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where each block starts along the split axis."""
+        return tuple(itertools.accumulate(self.blocks, initial=0))[:-1]
+
+    def __str__(self) -> str:
+        if self.axis is None:
+            return f"replicated on devices {list(self.devices)}"
+        return (f"split along axis {self.axis} in blocks {list(self.blocks)} on devices "
+                f"{list(self.devices)}")
+
+
+def split_blocks(length: int, count: int) -> tuple[int, ...]:
+    """numpy's ``array_split`` rule: ``length`` in ``count`` blocks, the first
+    ``length % count`` of them one longer (blocks may be empty)."""
+    base, longer = divmod(length, count)
+    return tuple(base + 1 if i < longer else base for i in range(count))
+
+
+def along(axis: int, ndim: int, index: Any) -> tuple[Any, ...]:
+    """An index that applies ``index`` to ``axis`` of an ``ndim``-d array, and keeps the rest."""
+    return (slice(None),) * axis + (index,) + (slice(None),) * (ndim - axis - 1)
+
+
+def block_ranges(blocks: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Each block's [start, stop) along its axis."""
+    starts = list(itertools.accumulate(blocks, initial=0))
+    return list(zip(starts, starts[1:]))
+
+
+def block_slices(selected: range, offsets: tuple[int, ...],
+                 blocks: tuple[int, ...]) -> list[slice]:
+    """The part of ``selected`` (a range of a split axis, step > 0) in each block, as a
+    slice of that block (empty where they do not meet)."""
+    parts = []
+    for offset, block in zip(offsets, blocks):
+        # the first and past-the-last positions of selected that lie in [offset, offset+block)
+        first = max(0, -((selected.start - offset) // selected.step))
+        last = min(len(selected), -((selected.start - offset - block) // selected.step))
+        if last <= first:
+            parts.append(slice(0, 0))
+        else:
+            start = selected[first] - offset
+            parts.append(slice(start, start + (last - first - 1) * selected.step + 1,
+                               selected.step))
+    return parts

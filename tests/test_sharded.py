@@ -1,0 +1,383 @@
+"""End-to-end: sharded tensors on meshes of real devices (a broker and three workers of two
+devices each), compared with numpy; refusals; resharding; a device killed mid-chain."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.errors import SessionLost
+from fabric.sharded import ShardedTensor
+
+DEVICES = 6  # three workers, two devices each
+# Random chains the differential test runs: seeded for CI; more explore further.
+EXAMPLES = int(os.environ.get("FABRIC_SHARDED_EXAMPLES", "150"))
+
+
+@pytest.fixture(scope="module")
+def six_devices():
+    with fabric.LocalCluster(workers=3, devices_per_worker=2, heartbeat=0.2) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def meshes(six_devices):
+    """A mesh of 1 to 5 devices, by size, over one session (uneven choices of devices)."""
+    with six_devices.connect(device=0) as parent:
+        yield {count: parent.mesh(devices=[(5 * i + 1) % DEVICES for i in range(count)])
+               for count in range(1, 6)}
+
+
+def test_a_mesh_opens_a_session_per_device_and_closes_them(six_devices):
+    with six_devices.connect(device=0) as parent:
+        everything = parent.mesh()
+        assert everything.devices == tuple(range(DEVICES))
+        chosen = parent.mesh(devices=[0, 2, 3])
+        assert [s.device.index for s in chosen.sessions] == [0, 2, 3]
+        assert all(s.connection is parent.connection for s in chosen.sessions)
+        chosen.close()
+        assert all(s.closed for s in chosen.sessions) and not parent.closed
+        assert parent.ones(2).sum().numpy() == 2
+    assert all(s.closed for s in everything.sessions)  # closed with its parent
+    with pytest.raises(fabric.NoSuchDevice):
+        with six_devices.connect(device=0) as parent:
+            parent.mesh(devices=[0, 99])
+    with six_devices.connect(device=0) as parent:
+        with pytest.raises(ValueError, match="each once"):
+            parent.mesh(devices=[1, 1])
+        with pytest.raises(TypeError, match="device indexes"):
+            parent.mesh(devices="0,1")
+
+
+def test_asarray_splits_in_array_split_blocks_and_gathers_in_order(meshes):
+    values = np.arange(14.0).reshape(7, 2)
+    x = meshes[4].asarray(values, axis=0)
+    assert (x.shape, x.dtype, x.ndim, x.size) == ((7, 2), np.float64, 2, 14)
+    assert x.sharding.blocks == (2, 2, 2, 1) and x.sharding.axis == 0
+    assert str(x.sharding) == "split along axis 0 in blocks [2, 2, 2, 1] on devices [1, 0, 5, 4]"
+    assert [device for device, _ in x.shards] == list(meshes[4].devices)
+    for (_, shard), piece in zip(x.shards, np.array_split(values, 4)):
+        assert shard.numpy().tobytes() == piece.tobytes()
+    assert x.numpy().tobytes() == values.tobytes()
+    few = meshes[5].asarray(np.arange(2), axis=0)  # empty shards
+    assert few.sharding.blocks == (1, 1, 0, 0, 0)
+    assert few.numpy().tolist() == [0, 1] and int(few.sum()) == 1
+    columns = meshes[3].asarray(values, axis=-1)
+    assert columns.sharding.axis == 1 and columns.sharding.blocks == (1, 1, 0)
+    assert (columns * 2).numpy().tolist() == (values * 2).tolist()
+
+
+def test_creation_on_the_devices(meshes):
+    mesh = meshes[3]
+    assert mesh.zeros((5, 3), "int32").numpy().tolist() == np.zeros((5, 3), "int32").tolist()
+    assert mesh.ones((4,)).sharding.blocks == (2, 1, 1)
+    full = mesh.full((2, 5), 7, axis=1)
+    assert full.sharding.blocks == (2, 2, 1) and full.numpy().tolist() == [[7] * 5] * 2
+    assert full.dtype == np.asarray(7).dtype
+    copies = mesh.replicate(np.arange(3))
+    assert copies.sharding.replicated and str(copies.sharding).startswith("replicated")
+    assert [t.numpy().tolist() for _, t in copies.shards] == [[0, 1, 2]] * 3
+    shards = [s.arange(i, i + 2) for i, s in enumerate(mesh.sessions)]
+    joined = mesh.from_shards(shards)
+    assert joined.numpy().tolist() == [0, 1, 1, 2, 2, 3]
+    assert [t for _, t in joined.shards] == shards
+    with pytest.raises(ValueError, match=r"\.to\(mesh\.sessions\[0\]\)"):
+        mesh.from_shards([shards[1], shards[0], shards[2]])
+    with pytest.raises(TypeError, match="astype"):
+        mesh.from_shards([np.zeros(2), np.zeros(2, "int8"), np.zeros(2)])
+
+
+def test_a_tensor_of_one_device_is_split_or_replicated_worker_to_worker(meshes):
+    mesh = meshes[3]
+    values = np.arange(21).reshape(7, 3)
+    one = mesh.parent.asarray(values)  # on the parent session's device
+    uploaded = [s.stats()["bytes_uploaded"] for s in mesh.sessions]
+    split = mesh.asarray(one, axis=1)
+    assert split.sharding.blocks == (1, 1, 1) and split.numpy().tobytes() == values.tobytes()
+    copies = mesh.replicate(one)
+    assert all(t.numpy().tobytes() == values.tobytes() for _, t in copies.shards)
+    assert mesh.asarray(split, axis=0, dtype="float32").numpy().tolist() == values.tolist()
+    assert [s.stats()["bytes_uploaded"] for s in mesh.sessions] == uploaded
+
+
+def test_random_shards_are_seeded_distinctly_and_reproducibly(meshes):
+    mesh = meshes[3]
+    mesh.random.seed(7)
+    first = mesh.random.normal(size=(6, 4))
+    mesh.random.seed(7)
+    again = mesh.random.normal(size=(6, 4))
+    assert first.numpy().tobytes() == again.numpy().tobytes()
+    blocks = [t.numpy() for _, t in first.shards]
+    assert not np.array_equal(blocks[0], blocks[1]) and not np.array_equal(blocks[1], blocks[2])
+    draws = mesh.random.integers(0, 10, size=(9,), dtype="int16")
+    assert draws.dtype == np.int16 and set(draws.numpy().tolist()) <= set(range(10))
+    with pytest.raises(ValueError, match="replicate"):
+        mesh.random.uniform(size=(3,), axis=None)
+
+
+def test_the_issue_example(meshes):
+    mesh = meshes[4]
+    big = np.random.default_rng(0).standard_normal((50, 6))
+    weights = np.random.default_rng(1).standard_normal((6, 6))
+    x = mesh.asarray(big, axis=0)
+    w = mesh.replicate(weights)
+    y = np.tanh(x @ w) * 2 + 1
+    expected = np.tanh(big @ weights) * 2 + 1
+    assert (y.shape, y.dtype) == ((50, 6), np.float64)
+    assert y.sharding.blocks == (13, 13, 12, 12)
+    np.testing.assert_allclose(y.sum().numpy(), expected.sum())
+    np.testing.assert_allclose(y.mean(axis=0).numpy(), expected.mean(axis=0))
+    row = y.max(axis=1)
+    assert row.sharding.axis == 0
+    np.testing.assert_allclose(row.numpy(), expected.max(axis=1))
+    np.testing.assert_allclose(y.numpy(), expected)
+    centred = y - y.mean(axis=0)  # the combined mean, replicated onto the devices
+    np.testing.assert_allclose(centred.numpy(), expected - expected.mean(axis=0), atol=1e-12)
+
+
+@pytest.mark.parametrize("split", [0, 1])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int16", "bool"])
+def test_reductions_across_the_split_axis_combine_as_numpy(meshes, split, dtype):
+    values = np.random.default_rng(4).integers(-5, 20, (11, 7)).astype(dtype)
+    x = meshes[5].asarray(values, axis=split)  # blocks of 3, 2, 2, 2, 2 (or 2, 2, 1, 1, 1)
+    for name in ["sum", "prod", "min", "max", "mean", "var", "std", "any", "all"]:
+        for axis in [None, split, (0, 1)]:
+            for keepdims in [False, True]:
+                got = getattr(x, name)(axis=axis, keepdims=keepdims)
+                want = getattr(values, name)(axis=axis, keepdims=keepdims)
+                _check_values(got.numpy(), want, f"{name} axis={axis} keepdims={keepdims}")
+    for name in ["argmin", "argmax"]:
+        for axis in [None, split]:
+            _check_values(getattr(x, name)(axis=axis).numpy(), getattr(values, name)(axis=axis),
+                          f"{name} axis={axis}")
+    _check_values(x.var(axis=split, ddof=1).numpy(), values.var(axis=split, ddof=1), "ddof")
+
+
+def test_argmin_and_argmax_find_the_first_occurrence_across_shards(meshes):
+    values = np.array([[3.0, 1.0, 5.0], [1.0, 7.0, 7.0], [np.nan, 0.0, 7.0], [0.0, np.nan, 2.0]])
+    for split in (0, 1):
+        x = meshes[3].asarray(values, axis=split)
+        for name in ("argmin", "argmax"):
+            for axis in (None, split):
+                assert getattr(x, name)(axis=axis).numpy().tolist() == getattr(
+                    values, name)(axis=axis).tolist(), (split, name, axis)
+        ties = meshes[3].asarray(np.array([[2, 1, 1], [1, 2, 1]]), axis=split)
+        assert ties.argmin().numpy() == 1 and ties.argmax().numpy() == 0
+
+
+def test_reads_of_many_sessions_are_in_flight_together(meshes):
+    first, second = meshes[2].sessions
+    a, b = first.arange(3), second.arange(4) * 2
+    reads = [first.start_read(a), second.start_read(b)]
+    assert reads[1].result().tolist() == [0, 2, 4, 6]  # taken in either order
+    assert reads[0].result().tolist() == [0, 1, 2]
+
+
+# -- differential: random chains against numpy ---------------------------------------------------
+
+DTYPES = ["float64", "float32", "int64", "int32", "bool"]
+REDUCTIONS = ["sum", "prod", "min", "max", "mean", "var", "std", "any", "all", "argmin", "argmax"]
+UNARY = [np.negative, np.absolute, np.tanh, np.square, np.sin]
+BINARY = [np.add, np.subtract, np.multiply, np.maximum, np.greater, np.bitwise_and]
+
+
+def _step(rng: random.Random, mesh, x, ref: np.ndarray):
+    """One random op: a function of (the sharded tensor, its numpy twin), and its name."""
+    split = x.sharding.axis
+    kind = rng.choice(["unary", "scalar", "same", "broadcast", "astype", "where", "reduce",
+                       "slice", "index", "matmul", "transpose", "reshard"])
+    if kind == "unary":
+        ufunc = rng.choice(UNARY)
+        return (lambda a: ufunc(a)), ufunc.__name__
+    if kind == "scalar":
+        ufunc, scalar, left = rng.choice(BINARY), rng.choice([2, -1, 0.5, True]), rng.random()
+        return (lambda a: ufunc(a, scalar) if left < 0.5 else ufunc(scalar, a)), \
+            f"{ufunc.__name__} {scalar!r} {'right' if left < 0.5 else 'left'}"
+    if kind == "same":
+        ufunc = rng.choice(BINARY)
+        return (lambda a: ufunc(a, a * 2)), f"{ufunc.__name__} with a sibling"
+    if kind == "broadcast":  # an array of 1 along the split axis: as it is, or replicated
+        shape = tuple(1 if d == split else n for d, n in enumerate(ref.shape))[
+            rng.randrange(0, max(ref.ndim, 1)):] if ref.ndim else ()
+        other = np.random.default_rng(rng.randrange(99)).integers(-3, 4, shape).astype(
+            rng.choice(DTYPES[:4]))
+        replicated = rng.random() < 0.5
+        ufunc = rng.choice(BINARY)
+        return (lambda a: ufunc(a, mesh.replicate(other) if replicated and isinstance(
+            a, ShardedTensor) else other)), f"{ufunc.__name__} {shape} replicated={replicated}"
+    if kind == "astype":
+        dtype = rng.choice(DTYPES)
+        return (lambda a: a.astype(dtype)), f"astype {dtype}"
+    if kind == "where":
+        return (lambda a: np.where(a > 0, a, 3)), "where"
+    if kind == "reduce":
+        name, keepdims = rng.choice(REDUCTIONS), rng.random() < 0.3
+        axes = [None] + list(range(ref.ndim))
+        axis = rng.choice(axes)
+        if name.startswith("arg"):
+            return (lambda a: getattr(a, name)(axis=axis)), f"{name} axis={axis}"
+        return (lambda a: getattr(a, name)(axis=axis, keepdims=keepdims)), \
+            f"{name} axis={axis} keepdims={keepdims}"
+    if kind == "slice" and ref.ndim:
+        axis = split if split is not None else 0
+        cut = slice(rng.choice([None, 0, 1, -2]), rng.choice([None, 5, -1]),
+                    rng.choice([None, 1, 2, 3]))
+        index = (slice(None),) * axis + (cut,)
+        return (lambda a: a[index]), f"[{index}]"
+    if kind == "index" and ref.ndim >= 2:
+        other = next(d for d in range(ref.ndim) if d != split)
+        index = (slice(None),) * other + (rng.choice([0, -1, slice(1, None), None]),)
+        return (lambda a: a[index]), f"[{index}]"
+    if kind == "matmul" and ref.ndim == 2 and split in (0, None) and ref.dtype != bool:
+        weights = np.random.default_rng(rng.randrange(99)).integers(-2, 3, (ref.shape[1], 3))
+        return (lambda a: a @ (mesh.replicate(weights) if isinstance(a, ShardedTensor)
+                               else weights)), "@ replicated"
+    if kind == "transpose":
+        return (lambda a: a.T), "T"
+    if kind == "reshard":  # the same values, split otherwise (numpy's twin: as it is)
+        axis = rng.choice([None] + list(range(ref.ndim)))
+        return (lambda a: a.reshard(axis) if isinstance(a, ShardedTensor) else a), \
+            f"reshard {axis}"
+    return (lambda a: a + 1), "+ 1"
+
+
+def _same_refusal(theirs: BaseException, ours: BaseException) -> bool:
+    return any(isinstance(theirs, kind) and isinstance(ours, kind)
+               for kind in (TypeError, ValueError, IndexError))
+
+
+def _check_values(got: np.ndarray, want: np.ndarray, where: str) -> None:
+    assert (got.shape, got.dtype) == (want.shape, want.dtype), where
+    if want.dtype.kind == "f":
+        tolerance = 1e-4 if want.dtype == np.float32 else 1e-9
+        np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance, equal_nan=True,
+                                   err_msg=where)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=where)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_random_chains_match_numpy(meshes):
+    rng = random.Random(26)
+    for example in range(EXAMPLES):
+        count = rng.randint(1, 5)
+        mesh = meshes[count]
+        shape = tuple(rng.choice([0, 1, 2, 3, 5, 8, 11]) for _ in range(rng.randint(1, 3)))
+        dtype = rng.choice(DTYPES)
+        ref = np.random.default_rng(example).integers(-4, 5, shape).astype(dtype)
+        axis = rng.randrange(len(shape))
+        x = mesh.asarray(ref, axis=axis)
+        history = [f"example {example}: {shape} {dtype} on {count} devices, split {axis}"]
+        for _ in range(rng.randint(1, 6)):
+            op, name = _step(rng, mesh, x, ref)
+            history.append(name)
+            where = " -> ".join(history)
+            with np.errstate(all="ignore"):
+                try:
+                    want = op(ref)
+                except (TypeError, ValueError, IndexError) as exc:
+                    with pytest.raises(Exception) as refused:
+                        op(x)
+                    assert _same_refusal(exc, refused.value), (where, exc, refused.value)
+                    history.append("refused")
+                    continue
+            got = op(x)
+            want = np.asarray(want)
+            if not isinstance(got, ShardedTensor):  # an int along the split axis: one device
+                assert isinstance(got, fabric.Tensor), where
+                _check_values(got.numpy(), want, where)
+                break
+            assert (got.shape, got.dtype) == (want.shape, want.dtype), where
+            x, ref = got, want
+        _check_values(x.numpy(), ref, " -> ".join(history))
+
+
+# -- refusals ------------------------------------------------------------------------------------
+
+def test_ops_that_would_move_data_are_refused_naming_the_reshard(meshes):
+    mesh = meshes[3]
+    values = np.arange(24.0).reshape(6, 4)
+    x = mesh.asarray(values, axis=0)
+    with pytest.raises(ValueError, match=r"reshard"):
+        x + x.reshard(axis=1)
+    with pytest.raises(ValueError, match=r"mesh\.asarray\(array, axis=0\)"):
+        x + np.ones((6, 1))
+    with pytest.raises(ValueError, match="spans the split axis"):
+        x * mesh.replicate(np.ones((6, 4)))
+    with pytest.raises(TypeError, match=r"mesh\.replicate\(t\)"):
+        x + mesh.sessions[0].ones(4)
+    with pytest.raises(TypeError, match=r"reshard"):
+        x.reshape(24)
+    with pytest.raises(TypeError, match=r"reshard"):
+        np.concatenate([x, x])
+    with pytest.raises(TypeError, match=r"reshard"):
+        np.cumsum(x, axis=0)
+    with pytest.raises(TypeError, match=r"reshard"):
+        np.sort(x, axis=0)
+    with pytest.raises(TypeError, match=r"reshard"):
+        x.to(mesh.sessions[0])
+    with pytest.raises(ValueError, match=r"reshard"):
+        x.T @ mesh.replicate(np.ones((6, 2)))  # split along the summed axis
+    with pytest.raises(ValueError, match="replicate one"):
+        x @ x.T.reshard(axis=1)
+    with pytest.raises(TypeError, match="x.shards"):
+        x[np.array([0, 2])]
+    with pytest.raises(ValueError, match="positive step"):
+        x[::-1]
+    with pytest.raises(TypeError, match="x = x \\+ y"):
+        x += 1
+    with pytest.raises(TypeError, match="where="):
+        x.sum(where=np.ones((6, 4), bool))
+    # numpy's own errors, at the call, with the whole array's shapes
+    with pytest.raises(ValueError, match=r"\(6, 4\)"):
+        x + np.ones(3)
+    with pytest.raises(IndexError):
+        x[6]
+    with pytest.raises(np.exceptions.AxisError):
+        x.sum(axis=2)
+    assert x.numpy().tobytes() == values.tobytes()  # nothing was harmed
+
+
+def test_reshard_and_replicate_move_identical_bytes_worker_to_worker(meshes):
+    mesh = meshes[4]
+    values = np.random.default_rng(5).standard_normal((9, 5))
+    x = mesh.asarray(values, axis=0)
+    uploaded = [s.stats()["bytes_uploaded"] for s in mesh.sessions]
+    columns = x.reshard(axis=1)
+    assert columns.sharding.axis == 1 and columns.sharding.blocks == (2, 1, 1, 1)
+    assert columns.numpy().tobytes() == values.tobytes()
+    rebalanced = x[3:].rebalance()  # uneven blocks made even again
+    assert x[3:].sharding.blocks == (0, 2, 2, 2) and rebalanced.sharding.blocks == (2, 2, 1, 1)
+    assert rebalanced.numpy().tobytes() == values[3:].tobytes()
+    copies = mesh.replicate(columns)
+    assert copies.sharding.replicated
+    assert all(t.numpy().tobytes() == values.tobytes() for _, t in copies.shards)
+    back = copies.reshard(axis=0)
+    assert back.numpy().tobytes() == values.tobytes()
+    assert [s.stats()["bytes_uploaded"] for s in mesh.sessions] == uploaded  # none from here
+    assert x.reshard(axis=0) is x
+
+
+def test_a_device_lost_mid_chain_poisons_what_touches_it():
+    with fabric.LocalCluster(workers=3, heartbeat=0.2) as cluster, cluster.connect() as parent:
+        mesh = parent.mesh()
+        x = mesh.asarray(np.arange(30.0).reshape(10, 3), axis=0)
+        y = np.sin(x) * 2
+        assert y.sum().numpy() == pytest.approx(2 * np.sin(np.arange(30.0)).sum())
+        cluster.workers[1].kill()
+        cluster.workers[1].wait()
+        z = y + 1  # queued on every device, the lost one's too
+        with pytest.raises(SessionLost, match="device 1"):
+            z.numpy()
+        with pytest.raises(SessionLost, match="device 1"):
+            z.max().numpy()
+        with pytest.raises(SessionLost, match="device 1"):
+            (z * 3).sum(axis=1).numpy()
+        mesh.close()  # the lost session's close is not waited for
+        with parent.mesh(devices=[0, 2]) as others:  # the other devices still serve
+            assert others.asarray(np.arange(4), axis=0).sum().numpy() == 6

@@ -1,0 +1,76 @@
+"""Unit tests of the sans-I/O rules of sharded tensors: blocks, ranges, and combining
+partial reductions (numpy arrays standing in for what the devices compute)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from fabric import sharded_reductions as reductions
+from fabric.sharding import Sharding, block_ranges, block_slices, split_blocks
+
+
+def test_blocks_follow_array_split_and_slices_cut_them_by_range():
+    rng = random.Random(1)
+    for _ in range(2000):
+        length, count = rng.randint(0, 30), rng.randint(1, 6)
+        blocks = split_blocks(length, count)
+        assert list(blocks) == [len(p) for p in np.array_split(np.arange(length), count)]
+        offsets = Sharding(0, blocks, tuple(range(count))).offsets
+        assert [start for start, _ in block_ranges(blocks)] == list(offsets)
+        cut = slice(rng.choice([None, rng.randint(-35, 35)]),
+                    rng.choice([None, rng.randint(-35, 35)]), rng.choice([None, 1, 2, 5]))
+        whole = np.arange(length)
+        parts = block_slices(range(*cut.indices(length)), offsets, blocks)
+        joined = np.concatenate([whole[o:o + b][part]
+                                 for o, b, part in zip(offsets, blocks, parts)])
+        assert joined.tolist() == whole[cut].tolist(), (length, count, cut)
+
+
+def test_a_sharding_prints_its_axis_blocks_and_devices():
+    assert str(Sharding(1, (2, 0), (3, 5))) == \
+        "split along axis 1 in blocks [2, 0] on devices [3, 5]"
+    assert str(Sharding(None, (), (0, 1))) == "replicated on devices [0, 1]"
+    assert Sharding(None, (), (0,)).replicated and not Sharding(0, (1,), (0,)).replicated
+
+
+def _combined(name: str, values: np.ndarray, split: int, count: int, **params):
+    """Reduction ``name`` of ``values`` as a mesh computes it: each non-empty block's partial
+    results by the numpy methods partial_calls names, combined."""
+    axis = params.pop("axis", None)
+    blocks = split_blocks(values.shape[split], count)
+    live = [(piece, start) for piece, (start, _), block in zip(
+        np.array_split(values, count, axis=split), block_ranges(blocks), blocks) if block]
+    pieces = [piece for piece, _ in live]
+    axes = tuple(range(values.ndim)) if axis is None else np.atleast_1d(axis).tolist()
+    calls = reductions.partial_calls(name, axis, params, values.dtype)
+    partials = [[np.asarray(getattr(piece, method)(**keywords)) for method, keywords in calls]
+                for piece in pieces]
+    want = getattr(values, name)(axis=axis, **params)
+    parts = reductions.Parts(
+        shapes=tuple(p.shape for p in pieces), offsets=tuple(start for _, start in live),
+        axis=split, shape=values.shape, axes=tuple(axes),
+        out_shape=tuple(n for d, n in enumerate(values.shape) if d not in axes),
+        dtype=np.asarray(want).dtype)
+    return reductions.combine(name, partials, parts, {"axis": axis, **params}), want
+
+
+@pytest.mark.parametrize("name", sorted(reductions.REDUCTIONS))
+@pytest.mark.parametrize("split", [0, 1])
+def test_partial_results_combine_as_numpy(name, split):
+    values = np.random.default_rng(2).standard_normal((9, 4)) * 100 + 1e6  # far from 0:
+    for count in (1, 2, 4, 12):  # a mean of variances, or a pooled sum of squares, is off
+        for axis in ([None, split] if name.startswith("arg") else [None, split, (0, 1)]):
+            got, want = _combined(name, values, split, count, axis=axis)
+            np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=f"{count} {axis}")
+
+
+def test_variance_takes_ddof_and_mean_accumulates_as_numpy():
+    values = np.arange(20, dtype=np.int16).reshape(5, 4)
+    got, want = _combined("var", values, 0, 3, axis=0, ddof=1)
+    np.testing.assert_allclose(got, want)
+    assert reductions.accumulator(np.dtype(np.float16), None) == np.float32
+    assert reductions.accumulator(np.dtype(np.int8), None) == np.float64
+    assert reductions.accumulator(np.dtype(np.float32), "float64") == np.float64
