@@ -20,11 +20,12 @@ import pytest
 import fabric
 from fabric.addresses import only_this_host
 from fabric.errors import ClusterError, ConfigError
+from fabric.security import generate_keys
 from fabric.launch_ssh import (CONNECT_TIMEOUT, Host, SSHCluster, budget_share, parse_host,
                                parse_hosts, ssh_command)
 
 import simhosts
-from conftest import HEARTBEAT
+from conftest import HEARTBEAT, children_of
 from faultproxy import wait_for
 
 # -- the host list and the commands, sans I/O -----------------------------------------------
@@ -269,53 +270,131 @@ def test_a_host_with_another_fabric_release_is_refused_naming_both(hosts, tmp_pa
     assert set(_remote_workers(hosts, 1)) == others
 
 
+class Launcher:
+    """A ``fabric cluster up`` over SSH to the simulated hosts, in a terminal's process group
+    of its own, and what the hosts ran before it."""
+
+    def __init__(self, hosts: simhosts.SimulatedHosts, work: Path, *placement: str) -> None:
+        self.hosts = hosts
+        self.work = work
+        self.connection_file = work / "cluster.json"
+        self.before = [set(_remote_workers(hosts, host)) for host in (0, 1)]
+        self.sshd_before = [hosts.pids(host) for host in (0, 1)]
+        started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fabric", "cluster", "up", *placement,
+             "--advertise", hosts.bridge_address, "--remote-python", sys.executable,
+             "--ssh-config", str(hosts.ssh_config), "--frontend", "tcp://0.0.0.0:*",
+             "--worker-address", "tcp://0.0.0.0:*", "--connection-file",
+             str(self.connection_file), "--heartbeat", str(HEARTBEAT)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        wait_for(lambda: self.connection_file.exists() or self.proc.poll() is not None, 60,
+                 "the connection file")
+        assert self.proc.poll() is None, self.proc.communicate(timeout=10)
+        self.launch_seconds = time.monotonic() - started
+
+    def workers(self, host: int) -> set[int]:
+        """The fabric workers this launcher runs on ``host``."""
+        return set(_remote_workers(self.hosts, host)) - self.before[host]
+
+    def ssh_clients(self) -> list[int]:
+        """The launcher's ssh processes, one per worker."""
+        return [pid for pid in children_of(self.proc.pid)
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ssh\0")]
+
+    def stopped_leaving_nothing(self) -> None:
+        """Every process the launch made on the hosts ends, sshd's sessions included."""
+        for host in (0, 1):
+            wait_for(lambda: self.hosts.pids(host) <= self.sshd_before[host], 15,
+                     f"host {host} to have no process of this launch left")
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def launcher(hosts, tmp_path):
+    """Starts ``Launcher``s; ends what is left of them after the test."""
+    started: list[Launcher] = []
+
+    def start(*placement: str) -> Launcher:
+        started.append(Launcher(hosts, tmp_path, *placement))
+        return started[-1]
+
+    yield start
+    for each in started:
+        each.end()
+
+
 @pytest.mark.timeout(120)
-def test_cluster_up_over_ssh_serves_and_ctrl_c_leaves_nothing_on_any_host(hosts, tmp_path):
+def test_cluster_up_over_ssh_serves_and_ctrl_c_leaves_nothing_on_any_host(launcher, hosts,
+                                                                         tmp_path):
     # The README's "More than one machine" commands, with the simulated hosts' addresses
     # and the ssh config and python that reach them.
     hostfile = tmp_path / "hosts"
     hostfile.write_text(f"# two hosts, two workers each\n{hosts.addresses[0]} workers=2\n"
                         f"{hosts.addresses[1]}\n")
-    connection_file = tmp_path / "cluster.json"
-    before = [hosts.pids(host) for host in (0, 1)]  # (the module's cluster's, if it runs)
-    started = time.monotonic()
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "fabric", "cluster", "up", "--hostfile", str(hostfile),
-         "--workers", "2", "--advertise", hosts.bridge_address,
-         "--remote-python", sys.executable, "--ssh-config", str(hosts.ssh_config),
-         "--frontend", "tcp://0.0.0.0:*", "--worker-address", "tcp://0.0.0.0:*",
-         "--connection-file", str(connection_file), "--heartbeat", str(HEARTBEAT)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        wait_for(lambda: connection_file.exists() or launcher.poll() is not None, 60,
-                 "the connection file")
-        assert launcher.poll() is None, launcher.communicate(timeout=10)
-        print(f"cluster up over ssh, 2 hosts x 2 workers: {time.monotonic() - started:.2f} s")
-        info = json.loads(connection_file.read_text())
-        assert info["address"].startswith(f"tcp://{hosts.bridge_address}:")
-        devices = fabric.devices(connection_file=str(connection_file), timeout=5)
-        assert len(devices) == 4
-        for device in devices:
-            with fabric.connect(connection_file=str(connection_file),
-                                device=device.index) as session:
-                assert session.arange(10).sum().numpy() == 45
-        assert [len(set(_remote_workers(hosts, host)) - before[host]) for host in (0, 1)] == [
-            2, 2]
-        os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C in the launcher's terminal
-        out, err = launcher.communicate(timeout=30)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate(timeout=10)
-    assert launcher.returncode == 0, err
+    running = launcher("--hostfile", str(hostfile), "--workers", "2")
+    print(f"cluster up over ssh, 2 hosts x 2 workers: {running.launch_seconds:.2f} s")
+    connection_file = str(running.connection_file)
+    info = json.loads(running.connection_file.read_text())
+    assert info["address"].startswith(f"tcp://{hosts.bridge_address}:")
+    devices = fabric.devices(connection_file=connection_file, timeout=5)
+    assert len(devices) == 4
+    for device in devices:
+        with fabric.connect(connection_file=connection_file, device=device.index) as session:
+            assert session.arange(10).sum().numpy() == 45
+    assert [len(running.workers(host)) for host in (0, 1)] == [2, 2]
+    os.killpg(running.proc.pid, signal.SIGINT)  # Ctrl-C in the launcher's terminal
+    out, err = running.proc.communicate(timeout=30)
+    assert running.proc.returncode == 0, err
     assert "stopped by SIGINT" in err
-    for host in (0, 1):  # nothing it started is left on any host, not even an sshd session
-        wait_for(lambda: hosts.pids(host) <= before[host], 15,
-                 f"host {host} to have no process of this launch left")
-    assert not connection_file.exists()
+    running.stopped_leaving_nothing()
+    assert not running.connection_file.exists()
     logs, = tmp_path.glob("cluster-logs-*")
     assert sorted(p.name for p in logs.iterdir()) == sorted(
         ["broker.log"] + [f"worker-{k}@{address}.log" for address in hosts.addresses
                           for k in (0, 1)])
     assert "registered with" in (logs / f"worker-1@{hosts.addresses[1]}.log").read_text()
     assert info["token"] not in out + err
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_whose_session_drops_is_started_again_on_its_host(launcher, hosts):
+    running = launcher("--hosts", ",".join(hosts.addresses), "--workers", "1")
+    connection_file = str(running.connection_file)
+    indexes = {d.worker: d.index for d in fabric.devices(connection_file=connection_file)}
+    lost, = running.workers(1)
+    ssh = next(pid for pid in running.ssh_clients()
+               if hosts.addresses[1].encode() in Path(f"/proc/{pid}/cmdline").read_bytes())
+    os.kill(ssh, signal.SIGKILL)  # its SSH session drops
+    wait_for(lambda: not Path(f"/proc/{lost}").exists(), 15, "the cut-off worker to stop")
+    wait_for(lambda: running.workers(1), 30, "a new worker on the host")
+    name = f"worker-0@{hosts.addresses[1]}"
+    wait_for(lambda: name in {d.worker for d in fabric.devices(
+        connection_file=connection_file)}, 30, "the new worker to register")
+    with fabric.connect(connection_file=connection_file, device=indexes[name]) as session:
+        assert session.device.worker == name  # its index came back with its name
+        assert session.arange(4).sum().numpy() == 6
+    os.killpg(running.proc.pid, signal.SIGINT)
+    _, err = running.proc.communicate(timeout=30)
+    assert f"{name} exited with code -9" in err and "restarting it" in err, err
+    running.stopped_leaving_nothing()
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_launcher_leaves_nothing_on_any_host(launcher, hosts):
+    running = launcher("--hosts", ",".join(hosts.addresses), "--workers", "1")
+    assert [len(running.workers(host)) for host in (0, 1)] == [1, 1]
+    running.proc.kill()  # no Ctrl-C, no cleanup: its ssh clients are told by the kernel
+    running.proc.wait(10)
+    running.stopped_leaving_nothing()
+
+
+def test_curve_reaches_the_remote_workers_through_the_same_key_folder(hosts, tmp_path):
+    generate_keys(tmp_path / "keys")
+    with _ssh_cluster(hosts, hosts.addresses[0], curve=tmp_path / "keys") as running:
+        with running.connect() as session:
+            assert session.arange(5).sum().numpy() == 10
