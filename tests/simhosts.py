@@ -62,6 +62,11 @@ class SimulatedHosts:
     unused_address: str  # on the bridge's network, where no host answers
     ssh_config: Path
     sshd_pids: list[int]
+    links: list[str]  # each host's link to the bridge, on this side
+
+    def set_link(self, host: int, up: bool) -> None:
+        """Take host ``host``'s link to the bridge down (a cut cable), or bring it back up."""
+        _ip("link", "set", self.links[host], "up" if up else "down")
 
     def pids(self, host: int) -> set[int]:
         """Every process in host ``host``'s namespace, its sshd listener excepted."""
@@ -138,7 +143,7 @@ def simulated_hosts(work: Path, count: int) -> Iterator[SimulatedHosts]:
         undo.callback(_ip, "link", "del", bridge)
         _ip("addr", "add", f"{net}.1/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
-        addresses, namespaces, sshd_pids, known = [], [], [], []
+        addresses, namespaces, sshd_pids, links, known = [], [], [], [], []
         for i in range(count):
             namespace, address = f"fabhost{tag}-{i}", f"{net}.{10 + i}"
             outside, inside = f"fb{tag}v{i}", f"fb{tag}h{i}"
@@ -164,6 +169,7 @@ def simulated_hosts(work: Path, count: int) -> Iterator[SimulatedHosts]:
             addresses.append(address)
             namespaces.append(namespace)
             sshd_pids.append(sshd.pid)
+            links.append(outside)
         (work / "known_hosts").write_text("\n".join(known) + "\n")
         ssh_config = work / "ssh_config"
         ssh_config.write_text(f"""\
@@ -178,7 +184,7 @@ Host *
   LogLevel ERROR
 """)
         yield SimulatedHosts(addresses, namespaces, f"{net}.1", f"{net}.250", ssh_config,
-                             sshd_pids)
+                             sshd_pids, links)
 
 
 def _delete_link(name: str) -> None:
