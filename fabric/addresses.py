@@ -63,9 +63,9 @@ def only_this_host(address: str) -> bool:
     if not address.startswith("tcp://"):
         return True
     host = _host(address)
-    if host is None or host == "localhost":  # (None: malformed, or a wildcard: not only ours)
-        return host == "localhost"
+    if host == "localhost":
+        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: others may resolve it elsewhere
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:  # a host name others may resolve, a wildcard, or malformed
         return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ class Host:
 def parse_host(entry: str) -> Host:
     """One host: ``[user@]host[:port]`` (``[v6-address]:port`` for IPv6), then optional
     ``workers=N`` and ``python=PATH`` settings separated by spaces; ConfigError otherwise."""
+    if not entry.split():
+        raise ConfigError("An empty host entry: write [user@]host[:port].")
     target, *settings = entry.split()
     user, _, rest = target.rpartition("@")
     if rest.startswith("["):  # [v6]:port
@@ -145,16 +148,18 @@ class SSHCluster(LocalCluster):
                  remote_python: str = "python3", ssh_config: str | None = None,
                  ssh_options: Sequence[str] = (), memory_budget: str = "50%",
                  **options: Any) -> None:
+        if shutil.which("ssh") is None:
+            raise ConfigError("ssh is not installed here: install OpenSSH's client "
+                              "(apt-get install openssh-client), which starts the workers.")
         self.hosts = list(hosts)
-        self._slots = [(host, k) for host in self.hosts
-                       for k in range(host.workers or workers_per_host)]
+        counts = {host.name: host.workers or workers_per_host for host in self.hosts}
+        self._slots = [(host, k) for host in self.hosts for k in range(counts[host.name])]
         super().__init__(len(self._slots), memory_budget=memory_budget, **options)
         self.remote_python = remote_python
         self.ssh_config = os.path.abspath(ssh_config) if ssh_config else None
         self.ssh_options = tuple(ssh_options)
-        self._budget_shares = {host.name: budget_share(memory_budget,
-                                                       host.workers or workers_per_host)
-                               for host in self.hosts}
+        self._budget_shares = {name: budget_share(memory_budget, count)
+                               for name, count in counts.items()}
 
     def worker_name(self, index: int) -> str:
         """``worker-K@HOST``: the K-th worker of its host."""

@@ -53,6 +53,7 @@ def test_a_host_entry_names_user_host_port_and_settings(entry, expected):
     ("node1 python=", "write workers=N or python=PATH"),
     ("-oProxyCommand=evil", "names no host"),
     ("alice@", "names no host"),
+    ("  ", "An empty host entry"),
 ])
 def test_a_bad_host_entry_says_what_to_write(entry, says):
     with pytest.raises(ConfigError, match=says):
@@ -134,9 +135,9 @@ def test_a_worker_takes_its_token_on_stdin_and_stops_when_stdin_closes(cluster):
             worker.wait(10)
 
 
-def _cluster_up(*args: str) -> subprocess.CompletedProcess:
+def _cluster_up(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fabric", "cluster", "up", *args],
-                          capture_output=True, text=True, timeout=30)
+                          capture_output=True, text=True, timeout=30, env=env)
 
 
 def test_cluster_up_with_hosts_refuses_addresses_the_hosts_cannot_reach(tmp_path):
@@ -154,7 +155,10 @@ def test_cluster_up_with_hosts_refuses_addresses_the_hosts_cannot_reach(tmp_path
     assert both.returncode == 2 and "not both" in both.stderr
     bad = _cluster_up("--hosts", "node1:ssh", "--advertise", "head", *files)
     assert bad.returncode == 2 and "port must be a number" in bad.stderr
-    assert not list(tmp_path.iterdir())
+    no_ssh = _cluster_up("--hosts", "node1", "--advertise", "head", *files,
+                         env={**os.environ, "PATH": str(tmp_path / "nothing-here")})
+    assert no_ssh.returncode == 2 and "apt-get install openssh-client" in no_ssh.stderr
+    assert not (tmp_path / "c.json").exists()
 
 
 # -- on simulated hosts ---------------------------------------------------------------------
