@@ -14,7 +14,7 @@ import sys
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import zmq
@@ -28,6 +28,9 @@ from .cli_options import (as_usage_error, curve_client_options, curve_server_opt
 from .config import resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .security import CurveClient, CurveServer, generate_keys
+
+if TYPE_CHECKING:
+    from .launch_ssh import Host
 
 
 def _logging(level: str) -> None:
@@ -287,13 +290,13 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
     """
     from .addresses import advertised, only_this_host
     from .cluster import LocalCluster
-    from .launch_ssh import SSHCluster
     from .config import (
         admin_file_beside,
         default_connection_file,
         logs_beside,
         state_file_beside,
     )
+    from .launch_ssh import SSHCluster
 
     remote_hosts = _remote_hosts(hosts, hostfile)
     if remote_hosts:  # the hosts must reach the broker: every interface, unless told where
@@ -356,8 +359,7 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
         running.write_connection_file(client_path)
         click.echo(f"fabric cluster up: broker at {running.address} with {running.n_workers} "
                    f"{backend} worker(s), {running.n_workers * devices_per_worker} device(s); "
-                   "logs in "
-                   f"{running.log_dir}")
+                   f"logs in {running.log_dir}")
         click.echo(f"connection file (hand this one to users): {client_path}")
         click.echo(f"admin file (operators only: admin and worker tokens): {admin_path}")
         click.echo(f"connect:  import fabric; session = fabric.connect(connection_file="
@@ -377,8 +379,8 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
         sys.exit(1)
 
 
-def _remote_hosts(hosts: str | None, hostfile: str | None) -> list[Any]:
-    """The hosts --hosts or --hostfile lists (``fabric.launch_ssh.Host``), or [] for none."""
+def _remote_hosts(hosts: str | None, hostfile: str | None) -> list[Host]:
+    """The hosts --hosts or --hostfile lists, or [] for none."""
     from .launch_ssh import parse_hosts
 
     if hosts and hostfile:
