@@ -8,6 +8,7 @@ for it. A wildcard bind address is never handed to anyone to connect to.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from urllib.parse import urlsplit
 
@@ -54,3 +55,17 @@ def advertised(address: str, host: str | None) -> str:
                           "connect to. Give the host name or address that clients and "
                           "workers reach the broker by (--advertise HOST).")
     return address
+
+
+def only_this_host(address: str) -> bool:
+    """Whether ``address`` can be reached from this machine alone: ``ipc://``, ``inproc://``,
+    or tcp:// on a loopback address or ``localhost``."""
+    if not address.startswith("tcp://"):
+        return True
+    host = _host(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:  # a host name others may resolve, a wildcard, or malformed
+        return False

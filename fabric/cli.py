@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import zmq
+from click.core import ParameterSource
 
 from .cli_admin import admin
 from .cli_top import top
@@ -25,6 +28,9 @@ from .cli_options import (as_usage_error, curve_client_options, curve_server_opt
 from .config import resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .security import CurveClient, CurveServer, generate_keys
+
+if TYPE_CHECKING:
+    from .launch_ssh import Host
 
 
 def _logging(level: str) -> None:
@@ -134,13 +140,16 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Exit 1 once the broker has said nothing for SECONDS, at start or later "
                    "(for a supervisor that starts the worker elsewhere) [default: never].")
+@click.option("--stop-on-stdin-close", is_flag=True,
+              help="Stop (as SIGTERM stops it) once standard input closes: a worker started "
+                   "over SSH ends when its launcher's session does.")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
            memory_limit: int | None, memory_budget: str, give_up_after: float | None,
-           worker_token: str | None,
+           stop_on_stdin_close: bool, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -162,6 +171,8 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
         device_class(backend)  # a backend that can never be hosted is refused before the token
         token = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN",
                                 "worker token")
+        if stop_on_stdin_close:  # (after the token, which may come first on standard input)
+            _stop_when_stdin_closes()
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
               heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
@@ -177,6 +188,19 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
         sys.exit(1)
 
 
+def _stop_when_stdin_closes() -> None:
+    """Read standard input to its end in a thread, then stop this process as SIGTERM does."""
+    main_thread = threading.main_thread().ident
+
+    def watch() -> None:
+        sys.stdin.read()  # whatever else arrives is not for us; its end is
+        # To the main thread itself, whose handler stops the worker (and whose wait the
+        # signal interrupts, which a signal to the process might not, landing elsewhere).
+        signal.pthread_kill(main_thread, signal.SIGTERM)
+
+    threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
+
+
 @main.group()
 def cluster() -> None:
     """Run a broker and workers on this machine as one unit."""
@@ -184,7 +208,23 @@ def cluster() -> None:
 
 @cluster.command("up")
 @click.option("--workers", type=int, default=2, show_default=True,
-              help="How many worker processes to start.")
+              help="How many worker processes to start (with --hosts: on each host).")
+@click.option("--hosts", default=None, metavar="HOST,...",
+              help="Start the workers on these hosts over SSH instead of here: "
+                   "[user@]host[:port], separated by commas (see --hostfile for per-host "
+                   "settings). The broker runs here and binds every interface unless "
+                   "--frontend and --worker-address say otherwise; give --advertise.")
+@click.option("--hostfile", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Hosts for the workers, one a line: [user@]host[:port] [workers=N] "
+                   "[python=PATH]; # starts a comment. Instead of --hosts.")
+@click.option("--remote-python", default="python3", show_default=True, metavar="PATH",
+              help="The interpreter that runs fabric worker on the hosts (this fabric "
+                   "release installed), where a host does not give python=PATH.")
+@click.option("--ssh-config", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="An ssh config file for reaching the hosts (ssh -F) [default: yours].")
+@click.option("--ssh-option", multiple=True, metavar="OPTION",
+              help="An ssh option (ssh -o OPTION: ConnectTimeout=30, ProxyJump=gw); repeat "
+                   "for more.")
 @click.option("--backend", default="numpy", show_default=True,
               help="Device backend: numpy or numexpr.")
 @click.option("--devices-per-worker", type=int, default=1, show_default=True)
@@ -224,15 +264,17 @@ def cluster() -> None:
 @metrics_option
 @with_options(timing_options[:2])
 @renamed_option("--backend-address", "--worker-address")
-def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: str,
+def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_python: str,
+               ssh_config: str | None, ssh_option: tuple[str, ...], backend: str,
+               devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
                memory_limit: int | None, memory_budget: str, advertise: str | None,
                max_restarts: int,
                log_dir: str | None,
                curve: str | None, metrics: str | None,
                heartbeat: float, liveness: int) -> None:
-    """Start a broker and WORKERS workers, write a connection file and an admin file, serve
-    until Ctrl-C.
+    """Start a broker and WORKERS workers (here, or on each of --hosts over SSH), write a
+    connection file and an admin file, serve until Ctrl-C.
 
     Generates fresh client, admin and worker tokens. The connection file (address, client
     token) is the one to hand to users; the admin file (admin and worker tokens) is for
@@ -241,8 +283,12 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     launcher itself is killed, its children notice and stop too. The broker keeps its device
     numbering in NAME-state.json beside the connection file NAME.json, so a worker keeps its
     device indexes from one run to the next. Exits 1 when a process fails to start or dies.
+
+    With --hosts or --hostfile, each host's workers are started through your ssh (your
+    config, keys and agent), get the worker token on the SSH channel's standard input, and
+    stop when Ctrl-C closes it, or when the SSH session drops.
     """
-    from .addresses import advertised
+    from .addresses import advertised, only_this_host
     from .cluster import LocalCluster
     from .config import (
         admin_file_beside,
@@ -250,9 +296,23 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         logs_beside,
         state_file_beside,
     )
+    from .launch_ssh import SSHCluster
 
+    remote_hosts = _remote_hosts(hosts, hostfile)
+    if remote_hosts:  # the hosts must reach the broker: every interface, unless told where
+        given = click.get_current_context().get_parameter_source
+        if given("frontend") is ParameterSource.DEFAULT:
+            frontend = "tcp://0.0.0.0:5555"
+        if given("worker_address") is ParameterSource.DEFAULT:
+            worker_address = "tcp://0.0.0.0:5556"
     for address in (frontend, worker_address):  # (a wildcard one needs --advertise)
         as_usage_error(lambda: advertised(address, advertise))
+    if remote_hosts and (only_this_host(worker_address)
+                         or only_this_host(advertised(worker_address, advertise))):
+        raise click.UsageError(f"Workers on other hosts cannot reach {worker_address}"
+                               f"{f' as {advertise}' if advertise else ''}: bind "
+                               "--worker-address where they reach it (tcp://0.0.0.0:5556 "
+                               "with --advertise HOST).")
 
     client_path = Path(connection_file or default_connection_file())
     admin_path = Path(admin_file or admin_file_beside(client_path))
@@ -268,8 +328,13 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
     except OSError as exc:
         raise click.UsageError(f"Cannot make the log folder {logs}: {exc.strerror}.") from None
     try:
-        running = as_usage_error(lambda: LocalCluster(  # bad CURVE key files: a usage error
-            workers, backend=backend, devices_per_worker=devices_per_worker,
+        placement: dict[str, Any] = {"workers": workers}
+        if remote_hosts:
+            placement = {"hosts": remote_hosts, "workers_per_host": workers,
+                         "remote_python": remote_python, "ssh_config": ssh_config,
+                         "ssh_options": ssh_option}
+        running = as_usage_error(lambda: (SSHCluster if remote_hosts else LocalCluster)(
+            **placement, backend=backend, devices_per_worker=devices_per_worker,
             heartbeat=heartbeat, liveness=liveness, frontend=frontend,
             backend_address=worker_address, memory_budget=memory_budget, advertise=advertise,
             worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
@@ -292,9 +357,9 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         # The admin file first: once the connection file exists, both do.
         running.write_admin_file(admin_path)
         running.write_connection_file(client_path)
-        click.echo(f"fabric cluster up: broker at {running.address} with {workers} {backend} "
-                   f"worker(s), {workers * devices_per_worker} device(s); logs in "
-                   f"{running.log_dir}")
+        click.echo(f"fabric cluster up: broker at {running.address} with {running.n_workers} "
+                   f"{backend} worker(s), {running.n_workers * devices_per_worker} device(s); "
+                   f"logs in {running.log_dir}")
         click.echo(f"connection file (hand this one to users): {client_path}")
         click.echo(f"admin file (operators only: admin and worker tokens): {admin_path}")
         click.echo(f"connect:  import fabric; session = fabric.connect(connection_file="
@@ -312,6 +377,17 @@ def cluster_up(workers: int, backend: str, devices_per_worker: int, frontend: st
         click.echo(kept, err=True)
     if not reason.startswith("stopped by"):
         sys.exit(1)
+
+
+def _remote_hosts(hosts: str | None, hostfile: str | None) -> list[Host]:
+    """The hosts --hosts or --hostfile lists, or [] for none."""
+    from .launch_ssh import parse_hosts
+
+    if hosts and hostfile:
+        raise click.UsageError("Give --hosts or --hostfile, not both.")
+    if hostfile:
+        return as_usage_error(lambda: parse_hosts(Path(hostfile).read_text()))
+    return as_usage_error(lambda: parse_hosts(hosts)) if hosts is not None else []
 
 
 @main.group()

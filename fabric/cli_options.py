@@ -27,7 +27,8 @@ def token_options(role: str, env: str, what: str | None = None,
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         command = click.option(
             f"--{role}token-file", type=click.Path(dir_okay=False),
-            help=f"File holding the {what} (mode 0600). Takes precedence "
+            help=f"File holding the {what} (mode 0600; - reads it from the first line of "
+                 "standard input). Takes precedence "
                  f"over ${env} and --{role}token. Whitespace around a token (a trailing "
                  "newline or space) is ignored in all three.")(command)
         return click.option(

@@ -223,18 +223,16 @@ class LocalCluster:
         self.start_broker(self.address, self.backend_address)
 
     def start_worker(self, index: int) -> subprocess.Popen:
-        """Start (or restart) worker ``index``; it registers as ``worker-{index}``.
+        """Start (or restart) worker ``index``; it registers as ``worker_name(index)``.
 
         A previous process for ``index`` is ended (and reaped) first.
         """
         if index < len(self.workers):
             _end(self.workers[index])
-        with self._log(f"worker-{index}") as log:
+        with self._log(self.worker_name(index)) as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "fabric", "worker", "--broker", self.backend_address,
-                 "--backend", self.backend, "--devices", str(self.devices_per_worker),
-                 "--name", f"worker-{index}", "--heartbeat", str(self.heartbeat),
-                 "--liveness", str(self.liveness), *self._curve_args, *self.worker_args],
+                 *self.worker_options(index)],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env(),
                 preexec_fn=_die_with_parent)
         if index < len(self.workers):
@@ -243,6 +241,28 @@ class LocalCluster:
             self.workers.append(proc)
         return proc
 
+    def worker_name(self, index: int) -> str:
+        """The name worker ``index`` registers under (and its log file's)."""
+        return f"worker-{index}"
+
+    def worker_options(self, index: int) -> list[str]:
+        """``fabric worker``'s options for worker ``index``, all but ``--broker``."""
+        return ["--backend", self.backend, "--devices", str(self.devices_per_worker),
+                "--name", self.worker_name(index), "--heartbeat", str(self.heartbeat),
+                "--liveness", str(self.liveness), *self._curve_args, *self.worker_args]
+
+    def start_workers(self, report: Callable[[str], None] | None = None) -> None:
+        """Start every worker and wait for its devices; ``report`` gets a line for each."""
+        # One at a time: the broker numbers devices in registration order, so worker-i's
+        # devices come after those of every worker before it.
+        for i in range(self.n_workers):
+            self.start_worker(i)
+            devices = self.wait_for_devices((i + 1) * self.devices_per_worker)
+            if report is not None:
+                indexes = [d.index for d in devices if d.worker == self.worker_name(i)]
+                report(f"{self.worker_name(i)} registered ({i + 1} of {self.n_workers}): "
+                       f"device(s) {', '.join(map(str, indexes))}")
+
     def wait_for_devices(self, count: int, timeout: float | None = None) -> list[Device]:
         """Wait until the broker lists ``count`` devices; name the worker that failed."""
         deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
@@ -250,8 +270,9 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for i, proc in enumerate(self.workers):
                 if proc.poll() is not None:
-                    raise ClusterError(f"worker-{i} exited with code {proc.returncode}:\n"
-                                       + self.log_tail(f"worker-{i}"))
+                    raise ClusterError(f"{self.worker_name(i)} exited with code "
+                                       f"{proc.returncode}:\n"
+                                       + self.log_tail(self.worker_name(i)))
             try:
                 found = list_devices(self.address, self.token, 2.0, self.curve)
             except ConnectError:
@@ -260,8 +281,8 @@ class LocalCluster:
                 return found
             time.sleep(0.05)
         registered = {d.worker for d in found}
-        missing = [f"worker-{i}" for i in range(len(self.workers))
-                   if f"worker-{i}" not in registered]
+        missing = [self.worker_name(i) for i in range(len(self.workers))
+                   if self.worker_name(i) not in registered]
         raise ClusterError(f"{', '.join(missing) or 'a worker'} did not register in time:\n"
                            + "\n".join(self.log_tail(m) for m in missing))
 
@@ -273,15 +294,7 @@ class LocalCluster:
             self.start_broker()
             if report is not None:
                 report(f"broker at {self.address}; starting {self.n_workers} worker(s)")
-            # One at a time: the broker numbers devices in registration order, so worker-i's
-            # devices come after those of every worker before it.
-            for i in range(self.n_workers):
-                self.start_worker(i)
-                devices = self.wait_for_devices((i + 1) * self.devices_per_worker)
-                if report is not None:
-                    indexes = [d.index for d in devices if d.worker == f"worker-{i}"]
-                    report(f"worker-{i} registered ({i + 1} of {self.n_workers}): device(s) "
-                           f"{', '.join(map(str, indexes))}")
+            self.start_workers(report)
         except BaseException:
             self.stop()
             raise
@@ -373,8 +386,9 @@ class LocalCluster:
                 for i, proc in enumerate(self.workers):
                     if i in down or proc.poll() is None:
                         continue
-                    death = (f"worker-{i} exited with code {proc.returncode} "
-                             f"({self.log_tail(f'worker-{i}', 3) or 'no log'})")
+                    name = self.worker_name(i)
+                    death = (f"{name} exited with code {proc.returncode} "
+                             f"({self.log_tail(name, 3) or 'no log'})")
                     if limits[i].allow(time.monotonic()):
                         report(f"{death}: restarting it")
                         self.start_worker(i)

@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import stat
+import sys
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -79,8 +80,12 @@ def first_secret(*candidates: str | None) -> str | None:
 
 
 def resolve_secret(value: str | None, file: str | None, env: str) -> str | None:
-    """A token from its file, else the environment variable ``env``, else ``value``; the
-    whitespace around it is stripped, whichever it came from."""
+    """A token from its file (``-``: the first line of standard input, as a launcher hands it
+    over SSH), else the environment variable ``env``, else ``value``; the whitespace around
+    it is stripped, whichever it came from."""
+    if file == "-":
+        # One line only: the rest of standard input is the launcher's to keep open.
+        return first_secret(sys.stdin.readline())
     if file:
         return read_secret_file(file)
     return first_secret(os.environ.get(env), value)
