@@ -22,6 +22,7 @@ from .errors import FabricError
 from .indexing import PreparedIndex, basic_index_key, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
+from .printing import repr_text, summary_index, summary_text
 from .views import assign, check_out, check_writable, link, store_into, ufunc_at
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 
@@ -99,27 +100,37 @@ class Tensor(Spec):
         return (f"<fabric.Tensor shape={self.shape} dtype={self.dtype} id={self.id} "
                 f"device={self.session.device.index}>")
 
-    def _printed(self, show: Callable[[np.ndarray], str]) -> str:
+    def _shown(self) -> tuple[np.ndarray, bool]:
+        """What numpy's printing shows of the values, read (``fabric.printing``), and whether
+        that is a summary's part of them."""
+        index = summary_index(self.shape)
+        return (self.numpy(), False) if index is None else (self[index].numpy(), True)
+
+    def _printed(self, show: Callable[[np.ndarray, bool], str]) -> str:
         try:
-            values = self.numpy()
+            values, summarised = self._shown()
         except FabricError as exc:  # (a failed op, a closed session, a trace: still shown)
             return f"{self._handle()[:-1]} unreadable: {type(exc).__name__}>"
-        return show(values)
+        return show(values, summarised)
 
     def __repr__(self) -> str:
-        """numpy's repr of the values, as ``tensor(...)``: a read of the whole tensor
-        (numpy's print options summarise a large one)."""
-        text = repr  # (numpy aligns continuation lines under "array(": one more space)
-        return self._printed(lambda values: "tensor" + text(values)[len("array"):].replace(
-            "\n" + " " * len("array("), "\n" + " " * len("tensor(")))
+        """numpy's repr of the values, as ``tensor(...)``: a read (of what numpy's print
+        options show of a large tensor)."""
+        return self._printed(lambda values, summarised: repr_text(
+            values, self.shape, summarised, self._repr_name))
+
+    _repr_name = "tensor"
 
     def __str__(self) -> str:
-        """numpy's str of the values: a read of the whole tensor."""
-        return self._printed(str)
+        """numpy's str of the values: a read (of what numpy shows)."""
+        return self._printed(lambda values, summarised: summary_text(values, summarised, str))
 
     def __format__(self, spec: str) -> str:
         """numpy's format of the values (``f"{loss:.4f}"`` on a 0-d tensor): a read."""
-        return self._printed(lambda values: format(values, spec)) if spec else str(self)
+        if not spec:
+            return str(self)
+        return self._printed(lambda values, summarised: summary_text(
+            values, summarised, lambda shown: format(shown, spec)))
 
     # -- reading ---------------------------------------------------------------------------
 
