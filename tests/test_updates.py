@@ -175,6 +175,15 @@ READS = {
     "np.unique ints": lambda a, up: np.unique((a % 4).astype(np.int32)),
     "np.unique bool": lambda a, up: np.unique(a > 0),
     "np.unique nans": lambda a, up: np.unique(np.sqrt(a)),  # (nan once, as numpy 2's)
+    "np.unique nans apart": lambda a, up: np.unique(np.sqrt(a), equal_nan=False),
+    "np.unique all results": lambda a, up: np.unique(a // 4, return_index=True,
+                                                     return_inverse=True, return_counts=True),
+    "np.unique counts": lambda a, up: np.unique((a % 3).astype(np.int8), return_counts=True),
+    "np.unique inverse": lambda a, up: np.unique(a[1] // 5, return_inverse=True),
+    "np.unique rows": lambda a, up: np.unique(np.concatenate([a, a[::2]]) // 8, axis=0,
+                                              return_index=True, return_inverse=True),
+    "np.unique columns": lambda a, up: np.unique(a % 2 == 0, axis=1, return_counts=True),
+    "np.unique bad axis": lambda a, up: np.unique(a, axis=2),
     # errors
     "t[wrong mask]": lambda a, up: a[np.ones((4, 4), bool)],
     "t[wrong tensor mask]": lambda a, up: a[up(np.ones((3,), bool))],
