@@ -23,7 +23,8 @@ from .indexing import PreparedIndex, basic_index_key, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
 from .printing import repr_text, summary_index, summary_text
-from .views import assign, check_out, check_writable, link, store_into, ufunc_at
+from .views import (assign, check_out, check_reduction_out, check_writable, link, store_into,
+                    ufunc_at)
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 
 # The result dtype of an elementwise op on one tensor, on two tensors of one shape, or on a
@@ -326,15 +327,16 @@ class Tensor(Spec):
     def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
                 **extra: Any) -> "Tensor":
         # ``extra``: numpy's other keywords of the reduction (ddof, dtype, initial), those
-        # given as None left out, as numpy's defaults; where=, a mask, is a second input.
-        if extra.pop("out", None) is not None:
-            raise TypeError(f"numpy.{name} with out= is not supported on fabric tensors: the "
-                            "result is a new tensor on the device; assign it where you need "
-                            "it (t[...] = result).")
-        where = extra.pop("where", True)
+        # given as None left out, as numpy's defaults; where=, a mask, is a second input;
+        # out=, a tensor that takes the result (an update).
+        out, where = extra.pop("out", None), extra.pop("where", True)
         axis = tuple(axis) if isinstance(axis, list) else axis
-        return self.session.apply(name, (self,) if where is True else (self, where),
-                                  {"axis": axis, "keepdims": keepdims, **given_params(extra)})
+        params = {"axis": axis, "keepdims": keepdims, **given_params(extra)}
+        if out is None:
+            return self.session.apply(name, (self,) if where is True else (self, where), params)
+        shape, _ = OPS[name].infer((self,) if where is True else (self, where), params)
+        check_reduction_out(name, self, params, shape, out)
+        return store_into(out, self._reduce(name, axis, keepdims, where=where, **extra))
 
     def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
             initial: Any = None, where: Any = True) -> "Tensor":
