@@ -158,18 +158,21 @@ class Session(ArrayNamespace):
 
     # -- requests and reads ------------------------------------------------------------------
 
-    def _send_request(self, body: dict[str, Any], timeout: float | None = None) -> int:
+    def _send_request(self, body: dict[str, Any], timeout: float | None = None,
+                      reads: Tensor | None = None) -> int:
         """Send a request to the device with the ops batched before it, which run first (one
         message, where a flush and then a request were two: a read inside a loop waits for
-        one trip to the device); its request id, for ``_reply``."""
+        one trip to the device); its request id, for ``_reply``. A read of a tensor made by
+        a batch already sent (``reads``) goes alone: it need not wait for the ops since."""
         if self.closed:  # (every read: the call only to raise)
             self.stream.check_open()
         connection = self.connection
-        if not self.stream.batch:
+        stream = self.stream
+        if not stream.batch or reads is not None and reads.id <= stream.sent_through:
             return connection.send_request(Message(Kind.REQUEST, self.id, 0, body))
         self._make_room(timeout)
         sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
-        self.stream.send_batch(lambda submit: sent.append(connection.send_request(Message(
+        stream.send_batch(lambda submit: sent.append(connection.send_request(Message(
             Kind.REQUEST, self.id, 0, {**body, "ops": submit.body["ops"]}, submit.buffers))))
         return sent[0]
 
@@ -208,14 +211,16 @@ class Session(ArrayNamespace):
 
     def read(self, tensor: Tensor) -> np.ndarray:
         """``tensor``'s values, read back: an ordinary, writable numpy array (``t.numpy()``)."""
-        return read_values(self._call(_read_body(tensor)), tensor)  # (start_read's, without
-        # an object between: every read's path)
+        reply = self._reply(self._send_request(_read_body(tensor), reads=tensor))
+        if "error" in reply.body:  # (start_read's, without an object between: every read)
+            raise self._remote_error(reply.body["error"])
+        return read_values(reply, tensor)
 
     def start_read(self, tensor: Tensor) -> "ReadInFlight":
         """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
         for the values: ``.result()`` waits for them. Reads of many sessions can so be in
         flight at once (a sharded tensor's ``numpy()`` gathers its shards so)."""
-        return ReadInFlight(self, tensor, self._send_request(_read_body(tensor)))
+        return ReadInFlight(self, tensor, self._send_request(_read_body(tensor), reads=tensor))
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one

@@ -78,6 +78,7 @@ class OpStream:
         self.session_id = session_id
         self.thread: int | None = _get_ident()  # the one that issues ops; None once closed
         self._ids = itertools.count(1)
+        self.sent_through = 0  # every tensor of an id up to this was made by a batch sent
         self.batch: list[Any] = []  # ops, and ids of tensors freed
         self.buffers: list[Any] = []  # the batch's uploads, by their ops' "buffer" number
         self.batch_bytes = 0
@@ -191,5 +192,6 @@ class OpStream:
             freed -= len(forgotten)
         self._freed_counted = freed
         self.counts["batches_sent"] += 1
+        self.sent_through = next(self._ids)  # (an id of no tensor: the ones before were sent)
         self.counts["bytes_uploaded"] += self.batch_bytes
         self.buffers, self.batch_bytes, self.batch_elements, self.batch_graph_ops = [], 0, 0, 0

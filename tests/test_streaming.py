@@ -426,3 +426,16 @@ def test_a_closed_sessions_credit_is_forgotten(shared_cluster):
             second.sync()
             assert first.connection.pending.done[second.id] == CREDIT_EVERY
         assert second.id not in first.connection.pending.done  # no entry left per session
+
+
+def test_a_read_of_a_tensor_made_before_the_batch_goes_alone_and_the_batch_waits(session):
+    older, index = session.asarray(np.arange(4.0)), session.asarray(np.array([7]))
+    session.flush()
+    newer = older * 2  # queued, not sent ...
+    bad = older[index]  # ... and an op that will fail on the device (out of bounds)
+    np.testing.assert_array_equal(older.numpy(), np.arange(4.0))  # (needs neither)
+    assert len(session.stream.batch) == 2  # they wait for the next send
+    np.testing.assert_array_equal(newer.numpy(), np.arange(4.0) * 2)  # carries the batch
+    assert session.stream.batch == []
+    with pytest.raises(RemoteError, match="getitem"):
+        bad.numpy()
