@@ -7,9 +7,7 @@ The shared options are in ``fabric.cli_options``, the ``fabric admin`` group in
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
 from datetime import datetime
@@ -27,6 +25,7 @@ from .cli_options import (as_usage_error, curve_client_options, curve_server_opt
                           timing_options, token_options, with_options)
 from .config import resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
+from .host_slot import claim_slot
 from .security import CurveClient, CurveServer, generate_keys
 
 if TYPE_CHECKING:
@@ -126,8 +125,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
                    "cannot host a server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
-@click.option("--name", default=None, help="Worker name, unique in the cluster "
-              "[default: worker-HOST-PID].")
+@click.option("--name", default=None, help="Worker name, unique in the cluster [default: "
+              "HOST/SLOT, the lowest slot no other live unnamed worker of this host holds for "
+              "this broker, so a restarted worker takes back its name and device indexes].")
 @click.option("--memory-limit", type=int, default=None,
               help="Most bytes one session may keep resident on a device; an op that would "
                    "pass it fails with QuotaExceeded and the worker goes on [default: none].")
@@ -173,8 +173,9 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
                                 "worker token")
         if stop_on_stdin_close:  # (after the token, which may come first on standard input)
             _stop_when_stdin_closes()
+        slot = None if name else claim_slot(broker_address)  # (held while this process lives)
         serve(broker_address, token=token, backend=backend, devices=devices,
-              name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
+              name=name or slot.name,
               heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
               memory_budget=budget, curve=curve, give_up_after=give_up_after, **limits)
     except DeviceNotHostable as exc:
@@ -183,7 +184,7 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     except WorkerStops as exc:
         click.echo(f"fabric worker: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         click.echo(f"fabric worker: {exc}", err=True)
         sys.exit(1)
 
