@@ -35,6 +35,7 @@ from .launch_ssh import budget_share
 GIVE_UP_AFTER = 60.0  # seconds a worker waits for a silent broker before it exits
 SLURM_COMMAND_TIMEOUT = 30.0  # seconds sbatch, squeue or scancel may take to answer
 CANCEL_TIMEOUT = 60.0  # seconds the job's tasks get to end after scancel
+STATE_POLL = 2.0  # seconds between two looks at the job's state (squeue asks slurmctld)
 
 
 class SlurmCluster(LocalCluster):
@@ -126,8 +127,12 @@ class SlurmCluster(LocalCluster):
                    f"{self.workers_per_node} worker(s)")
         expected = self.n_workers * self.devices_per_worker
         running_since: float | None = None
-        said = ""
+        said, next_look = "", 0.0
         while len(devices := self._registered()) < expected:
+            time.sleep(0.2)
+            if time.monotonic() < next_look:
+                continue
+            next_look = time.monotonic() + STATE_POLL
             state, _ = self.job_state()
             if state not in ("PENDING", "RUNNING", "CONFIGURING"):
                 raise ClusterError(f"Slurm job {self.job} ended ({state}) before its workers "
@@ -142,7 +147,6 @@ class SlurmCluster(LocalCluster):
                         f"{len(devices)} of {expected} device(s) registered within "
                         f"{self.start_timeout:g} s of Slurm job {self.job} starting:\n"
                         + self.job_log_tail())
-            time.sleep(0.2)
         if report is not None:
             for worker in sorted({d.worker for d in devices}):
                 indexes = [d.index for d in devices if d.worker == worker]
@@ -158,7 +162,13 @@ class SlurmCluster(LocalCluster):
               report: Callable[[str], None] = _to_stderr) -> str:
         """Block until SIGINT/SIGTERM, the broker dies or the job ends; say which. Workers
         are Slurm's: the launcher restarts none (``restarts`` and ``window`` are unused)."""
+        next_look = 0.0
+
         def job_ended() -> str | None:
+            nonlocal next_look
+            if time.monotonic() < next_look:
+                return None
+            next_look = time.monotonic() + STATE_POLL
             state, active = self.job_state()
             if active:
                 return None
