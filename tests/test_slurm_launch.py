@@ -229,3 +229,21 @@ def test_usage_errors_say_what_to_give(tmp_path):
                              path=str(tmp_path / "nothing-here"))
     assert no_slurm.returncode == 2 and "apt-get install slurm-client" in no_slurm.stderr
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_worker_admin_file_without_what_it_needs_says_what_to_give(tmp_path):
+    def worker(admin_file: Path) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+        return subprocess.run([sys.executable, "-m", "fabric", "worker", "--admin-file",
+                               str(admin_file)], env=env, capture_output=True, text=True,
+                              timeout=30)
+    older = tmp_path / "older-admin.json"  # an admin file that names no worker address
+    older.write_text(json.dumps({"address": "tcp://127.0.0.1:1", "worker_token": "t"}))
+    older.chmod(0o600)
+    done = worker(older)
+    assert done.returncode == 1 and "names no worker address: give --broker" in done.stderr
+    tokenless = tmp_path / "cluster.json"  # a client's connection file: no worker token
+    tokenless.write_text(json.dumps({"address": "tcp://127.0.0.1:1", "token": "c"}))
+    tokenless.chmod(0o600)
+    done = worker(tokenless)
+    assert done.returncode == 2 and "No worker token given" in done.stderr
