@@ -114,7 +114,9 @@ def status(registry: RegistryView, now: float) -> dict[str, Any]:
 
 
 def workers(registry: RegistryView, now: float) -> dict[str, Any]:
-    """Every connected worker with its devices, ages, sessions, drain state and traffic."""
+    """Every connected worker with its host, address, devices, ages, sessions, drain state and
+    traffic; and every lost one (offline, its indexes kept) with how long ago it was last
+    heard from (None: not since this broker started, its indexes from the state file)."""
     totals = device_traffic(registry)
     rows = []
     for worker in registry.workers.values():
@@ -123,12 +125,29 @@ def workers(registry: RegistryView, now: float) -> dict[str, Any]:
             total.add(totals.get((worker.name, local), Traffic()))
         indexes = [d["index"] for d in registry.devices if d["worker"] == worker.name]
         rows.append({
-            "name": worker.name, "backend": worker.backend, "devices": indexes,
+            "name": worker.name, "host": worker.host, "address": worker.address,
+            "backend": worker.backend, "devices": indexes,
             "registered_ago": now - worker.registered, "last_seen_ago": now - worker.last_seen,
             "sessions": len(worker.sessions), "draining": worker.draining,
             **_traffic(total)})
     rows.sort(key=lambda row: row["devices"][:1] or [registry.device_count])
-    return {"workers": rows}
+    return {"workers": rows, "lost": _lost_workers(registry, now)}
+
+
+def _lost_workers(registry: RegistryView, now: float) -> list[dict[str, Any]]:
+    online = {worker.name for worker in registry.workers.values()}
+    indexes: dict[str, list[int]] = {}
+    for index, (name, _) in sorted(registry.device_slots.items()):
+        if name not in online:
+            indexes.setdefault(name, []).append(index)
+    rows = []
+    for name, kept in indexes.items():  # (by first index)
+        last = registry.worker_table.lost.get(name)
+        rows.append({"name": name, "host": last.host if last else "",
+                     "address": last.address if last else "",
+                     "backend": last.backend if last else None, "devices": kept,
+                     "lost_ago": now - last.last_seen if last else None})
+    return rows
 
 
 def devices(registry: RegistryView, now: float) -> dict[str, Any]:

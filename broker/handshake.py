@@ -30,6 +30,7 @@ from __future__ import annotations
 import hmac
 from typing import Any, Mapping, Sequence
 
+from zmq import ZMQError
 from zmq.utils import z85
 
 from fabric.errors import (
@@ -112,6 +113,32 @@ def release_mismatch(body: dict[str, Any]) -> VersionMismatch | None:
         f"The worker runs fabric {theirs[:40]} and this broker fabric {__version__}: install "
         f"the same release on every host (pip install fabric-arrays=={__version__}).",
         worker_fabric_version=theirs[:40], broker_fabric_version=__version__)
+
+
+def peer_address(frame: Any) -> str:
+    """The sender's address as ZeroMQ saw it: a received frame's ``Peer-Address`` ('' for
+    transports without one, and for frames given as bytes)."""
+    get = getattr(frame, "get", None)  # (a zmq.Frame's properties)
+    try:
+        return str(get("Peer-Address")) if get is not None else ""
+    except ZMQError:
+        return ""
+
+
+def reported_host(body: dict[str, Any]) -> str:
+    """The host name a REGISTER says its worker runs on ('' if it says none, or nonsense)."""
+    host = body.get("host")
+    return host if isinstance(host, str) and 0 < len(host) <= 255 else ""
+
+
+def other_version(side: Side, message: Message) -> ProtocolError:
+    """The error for a non-handshake control message in another protocol version (its body
+    unvalidated)."""
+    peer = "client" if side is Side.FRONTEND else "worker"
+    return ProtocolError(f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
+                         "install matching fabric versions.",
+                         **{f"{peer}_version": message.version},
+                         server_version=PROTOCOL_VERSION)
 
 
 def version_mismatch(peer: str, version: int) -> VersionMismatch:

@@ -135,6 +135,8 @@ class Worker:
     lanes: list[bytes] = field(default_factory=list)  # each device's own socket, if any
     attached: set[bytes] = field(default_factory=set)  # lanes heard from since REGISTER
     instance: bytes = b""  # the worker process's random id: its reconnections carry it too
+    host: str = ""  # the host name it reports in REGISTER
+    address: str = ""  # its address as the broker sees it (ZeroMQ's Peer-Address), if any
 
     @property
     def ready(self) -> bool:

@@ -34,12 +34,7 @@ from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 from fabric import protocol
-from fabric.errors import (
-    AuthenticationError,
-    FabricError,
-    ProtocolError,
-    SessionLost,
-)
+from fabric.errors import AuthenticationError, FabricError, ProtocolError, SessionLost
 from fabric.flow import MAX_MESSAGE_FRAMES, largest_frame, message_bytes_limit
 from fabric.protocol import (
     CLIENT_DATA_KINDS,
@@ -56,6 +51,9 @@ from .handshake import (
     hello_refusal,
     release_mismatch,
     misplaced,
+    other_version,
+    peer_address,
+    reported_host,
     size_limit,
     token_index,
     token_ok,
@@ -215,12 +213,8 @@ class Registry:
 
     def _other_version(self, side: Side, identity: bytes, message: Message,
                        now: float) -> list[Send]:
-        """A non-handshake control message in another protocol version (body unvalidated)."""
-        peer = "client" if side is Side.FRONTEND else "worker"
-        return self._bad_input(side, identity, ProtocolError(
-            f"Protocol version {message.version} is not {PROTOCOL_VERSION}: "
-            "install matching fabric versions.", **{f"{peer}_version": message.version},
-            server_version=PROTOCOL_VERSION), now, message.header)
+        return self._bad_input(side, identity, other_version(side, message), now,
+                               message.header)
 
     # -- clients -----------------------------------------------------------------------
 
@@ -367,7 +361,8 @@ class Registry:
                     return [send_error(Side.BACKEND, identity,
                                        version_mismatch("worker", header.version),
                                        kind=Kind.REJECT)]
-                return self._on_register(identity, protocol.decode(frames, header), now)
+                return self._on_register(identity, protocol.decode(frames, header), now,
+                                         peer_address(frames[0]))
             if worker is None:
                 self.counters["unregistered_worker_messages"] += 1
                 self._log_peer(logging.WARNING, "message from an unregistered worker",
@@ -412,7 +407,8 @@ class Registry:
         session.bytes_out += _frames_size(frames)
         return [new_send(Send, (Side.FRONTEND, session.client, list(frames), 0.0))]
 
-    def _on_register(self, identity: bytes, message: Message, now: float) -> list[Send]:
+    def _on_register(self, identity: bytes, message: Message, now: float,
+                     address: str) -> list[Send]:
         body = message.body
         if not token_ok(body["token"], self._worker_token):
             self.rejects["worker_unauthorized"] += 1
@@ -445,7 +441,7 @@ class Registry:
         self.worker_table.add(Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
             last_seen=now, max_message_bytes=size_limit(body, self.limits.max_message_bytes),
-            lanes=list(lanes), instance=instance))
+            lanes=list(lanes), instance=instance, host=reported_host(body), address=address))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
         sends.append(send_message(Side.BACKEND, identity, Message(

@@ -14,6 +14,9 @@ REGISTER), so that a device's traffic skips the worker's control thread. A lane 
 once it has said HEARTBEAT (sent after REGISTERED), so a worker's devices come online only
 when all its lanes have.
 
+An offline worker's last registration (host, address, when last heard from) is kept while its
+indexes are, for ``fabric admin workers``.
+
 Traffic of ended sessions is kept here per device (worker name, local index): a device's
 totals are forgotten with the device, when more than ``MAX_REMEMBERED_WORKERS`` offline
 workers would be remembered, or when an operator forgets an offline worker (``forget``).
@@ -60,6 +63,7 @@ class WorkerTable:
         self.device_slots: dict[int, tuple[str, int]] = {}  # global index -> (name, local)
         self.retired: dict[tuple[str, int], Traffic] = {}  # (worker name, local) -> totals
         self.revision = 0  # changes to the numbering (``state()``) so far
+        self.lost: dict[str, Worker] = {}  # each remembered offline worker's last registration
 
     def find(self, identity: bytes) -> Worker | None:
         """The worker that owns this routing identity: its own socket or one of its lanes."""
@@ -130,6 +134,7 @@ class WorkerTable:
         self.workers[worker.identity] = worker
         self.lane_owner.update(dict.fromkeys(worker.lanes, worker.identity))
         # Re-inserted last: the newest is forgotten last. Indexes only ever grow.
+        self.lost.pop(worker.name, None)
         indexes = self._known.pop(worker.name, [])
         self._known[worker.name] = indexes
         for local in range(len(indexes), len(worker.devices)):
@@ -154,6 +159,7 @@ class WorkerTable:
 
     def _drop(self, name: str) -> list[int]:
         indexes = self._known.pop(name)
+        self.lost.pop(name, None)
         for index in indexes:
             del self.device_slots[index]
         for key in [k for k in self.retired if k[0] == name]:
@@ -195,6 +201,7 @@ class WorkerTable:
     def remove(self, worker: Worker) -> None:
         """A worker is gone (its sessions already ended): its devices go offline."""
         del self.workers[worker.identity]
+        self.lost[worker.name] = worker  # (replaced at once when it re-registers)
         for lane in worker.lanes:
             del self.lane_owner[lane]
         self._list_online()

@@ -19,6 +19,7 @@ Where the address and token come from, first match wins:
 from __future__ import annotations
 
 import os
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .config import (ADMIN_FILE_ENV, CONNECTION_FILE_ENV, default_admin_file, first_secret,
@@ -155,10 +156,24 @@ class Admin:
         and rates since start, rejected handshakes by reason, protocol errors."""
         return self._run("status")
 
-    def workers(self) -> list[dict[str, Any]]:
-        """Each connected worker: name, backend, device indexes, registered and last-seen
-        ages (s), sessions, draining, and traffic (messages, bytes, submits, errors)."""
-        return self._run("workers")["workers"]
+    def workers(self, lost: bool = False) -> list[dict[str, Any]]:
+        """Each connected worker: name, host (as it reports it), address (as the broker sees
+        it), backend, device indexes, registered and last-seen ages (s), sessions, draining,
+        traffic (messages, bytes, submits, errors), and ``online`` True.
+
+        With ``lost``, then each lost worker (offline, its device indexes kept for it): name,
+        host, address, backend, indexes, ``online`` False, and when it was last heard from:
+        ``lost_ago`` (s) and ``lost_at`` (UTC, ISO 8601), both None when not since the broker
+        started (its indexes came from the broker's state file).
+        """
+        result = self._run("workers")
+        rows = [{**row, "online": True} for row in result["workers"]]
+        if lost:
+            now = datetime.now(timezone.utc)
+            rows += [{**row, "online": False, "lost_at": None if row["lost_ago"] is None else
+                      (now - timedelta(seconds=row["lost_ago"])).isoformat(timespec="seconds")}
+                     for row in result["lost"]]
+        return rows
 
     def devices(self) -> list[dict[str, Any]]:
         """Each device index, online or not: worker, local index, backend, online, draining,

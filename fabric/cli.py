@@ -7,14 +7,12 @@ The shared options are in ``fabric.cli_options``, the ``fabric admin`` group in
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 import zmq
@@ -25,11 +23,13 @@ from .cli_top import top
 from .cli_options import (as_usage_error, curve_client_options, curve_server_options,
                           limit_options, metrics_option, renamed_option, required_secret,
                           timing_options, token_options, with_options)
-from .config import resolve_secret
+from .config import load_admin_file, resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
+from .host_slot import claim_slot
 from .security import CurveClient, CurveServer, generate_keys
 
 if TYPE_CHECKING:
+    from .cluster import LocalCluster
     from .launch_ssh import Host
 
 
@@ -126,8 +126,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
                    "cannot host a server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
-@click.option("--name", default=None, help="Worker name, unique in the cluster "
-              "[default: worker-HOST-PID].")
+@click.option("--name", default=None, help="Worker name, unique in the cluster [default: "
+              "HOST/SLOT, the lowest slot no other live unnamed worker of this host holds for "
+              "this broker, so a restarted worker takes back its name and device indexes].")
 @click.option("--memory-limit", type=int, default=None,
               help="Most bytes one session may keep resident on a device; an op that would "
                    "pass it fails with QuotaExceeded and the worker goes on [default: none].")
@@ -140,6 +141,10 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Exit 1 once the broker has said nothing for SECONDS, at start or later "
                    "(for a supervisor that starts the worker elsewhere) [default: never].")
+@click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
+              help="Take the broker's worker address and the worker token from this admin "
+                   "file (fabric cluster up writes it; on a shared filesystem every node of a "
+                   "batch job reads the same one). --broker and a token given otherwise win.")
 @click.option("--stop-on-stdin-close", is_flag=True,
               help="Stop (as SIGTERM stops it) once standard input closes: a worker started "
                    "over SSH ends when its launcher's session does.")
@@ -149,7 +154,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
            memory_limit: int | None, memory_budget: str, give_up_after: float | None,
-           stop_on_stdin_close: bool, worker_token: str | None,
+           admin_file: str | None, stop_on_stdin_close: bool, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -169,12 +174,20 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
     try:
         device_class(backend)  # a backend that can never be hosted is refused before the token
-        token = required_secret(worker_token, worker_token_file, "FABRIC_WORKER_TOKEN",
-                                "worker token")
+        cluster_info = load_admin_file(admin_file) if admin_file else {}
+        token = required_secret(worker_token or cluster_info.get("worker_token"),
+                                worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
+        if admin_file and click.get_current_context().get_parameter_source(
+                "broker_address") is ParameterSource.DEFAULT:
+            if "backend_address" not in cluster_info:
+                raise ConfigError(f"{admin_file} names no worker address: give --broker, or "
+                                  "write the file again with this release's fabric cluster up.")
+            broker_address = cluster_info["backend_address"]
         if stop_on_stdin_close:  # (after the token, which may come first on standard input)
             _stop_when_stdin_closes()
+        slot = None if name else claim_slot(broker_address)  # (held while this process lives)
         serve(broker_address, token=token, backend=backend, devices=devices,
-              name=name or f"worker-{socket.gethostname()}-{os.getpid()}",
+              name=name or slot.name,
               heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
               memory_budget=budget, curve=curve, give_up_after=give_up_after, **limits)
     except DeviceNotHostable as exc:
@@ -183,7 +196,7 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     except WorkerStops as exc:
         click.echo(f"fabric worker: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except ValueError as exc:
+    except (ValueError, ConfigError) as exc:
         click.echo(f"fabric worker: {exc}", err=True)
         sys.exit(1)
 
@@ -203,7 +216,49 @@ def _stop_when_stdin_closes() -> None:
 
 @main.group()
 def cluster() -> None:
-    """Run a broker and workers on this machine as one unit."""
+    """Run a broker and workers as one unit: here, on other hosts over SSH, or in a Slurm
+    job."""
+
+
+# The options every cluster command takes (cluster up, cluster slurm).
+_cluster_options = [
+    click.option("--backend", default="numpy", show_default=True,
+                 help="Device backend: numpy or numexpr."),
+    click.option("--devices-per-worker", type=int, default=1, show_default=True),
+    click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
+                 help="Address for clients and admin (port * picks a free one)."),
+    click.option("--worker-address", default="tcp://127.0.0.1:5556", show_default=True,
+                 help="Address the workers connect to (port * picks a free one). Formerly "
+                      "--backend-address, which still works for this release."),
+    click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
+                 help="Where to write the connection file to hand to users: address, client "
+                      "token, client CURVE key files (mode 0600) "
+                      "[default: ~/.config/fabric/cluster.json]."),
+    click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
+                 help="Where to write the admin file for operators only: admin and worker tokens, "
+                      "worker address (mode 0600) [default: NAME-admin.json beside the "
+                      "connection file NAME.json]."),
+    click.option("--memory-limit", type=int, default=None,
+                 help="Per-session resident byte limit on each device."),
+    click.option("--memory-budget", default="50%", show_default=True, metavar="SIZE|PERCENT",
+                 help="Most bytes the workers' sessions may hold in all, shared evenly among "
+                      "the workers: a size (2G, 512MiB) or a percentage of the memory available "
+                      "(see fabric worker --help)."),
+    click.option("--advertise", default=None, metavar="HOST",
+                 help="The host name or address clients and workers reach the broker by, written "
+                      "into both files with the bound ports; needed when --frontend or "
+                      "--worker-address binds every interface (tcp://0.0.0.0:PORT)."),
+    click.option("--log-dir", type=click.Path(file_okay=False), default=None,
+                 help="Folder for the broker's and each worker's log (made if missing, appended "
+                      "to, kept after stop) [default: NAME-logs-DATE-TIME beside the connection "
+                      "file NAME.json]."),
+    click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
+                 help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
+                      "first if it has none); both files name the client's key files."),
+    metrics_option,
+    *timing_options[:2],
+    renamed_option("--backend-address", "--worker-address"),
+]
 
 
 @cluster.command("up")
@@ -225,45 +280,10 @@ def cluster() -> None:
 @click.option("--ssh-option", multiple=True, metavar="OPTION",
               help="An ssh option (ssh -o OPTION: ConnectTimeout=30, ProxyJump=gw); repeat "
                    "for more.")
-@click.option("--backend", default="numpy", show_default=True,
-              help="Device backend: numpy or numexpr.")
-@click.option("--devices-per-worker", type=int, default=1, show_default=True)
-@click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
-              help="Address for clients and admin (port * picks a free one).")
-@click.option("--worker-address", default="tcp://127.0.0.1:5556", show_default=True,
-              help="Address the workers connect to (port * picks a free one). Formerly "
-                   "--backend-address, which still works for this release.")
-@click.option("--connection-file", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the connection file to hand to users: address, client "
-                   "token, client CURVE key files (mode 0600) "
-                   "[default: ~/.config/fabric/cluster.json].")
-@click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the admin file for operators only: admin and worker tokens, "
-                   "worker address (mode 0600) [default: NAME-admin.json beside the "
-                   "connection file NAME.json].")
-@click.option("--memory-limit", type=int, default=None,
-              help="Per-session resident byte limit on each device.")
-@click.option("--memory-budget", default="50%", show_default=True, metavar="SIZE|PERCENT",
-              help="Most bytes the workers' sessions may hold in all, shared evenly among "
-                   "the workers: a size (2G, 512MiB) or a percentage of the memory available "
-                   "(see fabric worker --help).")
-@click.option("--advertise", default=None, metavar="HOST",
-              help="The host name or address clients and workers reach the broker by, written "
-                   "into both files with the bound ports; needed when --frontend or "
-                   "--worker-address binds every interface (tcp://0.0.0.0:PORT).")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True,
               help="Times a worker that dies is restarted within a minute; past that it "
                    "stays down and the others serve on (0: never restarted).")
-@click.option("--log-dir", type=click.Path(file_okay=False), default=None,
-              help="Folder for the broker's and each worker's log (made if missing, appended "
-                   "to, kept after stop) [default: NAME-logs-DATE-TIME beside the connection "
-                   "file NAME.json].")
-@click.option("--curve", type=click.Path(file_okay=False), default=None, metavar="KEYDIR",
-              help="Encrypt every link with CURVE using the keys in KEYDIR (generated there "
-                   "first if it has none); both files name the client's key files.")
-@metrics_option
-@with_options(timing_options[:2])
-@renamed_option("--backend-address", "--worker-address")
+@with_options(_cluster_options)
 def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_python: str,
                ssh_config: str | None, ssh_option: tuple[str, ...], backend: str,
                devices_per_worker: int, frontend: str,
@@ -290,29 +310,98 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
     """
     from .addresses import advertised, only_this_host
     from .cluster import LocalCluster
-    from .config import (
-        admin_file_beside,
-        default_connection_file,
-        logs_beside,
-        state_file_beside,
-    )
     from .launch_ssh import SSHCluster
 
     remote_hosts = _remote_hosts(hosts, hostfile)
-    if remote_hosts:  # the hosts must reach the broker: every interface, unless told where
-        given = click.get_current_context().get_parameter_source
-        if given("frontend") is ParameterSource.DEFAULT:
-            frontend = "tcp://0.0.0.0:5555"
-        if given("worker_address") is ParameterSource.DEFAULT:
-            worker_address = "tcp://0.0.0.0:5556"
-    for address in (frontend, worker_address):  # (a wildcard one needs --advertise)
-        as_usage_error(lambda: advertised(address, advertise))
+    if remote_hosts:
+        frontend, worker_address = _every_interface_unless_given(frontend, worker_address)
+    _check_advertised(frontend, worker_address, advertise)
     if remote_hosts and (only_this_host(worker_address)
                          or only_this_host(advertised(worker_address, advertise))):
         raise click.UsageError(f"Workers on other hosts cannot reach {worker_address}"
                                f"{f' as {advertise}' if advertise else ''}: bind "
                                "--worker-address where they reach it (tcp://0.0.0.0:5556 "
                                "with --advertise HOST).")
+
+    placement: dict[str, Any] = {"workers": workers}
+    if remote_hosts:
+        placement = {"hosts": remote_hosts, "workers_per_host": workers,
+                     "remote_python": remote_python, "ssh_config": ssh_config,
+                     "ssh_options": ssh_option}
+    _run_cluster(SSHCluster if remote_hosts else LocalCluster, placement, "fabric cluster up",
+                 backend=backend, devices_per_worker=devices_per_worker, frontend=frontend,
+                 worker_address=worker_address, connection_file=connection_file,
+                 admin_file=admin_file, memory_limit=memory_limit, memory_budget=memory_budget,
+                 advertise=advertise, max_restarts=max_restarts, log_dir=log_dir, curve=curve,
+                 metrics=metrics, heartbeat=heartbeat, liveness=liveness)
+
+
+@cluster.command("slurm")
+@click.option("--nodes", type=click.IntRange(min=1), required=True,
+              help="Nodes the job asks for (sbatch --nodes).")
+@click.option("--workers-per-node", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Workers on each node: one srun task each (sbatch --ntasks-per-node).")
+@click.option("--partition", default=None, help="The partition (sbatch --partition) "
+              "[default: Slurm's].")
+@click.option("--time", "time_limit", default=None, metavar="TIME",
+              help="The job's time limit (sbatch --time: 30, 4:00:00, 2-0) [default: the "
+                   "partition's].")
+@click.option("--sbatch-option", multiple=True, metavar="OPTION",
+              help="One more sbatch option, as one word (--account=A, --gres=gpu:1, "
+                   "--cpus-per-task=8); repeat for more.")
+@click.option("--python", default=sys.executable, show_default="this interpreter",
+              metavar="PATH", help="The interpreter the tasks run fabric worker with (this "
+              "fabric release installed; on a shared filesystem, this one).")
+@with_options(_cluster_options)
+def cluster_slurm(nodes: int, workers_per_node: int, partition: str | None,
+                  time_limit: str | None, sbatch_option: tuple[str, ...], python: str,
+                  backend: str, devices_per_worker: int, frontend: str, worker_address: str,
+                  connection_file: str | None, admin_file: str | None,
+                  memory_limit: int | None, memory_budget: str, advertise: str | None,
+                  log_dir: str | None, curve: str | None, metrics: str | None,
+                  heartbeat: float, liveness: int) -> None:
+    """Start a broker here and NODES x WORKERS-PER-NODE workers in one Slurm job, write a
+    connection file and an admin file once every worker is in, serve until Ctrl-C.
+
+    The job (sbatch) runs one fabric worker per task under srun; each connects back to the
+    broker, which binds every interface unless --frontend and --worker-address say otherwise:
+    give --advertise, the name the nodes reach this host by. The launcher waits while the job
+    is queued, then up to 30 s for its workers. A worker is named NODE/SLOT (slots count the
+    workers of a node from 0), and gets the worker token in the job's environment. Ctrl-C or
+    SIGTERM cancels the job (scancel; each worker stops on its SIGTERM), then stops the broker
+    and removes both files; a scancel of the job from elsewhere does the same, and exits 0.
+    The job's own output (every worker's log) is slurm-JOB.log in the log folder. Exits 1
+    when the job cannot start, its workers do not register, or it ends otherwise.
+    """
+    from .launch_slurm import SlurmCluster
+
+    frontend, worker_address = _every_interface_unless_given(frontend, worker_address)
+    _check_advertised(frontend, worker_address, advertise)
+    _run_cluster(SlurmCluster, {"nodes": nodes, "workers_per_node": workers_per_node,
+                                "partition": partition, "time_limit": time_limit,
+                                "sbatch_options": sbatch_option, "python": python},
+                 "fabric cluster slurm", backend=backend,
+                 devices_per_worker=devices_per_worker, frontend=frontend,
+                 worker_address=worker_address, connection_file=connection_file,
+                 admin_file=admin_file, memory_limit=memory_limit, memory_budget=memory_budget,
+                 advertise=advertise, max_restarts=0, log_dir=log_dir, curve=curve,
+                 metrics=metrics, heartbeat=heartbeat, liveness=liveness)
+
+def _run_cluster(make_cluster: Callable[..., "LocalCluster"], placement: dict[str, Any],
+                 command: str, *, backend: str, devices_per_worker: int, frontend: str,
+                 worker_address: str, connection_file: str | None, admin_file: str | None,
+                 memory_limit: int | None, memory_budget: str, advertise: str | None,
+                 max_restarts: int, log_dir: str | None, curve: str | None,
+                 metrics: str | None, heartbeat: float, liveness: int) -> None:
+    """Start a cluster (``make_cluster(**placement, ...)``), write its connection and admin
+    files, serve until it stops, then remove them; exit 1 unless stopped by a signal (or an
+    operator's scancel)."""
+    from .config import (
+        admin_file_beside,
+        default_connection_file,
+        logs_beside,
+        state_file_beside,
+    )
 
     client_path = Path(connection_file or default_connection_file())
     admin_path = Path(admin_file or admin_file_beside(client_path))
@@ -321,19 +410,14 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
                                "the first goes to users, the second only to operators.")
     if curve and not (Path(curve) / "broker.key_secret").exists():
         as_usage_error(lambda: generate_keys(curve))
-        click.echo(f"fabric cluster up: CURVE keys generated in {curve}")
+        click.echo(f"{command}: CURVE keys generated in {curve}")
     logs = Path(log_dir) if log_dir else logs_beside(client_path, datetime.now())
     try:
         logs.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.UsageError(f"Cannot make the log folder {logs}: {exc.strerror}.") from None
     try:
-        placement: dict[str, Any] = {"workers": workers}
-        if remote_hosts:
-            placement = {"hosts": remote_hosts, "workers_per_host": workers,
-                         "remote_python": remote_python, "ssh_config": ssh_config,
-                         "ssh_options": ssh_option}
-        running = as_usage_error(lambda: (SSHCluster if remote_hosts else LocalCluster)(
+        running = as_usage_error(lambda: make_cluster(
             **placement, backend=backend, devices_per_worker=devices_per_worker,
             heartbeat=heartbeat, liveness=liveness, frontend=frontend,
             backend_address=worker_address, memory_budget=memory_budget, advertise=advertise,
@@ -344,9 +428,9 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
                          *(("--advertise", advertise) if advertise else ()))))
     except ValueError as exc:  # the budget is measured once, and shared among the workers
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
-    kept = f"fabric cluster up: logs kept in {logs}"
+    kept = f"{command}: logs kept in {logs}"
     try:
-        running.start(report=lambda line: click.echo(f"fabric cluster up: {line}", err=True))
+        running.start(report=lambda line: click.echo(f"{command}: {line}", err=True))
     except FabricError as exc:
         raise click.ClickException(f"{exc.message} (logs in {logs})".replace("\n", " ")
                                    ) from None
@@ -357,7 +441,7 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
         # The admin file first: once the connection file exists, both do.
         running.write_admin_file(admin_path)
         running.write_connection_file(client_path)
-        click.echo(f"fabric cluster up: broker at {running.address} with {running.n_workers} "
+        click.echo(f"{command}: broker at {running.address} with {running.n_workers} "
                    f"{backend} worker(s), {running.n_workers * devices_per_worker} device(s); "
                    f"logs in {running.log_dir}")
         click.echo(f"connection file (hand this one to users): {client_path}")
@@ -369,7 +453,7 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
             click.echo(f"metrics:  {running.metrics_url}")
         click.echo("Ctrl-C stops everything.", err=True)
         reason = running.watch(restarts=max_restarts)
-        click.echo(f"fabric cluster up: {reason}; stopping everything", err=True)
+        click.echo(f"{command}: {reason}; stopping everything", err=True)
     finally:
         running.__exit__()
         for path in (client_path, admin_path):
@@ -377,6 +461,25 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
         click.echo(kept, err=True)
     if not reason.startswith("stopped by"):
         sys.exit(1)
+
+
+def _check_advertised(frontend: str, worker_address: str, advertise: str | None) -> None:
+    """A usage error where a wildcard address has no --advertise to name it by."""
+    from .addresses import advertised
+
+    for address in (frontend, worker_address):
+        as_usage_error(lambda: advertised(address, advertise))
+
+
+def _every_interface_unless_given(frontend: str, worker_address: str) -> tuple[str, str]:
+    """--frontend and --worker-address for workers elsewhere: bound to every interface
+    where the command line left them at their loopback defaults."""
+    given = click.get_current_context().get_parameter_source
+    if given("frontend") is ParameterSource.DEFAULT:
+        frontend = "tcp://0.0.0.0:5555"
+    if given("worker_address") is ParameterSource.DEFAULT:
+        worker_address = "tcp://0.0.0.0:5556"
+    return frontend, worker_address
 
 
 def _remote_hosts(hosts: str | None, hostfile: str | None) -> list[Host]:

@@ -147,9 +147,17 @@ def _print_status(status: dict[str, Any], address: str) -> None:
         click.echo(f"{name + ':':<17}{value}")
 
 
+def _lost_when(row: dict[str, Any]) -> str:
+    if row["lost_ago"] is None:
+        return "before the broker started"
+    return f"{row['lost_at']} ({duration_text(row['lost_ago'])} ago)"
+
+
 def _print_workers(workers: list[dict[str, Any]], address: str) -> None:
-    _table(workers, [
-        ("NAME", lambda r: r["name"]), ("BACKEND", lambda r: r["backend"]),
+    lost = [row for row in workers if not row["online"]]
+    _table([row for row in workers if row["online"]], [
+        ("NAME", lambda r: r["name"]), ("HOST", lambda r: r["host"] or "-"),
+        ("ADDRESS", lambda r: r["address"] or "-"), ("BACKEND", lambda r: r["backend"]),
         # (a count and the indexes apart: under one column, device 0 read as "no devices")
         ("DEVICES", lambda r: len(r["devices"])),
         ("INDEXES", lambda r: ",".join(map(str, r["devices"])) or "-"),
@@ -158,6 +166,13 @@ def _print_workers(workers: list[dict[str, Any]], address: str) -> None:
         ("REGISTERED", lambda r: duration_text(r["registered_ago"]) + " ago"),
         ("LAST SEEN", lambda r: duration_text(r["last_seen_ago"]) + " ago"), *_TRAFFIC],
         f"no workers are connected to {address}")
+    if lost:
+        click.echo("\nlost workers (offline; their device indexes are kept for them):")
+        _table(lost, [
+            ("NAME", lambda r: r["name"]), ("HOST", lambda r: r["host"] or "-"),
+            ("ADDRESS", lambda r: r["address"] or "-"),
+            ("INDEXES", lambda r: ",".join(map(str, r["devices"]))),
+            ("LAST HEARD (UTC)", _lost_when)], "")
 
 
 def _print_devices(devices: list[dict[str, Any]], address: str) -> None:
@@ -218,13 +233,16 @@ def admin(ctx: click.Context, address: str | None, admin_file: str | None,
 
 
 def _report_command(name: str, short_help: str, help_text: str,
-                    printer: Callable[[Any, str], None]) -> None:
-    """Register ``fabric admin NAME``: one read-only call of fabric.Admin, as a table or JSON."""
+                    printer: Callable[[Any, str], None],
+                    arguments: dict[str, Any] | None = None) -> None:
+    """Register ``fabric admin NAME``: one read-only call of fabric.Admin (with
+    ``arguments``), as a table or JSON."""
     @admin.command(name, epilog=ADMIN_EXIT_CODES, short_help=short_help, help=help_text)
     @json_option
     @click.pass_obj
     def report(options: dict[str, Any], as_json: bool) -> None:
-        _admin_call(options, lambda a: getattr(a, name)(), as_json, printer)
+        _admin_call(options, lambda a: getattr(a, name)(**(arguments or {})), as_json,
+                    printer)
 
 
 for _report in [
@@ -232,7 +250,11 @@ for _report in [
      "Broker identity, uptime, workers, devices, sessions, traffic rates, rejections.",
      _print_status),
     ("workers", "List workers.",
-     "Each worker: backend, devices, sessions, draining, ages and traffic.", _print_workers),
+     "Each connected worker: host, address as the broker sees it, backend, devices, "
+     "sessions, draining, ages and traffic; then each lost one (offline, its device indexes "
+     "kept): host, address, indexes and when it was last heard from. With --json, one list: "
+     "online true or false, lost_ago (s) and lost_at (UTC) for the lost.", _print_workers,
+     {"lost": True}),
     ("devices", "List devices.",
      "Each device, online or not: worker, backend, sessions and traffic.", _print_devices),
     ("sessions", "List sessions.",

@@ -247,9 +247,13 @@ class LocalCluster:
 
     def worker_options(self, index: int) -> list[str]:
         """``fabric worker``'s options for worker ``index``, all but ``--broker``."""
+        return ["--name", self.worker_name(index), *self.shared_worker_options()]
+
+    def shared_worker_options(self) -> list[str]:
+        """``fabric worker``'s options that every worker of this cluster gets."""
         return ["--backend", self.backend, "--devices", str(self.devices_per_worker),
-                "--name", self.worker_name(index), "--heartbeat", str(self.heartbeat),
-                "--liveness", str(self.liveness), *self._curve_args, *self.worker_args]
+                "--heartbeat", str(self.heartbeat), "--liveness", str(self.liveness),
+                *self._curve_args, *self.worker_args]
 
     def start_workers(self, report: Callable[[str], None] | None = None) -> None:
         """Start every worker and wait for its devices; ``report`` gets a line for each."""
@@ -373,31 +377,42 @@ class LocalCluster:
         A worker that dies is restarted under its name (so its devices keep their indexes),
         at most ``restarts`` times in ``window`` seconds; past that it stays down. Each
         death, and what is done about it, goes to ``report`` with the end of its log."""
+        limits = [RestartLimit(restarts, window) for _ in self.workers]
+        down: set[int] = set()
+
+        def tend_workers() -> str | None:
+            for i, proc in enumerate(self.workers):
+                if i in down or proc.poll() is None:
+                    continue
+                name = self.worker_name(i)
+                death = (f"{name} exited with code {proc.returncode} "
+                         f"({self.log_tail(name, 3) or 'no log'})")
+                if limits[i].allow(time.monotonic()):
+                    report(f"{death}: restarting it")
+                    self.start_worker(i)
+                    continue
+                down.add(i)
+                report(f"{death}: it was restarted {restarts} times in {window:g} s, so it "
+                       "stays down; the other workers go on serving")
+                if len(down) == len(self.workers):
+                    return "every worker stays down after restarting too often"
+            return None
+        return self._watch_until(tend_workers, poll)
+
+    def _watch_until(self, check: Callable[[], str | None], poll: float) -> str:
+        """Block until SIGINT/SIGTERM, the broker dies, or ``check`` (called every ``poll``
+        seconds) says why to stop; say which."""
         stopping: list[str] = []
         previous = {sig: signal.signal(sig, lambda n, _: stopping.append(signal.Signals(n).name))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
-        limits = [RestartLimit(restarts, window) for _ in self.workers]
-        down: set[int] = set()
         try:
             while not stopping:
                 if self.broker is not None and self.broker.poll() is not None:
                     return (f"broker exited with code {self.broker.returncode}: "
                             + self.log_tail("broker", 3))
-                for i, proc in enumerate(self.workers):
-                    if i in down or proc.poll() is None:
-                        continue
-                    name = self.worker_name(i)
-                    death = (f"{name} exited with code {proc.returncode} "
-                             f"({self.log_tail(name, 3) or 'no log'})")
-                    if limits[i].allow(time.monotonic()):
-                        report(f"{death}: restarting it")
-                        self.start_worker(i)
-                        continue
-                    down.add(i)
-                    report(f"{death}: it was restarted {restarts} times in {window:g} s, so it "
-                           "stays down; the other workers go on serving")
-                    if len(down) == len(self.workers):
-                        return "every worker stays down after restarting too often"
+                reason = check()
+                if reason is not None:
+                    return reason
                 time.sleep(poll)
             return f"stopped by {stopping[0]}"
         finally:

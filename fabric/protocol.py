@@ -93,7 +93,8 @@ KNOWN_KINDS = frozenset(_KIND_OF)
 # - ``lanes`` (list of routing identities, one per device) in REGISTER: each device's own
 #   socket, to which the broker sends that device's sessions' messages;
 # - ``fabric_version`` (str) in REGISTER: the worker's fabric release, which must be the
-#   broker's.
+#   broker's;
+# - ``host`` (str) in REGISTER: the worker's host name, for the admin's views.
 _ERROR_FIELDS = {"code": str, "message": str, "details": dict}
 BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.HELLO: {"token": str, "device": int},

@@ -396,3 +396,35 @@ def test_fuzz_admin_commands_among_other_events(sequence):
 
     apply_events(registry, sequence, listings_hold)
 
+
+
+def test_workers_shows_hosts_and_the_lost_ones_with_when_they_were_last_heard():
+    registry = make_registry()
+    registry.from_worker(B, frames(Kind.REGISTER, body={
+        "token": WORKER_TOKEN, "name": "b", "backend": "numpy", "devices": [{}, {}],
+        "host": "node7"}), 1.0)  # b again, now saying its host
+    registry.from_worker(B, frames(Kind.HEARTBEAT), 2.5)
+    answer = result(registry, "workers", now=3.0)
+    assert [(w["name"], w["host"], w["address"]) for w in answer["workers"]] == [
+        ("a", "", ""), ("b", "node7", "")]  # (bytes frames carry no Peer-Address)
+    assert answer["lost"] == []
+    registry.unroutable(Side.BACKEND, B, 4.0)  # b vanished; heard from last at 2.5
+    answer = result(registry, "workers", now=10.0)
+    assert [w["name"] for w in answer["workers"]] == ["a"]
+    assert answer["lost"] == [{"name": "b", "host": "node7", "address": "", "backend": "numpy",
+                               "devices": [1, 2], "lost_ago": 7.5}]
+    # Back, it is no longer lost; forgotten, it is not listed at all.
+    registry.from_worker(B, register_frames("b", [{}, {}]), 11.0)
+    assert result(registry, "workers", now=12.0)["lost"] == []
+    registry.unroutable(Side.BACKEND, B, 13.0)
+    result(registry, "forget", now=14.0, worker="b")
+    assert result(registry, "workers", now=15.0)["lost"] == []
+
+
+def test_a_worker_numbered_by_the_state_file_alone_is_lost_since_before_the_start():
+    registry = Registry(client_token=CLIENT_TOKEN, worker_token=WORKER_TOKEN,
+                        admin_token=ADMIN_TOKEN, server=SERVER, limits=LIMITS, now=0.0)
+    registry.worker_table.restore({"device_count": 2, "workers": {"old": [0, 1]}})
+    assert result(registry, "workers")["lost"] == [{
+        "name": "old", "host": "", "address": "", "backend": None, "devices": [0, 1],
+        "lost_ago": None}]

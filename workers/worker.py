@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any, Callable
@@ -246,7 +247,8 @@ class Worker:
         self.control = Control(
             {"token": token, "name": name, "backend": backend,
              "devices": [d.settings() for d in self.devices],
-             "max_message_bytes": max_message_bytes, "fabric_version": __version__},
+             "max_message_bytes": max_message_bytes, "fabric_version": __version__,
+             "host": socket.gethostname()},
             broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness,
             give_up_after=give_up_after)
         budget = MemoryBudget(memory_budget, devices)  # one for all the devices
