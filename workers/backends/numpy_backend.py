@@ -7,6 +7,7 @@ implementations, so every other backend is checked against it.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any, Callable
 
@@ -21,7 +22,7 @@ class NumpyDevice(Backend):
     """One numpy device of a worker; ``index`` is its local index on that worker."""
 
     backend = "numpy"
-    plain_calls = True
+    plain_below = math.inf
 
     def settings(self) -> dict[str, Any]:
         """What the device is, as shown in WELCOME and ``fabric.devices()``."""
