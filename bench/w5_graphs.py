@@ -19,6 +19,7 @@ faster; the device's numexpr uses both cores where local numpy uses one).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -64,33 +65,35 @@ def run(call: Callable[[Any, Any, Any], Any], x: Any, b: Any, c: Any, calls: int
     return time.perf_counter() - start, result
 
 
-def local_median(step: Callable[..., Any], arrays: list[np.ndarray], calls: int,
-                 runs: int) -> tuple[float, np.ndarray]:
-    """Median seconds of ``calls`` chained local numpy calls, and their result."""
-    times = []
-    for _ in range(runs):
-        seconds, expected = run(step, *arrays, calls=calls, read=np.asarray)
-        times.append(seconds)
-    return statistics.median(times), expected
+Way = tuple[Callable[..., Any], list[Any], Callable[[Any], np.ndarray]]  # call, args, read
 
 
-def measure(session: fabric.Session, step: Callable[..., Any], arrays: list[np.ndarray],
-            calls: int, runs: int, expected: np.ndarray,
-            ways: tuple[str, ...] = ("replay", "streaming")) -> dict[str, float]:
-    """Median seconds of graph replay and of op streaming of ``step`` on ``session``."""
-    x, b, c = (session.asarray(a) for a in arrays)
+def ways_on(session: fabric.Session, step: Callable[..., Any], arrays: list[np.ndarray],
+            streaming: bool = True) -> dict[str, Way]:
+    """Graph replay (traced and registered here, outside the timing) and op streaming of
+    ``step`` on ``session``'s device, on ``arrays`` uploaded there."""
+    tensors = [session.asarray(a) for a in arrays]
     replayed = fabric.function(step)
-    replayed(x, b, c).numpy()  # trace and register once, outside the timing
-    calls_of = {"replay": replayed, "streaming": step}
-    times: dict[str, list[float]] = {way: [] for way in ways}
+    replayed(*tensors).numpy()
+    ways = {"replay": (replayed, tensors, lambda t: t.numpy())}
+    if streaming:
+        ways["streaming"] = (step, tensors, lambda t: t.numpy())
+    return ways
+
+
+def medians(ways: dict[str, Way], calls: int, runs: int) -> dict[str, float]:
+    """Median seconds of each way, the ways interleaved run by run (so that other load on the
+    machine hits them alike); every result must be the first way's."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(runs):
-        for way in ways:
-            seconds, result = run(calls_of[way], x, b, c, calls, lambda t: t.numpy())
+        expected = None
+        for name, (call, args, read) in ways.items():
+            seconds, result = run(call, *args, calls=calls, read=read)
+            if expected is None:
+                expected = result
             np.testing.assert_allclose(result, expected, rtol=1e-9)
-            times[way].append(seconds)
-    stats = session.stats()
-    assert stats["graph_registrations"] == 1, stats
-    return {way: statistics.median(t) for way, t in times.items()}
+            times[name].append(seconds)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def print_table(rows: list[tuple[str, ...]]) -> None:
@@ -113,35 +116,40 @@ def main() -> None:
     def arrays_of(elements: int) -> list[np.ndarray]:
         return [rng.random(elements), rng.random(elements) * 0.5, rng.random(elements) - 0.5]
 
-    arrays = arrays_of(ELEMENTS)
-    for name in args.steps:
-        step = STEPS[name]
-        local, expected = local_median(step, arrays, CALLS, args.runs)
-        print(f"W5 {name}: 50-op elementwise step x {CALLS:,} calls on {ELEMENTS:,}-element "
-              f"float64 tensors, medians of {args.runs} runs (ms per {CALLS:,} calls)")
-        rows = [("device", "local numpy", "replay", "streaming", "replay vs streaming",
-                 "replay vs local")]
+    arrays, large = arrays_of(ELEMENTS), arrays_of(LARGE_ELEMENTS)
+    with contextlib.ExitStack() as stack:
+        sessions = {}
         for backend in backends:
-            with fabric.LocalCluster(workers=1, backend=backend) as cluster, \
-                    cluster.connect(timeout=60) as session:
-                medians = measure(session, step, arrays, CALLS, args.runs, expected)
-            rows.append((backend, f"{local * 1e3:.1f}", f"{medians['replay'] * 1e3:.1f}",
-                         f"{medians['streaming'] * 1e3:.1f}",
-                         f"{medians['streaming'] / medians['replay']:.1f}x faster",
-                         f"{medians['replay'] / local:.2f}x local"))
-        print_table(rows)
-        print()
-
-    if args.large_calls and "numexpr" in backends:
-        large = arrays_of(LARGE_ELEMENTS)
-        local, expected = local_median(cheap_step, large, args.large_calls, args.runs)
-        with fabric.LocalCluster(workers=1, backend="numexpr") as cluster, \
-                cluster.connect(timeout=60) as session:
-            replay = measure(session, cheap_step, large, args.large_calls, args.runs,
-                             expected, ways=("replay",))["replay"]
-        print(f"W5 cheap on {LARGE_ELEMENTS:,} elements, {args.large_calls} calls, medians of "
-              f"{args.runs} runs: local numpy {local * 1e3:.0f} ms, numexpr device replay "
-              f"{replay * 1e3:.0f} ms: replay {local / replay:.2f}x faster than local numpy")
+            cluster = stack.enter_context(fabric.LocalCluster(workers=1, backend=backend))
+            sessions[backend] = stack.enter_context(cluster.connect(timeout=60))
+        for name in args.steps:
+            step = STEPS[name]
+            ways: dict[str, Way] = {"local": (step, arrays, np.asarray)}
+            for backend, session in sessions.items():
+                ways.update({f"{backend} {way}": value
+                             for way, value in ways_on(session, step, arrays).items()})
+            times = medians(ways, CALLS, args.runs)
+            local = times["local"]
+            print(f"W5 {name}: 50-op elementwise step x {CALLS:,} calls on {ELEMENTS:,}-element "
+                  f"float64 tensors, medians of {args.runs} interleaved runs (ms per "
+                  f"{CALLS:,} calls)")
+            rows = [("device", "local numpy", "replay", "streaming", "replay vs streaming",
+                     "replay vs local")]
+            for backend in sessions:
+                replay, streaming = times[f"{backend} replay"], times[f"{backend} streaming"]
+                rows.append((backend, f"{local * 1e3:.1f}", f"{replay * 1e3:.1f}",
+                             f"{streaming * 1e3:.1f}", f"{streaming / replay:.1f}x faster",
+                             f"{replay / local:.2f}x local"))
+            print_table(rows)
+            print()
+        if args.large_calls and "numexpr" in sessions:
+            ways = {"local": (cheap_step, large, np.asarray),
+                    **ways_on(sessions["numexpr"], cheap_step, large, streaming=False)}
+            times = medians(ways, args.large_calls, args.runs)
+            print(f"W5 cheap on {LARGE_ELEMENTS:,} elements, {args.large_calls} calls, medians "
+                  f"of {args.runs} interleaved runs: local numpy {times['local'] * 1e3:.0f} ms, "
+                  f"numexpr device replay {times['replay'] * 1e3:.0f} ms: replay "
+                  f"{times['local'] / times['replay']:.2f}x faster than local numpy")
 
 
 if __name__ == "__main__":
