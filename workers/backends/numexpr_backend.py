@@ -16,7 +16,12 @@ a bound on the expression (``MAX_OPS`` ops, ``MAX_LEAVES`` distinct inputs). Pro
 compiled once per expression text and input types, and kept per device (LRU). A reduction of
 a whole deferred value (the sum that ends a chain) evaluates it a block at a time instead,
 without a temporary of its size. Ops on fewer than ``min_size`` elements run eagerly: there
-numpy is faster than numexpr's overhead.
+numpy is faster than numexpr's overhead. That is decided once per op, from its inputs' sizes,
+before anything else: the executor makes those ops' numpy calls itself (``plain_below``,
+``small``), as it does for the numpy device.
+
+A registered graph is compiled once per signature instead (``numexpr_graphs``): its
+elementwise runs become programs compiled at registration, where numexpr is faster.
 
 Operands are typed the way numpy's loop types them: an input array is handed to numexpr with
 the loop's dtype declared (numexpr's iterator casts it as numpy would), a Python or numpy
@@ -45,7 +50,7 @@ from fabric.ops import Op, Spec
 from .base import DeferredError, GraphOp, GraphStep
 from .numexpr_deferred import MAX_LEAVES, MAX_OPS, Deferred, measure, refresh, too_big, walk
 from .numexpr_graphs import fused_steps
-from .numexpr_rules import (BOOL, call_program, cast_template, compile_program, deferral,
+from .numexpr_rules import (call_program, cast_template, compile_program, deferral,
                             descriptor, fused_ops, inline_power, typed_scalar)
 from .numpy_backend import NumpyDevice
 

@@ -20,19 +20,16 @@ at a time with numpy, and names the op that fails (``GraphOpError``).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from fabric.ops import OPS, Spec
+from fabric.ops import OPS, Op, Spec
 
 from .base import Constant, GraphOp, GraphOpError, GraphStep, graph_step
 from .numexpr_deferred import MAX_LEAVES, MAX_OPS, MAX_TEXT
 from .numexpr_rules import Deferral, call_program, cast_template, deferral, descriptor, \
     inline_power
-
-if TYPE_CHECKING:
-    from .numexpr_backend import NumexprDevice
 
 # numexpr evaluates fewer elements than this on one thread (its interpreter's rule: four of
 # its 1024-element blocks); above it, up to ``min_size``, its threads cost more than they give.
@@ -40,6 +37,20 @@ SERIAL_BELOW = 4 * 1024
 # ... and there a program of this many ops beats numpy's calls (on 1K float64 here, 10 ops:
 # 22 us against 26; 50 ops: 81 us against 122).
 SERIAL_OPS = 8
+
+
+class NumexprDevice(Protocol):
+    """What a plan needs of its device (``numexpr_backend.NumexprDevice``)."""
+
+    min_size: int
+    ops_fused: int
+    expressions_evaluated: int
+
+    def bind(self, op: Op, params: dict[str, Any]) -> Callable[..., Any]: ...
+
+    def scalar(self, value: Any, dtype: np.dtype) -> np.ndarray: ...
+
+    def compiled(self, expression: str, types: Sequence[np.dtype]) -> tuple[Any, bool]: ...
 
 
 class _Fused:
