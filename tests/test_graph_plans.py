@@ -13,6 +13,8 @@ import tracemalloc
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_executor import SESSION, opened, read, submit
 
 import fabric
@@ -200,3 +202,64 @@ def test_small_streamed_ops_on_the_numexpr_device_are_numpys_calls_and_large_one
     assert (device.ops_eager - eager, device.ops_fused) == (0, 2)  # small ones never reach it
     np.testing.assert_array_equal(read(executor, 4), np.arange(1000.0) * 3)
     np.testing.assert_array_equal(read(executor, 6), np.arange(float(MIN_SIZE)) * 3)
+
+
+EXACT_BINARY = ["add", "subtract", "multiply", "maximum", "minimum", "greater", "equal",
+                "logical_or"]
+EXACT_UNARY = ["negative", "absolute", "square", "floor"]
+
+
+@st.composite
+def elementwise_graphs(draw):
+    """Input dtypes and a chain of exact elementwise ops, each reading earlier values (inputs
+    included, some more than once) or scalars, and which of the values it returns."""
+    dtypes = [draw(st.sampled_from(["bool", "int32", "int64", "float32", "float64"]))
+              for _ in range(2)]
+    steps = []
+    for made in range(2, 2 + draw(st.integers(1, 24))):
+        source = st.integers(0, made - 1)
+        if draw(st.booleans()):
+            other = draw(st.one_of(source, st.sampled_from([(2,), (0.5,), (-3.0,), (True,)])))
+            steps.append((draw(st.sampled_from(EXACT_BINARY)), draw(source), other))
+        else:
+            steps.append((draw(st.sampled_from(EXACT_UNARY)), draw(source), None))
+    made = 2 + len(steps)
+    returned = sorted(set(draw(st.lists(st.integers(0, made - 1), min_size=1, max_size=4))
+                          + [made - 1]))
+    return dtypes, steps, returned
+
+
+def chain_function(steps, returned):
+    def chain(x, y):
+        values = [x, y]
+        for name, source, other in steps:
+            ufunc = getattr(np, name)
+            args = [values[source]] + ([] if other is None else  # (a scalar: in a tuple)
+                                       [values[other] if type(other) is int else other[0]])
+            values.append(ufunc(*args))
+        return tuple(values[i] for i in returned)
+    return chain
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(elementwise_graphs())
+def test_compiled_elementwise_chains_agree_with_numpy_on_both_devices(graph):
+    dtypes, steps, returned = graph
+    chain = chain_function(steps, returned)
+    rng = np.random.default_rng(len(steps))
+    x, y = (np.asarray(rng.integers(-3, 4, (4, 5)) * 0.75).astype(d) for d in dtypes)
+    with np.errstate(all="ignore"):
+        try:
+            expected = chain(x, y)
+        except TypeError:  # numpy refuses it (negative of a bool): so does the trace
+            return
+        for device in (NumpyDevice(0), NumexprDevice(0, min_size=0)):
+            inputs = [x.copy(), y.copy()]
+            got = registered(device, chain, ((4, 5), dtypes[0]), ((4, 5), dtypes[1])).plan(
+                inputs, None)
+            for one, other in zip(got, expected):
+                assert np.asarray(one).dtype == other.dtype
+                np.testing.assert_allclose(np.asarray(one, float), np.asarray(other, float),
+                                           rtol=1e-6)
+            np.testing.assert_array_equal(inputs[0], x)
+            np.testing.assert_array_equal(inputs[1], y)
