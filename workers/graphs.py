@@ -121,8 +121,9 @@ def register(params: dict[str, Any], device: Backend) -> RegisteredGraph:
     made = [values[out] for _, out, _, _ in ops if out in values]
     largest = max((int(np.prod(v.shape)) for v in values.values()), default=0)
     graph.output_bytes = sum(_nbytes(values[o]) for o in outputs if o in values)
-    graph.need = need(sum(_nbytes(v) for v in made), largest)  # every op's result at once,
-    # the most a plan holds, and one temporary
+    # A call is admitted for every op's result held at once (the most a plan holds) and one
+    # temporary.
+    graph.need = need(sum(_nbytes(v) for v in made), largest)
     graph_ops = [GraphOp(index, name, out,
                          [a if type(a) is int else Constant(decode_scalar(a)) for a in args],
                          decode_params(name, params) if params else {}, values.get(out))

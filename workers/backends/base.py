@@ -30,19 +30,21 @@ from fabric.ops import OPS, Op, Spec
 # A compiled graph: the arrays bound to its inputs and the session's generator (for random
 # ops) in, its outputs out.
 GraphPlan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
+DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")  # a Backend's counters
 
 
 class GraphOp(NamedTuple):
     """One op of a graph being compiled: its ``index`` among the graph's ops, its local ids
     (``args`` hold local ids as ints, and scalars decoded, wrapped in ``Constant``), its
-    decoded params, and the shape and dtype of what it makes (``spec``)."""
+    decoded params, and the shape and dtype of what it makes (``spec``; None past an op the
+    op table refuses for this signature, where a call fails)."""
 
     index: int
     name: str
     out: int
     args: list[Any]
     params: dict[str, Any]
-    spec: Spec
+    spec: Spec | None
 
 
 class Constant(NamedTuple):
@@ -74,7 +76,6 @@ class GraphOpError(Exception):
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.index = index
         self.cause = cause
-DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")  # a Backend's counters
 
 
 class DeferredValue:
