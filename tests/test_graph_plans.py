@@ -19,6 +19,8 @@ from test_executor import SESSION, opened, read, submit
 
 import fabric
 from fabric.errors import RemoteError
+from fabric.graph import Tracer, _flatten, trace_function
+from fabric.ops import Spec
 from fabric.workers.backends.base import GraphOpError
 from fabric.workers.backends.numexpr_backend import MIN_SIZE, NumexprDevice
 from fabric.workers.backends.numexpr_graphs import SERIAL_OPS
@@ -114,9 +116,6 @@ def test_buffers_reused_inside_a_graph_are_never_ones_the_caller_sees(any_sessio
 def registered(device, fn, *specs):
     """``fn`` traced for ``specs`` (shape, dtype) by the client's tracer and registered on
     ``device`` as the worker does: its RegisteredGraph."""
-    from fabric.graph import Tracer, _flatten, trace_function
-    from fabric.ops import Spec
-
     tracer = Tracer("inputs")
     leaves = [tracer.placeholder(Spec(shape, np.dtype(dtype))) for shape, dtype in specs]
     graph = trace_function(fn, fn.__name__, _flatten((tuple(leaves), {}), []), leaves)

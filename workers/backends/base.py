@@ -128,8 +128,8 @@ class Backend:
     # ``run(op, inputs, {})`` is ``np.asarray(op.impl(*inputs))`` for ops whose tensor inputs'
     # sizes multiply to fewer elements than this, and for those ``small(inputs)`` names: the
     # executor then makes that call itself (every op of a stream costs two Python calls
-    # less); 0: never.
-    plain_below: float = 0
+    # less); 0: never. (An int: the executor compares it with an int for every op.)
+    plain_below: int = 0
     # True when the device grows its counters: the executor reads them around each message
     # only then (on every read, that costs a device that counts nothing about 5% of its work).
     counts_work: ClassVar[bool] = False
