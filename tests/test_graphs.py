@@ -18,8 +18,9 @@ from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, er
 from fabric.graph import Tracer, _flatten, call, trace_function
 from fabric.stream import MAX_BATCH_GRAPH_OPS
 from fabric.wire import GRAPH_CACHE_SIZE
-from fabric.ops import Spec
+from fabric.ops import OPS, Spec
 from fabric.protocol import Kind, Message
+from fabric.workers.backends.base import GraphStep, graph_step
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 
@@ -444,28 +445,32 @@ def test_worker_evicts_the_least_recently_used_past_its_bound_and_frees_on_reque
 
 
 class CompilingDevice(NumpyDevice):
-    """A device with the optional hooks: it compiles graphs and counts what it fuses."""
+    """A device with the optional hooks: it lowers a graph's elementwise ops to one step of
+    its own and counts what it fuses."""
 
     counts_work = True
 
     def __init__(self, index: int) -> None:
         super().__init__(index)
-        self.compiled: list[tuple[int, list]] = []
+        self.compiled: list[tuple[list, list[int]]] = []
         self.broken = False
         self.ops_fused = 0
         self.expressions_evaluated = 0
 
-    def compile_graph(self, ops: list, inputs: int, outputs: list[int]):
+    def graph_steps(self, ops: list, specs: dict, outputs: list[int]) -> list:
         if self.broken:
             raise ValueError("this device cannot compile that")
-        self.compiled.append((inputs, outputs))
+        self.compiled.append(([(specs[i].shape, specs[i].dtype) for i in (1, 2)], outputs))
+        elementwise = [op for op in ops if OPS[op.name].elementwise]
 
-        def plan(arrays, rng):  # AXPY's outputs, as one "expression"
-            self.ops_fused += len(ops)
+        def axpy(x, y):  # AXPY's elementwise ops, as one "expression"
+            self.ops_fused += len(elementwise)
             self.expressions_evaluated += 1
-            result = arrays[0] * 2 + arrays[1]
-            return [result, result.sum()]
-        return plan
+            return x * 2 + y
+        return [GraphStep(axpy, [1, 2], elementwise[-1].out,
+                          tuple(op.index for op in elementwise)),
+                *[graph_step(self.bind(OPS[op.name], op.params), op) for op in ops
+                  if op not in elementwise]]
 
 
 def test_worker_uses_a_devices_compiled_plan_and_credits_its_counters():
@@ -473,12 +478,14 @@ def test_worker_uses_a_devices_compiled_plan_and_credits_its_counters():
     executor = with_inputs(device)
     executor.handle(Message(Kind.OPEN, SESSION + 1, 1, {"device": 0}))
     register(executor)
-    assert device.compiled == [(2, [4, 5])]  # once, at registration
+    f8 = np.dtype("f8")
+    assert device.compiled == [([((3,), f8), ((3,), f8)], [4, 5])]  # once, at registration
     call_graph(executor, 10, [1, 2])
     call_graph(executor, 20, [1, 2])
     np.testing.assert_array_equal(read(executor, 20), [1.0, 3.0, 5.0])
+    assert read(executor, 21) == 9.0
     stats = request(executor, op="stats").body
-    assert (stats["ops_fused"], stats["expressions_evaluated"]) == (6, 2)
+    assert (stats["ops_fused"], stats["expressions_evaluated"]) == (4, 2)
     [other] = executor.handle(Message(Kind.REQUEST, SESSION + 1, 2, {"op": "stats"}))
     assert other.body["ops_fused"] == 0  # credited to the session that ran them
 

@@ -510,16 +510,6 @@ def test_ops_on_small_arrays_run_eagerly_by_default(monkeypatch):
     assert isinstance(broadcast, Deferred)
 
 
-def test_bound_ops_for_graph_plans_defer_and_evaluate_like_run():
-    device = NumexprDevice(0, min_size=100)
-    add, total = device.bind(OPS["add"], {}), device.bind(OPS["sum"], {"axis": 0})
-    small, large = np.ones(10), np.ones(1000)
-    assert isinstance(add(small, 1.0), np.ndarray)
-    chain = add(add(large, 1.0), large)
-    assert isinstance(chain, Deferred)
-    assert total(chain) == 3000.0 and device.expressions_evaluated == 1
-
-
 def test_a_whole_reduction_of_a_chain_is_evaluated_blockwise_and_the_chain_stays():
     device = NumexprDevice(0, min_size=0)
     a = np.random.default_rng(32).random(4 * BLOCK + 7)

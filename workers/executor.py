@@ -40,8 +40,9 @@ from .graphs import GraphOps, plan_op
 from .in_place import write_in_place
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
 
-# For a device whose ``plain_calls`` is true, an op without params is this call, its result
-# made an array. (Random ops are not here: they always take the session's generator.)
+# For a device's ops on fewer than its ``plain_below`` elements, an op without params is this
+# call, its result made an array. (Random ops are not here: they always take the session's
+# generator.)
 MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at once
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
 
@@ -55,7 +56,7 @@ class Executor(GraphOps):
         self.memory_limit = memory_limit  # per session; the budget is the worker's
         self.allowance = (budget or MemoryBudget(None)).allowance()
         self.sessions: dict[int, DeviceSession] = {}
-        self._plain_impls = _PLAIN_IMPLS if device.plain_calls else {}
+        self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -210,7 +211,7 @@ class Executor(GraphOps):
         tensors, poisoned, store = session.tensors, session.poisoned, self._store
         plain_impls, special_ops = self._plain_impls, self._special_ops
         admit, allowance, limit = self._admit, self.allowance, self.memory_limit
-        same_size = SAME_SIZE_OPS
+        same_size, plain_below, small = SAME_SIZE_OPS, self.device.plain_below, self.device.small
         freed = 0
         for op in ops:
             if type(op) is int:  # a tensor the client let go, freed at the point it did so
@@ -259,7 +260,7 @@ class Executor(GraphOps):
                         and allowance.held + BOUND_PER_ELEMENT * elements  # case, inline)
                         <= allowance.granted):
                     admit(session, name, inputs, params, elements)  # before it allocates
-                if impl is None:
+                if impl is None or elements >= plain_below and not small(inputs):
                     store(session, out, self._compute(session, name, inputs, params, buffers))
                     continue
                 result = impl(*inputs)  # the device's own run, without the calls around it

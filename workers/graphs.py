@@ -16,15 +16,15 @@ and says ``graph_free`` before it registers past the bound; the bound here is th
 and evicts the least recently used graph only for a client that does not.
 
 A graph compiles to a plan, ``plan(inputs, rng) -> outputs`` (arrays in, arrays out; ``rng``
-is the session's generator, for random ops). Devices take part through two hooks of the
-``Backend`` contract:
-
-- ``device.compile_graph(ops, inputs, outputs)``: called once at registration with the
-  graph's wire ops (``fabric.wire``'s op entries on local ids, ``1..inputs`` being the
-  inputs) and its output ids; returns a plan (a device that fuses elementwise chains compiles
-  them here), or None to get the default plan below.
-- ``device.bind(op, params)``: the function of its inputs the device runs ``op`` with; the
-  default plan is straight-line Python calling one per op, generated at registration.
+is the session's generator, for random ops), once per signature: a graph is traced for one,
+so its registration gives every input's shape and dtype, and the op table's rules give every
+op's. The device lowers the ops to steps (``Backend.graph_steps``: by default one resolved
+numpy call per op; the numexpr device makes elementwise runs numexpr programs, compiled
+then), and ``generate`` writes the steps as straight-line Python, operands bound by position.
+A step whose result is a new array (a ufunc's, a program's) writes it into the buffer of an
+argument that dies there, where shape and dtype agree (``out=``), when that buffer is an
+intermediate no one else can see: made by such a step, never an input or an output, and read
+only by such steps (none of which returns a view of it).
 """
 
 from __future__ import annotations
@@ -38,13 +38,15 @@ import msgpack
 import numpy as np
 
 from fabric.errors import GraphError, ProtocolError
-from fabric.ops import OPS, RANDOM_OPS, Op, Spec
+from fabric.ops import OPS, RANDOM_OPS, Spec
 from fabric.wire import GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_scalar, parse_op
 
-from .backends.base import Backend, GraphPlan
+from .backends.base import Backend, Constant, GraphOp, GraphOpError, GraphPlan, GraphStep
 from .memory import need
 
-_FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops
+# In a generated plan: the def line, the unpacking of inputs, then op i's step on line 3 + i
+# (a step that computes several ops is on its last op's line; the others are blank).
+_FIRST_OP_LINE = 3
 _PLAN_FILE = "<fabric graph "  # how a generated plan's file name starts
 
 
@@ -115,17 +117,25 @@ def register(params: dict[str, Any], device: Backend) -> RegisteredGraph:
            "every output must be a defined local id")
     graph = RegisteredGraph(graph_id, str(params.get("name", "")), specs, len(outputs),
                             [op[0] for op in ops], len(msgpack.packb(ops)))
-    graph.output_bytes, graph.need = _sizes(specs, ops, outputs)
-    graph.plan = device.compile_graph(ops, len(specs), outputs)
-    if graph.plan is None:
-        graph.plan = generate(graph, ops, outputs, device.bind)
+    values = _infer(specs, ops)
+    made = [values[out] for _, out, _, _ in ops if out in values]
+    largest = max((int(np.prod(v.shape)) for v in values.values()), default=0)
+    graph.output_bytes = sum(_nbytes(values[o]) for o in outputs if o in values)
+    # A call is admitted for every op's result held at once (the most a plan holds) and one
+    # temporary.
+    graph.need = need(sum(_nbytes(v) for v in made), largest)
+    graph_ops = [GraphOp(index, name, out,
+                         [a if type(a) is int else Constant(decode_scalar(a)) for a in args],
+                         decode_params(name, params) if params else {}, values.get(out))
+                 for index, (name, out, args, params) in enumerate(ops)]
+    graph.plan = generate(graph, device.graph_steps(graph_ops, values, outputs), values,
+                          outputs)
     return graph
 
 
-def _sizes(specs: list[tuple[tuple[int, ...], np.dtype]], ops: list[list[Any]],
-           outputs: list[int]) -> tuple[int, int]:
-    """The bytes of a call's outputs, and what a call needs (every op's result held at once,
-    the most a plan can hold, and one temporary), from the op table's shape rules."""
+def _infer(specs: list[tuple[tuple[int, ...], np.dtype]], ops: list[list[Any]],
+           ) -> dict[int, Spec]:
+    """The shape and dtype of every local id a call makes, from the op table's rules."""
     values: dict[int, Spec] = {i: Spec(*spec) for i, spec in enumerate(specs, 1)}
     for name, out, args, params in ops:
         try:
@@ -135,49 +145,64 @@ def _sizes(specs: list[tuple[tuple[int, ...], np.dtype]], ops: list[list[Any]],
         except Exception:  # numpy refuses this op: a call fails there, before the ops after
             break  # it allocate anything, and says so as the op's own error
         values[out] = Spec(shape, np.dtype(dtype))
-    made = [values[out] for _, out, _, _ in ops if out in values]
-    largest = max((int(np.prod(v.shape)) for v in values.values()), default=0)
-    return (sum(_nbytes(values[o]) for o in outputs if o in values),
-            need(sum(_nbytes(v) for v in made), largest))
+    return values
 
 
 def _nbytes(spec: Spec) -> int:
     return int(np.prod(spec.shape)) * spec.dtype.itemsize
 
 
-def generate(graph: RegisteredGraph, ops: list[list[Any]], outputs: list[int],
-             bind: Callable[[Op, dict[str, Any]], Callable[..., Any]]) -> GraphPlan:
-    """The default plan: one line of straight-line Python per op, each calling ``bind``'s
-    function for it, and deleting what no later op reads.
+def generate(graph: RegisteredGraph, steps: list[GraphStep], specs: dict[int, Spec],
+             outputs: list[int]) -> GraphPlan:
+    """The plan: one line of straight-line Python per step (on its last op's line), calling
+    its function, handing it a dying intermediate's buffer where that is safe (``out=``),
+    and deleting what no later step reads.
 
     Only names made here go into the source; functions and constants reach it through the
     namespace, so nothing from the wire is ever evaluated as code.
     """
     names = {local: f"a{i}" for i, local in enumerate(range(1, len(graph.inputs) + 1))}
     namespace: dict[str, Any] = {}
-    last_read = {arg: index for index, op in enumerate(ops) for arg in op[2] if type(arg) is int}
+    last_read = {arg: position for position, step in enumerate(steps) for arg in step.args
+                 if type(arg) is int}
     keep = set(names) | set(outputs)
+    fresh = {step.out for step in steps if step.fresh} - keep
+    reusable = fresh - {arg for step in steps if not step.fresh
+                        for arg in step.args if type(arg) is int}
     unpack = "".join(f"{name}, " for name in names.values())
     lines = ["def plan(inputs, rng):", f"    ({unpack}) = inputs"]
-    for index, (name, out, args, params) in enumerate(ops):
-        namespace[f"f{index}"] = bind(OPS[name], decode_params(name, params))
+    for position, step in enumerate(steps):
+        namespace[f"f{position}"] = step.call
         call_args = []
-        for position, arg in enumerate(args):
+        for place, arg in enumerate(step.args):
             if type(arg) is int:
                 call_args.append(names[arg])
             else:
-                call_args.append(f"k{index}_{position}")
-                namespace[call_args[-1]] = None if arg is None else decode_scalar(arg)
-        if name in RANDOM_OPS:
+                call_args.append(f"k{position}_{place}")
+                namespace[call_args[-1]] = arg.value
+        tensors = dict.fromkeys(arg for arg in step.args if type(arg) is int)
+        dying = [a for a in tensors if a not in keep and last_read[a] == position]
+        buffer = next((a for a in dying if step.fresh and a in reusable
+                       and _same_buffer(specs.get(a), specs.get(step.out))), None)
+        if buffer is not None:
+            call_args.append(f"out={names[buffer]}")
+        if len(step.ops) == 1 and graph.op_names[step.ops[0]] in RANDOM_OPS:
             call_args.append("rng=rng")
-        dead = sorted({names[a] for a in args if type(a) is int and a not in keep
-                       and last_read[a] == index})
-        names[out] = f"r{index}"
-        lines.append(f"    r{index} = f{index}({', '.join(call_args)})"
+        dead = sorted(names[a] for a in dying)
+        names[step.out] = f"r{position}"
+        lines += [""] * (_FIRST_OP_LINE + step.ops[-1] - len(lines) - 1)
+        lines.append(f"    r{position} = f{position}({', '.join(call_args)})"
                      + (f"; del {', '.join(dead)}" if dead else ""))
     lines.append(f"    return [{', '.join(names[o] for o in outputs)}]")
     exec(compile("\n".join(lines), graph.filename, "exec"), namespace)
     return namespace["plan"]
+
+
+def _same_buffer(buffer: Spec | None, result: Spec | None) -> bool:
+    """Whether a result of ``result``'s spec can be written into an array of ``buffer``'s (a
+    0-d result is a numpy scalar, no buffer)."""
+    return (buffer is not None and result is not None and len(buffer.shape) > 0
+            and tuple(buffer.shape) == tuple(result.shape) and buffer.dtype == result.dtype)
 
 
 def plan_op(frame: FrameType) -> int | None:
@@ -187,14 +212,17 @@ def plan_op(frame: FrameType) -> int | None:
     return None
 
 
-def failed_op(graph: RegisteredGraph, exc: BaseException) -> int | None:
-    """The index of the op of ``graph``'s generated plan that raised ``exc``, if it was one."""
+def failed_op(graph: RegisteredGraph, exc: BaseException) -> tuple[int, BaseException] | None:
+    """The index of the op of ``graph``'s generated plan that raised ``exc``, if it was one,
+    and the error that op raised."""
+    if isinstance(exc, GraphOpError):  # a step of several ops named which one failed
+        return exc.index, exc.cause
     tb, index = exc.__traceback__, None
     while tb is not None:
         if tb.tb_frame.f_code.co_filename == graph.filename:
             index = tb.tb_lineno - _FIRST_OP_LINE
         tb = tb.tb_next
-    return index
+    return None if index is None else (index, exc)
 
 
 class SessionGraphs:
@@ -278,12 +306,13 @@ class GraphOps:
             self._poison(session, outs, inherited.error, report=False)
         except Exception as exc:
             label = graph.label() if graph is not None else f"graph #{graph_id}"
-            index = None if graph is None else failed_op(graph, exc)
+            failed = None if graph is None else failed_op(graph, exc)
             if isinstance(exc, GraphError):
                 error = GraphError(f"The {label} {exc.message}", op="graph_call",
                                    tensor=out).to_wire()
-            elif index is not None:
-                error = self._op_error(graph.op_names[index], out, exc)
+            elif failed is not None:
+                index, cause = failed
+                error = self._op_error(graph.op_names[index], out, cause)
                 error["message"] += f" (op {index} of {label})"
                 error["details"]["graph_op"] = index
             else:  # a device's plan failed, or the outputs are past the memory limit

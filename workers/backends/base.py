@@ -11,21 +11,71 @@ session's tensors as it holds arrays (it has their ``shape``, ``dtype``, ``size`
 ``nbytes``, so the memory budget charges it as if computed) and turns into an array with
 ``materialize`` when a read, a sync or a transfer needs one. A deferred op that fails when
 its chain is evaluated raises ``DeferredError``, which the executor turns into that op's poison.
+
+A registered graph is compiled once per signature (its inputs' shapes and dtypes), and every
+op's shape and dtype is known then: a device lowers its ops to ``GraphStep``s
+(``graph_steps``), by default one resolved call per op, and a device that fuses replaces runs
+of ops with one step each; ``workers.graphs`` turns the steps into the plan.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, Callable, ClassVar, NamedTuple, Union
 
 import numpy as np
 
-from fabric.ops import Op
+from fabric.ops import OPS, Op, Spec
 
 # A compiled graph: the arrays bound to its inputs and the session's generator (for random
 # ops) in, its outputs out.
 GraphPlan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
 DEVICE_COUNTERS = ("ops_fused", "expressions_evaluated")  # a Backend's counters
+
+
+class GraphOp(NamedTuple):
+    """One op of a graph being compiled: its ``index`` among the graph's ops, its local ids
+    (``args`` hold local ids as ints, and scalars decoded, wrapped in ``Constant``), its
+    decoded params, and the shape and dtype of what it makes (``spec``; None past an op the
+    op table refuses for this signature, where a call fails)."""
+
+    index: int
+    name: str
+    out: int
+    args: list[Any]
+    params: dict[str, Any]
+    spec: Spec | None
+
+
+class Constant(NamedTuple):
+    """A value a graph step reads that is no local id: a scalar, or a device's own operand."""
+
+    value: Any
+
+
+class GraphStep(NamedTuple):
+    """One line of a graph's plan: ``call(*args)`` makes local id ``out``.
+
+    ``ops`` are the indices of the graph's ops it computes (its line is the last one's);
+    ``fresh``: its result is a new array that aliases no argument and that it can be handed
+    to write into instead (``out=``), as a ufunc's and a numexpr program's.
+    """
+
+    call: Callable[..., Any]
+    args: list[Any]
+    out: int
+    ops: tuple[int, ...]
+    fresh: bool = False
+
+
+class GraphOpError(Exception):
+    """A graph step that computes several ops failed at one of them: ``index`` is that op's
+    among the graph's ops, ``cause`` the error it raised."""
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.index = index
+        self.cause = cause
 
 
 class DeferredValue:
@@ -75,9 +125,11 @@ class Backend:
     """
 
     backend: ClassVar[str]
-    # True when ``run(op, inputs, {})`` is ``np.asarray(op.impl(*inputs))``: the executor
-    # may then make that call itself (every op of a stream costs two Python calls less).
-    plain_calls: ClassVar[bool] = False
+    # ``run(op, inputs, {})`` is ``np.asarray(op.impl(*inputs))`` for ops whose tensor inputs'
+    # sizes multiply to fewer elements than this, and for those ``small(inputs)`` names: the
+    # executor then makes that call itself (every op of a stream costs two Python calls
+    # less); 0: never. (An int: the executor compares it with an int for every op.)
+    plain_below: int = 0
     # True when the device grows its counters: the executor reads them around each message
     # only then (on every read, that costs a device that counts nothing about 5% of its work).
     counts_work: ClassVar[bool] = False
@@ -96,6 +148,11 @@ class Backend:
         an array, or a deferred value."""
         raise NotImplementedError
 
+    def small(self, inputs: list[Any]) -> bool:
+        """Whether ``run`` makes a plain numpy call of an op without params on ``inputs``,
+        though their sizes multiply to ``plain_below`` elements or more (asked then only)."""
+        return False
+
     def materialize(self, value: Value) -> np.ndarray:
         """The array of a value; a device that never defers has nothing to compute."""
         return value  # type: ignore[return-value]
@@ -106,9 +163,14 @@ class Backend:
             return self.run(op, list(inputs), params)
         return run
 
-    def compile_graph(self, ops: list[list[Any]], inputs: int,
-                      outputs: list[int]) -> GraphPlan | None:
-        """A plan for a graph being registered (its wire ops on local ids, ``1..inputs``
-        being the inputs, and its output ids), or None for the default plan, which calls
-        ``bind``'s function of each op in turn."""
-        return None
+    def graph_steps(self, ops: list[GraphOp], specs: dict[int, Spec],
+                    outputs: list[int]) -> list[GraphStep]:
+        """The steps that compute a graph's ``ops`` for one signature (``specs``: the shape
+        and dtype of every local id; ``outputs``: the ids the caller sees), in op order.
+        By default one step per op, calling ``bind``'s function of it."""
+        return [graph_step(self.bind(OPS[op.name], op.params), op) for op in ops]
+
+
+def graph_step(call: Callable[..., Any], op: GraphOp) -> GraphStep:
+    """The step that computes ``op`` alone with ``call``; a ufunc's result is fresh."""
+    return GraphStep(call, op.args, op.out, (op.index,), isinstance(call, np.ufunc))

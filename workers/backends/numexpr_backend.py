@@ -16,7 +16,12 @@ a bound on the expression (``MAX_OPS`` ops, ``MAX_LEAVES`` distinct inputs). Pro
 compiled once per expression text and input types, and kept per device (LRU). A reduction of
 a whole deferred value (the sum that ends a chain) evaluates it a block at a time instead,
 without a temporary of its size. Ops on fewer than ``min_size`` elements run eagerly: there
-numpy is faster than numexpr's overhead.
+numpy is faster than numexpr's overhead. That is decided once per op, from its inputs' sizes,
+before anything else: the executor makes those ops' numpy calls itself (``plain_below``,
+``small``), as it does for the numpy device.
+
+A registered graph is compiled once per signature instead (``numexpr_graphs``): its
+elementwise runs become programs compiled at registration, where numexpr is faster.
 
 Operands are typed the way numpy's loop types them: an input array is handed to numexpr with
 the loop's dtype declared (numexpr's iterator casts it as numpy would), a Python or numpy
@@ -35,18 +40,19 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numexpr
 import numpy as np
 
-from fabric.ops import Op
+from fabric.ops import Op, Spec
 
-from .base import Backend, DeferredError
+from .base import DeferredError, GraphOp, GraphStep
 from .numexpr_deferred import MAX_LEAVES, MAX_OPS, Deferred, measure, refresh, too_big, walk
-from .numexpr_rules import (BOOL, TEMPLATES, call_program, cast_template, compile_program,
-                            deferral, fused_ops, typed_scalar)
+from .numexpr_graphs import fused_steps
+from .numexpr_rules import (call_program, cast_template, compile_program, deferral,
+                            descriptor, fused_ops, inline_power, typed_scalar)
+from .numpy_backend import NumpyDevice
 
 # Below this many elements numpy is faster than numexpr's call and thread overhead (a 7-op
 # chain on 4K float64: 9 us with numpy, ~100 us with numexpr; even at ~32K), so smaller ops
@@ -60,18 +66,16 @@ BLOCKWISE = frozenset({"sum", "prod", "min", "max", "any", "all"})
 BLOCK = 1 << 18
 PROGRAMS = 512  # compiled programs kept per device
 SCALARS = 1024  # 0-d scalar operands kept per device, so repeated scalars share a variable
-# x ** n for a scalar n: numexpr expands these into multiplications (0.5: a square root), as
-# numpy's loop has fast paths for 0.5, -1 and 2; the others differ from pow only in rounding
-INLINE_POWERS = frozenset([-2, -1, 0, 0.5, 1, 2, 3, 4])
 
 # -- the device ------------------------------------------------------------------------------
 
-class NumexprDevice(Backend):
-    """One numexpr device of a worker; ``index`` is its local index on that worker.
+class NumexprDevice(NumpyDevice):
+    """One numexpr device of a worker; ``index`` is its local index on that worker. What it
+    does not fuse it runs as the numpy device does.
 
     Counters (the executor credits ``ops_fused`` and ``expressions_evaluated`` to sessions):
-    ops deferred into expressions, numexpr evaluations, ops run eagerly with numpy, and
-    programs compiled.
+    ops deferred into expressions or run in a graph's programs, numexpr evaluations, ops run
+    eagerly with numpy by ``run``, and programs compiled.
     """
 
     backend = "numexpr"
@@ -81,6 +85,7 @@ class NumexprDevice(Backend):
         super().__init__(index)
         self.min_size = int(os.environ.get(MIN_SIZE_ENV, MIN_SIZE)) if min_size is None \
             else min_size
+        self.plain_below = self.min_size  # smaller ops are numpy's: the executor calls it
         self.ops_fused = 0
         self.expressions_evaluated = 0
         self.ops_eager = 0
@@ -101,7 +106,7 @@ class NumexprDevice(Backend):
         """Defer an elementwise op numexpr computes as numpy does (on ``min_size`` elements
         or more); run anything else eagerly. Returns a ``Deferred`` value or an array.
         """
-        if op.elementwise and not params and not self._small(inputs):
+        if op.elementwise and not params and not self.small(inputs):
             deferred = self._defer(op.name, inputs)
             if deferred is not None:
                 self.ops_fused += 1
@@ -115,22 +120,11 @@ class NumexprDevice(Backend):
         self.ops_eager += 1
         return np.asarray(op.impl(*arrays, **params))
 
-    def bind(self, op: Op, params: dict[str, Any]) -> Callable[..., Any]:
-        """``op`` with its params bound, as a function of its inputs (for compiled graphs):
-        ``run`` without its per-call checks where they cannot change the answer."""
-        impl = partial(op.impl, **params) if params else op.impl
-        if op.elementwise and not params and op.name in TEMPLATES:
-            def elementwise(*inputs: Any) -> Any:
-                if self._small(inputs):  # (a deferred input is never small)
-                    self.ops_eager += 1
-                    return impl(*inputs)
-                return self.run(op, list(inputs), params)
-            return elementwise
-
-        def eager(*inputs: Any) -> Any:
-            self.ops_eager += 1
-            return impl(*[self.materialize(x) if type(x) is Deferred else x for x in inputs])
-        return eager
+    def graph_steps(self, ops: list[GraphOp], specs: dict[int, Spec],
+                    outputs: list[int]) -> list[GraphStep]:
+        """A graph's steps for one signature: its elementwise runs as numexpr programs where
+        numexpr is faster (``numexpr_graphs``), the other ops as the numpy device's calls."""
+        return fused_steps(self, ops, specs, outputs)
 
     def _reduce_blockwise(self, op: Op, node: Deferred, params: dict[str, Any],
                           ) -> np.ndarray | None:
@@ -167,8 +161,9 @@ class NumexprDevice(Backend):
         self.expressions_evaluated += 1
         return result.reshape((1,) * node.ndim) if params.get("keepdims") else result
 
-    def _small(self, inputs: Sequence[Any]) -> bool:
-        """Whether an elementwise result has fewer than ``min_size`` elements."""
+    def small(self, inputs: Sequence[Any]) -> bool:
+        """Whether an elementwise result has fewer than ``min_size`` elements (any op on
+        such inputs runs with numpy)."""
         first = None
         for x in inputs:
             if type(x) is Deferred:
@@ -186,8 +181,8 @@ class NumexprDevice(Backend):
         shape = _shape(inputs)
         if 0 in shape:  # nothing to compute, and numexpr broadcasts empty operands wrongly
             return None  # ((0, 1) with (1, 0) gives it (0, 1), not (0, 0)): numpy's
-        descriptors = tuple(_descriptor(x) for x in inputs)
-        power = _inline_power(*inputs) if name == "power" and len(inputs) == 2 else None
+        descriptors = tuple(descriptor(x) for x in inputs)
+        power = inline_power(*inputs) if name == "power" and len(inputs) == 2 else None
         how = deferral(name, descriptors, power)
         if how is None:
             return None
@@ -243,9 +238,11 @@ class NumexprDevice(Backend):
                             measure(operands, (1,) * len(operands)))
         if isinstance(value, np.ndarray):
             return (value, dtype)
-        return (self._scalar(value, dtype), dtype)
+        return (self.scalar(value, dtype), dtype)
 
-    def _scalar(self, value: Any, dtype: np.dtype) -> np.ndarray:
+    def scalar(self, value: Any, dtype: np.dtype) -> np.ndarray:
+        """``value`` as a read-only 0-d array of ``dtype``, the one the device keeps for it
+        (so that repeated scalars share a variable); OverflowError where it does not fit."""
         # -0.0 == 0.0, but they are different scalars to copysign, division and more
         sign = math.copysign(1.0, value) if isinstance(value, (float, np.floating)) else 1.0
         key = (type(value), value, sign, dtype)
@@ -311,6 +308,12 @@ class NumexprDevice(Backend):
             return name
 
         expression = text(node)
+        return self.compiled(expression, types), args
+
+    def compiled(self, expression: str, types: Sequence[np.dtype]) -> tuple[Any, bool]:
+        """The numexpr program of ``expression`` over v0, v1, ... of ``types``: compiled once
+        per expression text and types, and kept (``PROGRAMS`` of them, least recently used
+        dropped first)."""
         key = (expression, "".join(t.char for t in types))
         compiled = self._programs.get(key)
         if compiled is None:
@@ -320,7 +323,7 @@ class NumexprDevice(Backend):
                 self._programs.popitem(last=False)
         else:
             self._programs.move_to_end(key)
-        return compiled, args
+        return compiled
 
     def _replay(self, root: Deferred, error: Exception) -> None:
         """Evaluate a chain whose fused evaluation failed one op at a time, to name the op
@@ -335,32 +338,6 @@ class NumexprDevice(Backend):
                 raise DeferredError(node, exc) from None
         if root.value is None:  # pragma: no cover - walk always ends with the root
             raise DeferredError(root, error)
-
-
-def _descriptor(value: Any) -> Any:
-    if isinstance(value, (np.ndarray, Deferred, np.generic)):
-        return value.dtype
-    if type(value) is bool:
-        return BOOL  # numpy treats Python bools as np.bool_, not as weak scalars
-    if type(value) in (int, float, complex):
-        return type(value)
-    return None
-
-
-def _inline_power(base: Any, exponent: Any) -> float | None:
-    """The exponent numexpr may spell as a constant: numpy's loop takes its fast paths for any
-    exponent it does not step through (a scalar, or one element broadcast)."""
-    if type(exponent) is bool:
-        return None
-    if isinstance(exponent, (np.ndarray, Deferred)):
-        if exponent.size != 1 or exponent.ndim > len(getattr(base, "shape", ())):
-            return None
-        exponent = np.asarray(exponent).reshape(-1)[0]  # (one element, if deferred)
-    try:
-        value = float(exponent)
-    except (TypeError, ValueError):
-        return None
-    return (int(value) if value.is_integer() else value) if value in INLINE_POWERS else None
 
 
 def _shape(inputs: Sequence[Any]) -> tuple[int, ...]:

@@ -17,13 +17,18 @@ import numexpr
 import numpy as np
 from numexpr.necompiler import NumExpr, getExprNames
 
-from fabric.ops import OPS
+from fabric.ops import OPS, Spec
+
+from .base import DeferredValue
 
 # The dtypes numexpr computes in, and the type that names each in a numexpr signature.
 NUMEXPR_TYPES: dict[np.dtype, type] = {
     np.dtype(bool): bool, np.dtype(np.int32): np.int32, np.dtype(np.int64): np.int64,
     np.dtype(np.float32): float, np.dtype(np.float64): np.float64}
 BOOL = np.dtype(bool)
+# x ** n for a scalar n: numexpr expands these into multiplications (0.5: a square root), as
+# numpy's loop has fast paths for 0.5, -1 and 2; the others differ from pow only in rounding
+INLINE_POWERS = frozenset([-2, -1, 0, 0.5, 1, 2, 3, 4])
 _CONTEXT = {"optimization": "aggressive", "truediv": True}
 
 
@@ -214,3 +219,31 @@ def fused_ops() -> tuple[str, ...]:
                 fused.append(name)
                 break
     return tuple(sorted(fused))
+
+
+def descriptor(value: Any) -> Any:
+    """How numpy's promotion sees an operand: a dtype (arrays, deferred values, specs, numpy
+    scalars), or a Python scalar's type (weak); None for anything else."""
+    if isinstance(value, (np.ndarray, DeferredValue, Spec, np.generic)):
+        return value.dtype
+    if type(value) is bool:
+        return BOOL  # numpy treats Python bools as np.bool_, not as weak scalars
+    if type(value) in (int, float, complex):
+        return type(value)
+    return None
+
+
+def inline_power(base: Any, exponent: Any) -> float | None:
+    """The exponent numexpr may spell as a constant: numpy's loop takes its fast paths for any
+    exponent it does not step through (a scalar, or one element broadcast)."""
+    if type(exponent) is bool:
+        return None
+    if isinstance(exponent, (np.ndarray, DeferredValue)):
+        if exponent.size != 1 or exponent.ndim > len(getattr(base, "shape", ())):
+            return None
+        exponent = np.asarray(exponent).reshape(-1)[0]  # (one element, if deferred)
+    try:
+        value = float(exponent)
+    except (TypeError, ValueError):
+        return None
+    return (int(value) if value.is_integer() else value) if value in INLINE_POWERS else None
