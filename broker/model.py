@@ -135,6 +135,7 @@ class Worker:
     lanes: list[bytes] = field(default_factory=list)  # each device's own socket, if any
     attached: set[bytes] = field(default_factory=set)  # lanes heard from since REGISTER
     instance: bytes = b""  # the worker process's random id: its reconnections carry it too
+    report: protocol.WorkerReport | None = None  # its last heartbeat's (``decode_report``)
 
     @property
     def ready(self) -> bool:

@@ -43,6 +43,7 @@ from fabric.wire import GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_
 
 from .backends.base import Backend, GraphPlan
 from .memory import need
+from .tally import DeviceTally
 
 _FIRST_OP_LINE = 3  # in a generated plan: the def line, the unpacking of inputs, then ops
 _PLAN_FILE = "<fabric graph "  # how a generated plan's file name starts
@@ -200,8 +201,9 @@ def failed_op(graph: RegisteredGraph, exc: BaseException) -> int | None:
 class SessionGraphs:
     """One session's graphs, least recently used first, and what they saved it."""
 
-    def __init__(self, limit: int = GRAPH_CACHE_SIZE) -> None:
+    def __init__(self, tally: DeviceTally | None = None, limit: int = GRAPH_CACHE_SIZE) -> None:
         self.limit = limit
+        self.tally = tally or DeviceTally()  # its device's, which counts every session's too
         self.held: OrderedDict[int, RegisteredGraph] = OrderedDict()
         self.registrations = 0
         self.replays = 0
@@ -212,6 +214,7 @@ class SessionGraphs:
         self.held.pop(graph.id, None)
         self.held[graph.id] = graph
         self.registrations += 1
+        self.tally.graph_registrations += 1
         while len(self.held) > self.limit:
             self.held.popitem(last=False)
 
@@ -222,6 +225,7 @@ class SessionGraphs:
             self.held.move_to_end(graph_id)
             if graph.called:
                 self.replays += 1
+                self.tally.graph_replays += 1
                 self.bytes_saved += graph.wire_bytes - call_bytes
             graph.called = True
         return graph
