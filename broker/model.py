@@ -147,6 +147,17 @@ class Worker:
         return self.lanes[local] if self.lanes else self.identity
 
 
+REPORTED = ("resident_bytes", "ops", "op_seconds", "graph_replays", "graph_registrations",
+            "queued")  # what admin views show of a device's ``protocol.DeviceReport``
+
+
+def reported(worker: Worker | None, local: int) -> dict[str, Any]:
+    """What ``worker`` last reported of its device ``local``: each figure of ``REPORTED``, or
+    None where it has said nothing yet (or is gone)."""
+    device = worker.report.devices[local] if worker and worker.report else None
+    return {name: device and getattr(device, name) for name in REPORTED}
+
+
 @dataclass
 class Traffic(Directions):
     """Totals of the sessions that have ended on one device (by worker name, local index)."""
