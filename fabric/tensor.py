@@ -22,6 +22,7 @@ from .errors import FabricError
 from .indexing import PreparedIndex, basic_index_key, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
+from .progress import Progress, read as read_in_chunks, wanted as progress_wanted
 from .views import assign, check_out, check_writable, link, store_into, ufunc_at
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 
@@ -128,8 +129,12 @@ class Tensor(Spec):
         both devices are on one worker), never through this client."""
         return self if session is self.session else session.receive_from(self)
 
-    def numpy(self) -> np.ndarray:
-        """Read the array back: an ordinary, writable numpy array."""
+    def numpy(self, *, progress: Progress = False) -> np.ndarray:
+        """Read the array back: an ordinary, writable numpy array. ``progress=True`` shows a
+        progress bar for a large read in an interactive terminal (``fabric.progress``: a
+        callable is told the bytes received so far instead)."""
+        if progress and progress_wanted(progress, self.nbytes):
+            return read_in_chunks(self, progress)
         return self.session.read(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
