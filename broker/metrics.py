@@ -86,7 +86,7 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
         MappingProxyType({"device": str(index), "worker": name, "online": index in online,
                           "sessions": sessions_on.get((name, local), 0),
                           "traffic": traffic.get((name, local), Traffic()),
-                          "report": reports[name].devices[local] if name in reports else None})
+                          "report": reports[name].device(local) if name in reports else None})
         for index, (name, local) in sorted(registry.device_slots.items()))
     counters = registry.counters
     return MappingProxyType({
@@ -170,7 +170,7 @@ _BUCKET_BOUNDS = [*map(floatToGoString, OP_SECONDS_BUCKETS), "+Inf"]
 
 
 def _reported_families(reports: list[tuple[list[str], DeviceReport]]) -> Iterator[Metric]:
-    """The families of what workers report of their devices (``key``: the device's labels)."""
+    """The families of what workers report of their devices, each with its labels."""
     labels = ("device", "worker")
     resident = _gauge("device_memory_resident_bytes", "Bytes the device's sessions hold "
                       "(their tensors), as its worker last reported.", labels=labels)

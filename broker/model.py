@@ -154,7 +154,7 @@ REPORTED = ("resident_bytes", "ops", "op_seconds", "graph_replays", "graph_regis
 def reported(worker: Worker | None, local: int) -> dict[str, Any]:
     """What ``worker`` last reported of its device ``local``: each figure of ``REPORTED``, or
     None where it has said nothing yet (or is gone)."""
-    device = worker.report.devices[local] if worker and worker.report else None
+    device = worker.report.device(local) if worker and worker.report else None
     return {name: device and getattr(device, name) for name in REPORTED}
 
 

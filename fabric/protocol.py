@@ -145,6 +145,11 @@ class WorkerReport(NamedTuple):
     budget_bytes: int | None
     devices: tuple[DeviceReport, ...]
 
+    def device(self, local: int) -> DeviceReport | None:
+        """The report of device ``local``; None where the worker has no such device (a name
+        that registered again with fewer devices keeps its old device indexes)."""
+        return self.devices[local] if 0 <= local < len(self.devices) else None
+
 
 def report_body(report: WorkerReport) -> dict[str, Any]:
     """The ``report`` field of a worker's HEARTBEAT (a device as a list, in field order:

@@ -12,7 +12,9 @@ import pytest
 
 import fabric
 from fabric import LocalCluster, protocol
+from fabric.broker.admin import devices as admin_devices
 from fabric.broker.metrics import families, figures
+from fabric.broker.model import Side
 from fabric.errors import ProtocolError, error_from_wire
 from fabric.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Message, WorkerReport,
                              decode_report, report_body)
@@ -21,7 +23,7 @@ from conftest import HEARTBEAT
 from rawpeers import RawDealer, frames_of
 from test_admin_unit import busy_registry
 from test_metrics import Samples, scrape, value
-from test_registry import A, frames
+from test_registry import A, B, frames, kinds, make_registry, register_frames
 
 DEVICE = {"device": "0", "worker": "worker-0"}
 BUCKETS = len(OP_SECONDS_BUCKETS) + 1
@@ -197,3 +199,19 @@ def test_the_registry_keeps_a_worker_s_last_good_report_and_counts_bad_ones():
     # Worker b said nothing yet: none of its devices has reported figures.
     assert not [key for key in samples if key[0] == "fabric_device_ops_total"
                 and ("worker", "b") in key[1]]
+
+
+def test_a_name_back_with_fewer_devices_reports_only_those():
+    registry = make_registry((A, "a", 2))  # device indexes 0 and 1
+    registry.unroutable(Side.BACKEND, A, 1.0)  # lost: its indexes are kept for its name
+    assert kinds(registry.from_worker(B, register_frames("a", [{}]), 2.0)) == [Kind.REGISTERED]
+    report = WorkerReport(None, (DeviceReport(8, (0,) * BUCKETS, 0.0, 0, 0, 0),))
+    assert registry.from_worker(B, frames(Kind.HEARTBEAT, 0, 0, report_body(report)), 2.1) == []
+    rows = {row["index"]: row for row in admin_devices(registry, 3.0)["devices"]}
+    assert (rows[0]["resident_bytes"], rows[1]["resident_bytes"]) == (8, None)
+    samples = {(s.name, frozenset(s.labels.items())) for family in
+               families(figures(registry, 3.0, held=0)) for s in family.samples}
+    assert ("fabric_device_ops_total", frozenset({"device": "0", "worker": "a"}.items())) \
+        in samples
+    assert ("fabric_device_ops_total", frozenset({"device": "1", "worker": "a"}.items())) \
+        not in samples
