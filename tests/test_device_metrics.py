@@ -215,3 +215,14 @@ def test_a_name_back_with_fewer_devices_reports_only_those():
         in samples
     assert ("fabric_device_ops_total", frozenset({"device": "1", "worker": "a"}.items())) \
         not in samples
+
+
+def test_a_heartbeat_stays_small_whatever_the_counts():
+    largest = DeviceReport(2**63 - 1, (2**63 - 1,) + (0,) * (BUCKETS - 1), 1e300,
+                           2**63 - 1, 2**63 - 1, 2**63 - 1)
+    for devices in (1, 8):
+        report = WorkerReport(2**63 - 1, (largest,) * devices)
+        size = sum(map(len, protocol.encode(Message(Kind.HEARTBEAT, body=report_body(report)))))
+        assert size < 100 + 100 * devices
+        assert decode_report(protocol.decode(protocol.encode(Message(
+            Kind.HEARTBEAT, body=report_body(report)))).body, devices) == report
