@@ -49,14 +49,21 @@ def _argwhere(a: Tensor) -> Tensor:
 
 
 def _unique(ar: Tensor, return_index: bool = False, return_inverse: bool = False,
-            return_counts: bool = False, axis: Any = None, *, equal_nan: bool = True) -> Tensor:
-    if return_index or return_inverse or return_counts or axis is not None or not equal_nan:
-        raise TypeError("numpy.unique on fabric tensors takes its plain form only (sorted "
-                        "unique values of the flattened tensor); read the tensor with "
-                        ".numpy() first for indices, inverses, counts or an axis.")
-    found = ar.session.apply("unique", (ar,), {})
-    ar.session.resolve_shape(found)
-    return found
+            return_counts: bool = False, axis: Any = None, *,
+            equal_nan: bool = True) -> Tensor | tuple[Tensor, ...]:
+    # numpy's own np.unique on the device; each result its own op, whose shape the device
+    # says (one small round trip each)
+    flags = {"return_index": return_index, "return_inverse": return_inverse,
+             "return_counts": return_counts}
+    params: dict[str, Any] = {"axis": axis, "equal_nan": equal_nan}
+    parts = [None] if not any(flags.values()) else range(1 + sum(flags.values()))
+    found = []
+    for part in parts:
+        result = ar.session.apply("unique", (ar,), params if part is None else {
+            **params, **flags, "part": part})
+        ar.session.resolve_shape(result)
+        found.append(result)
+    return found[0] if parts == [None] else tuple(found)
 
 
 def _reduction_function(name: str) -> Any:

@@ -111,6 +111,8 @@ def _unknown_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Sha
     # device (Session.resolve_shape); until then, none.
     if op.name == "argwhere":
         return (0, len(args[0].shape))
+    if op.name == "unique":  # (as many axes as numpy's result for a stand-in has)
+        return (0,) * _apply(op.impl, args, params, tiny=True).ndim
     return (0,)
 
 
@@ -448,8 +450,11 @@ def _argwhere(a: np.ndarray) -> np.ndarray:
     return np.argwhere(a)
 
 
-def _unique(a: np.ndarray) -> np.ndarray:
-    return np.unique(a)
+def _unique(a: np.ndarray, part: int | None = None, **flags: Any) -> np.ndarray:
+    # np.unique, or its result number ``part`` where flags ask for several (index, inverse,
+    # counts): each is an op of its own, its shape learned from the device
+    found = np.unique(a, **flags)
+    return found if part is None else found[part]
 
 
 def _where(condition: Any, x: Any, y: Any) -> np.ndarray:
@@ -527,7 +532,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("setitem", _setitem, _update_shape, _update_dtype),
     Op("ufunc_at", _ufunc_at, _update_shape, _update_dtype),
     Op("argwhere", _argwhere, _unknown_shape, _index_dtype),
-    Op("unique", _unique, _unknown_shape, _same_dtype),
+    Op("unique", _unique, _unknown_shape, _tiny_dtype),
     Op("bincount", functions.bincount, _unknown_shape, _tiny_dtype),
     Op("pad", functions.pad, functions.pad_shape, _tiny_dtype),
     Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),

@@ -79,10 +79,12 @@ def upload(session: Any, array: np.ndarray, progress: Progress) -> Any:
     return tensor.reshape(array.shape)
 
 
-def read(tensor: Any, progress: Progress) -> np.ndarray:
-    """``tensor``'s values read a chunk at a time (see the module's rule), the next chunk's
-    read sent before the last one's values are waited for."""
+def read_showing(tensor: Any, progress: Progress) -> np.ndarray:
+    """``tensor``'s values; where ``progress`` is ``wanted``, read a chunk at a time (see the
+    module's rule), the next chunk's read sent before the last one's values are waited for."""
     session = tensor.session
+    if not wanted(progress, tensor.nbytes):
+        return session.read(tensor)
     out = np.empty(tensor.size, tensor.dtype)
     flat = tensor.reshape(-1)
     chunks = list(_chunks(tensor.size, out.itemsize))

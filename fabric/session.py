@@ -208,16 +208,14 @@ class Session(ArrayNamespace):
 
     def read(self, tensor: Tensor) -> np.ndarray:
         """``tensor``'s values, read back: an ordinary, writable numpy array (``t.numpy()``)."""
-        return self.start_read(tensor).result()
+        return read_values(self._call(_read_body(tensor)), tensor)  # (start_read's, without
+        # an object between: every read's path)
 
     def start_read(self, tensor: Tensor) -> "ReadInFlight":
         """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
         for the values: ``.result()`` waits for them. Reads of many sessions can so be in
         flight at once (a sharded tensor's ``numpy()`` gathers its shards so)."""
-        # The worker checks what this client inferred, and answers with the bytes alone.
-        request = self._send_request({"op": "read", "id": tensor.id,
-                                      "dtype": dtype_name(tensor.dtype), "shape": tensor.shape})
-        return ReadInFlight(self, tensor, request)
+        return ReadInFlight(self, tensor, self._send_request(_read_body(tensor)))
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
@@ -292,13 +290,25 @@ class ReadInFlight:
         reply = self.session._reply(self.request, timeout)
         if "error" in reply.body:
             raise self.session._remote_error(reply.body["error"])
-        if len(reply.buffers) != 1:
-            raise ProtocolError("A read reply must carry exactly one buffer.")
-        return array_from_frame(reply.buffers[0], self.tensor.dtype, self.tensor.shape)
+        return read_values(reply, self.tensor)
 
     def cancel(self) -> None:
         """Stop waiting for the values: a reply that comes later is dropped."""
         self.session.connection.pending.forget(self.request)
+
+
+def _read_body(tensor: Tensor) -> dict[str, Any]:
+    # A read request: the worker checks what this client inferred, and answers with the
+    # bytes alone
+    return {"op": "read", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+            "shape": tensor.shape}
+
+
+def read_values(reply: Message, tensor: Tensor) -> np.ndarray:
+    """The values a read's reply (without an error) carries for ``tensor``."""
+    if len(reply.buffers) != 1:
+        raise ProtocolError("A read reply must carry exactly one buffer.")
+    return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
 
 
 def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:

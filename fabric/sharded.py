@@ -93,9 +93,10 @@ class ShardedTensor(Tensor):
         return (f"<fabric.ShardedTensor shape={self.shape} dtype={self.dtype} "
                 f"{self.sharding}>")
 
-    def __repr__(self) -> str:
-        """The values, as numpy's repr (``sharded_tensor(...)``): a read of every shard."""
-        return "sharded_" + super().__repr__()
+    _repr_name = "sharded_tensor"  # (its repr: numpy's, of every shard's values, read)
+
+    def _shown(self) -> tuple[np.ndarray, bool]:
+        return self.numpy(), False  # (a summary's index would gather from every shard)
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -22,8 +22,10 @@ from .errors import FabricError
 from .indexing import PreparedIndex, basic_index_key, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
-from .progress import Progress, read as read_in_chunks, wanted as progress_wanted
-from .views import assign, check_out, check_writable, link, store_into, ufunc_at
+from .printing import repr_text, summary_index, summary_text
+from .progress import Progress, read_showing
+from .views import (assign, check_out, check_reduction_out, check_writable, link, store_into,
+                    ufunc_at)
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 
 # The result dtype of an elementwise op on one tensor, on two tensors of one shape, or on a
@@ -100,27 +102,37 @@ class Tensor(Spec):
         return (f"<fabric.Tensor shape={self.shape} dtype={self.dtype} id={self.id} "
                 f"device={self.session.device.index}>")
 
-    def _printed(self, show: Callable[[np.ndarray], str]) -> str:
+    def _shown(self) -> tuple[np.ndarray, bool]:
+        """What numpy's printing shows of the values, read (``fabric.printing``), and whether
+        that is a summary's part of them."""
+        index = summary_index(self.shape)
+        return (self.numpy(), False) if index is None else (self[index].numpy(), True)
+
+    def _printed(self, show: Callable[[np.ndarray, bool], str]) -> str:
         try:
-            values = self.numpy()
+            values, summarised = self._shown()
         except FabricError as exc:  # (a failed op, a closed session, a trace: still shown)
             return f"{self._handle()[:-1]} unreadable: {type(exc).__name__}>"
-        return show(values)
+        return show(values, summarised)
 
     def __repr__(self) -> str:
-        """numpy's repr of the values, as ``tensor(...)``: a read of the whole tensor
-        (numpy's print options summarise a large one)."""
-        text = repr  # (numpy aligns continuation lines under "array(": one more space)
-        return self._printed(lambda values: "tensor" + text(values)[len("array"):].replace(
-            "\n" + " " * len("array("), "\n" + " " * len("tensor(")))
+        """numpy's repr of the values, as ``tensor(...)``: a read (of what numpy's print
+        options show of a large tensor)."""
+        return self._printed(lambda values, summarised: repr_text(
+            values, self.shape, summarised, self._repr_name))
+
+    _repr_name = "tensor"
 
     def __str__(self) -> str:
-        """numpy's str of the values: a read of the whole tensor."""
-        return self._printed(str)
+        """numpy's str of the values: a read (of what numpy shows)."""
+        return self._printed(lambda values, summarised: summary_text(values, summarised, str))
 
     def __format__(self, spec: str) -> str:
         """numpy's format of the values (``f"{loss:.4f}"`` on a 0-d tensor): a read."""
-        return self._printed(lambda values: format(values, spec)) if spec else str(self)
+        if not spec:
+            return str(self)
+        return self._printed(lambda values, summarised: summary_text(
+            values, summarised, lambda shown: format(shown, spec)))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -131,11 +143,8 @@ class Tensor(Spec):
 
     def numpy(self, *, progress: Progress = False) -> np.ndarray:
         """Read the array back: an ordinary, writable numpy array. ``progress=True`` shows a
-        progress bar for a large read in an interactive terminal (``fabric.progress``: a
-        callable is told the bytes received so far instead)."""
-        if progress and progress_wanted(progress, self.nbytes):
-            return read_in_chunks(self, progress)
-        return self.session.read(self)
+        bar for a large read in an interactive terminal (``fabric.progress``)."""
+        return read_showing(self, progress) if progress else self.session.read(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()
@@ -320,15 +329,16 @@ class Tensor(Spec):
     def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
                 **extra: Any) -> "Tensor":
         # ``extra``: numpy's other keywords of the reduction (ddof, dtype, initial), those
-        # given as None left out, as numpy's defaults; where=, a mask, is a second input.
-        if extra.pop("out", None) is not None:
-            raise TypeError(f"numpy.{name} with out= is not supported on fabric tensors: the "
-                            "result is a new tensor on the device; assign it where you need "
-                            "it (t[...] = result).")
-        where = extra.pop("where", True)
+        # given as None left out, as numpy's defaults; where=, a mask, is a second input;
+        # out=, a tensor that takes the result (an update).
+        out, where = extra.pop("out", None), extra.pop("where", True)
         axis = tuple(axis) if isinstance(axis, list) else axis
-        return self.session.apply(name, (self,) if where is True else (self, where),
-                                  {"axis": axis, "keepdims": keepdims, **given_params(extra)})
+        params = {"axis": axis, "keepdims": keepdims, **given_params(extra)}
+        if out is None:
+            return self.session.apply(name, (self,) if where is True else (self, where), params)
+        shape, _ = OPS[name].infer((self,) if where is True else (self, where), params)
+        check_reduction_out(name, self, params, shape, out)
+        return store_into(out, self._reduce(name, axis, keepdims, where=where, **extra))
 
     def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
             initial: Any = None, where: Any = True) -> "Tensor":

@@ -15,12 +15,13 @@ instead. Every function here takes tensors already checked to be tensors by the 
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from .ops import Spec
+from .ops import REDUCTIONS, Spec
 from .origins import issued_at
 
 
@@ -172,6 +173,27 @@ def store_into(target: Any, result: Any) -> Any:
         values = target.session.apply("broadcast_to", (values,), {"shape": target.shape})
     assign(target, values)
     return target
+
+
+def check_reduction_out(name: str, a: Any, params: dict[str, Any], shape: tuple[int, ...],
+                        out: Any) -> None:
+    """Raise, before anything is sent, where reduction ``name`` of tensor ``a`` (its wire
+    ``params``, its result's ``shape``) may not store into ``out``: not a tensor of ``a``'s
+    session, an update refused (``check_writable``), another shape (numpy's ValueError), or
+    a dtype numpy's reduction will not cast to (numpy's own error, from the reduction on
+    stand-ins of one element)."""
+    if not isinstance(out, Spec) or getattr(out, "session", None) is not a.session:
+        raise TypeError(f"numpy.{name}'s out= must be a tensor of the same session as its "
+                        "input (a numpy array cannot take a device's result: read it instead).")
+    check_writable(out)
+    if out.shape != shape:
+        raise ValueError(f"output parameter for reduction operation {name} has shape "
+                         f"{out.shape}, but the result's is {shape}")
+    reduce = REDUCTIONS[name]
+    tiny = np.zeros((1,) * len(a.shape), a.dtype)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (one element warns where real data may not: ddof)
+        reduce(tiny, **params, out=np.zeros(np.shape(reduce(tiny, **params)), out.dtype))
 
 
 def ufunc_at(ufunc: np.ufunc, target: Any, indices: Any, *values: Any) -> None:

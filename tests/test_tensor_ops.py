@@ -392,12 +392,39 @@ def test_reductions_take_numpys_other_keywords(session, reduce):
     session.sync()
 
 
-@pytest.mark.parametrize("reduce", [
-    lambda t: np.sum(t, out=np.empty(())), lambda t: np.mean(t, axis=0, out=np.empty(4)),
-], ids=["out", "mean out"])
-def test_reductions_refuse_out_saying_so(session, reduce):
-    with pytest.raises(TypeError, match="with out= is not supported"):
-        reduce(session.asarray(data("float64", seed=28)))
+REDUCTIONS_INTO_OUT = {  # (a, out) -> the result, on numpy arrays and on tensors alike
+    "sum": lambda a, out: np.sum(a, out=out[0, 0, ...]),
+    "mean axis": lambda a, out: np.mean(a, axis=0, out=out[0]),
+    "max keepdims": lambda a, out: np.max(a, axis=1, keepdims=True, out=out[:, :1]),
+    "sum into ints (numpy casts)": lambda a, out: np.sum(a, axis=0, out=out[0].astype(int)),
+    "argmax": lambda a, out: np.argmax(a, axis=0, out=out[0].astype(np.intp)),
+    "std ddof": lambda a, out: np.std(a, axis=1, ddof=1, out=out[:, 0]),
+    "any into floats": lambda a, out: np.any(a > 0, axis=0, out=out[1]),
+    "std into ints": lambda a, out: np.std(a, out=out[0, 0, ...].astype(int)),  # refused
+    "wrong shape": lambda a, out: np.sum(a, axis=0, out=out[0, :2]),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCTIONS_INTO_OUT))
+def test_reductions_store_into_out_as_numpys(session, name):
+    array, into = data("float64", seed=28), np.zeros((3, 4))
+    program = REDUCTIONS_INTO_OUT[name]
+    try:
+        expected = program(array, into)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            program(session.asarray(array), session.asarray(np.zeros((3, 4))))
+        return
+    t_into = session.asarray(np.zeros((3, 4)))
+    got = program(session.asarray(array), t_into)
+    assert (got.shape, got.dtype) == (expected.shape, expected.dtype)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(t_into.numpy(), into, rtol=1e-12)  # (out a view: seen there)
+
+
+def test_a_reduction_into_a_numpy_array_is_refused_saying_so(session):
+    with pytest.raises(TypeError, match="must be a tensor of the same session"):
+        np.sum(session.asarray(data("float64", seed=28)), out=np.empty(()))
     session.sync()
 
 

@@ -15,7 +15,7 @@ from conftest import HEARTBEAT
 
 import fabric
 from fabric import LocalCluster, Tensor
-from fabric.errors import QuotaExceeded, RemoteError, TraceError
+from fabric.errors import MessageTooLarge, QuotaExceeded, RemoteError, TraceError
 from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
 
 BASE = np.arange(-6.0, 14.0).reshape(4, 5)
@@ -175,6 +175,15 @@ READS = {
     "np.unique ints": lambda a, up: np.unique((a % 4).astype(np.int32)),
     "np.unique bool": lambda a, up: np.unique(a > 0),
     "np.unique nans": lambda a, up: np.unique(np.sqrt(a)),  # (nan once, as numpy 2's)
+    "np.unique nans apart": lambda a, up: np.unique(np.sqrt(a), equal_nan=False),
+    "np.unique all results": lambda a, up: np.unique(a // 4, return_index=True,
+                                                     return_inverse=True, return_counts=True),
+    "np.unique counts": lambda a, up: np.unique((a % 3).astype(np.int8), return_counts=True),
+    "np.unique inverse": lambda a, up: np.unique(a[1] // 5, return_inverse=True),
+    "np.unique rows": lambda a, up: np.unique(np.concatenate([a, a[::2]]) // 8, axis=0,
+                                              return_index=True, return_inverse=True),
+    "np.unique columns": lambda a, up: np.unique(a % 2 == 0, axis=1, return_counts=True),
+    "np.unique bad axis": lambda a, up: np.unique(a, axis=2),
     # errors
     "t[wrong mask]": lambda a, up: a[np.ones((4, 4), bool)],
     "t[wrong tensor mask]": lambda a, up: a[up(np.ones((3,), bool))],
@@ -375,6 +384,36 @@ PRINTED = {
     "small": BASE, "int": np.arange(6, dtype=np.int32).reshape(2, 3), "0-d": np.array(2.5),
     "large": np.arange(5000.0), "bool": MASK, "wide": np.linspace(0, 1, 40).reshape(2, 20),
 }
+
+
+class tensor(np.ndarray):
+    """numpy's own repr of an array named ``tensor`` (numpy names a subclass by its class)."""
+
+
+SUMMARISED = {
+    "1-d floats": (np.linspace(-1e4, 1e4, 3001), {}),
+    "2-d int32": (np.arange(80_000, dtype=np.int32).reshape(200, 400), {}),
+    "3-d, one short axis": (np.arange(24_000.0).reshape(40, 3, 200) * 1e-3, {}),
+    "complex, options": (np.arange(600.0).reshape(20, 30) * (1 + 2j),
+                         {"edgeitems": 2, "threshold": 100, "linewidth": 60}),
+    "bool": (np.arange(5000).reshape(50, 100) % 3 == 0, {"edgeitems": 1}),
+}
+
+
+@pytest.mark.parametrize("name", list(SUMMARISED))
+def test_a_large_tensor_prints_as_numpy_reading_only_what_numpy_shows(name):
+    # A connection that takes no message half as large as the array: only the summary's
+    # elements can be read to print it (the array goes up in quarters).
+    array, options = SUMMARISED[name]
+    with LocalCluster(workers=1) as cluster, fabric.connect(
+            cluster.address, token=cluster.token,
+            max_message_bytes=array.nbytes // 2) as session:
+        t = np.concatenate([session.asarray(part) for part in np.array_split(array, 4)])
+        with np.printoptions(**options):
+            assert repr(t) == repr(array.view(tensor))
+            assert str(t) == str(array) and f"{t}" == f"{array}"
+        with pytest.raises(MessageTooLarge):
+            t.numpy()  # (the whole array is too large to read here)
 
 
 @pytest.mark.parametrize("name", list(PRINTED))
