@@ -110,7 +110,7 @@ BAD_REPORTS = {
     "a device too many": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]] * 2]},
     "a negative size": {"report": [None, [[-1, [0] * BUCKETS, 0.0, 0, 0, 0]]]},
     "a bool for a count": {"report": [None, [[0, [0] * BUCKETS, 0.0, True, 0, 0]]]},
-    "too few buckets": {"report": [None, [[0, [0] * 3, 0.0, 0, 0, 0]]]},
+    "too few buckets": {"report": [None, [[0, [0] * (BUCKETS - 1), 0.0, 0, 0, 0]]]},
     "a count too large": {"report": [None, [[0, [2**64 - 1] * BUCKETS, 0.0, 0, 0, 0]]]},
     "seconds not a number": {"report": [None, [[0, [0] * BUCKETS, "1", 0, 0, 0]]]},
     "infinite seconds": {"report": [None, [[0, [0] * BUCKETS, math.inf, 0, 0, 0]]]},
