@@ -23,6 +23,7 @@ from fabric.errors import FabricError, ProtocolError
 from fabric.protocol import MAX_ID, PROTOCOL_VERSION, Kind, Message
 
 from .model import Send, Session, Side, Traffic, Worker, peer_label, send_error, send_message
+from .model import reported  # (what workers report of their devices)
 from .worker_table import WorkerTable
 
 log = logging.getLogger("fabric.broker")
@@ -129,7 +130,7 @@ def workers(registry: RegistryView, now: float) -> dict[str, Any]:
             "backend": worker.backend, "devices": indexes,
             "registered_ago": now - worker.registered, "last_seen_ago": now - worker.last_seen,
             "sessions": len(worker.sessions), "draining": worker.draining,
-            **_traffic(total)})
+            "memory_budget": worker.report and worker.report.budget_bytes, **_traffic(total)})
     rows.sort(key=lambda row: row["devices"][:1] or [registry.device_count])
     return {"workers": rows, "lost": _lost_workers(registry, now)}
 
@@ -164,7 +165,8 @@ def devices(registry: RegistryView, now: float) -> dict[str, Any]:
             "index": index, "worker": name, "local": local,
             "backend": worker.backend if worker else None, "online": index in online,
             "draining": bool(worker and worker.draining), "sessions": sessions,
-            **_traffic(totals.get((name, local), Traffic()))})
+            **_traffic(totals.get((name, local), Traffic())),
+            **reported(worker, local)})
     return {"devices": rows}
 
 

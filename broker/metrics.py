@@ -9,20 +9,26 @@ and never waits for the loop, nor the loop for it.
 
 Labels stay few: ``device`` and ``worker`` at most, plus small fixed sets (a state, a
 direction, a refusal reason, an event name); never a session or connection id. The broker
-sees data messages, not the ops inside them (it never decodes their bodies), so a device's
-work is counted in SUBMIT batches; workers report no memory figures to the broker, so there
-are no memory metrics.
+sees data messages, not the ops inside them (it never decodes their bodies): ops, op time,
+memory, graph calls and queued messages are what each worker last said of its devices in a
+heartbeat (``fabric.protocol.WorkerReport``); a device whose worker has said nothing yet (or
+is gone) has none of those samples.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from itertools import accumulate
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
 from prometheus_client.exposition import start_wsgi_server
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from fabric.protocol import OP_SECONDS_BUCKETS, DeviceReport
 
 from .admin import RegistryView, device_traffic
 from .model import Traffic
@@ -70,6 +76,7 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
     the loop holds back): fresh copies, in read-only mappings and tuples, that nothing
     changes once built."""
     online = {d["index"] for d in registry.devices}
+    reports = {w.name: w.report for w in registry.workers.values() if w.report is not None}
     traffic = device_traffic(registry)
     sessions_on: dict[tuple[str, int], int] = {}
     for session in registry.sessions.values():
@@ -78,7 +85,8 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
     devices = tuple(
         MappingProxyType({"device": str(index), "worker": name, "online": index in online,
                           "sessions": sessions_on.get((name, local), 0),
-                          "traffic": traffic.get((name, local), Traffic())})
+                          "traffic": traffic.get((name, local), Traffic()),
+                          "report": reports[name].device(local) if name in reports else None})
         for index, (name, local) in sorted(registry.device_slots.items()))
     counters = registry.counters
     return MappingProxyType({
@@ -86,6 +94,8 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
         "workers": _count_by(map(_worker_state, registry.workers.values()),
                              "ready", "attaching", "draining"),
         "devices": devices,
+        "budgets": {name: report.budget_bytes for name, report in reports.items()
+                    if report.budget_bytes is not None},
         "sessions": _count_by((s.phase.value for s in registry.sessions.values()),
                               "opening", "open", "closing"),
         "sessions_opened": counters["hellos"],
@@ -151,6 +161,39 @@ def _device_families(devices: tuple[Mapping[str, Any], ...]) -> Iterator[Metric]
         submits.add_metric(key, traffic.submits)
         errors.add_metric(key, traffic.errors)
     yield from (online, sessions, messages, sizes, submits, errors)
+    yield from _reported_families(
+        [([device["device"], device["worker"]], device["report"]) for device in devices
+         if device["report"] is not None])
+
+
+_BUCKET_BOUNDS = [*map(floatToGoString, OP_SECONDS_BUCKETS), "+Inf"]
+
+
+def _reported_families(reports: list[tuple[list[str], DeviceReport]]) -> Iterator[Metric]:
+    """The families of what workers report of their devices, each with its labels."""
+    labels = ("device", "worker")
+    resident = _gauge("device_memory_resident_bytes", "Bytes the device's sessions hold "
+                      "(their tensors), as its worker last reported.", labels=labels)
+    ops = _counter("device_ops_total", "Ops the device ran (each entry of a batch; a graph "
+                   "call is one).", labels=labels)
+    op_time = HistogramMetricFamily(
+        PREFIX + "device_op_seconds", "Seconds per op: each batch's time spread over its ops "
+        "(measured per batch, not per op); count is ops run.", labels=labels)
+    replays = _counter("device_graph_replays_total", "Calls of a graph the device already "
+                       "held and had run: the graph cache's hits.", labels=labels)
+    registrations = _counter("device_graph_registrations_total", "Graphs registered on the "
+                             "device (traced and sent by a client).", labels=labels)
+    queued = _gauge("device_queued_messages", "Messages the device has read from the broker "
+                    "and not yet run.", labels=labels)
+    for key, report in reports:
+        resident.add_metric(key, report.resident_bytes)
+        ops.add_metric(key, report.ops)
+        op_time.add_metric(key, list(zip(_BUCKET_BOUNDS, accumulate(report.op_buckets))),
+                           report.op_seconds)
+        replays.add_metric(key, report.graph_replays)
+        registrations.add_metric(key, report.graph_registrations)
+        queued.add_metric(key, report.queued)
+    yield from (resident, ops, op_time, replays, registrations, queued)
 
 
 def families(snapshot: Mapping[str, Any]) -> list[Metric]:
@@ -168,6 +211,9 @@ def families(snapshot: Mapping[str, Any]) -> list[Metric]:
                   "is gone; the index is kept for it).", "state",
                   {"online": online, "offline": len(devices) - online}),
         *_device_families(devices),
+        _by_label(_gauge, "worker_memory_budget_bytes", "Bytes all of a worker's devices may "
+                  "hold (its --memory-budget), as it last reported.", "worker",
+                  snapshot["budgets"]),
         _by_label(_gauge, "sessions", "Sessions by state: opening, open or closing.", "state",
                   snapshot["sessions"]),
         _counter("sessions_opened_total", "HELLOs accepted: sessions sent to a device to open.",

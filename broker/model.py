@@ -137,6 +137,7 @@ class Worker:
     instance: bytes = b""  # the worker process's random id: its reconnections carry it too
     host: str = ""  # the host name it reports in REGISTER
     address: str = ""  # its address as the broker sees it (ZeroMQ's Peer-Address), if any
+    report: protocol.WorkerReport | None = None  # its last heartbeat's (``decode_report``)
 
     @property
     def ready(self) -> bool:
@@ -146,6 +147,17 @@ class Worker:
     def lane(self, local: int) -> bytes:
         """Where messages for device ``local`` go: its lane, else the worker's socket."""
         return self.lanes[local] if self.lanes else self.identity
+
+
+REPORTED = ("resident_bytes", "ops", "op_seconds", "graph_replays", "graph_registrations",
+            "queued")  # what admin views show of a device's ``protocol.DeviceReport``
+
+
+def reported(worker: Worker | None, local: int) -> dict[str, Any]:
+    """What ``worker`` last reported of its device ``local``: each figure of ``REPORTED``, or
+    None where it has said nothing yet (or is gone)."""
+    device = worker.report.device(local) if worker and worker.report else None
+    return {name: device and getattr(device, name) for name in REPORTED}
 
 
 @dataclass

@@ -73,17 +73,13 @@ from .model import (
     send_message,
 )
 from .sessions import SessionEvent, SessionTable
-from .sizes import message_too_large, transfer_too_large
+from .sizes import frames_size as _frames_size, message_too_large, transfer_too_large
 from .worker_table import WorkerTable
 from .zap import ZapGate
 
 log = logging.getLogger("fabric.broker")
 
 _OPEN, _OPENING = SessionPhase.OPEN, SessionPhase.OPENING
-
-
-def _frames_size(frames: Sequence[Any]) -> int:
-    return sum(map(len, frames))
 
 
 class Registry:
@@ -488,7 +484,12 @@ class Registry:
             Kind.ERROR, session.id, message.request, message.body))]
 
     def _on_heartbeat(self, worker: Worker, message: Message, now: float) -> list[Send]:
-        return []  # last_seen was already updated: any traffic counts
+        try:  # (last_seen is updated already) what the devices did, if said (lanes do not)
+            report = protocol.decode_report(message.body, len(worker.devices))
+        except ProtocolError as exc:  # counted; the worker and its sessions go on
+            return self._bad_input(Side.BACKEND, worker.identity, exc, now, message.header)
+        worker.report = report or worker.report
+        return []
 
     _worker_handlers = {
         Kind.OPENED: _on_opened,

@@ -19,6 +19,11 @@ from fabric.protocol import Header, Kind, Message
 from .model import Send, Side, Worker, send_error, send_message
 
 
+def frames_size(frames: Sequence[Any]) -> int:
+    """A message's bytes, in all its frames."""
+    return sum(map(len, frames))
+
+
 def message_too_large(side: Side, identity: bytes, header: Header, frames: Sequence[Any],
                       size: int, limit: int) -> list[Send]:
     """The answer to a message with more than MAX_MESSAGE_FRAMES frames or ``limit`` bytes

@@ -177,7 +177,9 @@ class Admin:
 
     def devices(self) -> list[dict[str, Any]]:
         """Each device index, online or not: worker, local index, backend, online, draining,
-        sessions, and traffic."""
+        sessions, traffic, and what its worker last reported of it (``resident_bytes``,
+        ``ops``, ``op_seconds``, ``graph_replays``, ``graph_registrations``, ``queued``; None
+        before any report)."""
         return self._run("devices")["devices"]
 
     def sessions(self) -> list[dict[str, Any]]:

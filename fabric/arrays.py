@@ -23,6 +23,7 @@ from .errors import MessageTooLarge
 from .flow import size_and_limit_text
 from .ops import OPS
 from .origins import issued_at
+from .progress import Progress, upload as upload_in_chunks, wanted as progress_wanted
 from .random import Random
 from .stream import OpStream
 from .tensor import Tensor, as_shape
@@ -146,10 +147,12 @@ class ArrayNamespace(ABC):
 
     # -- creation ------------------------------------------------------------------------------
 
-    def asarray(self, array: Any, dtype: Any = None) -> Tensor:
+    def asarray(self, array: Any, dtype: Any = None, *, progress: Progress = False) -> Tensor:
         """Upload an array (any layout or byte order) to the device, as ``np.asarray`` makes
         one. A nested list or tuple that holds tensors is built on the device, where they
-        are, with their dtypes promoted as numpy would.
+        are, with their dtypes promoted as numpy would. ``progress=True`` shows a progress
+        bar for a large upload in an interactive terminal (``fabric.progress``: a callable
+        is told the bytes stored so far instead).
 
         Raises ``MessageTooLarge``, sending nothing, when the array is bigger than the largest
         message the way to the device takes (``session.max_upload_bytes``).
@@ -162,7 +165,10 @@ class ArrayNamespace(ABC):
         if isinstance(array, (list, tuple)) and _holds_tensor(array):
             stacked = self._stack_nested(array)  # (numpy's asarray would read each tensor back)
             return stacked if dtype is None else stacked.astype(dtype)
-        return self._upload(np.asarray(array, dtype=dtype))
+        array = np.asarray(array, dtype=dtype)
+        if progress and progress_wanted(progress, array.nbytes):
+            return upload_in_chunks(self, array, progress)
+        return self._upload(array)
 
     def _upload(self, array: np.ndarray) -> Tensor:
         if array.nbytes > self.max_upload_bytes:

@@ -27,6 +27,8 @@ Column = tuple[str, Callable[[dict[str, Any]], Any]]
 
 def _rate(row: dict[str, Any], count: str) -> str:
     value = row[f"{count}_per_s"]
+    if value is None:  # a device its worker has not reported yet
+        return "-"
     return f"{size_text(value)}/s" if count == "bytes" else f"{value:,.1f}/s"
 
 
@@ -71,7 +73,10 @@ def render(frame: dict[str, Any]) -> Group:
         ("INDEX", lambda r: r["index"]), ("WORKER", lambda r: r["worker"]),
         ("STATE", lambda r: ("draining" if r["draining"] else "online") if r["online"]
          else "offline"),
-        ("SESSIONS", lambda r: r["sessions"]), ("SUBMITS", lambda r: _rate(r, "submits")),
+        ("SESSIONS", lambda r: r["sessions"]),
+        ("MEMORY", lambda r: "-" if r["resident_bytes"] is None
+         else size_text(r["resident_bytes"])),
+        ("OPS", lambda r: _rate(r, "ops")), ("SUBMITS", lambda r: _rate(r, "submits")),
         ("MESSAGES", lambda r: _rate(r, "messages")), ("BYTES", lambda r: _rate(r, "bytes"))],
         "no devices have registered")
     sessions = _table("sessions", frame["sessions"], [
@@ -97,7 +102,8 @@ def top(once: bool, as_json: bool, interval: float, **options: Any) -> None:
     interval until Ctrl-C. Needs the admin token; finds the broker as fabric admin does.
 
     Rates are differences of two snapshots over the interval. SUBMITS counts batches of
-    ops (the broker never decodes the ops); workers report no memory to the broker.
+    ops (the broker never decodes the ops); a device's MEMORY (what its sessions hold) and
+    OPS are what its worker reports in its heartbeats ("-" until it has).
     """
     from rich.console import Console
     from rich.live import Live

@@ -95,6 +95,8 @@ KNOWN_KINDS = frozenset(_KIND_OF)
 # - ``fabric_version`` (str) in REGISTER: the worker's fabric release, which must be the
 #   broker's;
 # - ``host`` (str) in REGISTER: the worker's host name, for the admin's views.
+# - ``report`` in a worker's own HEARTBEAT: what its devices did (``WorkerReport``), checked
+#   by ``decode_report``: malformed, it is a ProtocolError, not ignored.
 _ERROR_FIELDS = {"code": str, "message": str, "details": dict}
 BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.HELLO: {"token": str, "device": int},
@@ -111,6 +113,87 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.ADMIN_REPLY: {"command": str, "result": dict},
     Kind.CREDIT: {"done": int},
 }
+
+
+# What a worker reports in its heartbeats, for the broker's metrics. Op time is measured per
+# batch (a SUBMIT's ops run together, and a clock read per op would slow the op loop) and
+# each op of the batch is counted in the bucket of the batch's time per op: a histogram of
+# ops (its count is the ops run) by seconds per op, with these upper bounds (and +Inf):
+# decades, as every bucket is a sample each scrape renders, for each device.
+OP_SECONDS_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
+_MAX_COUNT = 2**63 - 1  # what a reported count or size may be at most
+
+
+class DeviceReport(NamedTuple):
+    """What one device did since its worker started (counts only grow), and holds now."""
+
+    resident_bytes: int  # what its sessions' tensors hold
+    op_buckets: tuple[int, ...]  # ops by seconds per op, one per OP_SECONDS_BUCKETS and +Inf
+    op_seconds: float  # the time those ops took, in all
+    graph_replays: int  # calls of a graph already called once: the graph cache's hits
+    graph_registrations: int  # graphs registered (traced and sent by a client)
+    queued: int  # messages read from its lane, waiting to run
+
+    @property
+    def ops(self) -> int:
+        """Ops run (the histogram's count)."""
+        return sum(self.op_buckets)
+
+
+class WorkerReport(NamedTuple):
+    """A worker's report: its memory budget (None: no limit) and one entry per device."""
+
+    budget_bytes: int | None
+    devices: tuple[DeviceReport, ...]
+
+    def device(self, local: int) -> DeviceReport | None:
+        """The report of device ``local``; None where the worker has no such device (a name
+        that registered again with fewer devices keeps its old device indexes)."""
+        return self.devices[local] if 0 <= local < len(self.devices) else None
+
+
+def report_body(report: WorkerReport) -> dict[str, Any]:
+    """The ``report`` field of a worker's HEARTBEAT (a device as a list, in field order:
+    a heartbeat stays small, a few dozen bytes per device)."""
+    return {"report": [report.budget_bytes, [list(device) for device in report.devices]]}
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _MAX_COUNT
+
+
+def _device_report(entry: Any) -> DeviceReport:
+    if type(entry) is not list or len(entry) != len(DeviceReport._fields):
+        raise ProtocolError(f"A device report is a list of {len(DeviceReport._fields)} "
+                            f"figures ({', '.join(DeviceReport._fields)}).")
+    resident, buckets, seconds, replays, registrations, queued = entry
+    if not all(map(_count, (resident, replays, registrations, queued))):
+        raise ProtocolError("A device report's sizes and counts must be ints from 0 to 2**63-1.")
+    if (type(buckets) is not list or len(buckets) != len(OP_SECONDS_BUCKETS) + 1
+            or not all(map(_count, buckets)) or sum(buckets) > _MAX_COUNT):
+        raise ProtocolError(f"A device report's op_buckets must be {len(OP_SECONDS_BUCKETS) + 1}"
+                            " counts (one per bucket of OP_SECONDS_BUCKETS, and +Inf).")
+    if type(seconds) not in (int, float) or not 0 <= seconds < float("inf"):
+        raise ProtocolError("A device report's op_seconds must be a finite number >= 0.")
+    return DeviceReport(resident, tuple(buckets), float(seconds), replays, registrations, queued)
+
+
+def decode_report(body: dict[str, Any], devices: int) -> WorkerReport | None:
+    """The report in a worker's HEARTBEAT body from a worker of ``devices`` devices (None
+    when it carries none); ProtocolError, saying what is wrong, for a malformed one."""
+    if "report" not in body:
+        return None
+    report = body["report"]
+    if type(report) is not list or len(report) != 2 or type(report[1]) is not list:
+        raise ProtocolError("A HEARTBEAT's report is [budget_bytes, [device report, ...]]: "
+                            "upgrade the worker to the broker's fabric release.")
+    budget, entries = report
+    if budget is not None and not _count(budget):
+        raise ProtocolError("A report's budget_bytes must be an int from 0 to 2**63-1, or nil.")
+    if len(entries) != devices:
+        raise ProtocolError(f"A report has {len(entries)} device report(s) for a worker that "
+                            f"registered {devices} device(s): one per device, in order.")
+    return WorkerReport(budget, tuple(map(_device_report, entries)))
 
 
 # Header and Message are named tuples, not dataclasses: every message on every hop makes

@@ -23,6 +23,7 @@ from .indexing import PreparedIndex, basic_index_key, prepare_index
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
 from .printing import repr_text, summary_index, summary_text
+from .progress import Progress, read_showing
 from .views import (assign, check_out, check_reduction_out, check_writable, link, store_into,
                     ufunc_at)
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
@@ -140,9 +141,10 @@ class Tensor(Spec):
         both devices are on one worker), never through this client."""
         return self if session is self.session else session.receive_from(self)
 
-    def numpy(self) -> np.ndarray:
-        """Read the array back: an ordinary, writable numpy array."""
-        return self.session.read(self)
+    def numpy(self, *, progress: Progress = False) -> np.ndarray:
+        """Read the array back: an ordinary, writable numpy array. ``progress=True`` shows a
+        bar for a large read in an interactive terminal (``fabric.progress``)."""
+        return read_showing(self, progress) if progress else self.session.read(self)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()

@@ -4,8 +4,8 @@ Rule: ``snapshot`` is the only I/O (the admin commands ``status``, ``workers``, 
 and ``sessions``, read through one ``fabric.Admin``); ``view`` is a pure function of two
 snapshots, and every rate in it is a difference of their counts over the time between them.
 The broker counts data messages, bytes and SUBMITs (batches of ops: it never decodes the ops
-themselves), so a device's work rate is in SUBMITs per second. Workers report no memory
-figures to the broker, so the view has none.
+themselves); a device's ops and memory are what its worker last said in a heartbeat (None
+until it has), so its op rate is over the heartbeats within the interval.
 """
 
 from __future__ import annotations
@@ -28,15 +28,14 @@ def snapshot(admin: Admin) -> dict[str, Any]:
 _COUNTS = ("messages", "bytes", "submits")
 
 
-def _rates(new: Mapping[str, Any], old: Mapping[str, Any] | None,
-           seconds: float) -> dict[str, float]:
-    """Per second, of each count in ``_COUNTS``: ``new``'s less ``old``'s (a row missing
-    from the older snapshot is new since: all its counts are from the interval)."""
-    if seconds <= 0:
-        return {f"{count}_per_s": 0.0 for count in _COUNTS}
+def _rates(new: Mapping[str, Any], old: Mapping[str, Any] | None, seconds: float,
+           counts: tuple[str, ...] = _COUNTS) -> dict[str, float | None]:
+    """Per second, of each of ``counts``: ``new``'s less ``old``'s (a row missing from the
+    older snapshot, or a count it did not have yet, is new since: all of it is from the
+    interval); None where ``new`` has no such count (a device not reported yet)."""
     # (a count never goes back, but a device's totals can be forgotten with its worker)
-    return {f"{count}_per_s": max(new[count] - (old[count] if old else 0), 0) / seconds
-            for count in _COUNTS}
+    return {f"{count}_per_s": None if new[count] is None else 0.0 if seconds <= 0 else
+            max(new[count] - ((old or {}).get(count) or 0), 0) / seconds for count in counts}
 
 
 def view(before: Snapshot, after: Snapshot) -> dict[str, Any]:
@@ -58,7 +57,8 @@ def view(before: Snapshot, after: Snapshot) -> dict[str, Any]:
             **_rates(status["traffic"], before["status"]["traffic"], seconds)},
         "workers": [{**row, **_rates(row, old_workers.get(row["name"]), seconds)}
                     for row in after["workers"]],
-        "devices": [{**row, **_rates(row, old_devices.get(row["index"]), seconds)}
+        "devices": [{**row, **_rates(row, old_devices.get(row["index"]), seconds,
+                                     (*_COUNTS, "ops"))}
                     for row in after["devices"]],
         "sessions": [{**row, **_rates(row, old_sessions.get(row["id"]), seconds)}
                      for row in after["sessions"]],

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+
+import numpy as np
 
 from fabric.top import view
 
@@ -67,7 +70,7 @@ def _snapshot(at: float, messages: int, submits: int, session_bytes: int) -> dic
                    "traffic": traffic, "rejects": {"unauthorized": 2, "device_not_found": 1},
                    "queues": {"parked_messages": 0, "frontend_paused": False}},
         "workers": [{"name": "w", **traffic}],
-        "devices": [{"index": 0, **traffic}],
+        "devices": [{"index": 0, **traffic, "ops": None}],
         "sessions": [{"id": "0x1", "messages": messages, "bytes": session_bytes,
                       "submits": submits}],
     }
@@ -90,3 +93,35 @@ def test_a_row_new_since_the_first_snapshot_counts_all_it_did_as_in_the_interval
     assert frame["sessions"][0]["submits_per_s"] == 10.0
     assert frame["sessions"][0]["bytes_per_s"] == 1000.0
     assert frame["devices"][0]["submits_per_s"] == 6.0
+
+
+def test_once_json_shows_each_device_s_memory_and_ops_as_its_worker_reports(cluster,
+                                                                             tmp_path):
+    admin_file = cluster.write_admin_file(tmp_path / "cluster-admin.json")
+    with cluster.connect(device=1) as session, cluster.admin() as admin:
+        before = {row["index"]: row for row in admin.devices()}
+        x = session.asarray(np.arange(1000.0))  # one op (put) ...
+        y = (x * 2).sum()  # ... and two
+        assert y.numpy() == 999000.0
+        held = session.stats()["device_resident_bytes"]
+        assert held == x.nbytes + y.nbytes  # (x * 2 was let go)
+        ran = (before[1]["ops"] or 0) + 3
+        while not ((rows := admin.devices())[0]["ops"] is not None and rows[1]["ops"] == ran):
+            time.sleep(0.05)  # till the workers' next heartbeats (bounded by the test's timeout)
+        done = top("--admin-file", admin_file, "--once", "--json", "--interval", "0.2")
+        assert done.returncode == 0, done.stderr
+        devices = {row["index"]: row for row in json.loads(done.stdout)["devices"]}
+    assert devices[1]["resident_bytes"] == held and devices[1]["ops"] == ran
+    assert devices[1]["ops_per_s"] == 0.0  # nothing ran during the frame's interval
+    assert devices[0]["resident_bytes"] == 0
+
+
+def test_a_device_s_op_rate_is_over_its_reports_and_none_before_any():
+    before, after = _snapshot(10.0, 100, 4, 0), _snapshot(12.0, 160, 10, 0)
+    before["devices"] += [{**before["devices"][0], "index": 1, "ops": None}]
+    after["devices"] += [{**after["devices"][0], "index": 1, "ops": 500}]
+    before["devices"][0]["ops"], after["devices"][0]["ops"] = 1000, 1600
+    frame = view(before, after)
+    assert [row["ops_per_s"] for row in frame["devices"]] == [300.0, 250.0]
+    after["devices"][1]["ops"] = None  # not reported yet
+    assert view(before, after)["devices"][1]["ops_per_s"] is None

@@ -120,17 +120,19 @@ class Control:
     settings, the largest message the worker takes). ``give_up_after``: seconds without a
     word from the broker after which the worker stops (``BrokerSilent``) [default: never].
     ``host_not_resolving``: what to say of the broker's address when it stays silent.
+    ``report``: the body of each HEARTBEAT (what the devices did, for the broker's metrics).
     """
 
     def __init__(self, registration: dict[str, Any], *, broker: str, encrypted: bool,
                  heartbeat: float, liveness: int, give_up_after: float | None = None,
                  new_identity: Callable[[], bytes] = new_routing_id,
                  host_not_resolving: Callable[[str], str | None] = host_not_resolving,
-                 ) -> None:
+                 report: Callable[[], dict[str, Any]] = dict) -> None:
         self.registration = registration
         self.broker = broker
         self.give_up_after = give_up_after
         self.host_not_resolving = host_not_resolving
+        self.report = report
         self.encrypted = encrypted
         self.heartbeat = heartbeat
         self.liveness = liveness
@@ -166,7 +168,7 @@ class Control:
             return self._connect()
         if now - self.last_sent >= self.heartbeat:
             self.last_sent = now
-            return [Send(Message(Kind.HEARTBEAT))]
+            return [Send(Message(Kind.HEARTBEAT, body=self.report()))]
         return []
 
     def on_message(self, frames: Sequence[Any], now: float) -> list[Action]:

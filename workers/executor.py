@@ -22,6 +22,7 @@ what that grows by while one session's message is handled is credited to that se
 from __future__ import annotations
 
 import sys
+from time import perf_counter
 from types import FrameType
 from typing import Any, Callable, Iterable
 
@@ -36,9 +37,10 @@ from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scal
 
 from .backends.base import Backend, DeferredError, DeferredValue, Value
 from .device_session import DeviceSession
-from .graphs import GraphOps, plan_op
+from .graphs import GraphOps, SessionGraphs, plan_op
 from .in_place import write_in_place
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
+from .tally import DeviceTally
 
 # For a device's ops on fewer than its ``plain_below`` elements, an op without params is this
 # call, its result made an array. (Random ops are not here: they always take the session's
@@ -57,6 +59,7 @@ class Executor(GraphOps):
         self.allowance = (budget or MemoryBudget(None)).allowance()
         self.sessions: dict[int, DeviceSession] = {}
         self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
+        self.tally = DeviceTally()  # what the device did, for the worker's heartbeats
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -95,7 +98,8 @@ class Executor(GraphOps):
         limit = message.body.get("max_message_bytes")
         self.sessions[message.session] = DeviceSession(
             message.session, str(message.body.get("client", "")),
-            limit if type(limit) is int and limit > 0 else None)
+            limit if type(limit) is int and limit > 0 else None,
+            graphs=SessionGraphs(self.tally))
         return [Message(Kind.OPENED, message.session, message.request)]
 
     def _close(self, message: Message) -> list[Message]:
@@ -141,7 +145,9 @@ class Executor(GraphOps):
         ops = message.body.get("ops", [])
         if not isinstance(ops, list):
             return [_reply_error(message, ProtocolError("SUBMIT needs a list 'ops'.")), *credit]
+        started, ran = perf_counter(), session.ops
         self._run(session, ops, message.buffers)
+        self.tally.ran(session.ops - ran, perf_counter() - started)
         self.allowance.settle()
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit

@@ -43,6 +43,7 @@ from fabric.wire import GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_
 
 from .backends.base import Backend, Constant, GraphOp, GraphOpError, GraphPlan, GraphStep
 from .memory import need
+from .tally import DeviceTally
 
 # In a generated plan: the def line, the unpacking of inputs, then op i's step on line 3 + i
 # (a step that computes several ops is on its last op's line; the others are blank).
@@ -228,8 +229,9 @@ def failed_op(graph: RegisteredGraph, exc: BaseException) -> tuple[int, BaseExce
 class SessionGraphs:
     """One session's graphs, least recently used first, and what they saved it."""
 
-    def __init__(self, limit: int = GRAPH_CACHE_SIZE) -> None:
+    def __init__(self, tally: DeviceTally | None = None, limit: int = GRAPH_CACHE_SIZE) -> None:
         self.limit = limit
+        self.tally = tally or DeviceTally()  # its device's, which counts every session's too
         self.held: OrderedDict[int, RegisteredGraph] = OrderedDict()
         self.registrations = 0
         self.replays = 0
@@ -240,6 +242,7 @@ class SessionGraphs:
         self.held.pop(graph.id, None)
         self.held[graph.id] = graph
         self.registrations += 1
+        self.tally.graph_registrations += 1
         while len(self.held) > self.limit:
             self.held.popitem(last=False)
 
@@ -250,6 +253,7 @@ class SessionGraphs:
             self.held.move_to_end(graph_id)
             if graph.called:
                 self.replays += 1
+                self.tally.graph_replays += 1
                 self.bytes_saved += graph.wire_bytes - call_bytes
             graph.called = True
         return graph

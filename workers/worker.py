@@ -38,7 +38,7 @@ import zmq
 from fabric import __version__, protocol
 from fabric.errors import FabricError
 from fabric.flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, Outbox
-from fabric.protocol import Kind
+from fabric.protocol import DeviceReport, Kind, WorkerReport, report_body
 from fabric.security import CurveClient, announced_mechanism, present_token
 from fabric.sockets import POLLIN, message_check, recv_frames, recv_monitor_event, try_send
 
@@ -107,6 +107,11 @@ class _DeviceThread:
         # holding up another session's read. Read ahead at most hwm messages and
         # _READ_AHEAD_BYTES (the Outbox's own bounds, per session, do not come into play).
         self._waiting = Outbox(worker.hwm, _READ_AHEAD_BYTES)
+
+    def report(self) -> DeviceReport:
+        """This device's figures, read from the control thread (``workers.tally``)."""
+        executor = self.lane.executor
+        return executor.tally.report(executor.allowance.held, self._waiting.messages)
 
     def run(self) -> None:
         worker = self._worker
@@ -250,13 +255,16 @@ class Worker:
              "max_message_bytes": max_message_bytes, "fabric_version": __version__,
              "host": socket.gethostname()},
             broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness,
-            give_up_after=give_up_after)
-        budget = MemoryBudget(memory_budget, devices)  # one for all the devices
-        self._executors = [Executor(device, memory_limit, budget) for device in self.devices]
+            give_up_after=give_up_after, report=self.report)
+        self._budget = MemoryBudget(memory_budget, devices)  # one for all the devices
+        self._executors = [Executor(device, memory_limit, self._budget)
+                           for device in self.devices]
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
+        self._runners: list[_DeviceThread] = []
         for i, executor in enumerate(self._executors):
             runner = _DeviceThread(self, i, executor)
+            self._runners.append(runner)
             pair = _pair(self.context, hwm)
             pair.bind(runner.pair_address)
             thread = threading.Thread(target=runner.run, name=f"device-{i}", daemon=True)
@@ -284,6 +292,11 @@ class Worker:
             if session in executor.sessions:
                 return index
         return None
+
+    def report(self) -> dict[str, Any]:
+        """What the control thread's HEARTBEAT says of the devices: the broker's metrics."""
+        return report_body(WorkerReport(self._budget.limit,
+                                        tuple(runner.report() for runner in self._runners)))
 
     # -- what the control machine asks for ------------------------------------------------
 

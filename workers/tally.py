@@ -1,0 +1,39 @@
+"""What a device did, for its worker's heartbeat report (``fabric.protocol.WorkerReport``).
+
+Rule: the op loop pays one clock read on each side of a batch, never one per op. A device's
+thread is the only writer of its ``DeviceTally`` (its ``Executor`` times batches, its
+sessions' ``SessionGraphs`` count graph calls here as well as their own); the worker's
+control thread only reads it, to build a heartbeat, so no lock is needed: each figure is
+one int or float, and a heartbeat that reads a batch's figures half updated is mended by
+the next. Counts only grow, over every session the device ever held, so the broker shows
+them as Prometheus counters.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from fabric.protocol import OP_SECONDS_BUCKETS, DeviceReport
+
+
+class DeviceTally:
+    """One device's op histogram and graph counts."""
+
+    __slots__ = ("op_buckets", "op_seconds", "graph_replays", "graph_registrations")
+
+    def __init__(self) -> None:
+        self.op_buckets = [0] * (len(OP_SECONDS_BUCKETS) + 1)  # the last is +Inf
+        self.op_seconds = 0.0
+        self.graph_replays = self.graph_registrations = 0
+
+    def ran(self, ops: int, seconds: float) -> None:
+        """A batch of ``ops`` ops took ``seconds``: each is counted at the batch's time per op
+        (as Prometheus' ``le`` says: in the first bucket whose bound is at least that)."""
+        if ops:
+            self.op_buckets[bisect_left(OP_SECONDS_BUCKETS, seconds / ops)] += ops
+            self.op_seconds += seconds
+
+    def report(self, resident_bytes: int, queued: int) -> DeviceReport:
+        """The device's figures now, with the bytes it holds and the messages waiting for it."""
+        return DeviceReport(resident_bytes, tuple(self.op_buckets), self.op_seconds,
+                            self.graph_replays, self.graph_registrations, queued)
