@@ -139,11 +139,16 @@ def _diff(a: Tensor, n: int = 1, axis: int = -1) -> Tensor:
 
 
 def _roll(a: Tensor, shift: Any, axis: Any = None) -> Tensor:
-    # One op on the device (numpy's own roll), whose errors come at the call from a stand-in
-    np.roll(np.empty((1,) * a.ndim), shift, axis)
-    return a.session.apply("roll", (a,), {"shift": np.asarray(shift).tolist(),
-                                          "axis": None if axis is None else
-                                          np.asarray(axis).tolist()})
+    # One op on the device (numpy's own roll). An int shift along one axis (or none), the
+    # commonest form, is checked as numpy checks it; any other form's errors come at the
+    # call from numpy's roll of a one-element stand-in.
+    if type(shift) is int and (axis is None or type(axis) is int):
+        axis = axis if axis is None else normalize_axis_index(axis, a.ndim)
+    else:
+        np.roll(np.empty((1,) * a.ndim), shift, axis)
+        shift, axis = np.asarray(shift).tolist(), axis if axis is None else \
+            np.asarray(axis).tolist()
+    return a.session.apply("roll", (a,), {"shift": shift, "axis": axis})
 
 
 def _triangle(lower: bool) -> Any:
