@@ -35,6 +35,7 @@ from .flow import CLIENT_HEARTBEAT_MS, CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .security import CurveClient, handshake_error, present_token
+from .shm import SegmentPool, SharedMemory
 from .sockets import (
     NOBLOCK,
     POLLIN,
@@ -63,8 +64,11 @@ class Connection:
 
     def __init__(self, address: str, token: str | None, *, role: str = "client",
                  handshake_limit: float = ZMTP_HANDSHAKE_LIMIT, curve: CurveClient | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 shared_memory: SharedMemory | None = None) -> None:
         self.address = address
+        self.shared_memory = shared_memory  # how large arrays may use it (None: never)
+        self.segments: SegmentPool | None = None  # made at a session's first (fabric.bulk)
         self.role = role  # whose token it shows: "client" or "admin"
         self.curve = curve  # CURVE keys: the connection is encrypted, the broker checks them
         self.pending = PendingTable()
@@ -257,6 +261,8 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        if self.segments is not None:
+            self.segments.close()
         try:
             self.socket.disable_monitor()
         except zmq.ZMQError:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import protocol
+from . import bulk, protocol
 from .arrays import ArrayNamespace
 from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices, check_version,
                          expect_reply, naming_connection_file)
@@ -30,6 +30,7 @@ from .mesh import Mesh
 from .origins import issued_at, origin_line
 from .protocol import Kind, Message
 from .security import CurveClient
+from .shm import SharedMemory, Slot
 from .sockets import try_send
 from .tensor import Tensor
 from .wire import array_from_frame, device_dtype, dtype_name
@@ -64,6 +65,7 @@ class Session(ArrayNamespace):
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
+        self.shares_memory: bool | None = None  # with its worker (None: not asked yet, bulk)
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -122,6 +124,8 @@ class Session(ArrayNamespace):
         except SessionLost:
             pass  # already gone on the broker: nothing left to free
         finally:
+            if self.connection.segments is not None:
+                self.connection.segments.discard_session(self.id)
             self.connection.pending.done.pop(self.id, None)  # (its CREDITs came before CLOSED)
             self.connection.users -= 1
             if not self.connection.users:
@@ -157,6 +161,14 @@ class Session(ArrayNamespace):
         self.connection.wait_for_credit(self.id, done, time.monotonic() + timeout, busy)
 
     # -- requests and reads ------------------------------------------------------------------
+
+    def _upload(self, array: np.ndarray) -> Tensor:
+        shared = self.connection.shared_memory
+        if shared is not None and array.nbytes >= shared.threshold:
+            tensor = bulk.upload(self, array)
+            if tensor is not None:
+                return tensor
+        return super()._upload(array)
 
     def _send_request(self, body: dict[str, Any], timeout: float | None = None) -> int:
         """Send a request to the device with the ops batched before it, which run first (one
@@ -206,18 +218,25 @@ class Session(ArrayNamespace):
             error.args = (f"{error.args[0]}\n  inside {graph.name}, at {file}, line {line}",)
         return error
 
-    def read(self, tensor: Tensor) -> np.ndarray:
-        """``tensor``'s values, read back: an ordinary, writable numpy array (``t.numpy()``)."""
-        return self.start_read(tensor).result()
+    def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
+        """``tensor``'s values, read back (``t.numpy()``): an ordinary, writable numpy array,
+        or with ``copy=False`` a read-only one that may share memory with the worker."""
+        return self.start_read(tensor, copy).result()
 
-    def start_read(self, tensor: Tensor) -> "ReadInFlight":
+    def start_read(self, tensor: Tensor, copy: bool = True) -> "ReadInFlight":
         """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
-        for the values: ``.result()`` waits for them. Reads of many sessions can so be in
-        flight at once (a sharded tensor's ``numpy()`` gathers its shards so)."""
+        for the values: ``.result()`` waits for them (``copy`` as ``read`` takes it). Reads of
+        many sessions can so be in flight at once (a sharded tensor's ``numpy()`` gathers its
+        shards so)."""
+        shared = self.connection.shared_memory
+        if shared is not None and tensor.size * tensor.dtype.itemsize >= shared.threshold:
+            sent = bulk.start_read(self, tensor)
+            if sent is not None:
+                return ReadInFlight(self, tensor, *sent, copy=copy)
         # The worker checks what this client inferred, and answers with the bytes alone.
         request = self._send_request({"op": "read", "id": tensor.id,
                                       "dtype": dtype_name(tensor.dtype), "shape": tensor.shape})
-        return ReadInFlight(self, tensor, request)
+        return ReadInFlight(self, tensor, request, copy=copy)
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
@@ -283,22 +302,42 @@ class Session(ArrayNamespace):
 class ReadInFlight:
     """A read sent by ``Session.start_read``, its reply not yet taken."""
 
-    def __init__(self, session: Session, tensor: Tensor, request: int) -> None:
+    def __init__(self, session: Session, tensor: Tensor, request: int, slot: Slot | None = None,
+                 copy: bool = True) -> None:
         self.session, self.tensor, self.request = session, tensor, request
+        self.slot = slot  # the shared memory the worker writes the values into, if any
+        self.copy = copy
 
     def result(self, timeout: float | None = None) -> np.ndarray:
         """The values, waited for up to ``timeout`` (default: the session's); the op's
         error, if it failed, naming the line that issued it."""
-        reply = self.session._reply(self.request, timeout)
+        try:
+            reply = self.session._reply(self.request, timeout)
+        except BaseException:
+            if self.slot is not None:  # (a worker that is only slow may still write into it)
+                self.cancel()
+            raise
+        if self.slot is not None:
+            pool = self.session.connection.segments
+            if "error" in reply.body:
+                pool.give_back(self.slot)
+                raise self.session._remote_error(reply.body["error"])
+            return bulk.take(pool, self.slot, self.tensor, self.copy)
         if "error" in reply.body:
             raise self.session._remote_error(reply.body["error"])
         if len(reply.buffers) != 1:
             raise ProtocolError("A read reply must carry exactly one buffer.")
-        return array_from_frame(reply.buffers[0], self.tensor.dtype, self.tensor.shape)
+        array = array_from_frame(reply.buffers[0], self.tensor.dtype, self.tensor.shape)
+        if not self.copy:
+            array.flags.writeable = False
+        return array
 
     def cancel(self) -> None:
         """Stop waiting for the values: a reply that comes later is dropped."""
         self.session.connection.pending.forget(self.request)
+        if self.slot is not None:
+            self.session.connection.segments.discard(self.slot)
+            self.slot = None
 
 
 def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:
@@ -334,10 +373,13 @@ def open_session(connection: Connection, token: str, device: int, timeout: float
 
 def dial(address: str, token: str, device: int, timeout: float, curve: CurveClient | None,
          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-         connection_file: str | None = None) -> Session:
+         connection_file: str | None = None,
+         shared_memory: SharedMemory | None = SharedMemory()) -> Session:
     """A session on ``device`` of the broker at ``address``, over a new connection
-    (``connection_file``: where the address came from, if a file)."""
+    (``connection_file``: where the address came from, if a file; ``shared_memory``: how
+    large arrays use it with a worker on this host, None: never)."""
     connection = Connection(address, token, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
-                            curve=curve, max_message_bytes=max_message_bytes)
+                            curve=curve, max_message_bytes=max_message_bytes,
+                            shared_memory=shared_memory)
     with naming_connection_file(connection_file):
         return open_session(connection, token, device, timeout)

@@ -128,9 +128,11 @@ class Tensor(Spec):
         both devices are on one worker), never through this client."""
         return self if session is self.session else session.receive_from(self)
 
-    def numpy(self) -> np.ndarray:
-        """Read the array back: an ordinary, writable numpy array."""
-        return self.session.read(self)
+    def numpy(self, copy: bool = True) -> np.ndarray:
+        """Read the array back: an ordinary, writable numpy array of its own; with
+        ``copy=False``, a read-only one that may share memory with the worker (a large array
+        read through shared memory is not copied: it keeps its slot until collected)."""
+        return self.session.read(self, copy)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()

@@ -34,6 +34,7 @@ from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
                          dtype_name, parse_op)
 
+from . import shared_memory
 from .backends.base import Backend, DeferredError, DeferredValue, Value
 from .device_session import DeviceSession
 from .graphs import GraphOps, plan_op
@@ -141,6 +142,9 @@ class Executor(GraphOps):
         if not isinstance(ops, list):
             return [_reply_error(message, ProtocolError("SUBMIT needs a list 'ops'.")), *credit]
         self._run(session, ops, message.buffers)
+        if session.slots_used:  # its client reuses the slots once it hears this batch ran
+            session.slots_used = False
+            credit = [Message(Kind.CREDIT, session.id, 0, {"done": session.submits})]
         self.allowance.settle()
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit
@@ -340,11 +344,14 @@ class Executor(GraphOps):
 
     def _compute(self, session: DeviceSession, name: str, inputs: list[Any],
                  params: dict[str, Any], buffers: Any) -> Value:
-        if name == "put":  # (a view of the frame that brought it: nothing is allocated)
-            array = np.frombuffer(buffers[params["buffer"]],
-                                  dtype=device_dtype(params["dtype"])).reshape(params["shape"])
+        if name == "put":  # (a view of the frame that brought it, allocating nothing; or a
+            # copy of the client's slot of shared memory, which it reuses once this ran)
+            shared = "shm" in params
+            array = shared_memory.uploaded(session, params) if shared else np.frombuffer(
+                buffers[params["buffer"]], dtype=device_dtype(params["dtype"])
+            ).reshape(params["shape"])
             self._require(session, "put (an upload)", array.nbytes, array.nbytes)
-            return array
+            return array.copy() if shared else array
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
@@ -510,7 +517,7 @@ class Executor(GraphOps):
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,
-        "shape": _shape}
+        "shape": _shape, "shm_probe": shared_memory.probe, "read_into": shared_memory.read_into}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 
