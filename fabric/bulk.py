@@ -18,9 +18,9 @@ import numpy as np
 
 from .errors import ProtocolError
 from .origins import issued_at
-from .shm import SegmentPool, Slot, boot_id
-from .wire import device_dtype, dtype_name
+from .shm import SegmentPool, Slot, SlotMemory, boot_id
 from .tensor import Tensor
+from .wire import device_dtype, dtype_name
 
 # (A session is typed Any here: fabric.session imports this module.)
 
@@ -95,24 +95,9 @@ def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
 
 
 def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarray:
-    """The values a read wrote into ``slot``: a private writable copy (the slot is reused at
-    once), or with ``copy`` False a read-only view of the slot, which stays lent until the
-    view and every array made from it are gone."""
-    values = slot.array(tensor.dtype, tensor.shape)
-    if copy:
-        array = values.copy()
-        pool.give_back(slot)
-        return array
-    holder = _SlotMemory(values)
+    """The values a read wrote into ``slot``, as an array over the slot itself, which stays
+    lent to it until it and every array made from it are gone: no one else writes there, so
+    it is the caller's own (writable), or with ``copy`` False read-only."""
+    holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
     weakref.finalize(holder, pool.give_back, slot)
     return np.asarray(holder)
-
-
-class _SlotMemory:
-    """A slot's values shown to numpy as read-only memory that holds the slot while used."""
-
-    def __init__(self, values: np.ndarray) -> None:
-        self.values = values  # keeps the mapping alive as long as any array uses it
-        interface: dict[str, Any] = dict(values.__array_interface__)
-        interface["data"] = (interface["data"][0], True)
-        self.__array_interface__ = interface

@@ -11,7 +11,9 @@ The owner is always the client: it uploads by writing into its own segment, and 
 lending one for the worker to write into. A worker only maps a client's segments, so the
 pool's bound (``SegmentPool.limit``) is all the shared memory a client process holds, and a
 worker's memory stays its ``MemoryBudget``'s (what it copies out of a segment is counted
-there, as any upload). Names and the pool's rules are plain functions and objects; the only
+there, as any upload). A read's array is the slot the worker wrote it into, lent to that
+array until it is collected: a fresh large array would cost more in page faults than the
+copy itself. Names and the pool's rules are plain functions and objects; the only
 system calls are in ``Segment`` and ``sweep``.
 """
 
@@ -292,3 +294,14 @@ class SegmentPool:
         self.free.clear()
         self.lent.clear()
         self.held = 0
+
+
+class SlotMemory:
+    """A slot's values shown to numpy through an object that is collected only when the last
+    array using them is (its finalizer gives the slot back to its pool)."""
+
+    def __init__(self, values: np.ndarray, writable: bool) -> None:
+        self.values = values  # keeps the memory alive as long as any array uses it
+        interface: dict[str, Any] = dict(values.__array_interface__)
+        interface["data"] = (interface["data"][0], not writable)
+        self.__array_interface__ = interface

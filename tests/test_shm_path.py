@@ -127,6 +127,22 @@ def test_a_read_only_view_holds_its_slot_until_collected(shm_cluster):
 
 
 @pytest.mark.timeout(60)
+def test_a_read_is_the_callers_own_array_until_collected(shm_cluster):
+    with connect(shm_cluster) as session:
+        a = np.random.default_rng(6).random(300_000)
+        t = session.asarray(a)
+        mine = t.numpy()
+        mine[:] = 0  # written by its owner: nothing else sees it
+        again = t.numpy()
+        np.testing.assert_array_equal(again, a)
+        pool = session.connection.segments
+        assert len(pool.lent) == 2  # each read's slot is its array's
+        del mine, again
+        gc.collect()
+        assert not pool.lent and t.numpy().sum() == a.sum()
+
+
+@pytest.mark.timeout(60)
 def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
     # Room for two 2 MiB segments: two read-only views hold both, so what comes next must
     # take the sockets, and it is served all the same.
