@@ -3,6 +3,9 @@ memcpy of the same bytes and a raw DEALER-to-ROUTER link, measured in the same r
 
     python bench/w3_shm.py            # medians of 5 interleaved runs, GB/s and ratios
 
+It also moves the 256 MiB tensor between the cluster's two workers (``t.to()``), each way
+through shared memory and through the broker.
+
 "shm" is ``fabric.connect``'s default on one host (uploads and reads of 1 MiB and more through
 the connection's pool of shared memory); "shm view" reads with ``t.numpy(copy=False)`` (a
 read-only view of the slot, no copy); "socket" is the same cluster with
@@ -41,6 +44,20 @@ def w3_view(session: fabric.Session, array: np.ndarray) -> float:
     return array.nbytes / down / 1e9
 
 
+def move(source: fabric.Session, destination: fabric.Session, array: np.ndarray) -> float:
+    """GB/s of ``t.to(destination)`` of a tensor of ``source`` holding ``array``."""
+    tensor = source.asarray(array)
+    source.sync()
+    start = time.perf_counter()
+    moved = tensor.to(destination)
+    elapsed = time.perf_counter() - start
+    assert moved[-1].numpy() == array[-1]
+    del tensor, moved
+    source.sync()
+    destination.sync()
+    return array.nbytes / elapsed / 1e9
+
+
 def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
     """GB/s of one copy of ``array`` into ``warm``, a buffer whose pages are already mapped."""
     start = time.perf_counter()
@@ -62,10 +79,11 @@ def main() -> None:
     def note(name: str, value: float) -> None:
         figures.setdefault(name, []).append(value)
 
-    with RawPeers(False, args.port) as direct, fabric.LocalCluster(workers=1) as cluster, \
+    with RawPeers(False, args.port) as direct, fabric.LocalCluster(workers=2) as cluster, \
             fabric.connect(cluster.address, token=cluster.token, timeout=60) as shm, \
             fabric.connect(cluster.address, token=cluster.token, timeout=60,
-                           shared_memory=False) as socket:
+                           shared_memory=False) as socket, \
+            shm.open(1, timeout=60) as shm_other, socket.open(1, timeout=60) as socket_other:
         for _ in range(args.runs):  # interleaved: a noisy neighbour slows all alike
             for name, up_down in (("shm", w3_fabric(shm, array)),
                                   ("socket", w3_fabric(socket, array)),
@@ -73,6 +91,8 @@ def main() -> None:
                 note(f"up {name}", up_down[0])
                 note(f"down {name}", up_down[1])
             note("down shm view", w3_view(shm, array))
+            note("to shm", move(shm, shm_other, array))
+            note("to socket", move(socket, socket_other, array))
             note("memcpy", memcpy(array, warm))
         assert shm.shares_memory is True, "the shared-memory path was not taken"
 
@@ -88,6 +108,9 @@ def main() -> None:
         down = median[f"down {name}"]
         print(f"{name:<16}{up:>8.2f}{down:>8.2f}{up / copy:>11.2f}{down / copy:>13.2f}"
               f"{up / raw_up:>8.2f}{down / raw_down:>10.2f}")
+    for name in ("shm", "socket"):
+        to = median[f"to {name}"]
+        print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy")
 
 
 if __name__ == "__main__":

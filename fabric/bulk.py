@@ -10,9 +10,10 @@ never come here: the caller tests the size first.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -92,6 +93,35 @@ def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
         pool.discard(slot)
         raise
     return request, slot
+
+
+def slot_for_move(session: Any, source: Tensor) -> Slot | None:
+    """A slot of shared memory for ``source`` (a tensor of another session of this process)
+    to move to ``session`` through: its worker writes it there, and ``session``'s copies it
+    out (``t.to()``); None where either worker cannot, or the pool is full."""
+    shared = session.connection.shared_memory
+    nbytes = source.size * source.dtype.itemsize
+    if shared is None or nbytes < shared.threshold \
+            or source.session.connection.shared_memory is None:
+        return None
+    pool = pool_of(session)
+    if pool is None or pool_of(source.session) is None:
+        return None
+    return pool.acquire(nbytes)
+
+
+@contextlib.contextmanager
+def lent(pool: SegmentPool | None, slot: Slot | None) -> Iterator[None]:
+    """Inside: ``slot`` (if any) is in use; after, it is given back, or unlinked if what was
+    inside failed (a worker may still write into it)."""
+    try:
+        yield
+    except BaseException:
+        if slot is not None:
+            pool.discard(slot)
+        raise
+    if slot is not None:
+        pool.give_back(slot)
 
 
 def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarray:

@@ -265,9 +265,12 @@ class Session(ArrayNamespace):
         ticket = secrets.randbits(63)
         self._call({"op": "expect", "id": tensor.id, "ticket": ticket})
         sender = source.session
-        sender.stream.enqueue(["send", 0, [source.id], {"session": self.id, "ticket": ticket}])
-        sender.flush()
-        self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
+        slot = bulk.slot_for_move(self, source)  # (None: the bytes travel in the TRANSFER)
+        with bulk.lent(self.connection.segments, slot):
+            sender.stream.enqueue(["send", 0, [source.id], {
+                "session": self.id, "ticket": ticket, **({"into": slot.ref()} if slot else {})}])
+            sender.flush()
+            self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
         return tensor
 
     def sync(self, timeout: float | None = None) -> None:

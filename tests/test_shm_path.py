@@ -16,8 +16,8 @@ import pytest
 
 import fabric
 from fabric.errors import FabricError, ProtocolError
-from fabric.shm import (SHM_DIR, SharedMemory, boot_id, dead_owners, parse_name, segment_name,
-                        sweep)
+from fabric.shm import (SEGMENT_ALIGN, SHM_DIR, SegmentPool, SharedMemory, boot_id, dead_owners,
+                        parse_name, segment_name, sweep)
 from fabric.wire import decode_segment_ref
 
 from conftest import HEARTBEAT, children_of
@@ -140,6 +140,26 @@ def test_a_read_is_the_callers_own_array_until_collected(shm_cluster):
         del mine, again
         gc.collect()
         assert not pool.lent and t.numpy().sum() == a.sum()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("devices", [(0, 1), (0, 0)], ids=["two workers", "one worker"])
+def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
+    with connect(cluster, SharedMemory(), device=devices[0]) as source, \
+            source.open(devices[1]) as destination:
+        a = np.asfortranarray(np.random.default_rng(7).random((700, 400)))
+        t = source.asarray(a)
+        moved = t.to(destination)
+        pool = source.connection.segments
+        transfers = pool.transfers
+        np.testing.assert_array_equal(moved.numpy(), a)
+        assert pool.transfers == transfers + 1 and not pool.lent  # the move's slot came back
+        assert destination.shares_memory and destination.stats()["resident_bytes"] == a.nbytes
+        broken = np.linalg.inv(source.zeros((400, 400)))  # singular: fails on the device
+        with pytest.raises(fabric.RemoteError):
+            broken.to(destination).numpy()
+        small = source.asarray(np.arange(10.0)).to(destination)  # under the threshold
+        np.testing.assert_array_equal(small.numpy(), np.arange(10.0))
 
 
 @pytest.mark.timeout(60)
@@ -307,3 +327,27 @@ def test_sweep_unlinks_a_dead_owners_segment_and_keeps_a_live_ones():
 def test_a_malformed_slot_is_a_protocol_error(ref):
     with pytest.raises(ProtocolError, match="slot must be"):
         decode_segment_ref(ref)
+
+
+def test_the_pool_reuses_fits_bounds_and_shrinks():
+    now, done = [0.0], {7: 0}
+    pool = SegmentPool(done.get, limit=3 * SEGMENT_ALIGN, idle_seconds=30,
+                       clock=lambda: now[0])
+    try:
+        upload = pool.acquire(SEGMENT_ALIGN + 1)  # two units
+        pool.lend_until(upload, 7, 1)  # back once session 7's device ran its batch 1
+        read = pool.acquire(10)
+        assert pool.held == 3 * SEGMENT_ALIGN and pool.acquire(10) is None  # full: sockets
+        done[7] = 1
+        again = pool.acquire(SEGMENT_ALIGN)  # the upload's, reused: it fits
+        assert again.segment is upload.segment and pool.held == 3 * SEGMENT_ALIGN
+        pool.give_back(read)
+        pool.give_back(again)
+        now[0] = 31.0  # both idle past idle_seconds: unlinked when the next is lent
+        small = pool.acquire(1)
+        assert pool.held == SEGMENT_ALIGN and small.segment not in (read.segment, again.segment)
+        assert not os.path.exists(os.path.join(SHM_DIR, read.segment.name))
+        pool.discard(small)  # abandoned: unlinked at once, never reused
+        assert pool.held == 0 and not os.path.exists(os.path.join(SHM_DIR, small.segment.name))
+    finally:
+        pool.close()

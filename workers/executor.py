@@ -376,7 +376,10 @@ class Executor(GraphOps):
         else:
             array = session.tensors[tensor_id]
             body.update(dtype=array.dtype.str, shape=list(array.shape))
-            buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
+            if "into" in params:  # its client lent a slot of shared memory for the way
+                shared_memory.carry_in_slot(session, params["into"], array, body)
+            else:
+                buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
         return Message(Kind.TRANSFER, params["session"], session.id, body, buffers)
 
     def _receive(self, message: Message) -> list[Message]:
@@ -394,10 +397,11 @@ class Executor(GraphOps):
             if "error" in body:
                 session.poisoned[tensor_id] = body["error"]
             else:
-                array = np.frombuffer(message.buffers[0], np.dtype(body["dtype"]))
-                array = array.reshape(body["shape"])
+                shared = "shm" in body
+                array = shared_memory.uploaded(session, body) if shared else np.frombuffer(
+                    message.buffers[0], np.dtype(body["dtype"])).reshape(body["shape"])
                 self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
-                self._store(session, tensor_id, array)
+                self._store(session, tensor_id, array.copy() if shared else array)
         except QuotaExceeded as exc:
             session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
         except Exception as exc:  # a malformed transfer: poison, as for an op

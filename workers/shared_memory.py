@@ -106,11 +106,28 @@ def segments_of(session: DeviceSession) -> SessionSegments:
 
 
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
-    """The array a ``put`` placed in shared memory, as a view of the client's slot (which the
-    client reuses once the put ran: the caller copies it)."""
+    """The array a ``put`` (or a TRANSFER) placed in shared memory, as a view of the client's
+    slot (which the client reuses once the put ran: the caller copies it)."""
     dtype = device_dtype(params["dtype"])
     session.slots_used = True  # (its client waits for the CREDIT of this batch to reuse it)
     return segments_of(session).slot(params["shm"]).view(dtype).reshape(params["shape"])
+
+
+def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
+                  body: dict[str, Any]) -> None:
+    """Write ``array`` into the client's slot ``ref`` (a ``send`` op's ``into``: a tensor
+    moved to another session through shared memory) and name the slot in the TRANSFER's
+    ``body``; or, where the slot is not one, put the error there for the tensor to carry."""
+    try:
+        target = segments_of(session).slot(ref)
+        if target.nbytes != array.nbytes:
+            raise ProtocolError(f"A slot of {target.nbytes} bytes cannot hold the tensor's "
+                                f"{array.nbytes}.")
+    except ProtocolError as exc:
+        body["error"] = exc.to_wire()
+        return
+    np.copyto(target.view(array.dtype).reshape(array.shape), array)
+    body["shm"] = ref
 
 
 def read_into(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
