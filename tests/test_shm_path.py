@@ -263,7 +263,7 @@ def test_a_worker_killed_during_an_upload_fails_the_session_and_leaves_nothing(c
 
 
 @pytest.mark.timeout(90)
-def test_a_killed_clients_segments_are_swept_when_a_peer_next_agrees(shm_cluster):
+def test_a_killed_clients_segments_are_swept_once_its_session_ends():
     script = (
         "import fabric, numpy, os, sys\n"
         "s = fabric.connect(sys.argv[1], token=os.environ['FABRIC_TOKEN'],\n"
@@ -271,22 +271,23 @@ def test_a_killed_clients_segments_are_swept_when_a_peer_next_agrees(shm_cluster
         "keep = s.asarray(numpy.ones(100)).numpy(copy=False)\n"
         "print('ready', flush=True)\n"
         "sys.stdin.read()\n")
-    client = subprocess.Popen([sys.executable, "-c", script, shm_cluster.address],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "FABRIC_TOKEN": shm_cluster.token})
-    try:
-        assert client.stdout.readline().strip() == "ready"
-        assert segments_of({client.pid})  # its view's slot, at least
-        client.kill()
-        client.wait()
-        assert segments_of({client.pid})  # SIGKILL: nothing ran at its end
-        with connect(shm_cluster) as session:  # the worker sweeps when it agrees
-            np.testing.assert_array_equal(session.asarray(np.ones(3)).numpy(), np.ones(3))
-        wait_for(lambda: segments_of({client.pid}) == [], 5, "the dead client's segments")
-    finally:
-        if client.poll() is None:
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             broker_args=("--lease", "0.5")) as cluster:
+        client = subprocess.Popen([sys.executable, "-c", script, cluster.address],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "FABRIC_TOKEN": cluster.token})
+        try:
+            assert client.stdout.readline().strip() == "ready"
+            assert segments_of({client.pid})  # its view's slot, at least
             client.kill()
-        client.communicate(timeout=5)
+            client.wait()
+            assert segments_of({client.pid})  # SIGKILL: nothing ran at its end
+            # The broker ends the vanished client's session; its worker then sweeps.
+            wait_for(lambda: segments_of({client.pid}) == [], 10, "the dead client's segments")
+        finally:
+            if client.poll() is None:
+                client.kill()
+            client.communicate(timeout=5)
 
 
 # -- the rules on their own ---------------------------------------------------------------

@@ -99,7 +99,9 @@ class Executor(GraphOps):
         return [Message(Kind.OPENED, message.session, message.request)]
 
     def _close(self, message: Message) -> list[Message]:
-        self.allowance.held -= self.sessions.pop(message.session).resident
+        session = self.sessions.pop(message.session)
+        shared_memory.closed(session)
+        self.allowance.held -= session.resident
         self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
 

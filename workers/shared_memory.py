@@ -6,18 +6,20 @@ is this worker's, and the worker mapped the segment the client named and found t
 client wrote there), and then only segments of the process that probed: their names carry
 its pid. A worker maps a client's segments and never creates or unlinks one; each mapping is
 kept while the segment exists (mapping afresh would fault every page in again) and dropped
-with the session. ``--no-shared-memory`` (``ENABLED``) answers every probe no.
+with the session, when the worker also sweeps the segments of dead clients (a client killed
+with SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory`` (``ENABLED``) answers every probe no.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from fabric.errors import ProtocolError
 from fabric.protocol import Message, reply_to
-from fabric.shm import Segment, boot_id, pid_alive, sweep
+from fabric.shm import SHM_DIR, Segment, boot_id, pid_alive, sweep
 from fabric.wire import decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
@@ -56,9 +58,7 @@ class SessionSegments:
         # A client's pool unlinks idle segments; their names never come back, so their
         # mappings are only memory held here.
         for name, segment in list(self.maps.items()):
-            try:
-                Segment.open(name).close()
-            except FileNotFoundError:
+            if not os.path.exists(os.path.join(SHM_DIR, name)):
                 segment.close()
                 del self.maps[name]
 
@@ -95,6 +95,15 @@ def _refusal(body: dict[str, Any]) -> str | None:
     if token != body.get("token"):
         return "the probe's segment does not hold the client's token"
     return None
+
+
+def closed(session: DeviceSession) -> None:
+    """``session`` closed (its client closed it, or the broker found the client gone): its
+    mappings go, and so does what dead clients left (``fabric.shm.sweep``)."""
+    if session.segments is not None:
+        for segment in session.segments.maps.values():
+            segment.close()
+        sweep()
 
 
 def segments_of(session: DeviceSession) -> SessionSegments:
