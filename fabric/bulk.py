@@ -43,7 +43,10 @@ def _probe(session: Any) -> bool:
         connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
                                           options.limit, options.idle_seconds)
     token = secrets.randbits(63)
-    segment = connection.segments.probe_segment(token)
+    try:
+        segment = connection.segments.probe_segment(token)
+    except OSError:  # no /dev/shm here, or it is full
+        return False
     try:
         reply = session._call({"op": "shm_probe", "boot": boot_id(), "segment": segment.name,
                                "token": token})
@@ -129,5 +132,5 @@ def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarra
     lent to it until it and every array made from it are gone: no one else writes there, so
     it is the caller's own (writable), or with ``copy`` False read-only."""
     holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
-    weakref.finalize(holder, pool.give_back, slot)
+    weakref.finalize(holder, pool.give_back_from_any_thread, slot)
     return np.asarray(holder)

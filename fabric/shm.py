@@ -23,7 +23,9 @@ import itertools
 import mmap
 import os
 import re
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -135,8 +137,8 @@ class Segment:
         """A new segment of ``size`` bytes, its pages faulted in now (a write into fresh
         shared memory runs at a tenth of a write into warm pages)."""
         fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, size)
+        try:  # (allocated now: a full /dev/shm fails here, never as a SIGBUS on a write)
+            os.posix_fallocate(fd, 0, size)
         except BaseException:
             os.close(fd)
             os.unlink(os.path.join(SHM_DIR, name))
@@ -217,6 +219,8 @@ class SegmentPool:
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
         self.held = 0  # bytes of every segment, free or lent
         self.transfers = 0  # slots lent so far
+        self._returned: deque[Slot] = deque()  # given back by other threads
+        self._thread = threading.get_ident()
         sweep()
 
     def acquire(self, nbytes: int) -> Slot | None:
@@ -234,7 +238,11 @@ class SegmentPool:
                 self._remove(idle)
             if self.held + size > self.limit:
                 return None
-            segment = Segment.create(segment_name(*self._prefix, next(self._numbers)), size)
+            try:
+                segment = Segment.create(segment_name(*self._prefix, next(self._numbers)),
+                                         size)
+            except OSError:  # /dev/shm is full (a container's is often small)
+                return None
             self.held += size
         self.lent[segment] = None
         self.transfers += 1
@@ -257,6 +265,14 @@ class SegmentPool:
         if self.lent.pop(slot.segment, False) is not False:
             self.free[slot.segment] = self._clock()
 
+    def give_back_from_any_thread(self, slot: Slot) -> None:
+        """``give_back``, called by an array's finalizer: at once in the thread that owns the
+        pool, else at its next lend (the pool is that thread's alone)."""
+        if threading.get_ident() == self._thread:
+            self.give_back(slot)
+        else:
+            self._returned.append(slot)
+
     def discard(self, slot: Slot) -> None:
         """Unlink ``slot``'s segment: its transfer was abandoned and a peer may still use it."""
         if self.lent.pop(slot.segment, False) is not False:
@@ -271,6 +287,8 @@ class SegmentPool:
                 self.discard(Slot(segment, 0, 0))
 
     def _reclaim(self) -> None:
+        while self._returned:
+            self.give_back(self._returned.popleft())
         now = self._clock()
         for segment, lender in list(self.lent.items()):
             if lender is not None and self._done(lender[0]) >= lender[1]:

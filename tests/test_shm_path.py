@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -352,3 +353,19 @@ def test_the_pool_reuses_fits_bounds_and_shrinks():
         assert pool.held == 0 and not os.path.exists(os.path.join(SHM_DIR, small.segment.name))
     finally:
         pool.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_array_dropped_in_another_thread_gives_its_slot_back_later(shm_cluster):
+    with connect(shm_cluster) as session:
+        t = session.asarray(np.ones(300_000))
+        session.sync()  # the device ran the upload: the read below reuses its segment
+        arrays = [t.numpy()]
+        pool = session.connection.segments
+        assert len(pool.lent) == 1 and pool.held == 4 << 20
+        dropper = threading.Thread(target=arrays.clear)
+        dropper.start()
+        dropper.join()
+        assert len(pool.lent) == 1  # queued: the pool is its connection's thread's alone
+        np.testing.assert_array_equal(t.numpy(), np.ones(300_000))  # the next lend takes it
+        assert pool.held == 4 << 20 and pool.transfers == 3  # one segment, reused
