@@ -7,7 +7,8 @@ client wrote there), and then only segments of the process that probed: their na
 its pid. A worker maps a client's segments and never creates or unlinks one; each mapping is
 kept while the segment exists (mapping afresh would fault every page in again) and dropped
 with the session, when the worker also sweeps the segments of dead clients (a client killed
-with SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory`` (``ENABLED``) answers every probe no.
+with SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory``
+(``ENABLED``) answers every probe no.
 """
 
 from __future__ import annotations
