@@ -223,6 +223,18 @@ def test_a_slot_of_another_process_is_refused_and_the_worker_goes_on(shm_cluster
         assert t.sum().numpy() == 499500.0
 
 
+@pytest.mark.timeout(60)
+def test_a_put_from_shared_memory_the_session_never_agreed_to_fails_alone(shm_cluster):
+    with connect(shm_cluster, shared_memory=False) as session:
+        tensor = session.stream.new_tensor((10,), np.dtype("float64"), None)
+        name = segment_name(boot_id(), os.getpid(), 0)
+        session.stream.enqueue(["put", tensor.id, [], {"dtype": "<f8", "shape": [10],
+                                                       "shm": [name, 0, 80]}], None, tensor)
+        with pytest.raises(FabricError, match="has not agreed to shared memory"):
+            tensor.numpy()
+        assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
+
+
 @pytest.mark.timeout(90)
 def test_a_worker_started_without_shared_memory_serves_through_the_sockets():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
