@@ -61,7 +61,8 @@ def _probe(session: Any) -> bool:
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
     """``array`` uploaded through a slot of shared memory, as a new tensor (its put sent at
     once); None, sending nothing, where it must take the socket path."""
-    if session.stream.sinks or array.nbytes > session.max_upload_bytes:
+    if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
+            or array.nbytes > session.max_upload_bytes:
         return None  # (a capture keeps the put to replay; too large: the socket path says so)
     dtype = device_dtype(array.dtype).newbyteorder("=")
     pool = pool_of(session)
@@ -84,8 +85,11 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
 def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
     slot; None, sending nothing, where it must take the socket path."""
+    nbytes = tensor.size * tensor.dtype.itemsize
+    if nbytes < session.connection.shared_memory.threshold:
+        return None
     pool = pool_of(session)
-    slot = pool.acquire(tensor.size * tensor.dtype.itemsize) if pool is not None else None
+    slot = pool.acquire(nbytes) if pool is not None else None
     if slot is None:
         return None
     try:

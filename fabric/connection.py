@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import threading
 import time
 from functools import partial
@@ -67,7 +68,7 @@ class Connection:
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  shared_memory: SharedMemory | None = None) -> None:
         self.address = address
-        self.shared_memory = shared_memory  # how large arrays may use it (None: never)
+        self.shared_memory = shared_memory  # (sets bulk_elements)
         self.segments: SegmentPool | None = None  # made at a session's first (fabric.bulk)
         self.role = role  # whose token it shows: "client" or "admin"
         self.curve = curve  # CURVE keys: the connection is encrypted, the broker checks them
@@ -255,6 +256,18 @@ class Connection:
                 f"Server disconnected during initialization: {self.address} closed the "
                 "connection before the broker answered. Check that the address is a fabric "
                 "broker's frontend and read the broker's log.")
+
+    @property
+    def shared_memory(self) -> SharedMemory | None:
+        """How large arrays may use shared memory over this connection (None: never)."""
+        return self._shared_memory
+
+    @shared_memory.setter
+    def shared_memory(self, options: SharedMemory | None) -> None:
+        self._shared_memory = options
+        # Arrays of fewer elements never use it (whatever their dtype: complex128, 16 bytes,
+        # is the largest): the one test a small read or upload makes.
+        self.bulk_elements = math.inf if options is None else options.threshold // 16
 
     def close(self, linger: float = 0.0) -> None:
         """Close the socket and its monitor; safe to call twice."""

@@ -163,8 +163,7 @@ class Session(ArrayNamespace):
     # -- requests and reads ------------------------------------------------------------------
 
     def _upload(self, array: np.ndarray) -> Tensor:
-        shared = self.connection.shared_memory
-        if shared is not None and array.nbytes >= shared.threshold:
+        if array.size >= self.connection.bulk_elements:
             tensor = bulk.upload(self, array)
             if tensor is not None:
                 return tensor
@@ -228,15 +227,20 @@ class Session(ArrayNamespace):
         for the values: ``.result()`` waits for them (``copy`` as ``read`` takes it). Reads of
         many sessions can so be in flight at once (a sharded tensor's ``numpy()`` gathers its
         shards so)."""
-        shared = self.connection.shared_memory
-        if shared is not None and tensor.size * tensor.dtype.itemsize >= shared.threshold:
+        sent = None
+        if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
             sent = bulk.start_read(self, tensor)
-            if sent is not None:
-                return ReadInFlight(self, tensor, *sent, copy=copy)
-        # The worker checks what this client inferred, and answers with the bytes alone.
-        request = self._send_request({"op": "read", "id": tensor.id,
-                                      "dtype": dtype_name(tensor.dtype), "shape": tensor.shape})
-        return ReadInFlight(self, tensor, request, copy=copy)
+        if sent is None:
+            # The worker checks what this client inferred, and answers with the bytes alone.
+            read = ReadInFlight(self, tensor, self._send_request({
+                "op": "read", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+                "shape": tensor.shape}))
+        else:
+            read = ReadInFlight(self, tensor, sent[0])
+            read.slot = sent[1]
+        if not copy:
+            read.copy = False
+        return read
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
@@ -305,11 +309,11 @@ class Session(ArrayNamespace):
 class ReadInFlight:
     """A read sent by ``Session.start_read``, its reply not yet taken."""
 
-    def __init__(self, session: Session, tensor: Tensor, request: int, slot: Slot | None = None,
-                 copy: bool = True) -> None:
+    slot: Slot | None = None  # the shared memory the worker writes the values into, if any
+    copy = True  # False: the values come back read-only
+
+    def __init__(self, session: Session, tensor: Tensor, request: int) -> None:
         self.session, self.tensor, self.request = session, tensor, request
-        self.slot = slot  # the shared memory the worker writes the values into, if any
-        self.copy = copy
 
     def result(self, timeout: float | None = None) -> np.ndarray:
         """The values, waited for up to ``timeout`` (default: the session's); the op's
