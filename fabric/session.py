@@ -236,8 +236,7 @@ class Session(ArrayNamespace):
                 "op": "read", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
                 "shape": tensor.shape}))
         else:
-            read = ReadInFlight(self, tensor, sent[0])
-            read.slot = sent[1]
+            read = SharedReadInFlight(self, tensor, *sent)
         if not copy:
             read.copy = False
         return read
@@ -309,7 +308,6 @@ class Session(ArrayNamespace):
 class ReadInFlight:
     """A read sent by ``Session.start_read``, its reply not yet taken."""
 
-    slot: Slot | None = None  # the shared memory the worker writes the values into, if any
     copy = True  # False: the values come back read-only
 
     def __init__(self, session: Session, tensor: Tensor, request: int) -> None:
@@ -318,18 +316,7 @@ class ReadInFlight:
     def result(self, timeout: float | None = None) -> np.ndarray:
         """The values, waited for up to ``timeout`` (default: the session's); the op's
         error, if it failed, naming the line that issued it."""
-        try:
-            reply = self.session._reply(self.request, timeout)
-        except BaseException:
-            if self.slot is not None:  # (a worker that is only slow may still write into it)
-                self.cancel()
-            raise
-        if self.slot is not None:
-            pool = self.session.connection.segments
-            if "error" in reply.body:
-                pool.give_back(self.slot)
-                raise self.session._remote_error(reply.body["error"])
-            return bulk.take(pool, self.slot, self.tensor, self.copy)
+        reply = self.session._reply(self.request, timeout)
         if "error" in reply.body:
             raise self.session._remote_error(reply.body["error"])
         if len(reply.buffers) != 1:
@@ -342,6 +329,32 @@ class ReadInFlight:
     def cancel(self) -> None:
         """Stop waiting for the values: a reply that comes later is dropped."""
         self.session.connection.pending.forget(self.request)
+
+
+class SharedReadInFlight(ReadInFlight):
+    """A read whose values the worker writes into ``slot``, shared memory of this client's
+    pool (``fabric.bulk``), its reply not yet taken."""
+
+    def __init__(self, session: Session, tensor: Tensor, request: int, slot: Slot) -> None:
+        super().__init__(session, tensor, request)
+        self.slot: Slot | None = slot
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""
+        try:
+            reply = self.session._reply(self.request, timeout)
+        except BaseException:
+            self.cancel()  # (a worker that is only slow may still write into the slot)
+            raise
+        pool = self.session.connection.segments
+        if "error" in reply.body:
+            pool.give_back(self.slot)
+            raise self.session._remote_error(reply.body["error"])
+        return bulk.take(pool, self.slot, self.tensor, self.copy)
+
+    def cancel(self) -> None:
+        """Stop waiting, and unlink the slot: the worker may still write into it."""
+        super().cancel()
         if self.slot is not None:
             self.session.connection.segments.discard(self.slot)
             self.slot = None
