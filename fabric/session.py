@@ -347,10 +347,11 @@ class SharedReadInFlight(ReadInFlight):
             self.cancel()  # (a worker that is only slow may still write into the slot)
             raise
         pool = self.session.connection.segments
+        slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
         if "error" in reply.body:
-            pool.give_back(self.slot)
+            pool.give_back(slot)
             raise self.session._remote_error(reply.body["error"])
-        return bulk.take(pool, self.slot, self.tensor, self.copy)
+        return bulk.take(pool, slot, self.tensor, self.copy)
 
     def cancel(self) -> None:
         """Stop waiting, and unlink the slot: the worker may still write into it."""

@@ -46,7 +46,7 @@ def no_segments_left():
 
 @pytest.fixture(scope="module")
 def shm_cluster():
-    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as running:
+    with fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT) as running:
         yield running
 
 
@@ -161,6 +161,22 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
             broken.to(destination).numpy()
         small = source.asarray(np.arange(10.0)).to(destination)  # under the threshold
         np.testing.assert_array_equal(small.numpy(), np.arange(10.0))
+
+
+@pytest.mark.timeout(60)
+def test_a_sharded_tensor_gathers_its_shards_through_shared_memory(shm_cluster):
+    with connect(shm_cluster) as session:
+        mesh = session.mesh([0, 1])
+        a = np.random.default_rng(8).random((600, 500))
+        sharded = mesh.asarray(a, axis=0)
+        np.testing.assert_array_equal(sharded.numpy(), a)
+        pool = session.connection.segments
+        segments, transfers = {s.name for s in [*pool.free, *pool.lent]}, pool.transfers
+        assert len(pool.free) >= 2  # the gather's slots came back
+        for _ in range(2):  # ... and are reused: no segment is made
+            np.testing.assert_array_equal(sharded.numpy(), a)
+        assert {s.name for s in [*pool.free, *pool.lent]} == segments
+        assert pool.transfers == transfers + 4
 
 
 @pytest.mark.timeout(60)
