@@ -161,6 +161,15 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
             broken.to(destination).numpy()
         small = source.asarray(np.arange(10.0)).to(destination)  # under the threshold
         np.testing.assert_array_equal(small.numpy(), np.arange(10.0))
+        with connect(cluster, shared_memory=False, device=devices[0]) as by_socket, \
+                by_socket.open(devices[1]) as by_socket_destination:
+            by_socket.asarray(a).to(by_socket_destination).sum().numpy()
+            with cluster.admin() as admin:
+                routed = {int(row["id"], 16): row["bytes"] for row in admin.sessions()}
+        # The broker carried the bytes only where they went inside the TRANSFER (between two
+        # workers, without shared memory).
+        assert routed[destination.id] < a.nbytes
+        assert (routed[by_socket_destination.id] > a.nbytes) == (devices[0] != devices[1])
 
 
 @pytest.mark.timeout(60)
