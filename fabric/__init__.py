@@ -25,6 +25,7 @@ _HOMES = {
     "Function": "graph", "function": "graph", "PROTOCOL_VERSION": "protocol",
     "CurveClient": "security", "CurveServer": "security", "generate_keys": "security",
     "Tensor": "tensor", "Mesh": "mesh", "ShardedTensor": "sharded", "Sharding": "sharding",
+    "SharedMemory": "shm",
     **{name: "errors" for name in _ERRORS},
 }
 

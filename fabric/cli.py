@@ -148,13 +148,17 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--stop-on-stdin-close", is_flag=True,
               help="Stop (as SIGTERM stops it) once standard input closes: a worker started "
                    "over SSH ends when its launcher's session does.")
+@click.option("--no-shared-memory", is_flag=True,
+              help="Refuse shared memory with clients on this host: their large arrays then "
+                   "travel inside messages, as from other hosts.")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
            memory_limit: int | None, memory_budget: str, give_up_after: float | None,
-           admin_file: str | None, stop_on_stdin_close: bool, worker_token: str | None,
+           admin_file: str | None, stop_on_stdin_close: bool, no_shared_memory: bool,
+           worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -162,12 +166,14 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     Exits 1 when the broker refuses it or stays silent past --give-up-after, 2 on a usage
     error (a backend that cannot be hosted, the broker's client port given as --broker).
     """
+    from fabric.workers import shared_memory
     from fabric.workers.backends import device_class
     from fabric.workers.control import WorkerStops
     from fabric.workers.memory import budget_from_option
     from fabric.workers.worker import serve
 
     _logging(log_level)
+    shared_memory.ENABLED = not no_shared_memory
     try:
         budget = budget_from_option(memory_budget)
     except ValueError as exc:

@@ -16,6 +16,7 @@ from .errors import ConnectError
 from .flow import DEFAULT_MAX_MESSAGE_BYTES
 from .security import CurveClient, CurveOption, client_keys
 from .session import Session, check_argument, dial
+from .shm import SharedMemory
 
 
 def resolve_token(token: str | None) -> str:
@@ -50,7 +51,8 @@ def _target(address: str | None, token: str | None, connection_file: str | None,
 def connect(address: str | None = None, *, token: str | None = None, device: int = 0,
             timeout: float = 10.0, connection_file: str | None = None,
             curve: CurveOption = None,
-            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Session:
+            max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+            shared_memory: bool | SharedMemory = True) -> Session:
     """Open a session on ``device`` of the broker at ``address``.
 
     With no address, the address and token come from ``connection_file`` (or the file named
@@ -73,9 +75,17 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
     the broker keeps reads within it, and uploads are kept within it and within what the
     broker and the device's worker take, so an array too big is a ``MessageTooLarge`` at the
     call instead of a lost connection.
+
+    ``shared_memory``: with a worker on this host, arrays of 1 MiB and more go up and come
+    back through shared memory instead of inside messages (the worker agrees first; anything
+    else takes the sockets, as does every array with ``False``). A ``fabric.SharedMemory``
+    sets its threshold and the most shared memory the connection holds.
     """
     check_argument("device", device, (int,), "a device index (an int)")
     check_argument("max_message_bytes", max_message_bytes, (int,), "a size in bytes (an int)")
+    check_argument("shared_memory", shared_memory, (bool, SharedMemory),
+                   "True, False or a fabric.SharedMemory")
+    options = SharedMemory() if shared_memory is True else shared_memory or None
     target = _target(address, token, connection_file, curve, timeout)
     if target is None:
         from .cluster import embedded_session  # (loaded only when needed: it starts processes)
@@ -83,9 +93,11 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
         if curve is not None:
             raise ConnectError("curve= needs an address or a connection file: the embedded "
                                "local cluster is not encrypted.")
-        return embedded_session(device, timeout)
+        session = embedded_session(device, timeout)
+        session.connection.shared_memory = options
+        return session
     address, token, source, keys = target
-    return dial(address, token, device, timeout, keys, max_message_bytes, source)
+    return dial(address, token, device, timeout, keys, max_message_bytes, source, options)
 
 
 def devices(address: str | None = None, *, token: str | None = None, timeout: float = 10.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import threading
 import time
 from functools import partial
@@ -35,6 +36,7 @@ from .flow import CLIENT_HEARTBEAT_MS, CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_
 from .pending import PendingTable
 from .protocol import PROTOCOL_VERSION, Kind, Message
 from .security import CurveClient, handshake_error, present_token
+from .shm import SegmentPool, SharedMemory
 from .sockets import (
     NOBLOCK,
     POLLIN,
@@ -63,8 +65,11 @@ class Connection:
 
     def __init__(self, address: str, token: str | None, *, role: str = "client",
                  handshake_limit: float = ZMTP_HANDSHAKE_LIMIT, curve: CurveClient | None = None,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 shared_memory: SharedMemory | None = None) -> None:
         self.address = address
+        self.shared_memory = shared_memory  # (sets bulk_elements)
+        self.segments: SegmentPool | None = None  # made at a session's first (fabric.bulk)
         self.role = role  # whose token it shows: "client" or "admin"
         self.curve = curve  # CURVE keys: the connection is encrypted, the broker checks them
         self.pending = PendingTable()
@@ -252,11 +257,25 @@ class Connection:
                 "connection before the broker answered. Check that the address is a fabric "
                 "broker's frontend and read the broker's log.")
 
+    @property
+    def shared_memory(self) -> SharedMemory | None:
+        """How large arrays may use shared memory over this connection (None: never)."""
+        return self._shared_memory
+
+    @shared_memory.setter
+    def shared_memory(self, options: SharedMemory | None) -> None:
+        self._shared_memory = options
+        # Arrays of fewer elements never use it (whatever their dtype: complex128, 16 bytes,
+        # is the largest): the one test a small read or upload makes.
+        self.bulk_elements = math.inf if options is None else options.threshold // 16
+
     def close(self, linger: float = 0.0) -> None:
         """Close the socket and its monitor; safe to call twice."""
         if self.closed:
             return
         self.closed = True
+        if self.segments is not None:
+            self.segments.close()
         try:
             self.socket.disable_monitor()
         except zmq.ZMQError:

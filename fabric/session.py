@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import protocol
+from . import bulk, protocol
 from .arrays import ArrayNamespace
 from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices, check_version,
                          expect_reply, naming_connection_file)
@@ -30,6 +30,7 @@ from .mesh import Mesh
 from .origins import issued_at, origin_line
 from .protocol import Kind, Message
 from .security import CurveClient
+from .shm import SharedMemory, Slot
 from .sockets import try_send
 from .tensor import Tensor
 from .wire import array_from_frame, device_dtype, dtype_name
@@ -64,6 +65,7 @@ class Session(ArrayNamespace):
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
+        self.shares_memory: bool | None = None  # with its worker (None: not asked yet, bulk)
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -122,6 +124,8 @@ class Session(ArrayNamespace):
         except SessionLost:
             pass  # already gone on the broker: nothing left to free
         finally:
+            if self.connection.segments is not None:
+                self.connection.segments.discard_session(self.id)
             self.connection.pending.done.pop(self.id, None)  # (its CREDITs came before CLOSED)
             self.connection.users -= 1
             if not self.connection.users:
@@ -157,6 +161,13 @@ class Session(ArrayNamespace):
         self.connection.wait_for_credit(self.id, done, time.monotonic() + timeout, busy)
 
     # -- requests and reads ------------------------------------------------------------------
+
+    def _upload(self, array: np.ndarray) -> Tensor:
+        if array.size >= self.connection.bulk_elements:
+            tensor = bulk.upload(self, array)
+            if tensor is not None:
+                return tensor
+        return super()._upload(array)
 
     def _send_request(self, body: dict[str, Any], timeout: float | None = None,
                       reads: Tensor | None = None) -> int:
@@ -209,18 +220,32 @@ class Session(ArrayNamespace):
             error.args = (f"{error.args[0]}\n  inside {graph.name}, at {file}, line {line}",)
         return error
 
-    def read(self, tensor: Tensor) -> np.ndarray:
-        """``tensor``'s values, read back: an ordinary, writable numpy array (``t.numpy()``)."""
+    def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
+        """``tensor``'s values, read back (``t.numpy()``): an ordinary, writable numpy array,
+        or with ``copy=False`` a read-only one that may share memory with the worker."""
+        if not copy or tensor.size >= self.connection.bulk_elements:
+            return self.start_read(tensor, copy).result()
         reply = self._reply(self._send_request(_read_body(tensor), reads=tensor))
         if "error" in reply.body:  # (start_read's, without an object between: every read)
             raise self._remote_error(reply.body["error"])
         return read_values(reply, tensor)
 
-    def start_read(self, tensor: Tensor) -> "ReadInFlight":
+    def start_read(self, tensor: Tensor, copy: bool = True) -> "ReadInFlight":
         """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
-        for the values: ``.result()`` waits for them. Reads of many sessions can so be in
-        flight at once (a sharded tensor's ``numpy()`` gathers its shards so)."""
-        return ReadInFlight(self, tensor, self._send_request(_read_body(tensor), reads=tensor))
+        for the values: ``.result()`` waits for them (``copy`` as ``read`` takes it). Reads of
+        many sessions can so be in flight at once (a sharded tensor's ``numpy()`` gathers its
+        shards so)."""
+        sent = None
+        if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
+            sent = bulk.start_read(self, tensor)
+        if sent is None:
+            read = ReadInFlight(self, tensor, self._send_request(_read_body(tensor),
+                                                                 reads=tensor))
+        else:
+            read = SharedReadInFlight(self, tensor, *sent)
+        if not copy:
+            read.copy = False
+        return read
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
@@ -249,9 +274,12 @@ class Session(ArrayNamespace):
         ticket = secrets.randbits(63)
         self._call({"op": "expect", "id": tensor.id, "ticket": ticket})
         sender = source.session
-        sender.stream.enqueue(["send", 0, [source.id], {"session": self.id, "ticket": ticket}])
-        sender.flush()
-        self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
+        slot = bulk.slot_for_move(self, source)  # (None: the bytes travel in the TRANSFER)
+        with bulk.lent(self.connection.segments, slot):
+            sender.stream.enqueue(["send", 0, [source.id], {
+                "session": self.id, "ticket": ticket, **({"into": slot.ref()} if slot else {})}])
+            sender.flush()
+            self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
         return tensor
 
     def sync(self, timeout: float | None = None) -> None:
@@ -286,6 +314,8 @@ class Session(ArrayNamespace):
 class ReadInFlight:
     """A read sent by ``Session.start_read``, its reply not yet taken."""
 
+    copy = True  # False: the values come back read-only
+
     def __init__(self, session: Session, tensor: Tensor, request: int) -> None:
         self.session, self.tensor, self.request = session, tensor, request
 
@@ -295,7 +325,10 @@ class ReadInFlight:
         reply = self.session._reply(self.request, timeout)
         if "error" in reply.body:
             raise self.session._remote_error(reply.body["error"])
-        return read_values(reply, self.tensor)
+        array = read_values(reply, self.tensor)
+        if not self.copy:
+            array.flags.writeable = False
+        return array
 
     def cancel(self) -> None:
         """Stop waiting for the values: a reply that comes later is dropped."""
@@ -314,6 +347,36 @@ def read_values(reply: Message, tensor: Tensor) -> np.ndarray:
     if len(reply.buffers) != 1:
         raise ProtocolError("A read reply must carry exactly one buffer.")
     return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
+
+
+class SharedReadInFlight(ReadInFlight):
+    """A read whose values the worker writes into ``slot``, shared memory of this client's
+    pool (``fabric.bulk``), its reply not yet taken."""
+
+    def __init__(self, session: Session, tensor: Tensor, request: int, slot: Slot) -> None:
+        super().__init__(session, tensor, request)
+        self.slot: Slot | None = slot
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""
+        try:
+            reply = self.session._reply(self.request, timeout)
+        except BaseException:
+            self.cancel()  # (a worker that is only slow may still write into the slot)
+            raise
+        pool = self.session.connection.segments
+        slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
+        if "error" in reply.body:
+            pool.give_back(slot)
+            raise self.session._remote_error(reply.body["error"])
+        return bulk.take(pool, slot, self.tensor, self.copy)
+
+    def cancel(self) -> None:
+        """Stop waiting, and unlink the slot: the worker may still write into it."""
+        super().cancel()
+        if self.slot is not None:
+            self.session.connection.segments.discard(self.slot)
+            self.slot = None
 
 
 def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:
@@ -349,10 +412,13 @@ def open_session(connection: Connection, token: str, device: int, timeout: float
 
 def dial(address: str, token: str, device: int, timeout: float, curve: CurveClient | None,
          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-         connection_file: str | None = None) -> Session:
+         connection_file: str | None = None,
+         shared_memory: SharedMemory | None = SharedMemory()) -> Session:
     """A session on ``device`` of the broker at ``address``, over a new connection
-    (``connection_file``: where the address came from, if a file)."""
+    (``connection_file``: where the address came from, if a file; ``shared_memory``: how
+    large arrays use it with a worker on this host, None: never)."""
     connection = Connection(address, token, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
-                            curve=curve, max_message_bytes=max_message_bytes)
+                            curve=curve, max_message_bytes=max_message_bytes,
+                            shared_memory=shared_memory)
     with naming_connection_file(connection_file):
         return open_session(connection, token, device, timeout)

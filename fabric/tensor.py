@@ -141,10 +141,12 @@ class Tensor(Spec):
         both devices are on one worker), never through this client."""
         return self if session is self.session else session.receive_from(self)
 
-    def numpy(self, *, progress: Progress = False) -> np.ndarray:
-        """Read the array back: an ordinary, writable numpy array. ``progress=True`` shows a
-        bar for a large read in an interactive terminal (``fabric.progress``)."""
-        return read_showing(self, progress) if progress else self.session.read(self)
+    def numpy(self, copy: bool = True, *, progress: Progress = False) -> np.ndarray:
+        """Read the array back: an ordinary, writable numpy array of its own; with
+        ``copy=False``, a read-only one that may share memory with the worker (a large array
+        read through shared memory is not copied: it keeps its slot until collected).
+        ``progress=True`` shows a bar for a large read in a terminal (``fabric.progress``)."""
+        return read_showing(self, progress) if progress else self.session.read(self, copy)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()

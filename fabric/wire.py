@@ -19,6 +19,14 @@ dtype's ``str``. ``put`` carries its array as the message's buffer
 number ``params["buffer"]``, with ``dtype`` and ``shape``; a read's reply carries the bytes
 as its one buffer (``array_from_frame``).
 
+Shared memory (``fabric.shm``), for arrays of at least ``THRESHOLD_BYTES`` between a client
+and a worker on one host: a slot travels as ``[segment name, offset, nbytes]``
+(``decode_segment_ref``). A ``put`` carries ``"shm": slot`` in place of ``"buffer"``; a
+``read_into`` request is a read whose bytes the worker writes into the slot ``"into"``,
+answered by an empty body. A session may use them once a ``shm_probe`` request
+(``{"boot", "segment", "token"}``: the client's boot id, and a segment holding ``token`` as
+its first 8 bytes) was answered ``{"shared_memory": True}``.
+
 Graph ops (``fabric.graph`` traces, ``workers.graphs`` runs), in the same stream::
 
     ["graph_register", 0, [], {"graph": id, "name": str, "ops": [entry, ...],
@@ -44,6 +52,7 @@ import numpy as np
 
 from .errors import ProtocolError
 from .ops import INDEXED_OPS, IndexArray
+from .shm import SegmentName, parse_name
 
 GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the client mirrors the bound)
 GRAPH_OPS = ("graph_register", "graph_call", "graph_free")
@@ -158,6 +167,28 @@ def decode_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     if type(params.get("axis")) is list:  # msgpack sent the axis tuple as a list,
         return {**params, "axis": tuple(params["axis"])}  # which numpy refuses
     return params
+
+
+class SegmentRef(NamedTuple):
+    """A slot of shared memory as it travels: ``nbytes`` bytes at ``offset`` in the segment
+    ``name`` (whose name says its owner: ``owner``)."""
+
+    name: str
+    offset: int
+    nbytes: int
+    owner: SegmentName
+
+
+def decode_segment_ref(ref: Any) -> SegmentRef:
+    """A slot from the wire; ProtocolError unless it names a fabric segment, with an offset
+    and a size that are ints of at least 0."""
+    if type(ref) is list and len(ref) == 3 and type(ref[1]) is int and type(ref[2]) is int \
+            and ref[1] >= 0 and ref[2] >= 0:
+        owner = parse_name(ref[0])
+        if owner is not None:
+            return SegmentRef(ref[0], ref[1], ref[2], owner)
+    raise ProtocolError("A shared-memory slot must be [segment name, offset, nbytes], naming "
+                        "a fabric segment (fabric-<boot>-<pid>-<n>).")
 
 
 ZERO_COPY_BYTES = 64 << 10  # pyzmq's own crossover between copying and sharing a frame

@@ -79,7 +79,14 @@ def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):
     assert [t.numpy()[0] for t in light] == list(range(10))
 
 
-def test_uploads_wait_for_company_until_their_bytes_reach_the_bound(session):
+def test_uploads_wait_for_company_until_their_bytes_reach_the_bound(shared_cluster):
+    # (over the sockets: through shared memory, a large upload goes at once, alone)
+    with fabric.connect(shared_cluster.address, token=shared_cluster.token,
+                        shared_memory=False) as session:
+        _uploads_wait_for_company(session)
+
+
+def _uploads_wait_for_company(session: fabric.Session) -> None:
     small = [session.asarray(np.full(1000, float(i))) for i in range(3)]
     assert len(session.stream.batch) == 3 and session.stream.counts["batches_sent"] == 0
     x = small[0] + 1.0  # an op without an upload does not send them either

@@ -38,3 +38,5 @@ class DeviceSession:
     warnings_dropped: int = 0
     graphs: SessionGraphs = field(default_factory=SessionGraphs)
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEVICE_COUNTERS, 0))
+    segments: Any = None  # its client's shared memory, once agreed (``shared_memory``)
+    slots_used: bool = False  # a put of this batch read a slot: CREDIT it at once

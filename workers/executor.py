@@ -35,6 +35,7 @@ from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
                          dtype_name, parse_op)
 
+from . import shared_memory
 from .backends.base import Backend, DeferredError, DeferredValue, Value
 from .device_session import DeviceSession
 from .graphs import GraphOps, SessionGraphs, plan_op
@@ -103,7 +104,9 @@ class Executor(GraphOps):
         return [Message(Kind.OPENED, message.session, message.request)]
 
     def _close(self, message: Message) -> list[Message]:
-        self.allowance.held -= self.sessions.pop(message.session).resident
+        session = self.sessions.pop(message.session)
+        shared_memory.closed(session)
+        self.allowance.held -= session.resident
         self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
 
@@ -148,6 +151,9 @@ class Executor(GraphOps):
         started, ran = perf_counter(), session.ops
         self._run(session, ops, message.buffers)
         self.tally.ran(session.ops - ran, perf_counter() - started)
+        if session.slots_used:  # its client reuses the slots once it hears this batch ran
+            session.slots_used = False
+            credit = [Message(Kind.CREDIT, session.id, 0, {"done": session.submits})]
         self.allowance.settle()
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit
@@ -347,11 +353,14 @@ class Executor(GraphOps):
 
     def _compute(self, session: DeviceSession, name: str, inputs: list[Any],
                  params: dict[str, Any], buffers: Any) -> Value:
-        if name == "put":  # (a view of the frame that brought it: nothing is allocated)
-            array = np.frombuffer(buffers[params["buffer"]],
-                                  dtype=device_dtype(params["dtype"])).reshape(params["shape"])
+        if name == "put":  # (a view of the frame that brought it, allocating nothing; or a
+            # copy of the client's slot of shared memory, which it reuses once this ran)
+            shared = "shm" in params
+            array = shared_memory.uploaded(session, params) if shared else np.frombuffer(
+                buffers[params["buffer"]], dtype=device_dtype(params["dtype"])
+            ).reshape(params["shape"])
             self._require(session, "put (an upload)", array.nbytes, array.nbytes)
-            return array
+            return array.copy() if shared else array
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
@@ -376,7 +385,10 @@ class Executor(GraphOps):
         else:
             array = session.tensors[tensor_id]
             body.update(dtype=array.dtype.str, shape=list(array.shape))
-            buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
+            if "into" in params:  # its client lent a slot of shared memory for the way
+                shared_memory.carry_in_slot(session, params["into"], array, body)
+            else:
+                buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
         return Message(Kind.TRANSFER, params["session"], session.id, body, buffers)
 
     def _receive(self, message: Message) -> list[Message]:
@@ -394,10 +406,11 @@ class Executor(GraphOps):
             if "error" in body:
                 session.poisoned[tensor_id] = body["error"]
             else:
-                array = np.frombuffer(message.buffers[0], np.dtype(body["dtype"]))
-                array = array.reshape(body["shape"])
+                shared = "shm" in body
+                array = shared_memory.uploaded(session, body) if shared else np.frombuffer(
+                    message.buffers[0], np.dtype(body["dtype"])).reshape(body["shape"])
                 self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
-                self._store(session, tensor_id, array)
+                self._store(session, tensor_id, array.copy() if shared else array)
         except QuotaExceeded as exc:
             session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
         except Exception as exc:  # a malformed transfer: poison, as for an op
@@ -517,7 +530,7 @@ class Executor(GraphOps):
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,
-        "shape": _shape}
+        "shape": _shape, "shm_probe": shared_memory.probe, "read_into": shared_memory.read_into}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 

@@ -1,0 +1,117 @@
+"""W3 (256 MiB float64 up and back) through shared memory, beside the socket path, a warm
+memcpy of the same bytes and a raw DEALER-to-ROUTER link, measured in the same run.
+
+    python bench/w3_shm.py            # medians of 5 interleaved runs, GB/s and ratios
+
+It also moves the 256 MiB tensor between the cluster's two workers (``t.to()``), each way
+through shared memory and through the broker.
+
+"shm" is ``fabric.connect``'s default on one host (uploads and reads of 1 MiB and more through
+the connection's pool of shared memory); "shm view" reads with ``t.numpy(copy=False)`` (a
+read-only view of the slot, no copy); "socket" is the same cluster with
+``shared_memory=False``; "memcpy" is ``np.copyto`` into a warm buffer of the same size, the
+ceiling for any path that copies once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import fabric  # noqa: E402
+from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
+from bench.run import w3_fabric, w3_raw  # noqa: E402
+from fabric.cluster import with_bulk_malloc  # noqa: E402
+
+
+def w3_view(session: fabric.Session, array: np.ndarray) -> float:
+    """GB/s of a read that returns a read-only view (``copy=False``)."""
+    tensor = session.asarray(array)
+    session.sync()
+    start = time.perf_counter()
+    back = tensor.numpy(copy=False)
+    down = time.perf_counter() - start
+    assert back.nbytes == array.nbytes and back[-1] == array[-1]
+    del tensor, back
+    session.sync()
+    return array.nbytes / down / 1e9
+
+
+def move(source: fabric.Session, destination: fabric.Session, array: np.ndarray) -> float:
+    """GB/s of ``t.to(destination)`` of a tensor of ``source`` holding ``array``."""
+    tensor = source.asarray(array)
+    source.sync()
+    start = time.perf_counter()
+    moved = tensor.to(destination)
+    elapsed = time.perf_counter() - start
+    assert moved[-1].numpy() == array[-1]
+    del tensor, moved
+    source.sync()
+    destination.sync()
+    return array.nbytes / elapsed / 1e9
+
+
+def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
+    """GB/s of one copy of ``array`` into ``warm``, a buffer whose pages are already mapped."""
+    start = time.perf_counter()
+    np.copyto(warm, array)
+    return array.nbytes / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="repetitions; medians are shown")
+    parser.add_argument("--port", type=int, default=27330,
+                        help="loopback port of the raw direct peer")
+    args = parser.parse_args()
+    os.environ.update(with_bulk_malloc(os.environ))  # the raw peer's allocator, as fabric's
+    array = np.random.default_rng(0).random(BULK_BYTES // 8)
+    warm = np.ones_like(array)
+    figures: dict[str, list[float]] = {}
+
+    def note(name: str, value: float) -> None:
+        figures.setdefault(name, []).append(value)
+
+    with RawPeers(False, args.port) as direct, fabric.LocalCluster(workers=2) as cluster, \
+            fabric.connect(cluster.address, token=cluster.token, timeout=60) as shm, \
+            fabric.connect(cluster.address, token=cluster.token, timeout=60,
+                           shared_memory=False) as socket, \
+            shm.open(1, timeout=60) as shm_other, socket.open(1, timeout=60) as socket_other:
+        for _ in range(args.runs):  # interleaved: a noisy neighbour slows all alike
+            for name, up_down in (("shm", w3_fabric(shm, array)),
+                                  ("socket", w3_fabric(socket, array)),
+                                  ("raw direct", w3_raw(direct, array))):
+                note(f"up {name}", up_down[0])
+                note(f"down {name}", up_down[1])
+            note("down shm view", w3_view(shm, array))
+            note("to shm", move(shm, shm_other, array))
+            note("to socket", move(socket, socket_other, array))
+            note("memcpy", memcpy(array, warm))
+        assert shm.shares_memory is True, "the shared-memory path was not taken"
+
+    median = {name: statistics.median(values) for name, values in figures.items()}
+    copy = median["memcpy"]
+    print(f"W3, 256 MiB float64; medians of {args.runs} interleaved runs, GB/s "
+          f"(warm memcpy {copy:.2f})")
+    print(f"{'path':<16}{'up':>8}{'down':>8}{'up/memcpy':>11}{'down/memcpy':>13}"
+          f"{'up/raw':>8}{'down/raw':>10}")
+    raw_up, raw_down = median["up raw direct"], median["down raw direct"]
+    for name in ("shm", "shm view", "socket", "raw direct"):
+        up = median.get(f"up {name}", median["up shm"])  # (a view is a way down only)
+        down = median[f"down {name}"]
+        print(f"{name:<16}{up:>8.2f}{down:>8.2f}{up / copy:>11.2f}{down / copy:>13.2f}"
+              f"{up / raw_up:>8.2f}{down / raw_down:>10.2f}")
+    for name in ("shm", "socket"):
+        to = median[f"to {name}"]
+        print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy")
+
+
+if __name__ == "__main__":
+    main()

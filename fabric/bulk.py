@@ -1,0 +1,140 @@
+"""A session's shared-memory path: large uploads and reads through its connection's pool of
+segments (``fabric.shm``) instead of inside messages, when its worker shares this host.
+
+Rule: a session asks its worker once, at its first array of at least the threshold
+(``shm_probe``, ``fabric.wire``); until the worker agrees, and whenever the pool is full, the
+session is off or the op stream is being captured, every array takes the socket path as
+before, so this path only ever replaces a transfer the socket path would make. Small arrays
+never come here: the caller tests the size first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import weakref
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import ProtocolError
+from .origins import issued_at
+from .shm import SegmentPool, Slot, SlotMemory, boot_id
+from .tensor import Tensor
+from .wire import device_dtype, dtype_name
+
+# (A session is typed Any here: fabric.session imports this module.)
+
+
+def pool_of(session: Any) -> SegmentPool | None:
+    """The pool ``session`` moves arrays through, or None where its worker cannot share its
+    memory (asked once per session)."""
+    if session.shares_memory is None:
+        session.shares_memory = _probe(session)
+    return session.connection.segments if session.shares_memory else None
+
+
+def _probe(session: Any) -> bool:
+    connection = session.connection
+    if connection.shared_memory is None or not boot_id():
+        return False
+    if connection.segments is None:
+        options = connection.shared_memory
+        connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
+                                          options.limit, options.idle_seconds)
+    token = secrets.randbits(63)
+    try:
+        segment = connection.segments.probe_segment(token)
+    except OSError:  # no /dev/shm here, or it is full
+        return False
+    try:
+        reply = session._call({"op": "shm_probe", "boot": boot_id(), "segment": segment.name,
+                               "token": token})
+    except ProtocolError:  # a worker that predates shared memory
+        return False
+    finally:
+        segment.unlink()
+        segment.close()
+    return reply.body.get("shared_memory") is True
+
+
+def upload(session: Any, array: np.ndarray) -> Tensor | None:
+    """``array`` uploaded through a slot of shared memory, as a new tensor (its put sent at
+    once); None, sending nothing, where it must take the socket path."""
+    if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
+            or array.nbytes > session.max_upload_bytes:
+        return None  # (a capture keeps the put to replay; too large: the socket path says so)
+    dtype = device_dtype(array.dtype).newbyteorder("=")
+    pool = pool_of(session)
+    slot = pool.acquire(array.nbytes) if pool is not None else None
+    if slot is None:
+        return None
+    np.copyto(slot.array(dtype, array.shape), array)  # (any layout and byte order, one pass)
+    stream = session.stream
+    tensor = stream.new_tensor(array.shape, dtype, issued_at())
+    stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
+                                           "shm": slot.ref()}], None, tensor)
+    try:
+        session.flush()  # (the slot is held until the put ran: send it now)
+    finally:  # its batch, sent, or the next if this one waits for credit
+        pool.lend_until(slot, session.id,
+                        stream.counts["batches_sent"] + (1 if stream.batch else 0))
+    return tensor
+
+
+def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
+    """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
+    slot; None, sending nothing, where it must take the socket path."""
+    nbytes = tensor.size * tensor.dtype.itemsize
+    if nbytes < session.connection.shared_memory.threshold:
+        return None
+    pool = pool_of(session)
+    slot = pool.acquire(nbytes) if pool is not None else None
+    if slot is None:
+        return None
+    try:
+        request = session._send_request({
+            "op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+            "shape": tensor.shape, "into": slot.ref()})
+    except BaseException:
+        pool.discard(slot)
+        raise
+    return request, slot
+
+
+def slot_for_move(session: Any, source: Tensor) -> Slot | None:
+    """A slot of shared memory for ``source`` (a tensor of another session of this process)
+    to move to ``session`` through: its worker writes it there, and ``session``'s copies it
+    out (``t.to()``); None where either worker cannot, or the pool is full."""
+    shared = session.connection.shared_memory
+    nbytes = source.size * source.dtype.itemsize
+    if shared is None or nbytes < shared.threshold \
+            or source.session.connection.shared_memory is None:
+        return None
+    pool = pool_of(session)
+    if pool is None or pool_of(source.session) is None:
+        return None
+    return pool.acquire(nbytes)
+
+
+@contextlib.contextmanager
+def lent(pool: SegmentPool | None, slot: Slot | None) -> Iterator[None]:
+    """Inside: ``slot`` (if any) is in use; after, it is given back, or unlinked if what was
+    inside failed (a worker may still write into it)."""
+    try:
+        yield
+    except BaseException:
+        if slot is not None:
+            pool.discard(slot)
+        raise
+    if slot is not None:
+        pool.give_back(slot)
+
+
+def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarray:
+    """The values a read wrote into ``slot``, as an array over the slot itself, which stays
+    lent to it until it and every array made from it are gone: no one else writes there, so
+    it is the caller's own (writable), or with ``copy`` False read-only."""
+    holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
+    weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+    return np.asarray(holder)

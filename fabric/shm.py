@@ -1,0 +1,325 @@
+"""Shared memory on one host, for the bulk data path: segment names, the sweep of dead owners'
+segments, and the pool of reused, pre-faulted segments a client transfers large arrays through.
+
+Rule: a segment is named ``fabric-<boot>-<pid>-<n>`` in ``/dev/shm`` (``segment_name``): the
+first 8 hex digits of the kernel's boot id, the pid of the process that created it and owns
+it, and a counter. Only its owner unlinks a live segment; any fabric process that starts a
+pool or agrees to a session's shared memory unlinks those whose owner is dead (``sweep``), so
+a process killed with SIGKILL leaves nothing once a peer notices or the next one starts.
+
+The owner is always the client: it uploads by writing into its own segment, and reads by
+lending one for the worker to write into. A worker only maps a client's segments, so the
+pool's bound (``SegmentPool.limit``) is all the shared memory a client process holds, and a
+worker's memory stays its ``MemoryBudget``'s (what it copies out of a segment is counted
+there, as any upload). A read's array is the slot the worker wrote it into, lent to that
+array until it is collected: a fresh large array would cost more in page faults than the
+copy itself. Names and the pool's rules are plain functions and objects; the only
+system calls are in ``Segment`` and ``sweep``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, NamedTuple
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
+DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
+IDLE_SECONDS = 30.0  # a segment unused this long is unlinked (the pool shrinks)
+SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
+_NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]+)-([0-9]+)\Z")
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """How a client uses shared memory with workers on its host (``fabric.connect``'s
+    ``shared_memory=``): arrays of at least ``threshold`` bytes travel through it, in
+    segments of at most ``limit`` bytes in all, unlinked after ``idle_seconds`` unused."""
+
+    threshold: int = THRESHOLD_BYTES
+    limit: int = DEFAULT_POOL_BYTES
+    idle_seconds: float = IDLE_SECONDS
+
+
+def boot_id() -> str:
+    """The first 8 hex digits of this kernel's boot id ("" where there is none): two
+    processes that share it share a kernel, which is where shared memory can be shared."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            return file.read().strip().replace("-", "")[:8]
+    except OSError:
+        return ""
+
+
+class SegmentName(NamedTuple):
+    """What a segment's name says: the boot it was made in, its owner's pid, its number."""
+
+    boot: str
+    pid: int
+    number: int
+
+
+def segment_name(boot: str, pid: int, number: int) -> str:
+    """The name of segment ``number`` of process ``pid`` in boot ``boot``."""
+    return f"fabric-{boot}-{pid}-{number}"
+
+
+def parse_name(name: Any) -> SegmentName | None:
+    """What ``name`` says, or None when it is not a fabric segment's name."""
+    match = _NAME.match(name) if type(name) is str else None
+    return None if match is None else SegmentName(match[1], int(match[2]), int(match[3]))
+
+
+def dead_owners(names: Iterable[str], boot: str, alive: Callable[[int], bool]) -> list[str]:
+    """The fabric segments among ``names`` that no live process owns: made in another boot,
+    or by a pid of this boot that ``alive`` says is gone."""
+    dead = []
+    for name in names:
+        parsed = parse_name(name)
+        if parsed is not None and (parsed.boot != boot or not alive(parsed.pid)):
+            dead.append(name)
+    return dead
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts: its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: alive, and not ours to sweep anyway
+    return True
+
+
+def sweep() -> list[str]:
+    """Unlink the segments of dead owners (``dead_owners``); the names unlinked."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    swept = []
+    for name in dead_owners(names, boot_id(), pid_alive):
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            swept.append(name)
+        except OSError:
+            pass  # another sweeper was first, or not ours
+    return swept
+
+
+class Segment:
+    """One shared-memory segment, mapped: made by its owner (``create``) or mapped by a peer
+    (``open``); ``memory`` is its bytes as a numpy array."""
+
+    def __init__(self, name: str, fd: int) -> None:
+        self.name = name
+        try:
+            self.size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, self.size) if self.size else None
+        finally:
+            os.close(fd)
+        self.memory = (np.frombuffer(self.map, np.uint8) if self.map is not None
+                       else np.empty(0, np.uint8))
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        """A new segment of ``size`` bytes, its pages faulted in now (a write into fresh
+        shared memory runs at a tenth of a write into warm pages)."""
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:  # (allocated now: a full /dev/shm fails here, never as a SIGBUS on a write)
+            os.posix_fallocate(fd, 0, size)
+        except BaseException:
+            os.close(fd)
+            os.unlink(os.path.join(SHM_DIR, name))
+            raise
+        segment = cls(name, fd)
+        if segment.map is not None:
+            try:  # (huge pages only where the kernel gives them to shared memory: cheap to ask)
+                segment.map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+            try:
+                segment.map.madvise(_MADV_POPULATE_WRITE)
+            except OSError:  # an older kernel: touch every page instead
+                segment.memory[::mmap.PAGESIZE] = 0
+        return segment
+
+    @classmethod
+    def open(cls, name: str) -> "Segment":
+        """Map another process's segment ``name`` (``FileNotFoundError`` if it is gone)."""
+        return cls(name, os.open(os.path.join(SHM_DIR, name), os.O_RDWR))
+
+    def unlink(self) -> None:
+        """Remove the name (mappings stay valid until they are closed)."""
+        try:
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Unmap, unless arrays over the memory still live (they keep it until collected)."""
+        self.memory = np.empty(0, np.uint8)
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:
+                pass
+
+
+class Slot(NamedTuple):
+    """``nbytes`` bytes at ``offset`` in ``segment``: where one array travels."""
+
+    segment: Segment
+    offset: int
+    nbytes: int
+
+    def ref(self) -> list[Any]:
+        """The slot as it travels: ``[segment name, offset, nbytes]`` (``fabric.wire``)."""
+        return [self.segment.name, self.offset, self.nbytes]
+
+    def array(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The slot's bytes as an array of ``dtype`` and ``shape`` (C order)."""
+        return self.segment.memory[self.offset:self.offset + self.nbytes].view(dtype) \
+            .reshape(shape)
+
+
+class SegmentPool:
+    """One owner's segments: lent out, one transfer each, and given back for the next.
+
+    ``acquire`` lends a free segment that fits (at most twice the size asked), or makes one
+    while the pool holds under ``limit`` bytes (unlinking idle ones to make room), or gives
+    None: the caller then takes the socket path, so a full pool never fails a transfer. A
+    segment lent to an upload comes back once its session's device has run the batch that
+    carried it (``lend_until``, checked by ``done``); one lent to a read comes back when the
+    caller says (``give_back``); one whose transfer was abandoned is unlinked (``discard``),
+    since a peer may still write into it. Segments idle for ``idle_seconds`` are unlinked.
+    """
+
+    def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
+                 idle_seconds: float = IDLE_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.idle_seconds = idle_seconds
+        self._done = done  # session -> batches its device has run
+        self._clock = clock
+        self._prefix = (boot_id(), os.getpid())
+        self._numbers = itertools.count()
+        self.free: dict[Segment, float] = {}  # -> when it was given back
+        self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
+        self.held = 0  # bytes of every segment, free or lent
+        self.transfers = 0  # slots lent so far
+        self._returned: deque[Slot] = deque()  # given back by other threads
+        self._thread = threading.get_ident()
+        sweep()
+
+    def acquire(self, nbytes: int) -> Slot | None:
+        """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full."""
+        self._reclaim()
+        fits = [s for s in self.free if nbytes <= s.size <= 2 * max(nbytes, SEGMENT_ALIGN)]
+        if fits:
+            segment = min(fits, key=lambda s: s.size)
+            del self.free[segment]
+        else:
+            size = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN
+            for idle in sorted(self.free, key=self.free.get):  # the longest idle first
+                if self.held + size <= self.limit:
+                    break
+                self._remove(idle)
+            if self.held + size > self.limit:
+                return None
+            try:
+                segment = Segment.create(segment_name(*self._prefix, next(self._numbers)),
+                                         size)
+            except OSError:  # /dev/shm is full (a container's is often small)
+                return None
+            self.held += size
+        self.lent[segment] = None
+        self.transfers += 1
+        return Slot(segment, 0, nbytes)
+
+    def probe_segment(self, token: int) -> Segment:
+        """A one-page segment holding ``token`` (its first 8 bytes), for a peer to prove it
+        maps this process's shared memory; the caller unlinks it."""
+        segment = Segment.create(segment_name(*self._prefix, next(self._numbers)),
+                                 mmap.PAGESIZE)
+        segment.memory[:8].view(np.uint64)[0] = token
+        return segment
+
+    def lend_until(self, slot: Slot, session: int, batch: int) -> None:
+        """``slot`` comes back once ``session``'s device has run its batch number ``batch``."""
+        self.lent[slot.segment] = (session, batch)
+
+    def give_back(self, slot: Slot) -> None:
+        """``slot`` is free for the next transfer."""
+        if self.lent.pop(slot.segment, False) is not False:
+            self.free[slot.segment] = self._clock()
+
+    def give_back_from_any_thread(self, slot: Slot) -> None:
+        """``give_back``, called by an array's finalizer: at once in the thread that owns the
+        pool, else at its next lend (the pool is that thread's alone)."""
+        if threading.get_ident() == self._thread:
+            self.give_back(slot)
+        else:
+            self._returned.append(slot)
+
+    def discard(self, slot: Slot) -> None:
+        """Unlink ``slot``'s segment: its transfer was abandoned and a peer may still use it."""
+        if self.lent.pop(slot.segment, False) is not False:
+            self.held -= slot.segment.size
+            slot.segment.unlink()
+            slot.segment.close()
+
+    def discard_session(self, session: int) -> None:
+        """Unlink the segments lent to ``session``'s uploads (it closed, or was lost)."""
+        for segment, lender in list(self.lent.items()):
+            if lender is not None and lender[0] == session:
+                self.discard(Slot(segment, 0, 0))
+
+    def _reclaim(self) -> None:
+        while self._returned:
+            self.give_back(self._returned.popleft())
+        now = self._clock()
+        for segment, lender in list(self.lent.items()):
+            if lender is not None and self._done(lender[0]) >= lender[1]:
+                del self.lent[segment]
+                self.free[segment] = now
+        for segment, since in list(self.free.items()):
+            if now - since > self.idle_seconds:
+                self._remove(segment)
+
+    def _remove(self, segment: Segment) -> None:
+        del self.free[segment]
+        self.held -= segment.size
+        segment.unlink()
+        segment.close()
+
+    def close(self) -> None:
+        """Unlink every segment (arrays still over them keep their memory until collected)."""
+        for segment in [*self.free, *self.lent]:
+            segment.unlink()
+            segment.close()
+        self.free.clear()
+        self.lent.clear()
+        self.held = 0
+
+
+class SlotMemory:
+    """A slot's values shown to numpy through an object that is collected only when the last
+    array using them is (its finalizer gives the slot back to its pool)."""
+
+    def __init__(self, values: np.ndarray, writable: bool) -> None:
+        self.values = values  # keeps the memory alive as long as any array uses it
+        interface: dict[str, Any] = dict(values.__array_interface__)
+        interface["data"] = (interface["data"][0], not writable)
+        self.__array_interface__ = interface

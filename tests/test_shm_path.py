@@ -1,0 +1,408 @@
+"""The shared-memory path (``fabric.shm``, ``fabric.bulk``, ``workers.shared_memory``): large
+arrays between a client and a worker on one host, end to end on real processes, and the
+naming and sweeping rules on their own. Every test checks that no segment of its processes
+is left in /dev/shm."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.errors import FabricError, ProtocolError
+from fabric.shm import (SEGMENT_ALIGN, SHM_DIR, SegmentPool, SharedMemory, boot_id, dead_owners,
+                        parse_name, segment_name, sweep)
+from fabric.wire import decode_segment_ref
+
+from conftest import HEARTBEAT, children_of
+from faultproxy import wait_for
+
+EVERYTHING = SharedMemory(threshold=0)  # every array through shared memory, however small
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def segments_of(pids: set[int]) -> list[str]:
+    """The fabric segments in /dev/shm that processes ``pids`` own."""
+    return [name for name in os.listdir(SHM_DIR)
+            if (parsed := parse_name(name)) is not None and parsed.pid in pids]
+
+
+@pytest.fixture(autouse=True)
+def no_segments_left():
+    """Nothing of this process or its children is left in /dev/shm after a test."""
+    yield
+    gc.collect()  # (read-only views of a test hold their slots until collected)
+    ours = {os.getpid(), *children_of(os.getpid())}
+    assert segments_of(ours) == []
+
+
+@pytest.fixture(scope="module")
+def shm_cluster():
+    with fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT) as running:
+        yield running
+
+
+def connect(cluster, shared_memory=EVERYTHING, **options) -> fabric.Session:
+    return fabric.connect(cluster.address, token=cluster.token, shared_memory=shared_memory,
+                          **options)
+
+
+def random_array(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
+    """Arbitrary bytes of ``dtype`` (every bit pattern, NaN payloads too; bools 0 or 1)."""
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    count = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer(rng.bytes(count), dtype).reshape(shape).copy()
+
+
+def layouts(dtype: str):
+    """The arrays of ``dtype`` a user uploads: C and Fortran order, strided views, byte
+    swapped, empty, 0-d."""
+    base = random_array(dtype, (64, 48))
+    yield base
+    yield np.asfortranarray(base)
+    yield base[3:50:2, ::-3]
+    yield base.T
+    if np.dtype(dtype).itemsize > 1:
+        yield base.astype(base.dtype.newbyteorder())
+    yield random_array(dtype, (0, 5))
+    yield random_array(dtype, ())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_and_layout_goes_up_and_down_byte_identical(shm_cluster, dtype):
+    with connect(shm_cluster) as session:
+        for array in layouts(dtype):
+            tensor = session.asarray(array)
+            back = tensor.numpy()
+            assert back.dtype == array.dtype.newbyteorder("=") and back.shape == array.shape
+            assert back.tobytes() == np.ascontiguousarray(array, back.dtype).tobytes()
+            assert back.flags.writeable and back.flags.c_contiguous
+            view = tensor.numpy(copy=False)
+            assert not view.flags.writeable and view.tobytes() == back.tobytes()
+            del view
+        assert session.shares_memory is True
+        # Nothing went up inside a message; every transfer took a slot.
+        assert session.stats()["bytes_uploaded"] == 0
+        assert session.connection.segments.transfers == 3 * sum(1 for _ in layouts(dtype))
+
+
+@pytest.mark.timeout(60)
+def test_results_computed_on_the_device_come_back_through_shared_memory(shm_cluster):
+    with connect(shm_cluster, SharedMemory()) as session:  # the default 1 MiB threshold
+        a = np.arange(300_000, dtype=np.float64).reshape(600, 500)
+        t = session.asarray(a)
+        small = session.asarray(a[:10])  # under the threshold: inside messages, as before
+        assert session.stats()["bytes_uploaded"] == small.size * 8
+        np.testing.assert_array_equal((t * 2 + 1)[::2].numpy(), (a * 2 + 1)[::2])
+        np.testing.assert_array_equal(small.numpy(), a[:10])
+        assert session.connection.segments.transfers == 2  # the upload and the large read
+
+
+@pytest.mark.timeout(60)
+def test_a_read_only_view_holds_its_slot_until_collected(shm_cluster):
+    with connect(shm_cluster) as session:
+        t = session.asarray(np.ones(300_000))
+        pool = session.connection.segments
+        view = t.numpy(copy=False)
+        lent = len(pool.lent)
+        column = view[::2]  # a view of the view keeps the slot too
+        del view
+        gc.collect()
+        assert len(pool.lent) == lent and column.sum() == 150_000
+        with pytest.raises(ValueError):
+            column[0] = 2  # read-only: tensors never change
+        del column
+        gc.collect()
+        assert len(pool.lent) == lent - 1
+
+
+@pytest.mark.timeout(60)
+def test_a_read_is_the_callers_own_array_until_collected(shm_cluster):
+    with connect(shm_cluster) as session:
+        a = np.random.default_rng(6).random(300_000)
+        t = session.asarray(a)
+        mine = t.numpy()
+        mine[:] = 0  # written by its owner: nothing else sees it
+        again = t.numpy()
+        np.testing.assert_array_equal(again, a)
+        pool = session.connection.segments
+        assert len(pool.lent) == 2  # each read's slot is its array's
+        del mine, again
+        gc.collect()
+        assert not pool.lent and t.numpy().sum() == a.sum()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("devices", [(0, 1), (0, 0)], ids=["two workers", "one worker"])
+def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
+    with connect(cluster, SharedMemory(), device=devices[0]) as source, \
+            source.open(devices[1]) as destination:
+        a = np.asfortranarray(np.random.default_rng(7).random((700, 400)))
+        t = source.asarray(a)
+        moved = t.to(destination)
+        pool = source.connection.segments
+        transfers = pool.transfers
+        np.testing.assert_array_equal(moved.numpy(), a)
+        assert pool.transfers == transfers + 1 and not pool.lent  # the move's slot came back
+        assert destination.shares_memory and destination.stats()["resident_bytes"] == a.nbytes
+        broken = np.linalg.inv(source.zeros((400, 400)))  # singular: fails on the device
+        with pytest.raises(fabric.RemoteError):
+            broken.to(destination).numpy()
+        small = source.asarray(np.arange(10.0)).to(destination)  # under the threshold
+        np.testing.assert_array_equal(small.numpy(), np.arange(10.0))
+        with connect(cluster, shared_memory=False, device=devices[0]) as by_socket, \
+                by_socket.open(devices[1]) as by_socket_destination:
+            by_socket.asarray(a).to(by_socket_destination).sum().numpy()
+            with cluster.admin() as admin:
+                routed = {int(row["id"], 16): row["bytes"] for row in admin.sessions()}
+        # The broker carried the bytes only where they went inside the TRANSFER (between two
+        # workers, without shared memory).
+        assert routed[destination.id] < a.nbytes
+        assert (routed[by_socket_destination.id] > a.nbytes) == (devices[0] != devices[1])
+
+
+@pytest.mark.timeout(60)
+def test_a_sharded_tensor_gathers_its_shards_through_shared_memory(shm_cluster):
+    with connect(shm_cluster) as session:
+        mesh = session.mesh([0, 1])
+        a = np.random.default_rng(8).random((600, 500))
+        sharded = mesh.asarray(a, axis=0)
+        np.testing.assert_array_equal(sharded.numpy(), a)
+        pool = session.connection.segments
+        segments, transfers = {s.name for s in [*pool.free, *pool.lent]}, pool.transfers
+        assert len(pool.free) >= 2  # the gather's slots came back
+        for _ in range(2):  # ... and are reused: no segment is made
+            np.testing.assert_array_equal(sharded.numpy(), a)
+        assert {s.name for s in [*pool.free, *pool.lent]} == segments
+        assert pool.transfers == transfers + 4
+
+
+@pytest.mark.timeout(60)
+def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
+    # Room for two 2 MiB segments: two read-only views hold both, so what comes next must
+    # take the sockets, and it is served all the same.
+    with connect(shm_cluster, SharedMemory(threshold=0, limit=4 << 20)) as session:
+        a = np.random.default_rng(1).random(200_000)
+        t = session.asarray(a)
+        held = [t.numpy(copy=False), (t + 1).numpy(copy=False)]
+        pool = session.connection.segments
+        transfers = pool.transfers
+        assert pool.held == 4 << 20 and not pool.free
+        np.testing.assert_array_equal(t.numpy(), a)
+        np.testing.assert_array_equal(session.asarray(a * 3).numpy(), a * 3)
+        assert pool.transfers == transfers and pool.held <= pool.limit
+        assert session.stats()["bytes_uploaded"] == a.nbytes
+        np.testing.assert_array_equal(held[1], a + 1)
+        del held
+        gc.collect()
+        np.testing.assert_array_equal(t.numpy(), a)  # slots come back and are reused
+        assert pool.transfers == transfers + 1 and pool.held == 4 << 20
+
+
+@pytest.mark.timeout(60)
+def test_uploads_reuse_the_same_segments(shm_cluster):
+    with connect(shm_cluster, SharedMemory()) as session:
+        a = np.random.default_rng(2).random(400_000)
+        for i in range(5):
+            t = session.asarray(a + i)
+            assert t[-1].numpy() == a[-1] + i
+        pool = session.connection.segments
+        assert pool.transfers == 5 and pool.held == 4 << 20  # one segment of 4 MiB, reused
+
+
+@pytest.mark.timeout(60)
+def test_the_client_option_turns_it_off(shm_cluster):
+    with connect(shm_cluster, shared_memory=False) as session:
+        a = np.random.default_rng(3).random(300_000)
+        np.testing.assert_array_equal(session.asarray(a).numpy(), a)
+        assert session.connection.segments is None and session.shares_memory is None  # (unasked)
+        assert session.stats()["bytes_uploaded"] == a.nbytes
+    with pytest.raises(TypeError, match="shared_memory= takes"):
+        connect(shm_cluster, shared_memory="yes")
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_of_another_process_is_refused_and_the_worker_goes_on(shm_cluster):
+    with connect(shm_cluster) as session:
+        t = session.asarray(np.arange(1000.0))
+        stranger = segment_name(boot_id(), 1, 0)  # (init's pid: never this client's)
+        with pytest.raises(ProtocolError, match="process that agreed"):
+            session._call({"op": "read_into", "id": t.id, "dtype": "<f8", "shape": [1000],
+                           "into": [stranger, 0, 8000]})
+        with pytest.raises(ProtocolError, match="does not fit"):
+            pool = session.connection.segments
+            name = [*pool.free, *pool.lent][0].name  # (the upload's)
+            session._call({"op": "read_into", "id": t.id, "dtype": "<f8", "shape": [1000],
+                           "into": [name, 1 << 30, 8000]})
+        assert t.sum().numpy() == 499500.0
+
+
+@pytest.mark.timeout(60)
+def test_a_put_from_shared_memory_the_session_never_agreed_to_fails_alone(shm_cluster):
+    with connect(shm_cluster, shared_memory=False) as session:
+        tensor = session.stream.new_tensor((10,), np.dtype("float64"), None)
+        name = segment_name(boot_id(), os.getpid(), 0)
+        session.stream.enqueue(["put", tensor.id, [], {"dtype": "<f8", "shape": [10],
+                                                       "shm": [name, 0, 80]}], None, tensor)
+        with pytest.raises(FabricError, match="has not agreed to shared memory"):
+            tensor.numpy()
+        assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_started_without_shared_memory_serves_through_the_sockets():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--no-shared-memory",)) as cluster, \
+            connect(cluster) as session:
+        a = np.random.default_rng(4).random((300, 200))
+        np.testing.assert_array_equal(session.asarray(a).numpy(), a)
+        assert session.shares_memory is False
+        assert session.stats()["bytes_uploaded"] == a.nbytes
+
+
+@pytest.mark.timeout(90)
+def test_memory_limit_counts_what_an_upload_copies_out_of_shared_memory():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--memory-limit", "1000000")) as cluster, \
+            connect(cluster) as session:
+        too_big = session.asarray(np.ones(200_000))  # 1.6 MB
+        with pytest.raises(fabric.RemoteError, match="memory"):
+            too_big.numpy()
+        assert session.shares_memory is True
+        np.testing.assert_array_equal(session.asarray(np.ones(1000)).numpy(), np.ones(1000))
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_killed_during_an_upload_fails_the_session_and_leaves_nothing(cluster):
+    session = connect(cluster, device=1, timeout=30)
+    try:
+        session.asarray(np.ones(10)).numpy()  # agreed, and the session is known to work
+        big = np.random.default_rng(5).random(8 << 20)  # 64 MiB
+        session.asarray(big)  # sent: the worker copies it out while it dies
+        cluster.workers[1].send_signal(signal.SIGKILL)
+        with pytest.raises(FabricError) as lost:
+            session.sync()
+        assert isinstance(lost.value, fabric.SessionLost)
+        assert session.connection.segments.held > 0  # this client's: freed at close
+    finally:
+        session.close()
+    assert segments_of({os.getpid(), cluster.workers[1].pid}) == []
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_clients_segments_are_swept_once_its_session_ends():
+    script = (
+        "import fabric, numpy, os, sys\n"
+        "s = fabric.connect(sys.argv[1], token=os.environ['FABRIC_TOKEN'],\n"
+        "                   shared_memory=fabric.SharedMemory(threshold=0))\n"
+        "keep = s.asarray(numpy.ones(100)).numpy(copy=False)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n")
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             broker_args=("--lease", "0.5")) as cluster:
+        client = subprocess.Popen([sys.executable, "-c", script, cluster.address],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "FABRIC_TOKEN": cluster.token})
+        try:
+            assert client.stdout.readline().strip() == "ready"
+            assert segments_of({client.pid})  # its view's slot, at least
+            client.kill()
+            client.wait()
+            assert segments_of({client.pid})  # SIGKILL: nothing ran at its end
+            # The broker ends the vanished client's session; its worker then sweeps.
+            wait_for(lambda: segments_of({client.pid}) == [], 10, "the dead client's segments")
+        finally:
+            if client.poll() is None:
+                client.kill()
+            client.communicate(timeout=5)
+
+
+# -- the rules on their own ---------------------------------------------------------------
+
+
+def test_names_say_their_boot_and_owner():
+    name = segment_name("0123abcd", 4242, 7)
+    assert name == "fabric-0123abcd-4242-7"
+    assert parse_name(name) == ("0123abcd", 4242, 7)
+    for other in ["fabric-0123abcd-4242", "fabric-xyz-1-2", "psm_123", "fabric-0123abcd-1-2/x",
+                  None, 5]:
+        assert parse_name(other) is None
+
+
+def test_dead_owners_are_those_of_other_boots_and_gone_pids():
+    names = [segment_name("aaaaaaaa", 10, 0), segment_name("aaaaaaaa", 11, 0),
+             segment_name("bbbbbbbb", 10, 1), "unrelated", "fabric-aaaaaaaa-12"]
+    assert dead_owners(names, "aaaaaaaa", lambda pid: pid == 10) == [
+        segment_name("aaaaaaaa", 11, 0), segment_name("bbbbbbbb", 10, 1)]
+
+
+def test_sweep_unlinks_a_dead_owners_segment_and_keeps_a_live_ones():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    orphan = os.path.join(SHM_DIR, segment_name(boot_id(), int(dead.stdout), 0))
+    mine = os.path.join(SHM_DIR, segment_name(boot_id(), os.getpid(), 999_999))
+    for path in (orphan, mine):
+        open(path, "wb").close()
+    try:
+        assert os.path.basename(orphan) in sweep()
+        assert not os.path.exists(orphan) and os.path.exists(mine)
+    finally:
+        os.unlink(mine)
+
+
+@pytest.mark.parametrize("ref", [None, ["fabric-0123abcd-1-2", 0], ["x", 0, 8],
+                                 ["fabric-0123abcd-1-2", -1, 8], ["fabric-0123abcd-1-2", 0, 1.5]])
+def test_a_malformed_slot_is_a_protocol_error(ref):
+    with pytest.raises(ProtocolError, match="slot must be"):
+        decode_segment_ref(ref)
+
+
+def test_the_pool_reuses_fits_bounds_and_shrinks():
+    now, done = [0.0], {7: 0}
+    pool = SegmentPool(done.get, limit=3 * SEGMENT_ALIGN, idle_seconds=30,
+                       clock=lambda: now[0])
+    try:
+        upload = pool.acquire(SEGMENT_ALIGN + 1)  # two units
+        pool.lend_until(upload, 7, 1)  # back once session 7's device ran its batch 1
+        read = pool.acquire(10)
+        assert pool.held == 3 * SEGMENT_ALIGN and pool.acquire(10) is None  # full: sockets
+        done[7] = 1
+        again = pool.acquire(SEGMENT_ALIGN)  # the upload's, reused: it fits
+        assert again.segment is upload.segment and pool.held == 3 * SEGMENT_ALIGN
+        pool.give_back(read)
+        pool.give_back(again)
+        now[0] = 31.0  # both idle past idle_seconds: unlinked when the next is lent
+        small = pool.acquire(1)
+        assert pool.held == SEGMENT_ALIGN and small.segment not in (read.segment, again.segment)
+        assert not os.path.exists(os.path.join(SHM_DIR, read.segment.name))
+        pool.discard(small)  # abandoned: unlinked at once, never reused
+        assert pool.held == 0 and not os.path.exists(os.path.join(SHM_DIR, small.segment.name))
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_array_dropped_in_another_thread_gives_its_slot_back_later(shm_cluster):
+    with connect(shm_cluster) as session:
+        t = session.asarray(np.ones(300_000))
+        session.sync()  # the device ran the upload: the read below reuses its segment
+        arrays = [t.numpy()]
+        pool = session.connection.segments
+        assert len(pool.lent) == 1 and pool.held == 4 << 20
+        dropper = threading.Thread(target=arrays.clear)
+        dropper.start()
+        dropper.join()
+        assert len(pool.lent) == 1  # queued: the pool is its connection's thread's alone
+        np.testing.assert_array_equal(t.numpy(), np.ones(300_000))  # the next lend takes it
+        assert pool.held == 4 << 20 and pool.transfers == 3  # one segment, reused
