@@ -164,7 +164,7 @@ def simulated_hosts(work: Path, count: int) -> Iterator[SimulatedHosts]:
                 sshd = subprocess.Popen(["ip", "netns", "exec", namespace, SSHD, "-D", "-e",
                                          "-f", str(_sshd_config(work, address, host_key))],
                                         stdout=out, stderr=subprocess.STDOUT)
-            undo.callback(_reap, sshd)
+            undo.callback(stop_process, sshd)
             _wait_listening(address, sshd, log)
             addresses.append(address)
             namespaces.append(namespace)
@@ -191,12 +191,13 @@ def _delete_link(name: str) -> None:
     subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=10)
 
 
-def _reap(proc: subprocess.Popen) -> None:
-    """Wait for a process that ``_end_namespace_processes`` ended (or end it here)."""
+def stop_process(proc: subprocess.Popen, timeout: float = STOP_TIMEOUT) -> None:
+    """End ``proc`` (SIGTERM, then SIGKILL after ``timeout``) and reap it; one that ended
+    already (``_end_namespace_processes`` ends sshd's) is only reaped."""
     with contextlib.suppress(ProcessLookupError):
         proc.terminate()
     try:
-        proc.wait(STOP_TIMEOUT)
+        proc.wait(timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

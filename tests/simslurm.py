@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from simhosts import stop_process
+
 PACKAGES = "munge slurmctld slurmd slurm-client"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "sinfo")
 NODE = "fabnode"
@@ -97,16 +99,6 @@ PartitionName=fabric Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextlib.contextmanager
 def single_node_slurm(folder: Path) -> Iterator[Slurm]:
     """Configure and start a Slurm of one node in ``folder``; stop it when the block ends."""
@@ -129,7 +121,7 @@ def single_node_slurm(folder: Path) -> Iterator[Slurm]:
         for command in daemons:
             with open(folder / f"{command[0]}.out", "ab") as out:
                 proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-            undo.callback(_stop, proc)
+            undo.callback(stop_process, proc, STOP_TIMEOUT)
             if command[0] == "munged":
                 _wait_for(munge_socket.exists, "munged made no socket", folder)
         slurm = Slurm(folder, env)

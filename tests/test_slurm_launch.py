@@ -141,9 +141,7 @@ def test_cluster_slurm_runs_workers_in_a_job_and_a_scancel_ends_everything(slurm
         slurm.run("scancel", job)
         code, err = _ended(launcher)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.communicate()
+        _killed_if_running(launcher)
     assert code == 0, err
     assert f"stopped by scancel of Slurm job {job}" in err
     assert not connection_file.exists() and not admin_file.exists()
@@ -154,6 +152,12 @@ def test_cluster_slurm_runs_workers_in_a_job_and_a_scancel_ends_everything(slurm
     assert f"worker {HOST}/0" in job_log.read_text()
 
 
+def _killed_if_running(launcher: subprocess.Popen) -> None:
+    if launcher.poll() is None:  # (a failed test's launcher: ended here, whatever it does)
+        launcher.kill()
+        launcher.communicate()
+
+
 def test_ctrl_c_cancels_the_job_and_stops_the_broker(slurm, tmp_path):
     launcher, connection_file = _start_the_readme_launcher(slurm, tmp_path)
     try:
@@ -162,9 +166,7 @@ def test_ctrl_c_cancels_the_job_and_stops_the_broker(slurm, tmp_path):
         launcher.send_signal(signal.SIGINT)
         code, err = _ended(launcher)
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.communicate()
+        _killed_if_running(launcher)
     assert code == 0, err
     assert "stopped by SIGINT" in err
     assert not connection_file.exists()
