@@ -56,8 +56,8 @@ class ArrayNamespace(ABC):
         """Send the batched ops now (the stream calls this when a batch is full)."""
 
     @abstractmethod
-    def read(self, tensor: Tensor) -> np.ndarray:
-        """``tensor``'s values (``t.numpy()``)."""
+    def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
+        """``tensor``'s values (``t.numpy()``; ``copy=False``: read-only, maybe shared)."""
 
     @abstractmethod
     def resolve_shape(self, tensor: Tensor) -> None:

@@ -315,10 +315,18 @@ def test_a_read_too_big_for_the_client_is_a_typed_error_and_the_session_goes_on(
         assert info.value.details == {"size": 80_000, "limit": 64 << 10}
         assert "slices" in info.value.message
         assert np.array_equal(x[:5000].numpy(), np.arange(5000.0))  # 40 000 bytes fit
-    with small_messages.connect() as session:  # the broker's own 1 MiB limit, for reads
+    with _over_sockets(small_messages) as session:  # the broker's own 1 MiB limit, for reads
         with pytest.raises(MessageTooLarge):
             session.zeros(MiB // 8 + 1).numpy()
         assert session.ones(3).sum().numpy() == 3
+    with small_messages.connect() as session:  # (through shared memory no message holds it)
+        assert session.zeros(MiB // 8 + 1).numpy().shape == (MiB // 8 + 1,)
+
+
+def _over_sockets(cluster: fabric.LocalCluster, device: int = 0) -> fabric.Session:
+    # A session whose arrays all cross the sockets (and the broker), whatever their size
+    return fabric.connect(cluster.address, token=cluster.token, device=device,
+                          shared_memory=False)
 
 
 def test_the_clients_own_max_message_bytes_bounds_uploads_too(small_messages):
@@ -339,7 +347,7 @@ def test_the_clients_own_max_message_bytes_bounds_uploads_too(small_messages):
 
 def test_a_tensor_moved_between_workers_too_big_for_the_broker_arrives_as_an_error(
         small_messages):
-    with small_messages.connect(device=0) as a, small_messages.connect(device=1) as b:
+    with _over_sockets(small_messages, 0) as a, _over_sockets(small_messages, 1) as b:
         big = a.zeros(MiB // 8 + 1)  # more than the broker's 1 MiB
         moved = big.to(b)
         with pytest.raises(MessageTooLarge) as info:
