@@ -17,6 +17,15 @@ from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
 HEARTBEAT = 0.2
 
 
+def wait_until(condition, timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; AssertionError naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
 def child_pids() -> set[int]:
     """Live child processes of this test process (zombies excluded)."""
     return children_of(os.getpid())

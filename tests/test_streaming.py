@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 import fabric
 from fabric.errors import QuotaExceeded, RemoteError
@@ -16,15 +17,6 @@ from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
 from fabric.origins import origin_line
 from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                            REMEMBERED_ORIGINS)
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; AssertionError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def submits_taken(admin: fabric.Admin, session_id: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 import fabric
 
@@ -39,6 +40,9 @@ def test_a_move_lands_only_where_it_was_agreed_to(cluster, path):
             attacker.sync(timeout=5)
         assert "ticket" in str(refused.value)
         assert (payload + 1).sum().numpy() == 800_000.0  # the attacker's session goes on
+        # (the refused TRANSFERs reach the victim's device after the attacker's sync)
+        wait_until(lambda: victim.stats()["transfers_refused"]
+                   - before["transfers_refused"] >= 2, 5, "both refusals")
         after = victim.stats()
         assert after["transfers_refused"] - before["transfers_refused"] == 2
         assert after["tensors"] == before["tensors"]
