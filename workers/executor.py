@@ -447,15 +447,15 @@ class Executor(GraphOps):
     # -- requests -------------------------------------------------------------------------
 
     def _request(self, message: Message) -> list[Message]:
-        session = self.sessions[message.session]
-        op = message.body.get("op")  # (a str: the REQUEST schema says so)
+        session, body = self.sessions[message.session], message.body
+        op = body.get("op")  # (a str: the REQUEST schema says so)
         handler = self._requests.get(op)
-        if handler is None or type(message.body.get("ops", [])) is not list:
+        carries = "ops" in body  # the session's batch (fabric.session): its SUBMIT, run first
+        if handler is None or carries and type(body["ops"]) is not list:
             return [_reply_error(message, ProtocolError(
                 f"Unknown request {op!r}." if handler is None else "'ops' must be a list."))]
-        # A request may carry the session's batch (fabric.session): its SUBMIT, run first.
-        carried = self._submit(message) if "ops" in message.body else []
-        tensor_id = message.body.get("id", 0)
+        carried = self._submit(message) if carries else []
+        tensor_id = body.get("id", 0)
         if type(tensor_id) is not int:  # (tested here first: this is every read's path)
             _require_ints(f"A {op} request", id=tensor_id)
         replies = handler(self, session, message)
