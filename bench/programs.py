@@ -1,6 +1,6 @@
 """Eight numpy programs run on numpy and on a device, with only the upload changed.
 
-    python bench/programs.py [--size small|full] [--repeats R]
+    python bench/programs.py [--size small|full] [--repeats R] [--programs NAME ...]
 
 Each program is one function ``program(xp, inputs)``: ``xp`` is where its arrays live
 (``numpy`` itself, or a ``fabric`` session), and the program's only use of it is the upload,
@@ -283,11 +283,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=["small", "full"], default="full")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (median)")
+    parser.add_argument("--programs", nargs="+", choices=list(PROGRAMS), metavar="NAME",
+                        default=list(PROGRAMS), help="run only these programs")
     options = parser.parse_args()
     all_inputs = _inputs(options.size)  # (run_both makes them again: the same seed)
     print(f"{'program':22} {'numpy ms':>10} {'device ms':>10} {'ratio':>7}  agrees  note")
     with fabric.LocalCluster(workers=1) as cluster, cluster.connect() as session:
-        for name, program in PROGRAMS.items():
+        for name in options.programs:
+            program = PROGRAMS[name]
             if not installed(program.package):
                 print(f"{name:22} {'':>10} {'':>10} {'':>7}  -       skipped: "
                       f"{program.package} is not installed")

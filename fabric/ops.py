@@ -548,7 +548,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("broadcast_to", np.broadcast_to, _view_shape, _same_dtype),
     Op("astype", _astype, _elementwise_shape, _param_dtype, elementwise=True),
     Op("copy", _copy, _elementwise_shape, _same_dtype),
-    Op("roll", np.roll, _elementwise_shape, _same_dtype),
+    Op("roll", functions.roll, _elementwise_shape, _same_dtype),
     Op("concatenate", lambda *arrays, axis=0: np.concatenate(arrays, axis=axis),
        _join_shape, _tiny_dtype),
     Op("stack", lambda *arrays, axis=0: np.stack(arrays, axis=axis), _join_shape, _tiny_dtype),

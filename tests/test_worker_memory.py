@@ -16,7 +16,8 @@ from fabric.errors import QuotaExceeded, error_from_wire
 from fabric.protocol import Kind, Message
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
-from fabric.workers.memory import MemoryBudget, available_memory, budget_from_option, parse_size
+from fabric.workers.memory import (MemoryBudget, available_memory, budget_from_option,
+                                   inferred_need, parse_size)
 
 MiB = 1 << 20
 
@@ -77,6 +78,23 @@ def test_uploads_transfers_and_graph_calls_past_the_budget_are_refused():
            ["graph_call", 4, [3], {"graph": 7, "outputs": 1}])
     error = error_of(executor, 4)
     assert isinstance(error, QuotaExceeded) and "graph 'outer'" in error.message
+
+
+def test_an_ops_inferred_need_is_remembered_per_signature_scalars_and_params_included():
+    small, large = np.ones((4, 8), np.int8), np.ones((40, 8), np.int8)
+    # (asked twice each, in turns: a signature that left out a scalar's type, an input's
+    # shape or a param would answer the second question with the first's bytes)
+    for _ in range(2):
+        assert inferred_need("multiply", [small, 2], {})[0] == small.size  # int8 kept
+        assert inferred_need("multiply", [small, 2.5], {})[0] == small.size * 8  # float64
+        assert inferred_need("multiply", [large, 2], {})[0] == large.size
+        assert inferred_need("sum", [large], {"axis": 0})[0] == 8 * 8
+        assert inferred_need("sum", [large], {"axis": 1})[0] == 40 * 8
+        assert inferred_need("matmul", [small, large.T], {})[0] == 4 * 40
+    with pytest.raises(ValueError):  # (not remembered: asked again, it raises again)
+        inferred_need("matmul", [small, large], {})
+    with pytest.raises(ValueError):
+        inferred_need("matmul", [small, large], {})
 
 
 def test_frees_and_closes_give_the_budget_back():

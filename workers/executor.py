@@ -30,7 +30,7 @@ import numpy as np
 
 from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
 from fabric.flow import CREDIT_EVERY
-from fabric.ops import OPS, RANDOM_OPS, WRITES_IN_PLACE, Spec
+from fabric.ops import OPS, RANDOM_OPS, WRITES_IN_PLACE
 from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
                          dtype_name, parse_op)
@@ -40,7 +40,7 @@ from .backends.base import Backend, DeferredError, DeferredValue, Value
 from .device_session import DeviceSession
 from .graphs import GraphOps, SessionGraphs, plan_op
 from .in_place import write_in_place
-from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, exact_need
+from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, inferred_need
 from .tally import DeviceTally
 
 # For a device's ops on fewer than its ``plain_below`` elements, an op without params is this
@@ -176,14 +176,9 @@ class Executor(GraphOps):
         if elements and (name in SAME_SIZE_OPS or name == "getitem" and len(inputs) == 1) and (
                 limit is None or session.resident + bound <= limit) and self.allowance.fits(bound):
             return
-        op = OPS.get(name)
-        if op is None:
+        if name not in OPS:
             return  # an upload (checked in _compute) or an unknown op (which fails there)
-        specs = [Spec(v.shape, v.dtype) if isinstance(v, (np.ndarray, DeferredValue)) else v
-                 for v in inputs]
-        shape, dtype = op.infer(specs, decode_params(name, params) if params else {})
-        self._require(session, name, int(np.prod(shape)) * np.dtype(dtype).itemsize,
-                      exact_need((shape, dtype), inputs))
+        self._require(session, name, *inferred_need(name, inputs, params))
 
     def _require(self, session: DeviceSession, what: str, result_bytes: int,
                  amount: int) -> None:

@@ -22,7 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from fabric.ops import OPS
+from fabric.ops import OPS, Spec
+from fabric.wire import decode_params
 
 from .backends.base import DeferredValue
 
@@ -62,6 +63,38 @@ def exact_need(result: tuple[tuple[int, ...], np.dtype], inputs: Sequence[Any]) 
     count = math.prod(shape)
     largest = max([count, *(elements(v) for v in inputs if isinstance(v, _TENSORS))])
     return need(count * np.dtype(dtype).itemsize, largest)
+
+
+_MAX_REMEMBERED = 4096  # op signatures whose need inferred_need keeps
+_remembered: dict[tuple[Any, ...], tuple[int, int]] = {}
+
+
+def inferred_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> tuple[int, int]:
+    """The bytes op ``name`` of the table makes on ``inputs`` (tensor values and scalars)
+    with wire ``params``, and its ``exact_need``, by the table's shape and dtype rules.
+
+    Remembered per signature (each tensor's shape and dtype, each scalar's type and value, the
+    params), as the rules see nothing else: a loop sends the same ops again and again, and
+    inferring a matmul's or a mask update's shape cost more than running it on small arrays.
+    Raises what the rules raise (not remembered)."""
+    key: tuple[Any, ...] | None = (name, *[
+        (v.shape, v.dtype) if isinstance(v, _TENSORS) else (type(v), v) for v in inputs],
+        *params.items())
+    try:
+        known = _remembered.get(key)  # type: ignore[arg-type]
+    except TypeError:  # (a param holds a list: not hashable, inferred each time)
+        known, key = None, None
+    if known is not None:
+        return known
+    specs = [Spec(v.shape, v.dtype) if isinstance(v, _TENSORS) else v for v in inputs]
+    shape, dtype = OPS[name].infer(specs, decode_params(name, params) if params else {})
+    result = (shape, np.dtype(dtype))
+    known = (math.prod(shape) * result[1].itemsize, exact_need(result, inputs))
+    if key is not None:
+        if len(_remembered) >= _MAX_REMEMBERED:
+            _remembered.clear()
+        _remembered[key] = known
+    return known
 
 
 class MemoryBudget:
