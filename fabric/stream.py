@@ -34,10 +34,13 @@ from .tensor import Tensor
 # took a quarter longer than 256; below ~128, each message's own cost starts to show).
 # (MAX_BATCH_ENTRIES, and MAX_BATCH_BYTES of uploaded buffers, are in ``fabric.flow``: they
 # also bound what the broker takes in one message.)
-# ... or when its ops touch this many array elements (each op's inputs and output): about a
-# millisecond of device work, against a message's tenth of one. A heavy op is then sent at
-# once, and runs while the user's code goes on, instead of waiting for the next read.
-MAX_BATCH_ELEMENTS = 1 << 20
+# ... or when its ops touch this many array elements (each op's inputs and output): a few
+# milliseconds of float64 work, a fraction of one on int8, against a message's tenth of one
+# on each of client, broker and worker. A heavy op is then sent at once, and runs while the
+# user's code goes on, instead of waiting for the next read. (At 1 << 20, Game of Life on a
+# 256x256 int8 grid sent a message every 7 ops, and its three processes spent 180 ms of CPU
+# where numpy spent 45; at 1 << 22, 99 ms: bench/programs.py.)
+MAX_BATCH_ELEMENTS = 1 << 22
 # ... or when its graph calls run this many ops. A call costs the client one op and the
 # worker all of the graph's: the worker sets the pace, so each message's own cost counts, and
 # bigger batches than MAX_BATCH_ENTRIES pay (bench W5).
