@@ -126,6 +126,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
                    "cannot host a server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads numpy's BLAS, OpenMP and numexpr may use in this worker "
+                   "[default: the cores it may run on, shared among its devices].")
 @click.option("--name", default=None, help="Worker name, unique in the cluster [default: "
               "HOST/SLOT, the lowest slot no other live unnamed worker of this host holds for "
               "this broker, so a restarted worker takes back its name and device indexes].")
@@ -155,8 +158,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @with_options(timing_options)
 @limit_options("worker")
 @curve_client_options("worker")
-def worker(broker_address: str, backend: str, devices: int, name: str | None,
-           memory_limit: int | None, memory_budget: str, give_up_after: float | None,
+def worker(broker_address: str, backend: str, devices: int, threads: int | None,
+           name: str | None, memory_limit: int | None, memory_budget: str, give_up_after: float | None,
            admin_file: str | None, stop_on_stdin_close: bool, no_shared_memory: bool,
            worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
@@ -170,9 +173,11 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     from fabric.workers.backends import device_class
     from fabric.workers.control import WorkerStops
     from fabric.workers.memory import budget_from_option
+    from fabric.workers.threads import default_threads, limit_threads
     from fabric.workers.worker import serve
 
     _logging(log_level)
+    limit_threads(threads or default_threads(devices))
     shared_memory.ENABLED = not no_shared_memory
     try:
         budget = budget_from_option(memory_budget)

@@ -232,7 +232,7 @@ class LocalCluster:
         with self._log(self.worker_name(index)) as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "fabric", "worker", "--broker", self.backend_address,
-                 *self.worker_options(index)],
+                 "--threads", str(self.threads_per_worker()), *self.worker_options(index)],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env(),
                 preexec_fn=_die_with_parent)
         if index < len(self.workers):
@@ -240,6 +240,14 @@ class LocalCluster:
         else:
             self.workers.append(proc)
         return proc
+
+    def threads_per_worker(self) -> int:
+        """``--threads`` for a worker on this host (a ``--threads`` in worker_args wins): the
+        cores this process may run on, less one for the client and broker beside them,
+        shared among all the devices of the cluster's workers; at least one."""
+        from fabric.workers.threads import usable_cores
+
+        return max(1, (usable_cores() - 1) // max(self.n_workers * self.devices_per_worker, 1))
 
     def worker_name(self, index: int) -> str:
         """The name worker ``index`` registers under (and its log file's)."""

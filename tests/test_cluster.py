@@ -266,3 +266,16 @@ def test_cluster_up_bound_to_every_interface_writes_the_advertised_host(tmp_path
     finally:
         launcher.send_signal(signal.SIGINT)
         launcher.communicate(timeout=30)
+
+
+def test_workers_hold_their_thread_pools_to_a_share_of_the_cores():
+    # numexpr reports its own pool's size: what --threads set, not what was asked
+    with fabric.LocalCluster(workers=1, backend="numexpr",
+                             worker_args=("--threads", "3")) as cluster:  # (the last wins)
+        assert cluster.devices()[0].settings["threads"] == 3
+        with cluster.connect() as session:
+            assert (session.ones((300, 300)) @ session.ones((300, 300))).numpy()[0, 0] == 300
+    with fabric.LocalCluster(workers=2, backend="numexpr") as cluster:
+        share = cluster.threads_per_worker()
+        assert share == max(1, (len(os.sched_getaffinity(0)) - 1) // 2)
+        assert [d.settings["threads"] for d in cluster.devices()] == [share, share]

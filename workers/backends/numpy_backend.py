@@ -7,7 +7,6 @@ implementations, so every other backend is checked against it.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from typing import Any, Callable
 
@@ -15,6 +14,7 @@ import numpy as np
 
 from fabric.ops import Op
 
+from ..threads import chosen_threads
 from .base import Backend
 
 
@@ -27,7 +27,7 @@ class NumpyDevice(Backend):
     def settings(self) -> dict[str, Any]:
         """What the device is, as shown in WELCOME and ``fabric.devices()``."""
         return {"backend": self.backend, "version": np.__version__,
-                "threads": int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)),
+                "threads": chosen_threads(),
                 "fuses": []}
 
     def run(self, op: Op, inputs: list[Any], params: dict[str, Any]) -> np.ndarray:

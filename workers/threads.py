@@ -1,0 +1,48 @@
+"""How many threads a worker's devices let numpy's BLAS, OpenMP and numexpr use.
+
+Rule: a worker sets one thread count for its process at start (``--threads``), for the
+pools its devices call into: the BLAS library's and OpenMP's (through threadpoolctl, which
+finds whichever BLAS numpy loaded) and numexpr's. Left to themselves these start one thread
+per core of the machine, and OpenBLAS's threads spin between calls: a loop of small matmuls
+then keeps every core busy, so the client and broker on the same host, and the worker's own
+device and I/O threads, wait for a core (bench/programs.py's MLP on a busy 2-core machine:
+1.35 s of worker CPU for 0.13 s of work, and a read that timed out). The default is the
+cores this process may run on shared among its devices.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numexpr
+from threadpoolctl import threadpool_limits
+
+_chosen: int | None = None  # the count set by limit_threads (None: the pools' own)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        return os.cpu_count() or 1
+
+
+def default_threads(devices: int) -> int:
+    """A worker's thread count when it is not told one: its cores shared among its
+    ``devices``, at least one."""
+    return max(1, usable_cores() // max(devices, 1))
+
+
+def limit_threads(threads: int) -> None:
+    """Let the BLAS, OpenMP and numexpr pools of this process use ``threads`` threads."""
+    global _chosen
+    threadpool_limits(limits=threads)
+    numexpr.set_num_threads(threads)
+    _chosen = threads
+
+
+def chosen_threads() -> int:
+    """The thread count a device reports: the one set, else what its pools would start."""
+    return _chosen if _chosen is not None else int(os.environ.get(
+        "OMP_NUM_THREADS", os.cpu_count() or 1))
