@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 
-import numexpr
 from threadpoolctl import threadpool_limits
 
 _chosen: int | None = None  # the count set by limit_threads (None: the pools' own)
@@ -35,14 +34,13 @@ def default_threads(devices: int) -> int:
 
 
 def limit_threads(threads: int) -> None:
-    """Let the BLAS, OpenMP and numexpr pools of this process use ``threads`` threads."""
+    """Let the BLAS and OpenMP pools of this process use ``threads`` threads, and numexpr's
+    once a numexpr device starts (``limited_to``: a numpy worker never loads numexpr)."""
     global _chosen
     threadpool_limits(limits=threads)
-    numexpr.set_num_threads(threads)
     _chosen = threads
 
 
-def chosen_threads() -> int:
-    """The thread count a device reports: the one set, else what its pools would start."""
-    return _chosen if _chosen is not None else int(os.environ.get(
-        "OMP_NUM_THREADS", os.cpu_count() or 1))
+def limited_to() -> int | None:
+    """The count ``limit_threads`` set (None: it was not called, the pools keep their own)."""
+    return _chosen

@@ -47,6 +47,7 @@ import numpy as np
 
 from fabric.ops import Op, Spec
 
+from ..threads import limited_to
 from .base import DeferredError, GraphOp, GraphStep
 from .numexpr_deferred import MAX_LEAVES, MAX_OPS, Deferred, measure, refresh, too_big, walk
 from .numexpr_graphs import fused_steps
@@ -83,6 +84,9 @@ class NumexprDevice(NumpyDevice):
 
     def __init__(self, index: int, min_size: int | None = None) -> None:
         super().__init__(index)
+        threads = limited_to()  # (the worker's --threads: numexpr's pool too)
+        if threads:
+            numexpr.set_num_threads(threads)
         self.min_size = int(os.environ.get(MIN_SIZE_ENV, MIN_SIZE)) if min_size is None \
             else min_size
         self.plain_below = self.min_size  # smaller ops are numpy's: the executor calls it

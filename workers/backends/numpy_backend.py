@@ -7,6 +7,7 @@ implementations, so every other backend is checked against it.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any, Callable
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from fabric.ops import Op
 
-from ..threads import chosen_threads
+from ..threads import limited_to
 from .base import Backend
 
 
@@ -27,7 +28,7 @@ class NumpyDevice(Backend):
     def settings(self) -> dict[str, Any]:
         """What the device is, as shown in WELCOME and ``fabric.devices()``."""
         return {"backend": self.backend, "version": np.__version__,
-                "threads": chosen_threads(),
+                "threads": limited_to() or os.cpu_count() or 1,
                 "fuses": []}
 
     def run(self, op: Op, inputs: list[Any], params: dict[str, Any]) -> np.ndarray:
