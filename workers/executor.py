@@ -38,9 +38,11 @@ from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scal
 from . import shared_memory
 from .backends.base import Backend, DeferredError, DeferredValue, Value
 from .device_session import DeviceSession
+from .elision import ELIDE_FROM_ELEMENTS, run_elided
 from .graphs import GraphOps, SessionGraphs, plan_op
 from .in_place import write_in_place
-from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget, inferred_need
+from .admission import Admission
+from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget
 from .tally import DeviceTally
 
 # For a device's ops on fewer than its ``plain_below`` elements, an op without params is this
@@ -50,7 +52,7 @@ MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at o
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
 
 
-class Executor(GraphOps):
+class Executor(GraphOps, Admission):
     """The sessions of one device and the messages addressed to them."""
 
     def __init__(self, device: Backend, memory_limit: int | None = None,
@@ -166,40 +168,6 @@ class Executor(GraphOps):
         session.resident += array.nbytes
         self.allowance.held += array.nbytes
 
-    def _admit(self, session: DeviceSession, name: str, inputs: list[Any],
-               params: dict[str, Any], elements: int) -> None:
-        """Refuse op ``name`` of the table before it allocates (``_require``). Where it is one
-        of ``SAME_SIZE_OPS``, or a basic index (the indexed array its only input), and no
-        input is empty, ``elements`` (the product of its tensor inputs' sizes, an input of the
-        first one's shape counted once) bounds its size; else its shape rule tells it."""
-        limit, bound = self.memory_limit, BOUND_PER_ELEMENT * elements
-        if elements and (name in SAME_SIZE_OPS or name == "getitem" and len(inputs) == 1) and (
-                limit is None or session.resident + bound <= limit) and self.allowance.fits(bound):
-            return
-        if name not in OPS:
-            return  # an upload (checked in _compute) or an unknown op (which fails there)
-        self._require(session, name, *inferred_need(name, inputs, params))
-
-    def _require(self, session: DeviceSession, what: str, result_bytes: int,
-                 amount: int) -> None:
-        """Raise QuotaExceeded unless ``what`` may hold ``result_bytes`` more in the session
-        (its --memory-limit) and allocate ``amount`` bytes on the worker (its budget)."""
-        limit = self.memory_limit
-        if limit is not None and session.resident + result_bytes > limit:
-            raise QuotaExceeded(
-                f"{what} needs {result_bytes} more bytes but the session already holds "
-                f"{session.resident} of its {limit}-byte --memory-limit: free tensors "
-                "(del them), work in smaller pieces, or ask for a larger --memory-limit.",
-                limit=limit, resident=session.resident, requested=result_bytes)
-        if not self.allowance.fits(amount):
-            budget = self.allowance.budget
-            raise QuotaExceeded(
-                f"{what} needs {amount} bytes (its {result_bytes}-byte result and room to "
-                f"compute it) but this worker's devices hold {budget.held()} of its "
-                f"{budget.limit}-byte memory budget: free tensors (del them), work in smaller "
-                "pieces, or start the worker with a larger --memory-budget. The worker goes "
-                "on serving.", budget=budget.limit, requested=amount, held=budget.held())
-
     def _drop(self, session: DeviceSession, tensor_ids: Iterable[Any]) -> None:
         tensors, poisoned = session.tensors, session.poisoned
         for tensor_id in tensor_ids:
@@ -220,7 +188,7 @@ class Executor(GraphOps):
         admit, allowance, limit = self._admit, self.allowance, self.memory_limit
         same_size, plain_below, small = SAME_SIZE_OPS, self.device.plain_below, self.device.small
         freed = 0
-        for op in ops:
+        for position, op in enumerate(ops):
             if type(op) is int:  # a tensor the client let go, freed at the point it did so
                 # that the next op's result can take its memory, still in cache (inline, as
                 # _drop does it: a call here cost 8% of a W1 op)
@@ -270,7 +238,12 @@ class Executor(GraphOps):
                 if impl is None or elements >= plain_below and not small(inputs):
                     store(session, out, self._compute(session, name, inputs, params, buffers))
                     continue
-                result = impl(*inputs)  # the device's own run, without the calls around it
+                if elements < ELIDE_FROM_ELEMENTS or type(impl) is not np.ufunc:
+                    result = impl(*inputs)  # the device's own run, without the calls around it
+                else:  # (numpy's elision of a large temporary: workers.elision)
+                    value = result = array = None  # (no name here for an input: it counts
+                    # references; array: the last tensor freed, perhaps one an op reused)
+                    result = run_elided(impl, ops, position, args, inputs)
                 if type(result) is not np.ndarray:
                     result = np.asarray(result)
                 if out not in tensors and out not in poisoned:
