@@ -14,10 +14,10 @@ def address(executor, tensor_id: int) -> int:
     return executor.sessions[SESSION].tensors[tensor_id].__array_interface__["data"][0]
 
 
-def temporary(executor, dtype: str = "<f8", rows: int = ROWS) -> np.ndarray:
+def temporary(executor, dtype: str = "<f8", rows: int = ROWS, columns: int = 64) -> np.ndarray:
     """Tensor 1 uploaded and tensor 2 = tensor 1 + 1 (a temporary the device made)."""
-    data = np.arange(rows * 64).reshape(rows, 64).astype(dtype)
-    submit(executor, ["put", 1, [], {"dtype": dtype, "shape": [rows, 64], "buffer": 0}],
+    data = np.arange(rows * columns).reshape(rows, columns).astype(dtype)
+    submit(executor, ["put", 1, [], {"dtype": dtype, "shape": [rows, columns], "buffer": 0}],
            ["add", 2, [1, 1.0], {}], buffers=(data.tobytes(),))
     return data + 1.0
 
@@ -35,10 +35,11 @@ def test_a_large_temporary_freed_right_after_its_use_takes_the_result():
 
 
 @pytest.mark.parametrize("case", ["a view of it", "freed later", "a bool result",
-                                  "a wider input", "a larger result", "small"])
+                                  "a wider input", "a larger result", "a matmul", "small"])
 def test_a_temporary_that_another_tensor_sees_or_that_cannot_hold_the_result_is_kept(case):
     executor = opened()
-    expected = temporary(executor, rows=ROWS // 2 if case == "small" else ROWS)
+    expected = temporary(executor, rows=ROWS // 2 if case == "small" else ROWS,
+                         columns=ROWS if case == "a matmul" else 64)  # (square: they broadcast)
     data = expected - 1.0  # (tensor 1)
     before = address(executor, 2)
     ops, result = {  # (a bare int among the args is a tensor id: 5 is made first)
@@ -51,6 +52,8 @@ def test_a_temporary_that_another_tensor_sees_or_that_cannot_hold_the_result_is_
                            2], expected * data.astype(np.complex128)),
         "a larger result": ([["getitem", 5, [1], {"index": [None]}],
                              ["multiply", 3, [2, 5], {}], 2], expected * data[None]),
+        "a matmul": ([["matmul", 3, [2, 1], {}], 2], expected @ data if case == "a matmul"
+                     else None),
         "small": ([["multiply", 3, [2, 2.0], {}], 2], expected * 2.0),
     }[case]
     submit(executor, *ops)

@@ -50,20 +50,23 @@ def _alone(ufunc: np.ufunc, inputs: list[Any], index: int) -> bool:
     # (inputs[index] each time: a name for it would be one more reference)
     if type(inputs[index]) is not np.ndarray or sys.getrefcount(inputs[index]) != _ALONE:
         return False
-    shape = inputs[index].shape
-    return (inputs[index].nbytes >= ELIDE_FROM_BYTES and inputs[index].base is None
-            and inputs[index].flags.writeable and keeps_dtype(ufunc, inputs[index].dtype)
-            and np.broadcast_shapes(*[np.shape(v) for v in inputs]) == shape)
+    if not (inputs[index].nbytes >= ELIDE_FROM_BYTES and inputs[index].base is None
+            and inputs[index].flags.writeable and keeps_dtype(ufunc, inputs[index].dtype)):
+        return False
+    try:
+        return np.broadcast_shapes(*[np.shape(v) for v in inputs]) == inputs[index].shape
+    except ValueError:  # (the op fails, with the ufunc's own words)
+        return False
 
 
 def keeps_dtype(ufunc: np.ufunc, dtype: np.dtype) -> bool:
-    """Whether ``ufunc`` has a loop from ``dtype`` inputs to a ``dtype`` result (``add`` on
-    float64; not ``greater``, nor ``true_divide`` on ints)."""
+    """Whether ``ufunc`` is elementwise with a loop from ``dtype`` inputs to a ``dtype``
+    result (``add`` on float64; not ``greater``, nor ``true_divide`` on ints, nor ``matmul``)."""
     key = (ufunc, dtype.char)
     known = _keeps_dtype.get(key)
     if known is None:
-        known = _keeps_dtype[key] = (
-            ufunc.nout == 1 and f"{dtype.char * ufunc.nin}->{dtype.char}" in ufunc.types)
+        known = _keeps_dtype[key] = (ufunc.signature is None and ufunc.nout == 1 and (
+            f"{dtype.char * ufunc.nin}->{dtype.char}" in ufunc.types))
     return known
 
 
