@@ -302,7 +302,7 @@ def _position(items: tuple[Any, ...], axis: int) -> tuple[int, int]:
     raise AssertionError("an expanded index covers every axis")
 
 
-def _operands(args: Sequence[Any]) -> tuple[Mesh, list[Any]]:
+def mesh_operands(args: Sequence[Any]) -> tuple[Mesh, list[Any]]:
     """The mesh of the sharded operands, and the operands, numpy's arrays and lists made
     arrays; a tensor of one device refused."""
     mesh = None
@@ -324,6 +324,13 @@ def _operands(args: Sequence[Any]) -> tuple[Mesh, list[Any]]:
     return mesh, operands
 
 
+def split_differently(first: ShardedTensor, other: ShardedTensor) -> ValueError:
+    """The error for operands that would need to be split alike."""
+    return ValueError(f"The operands are split differently ({first.sharding}; "
+                      f"{other.sharding}): reshard them alike first (x.reshard(axis="
+                      f"{first.axis}) on each).")
+
+
 def _split_axis(operands: Sequence[Any], ndim: int, aligned: Callable[[Any], int]) -> int | None:
     """The result's split axis: the split operands' (each placed by ``aligned``), which must
     agree in axis and blocks; every other operand may not span it (its length there 1)."""
@@ -333,9 +340,7 @@ def _split_axis(operands: Sequence[Any], ndim: int, aligned: Callable[[Any], int
     axis = aligned(split[0])
     for other in split[1:]:
         if aligned(other) != axis or other.sharding.blocks != split[0].sharding.blocks:
-            raise ValueError(f"The operands are split differently ({split[0].sharding}; "
-                             f"{other.sharding}): reshard them alike first (x.reshard(axis="
-                             f"{split[0].axis}) on each).")
+            raise split_differently(split[0], other)
     for operand in operands:
         if isinstance(operand, ShardedTensor) and operand.axis is not None:
             continue
@@ -361,7 +366,7 @@ def per_shard(mesh: Mesh, fn: Callable[..., Tensor], operands: Sequence[Any],
 def elementwise(fn: Callable[..., Any], args: Sequence[Any]) -> ShardedTensor:
     """An elementwise op (a ufunc, ``np.where``) on sharded tensors alike, replicated ones,
     scalars and arrays that do not span the split axis: run on each shard."""
-    mesh, operands = _operands(args)
+    mesh, operands = mesh_operands(args)
     shape = np.broadcast_shapes(*[np.shape(a) for a in operands])  # numpy's error, at the call
     axis = _split_axis(operands, len(shape), lambda a: a.axis + len(shape) - a.ndim)
     return per_shard(mesh, fn, operands, axis)
@@ -370,7 +375,7 @@ def elementwise(fn: Callable[..., Any], args: Sequence[Any]) -> ShardedTensor:
 def _matmul(left: Any, right: Any) -> ShardedTensor:
     """``left @ right`` with one operand split along a axis that is not summed over (the
     left's rows, the right's columns) and the other replicated or an array: on each shard."""
-    mesh, (left, right) = _operands((left, right))
+    mesh, (left, right) = mesh_operands((left, right))
     specs = [Spec(a.shape, a.dtype) if isinstance(a, ShardedTensor) else
              Spec(np.shape(a), np.asarray(a).dtype) for a in (left, right)]
     shape, _ = OPS["matmul"].infer(specs, {})  # numpy's error, at the call

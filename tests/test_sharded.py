@@ -177,6 +177,81 @@ def test_reads_of_many_sessions_are_in_flight_together(meshes):
     assert reads[0].result().tolist() == [0, 1, 2]
 
 
+# -- fabric.function on each shard -------------------------------------------------------------
+
+@fabric.function
+def _layer(x, w, scale):
+    hidden = np.tanh(x @ w) * scale
+    return {"out": hidden + x.sum(axis=1, keepdims=True), "flat": hidden.ravel(), "T": hidden.T,
+            "rows": x.shape[0]}
+
+
+def test_a_function_is_replayed_on_each_shard_and_its_results_split_alike(meshes):
+    mesh = meshes[4]
+    values = np.random.default_rng(8).standard_normal((50, 6))
+    weights = np.random.default_rng(9).standard_normal((6, 6))
+    x, w = mesh.asarray(values, axis=0), mesh.replicate(weights)
+    got = _layer(x, w, 2.0)
+    hidden = np.tanh(values @ weights) * 2.0
+    assert got["rows"] == 50  # a constant of the whole array's trace
+    assert got["out"].sharding == x.sharding
+    np.testing.assert_allclose(got["out"].numpy(), hidden + values.sum(axis=1, keepdims=True))
+    assert got["flat"].sharding.blocks == (78, 78, 72, 72)  # each block's rows, flattened
+    np.testing.assert_allclose(got["flat"].numpy(), hidden.ravel())
+    assert got["T"].sharding.axis == 1 and got["T"].sharding.blocks == x.sharding.blocks
+    np.testing.assert_allclose(got["T"].numpy(), hidden.T)
+    np.testing.assert_allclose(got["out"].sum(axis=0).numpy(),  # combined as any result
+                               (hidden + values.sum(axis=1, keepdims=True)).sum(axis=0))
+    again = _layer(x * 3, w, 2.0)["out"]  # the same shapes: the same graphs, no new trace
+    traces = len(_layer.graphs)
+    np.testing.assert_allclose(again.numpy(), np.tanh(values * 3 @ weights) * 2 +
+                               (values * 3).sum(axis=1, keepdims=True))
+    assert len(_layer.graphs) == traces
+    few = meshes[5].asarray(values[:2], axis=0)  # empty shards
+    assert few.sharding.blocks == (1, 1, 0, 0, 0)
+    np.testing.assert_allclose(_layer(few, meshes[5].replicate(weights), 1)["out"].numpy(),
+                               np.tanh(values[:2] @ weights) + values[:2].sum(1, keepdims=True))
+    copies = _layer(mesh.replicate(values), w, 2.0)["T"]  # replicated in, replicated out
+    assert copies.sharding.replicated
+    assert all(np.allclose(t.numpy(), hidden.T) for _, t in copies.shards)
+
+
+def test_a_function_that_needs_other_shards_is_refused_before_anything_is_sent(meshes):
+    mesh = meshes[3]
+    values = np.arange(24.0).reshape(6, 4)
+    x = mesh.asarray(values, axis=0)
+    columns, one, five = x.reshard(axis=1), mesh.sessions[0].ones(4), mesh.replicate(np.ones(5))
+
+    @fabric.function
+    def centred(a):
+        return a - a.mean(axis=0)
+
+    @fabric.function
+    def total(a):
+        return a.sum(axis=0)
+
+    @fabric.function
+    def pair(a, b):
+        return a + b
+
+    sent = [s.stats()["ops_sent"] for s in mesh.sessions]
+    with pytest.raises(ValueError, match=r"reduce it outside the function.*x\.reshard"):
+        total(x)
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        total(x)
+    with pytest.raises(ValueError, match="reshard them alike"):
+        pair(x, columns)
+    with pytest.raises(TypeError, match=r"mesh\.replicate\(t\)"):
+        pair(x, one)
+    with pytest.raises(TypeError, match=r"mesh\.replicate\(array\)"):
+        pair(x, np.ones(4))
+    with pytest.raises(ValueError, match=r"\(6, ?4\).*\(5,\)|\(5,\).*\(6, ?4\)"):
+        pair(x, five)  # numpy's error, with the whole array's shape
+    assert [s.stats()["ops_sent"] for s in mesh.sessions] == sent
+    assert centred(columns).numpy().tolist() == (values - values.mean(0)).tolist()
+    assert pair(x, mesh.replicate(np.ones(4))).numpy().tolist() == (values + 1).tolist()
+
+
 # -- differential: random chains against numpy ---------------------------------------------------
 
 DTYPES = ["float64", "float32", "int64", "int32", "bool"]
