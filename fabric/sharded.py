@@ -21,7 +21,9 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from . import sharded_reductions as reductions
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
-from .sharding import Sharding, along, block_ranges, block_slices, split_blocks
+from .printing import summary_positions
+from .sharding import (Sharding, along, block_positions, block_ranges, block_slices,
+                       split_blocks)
 from .tensor import Tensor, given_params
 
 Mesh = Any  # a fabric.Mesh (which imports this module: named, not imported)
@@ -93,10 +95,23 @@ class ShardedTensor(Tensor):
         return (f"<fabric.ShardedTensor shape={self.shape} dtype={self.dtype} "
                 f"{self.sharding}>")
 
-    _repr_name = "sharded_tensor"  # (its repr: numpy's, of every shard's values, read)
+    _repr_name = "sharded_tensor"
 
     def _shown(self) -> tuple[np.ndarray, bool]:
-        return self.numpy(), False  # (a summary's index would gather from every shard)
+        """What numpy's printing shows of the whole array (``fabric.printing``): each shard
+        reads the summary's part of its block, all in parallel."""
+        positions = summary_positions(self.shape)
+        if positions is None or self._shards is None:  # (a combined reduction: read whole)
+            return self.numpy(), False
+        if self.axis is None:
+            return self._tensors()[0]._shown()
+        reads = []
+        for shard, local in zip(self._tensors(),
+                                block_positions(positions[self.axis], self.sharding.blocks)):
+            if local.size:
+                reads.append(shard[np.ix_(*positions[:self.axis], local,
+                                          *positions[self.axis + 1:])])
+        return np.concatenate(self.mesh.gather(reads), axis=self.axis), True
 
     # -- reading -------------------------------------------------------------------------------
 

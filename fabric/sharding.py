@@ -11,6 +11,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Sharding:
@@ -72,6 +74,12 @@ def block_slices(selected: range, offsets: tuple[int, ...],
             parts.append(slice(start, start + (last - first - 1) * selected.step + 1,
                                selected.step))
     return parts
+
+
+def block_positions(positions: np.ndarray, blocks: tuple[int, ...]) -> list[np.ndarray]:
+    """The ``positions`` of a split axis that lie in each block, counted from its start."""
+    return [positions[(positions >= start) & (positions < stop)] - start
+            for start, stop in block_ranges(blocks)]
 
 
 def joined_axis(whole: tuple[int, ...], parts: list[tuple[int, ...]],

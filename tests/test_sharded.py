@@ -252,6 +252,60 @@ def test_a_function_that_needs_other_shards_is_refused_before_anything_is_sent(m
     assert pair(x, mesh.replicate(np.ones(4))).numpy().tolist() == (values + 1).tolist()
 
 
+# -- printing ---------------------------------------------------------------------------------
+
+class sharded_tensor(np.ndarray):
+    """numpy's own repr of an array named ``sharded_tensor`` (numpy names a subclass so)."""
+
+
+PRINTED = {  # (array, split axis, numpy's print options)
+    "1-d floats": (np.linspace(-1e4, 1e4, 3001), 0, {}),
+    "2-d int32 by rows": (np.arange(80_000, dtype=np.int32).reshape(200, 400), 0, {}),
+    "2-d by columns": (np.arange(80_000.0).reshape(400, 200) / 7, 1, {}),
+    "3-d, split along its short axis": (np.arange(24_000.0).reshape(40, 3, 200) * 1e-3, 1, {}),
+    "complex, options": (np.arange(600.0).reshape(20, 30) * (1 + 2j), 0,
+                         {"edgeitems": 2, "threshold": 100, "linewidth": 60}),
+    "bool, one edge item": (np.arange(5000).reshape(50, 100) % 3 == 0, 1, {"edgeitems": 1}),
+    "replicated": (np.arange(9000.0).reshape(90, 100), None, {}),
+}
+
+
+def _in_pieces(session, block: np.ndarray):
+    """``block`` uploaded in eighths along its longest axis and joined on the device."""
+    axis = int(np.argmax(block.shape))
+    return np.concatenate([session.asarray(part) for part in np.array_split(block, 8, axis)],
+                          axis=axis)
+
+
+@pytest.mark.parametrize("name", list(PRINTED))
+def test_a_large_sharded_tensor_prints_as_numpy_reading_only_what_numpy_shows(six_devices, name):
+    # No message may carry a third of the array: only the summary's elements can be read.
+    array, axis, options = PRINTED[name]
+    with fabric.connect(six_devices.address, token=six_devices.token, shared_memory=False,
+                        max_message_bytes=array.nbytes // 6) as parent, \
+            parent.mesh(devices=[4, 1, 2]) as mesh:
+        if axis is None:
+            x = ShardedTensor(mesh, [_in_pieces(s, array) for s in mesh.sessions], None)
+        else:
+            x = mesh.from_shards([_in_pieces(s, block) for s, block in zip(
+                mesh.sessions, np.array_split(array, 3, axis))], axis=axis)
+        with np.printoptions(**options):
+            assert repr(x) == repr(array.view(sharded_tensor))
+            assert str(x) == str(array) and f"{x}" == f"{array}"
+        with pytest.raises(fabric.MessageTooLarge):
+            x.numpy()  # (the whole array is too large to read here)
+
+
+def test_small_and_combined_sharded_tensors_print_their_values(meshes):
+    values = np.arange(12.0).reshape(4, 3)
+    x = meshes[3].asarray(values, axis=0)
+    assert repr(x) == repr(values.view(sharded_tensor)) and str(x) == str(values)
+    total = x.sum(axis=0)
+    assert str(total) == str(values.sum(axis=0)) and f"{x.sum():.1f}" == "66.0"
+    with np.printoptions(threshold=3, edgeitems=1):
+        assert repr(x) == repr(values.view(sharded_tensor))
+
+
 # -- differential: random chains against numpy ---------------------------------------------------
 
 DTYPES = ["float64", "float32", "int64", "int32", "bool"]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fabric import sharded_reductions as reductions
-from fabric.sharding import Sharding, block_ranges, block_slices, joined_axis, split_blocks
+from fabric.sharding import (Sharding, block_positions, block_ranges, block_slices, joined_axis,
+                             split_blocks)
 
 
 def test_blocks_follow_array_split_and_slices_cut_them_by_range():
@@ -27,6 +28,20 @@ def test_blocks_follow_array_split_and_slices_cut_them_by_range():
         joined = np.concatenate([whole[o:o + b][part]
                                  for o, b, part in zip(offsets, blocks, parts)])
         assert joined.tolist() == whole[cut].tolist(), (length, count, cut)
+
+
+def test_positions_are_cut_by_block_and_counted_from_each_block():
+    rng = random.Random(3)
+    for _ in range(500):
+        length, count = rng.randint(0, 30), rng.randint(1, 6)
+        blocks = split_blocks(length, count)
+        positions = np.asarray(sorted(rng.sample(range(length), rng.randint(0, length))), int)
+        whole = np.arange(length) * 10
+        pieces = block_positions(positions, blocks)
+        assert len(pieces) == count
+        joined = np.concatenate([whole[start:stop][local] for (start, stop), local in zip(
+            block_ranges(blocks), pieces)])
+        assert joined.tolist() == whole[positions].tolist(), (length, count, positions)
 
 
 def test_results_join_along_the_axis_they_were_cut_and_reductions_join_nowhere():
