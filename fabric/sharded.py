@@ -186,6 +186,36 @@ class ShardedTensor(Tensor):
         return ShardedTensor(self.mesh, [t[items[:at] + (part,) + items[at + 1:]]
                                          for t, part in zip(self._tensors(), parts)], kept)
 
+    # -- scans and sorts -----------------------------------------------------------------------
+
+    def _scan(self, name: str, axis: int | None, **params: Any) -> "ShardedTensor":
+        """Scan or sort ``name`` along ``axis`` on each shard: refused along the split axis
+        (or flat), which needs every device's block, naming the reshard that makes it whole."""
+        OPS[name].infer((Spec(self.shape, self.dtype),),
+                        {"axis": axis, **given_params(params)})  # numpy's error, at the call
+        if self.axis is not None and (axis is None or
+                                      normalize_axis_index(axis, self.ndim) == self.axis):
+            along_axis = "flattened" if axis is None else f"along axis {self.axis}"
+            others = [d for d in range(self.ndim) if d != self.axis]
+            fix = f"x.reshard(axis={others[0]})" if axis is not None and others else \
+                "mesh.replicate(x)"
+            raise ValueError(f"{name} {along_axis} of {self._handle()} needs every device's "
+                             f"block: move it so that it lies whole on each device first "
+                             f"({fix}, worker to worker), then {name} that.")
+        return self._on_each(lambda t: getattr(np, name)(t, axis=axis, **params), self.axis)
+
+    def cumsum(self, axis: int | None = None, dtype: Any = None) -> "ShardedTensor":
+        """The cumulative sum along ``axis``, on each shard (an axis other than the split one)."""
+        return self._scan("cumsum", axis, dtype=dtype)
+
+    def cumprod(self, axis: int | None = None, dtype: Any = None) -> "ShardedTensor":
+        """The cumulative product along ``axis``, on each shard (not the split axis)."""
+        return self._scan("cumprod", axis, dtype=dtype)
+
+    def argsort(self, axis: int | None = -1, kind: str | None = None) -> "ShardedTensor":
+        """The indices that sort along ``axis``, on each shard (not the split axis)."""
+        return self._scan("argsort", axis, kind=kind)
+
     # -- reductions ----------------------------------------------------------------------------
 
     def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
@@ -388,13 +418,18 @@ def elementwise(fn: Callable[..., Any], args: Sequence[Any]) -> ShardedTensor:
 
 
 def _matmul(left: Any, right: Any) -> ShardedTensor:
-    """``left @ right`` with one operand split along a axis that is not summed over (the
-    left's rows, the right's columns) and the other replicated or an array: on each shard."""
+    """``left @ right`` on each shard: with one operand split along an axis that is not
+    summed over (the left's rows, the right's columns) and the other replicated or an array,
+    or with the split operands split alike along a batch axis (the other may not span it)."""
     mesh, (left, right) = mesh_operands((left, right))
     specs = [Spec(a.shape, a.dtype) if isinstance(a, ShardedTensor) else
              Spec(np.shape(a), np.asarray(a).dtype) for a in (left, right)]
     shape, _ = OPS["matmul"].infer(specs, {})  # numpy's error, at the call
     split = [a for a in (left, right) if isinstance(a, ShardedTensor) and a.axis is not None]
+    batch = max(np.ndim(left), np.ndim(right), 2) - 2  # the result's batch axes
+    if split and all(a.axis < a.ndim - 2 for a in split):  # along batches: each its own
+        return per_shard(mesh, np.matmul, (left, right), _split_axis(
+            (left, right), len(shape), lambda a: a.axis + batch - (a.ndim - 2)))
     if len(split) == 2:
         raise ValueError("Both operands of @ are split: replicate one on the mesh "
                          "(mesh.replicate(w)) first.")
@@ -408,7 +443,8 @@ def _matmul(left: Any, right: Any) -> ShardedTensor:
     raise ValueError(f"@ with {split[0]._handle()} would sum across its split axis or "
                      "mix its batches with another's: split the left operand along its rows "
                      "or the right one along its columns (x.reshard(axis=...)), with a "
-                     "replicated other operand of at most 2 dimensions.")
+                     "replicated other operand of at most 2 dimensions, or both operands "
+                     "alike along a batch axis.")
 
 
 def _reduction(name: str) -> Callable[..., Any]:
@@ -430,6 +466,10 @@ def _where(condition: Any, *values: Any) -> ShardedTensor:
 _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     **{getattr(np, name): _reduction(name) for name in reductions.REDUCTIONS},
     np.amin: _reduction("min"), np.amax: _reduction("max"), np.where: _where,
+    np.cumsum: lambda a, axis=None, dtype=None: a.cumsum(axis, dtype),
+    np.cumprod: lambda a, axis=None, dtype=None: a.cumprod(axis, dtype),
+    np.argsort: lambda a, axis=-1, kind=None: a.argsort(axis, kind),
+    np.sort: lambda a, axis=-1, kind=None: a._scan("sort", axis, kind=kind),
     np.transpose: lambda a, axes=None: a.transpose(axes) if axes is not None else a.transpose(),
     np.matmul: _matmul, np.ndim: lambda a: a.ndim, np.shape: lambda a: a.shape,
     np.size: lambda a: a.size,

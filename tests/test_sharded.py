@@ -177,6 +177,41 @@ def test_reads_of_many_sessions_are_in_flight_together(meshes):
     assert reads[0].result().tolist() == [0, 1, 2]
 
 
+def test_scans_and_sorts_along_other_axes_run_on_each_shard(meshes):
+    values = np.random.default_rng(10).integers(-9, 9, (7, 5, 4)).astype("int32")
+    for split in range(3):
+        x = meshes[3].asarray(values, axis=split)
+        for axis in [d for d in range(3) if d != split]:
+            for name in ("cumsum", "cumprod", "sort", "argsort"):
+                got = getattr(np, name)(x, axis=axis)
+                assert got.sharding == x.sharding, (split, axis, name)
+                _check_values(got.numpy(), getattr(np, name)(values, axis=axis),
+                              f"{name} axis={axis} split={split}")
+            _check_values(x.cumsum(axis, dtype="float32").numpy(),
+                          values.cumsum(axis, dtype="float32"), "cumsum dtype")
+    copies = meshes[3].replicate(values)
+    _check_values(copies.cumsum().numpy(), values.cumsum(), "flat, replicated")
+    with pytest.raises(np.exceptions.AxisError):
+        np.cumsum(x, axis=3)  # numpy's error, at the call
+
+
+def test_batched_matmul_split_along_a_batch_axis_runs_on_each_shard(meshes):
+    mesh = meshes[3]
+    rng = np.random.default_rng(11)
+    batches, pairs, weights = (rng.standard_normal(shape) for shape in [(7, 4, 3), (7, 3, 2),
+                                                                          (3, 5)])
+    x = mesh.asarray(batches, axis=0)
+    cases = [(x @ mesh.replicate(weights), batches @ weights, 0),
+             (x @ mesh.asarray(pairs, axis=0), batches @ pairs, 0),  # both split alike
+             (mesh.replicate(weights.T) @ x.transpose(0, 2, 1), weights.T @ batches.transpose(
+                 0, 2, 1), 0),
+             (x @ weights[:, 0], batches @ weights[:, 0], 0),  # a vector: the rows' axis goes
+             (mesh.asarray(batches[None], axis=1) @ pairs[:1], batches[None] @ pairs[:1], 1)]
+    for got, want, axis in cases:
+        assert got.sharding.axis == axis and got.sharding.blocks == (3, 2, 2)
+        _check_values(got.numpy(), want, str(want.shape))
+
+
 # -- fabric.function on each shard -------------------------------------------------------------
 
 @fabric.function
@@ -318,7 +353,7 @@ def _step(rng: random.Random, mesh, x, ref: np.ndarray):
     """One random op: a function of (the sharded tensor, its numpy twin), and its name."""
     split = x.sharding.axis
     kind = rng.choice(["unary", "scalar", "same", "broadcast", "astype", "where", "reduce",
-                       "slice", "index", "matmul", "transpose", "reshard"])
+                       "slice", "index", "matmul", "scan", "transpose", "reshard"])
     if kind == "unary":
         ufunc = rng.choice(UNARY)
         return (lambda a: ufunc(a)), ufunc.__name__
@@ -361,10 +396,16 @@ def _step(rng: random.Random, mesh, x, ref: np.ndarray):
         other = next(d for d in range(ref.ndim) if d != split)
         index = (slice(None),) * other + (rng.choice([0, -1, slice(1, None), None]),)
         return (lambda a: a[index]), f"[{index}]"
-    if kind == "matmul" and ref.ndim == 2 and split in (0, None) and ref.dtype != bool:
-        weights = np.random.default_rng(rng.randrange(99)).integers(-2, 3, (ref.shape[1], 3))
+    if kind == "matmul" and ref.ndim >= 2 and (split is None or split <= ref.ndim - 2) \
+            and ref.dtype != bool:  # a replicated right operand: rows or batches split
+        weights = np.random.default_rng(rng.randrange(99)).integers(-2, 3, (ref.shape[-1], 3))
         return (lambda a: a @ (mesh.replicate(weights) if isinstance(a, ShardedTensor)
                                else weights)), "@ replicated"
+    if kind == "scan" and ref.ndim:  # along an axis inside each shard
+        name = rng.choice(["cumsum", "cumprod", "sort", "argsort"])
+        axis = rng.choice([d for d in range(ref.ndim) if d != split] or [None])
+        if axis is not None or split is None:
+            return (lambda a: getattr(np, name)(a, axis=axis)), f"{name} axis={axis}"
     if kind == "transpose":
         return (lambda a: a.T), "T"
     if kind == "reshard":  # the same values, split otherwise (numpy's twin: as it is)
@@ -444,16 +485,22 @@ def test_ops_that_would_move_data_are_refused_naming_the_reshard(meshes):
         x.reshape(24)
     with pytest.raises(TypeError, match=r"reshard"):
         np.concatenate([x, x])
-    with pytest.raises(TypeError, match=r"reshard"):
+    with pytest.raises(ValueError, match=r"cumsum along axis 0 .*\(x\.reshard\(axis=1\)"):
         np.cumsum(x, axis=0)
-    with pytest.raises(TypeError, match=r"reshard"):
+    with pytest.raises(ValueError, match=r"sort along axis 0 .*\(x\.reshard\(axis=1\)"):
         np.sort(x, axis=0)
+    with pytest.raises(ValueError, match=r"cumprod flattened .*\(mesh\.replicate\(x\)"):
+        x.cumprod()
+    with pytest.raises(ValueError, match=r"\(mesh\.replicate\(x\)"):
+        np.argsort(x[:, 0])
     with pytest.raises(TypeError, match=r"reshard"):
         x.to(mesh.sessions[0])
     with pytest.raises(ValueError, match=r"reshard"):
         x.T @ mesh.replicate(np.ones((6, 2)))  # split along the summed axis
     with pytest.raises(ValueError, match="replicate one"):
         x @ x.T.reshard(axis=1)
+    with pytest.raises(ValueError, match="spans the split axis"):  # batches of another split
+        mesh.asarray(np.ones((6, 4, 4)), axis=0) @ mesh.replicate(np.ones((6, 4, 2)))
     with pytest.raises(TypeError, match="x.shards"):
         x[np.array([0, 2])]
     with pytest.raises(ValueError, match="positive step"):
