@@ -88,10 +88,12 @@ def joined_axis(whole: tuple[int, ...], parts: list[tuple[int, ...]],
     of shape ``whole`` (the whole array's result): the parts agree with it on every other axis
     and their lengths along it add up to its. ``prefer`` wins where several axes would (one
     part, or empty axes); None where no axis does."""
+    if any(len(part) != len(whole) for part in parts):
+        return None
     joining = [axis for axis in range(len(whole))
                if sum(part[axis] for part in parts) == whole[axis]
-               and all(len(part) == len(whole) and part[:axis] == whole[:axis]
-                       and part[axis + 1:] == whole[axis + 1:] for part in parts)]
+               and all(part[:axis] == whole[:axis] and part[axis + 1:] == whole[axis + 1:]
+                       for part in parts)]
     if not joining:
         return None
     return prefer if prefer in joining else joining[0]

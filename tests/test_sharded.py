@@ -274,6 +274,8 @@ def test_a_function_that_needs_other_shards_is_refused_before_anything_is_sent(m
         total(x)
     with pytest.raises(ValueError, match=r"shape \(4,\)"):
         total(x)
+    with pytest.raises(ValueError, match=r"shape \(\)"):  # every axis reduced
+        fabric.function(np.sum)(x)
     with pytest.raises(ValueError, match="reshard them alike"):
         pair(x, columns)
     with pytest.raises(TypeError, match=r"mesh\.replicate\(t\)"):

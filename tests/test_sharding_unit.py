@@ -61,6 +61,7 @@ def test_results_join_along_the_axis_they_were_cut_and_reductions_join_nowhere()
     assert joined_axis((0, 3), [(0, 3), (0, 3)], 1) == 0  # an empty axis joins any count
     assert joined_axis((), [(), ()], 0) is None
     assert joined_axis((6,), [(3,), (3, 1)], 0) is None  # a part of another rank
+    assert joined_axis((6, 1), [(3,), (3,)], 0) is None
 
 
 def test_a_sharding_prints_its_axis_blocks_and_devices():
