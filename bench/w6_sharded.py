@@ -120,18 +120,18 @@ def main() -> None:
     have_dask = importlib.util.find_spec("distributed") is not None
     if not have_dask:
         print("(dask is not installed: pip install -e '.[bench]' adds it)")
-    baseline = local(rows, args.repeats)
-    figures = [("numpy, local", baseline)]
-    for count in args.devices:
-        figures.append((f"fabric, {count} device{'s' * (count > 1)}",
-                        on_devices(count, rows, args.repeats)))
-        for processes, kind in [(False, "threads"), (True, "processes")] if have_dask else []:
-            figures.append((f"dask, {count} {kind}",
-                            with_dask(rows, count, args.repeats, processes)))
     print(f"{'':24} {'chain s':>9} {'x numpy':>8} {'matmul s':>9} {'x numpy':>8}")
-    for name, times in figures:
+    baseline = local(rows, args.repeats)
+
+    def show(name: str, times: dict[str, float]) -> None:  # each row as soon as measured
         print(f"{name:24} {times['chain']:9.4f} {baseline['chain'] / times['chain']:8.2f} "
-              f"{times['matmul']:9.4f} {baseline['matmul'] / times['matmul']:8.2f}")
+              f"{times['matmul']:9.4f} {baseline['matmul'] / times['matmul']:8.2f}", flush=True)
+
+    show("numpy, local", baseline)
+    for count in args.devices:
+        show(f"fabric, {count} device{'s' * (count > 1)}", on_devices(count, rows, args.repeats))
+        for processes, kind in [(False, "threads"), (True, "processes")] if have_dask else []:
+            show(f"dask, {count} {kind}", with_dask(rows, count, args.repeats, processes))
 
 
 if __name__ == "__main__":
