@@ -88,7 +88,7 @@ def dask_scheduler(count: int, processes: bool) -> contextlib.AbstractContextMan
     from distributed import Client, LocalCluster
     stack = contextlib.ExitStack()
     cluster = stack.enter_context(LocalCluster(n_workers=count, threads_per_worker=1,
-                                               processes=True, dashboard_address=None))
+                                               processes=True, dashboard_address=":0"))
     stack.enter_context(Client(cluster))
     return stack
 
