@@ -351,11 +351,18 @@ UNARY = [np.negative, np.absolute, np.tanh, np.square, np.sin]
 BINARY = [np.add, np.subtract, np.multiply, np.maximum, np.greater, np.bitwise_and]
 
 
+@fabric.function
+def _per_row(a, axis):
+    """Work that keeps the split axis's rows apart: elementwise, and a sum along another axis."""
+    return a * 2 - a.sum(axis=axis, keepdims=True)
+
+
 def _step(rng: random.Random, mesh, x, ref: np.ndarray):
     """One random op: a function of (the sharded tensor, its numpy twin), and its name."""
     split = x.sharding.axis
     kind = rng.choice(["unary", "scalar", "same", "broadcast", "astype", "where", "reduce",
-                       "slice", "index", "matmul", "scan", "transpose", "reshard"])
+                       "slice", "index", "matmul", "scan", "function", "transpose",
+                       "reshard"])
     if kind == "unary":
         ufunc = rng.choice(UNARY)
         return (lambda a: ufunc(a)), ufunc.__name__
@@ -408,6 +415,11 @@ def _step(rng: random.Random, mesh, x, ref: np.ndarray):
         axis = rng.choice([d for d in range(ref.ndim) if d != split] or [None])
         if axis is not None or split is None:
             return (lambda a: getattr(np, name)(a, axis=axis)), f"{name} axis={axis}"
+    if kind == "function":  # fabric.function on each shard; its plain function on numpy's
+        axis = rng.choice([d for d in range(ref.ndim) if d != split] or [None])
+        if axis is not None or split is None:
+            return (lambda a: (_per_row if isinstance(a, ShardedTensor) else _per_row.fn)(
+                a, axis)), f"function axis={axis}"
     if kind == "transpose":
         return (lambda a: a.T), "T"
     if kind == "reshard":  # the same values, split otherwise (numpy's twin: as it is)
