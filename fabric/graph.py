@@ -34,6 +34,8 @@ from .device import Device
 from .errors import TraceError
 from .ops import OPS, Spec
 from .origins import PACKAGE_DIR, issued_at, origin_line
+from .sharded import ShardedTensor
+from .sharded_functions import call_per_shard
 from .tensor import Tensor
 from .wire import GRAPH_CACHE_SIZE
 
@@ -293,13 +295,23 @@ class Function:
         return f"<fabric.function {self.name}: {len(self.graphs)} trace(s)>"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Queue a call on the tensors' session (tracing first for a new signature)."""
+        """Queue a call on the tensors' session (tracing first for a new signature); with
+        sharded tensors, a call on each shard's device (``fabric.sharded_functions``)."""
         leaves: list[Any] = []
         structure = _flatten((args, kwargs), leaves)
-        session, signature = self._bind(leaves)
+        if any(isinstance(leaf, ShardedTensor) for leaf in leaves):
+            return call_per_shard(self, structure, leaves)
+        session = self.bind(leaves, self.session)
         if isinstance(session, Tracer):  # called from another traced function: inline it
             return self.fn(*args, **kwargs)
-        key = (structure, signature)
+        graph = self.traced(structure, leaves)
+        return graph.rebuild(self.replay(session, graph, leaves))
+
+    def traced(self, structure: Any, leaves: Sequence[Any]) -> TracedGraph:
+        """The graph of a call with ``leaves`` (tensors stand for their shape and dtype),
+        traced for a new signature."""
+        key = (structure, tuple((leaf.shape, leaf.dtype) if isinstance(leaf, Tensor)
+                                else (type(leaf), leaf) for leaf in leaves))
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = trace_function(self.fn, self.name, structure, leaves)
@@ -307,13 +319,17 @@ class Function:
                 self.graphs.popitem(last=False)
         else:
             self.graphs.move_to_end(key)
-        inputs = [leaf for leaf in leaves if isinstance(leaf, Tensor)]
-        return graph.rebuild(call(session, graph, inputs))
+        return graph
 
-    def _bind(self, leaves: list[Any]) -> tuple[ArrayNamespace, tuple[Any, ...]]:
-        """The session the call runs on, and the call's signature; uploads numpy arrays."""
-        session = self.session
-        signature = []
+    def replay(self, session: ArrayNamespace, graph: TracedGraph,
+               leaves: Sequence[Any]) -> list[Tensor]:
+        """Queue ``graph``'s call on ``session`` with the tensors among ``leaves``; its
+        output tensors."""
+        return call(session, graph, [leaf for leaf in leaves if isinstance(leaf, Tensor)])
+
+    def bind(self, leaves: list[Any], session: ArrayNamespace | None) -> ArrayNamespace:
+        """The session a call with ``leaves`` runs on (``session``, where given, or the
+        tensors'); uploads numpy arrays to a compiled function's session."""
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, np.ndarray) and self.session is not None:
                 leaf = leaves[i] = self.session.asarray(leaf)
@@ -324,10 +340,7 @@ class Function:
                     raise ValueError(f"{leaf!r} lives on another session than the other "
                                      f"arguments of {self.name}: move it with .to(session) "
                                      "first.")
-                signature.append((leaf.shape, leaf.dtype))
-            elif isinstance(leaf, _STATIC):
-                signature.append((type(leaf), leaf))
-            else:
+            elif not isinstance(leaf, _STATIC):
                 raise TypeError(
                     f"{self.name} got a {type(leaf).__name__} argument: pass tensors (upload "
                     "arrays with session.asarray, or use session.compile(fn), which uploads "
@@ -335,7 +348,7 @@ class Function:
         if session is None:
             raise TypeError(f"{self.name} was called without a tensor argument: pass one, or "
                             "compile it for a session with session.compile(fn).")
-        return session, tuple(signature)
+        return session
 
 
 def function(fn: Callable[..., Any]) -> Function:

@@ -18,12 +18,18 @@ import numpy as np
 def summary_index(shape: tuple[int, ...]) -> tuple[np.ndarray, ...] | None:
     """The index (``np.ix_``'s) of what numpy's printing shows of an array of ``shape``, one
     hidden element kept on each summarised axis; None when numpy prints all of it."""
+    positions = summary_positions(shape)
+    return None if positions is None else np.ix_(*positions)
+
+
+def summary_positions(shape: tuple[int, ...]) -> list[np.ndarray] | None:
+    """Each axis's positions (ascending) that ``summary_index`` keeps; None when numpy
+    prints all of the array."""
     options = np.get_printoptions()
     if np.prod(shape) <= options["threshold"]:
         return None
     edge = options["edgeitems"]
-    return np.ix_(*[np.r_[0:edge + 1, n - edge:n] if n > 2 * edge else np.arange(n)
-                    for n in shape])
+    return [np.r_[0:edge + 1, n - edge:n] if n > 2 * edge else np.arange(n) for n in shape]
 
 
 def summary_text(values: np.ndarray, summarised: bool, show: Any) -> str:

@@ -21,7 +21,9 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from . import sharded_reductions as reductions
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
-from .sharding import Sharding, along, block_ranges, block_slices, split_blocks
+from .printing import summary_positions
+from .sharding import (Sharding, along, block_positions, block_ranges, block_slices,
+                       split_blocks)
 from .tensor import Tensor, given_params
 
 Mesh = Any  # a fabric.Mesh (which imports this module: named, not imported)
@@ -93,10 +95,23 @@ class ShardedTensor(Tensor):
         return (f"<fabric.ShardedTensor shape={self.shape} dtype={self.dtype} "
                 f"{self.sharding}>")
 
-    _repr_name = "sharded_tensor"  # (its repr: numpy's, of every shard's values, read)
+    _repr_name = "sharded_tensor"
 
     def _shown(self) -> tuple[np.ndarray, bool]:
-        return self.numpy(), False  # (a summary's index would gather from every shard)
+        """What numpy's printing shows of the whole array (``fabric.printing``): each shard
+        reads the summary's part of its block, all in parallel."""
+        positions = summary_positions(self.shape)
+        if positions is None or self._shards is None:  # (a combined reduction: read whole)
+            return self.numpy(), False
+        if self.axis is None:
+            return self._tensors()[0]._shown()
+        reads = []
+        for shard, local in zip(self._tensors(),
+                                block_positions(positions[self.axis], self.sharding.blocks)):
+            if local.size:
+                reads.append(shard[np.ix_(*positions[:self.axis], local,
+                                          *positions[self.axis + 1:])])
+        return np.concatenate(self.mesh.gather(reads), axis=self.axis), True
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -170,6 +185,36 @@ class ShardedTensor(Tensor):
         parts = block_slices(selected, self.sharding.offsets, self.sharding.blocks)
         return ShardedTensor(self.mesh, [t[items[:at] + (part,) + items[at + 1:]]
                                          for t, part in zip(self._tensors(), parts)], kept)
+
+    # -- scans and sorts -----------------------------------------------------------------------
+
+    def _scan(self, name: str, axis: int | None, **params: Any) -> "ShardedTensor":
+        """Scan or sort ``name`` along ``axis`` on each shard: refused along the split axis
+        (or flat), which needs every device's block, naming the reshard that makes it whole."""
+        OPS[name].infer((Spec(self.shape, self.dtype),),
+                        {"axis": axis, **given_params(params)})  # numpy's error, at the call
+        if self.axis is not None and (axis is None or
+                                      normalize_axis_index(axis, self.ndim) == self.axis):
+            along_axis = "flattened" if axis is None else f"along axis {self.axis}"
+            others = [d for d in range(self.ndim) if d != self.axis]
+            fix = f"x.reshard(axis={others[0]})" if axis is not None and others else \
+                "mesh.replicate(x)"
+            raise ValueError(f"{name} {along_axis} of {self._handle()} needs every device's "
+                             f"block: move it so that it lies whole on each device first "
+                             f"({fix}, worker to worker), then {name} that.")
+        return self._on_each(lambda t: getattr(np, name)(t, axis=axis, **params), self.axis)
+
+    def cumsum(self, axis: int | None = None, dtype: Any = None) -> "ShardedTensor":
+        """The cumulative sum along ``axis``, on each shard (an axis other than the split one)."""
+        return self._scan("cumsum", axis, dtype=dtype)
+
+    def cumprod(self, axis: int | None = None, dtype: Any = None) -> "ShardedTensor":
+        """The cumulative product along ``axis``, on each shard (not the split axis)."""
+        return self._scan("cumprod", axis, dtype=dtype)
+
+    def argsort(self, axis: int | None = -1, kind: str | None = None) -> "ShardedTensor":
+        """The indices that sort along ``axis``, on each shard (not the split axis)."""
+        return self._scan("argsort", axis, kind=kind)
 
     # -- reductions ----------------------------------------------------------------------------
 
@@ -302,7 +347,7 @@ def _position(items: tuple[Any, ...], axis: int) -> tuple[int, int]:
     raise AssertionError("an expanded index covers every axis")
 
 
-def _operands(args: Sequence[Any]) -> tuple[Mesh, list[Any]]:
+def mesh_operands(args: Sequence[Any]) -> tuple[Mesh, list[Any]]:
     """The mesh of the sharded operands, and the operands, numpy's arrays and lists made
     arrays; a tensor of one device refused."""
     mesh = None
@@ -324,6 +369,13 @@ def _operands(args: Sequence[Any]) -> tuple[Mesh, list[Any]]:
     return mesh, operands
 
 
+def split_differently(first: ShardedTensor, other: ShardedTensor) -> ValueError:
+    """The error for operands that would need to be split alike."""
+    return ValueError(f"The operands are split differently ({first.sharding}; "
+                      f"{other.sharding}): reshard them alike first (x.reshard(axis="
+                      f"{first.axis}) on each).")
+
+
 def _split_axis(operands: Sequence[Any], ndim: int, aligned: Callable[[Any], int]) -> int | None:
     """The result's split axis: the split operands' (each placed by ``aligned``), which must
     agree in axis and blocks; every other operand may not span it (its length there 1)."""
@@ -333,9 +385,7 @@ def _split_axis(operands: Sequence[Any], ndim: int, aligned: Callable[[Any], int
     axis = aligned(split[0])
     for other in split[1:]:
         if aligned(other) != axis or other.sharding.blocks != split[0].sharding.blocks:
-            raise ValueError(f"The operands are split differently ({split[0].sharding}; "
-                             f"{other.sharding}): reshard them alike first (x.reshard(axis="
-                             f"{split[0].axis}) on each).")
+            raise split_differently(split[0], other)
     for operand in operands:
         if isinstance(operand, ShardedTensor) and operand.axis is not None:
             continue
@@ -361,20 +411,25 @@ def per_shard(mesh: Mesh, fn: Callable[..., Tensor], operands: Sequence[Any],
 def elementwise(fn: Callable[..., Any], args: Sequence[Any]) -> ShardedTensor:
     """An elementwise op (a ufunc, ``np.where``) on sharded tensors alike, replicated ones,
     scalars and arrays that do not span the split axis: run on each shard."""
-    mesh, operands = _operands(args)
+    mesh, operands = mesh_operands(args)
     shape = np.broadcast_shapes(*[np.shape(a) for a in operands])  # numpy's error, at the call
     axis = _split_axis(operands, len(shape), lambda a: a.axis + len(shape) - a.ndim)
     return per_shard(mesh, fn, operands, axis)
 
 
 def _matmul(left: Any, right: Any) -> ShardedTensor:
-    """``left @ right`` with one operand split along a axis that is not summed over (the
-    left's rows, the right's columns) and the other replicated or an array: on each shard."""
-    mesh, (left, right) = _operands((left, right))
+    """``left @ right`` on each shard: with one operand split along an axis that is not
+    summed over (the left's rows, the right's columns) and the other replicated or an array,
+    or with the split operands split alike along a batch axis (the other may not span it)."""
+    mesh, (left, right) = mesh_operands((left, right))
     specs = [Spec(a.shape, a.dtype) if isinstance(a, ShardedTensor) else
              Spec(np.shape(a), np.asarray(a).dtype) for a in (left, right)]
     shape, _ = OPS["matmul"].infer(specs, {})  # numpy's error, at the call
     split = [a for a in (left, right) if isinstance(a, ShardedTensor) and a.axis is not None]
+    batch = max(np.ndim(left), np.ndim(right), 2) - 2  # the result's batch axes
+    if split and all(a.axis < a.ndim - 2 for a in split):  # along batches: each its own
+        return per_shard(mesh, np.matmul, (left, right), _split_axis(
+            (left, right), len(shape), lambda a: a.axis + batch - (a.ndim - 2)))
     if len(split) == 2:
         raise ValueError("Both operands of @ are split: replicate one on the mesh "
                          "(mesh.replicate(w)) first.")
@@ -388,7 +443,8 @@ def _matmul(left: Any, right: Any) -> ShardedTensor:
     raise ValueError(f"@ with {split[0]._handle()} would sum across its split axis or "
                      "mix its batches with another's: split the left operand along its rows "
                      "or the right one along its columns (x.reshard(axis=...)), with a "
-                     "replicated other operand of at most 2 dimensions.")
+                     "replicated other operand of at most 2 dimensions, or both operands "
+                     "alike along a batch axis.")
 
 
 def _reduction(name: str) -> Callable[..., Any]:
@@ -410,6 +466,10 @@ def _where(condition: Any, *values: Any) -> ShardedTensor:
 _FUNCTIONS: dict[Any, Callable[..., Any]] = {
     **{getattr(np, name): _reduction(name) for name in reductions.REDUCTIONS},
     np.amin: _reduction("min"), np.amax: _reduction("max"), np.where: _where,
+    np.cumsum: lambda a, axis=None, dtype=None: a.cumsum(axis, dtype),
+    np.cumprod: lambda a, axis=None, dtype=None: a.cumprod(axis, dtype),
+    np.argsort: lambda a, axis=-1, kind=None: a.argsort(axis, kind),
+    np.sort: lambda a, axis=-1, kind=None: a._scan("sort", axis, kind=kind),
     np.transpose: lambda a, axes=None: a.transpose(axes) if axes is not None else a.transpose(),
     np.matmul: _matmul, np.ndim: lambda a: a.ndim, np.shape: lambda a: a.shape,
     np.size: lambda a: a.size,

@@ -11,6 +11,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Sharding:
@@ -72,3 +74,26 @@ def block_slices(selected: range, offsets: tuple[int, ...],
             parts.append(slice(start, start + (last - first - 1) * selected.step + 1,
                                selected.step))
     return parts
+
+
+def block_positions(positions: np.ndarray, blocks: tuple[int, ...]) -> list[np.ndarray]:
+    """The ``positions`` of a split axis that lie in each block, counted from its start."""
+    return [positions[(positions >= start) & (positions < stop)] - start
+            for start, stop in block_ranges(blocks)]
+
+
+def joined_axis(whole: tuple[int, ...], parts: list[tuple[int, ...]],
+                prefer: int | None) -> int | None:
+    """The axis along which arrays of shapes ``parts`` (each shard's result) join into one
+    of shape ``whole`` (the whole array's result): the parts agree with it on every other axis
+    and their lengths along it add up to its. ``prefer`` wins where several axes would (one
+    part, or empty axes); None where no axis does."""
+    if any(len(part) != len(whole) for part in parts):
+        return None
+    joining = [axis for axis in range(len(whole))
+               if sum(part[axis] for part in parts) == whole[axis]
+               and all(part[:axis] == whole[:axis] and part[axis + 1:] == whole[axis + 1:]
+                       for part in parts)]
+    if not joining:
+        return None
+    return prefer if prefer in joining else joining[0]

@@ -177,6 +177,172 @@ def test_reads_of_many_sessions_are_in_flight_together(meshes):
     assert reads[0].result().tolist() == [0, 1, 2]
 
 
+def test_scans_and_sorts_along_other_axes_run_on_each_shard(meshes):
+    values = np.random.default_rng(10).integers(-9, 9, (7, 5, 4)).astype("int32")
+    for split in range(3):
+        x = meshes[3].asarray(values, axis=split)
+        for axis in [d for d in range(3) if d != split]:
+            for name in ("cumsum", "cumprod", "sort", "argsort"):
+                got = getattr(np, name)(x, axis=axis)
+                assert got.sharding == x.sharding, (split, axis, name)
+                _check_values(got.numpy(), getattr(np, name)(values, axis=axis),
+                              f"{name} axis={axis} split={split}")
+            _check_values(x.cumsum(axis, dtype="float32").numpy(),
+                          values.cumsum(axis, dtype="float32"), "cumsum dtype")
+    copies = meshes[3].replicate(values)
+    _check_values(copies.cumsum().numpy(), values.cumsum(), "flat, replicated")
+    with pytest.raises(np.exceptions.AxisError):
+        np.cumsum(x, axis=3)  # numpy's error, at the call
+
+
+def test_batched_matmul_split_along_a_batch_axis_runs_on_each_shard(meshes):
+    mesh = meshes[3]
+    rng = np.random.default_rng(11)
+    batches, pairs, weights = (rng.standard_normal(shape) for shape in [(7, 4, 3), (7, 3, 2),
+                                                                          (3, 5)])
+    x = mesh.asarray(batches, axis=0)
+    cases = [(x @ mesh.replicate(weights), batches @ weights, 0),
+             (x @ mesh.asarray(pairs, axis=0), batches @ pairs, 0),  # both split alike
+             (mesh.replicate(weights.T) @ x.transpose(0, 2, 1), weights.T @ batches.transpose(
+                 0, 2, 1), 0),
+             (x @ weights[:, 0], batches @ weights[:, 0], 0),  # a vector: the rows' axis goes
+             (mesh.asarray(batches[None], axis=1) @ pairs[:1], batches[None] @ pairs[:1], 1)]
+    for got, want, axis in cases:
+        assert got.sharding.axis == axis and got.sharding.blocks == (3, 2, 2)
+        _check_values(got.numpy(), want, str(want.shape))
+
+
+# -- fabric.function on each shard -------------------------------------------------------------
+
+@fabric.function
+def _layer(x, w, scale):
+    hidden = np.tanh(x @ w) * scale
+    return {"out": hidden + x.sum(axis=1, keepdims=True), "flat": hidden.ravel(), "T": hidden.T,
+            "rows": x.shape[0]}
+
+
+def test_a_function_is_replayed_on_each_shard_and_its_results_split_alike(meshes):
+    mesh = meshes[4]
+    values = np.random.default_rng(8).standard_normal((50, 6))
+    weights = np.random.default_rng(9).standard_normal((6, 6))
+    x, w = mesh.asarray(values, axis=0), mesh.replicate(weights)
+    got = _layer(x, w, 2.0)
+    hidden = np.tanh(values @ weights) * 2.0
+    assert got["rows"] == 50  # a constant of the whole array's trace
+    assert got["out"].sharding == x.sharding
+    np.testing.assert_allclose(got["out"].numpy(), hidden + values.sum(axis=1, keepdims=True))
+    assert got["flat"].sharding.blocks == (78, 78, 72, 72)  # each block's rows, flattened
+    np.testing.assert_allclose(got["flat"].numpy(), hidden.ravel())
+    assert got["T"].sharding.axis == 1 and got["T"].sharding.blocks == x.sharding.blocks
+    np.testing.assert_allclose(got["T"].numpy(), hidden.T)
+    np.testing.assert_allclose(got["out"].sum(axis=0).numpy(),  # combined as any result
+                               (hidden + values.sum(axis=1, keepdims=True)).sum(axis=0))
+    again = _layer(x * 3, w, 2.0)["out"]  # the same shapes: the same graphs, no new trace
+    traces = len(_layer.graphs)
+    np.testing.assert_allclose(again.numpy(), np.tanh(values * 3 @ weights) * 2 +
+                               (values * 3).sum(axis=1, keepdims=True))
+    assert len(_layer.graphs) == traces
+    few = meshes[5].asarray(values[:2], axis=0)  # empty shards
+    assert few.sharding.blocks == (1, 1, 0, 0, 0)
+    np.testing.assert_allclose(_layer(few, meshes[5].replicate(weights), 1)["out"].numpy(),
+                               np.tanh(values[:2] @ weights) + values[:2].sum(1, keepdims=True))
+    copies = _layer(mesh.replicate(values), w, 2.0)["T"]  # replicated in, replicated out
+    assert copies.sharding.replicated
+    assert all(np.allclose(t.numpy(), hidden.T) for _, t in copies.shards)
+
+
+def test_a_function_that_needs_other_shards_is_refused_before_anything_is_sent(meshes):
+    mesh = meshes[3]
+    values = np.arange(24.0).reshape(6, 4)
+    x = mesh.asarray(values, axis=0)
+    columns, one, five = x.reshard(axis=1), mesh.sessions[0].ones(4), mesh.replicate(np.ones(5))
+
+    @fabric.function
+    def centred(a):
+        return a - a.mean(axis=0)
+
+    @fabric.function
+    def total(a):
+        return a.sum(axis=0)
+
+    @fabric.function
+    def pair(a, b):
+        return a + b
+
+    sent = [s.stats()["ops_sent"] for s in mesh.sessions]
+    with pytest.raises(ValueError, match=r"reduce it outside the function.*x\.reshard"):
+        total(x)
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        total(x)
+    with pytest.raises(ValueError, match=r"shape \(\)"):  # every axis reduced
+        fabric.function(np.sum)(x)
+    with pytest.raises(ValueError, match="reshard them alike"):
+        pair(x, columns)
+    with pytest.raises(TypeError, match=r"mesh\.replicate\(t\)"):
+        pair(x, one)
+    with pytest.raises(TypeError, match=r"mesh\.replicate\(array\)"):
+        pair(x, np.ones(4))
+    with pytest.raises(ValueError, match=r"\(6, ?4\).*\(5,\)|\(5,\).*\(6, ?4\)"):
+        pair(x, five)  # numpy's error, with the whole array's shape
+    assert [s.stats()["ops_sent"] for s in mesh.sessions] == sent
+    assert centred(columns).numpy().tolist() == (values - values.mean(0)).tolist()
+    assert pair(x, mesh.replicate(np.ones(4))).numpy().tolist() == (values + 1).tolist()
+
+
+# -- printing ---------------------------------------------------------------------------------
+
+class sharded_tensor(np.ndarray):
+    """numpy's own repr of an array named ``sharded_tensor`` (numpy names a subclass so)."""
+
+
+PRINTED = {  # (array, split axis, numpy's print options)
+    "1-d floats": (np.linspace(-1e4, 1e4, 3001), 0, {}),
+    "2-d int32 by rows": (np.arange(80_000, dtype=np.int32).reshape(200, 400), 0, {}),
+    "2-d by columns": (np.arange(80_000.0).reshape(400, 200) / 7, 1, {}),
+    "3-d, split along its short axis": (np.arange(24_000.0).reshape(40, 3, 200) * 1e-3, 1, {}),
+    "complex, options": (np.arange(600.0).reshape(20, 30) * (1 + 2j), 0,
+                         {"edgeitems": 2, "threshold": 100, "linewidth": 60}),
+    "bool, one edge item": (np.arange(5000).reshape(50, 100) % 3 == 0, 1, {"edgeitems": 1}),
+    "replicated": (np.arange(9000.0).reshape(90, 100), None, {}),
+}
+
+
+def _in_pieces(session, block: np.ndarray):
+    """``block`` uploaded in eighths along its longest axis and joined on the device."""
+    axis = int(np.argmax(block.shape))
+    return np.concatenate([session.asarray(part) for part in np.array_split(block, 8, axis)],
+                          axis=axis)
+
+
+@pytest.mark.parametrize("name", list(PRINTED))
+def test_a_large_sharded_tensor_prints_as_numpy_reading_only_what_numpy_shows(six_devices, name):
+    # No message may carry a third of the array: only the summary's elements can be read.
+    array, axis, options = PRINTED[name]
+    with fabric.connect(six_devices.address, token=six_devices.token, shared_memory=False,
+                        max_message_bytes=array.nbytes // 6) as parent, \
+            parent.mesh(devices=[4, 1, 2]) as mesh:
+        if axis is None:
+            x = ShardedTensor(mesh, [_in_pieces(s, array) for s in mesh.sessions], None)
+        else:
+            x = mesh.from_shards([_in_pieces(s, block) for s, block in zip(
+                mesh.sessions, np.array_split(array, 3, axis))], axis=axis)
+        with np.printoptions(**options):
+            assert repr(x) == repr(array.view(sharded_tensor))
+            assert str(x) == str(array) and f"{x}" == f"{array}"
+        with pytest.raises(fabric.MessageTooLarge):
+            x.numpy()  # (the whole array is too large to read here)
+
+
+def test_small_and_combined_sharded_tensors_print_their_values(meshes):
+    values = np.arange(12.0).reshape(4, 3)
+    x = meshes[3].asarray(values, axis=0)
+    assert repr(x) == repr(values.view(sharded_tensor)) and str(x) == str(values)
+    total = x.sum(axis=0)
+    assert str(total) == str(values.sum(axis=0)) and f"{x.sum():.1f}" == "66.0"
+    with np.printoptions(threshold=3, edgeitems=1):
+        assert repr(x) == repr(values.view(sharded_tensor))
+
+
 # -- differential: random chains against numpy ---------------------------------------------------
 
 DTYPES = ["float64", "float32", "int64", "int32", "bool"]
@@ -185,11 +351,18 @@ UNARY = [np.negative, np.absolute, np.tanh, np.square, np.sin]
 BINARY = [np.add, np.subtract, np.multiply, np.maximum, np.greater, np.bitwise_and]
 
 
+@fabric.function
+def _per_row(a, axis):
+    """Work that keeps the split axis's rows apart: elementwise, and a sum along another axis."""
+    return a * 2 - a.sum(axis=axis, keepdims=True)
+
+
 def _step(rng: random.Random, mesh, x, ref: np.ndarray):
     """One random op: a function of (the sharded tensor, its numpy twin), and its name."""
     split = x.sharding.axis
     kind = rng.choice(["unary", "scalar", "same", "broadcast", "astype", "where", "reduce",
-                       "slice", "index", "matmul", "transpose", "reshard"])
+                       "slice", "index", "matmul", "scan", "function", "transpose",
+                       "reshard"])
     if kind == "unary":
         ufunc = rng.choice(UNARY)
         return (lambda a: ufunc(a)), ufunc.__name__
@@ -232,10 +405,21 @@ def _step(rng: random.Random, mesh, x, ref: np.ndarray):
         other = next(d for d in range(ref.ndim) if d != split)
         index = (slice(None),) * other + (rng.choice([0, -1, slice(1, None), None]),)
         return (lambda a: a[index]), f"[{index}]"
-    if kind == "matmul" and ref.ndim == 2 and split in (0, None) and ref.dtype != bool:
-        weights = np.random.default_rng(rng.randrange(99)).integers(-2, 3, (ref.shape[1], 3))
+    if kind == "matmul" and ref.ndim >= 2 and (split is None or split <= ref.ndim - 2) \
+            and ref.dtype != bool:  # a replicated right operand: rows or batches split
+        weights = np.random.default_rng(rng.randrange(99)).integers(-2, 3, (ref.shape[-1], 3))
         return (lambda a: a @ (mesh.replicate(weights) if isinstance(a, ShardedTensor)
                                else weights)), "@ replicated"
+    if kind == "scan" and ref.ndim:  # along an axis inside each shard
+        name = rng.choice(["cumsum", "cumprod", "sort", "argsort"])
+        axis = rng.choice([d for d in range(ref.ndim) if d != split] or [None])
+        if axis is not None or split is None:
+            return (lambda a: getattr(np, name)(a, axis=axis)), f"{name} axis={axis}"
+    if kind == "function":  # fabric.function on each shard; its plain function on numpy's
+        axis = rng.choice([d for d in range(ref.ndim) if d != split] or [None])
+        if axis is not None or split is None:
+            return (lambda a: (_per_row if isinstance(a, ShardedTensor) else _per_row.fn)(
+                a, axis)), f"function axis={axis}"
     if kind == "transpose":
         return (lambda a: a.T), "T"
     if kind == "reshard":  # the same values, split otherwise (numpy's twin: as it is)
@@ -315,16 +499,22 @@ def test_ops_that_would_move_data_are_refused_naming_the_reshard(meshes):
         x.reshape(24)
     with pytest.raises(TypeError, match=r"reshard"):
         np.concatenate([x, x])
-    with pytest.raises(TypeError, match=r"reshard"):
+    with pytest.raises(ValueError, match=r"cumsum along axis 0 .*\(x\.reshard\(axis=1\)"):
         np.cumsum(x, axis=0)
-    with pytest.raises(TypeError, match=r"reshard"):
+    with pytest.raises(ValueError, match=r"sort along axis 0 .*\(x\.reshard\(axis=1\)"):
         np.sort(x, axis=0)
+    with pytest.raises(ValueError, match=r"cumprod flattened .*\(mesh\.replicate\(x\)"):
+        x.cumprod()
+    with pytest.raises(ValueError, match=r"\(mesh\.replicate\(x\)"):
+        np.argsort(x[:, 0])
     with pytest.raises(TypeError, match=r"reshard"):
         x.to(mesh.sessions[0])
     with pytest.raises(ValueError, match=r"reshard"):
         x.T @ mesh.replicate(np.ones((6, 2)))  # split along the summed axis
     with pytest.raises(ValueError, match="replicate one"):
         x @ x.T.reshard(axis=1)
+    with pytest.raises(ValueError, match="spans the split axis"):  # batches of another split
+        mesh.asarray(np.ones((6, 4, 4)), axis=0) @ mesh.replicate(np.ones((6, 4, 2)))
     with pytest.raises(TypeError, match="x.shards"):
         x[np.array([0, 2])]
     with pytest.raises(ValueError, match="positive step"):

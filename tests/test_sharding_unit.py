@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fabric import sharded_reductions as reductions
-from fabric.sharding import Sharding, block_ranges, block_slices, split_blocks
+from fabric.sharding import (Sharding, block_positions, block_ranges, block_slices, joined_axis,
+                             split_blocks)
 
 
 def test_blocks_follow_array_split_and_slices_cut_them_by_range():
@@ -27,6 +28,40 @@ def test_blocks_follow_array_split_and_slices_cut_them_by_range():
         joined = np.concatenate([whole[o:o + b][part]
                                  for o, b, part in zip(offsets, blocks, parts)])
         assert joined.tolist() == whole[cut].tolist(), (length, count, cut)
+
+
+def test_positions_are_cut_by_block_and_counted_from_each_block():
+    rng = random.Random(3)
+    for _ in range(500):
+        length, count = rng.randint(0, 30), rng.randint(1, 6)
+        blocks = split_blocks(length, count)
+        positions = np.asarray(sorted(rng.sample(range(length), rng.randint(0, length))), int)
+        whole = np.arange(length) * 10
+        pieces = block_positions(positions, blocks)
+        assert len(pieces) == count
+        joined = np.concatenate([whole[start:stop][local] for (start, stop), local in zip(
+            block_ranges(blocks), pieces)])
+        assert joined.tolist() == whole[positions].tolist(), (length, count, positions)
+
+
+def test_results_join_along_the_axis_they_were_cut_and_reductions_join_nowhere():
+    rng = random.Random(2)
+    for _ in range(500):
+        whole = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+        axis, count = rng.randrange(len(whole)), rng.randint(2, 5)
+        parts = [p.shape for p in np.array_split(np.empty(whole), count, axis=axis)]
+        assert joined_axis(whole, parts, axis) == axis, (whole, parts)
+        reduced = whole[:axis] + whole[axis + 1:]  # each shard's sum over the split axis
+        assert joined_axis(reduced, [reduced] * count, axis) is None, (whole, count)
+        kept = whole[:axis] + (1,) + whole[axis + 1:]  # the same, keepdims
+        assert joined_axis(kept, [kept] * count, axis) is None, (whole, count)
+    assert joined_axis((4, 3), [(4, 3)], 0) == 0  # one part: any axis joins; the preferred
+    assert joined_axis((4, 3), [(4, 3)], 1) == 1
+    assert joined_axis((3, 4), [(3, 4)], 2) == 0  # (the preferred axis is not there)
+    assert joined_axis((0, 3), [(0, 3), (0, 3)], 1) == 0  # an empty axis joins any count
+    assert joined_axis((), [(), ()], 0) is None
+    assert joined_axis((6,), [(3,), (3, 1)], 0) is None  # a part of another rank
+    assert joined_axis((6, 1), [(3,), (3,)], 0) is None
 
 
 def test_a_sharding_prints_its_axis_blocks_and_devices():
