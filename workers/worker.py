@@ -43,9 +43,11 @@ from fabric.security import CurveClient, announced_mechanism, present_token
 from fabric.sockets import POLLIN, message_check, recv_frames, recv_monitor_event, try_send
 
 from .backends import device_class
-from .control import Action, Attach, Connect, Control, Probe, RegistrationRefused, Send
+from .bulk_link import BulkLinks, reachable_host
+from .control import Action, Attach, Connect, Control, Link, Probe, RegistrationRefused, Send
 from .executor import Executor
 from .lane import DEVICE_KINDS, Lane, message_body
+from .links import LINK_THRESHOLD, Fallback
 from .memory import MemoryBudget
 
 __all__ = ["RegistrationRefused", "Worker", "serve"]
@@ -210,7 +212,10 @@ class _DeviceThread:
                 # Both sessions live on this worker: the tensor moved in memory (when the
                 # control thread's queue is full, it goes the long way, by the broker).
                 continue
-            self._send(lane.frames(reply))
+            frames = lane.frames(reply)
+            if self._worker.goes_direct(reply) and try_send(self._pair, frames):
+                continue  # a large tensor for another worker: over a direct link, if granted
+            self._send(frames)
 
     def _send(self, frames: list[Any]) -> None:
         """Send on the lane; while the broker takes nothing, this device waits (and reads
@@ -236,7 +241,8 @@ class Worker:
                  memory_limit: int | None = None, memory_budget: int | None = None,
                  curve: CurveClient | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 hwm: int = DEFAULT_HWM, give_up_after: float | None = None) -> None:
+                 hwm: int = DEFAULT_HWM, give_up_after: float | None = None,
+                 bulk_host: str | None = "auto") -> None:
         cls = device_class(backend)  # refuses capture/remote before anything starts
         self.broker = broker
         self.curve = curve  # CURVE keys: the links to the broker are encrypted
@@ -249,11 +255,17 @@ class Worker:
         self.hwm = hwm  # SNDHWM and RCVHWM of every socket, and of each parked queue
         self.context = zmq.Context()
         self.devices = [cls(i) for i in range(devices)]
+        # Direct links (``workers.links``) on the address that reaches the broker, or another
+        # the worker is reached at; None: every tensor moved to another worker takes the broker.
+        host = reachable_host(broker) if bulk_host == "auto" else bulk_host
+        self.links = None if host is None else BulkLinks(
+            self.context, host, curve, max_message_bytes, self._deliver)
         self.control = Control(
             {"token": token, "name": name, "backend": backend,
              "devices": [d.settings() for d in self.devices],
              "max_message_bytes": max_message_bytes, "fabric_version": __version__,
-             "host": socket.gethostname()},
+             "host": socket.gethostname(),
+             **({"bulk": self.links.advertised()} if self.links is not None else {})},
             broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness,
             give_up_after=give_up_after, report=self.report)
         self._budget = MemoryBudget(memory_budget, devices)  # one for all the devices
@@ -293,6 +305,11 @@ class Worker:
                 return index
         return None
 
+    def goes_direct(self, reply: protocol.Message) -> bool:
+        """Whether ``reply`` (a device's, for another worker) asks for a direct link."""
+        return (self.links is not None and reply.kind == Kind.TRANSFER
+                and sum(memoryview(b).nbytes for b in reply.buffers) >= LINK_THRESHOLD)
+
     def report(self) -> dict[str, Any]:
         """What the control thread's HEARTBEAT says of the devices: the broker's metrics."""
         return report_body(WorkerReport(self._budget.limit,
@@ -309,6 +326,8 @@ class Worker:
                     self._to_device(device, [_ATTACH, b"%d" % action.max_message_bytes])
             elif type(action) is Connect:
                 self._connect(action)
+            elif type(action) is Link and self.links is not None:
+                self._fall_back(self.links.from_broker(action.message))
             elif type(action) is Probe:  # (blocks for at most half a second)
                 mechanism = announced_mechanism(self.broker)
                 self._perform(self.control.on_probe(action.event, action.value, mechanism))
@@ -326,6 +345,8 @@ class Worker:
         self._poller = zmq.Poller()
         for sock in (self.dealer, self._monitor, *self._pairs):
             self._poller.register(sock, zmq.POLLIN)
+        if self.links is not None:
+            self.links.watch(self._poller)
 
     def _close_dealer(self) -> None:
         if self.dealer is None:
@@ -349,10 +370,24 @@ class Worker:
 
     def _transfer(self, frames: list[zmq.Frame]) -> None:
         header = protocol.decode_header(frames[0])  # a device thread's own TRANSFER
-        device = self.session_device(header.session)
-        if device is None:
-            return  # the destination closed meanwhile; the broker would drop it too
-        self._to_device(device, frames)
+        if self.links is not None and self.session_device(header.session) is None:
+            self._send(self.links.send(frames, sum(len(f) for f in frames[1:])))
+        else:
+            self._deliver(frames)
+
+    def _deliver(self, frames: list[zmq.Frame]) -> None:
+        """A TRANSFER for a session of this worker (from one of its devices, or over a direct
+        link) goes to that session's device."""
+        device = self.session_device(protocol.decode_header(frames[0]).session)
+        if device is not None:  # (else it closed meanwhile; the broker would drop it too)
+            self._to_device(device, frames)
+
+    def _fall_back(self, fallbacks: list[Fallback]) -> None:
+        """TRANSFERs that get no direct link go through the broker after all."""
+        for fallback in fallbacks:
+            if not try_send(self.dealer, fallback.frames):
+                log.warning("the broker takes nothing: a tensor moved to another worker is "
+                            "dropped")
 
     def _to_device(self, device: int, frames: list[Any]) -> None:
         if device in self._to_devices or not try_send(self._pairs[device], frames):
@@ -387,6 +422,8 @@ class Worker:
                     if sock is self.dealer:
                         self._perform(control.on_message(recv_frames(self.dealer),
                                                          time.monotonic()))
+                    elif self.links is not None and self.links.owns(sock):
+                        self.links.on_ready(sock)
                     elif sock is self._monitor:
                         event = recv_monitor_event(self._monitor)
                         self._perform(control.on_handshake_failed(event["event"],
@@ -395,6 +432,8 @@ class Worker:
                         self._transfer(recv_frames(sock))
                 if self._to_devices:
                     self._retry()
+                if self.links is not None:
+                    self._fall_back(self.links.tick())
                 self._perform(control.tick(time.monotonic()))
         finally:
             self.close()
@@ -411,6 +450,8 @@ class Worker:
         for pair in self._pairs:
             pair.close(linger=0)
         self._close_dealer()
+        if self.links is not None:
+            self.links.close()
         if self.abandoned:  # terminating the context would wait for their sockets (their ops)
             log.warning("device(s) %s still computing after %g s: stopping without them",
                         ", ".join(map(str, self.abandoned)), _STOP_WAIT)

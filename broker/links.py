@@ -1,0 +1,54 @@
+"""Direct links between workers, the broker's part, sans I/O: granting a large TRANSFER a
+worker-to-worker link (``workers.links`` owns the rest).
+
+Rule: a link is granted only where the TRANSFER itself would be routed (the asking worker
+owns the source session, the destination session is open) and goes to another worker that
+said where its bulk endpoint is and takes a frame that large. The grant is a fresh random
+ticket told to the receiver (``LINK_EXPECT``, for that destination session) and, with the
+receiver's endpoint, to the sender (``LINK_GRANT``); the broker keeps nothing of it. Anything
+else is answered with an empty LINK_GRANT: the TRANSFER then takes the broker, as before.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from fabric.protocol import Kind, Message
+
+from .model import Send, SessionPhase, Side, Worker, send_message
+
+TICKET_BYTES = 32
+
+
+def reported_bulk(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The bulk endpoint a REGISTER names (address, and a CURVE public key), or None where it
+    names none or nonsense."""
+    bulk = body.get("bulk")
+    if not isinstance(bulk, dict):
+        return None
+    address, key = bulk.get("address"), bulk.get("public_key")
+    if not (isinstance(address, str) and address.startswith("tcp://") and len(address) < 300
+            and (key is None or isinstance(key, bytes) and len(key) == 40)):
+        return None
+    return {"address": address, **({"public_key": key} if key is not None else {})}
+
+
+def grant(registry: Any, worker: Worker, message: Message, now: float) -> list[Send]:
+    """A worker's LINK request: the two grants, or an empty LINK_GRANT (take the broker)."""
+    source = registry.sessions.get(message.body["source"])
+    destination = registry.sessions.get(message.session)
+    receiver = (registry.workers.get(destination.worker) if destination is not None
+                and destination.phase is SessionPhase.OPEN else None)
+    answer = Message(Kind.LINK_GRANT, message.session, message.request)
+    if (source is None or source.worker != worker.identity or receiver is None
+            or receiver is worker or receiver.bulk is None
+            or message.body["nbytes"] > receiver.max_message_bytes):
+        registry.counters["links_refused"] += 1
+        return [send_message(Side.BACKEND, worker.identity, answer)]
+    registry.counters["links_granted"] += 1
+    ticket = secrets.token_bytes(TICKET_BYTES)
+    return [send_message(Side.BACKEND, receiver.identity, Message(
+                Kind.LINK_EXPECT, message.session, 0, {"ticket": ticket})),
+            send_message(Side.BACKEND, worker.identity, answer._replace(
+                body={**receiver.bulk, "ticket": ticket}))]
