@@ -121,8 +121,21 @@ def test_a_sender_asks_dials_and_sends_once():
     dial = outgoing.on_grant(Message(Kind.LINK_GRANT, SESSION, ask.request,
                                      {"address": "tcp://10.0.0.2:4000", "ticket": ticket}))
     assert dial == Dial(ask.request, "tcp://10.0.0.2:4000", None, ticket)
-    assert outgoing.connected(ask.request) is frames
-    assert outgoing.connected(ask.request) is None and outgoing.tick(100.0) == []
+    assert outgoing.connected(ask.request, 1.0) is frames
+    assert outgoing.connected(ask.request, 1.0) is None and outgoing.tick(100.0) == []
+    assert outgoing.acknowledged(ask.request) and not outgoing.acknowledged(ask.request)
+
+
+def test_a_sent_transfer_unacknowledged_too_long_closes_its_link(caplog):
+    outgoing = Outgoing()
+    ask = outgoing.start(transfer_frames(), header(), 10, 0.0)
+    outgoing.on_grant(Message(Kind.LINK_GRANT, SESSION, ask.request,
+                              {"address": "tcp://10.0.0.2:4000", "ticket": bytes(32)}))
+    outgoing.connected(ask.request, 1.0)
+    assert outgoing.unacknowledged(1.0 + links.ACK_SECONDS / 2) == []
+    with caplog.at_level(logging.WARNING, "fabric.worker"):
+        assert outgoing.unacknowledged(2.0 + links.ACK_SECONDS) == [ask.request]
+    assert "not acknowledged" in caplog.text and not outgoing.acknowledged(ask.request)
 
 
 @pytest.mark.parametrize("body", [{}, {"address": "tcp://x:1", "ticket": b"short"},
@@ -145,7 +158,7 @@ def test_no_connection_in_time_falls_back_and_is_logged_once_per_address(caplog)
             outgoing.on_grant(Message(Kind.LINK_GRANT, SESSION, ask.request, grant))
             assert outgoing.tick(10.0 * n + links.CONNECT_SECONDS / 2) == []
             [fallback] = outgoing.tick(10.0 * n + links.CONNECT_SECONDS + 0.1)
-            assert fallback.link == ask.request and outgoing.connected(ask.request) is None
+            assert fallback.link == ask.request and outgoing.connected(ask.request, 99.0) is None
     assert [r.getMessage() for r in caplog.records] == [
         f"no direct link to tcp://10.0.0.2:4000 within {links.CONNECT_SECONDS:g} s: large "
         "tensors moved there travel through the broker"]

@@ -6,9 +6,9 @@ thread, which polls them with its own. The bulk endpoint is a ROUTER on a free p
 address this worker is reached at; a PLAIN server (a CURVE server with the worker's own key
 when the cluster uses CURVE) whose every handshake this worker's ZAP handler answers, so no
 byte of a peer without a ticket is taken. Each granted TRANSFER gets its own DEALER, which
-shows the ticket, is sent once connected and closes (libzmq finishes the send, ``LINGER_MS``
-at most). An admitted TRANSFER goes to its device as one moved between two devices of this
-worker does.
+shows the ticket, sends once connected and closes when the receiver acknowledges (or gives
+up, ``workers.links``). An admitted TRANSFER goes to its device as one moved between two
+devices of this worker does.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from fabric import protocol, zap
 from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
 from fabric.security import CurveClient
-from fabric.sockets import recv_frames
+from fabric.sockets import recv_frames, try_send
 
 from .links import PLAIN_USER, Admissions, Dial, Fallback, Outgoing, ZapAnswer, sender_keys
 
 log = logging.getLogger("fabric.worker")
 
-LINGER_MS = 60_000  # how long a closed dial may go on sending its TRANSFER
 _BULK_HWM = 4  # admitted messages the bulk endpoint holds before the loop reads them
 
 
@@ -130,35 +129,41 @@ class BulkLinks:
                                                 request.mechanism.encode(),
                                                 list(request.credentials), now))
         elif sock is self.endpoint:
-            _, *frames = recv_frames(sock)
+            routing, *frames = recv_frames(sock)
             try:  # (an admitted peer's message always has a header, and a User-Id)
                 header = protocol.decode_header(frames[0])
                 user = frames[0].get("User-Id").encode()
             except (FabricError, zmq.ZMQError):
                 header = user = None
             if self.admissions.take(user, header):
+                try_send(self.endpoint, [routing, b""])  # (the sender's word that it may close)
                 self._to_device(frames)
             else:
                 log.warning("direct link: dropped a message its ticket does not allow "
                             "(%d refused in all)", self.admissions.refused)
         else:
             link = next(k for k, s in self._dials.items() if s is sock)
-            frames = self.outgoing.connected(link)
-            if frames is not None:
-                sock.send_multipart(frames, copy=False)
-            self._close_dial(link)
+            if self.outgoing.acknowledged(link):
+                self._close_dial(link)
+                return
+            frames = self.outgoing.connected(link, now)
+            if frames is None:
+                self._close_dial(link)
+                return
+            sock.send_multipart(frames, copy=False)
+            self._poller.modify(sock, zmq.POLLIN)  # (then wait for the receiver's word)
 
     def tick(self) -> list[Fallback]:
         """Refuse handshakes that waited too long; the TRANSFERs that fall back."""
         now = time.monotonic()
         self._answer(self.admissions.tick(now))
         fallbacks = self.outgoing.tick(now)
-        for fallback in fallbacks:
-            self._close_dial(fallback.link)
+        for link in [f.link for f in fallbacks] + self.outgoing.unacknowledged(now):
+            self._close_dial(link)
         return fallbacks
 
     def close(self) -> None:
-        """Close every socket (the dials' sends go on, ``LINGER_MS`` at most)."""
+        """Close every socket; sends under way on a link end."""
         for link in list(self._dials):
             self._close_dial(link)
         self.zap.close(linger=0)
@@ -181,7 +186,7 @@ class BulkLinks:
         sock = self._dials.pop(link, None)
         if sock is not None:
             self._poller.unregister(sock)
-            sock.close(linger=LINGER_MS)
+            sock.close(linger=0)
 
     def _answer(self, answers: list[ZapAnswer]) -> None:
         for answer in answers:

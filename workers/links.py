@@ -14,6 +14,10 @@ the broker for a link (``LINK``); without a grant and a connection within
 ``CONNECT_SECONDS`` (a firewall, NAT, an old broker), or with a grant that says no, it goes
 through the broker as before, and the first such fallback to each address is logged.
 
+The receiver acknowledges the TRANSFER it took (an empty message back on the link); a sender
+closes a link when acknowledged, or ``ACK_SECONDS`` after sending (logged: the receiver
+vanished, or the link broke, and the client's wait for the tensor says so).
+
 A ticket is 32 random bytes. Shown in the handshake: without CURVE as the PLAIN password;
 with CURVE as the sender's key pair, whose secret key is the ticket itself (so only who
 holds the ticket can complete the handshake, and the link is encrypted with the receiver's
@@ -34,6 +38,7 @@ log = logging.getLogger("fabric.worker")
 
 LINK_THRESHOLD = 1 << 20  # bytes of array a TRANSFER carries before it asks for a link
 CONNECT_SECONDS = 2.0  # a sender's wait for a grant and a connection, then the broker
+ACK_SECONDS = 60.0  # a sent TRANSFER's wait for the receiver's word, then its link closes
 TICKET_SECONDS = 10.0  # a ticket not used within this is forgotten
 WAIT_SECONDS = 1.0  # a handshake whose ticket is not known yet waits this long for it
 MAX_TICKETS = 256  # tickets a receiver holds at once (beyond: the oldest is forgotten)
@@ -173,6 +178,7 @@ class Outgoing:
     """A sender's TRANSFERs waiting for a grant or a connection."""
 
     _pending: dict[int, _Pending] = field(default_factory=dict)
+    _sent: dict[int, float] = field(default_factory=dict)  # link -> when to stop waiting
     _links: int = 0
     _told: set[str] = field(default_factory=set)  # addresses whose fallback was logged
 
@@ -197,11 +203,27 @@ class Outgoing:
         pending.address = address
         return Dial(message.request, address, key, ticket)
 
-    def connected(self, link: int) -> list[Any] | None:
+    def connected(self, link: int, now: float) -> list[Any] | None:
         """Link ``link`` is connected: its TRANSFER's frames, to send on it (None: it fell
         back meanwhile)."""
         pending = self._pending.pop(link, None)
-        return None if pending is None else pending.frames
+        if pending is None:
+            return None
+        self._sent[link] = now + ACK_SECONDS
+        return pending.frames
+
+    def acknowledged(self, link: int) -> bool:
+        """The receiver took link ``link``'s TRANSFER; False where it was not sent on it."""
+        return self._sent.pop(link, None) is not None
+
+    def unacknowledged(self, now: float) -> list[int]:
+        """Links whose TRANSFER went unacknowledged too long: to close (each logged)."""
+        late = [link for link, deadline in self._sent.items() if deadline < now]
+        for link in late:
+            del self._sent[link]
+            log.warning("a tensor sent over a direct link was not acknowledged within %g s: "
+                        "its link is closed", ACK_SECONDS)
+        return late
 
     def tick(self, now: float) -> list[Fallback]:
         """TRANSFERs without a grant and a connection in time: through the broker."""
@@ -220,3 +242,4 @@ class Outgoing:
     def clear(self) -> None:
         """A new connection to the broker: what waited goes nowhere (its sessions are gone)."""
         self._pending.clear()
+        self._sent.clear()

@@ -15,6 +15,12 @@ thread never waits for a device: what a full pair cannot take waits in a bounded
 a worker told to stop while a device computes a long op ends a few seconds later
 (``_STOP_WAIT``), without waiting for the op.
 
+A large tensor moved to a session of another worker goes over a direct link when the broker
+grants one (``workers.links``, ``workers.bulk_link``): the device thread hands its TRANSFER
+to the control thread, which asks the broker, dials the receiver's bulk endpoint, and sends
+it there (or by the broker, when no link comes in time); the bytes are handed on, never
+copied or read, and likewise those arriving at this worker's own endpoint.
+
 Every link authenticates in the ZeroMQ handshake (the worker token as the PLAIN password,
 or with CURVE the worker's key). The control DEALER's socket monitor reports what ZeroMQ
 keeps silent: a token or CURVE key the broker refuses, or encryption on at one end only,
