@@ -176,3 +176,16 @@ def test_with_curve_the_link_is_encrypted_and_refuses_other_keys(hosts, tmp_path
         assert not _attack(address, server_key, **_guessed_curve_keys())
         assert not _attack(address, None,
                            plain_username=PLAIN_USER, plain_password=secrets.token_bytes(32))
+
+
+def test_bulk_host_none_keeps_every_move_on_the_broker(tmp_path):
+    with fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT, log_dir=tmp_path,
+                             worker_args=("--bulk-host", "none")) as running:
+        here, there = (fabric.connect(running.address, token=running.token, device=d,
+                                      shared_memory=False) for d in (0, 1))
+        with here, there:
+            values = VALUES[0]
+            assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
+            counters = _counters(running)
+    assert "links_granted" not in counters and counters["traffic"] >= 3 * values.nbytes
+    assert not any("direct links at" in p.read_text() for p in tmp_path.iterdir())
