@@ -20,6 +20,7 @@ import zmq
 
 import fabric
 from fabric.launch_ssh import SSHCluster, parse_hosts
+from fabric.errors import QuotaExceeded
 from fabric.security import generate_keys
 from fabric.workers.links import CONNECT_SECONDS, PLAIN_USER
 
@@ -76,8 +77,11 @@ def _bulk_address(log_dir: Path, host: str) -> str:
     return re.search(r"direct links at (tcp://\S+)", log.read_text()).group(1)
 
 
+EVERY_DTYPE = [np.dtype(c) for c in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]
+               if np.dtype(c).kind != "f" or np.dtype(c).itemsize <= 8]  # (no longdouble)
 VALUES = [
-    np.random.default_rng(25).random(LARGE // 8),
+    *(np.random.default_rng(25).integers(0, 100, LARGE // dtype.itemsize).astype(dtype)
+      for dtype in EVERY_DTYPE),
     np.arange(LARGE // 4, dtype=np.int32).reshape(-1, 1024),
     np.asfortranarray(np.random.default_rng(2).random((1024, 512))).astype(np.float32),
     np.random.default_rng(3).integers(0, 2, LARGE, dtype=np.uint8).astype(bool),
@@ -189,3 +193,18 @@ def test_bulk_host_none_keeps_every_move_on_the_broker(tmp_path):
             counters = _counters(running)
     assert "links_granted" not in counters and counters["traffic"] >= 3 * values.nbytes
     assert not any("direct links at" in p.read_text() for p in tmp_path.iterdir())
+
+
+def test_a_tensor_moved_over_a_link_counts_against_the_receivers_memory_limit(tmp_path):
+    # (One host, loopback: the same links; shared memory is off for these sessions.)
+    with fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT,
+                             worker_args=("--memory-limit", str(4 << 20))) as running:
+        here, there = (fabric.connect(running.address, token=running.token, device=d,
+                                      shared_memory=False) for d in (0, 1))
+        with here, there:
+            held = there.asarray(np.ones(2 << 17))  # 2 MiB of the 4
+            moved = here.asarray(np.ones(LARGE // 8)).to(there)
+            with pytest.raises(QuotaExceeded, match="memory-limit"):
+                moved.numpy()
+            assert held.sum().numpy() == 2 << 17  # the receiving session goes on
+            assert _counters(running)["links_granted"] == 1
