@@ -182,11 +182,23 @@ def test_with_curve_the_link_is_encrypted_and_refuses_other_keys(hosts, tmp_path
                            plain_username=PLAIN_USER, plain_password=secrets.token_bytes(32))
 
 
-def test_bulk_host_none_keeps_every_move_on_the_broker(tmp_path):
-    with fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT, log_dir=tmp_path,
-                             worker_args=("--bulk-host", "none")) as running:
-        here, there = (fabric.connect(running.address, token=running.token, device=d,
-                                      shared_memory=False) for d in (0, 1))
+def _local_cluster(hosts: simhosts.SimulatedHosts, log_dir: Path,
+                   *worker_args: str) -> fabric.LocalCluster:
+    """Two workers on this side, with a broker on the bridge (not on loopback: the workers
+    then make direct links by themselves, on the bridge's address)."""
+    return fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT, log_dir=log_dir,
+                               backend_address=f"tcp://{hosts.bridge_address}:*",
+                               worker_args=worker_args)
+
+
+def _local_sessions(cluster: fabric.LocalCluster) -> list[fabric.Session]:
+    return [fabric.connect(cluster.address, token=cluster.token, device=d, shared_memory=False)
+            for d in (0, 1)]
+
+
+def test_bulk_host_none_keeps_every_move_on_the_broker(hosts, tmp_path):
+    with _local_cluster(hosts, tmp_path, "--bulk-host", "none") as running:
+        here, there = _local_sessions(running)
         with here, there:
             values = VALUES[0]
             assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
@@ -195,12 +207,9 @@ def test_bulk_host_none_keeps_every_move_on_the_broker(tmp_path):
     assert not any("direct links at" in p.read_text() for p in tmp_path.iterdir())
 
 
-def test_a_tensor_moved_over_a_link_counts_against_the_receivers_memory_limit(tmp_path):
-    # (One host, loopback: the same links; shared memory is off for these sessions.)
-    with fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT,
-                             worker_args=("--memory-limit", str(4 << 20))) as running:
-        here, there = (fabric.connect(running.address, token=running.token, device=d,
-                                      shared_memory=False) for d in (0, 1))
+def test_a_tensor_moved_over_a_link_counts_against_the_receivers_memory_limit(hosts, tmp_path):
+    with _local_cluster(hosts, tmp_path, "--memory-limit", str(4 << 20)) as running:
+        here, there = _local_sessions(running)
         with here, there:
             held = there.asarray(np.ones(2 << 17))  # 2 MiB of the 4
             moved = here.asarray(np.ones(LARGE // 8)).to(there)
@@ -208,3 +217,5 @@ def test_a_tensor_moved_over_a_link_counts_against_the_receivers_memory_limit(tm
                 moved.numpy()
             assert held.sum().numpy() == 2 << 17  # the receiving session goes on
             assert _counters(running)["links_granted"] == 1
+    assert all(f"direct links at tcp://{hosts.bridge_address}:" in p.read_text()
+               for p in tmp_path.iterdir() if p.name.startswith("worker"))

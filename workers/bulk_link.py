@@ -13,6 +13,7 @@ devices of this worker does.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import time
@@ -36,7 +37,9 @@ _BULK_HWM = 4  # admitted messages the bulk endpoint holds before the loop reads
 
 def reachable_host(broker: str) -> str | None:
     """The address of this machine that reaches ``broker`` (the interface its route uses),
-    where the broker is a ``tcp://`` address; None for ``ipc://`` and the like."""
+    where the broker is a ``tcp://`` address on another interface than loopback; None for a
+    broker on loopback (its workers and clients share this host, and its memory: that is
+    their path) and for ``ipc://`` and the like."""
     parts = urlsplit(broker)
     if parts.scheme != "tcp" or not parts.hostname:
         return None
@@ -45,9 +48,10 @@ def reachable_host(broker: str) -> str | None:
                                                     type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(where)  # (UDP: no packet is sent; the kernel picks the route)
-            return probe.getsockname()[0]
+            host = probe.getsockname()[0]
     except OSError:
         return None
+    return None if ipaddress.ip_address(host.split("%")[0]).is_loopback else host
 
 
 class BulkLinks:
