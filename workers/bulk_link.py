@@ -91,10 +91,10 @@ class BulkLinks:
     def watch(self, poller: zmq.Poller) -> None:
         """Poll the endpoint, the ZAP handler and the dials with ``poller`` (a new
         connection to the broker's); what waited for the old one is dropped."""
-        self._poller = poller
-        self.outgoing.clear()
-        for link in list(self._dials):
+        for link in list(self._dials):  # (registered with the old poller)
             self._close_dial(link)
+        self.outgoing.clear()
+        self._poller = poller
         poller.register(self.zap, zmq.POLLIN)
         poller.register(self.endpoint, zmq.POLLIN)
 
