@@ -1,9 +1,11 @@
-"""Direct links between workers, the broker's part, sans I/O: granting a large TRANSFER a
-worker-to-worker link (``workers.links`` owns the rest).
+"""Direct links to workers, the broker's part, sans I/O: granting a large TRANSFER a
+worker-to-worker link, or a client's large upload a link to its session's worker
+(``workers.links`` owns the rest).
 
-Rule: a link is granted only where the TRANSFER itself would be routed (the asking worker
-owns the source session, the destination session is open) and goes to another worker that
-said where its bulk endpoint is and takes a frame that large. The grant is a fresh random
+Rule: a link is granted only where the message itself would be routed (the asking worker
+owns the source session, or the asking client the session; the destination session is
+open), to a worker (another, for a worker) that said where its bulk endpoint is and takes a
+frame that large. The grant is a fresh random
 ticket told to the receiver (``LINK_EXPECT``, for that destination session) and, with the
 receiver's endpoint, to the sender (``LINK_GRANT``); the broker keeps nothing of it. Anything
 else is answered with an empty LINK_GRANT: the TRANSFER then takes the broker, as before.
@@ -35,20 +37,42 @@ def reported_bulk(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def grant(registry: Any, worker: Worker, message: Message, now: float) -> list[Send]:
-    """A worker's LINK request: the two grants, or an empty LINK_GRANT (take the broker)."""
+    """A worker's LINK request, for a TRANSFER from its session ``source`` to another worker's
+    session: the two grants, or an empty LINK_GRANT (take the broker)."""
     source = registry.sessions.get(message.body["source"])
-    destination = registry.sessions.get(message.session)
-    receiver = (registry.workers.get(destination.worker) if destination is not None
-                and destination.phase is SessionPhase.OPEN else None)
+    receiver = _receiver(registry, message.session)
+    if source is None or source.worker != worker.identity or receiver is worker:
+        receiver = None
+    return _grant(registry, Side.BACKEND, worker.identity, receiver, message)
+
+
+def grant_to_client(registry: Any, identity: bytes, message: Message,
+                    now: float) -> list[Send]:
+    """A client's LINK request, for an upload to its own session's worker."""
+    session = registry.sessions.get(message.session)
+    receiver = _receiver(registry, message.session) if (
+        session is not None and session.client == identity) else None
+    return _grant(registry, Side.FRONTEND, identity, receiver, message)
+
+
+def _receiver(registry: Any, session_id: int) -> Worker | None:
+    """The worker of open session ``session_id``, if any."""
+    session = registry.sessions.get(session_id)
+    if session is None or session.phase is not SessionPhase.OPEN:
+        return None
+    return registry.workers.get(session.worker)
+
+
+def _grant(registry: Any, side: Side, asker: bytes, receiver: Worker | None,
+           message: Message) -> list[Send]:
     answer = Message(Kind.LINK_GRANT, message.session, message.request)
-    if (source is None or source.worker != worker.identity or receiver is None
-            or receiver is worker or receiver.bulk is None
+    if (receiver is None or receiver.bulk is None
             or message.body["nbytes"] > receiver.max_message_bytes):
         registry.counters["links_refused"] += 1
-        return [send_message(Side.BACKEND, worker.identity, answer)]
+        return [send_message(side, asker, answer)]
     registry.counters["links_granted"] += 1
     ticket = secrets.token_bytes(TICKET_BYTES)
     return [send_message(Side.BACKEND, receiver.identity, Message(
                 Kind.LINK_EXPECT, message.session, 0, {"ticket": ticket})),
-            send_message(Side.BACKEND, worker.identity, answer._replace(
+            send_message(side, asker, answer._replace(
                 body={**receiver.bulk, "ticket": ticket}))]

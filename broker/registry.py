@@ -329,6 +329,7 @@ class Registry:
         Kind.CLOSE: _on_close,
         Kind.PING: _on_ping,
         Kind.ADMIN: _on_admin,
+        Kind.LINK: links.grant_to_client,
     }
 
     # -- workers -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import bulk, protocol
+from . import bulk, direct_link, protocol
 from .arrays import ArrayNamespace
 from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices, check_version,
                          expect_reply, naming_connection_file)
@@ -163,11 +163,11 @@ class Session(ArrayNamespace):
     # -- requests and reads ------------------------------------------------------------------
 
     def _upload(self, array: np.ndarray) -> Tensor:
-        if array.size >= self.connection.bulk_elements:
-            tensor = bulk.upload(self, array)
-            if tensor is not None:
-                return tensor
-        return super()._upload(array)
+        tensor = bulk.upload(self, array) if array.size >= self.connection.bulk_elements \
+            else None
+        if tensor is None and array.nbytes >= direct_link.DIRECT_BYTES:  # (another host's?)
+            tensor = direct_link.upload(self, array)
+        return super()._upload(array) if tensor is None else tensor
 
     def _send_request(self, body: dict[str, Any], timeout: float | None = None,
                       reads: Tensor | None = None) -> int:

@@ -8,6 +8,7 @@ The rules themselves are tested sans I/O in ``test_links_unit.py``.
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 import socket
@@ -19,10 +20,11 @@ import pytest
 import zmq
 
 import fabric
-from fabric.launch_ssh import SSHCluster, parse_hosts
+from fabric.direct_link import DIRECT_BYTES
 from fabric.errors import QuotaExceeded
-from fabric.security import generate_keys
-from fabric.workers.links import CONNECT_SECONDS, PLAIN_USER
+from fabric.launch_ssh import SSHCluster, parse_hosts
+from fabric.security import LINK_USER, generate_keys
+from fabric.workers.links import CONNECT_SECONDS
 
 import simhosts
 from conftest import HEARTBEAT
@@ -107,6 +109,24 @@ def test_large_tensors_move_between_hosts_over_a_direct_link_byte_for_byte(direc
         v.nbytes for v in VALUES) // 2
 
 
+@pytest.mark.parametrize("values", [
+    np.random.default_rng(4).random((1024, 1025)),  # 8 MiB and some
+    np.asfortranarray(np.arange(3 << 20, dtype=np.int32).reshape(1024, -1)),
+    np.arange(1 << 20, dtype=">c16")[::-1],  # swapped bytes, a reversed view
+], ids=["float64", "Fortran int32", "big-endian complex view"])
+def test_a_large_upload_goes_to_another_host_over_a_direct_link(direct, values):
+    with fabric.connect(direct.address, token=direct.token, device=0,
+                        shared_memory=False) as session:
+        before = _counters(direct)
+        tensor = session.asarray(values)
+        after = _counters(direct)
+        got = (tensor + 0).numpy()
+    assert after["links_granted"] == before.get("links_granted", 0) + 1
+    assert after["traffic"] - before["traffic"] < values.nbytes // 4  # not the bytes
+    assert got.shape == values.shape and np.array_equal(got, values)
+    assert got.dtype == values.dtype.newbyteorder("=")
+
+
 @pytest.mark.parametrize("values", [np.zeros((0, 3)), np.float64(2.5), np.arange(10)])
 def test_small_empty_and_0d_tensors_move_through_the_broker_as_before(direct, values):
     here, there = _sessions(direct)
@@ -140,8 +160,8 @@ def _guessed_curve_keys() -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("credentials", [
-    {}, {"plain_username": PLAIN_USER, "plain_password": b"guess"},
-    {"plain_username": PLAIN_USER, "plain_password": secrets.token_bytes(32)}],
+    {}, {"plain_username": LINK_USER, "plain_password": b"guess"},
+    {"plain_username": LINK_USER, "plain_password": secrets.token_bytes(32)}],
     ids=["no ticket", "a short guess", "a wrong ticket"])
 def test_a_peer_without_the_ticket_is_refused_and_the_worker_goes_on(direct, hosts,
                                                                      credentials):
@@ -153,14 +173,25 @@ def test_a_peer_without_the_ticket_is_refused_and_the_worker_goes_on(direct, hos
         assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
 
 
-def test_an_unreachable_endpoint_falls_back_to_the_broker_and_says_so_once(hosts, tmp_path):
-    # Each worker's endpoint on its own loopback: the other host cannot reach it.
+def test_an_unreachable_endpoint_falls_back_to_the_broker_and_says_so_once(hosts, tmp_path,
+                                                                            caplog):
+    # Each worker's endpoint on its own loopback: neither the other host nor this side
+    # can reach it.
     with _cluster(hosts, tmp_path, "--bulk-host", "127.0.0.1") as running:
         here, there = _sessions(running)
         with here, there:
             for values in VALUES[:2]:
                 assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
+            large = np.random.default_rng(5).random(DIRECT_BYTES // 8)
+            granted = _counters(running)["links_granted"]
+            with caplog.at_level(logging.WARNING, "fabric.client"):
+                for _ in range(2):  # (the session asks once)
+                    assert np.array_equal(there.asarray(large).numpy(), large)
+            assert _counters(running)["links_granted"] == granted + 1
         sender = [p for p in tmp_path.iterdir() if hosts.addresses[0] in p.name]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no direct link to {_bulk_address(tmp_path, hosts.addresses[1])} within "
+        f"{CONNECT_SECONDS:g} s: large uploads there travel through the broker"]
     said = [line for line in sender[0].read_text().splitlines()
             if f"within {CONNECT_SECONDS:g} s" in line]
     assert len(said) == 1 and "travel through the broker" in said[0]
@@ -174,12 +205,14 @@ def test_with_curve_the_link_is_encrypted_and_refuses_other_keys(hosts, tmp_path
             values = VALUES[1]
             before = _counters(running).get("links_granted", 0)
             assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
-            assert _counters(running)["links_granted"] == before + 1
+            large = np.random.default_rng(6).random(DIRECT_BYTES // 8)
+            assert np.array_equal(there.asarray(large).numpy(), large)
+            assert _counters(running)["links_granted"] == before + 2
         address = _bulk_address(tmp_path, hosts.addresses[1])
         server_key = zmq.auth.load_certificate(tmp_path / "keys" / "worker.key")[0]
         assert not _attack(address, server_key, **_guessed_curve_keys())
         assert not _attack(address, None,
-                           plain_username=PLAIN_USER, plain_password=secrets.token_bytes(32))
+                           plain_username=LINK_USER, plain_password=secrets.token_bytes(32))
 
 
 def _local_cluster(hosts: simhosts.SimulatedHosts, log_dir: Path,

@@ -11,6 +11,7 @@ import pytest
 
 from fabric.broker.links import reported_bulk
 from fabric.protocol import Header, Kind, Message
+from fabric.security import LINK_USER, link_keys
 from fabric.workers import links
 from fabric.workers.links import Admissions, Dial, Fallback, Outgoing, credential
 
@@ -24,7 +25,7 @@ def header(kind: Kind = Kind.TRANSFER, session: int = SESSION) -> Header:
 
 
 def plain(ticket: bytes) -> tuple[bytes, list[bytes]]:
-    return b"PLAIN", [links.PLAIN_USER, ticket]
+    return b"PLAIN", [LINK_USER, ticket]
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def test_with_curve_the_ticket_is_the_senders_secret_key():
     admissions = Admissions(curve=True)
     ticket = secrets.token_bytes(32)
     admissions.expect(ticket, SESSION, 0.0)
-    public, secret = links.sender_keys(ticket)
+    public, secret = link_keys(ticket)
     assert len(public) == len(secret) == 40 and credential(ticket, True) != ticket
     [answer] = admissions.on_zap("r", b"CURVE", [credential(ticket, True)], 0.0)
     assert answer.user and admissions.take(answer.user, header())

@@ -25,10 +25,10 @@ import zmq
 from fabric import protocol, zap
 from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
-from fabric.security import CurveClient
+from fabric.security import CurveClient, show_ticket
 from fabric.sockets import recv_frames, try_send
 
-from .links import PLAIN_USER, Admissions, Dial, Fallback, Outgoing, ZapAnswer, sender_keys
+from .links import Admissions, Dial, Fallback, Outgoing, ZapAnswer
 
 log = logging.getLogger("fabric.worker")
 
@@ -175,13 +175,7 @@ class BulkLinks:
 
     def _dial(self, dial: Dial) -> None:
         sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # writable only once connected, handshake done
-        sock.setsockopt(zmq.IPV6, True)
-        if dial.public_key is not None:
-            sock.curve_publickey, sock.curve_secretkey = sender_keys(dial.ticket)
-            sock.curve_serverkey = dial.public_key
-        else:
-            sock.plain_username, sock.plain_password = PLAIN_USER, dial.ticket
+        show_ticket(sock, dial.ticket, dial.public_key)
         sock.connect(dial.address)
         self._dials[dial.link] = sock
         self._poller.register(sock, zmq.POLLOUT)

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from fabric.protocol import Header, Kind, Message
+from fabric.security import LINK_USER, link_keys
 
 log = logging.getLogger("fabric.worker")
 
@@ -43,19 +44,12 @@ TICKET_SECONDS = 10.0  # a ticket not used within this is forgotten
 WAIT_SECONDS = 1.0  # a handshake whose ticket is not known yet waits this long for it
 MAX_TICKETS = 256  # tickets a receiver holds at once (beyond: the oldest is forgotten)
 MAX_WAITING = 16  # handshakes waiting for their ticket at once (beyond: refused)
-PLAIN_USER = b"fabric-link"
-
-
-def sender_keys(ticket: bytes) -> tuple[bytes, bytes]:
-    """The CURVE key pair (public, secret; z85) a sender shows: its secret is the ticket."""
-    secret = zmq.utils.z85.encode(ticket)
-    return zmq.curve_public(secret), secret
 
 
 def credential(ticket: bytes, curve: bool) -> bytes:
     """What ZAP sees of ``ticket``'s holder: with CURVE its public key (32 bytes), else the
     PLAIN password (the ticket)."""
-    return zmq.utils.z85.decode(sender_keys(ticket)[0]) if curve else ticket
+    return zmq.utils.z85.decode(link_keys(ticket)[0]) if curve else ticket
 
 
 class ZapAnswer(NamedTuple):
@@ -101,7 +95,7 @@ class Admissions:
         refused otherwise."""
         expected = b"CURVE" if self.curve else b"PLAIN"
         if mechanism != expected or not credentials or (
-                not self.curve and (len(credentials) != 2 or credentials[0] != PLAIN_USER)):
+                not self.curve and (len(credentials) != 2 or credentials[0] != LINK_USER)):
             self.refused += 1
             return [ZapAnswer(request, None)]
         key = credentials[-1]
