@@ -1,9 +1,9 @@
 """Large tensors between two simulated hosts (network namespaces on a bridge running sshd,
 ``tests/simhosts.py``; root and openssh-server needed): ``t.to()`` from a worker on one host
-to a worker on the other over a direct link, and through the broker (``--bulk-host none``),
-against raw TCP between the same two namespaces (a pyzmq PAIR, each message answered, as
-``t.to()`` is), in the same run; and W3 (upload and read from this side, through the broker)
-against raw TCP from this side to a host.
+to a worker on the other, and W3 (an upload from this side to a host, and a read back), over
+direct links and through the broker (``--bulk-host none``), against raw TCP between the same
+two places (a pyzmq PAIR, each message answered, as ``t.to()`` and an upload are), in the
+same run. Reads always come through the broker.
 
     python bench/w7_hosts.py [--repeats R] [--mib 64,256]
 
@@ -146,15 +146,13 @@ def main() -> None:
                 return f"{nbytes / seconds / 1e6:7.0f} MB/s"
 
             print(f"{mib} MiB, median of {options.repeats}:")
-            print(f"  raw TCP host 0 -> host 1       {rate(between)}")
-            print(f"  t.to() direct link             {rate(direct['to'])}  "
-                  f"{between / direct['to']:.2f}x raw")
-            print(f"  t.to() through the broker      {rate(brokered['to'])}  "
-                  f"{between / brokered['to']:.2f}x raw")
-            print(f"  raw TCP this side -> host 1    {rate(to_host)}")
-            for way in ("up", "down"):
-                print(f"  W3 {way:4} (through the broker) {rate(direct[way])}  "
-                      f"{to_host / direct[way]:.2f}x raw")
+            print(f"  raw TCP host 0 -> host 1      {rate(between)}")
+            print(f"  raw TCP this side -> host 1   {rate(to_host)}")
+            for name, figures in (("direct links", direct), ("through the broker", brokered)):
+                for way, raw in (("to", between), ("up", to_host), ("down", to_host)):
+                    what = "t.to()" if way == "to" else f"W3 {way}"
+                    print(f"  {what:8} {name:19} {rate(figures[way])}  "
+                          f"{raw / figures[way]:.2f}x raw")
 
 
 if __name__ == "__main__":
