@@ -5,7 +5,8 @@ worker-to-worker link, or a client's large upload a link to its session's worker
 Rule: a link is granted only where the message itself would be routed (the asking worker
 owns the source session, or the asking client the session; the destination session is
 open), to a worker (another, for a worker) that said where its bulk endpoint is and takes a
-frame that large. The grant is a fresh random
+frame that large. The receiver is told whether a client asks (its link may carry a read of
+its own session) or a worker (a TRANSFER only). The grant is a fresh random
 ticket told to the receiver (``LINK_EXPECT``, for that destination session) and, with the
 receiver's endpoint, to the sender (``LINK_GRANT``); the broker keeps nothing of it. Anything
 else is answered with an empty LINK_GRANT: the TRANSFER then takes the broker, as before.
@@ -73,6 +74,7 @@ def _grant(registry: Any, side: Side, asker: bytes, receiver: Worker | None,
     registry.counters["links_granted"] += 1
     ticket = secrets.token_bytes(TICKET_BYTES)
     return [send_message(Side.BACKEND, receiver.identity, Message(
-                Kind.LINK_EXPECT, message.session, 0, {"ticket": ticket})),
+                Kind.LINK_EXPECT, message.session, 0,
+                {"ticket": ticket, "client": side is Side.FRONTEND})),
             send_message(side, asker, answer._replace(
                 body={**receiver.bulk, "ticket": ticket}))]

@@ -28,7 +28,9 @@ class Side:
     def __init__(self) -> None:
         self.context = zmq.Context()
         self.delivered: list[list[zmq.Frame]] = []
-        self.links = BulkLinks(self.context, "127.0.0.1", None, 1 << 30, self.delivered.append)
+        self.reads: list[tuple[bytes, list[zmq.Frame]]] = []
+        self.links = BulkLinks(self.context, "127.0.0.1", None, 1 << 30, self.delivered.append,
+                               lambda routing, frames: self.reads.append((routing, frames)))
         self.poller = zmq.Poller()
         self.links.watch(self.poller)
         self.fallbacks: list = []

@@ -127,6 +127,23 @@ def test_a_large_upload_goes_to_another_host_over_a_direct_link(direct, values):
     assert got.dtype == values.dtype.newbyteorder("=")
 
 
+def test_a_large_read_from_another_host_comes_over_a_direct_link(direct):
+    values = np.random.default_rng(7).random((1024, 1100))
+    with fabric.connect(direct.address, token=direct.token, device=1,
+                        shared_memory=False) as session:
+        tensor = session.asarray(values) * 2  # (its op still batched: the read waits for it)
+        before = _counters(direct)
+        got, view = tensor.numpy(), tensor.numpy(copy=False)
+        after = _counters(direct)
+        broken = np.linalg.inv(session.zeros((1024, 1024)))  # singular: fails on the device
+        with pytest.raises(fabric.RemoteError, match="inv"):
+            broken.numpy()
+    assert after["links_granted"] == before.get("links_granted", 0) + 2
+    assert after["traffic"] - before["traffic"] < values.nbytes // 4  # not the bytes
+    assert np.array_equal(got, values * 2) and got.flags.writeable
+    assert np.array_equal(view, values * 2) and not view.flags.writeable
+
+
 @pytest.mark.parametrize("values", [np.zeros((0, 3)), np.float64(2.5), np.arange(10)])
 def test_small_empty_and_0d_tensors_move_through_the_broker_as_before(direct, values):
     here, there = _sessions(direct)
@@ -207,7 +224,7 @@ def test_with_curve_the_link_is_encrypted_and_refuses_other_keys(hosts, tmp_path
             assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
             large = np.random.default_rng(6).random(DIRECT_BYTES // 8)
             assert np.array_equal(there.asarray(large).numpy(), large)
-            assert _counters(running)["links_granted"] == before + 2
+            assert _counters(running)["links_granted"] == before + 3  # move, upload, read
         address = _bulk_address(tmp_path, hosts.addresses[1])
         server_key = zmq.auth.load_certificate(tmp_path / "keys" / "worker.key")[0]
         assert not _attack(address, server_key, **_guessed_curve_keys())

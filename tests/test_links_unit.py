@@ -69,6 +69,14 @@ def test_an_admitted_peer_may_carry_only_a_transfer_to_the_ticket_session(admiss
     assert admissions.refused == 5
 
 
+def test_only_a_link_granted_to_the_sessions_client_may_carry_a_request(admissions):
+    for client, taken in ((False, False), (True, True)):
+        ticket = secrets.token_bytes(32)
+        admissions.expect(ticket, SESSION, 0.0, client=client)
+        [answer] = admissions.on_zap("r", *plain(ticket), 0.0)
+        assert admissions.take(answer.user, header(Kind.REQUEST)) is taken
+
+
 def test_a_handshake_before_its_ticket_waits_for_it_but_not_forever(admissions):
     early, never = secrets.token_bytes(32), secrets.token_bytes(32)
     assert admissions.on_zap("early", *plain(early), 0.0) == []

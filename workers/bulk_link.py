@@ -8,7 +8,8 @@ when the cluster uses CURVE) whose every handshake this worker's ZAP handler ans
 byte of a peer without a ticket is taken. Each granted TRANSFER gets its own DEALER, which
 shows the ticket, sends once connected and closes when the receiver acknowledges (or gives
 up, ``workers.links``). An admitted TRANSFER goes to its device as one moved between two
-devices of this worker does.
+devices of this worker does; a client's admitted read goes to its device too, and the reply
+comes back here, to go out on the link it came by.
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ class BulkLinks:
     """The bulk endpoint at ``host`` (its port chosen free) and the dials of this worker."""
 
     def __init__(self, context: zmq.Context, host: str, curve: CurveClient | None,
-                 max_message_bytes: int, to_device: Callable[[list[zmq.Frame]], None]) -> None:
+                 max_message_bytes: int, to_device: Callable[[list[zmq.Frame]], None],
+                 read: Callable[[bytes, list[zmq.Frame]], None]) -> None:
         self.admissions = Admissions(curve is not None)
         self.outgoing = Outgoing()
         self._context = context
         self._curve = curve
         self._to_device = to_device  # an admitted TRANSFER's way to its device
+        self._read = read  # an admitted read's, with the link's routing id for the reply
         self._dials: dict[int, zmq.Socket] = {}
         self._poller: zmq.Poller | None = None
         self.zap = context.socket(zmq.ROUTER)
@@ -111,7 +114,8 @@ class BulkLinks:
         """A LINK_GRANT (dial, or fall back) or a LINK_EXPECT (admit a ticket)."""
         if message.kind == Kind.LINK_EXPECT:
             self._answer(self.admissions.expect(message.body["ticket"], message.session,
-                                                time.monotonic()))
+                                                time.monotonic(),
+                                                client=message.body.get("client") is True))
             return []
         action = self.outgoing.on_grant(message)
         if type(action) is Dial:
@@ -139,12 +143,14 @@ class BulkLinks:
                 user = frames[0].get("User-Id").encode()
             except (FabricError, zmq.ZMQError):
                 header = user = None
-            if self.admissions.take(user, header):
-                try_send(self.endpoint, [routing, b""])  # (the sender's word that it may close)
-                self._to_device(frames)
-            else:
+            if not self.admissions.take(user, header):
                 log.warning("direct link: dropped a message its ticket does not allow "
                             "(%d refused in all)", self.admissions.refused)
+            elif header.kind == Kind.REQUEST:  # a client's read, answered on its link
+                self._read(routing, frames)
+            else:
+                try_send(self.endpoint, [routing, b""])  # (the sender's word that it may close)
+                self._to_device(frames)
         else:
             link = next(k for k, s in self._dials.items() if s is sock)
             if self.outgoing.acknowledged(link):
@@ -156,6 +162,11 @@ class BulkLinks:
                 return
             sock.send_multipart(frames, copy=False)
             self._poller.modify(sock, zmq.POLLIN)  # (then wait for the receiver's word)
+
+    def reply(self, routing: bytes, frames: list[zmq.Frame]) -> None:
+        """Answer a read that came on a link, on that link."""
+        if not try_send(self.endpoint, [routing, *frames]):
+            log.warning("direct link: a read's reply was dropped (its client is gone)")
 
     def tick(self) -> list[Fallback]:
         """Refuse handshakes that waited too long; the TRANSFERs that fall back."""

@@ -5,7 +5,8 @@ Rule 1 (receiver): a peer reaches a worker's bulk endpoint only through the Zero
 whose ZAP request this module answers: it is admitted with a ticket the broker gave this
 worker (``LINK_EXPECT``) for one destination session, once, within ``TICKET_SECONDS``. So
 nothing an unadmitted peer sends is ever buffered, and an admitted one carries exactly one
-TRANSFER, to that session. A ZAP request may come before its ticket (the broker tells both
+message to that session: a TRANSFER, or, from the session's own client, a REQUEST (a read,
+answered on the link). A ZAP request may come before its ticket (the broker tells both
 sides at once): it waits, at most ``MAX_WAITING`` of them, until ``WAIT_SECONDS`` have
 passed, then is refused. Refusals are counted.
 
@@ -44,6 +45,8 @@ TICKET_SECONDS = 10.0  # a ticket not used within this is forgotten
 WAIT_SECONDS = 1.0  # a handshake whose ticket is not known yet waits this long for it
 MAX_TICKETS = 256  # tickets a receiver holds at once (beyond: the oldest is forgotten)
 MAX_WAITING = 16  # handshakes waiting for their ticket at once (beyond: refused)
+_WORKER_KINDS = frozenset({Kind.TRANSFER})  # what a link granted to a worker may carry
+_CLIENT_KINDS = frozenset({Kind.TRANSFER, Kind.REQUEST})  # and one granted to a client
 
 
 def credential(ticket: bytes, curve: bool) -> bytes:
@@ -64,6 +67,7 @@ class ZapAnswer(NamedTuple):
 class _Ticket:
     session: int
     expires: float
+    client: bool  # granted to the session's client: a REQUEST may come too
     user: bytes = b""  # set once admitted; its one message is then awaited
 
 
@@ -78,13 +82,14 @@ class Admissions:
     _waiting: list[tuple[Any, bytes, float]] = field(default_factory=list)
     _admissions: int = 0
 
-    def expect(self, ticket: bytes, session: int, now: float) -> list[ZapAnswer]:
-        """The broker granted a link to ``session`` under ``ticket``; handshakes that waited
-        for it are answered."""
+    def expect(self, ticket: bytes, session: int, now: float,
+               client: bool = False) -> list[ZapAnswer]:
+        """The broker granted a link to ``session`` under ``ticket`` (to its ``client``, or
+        to a worker); handshakes that waited for it are answered."""
         if len(self._tickets) >= MAX_TICKETS:
             self._forget(next(iter(self._tickets)))
         key = credential(ticket, self.curve)
-        self._tickets[key] = _Ticket(session, now + TICKET_SECONDS)
+        self._tickets[key] = _Ticket(session, now + TICKET_SECONDS, client)
         waited = [w for w in self._waiting if w[1] == key]
         self._waiting = [w for w in self._waiting if w[1] != key]
         return [self._admit(request, key, now) for request, key, _ in waited]
@@ -118,11 +123,12 @@ class Admissions:
         return ZapAnswer(request, ticket.user)
 
     def take(self, user: bytes | None, header: Header | None) -> bool:
-        """Whether a message from the peer admitted as ``user`` is the one TRANSFER its
+        """Whether a message from the peer admitted as ``user`` is the one message its
         ticket allows (then the ticket is spent); False: drop it (counted)."""
         key = self._admitted.pop(user, None) if user else None
         ticket = self._tickets.pop(key, None) if key is not None else None
-        if ticket is None or header is None or header.kind != Kind.TRANSFER \
+        allowed = _CLIENT_KINDS if ticket is not None and ticket.client else _WORKER_KINDS
+        if ticket is None or header is None or header.kind not in allowed \
                 or header.session != ticket.session:
             self.refused += 1
             return False

@@ -60,9 +60,11 @@ __all__ = ["RegistrationRefused", "Worker", "serve"]
 
 log = logging.getLogger("fabric.worker")
 
-# Commands on the inproc pairs, control thread to device thread; anything else there is a
-# fabric message (a TRANSFER between two sessions of this worker).
+# Commands on the inproc pairs, control thread to device thread (a read that came on a direct
+# link, with the link's routing id, and the reply to it the other way); anything else there
+# is a fabric message (a TRANSFER between two sessions of this worker).
 _STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
+_LINK_READ, _LINK_REPLY = b"link-read", b"link-reply"
 _STOP_WAIT = 5.0  # seconds a stopping worker waits, in all, for its device threads to end
 _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of running messages
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -168,6 +170,12 @@ class _DeviceThread:
             self._poll_items.append((self._lane_socket, POLLIN))
         elif command == _ATTACH:
             self._send(protocol.encode(self.lane.attach(int(frames[1].bytes))))
+        elif command == _LINK_READ:  # its reply goes back to the link it came by
+            for reply in self.lane.handle(frames[2:]):
+                if not try_send(self._pair, [_LINK_REPLY, frames[1], *self.lane.frames(reply)]):
+                    log.warning("device %d: a read that came on a direct link is not "
+                                "answered (the worker's control thread takes nothing)",
+                                self.index)
         else:  # a tensor moved from another device of this worker
             self._handle(frames)
         return True
@@ -265,7 +273,7 @@ class Worker:
         # the worker is reached at; None: every tensor moved to another worker takes the broker.
         host = reachable_host(broker) if bulk_host == "auto" else bulk_host
         self.links = None if host is None else BulkLinks(
-            self.context, host, curve, max_message_bytes, self._deliver)
+            self.context, host, curve, max_message_bytes, self._deliver, self._read_over_link)
         self.control = Control(
             {"token": token, "name": name, "backend": backend,
              "devices": [d.settings() for d in self.devices],
@@ -374,7 +382,16 @@ class Worker:
     # never blocks on a device's pair: what a full pair cannot take waits, in order, in a
     # bounded Outbox, and while one is full the device threads are not read.
 
+    def _read_over_link(self, routing: bytes, frames: list[zmq.Frame]) -> None:
+        """A client's read that came on a direct link goes to its session's device."""
+        device = self.session_device(protocol.decode_header(frames[0]).session)
+        if device is not None:
+            self._to_device(device, [_LINK_READ, routing, *frames])
+
     def _transfer(self, frames: list[zmq.Frame]) -> None:
+        if frames[0].bytes == _LINK_REPLY:  # (a device's answer to a read on a link)
+            self.links.reply(frames[1].bytes, frames[2:])
+            return
         header = protocol.decode_header(frames[0])  # a device thread's own TRANSFER
         if self.links is not None and self.session_device(header.session) is None:
             self._send(self.links.send(frames, sum(len(f) for f in frames[1:])))
