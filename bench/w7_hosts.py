@@ -8,7 +8,8 @@ same run. Reads always come through the broker.
     python bench/w7_hosts.py [--repeats R] [--mib 64,256]
 
 Each figure is the median, over R moves, of one move's wall time, as MB/s (10^6 bytes).
-Every process moving bytes (workers, raw peers) runs with fabric's bulk malloc settings.
+Raw peers on the hosts run with fabric's bulk malloc settings, as its workers do; raw peers on
+this side with this process's environment, as the client (this process) does.
 """
 
 from __future__ import annotations
@@ -75,19 +76,21 @@ def raw_send(address: str, nbytes: int, repeats: int) -> float:
 
 def raw_tcp(namespaces: tuple[str | None, str], address: str, nbytes: int,
             repeats: int) -> float:
-    """Raw TCP from namespace ``namespaces[0]`` (None: this side) to a receiver in
-    ``namespaces[1]`` at ``address``: median seconds per message."""
-    env = with_bulk_malloc(os.environ)
+    """Raw TCP from namespace ``namespaces[0]`` to a receiver in ``namespaces[1]`` (None:
+    this side) at ``address``: median seconds per message."""
     where = f"tcp://{address}:{RAW_PORT}"
 
-    def in_namespace(namespace: str | None, *args: str) -> list[str]:
+    def in_namespace(namespace: str | None, *args: str) -> dict:
         command = [sys.executable, __file__, *args]
-        return ["ip", "netns", "exec", namespace, *command] if namespace else command
+        if namespace is None:
+            return {"args": command, "env": os.environ}
+        return {"args": ["ip", "netns", "exec", namespace, *command],
+                "env": with_bulk_malloc(os.environ)}
 
-    receiver = subprocess.Popen(in_namespace(namespaces[1], "--raw-receive", where), env=env)
+    receiver = subprocess.Popen(**in_namespace(namespaces[1], "--raw-receive", where))
     try:
-        sent = subprocess.run(in_namespace(namespaces[0], "--raw-send", where, str(nbytes),
-                                           str(repeats)), env=env, check=True,
+        sent = subprocess.run(**in_namespace(namespaces[0], "--raw-send", where, str(nbytes),
+                                             str(repeats)), check=True,
                               capture_output=True, text=True, timeout=600)
         return float(sent.stdout)
     finally:
@@ -139,6 +142,8 @@ def main() -> None:
                               options.repeats)
             to_host = raw_tcp((None, hosts.namespaces[1]), hosts.addresses[1], nbytes,
                               options.repeats)
+            from_host = raw_tcp((hosts.namespaces[1], None), hosts.bridge_address, nbytes,
+                                options.repeats)
             direct = fabric_moves(hosts, "auto", nbytes, options.repeats)
             brokered = fabric_moves(hosts, "none", nbytes, options.repeats)
 
@@ -148,8 +153,9 @@ def main() -> None:
             print(f"{mib} MiB, median of {options.repeats}:")
             print(f"  raw TCP host 0 -> host 1      {rate(between)}")
             print(f"  raw TCP this side -> host 1   {rate(to_host)}")
+            print(f"  raw TCP host 1 -> this side   {rate(from_host)}")
             for name, figures in (("direct links", direct), ("through the broker", brokered)):
-                for way, raw in (("to", between), ("up", to_host), ("down", to_host)):
+                for way, raw in (("to", between), ("up", to_host), ("down", from_host)):
                     what = "t.to()" if way == "to" else f"W3 {way}"
                     print(f"  {what:8} {name:19} {rate(figures[way])}  "
                           f"{raw / figures[way]:.2f}x raw")
