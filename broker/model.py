@@ -137,6 +137,7 @@ class Worker:
     instance: bytes = b""  # the worker process's random id: its reconnections carry it too
     host: str = ""  # the host name it reports in REGISTER
     address: str = ""  # its address as the broker sees it (ZeroMQ's Peer-Address), if any
+    bulk: dict[str, Any] | None = None  # its direct links' endpoint (``broker.links``), if any
     report: protocol.WorkerReport | None = None  # its last heartbeat's (``decode_report``)
 
     @property

@@ -45,7 +45,7 @@ from fabric.protocol import (
     Message,
 )
 
-from . import admin
+from . import admin, links
 from .endings import Endings
 from .handshake import (
     hello_refusal,
@@ -329,6 +329,7 @@ class Registry:
         Kind.CLOSE: _on_close,
         Kind.PING: _on_ping,
         Kind.ADMIN: _on_admin,
+        Kind.LINK: links.grant_to_client,
     }
 
     # -- workers -----------------------------------------------------------------------
@@ -437,7 +438,8 @@ class Registry:
         self.worker_table.add(Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
             last_seen=now, max_message_bytes=size_limit(body, self.limits.max_message_bytes),
-            lanes=list(lanes), instance=instance, host=reported_host(body), address=address))
+            lanes=list(lanes), instance=instance, host=reported_host(body), address=address,
+            bulk=links.reported_bulk(body)))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
         sends.append(send_message(Side.BACKEND, identity, Message(
@@ -498,6 +500,7 @@ class Registry:
         Kind.REJECT: _on_worker_error,
         Kind.HEARTBEAT: _on_heartbeat,
         Kind.PONG: _on_heartbeat,
+        Kind.LINK: links.grant,
     }
 
     # -- sessions the broker ends (``broker.endings``); peers that vanish ----------------------

@@ -154,6 +154,10 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--no-shared-memory", is_flag=True,
               help="Refuse shared memory with clients on this host: their large arrays then "
                    "travel inside messages, as from other hosts.")
+@click.option("--bulk-host", default="auto", show_default=True, metavar="HOST|auto|none",
+              help="Where large tensors moved from other workers arrive over a direct link (a "
+                   "free port): the address other workers reach this one by; auto: the address "
+                   "its route to the broker leaves from; none: they travel through the broker.")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
@@ -161,6 +165,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 def worker(broker_address: str, backend: str, devices: int, threads: int | None,
            name: str | None, memory_limit: int | None, memory_budget: str, give_up_after: float | None,
            admin_file: str | None, stop_on_stdin_close: bool, no_shared_memory: bool,
+           bulk_host: str,
            worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
@@ -200,7 +205,8 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
         serve(broker_address, token=token, backend=backend, devices=devices,
               name=name or slot.name,
               heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
-              memory_budget=budget, curve=curve, give_up_after=give_up_after, **limits)
+              memory_budget=budget, curve=curve, give_up_after=give_up_after,
+              bulk_host=None if bulk_host == "none" else bulk_host, **limits)
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)

@@ -63,6 +63,11 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 22  # both ways; any traffic also counts as a heartbeat
     OPEN = 23  # broker -> worker: open a session on a local device
     OPENED = 24  # worker -> broker
+    # worker <-> broker: a direct link for a large TRANSFER (``workers.links``); the header's
+    # session is the destination session, its request the sender's link number
+    LINK = 25  # sending worker -> broker: may this TRANSFER go to its worker directly?
+    LINK_GRANT = 26  # broker -> sending worker: the receiver's bulk address and a ticket
+    LINK_EXPECT = 27  # broker -> receiving worker: admit that ticket once, for that session
     # admin <-> broker, control: answered by the broker itself, no session needed
     ADMIN = 30  # admin -> broker: a command (token, command, args)
     ADMIN_REPLY = 31  # broker -> admin: the command's result
@@ -95,6 +100,9 @@ KNOWN_KINDS = frozenset(_KIND_OF)
 # - ``fabric_version`` (str) in REGISTER: the worker's fabric release, which must be the
 #   broker's;
 # - ``host`` (str) in REGISTER: the worker's host name, for the admin's views.
+# - ``bulk`` (map) in REGISTER: the worker's direct-link endpoint, ``address`` (str) and, with
+#   CURVE, ``public_key`` (z85 bytes); LINK_GRANT passes it on, with the ``ticket``, or is
+#   empty where the TRANSFER must take the broker.
 # - ``report`` in a worker's own HEARTBEAT: what its devices did (``WorkerReport``), checked
 #   by ``decode_report``: malformed, it is a ProtocolError, not ignored.
 _ERROR_FIELDS = {"code": str, "message": str, "details": dict}
@@ -112,6 +120,8 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.ADMIN: {"token": str, "command": str, "args": dict},
     Kind.ADMIN_REPLY: {"command": str, "result": dict},
     Kind.CREDIT: {"done": int},
+    Kind.LINK: {"source": int, "nbytes": int},
+    Kind.LINK_EXPECT: {"ticket": bytes},
 }
 
 

@@ -249,6 +249,30 @@ def present_token(socket: zmq.Socket, role: str, token: str | None) -> None:
     socket.plain_password = (token or "").encode()
 
 
+LINK_USER = b"fabric-link"  # the PLAIN user name a direct link's ticket is shown under
+
+
+def link_keys(ticket: bytes) -> tuple[bytes, bytes]:
+    """The CURVE key pair (public, secret; z85) whose secret key is a direct link's
+    ``ticket`` (32 random bytes): only its holder can complete a handshake with it."""
+    secret = zmq.utils.z85.encode(ticket)
+    return zmq.curve_public(secret), secret
+
+
+def show_ticket(socket: zmq.Socket, ticket: bytes, server_key: bytes | None) -> None:
+    """Make ``socket`` (before it connects to a worker's direct-link endpoint) show
+    ``ticket`` in the handshake: with CURVE, to an endpoint of public key ``server_key``, as
+    its key pair's secret; without, as the PLAIN password. And writable only once that
+    handshake is done (IMMEDIATE)."""
+    socket.setsockopt(zmq.IMMEDIATE, 1)
+    socket.setsockopt(zmq.IPV6, True)
+    if server_key is not None:
+        socket.curve_publickey, socket.curve_secretkey = link_keys(ticket)
+        socket.curve_serverkey = server_key
+    else:
+        socket.plain_username, socket.plain_password = LINK_USER, ticket
+
+
 def announced_mechanism(address: str, timeout: float = 0.5) -> str | None:
     """The security mechanism (``"CURVE"``, ``"NULL"``...) the ZeroMQ peer at ``address``
     announces in its greeting; None when that cannot be learned within ``timeout`` seconds.

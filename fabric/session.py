@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import bulk, protocol
+from . import bulk, direct_link, protocol
 from .arrays import ArrayNamespace
 from .connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices, check_version,
                          expect_reply, naming_connection_file)
@@ -163,11 +163,11 @@ class Session(ArrayNamespace):
     # -- requests and reads ------------------------------------------------------------------
 
     def _upload(self, array: np.ndarray) -> Tensor:
-        if array.size >= self.connection.bulk_elements:
-            tensor = bulk.upload(self, array)
-            if tensor is not None:
-                return tensor
-        return super()._upload(array)
+        tensor = bulk.upload(self, array) if array.size >= self.connection.bulk_elements \
+            else None
+        if tensor is None and array.nbytes >= direct_link.DIRECT_BYTES:  # (another host's?)
+            tensor = direct_link.upload(self, array)
+        return super()._upload(array) if tensor is None else tensor
 
     def _send_request(self, body: dict[str, Any], timeout: float | None = None,
                       reads: Tensor | None = None) -> int:
@@ -223,7 +223,8 @@ class Session(ArrayNamespace):
     def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
         """``tensor``'s values, read back (``t.numpy()``): an ordinary, writable numpy array,
         or with ``copy=False`` a read-only one that may share memory with the worker."""
-        if not copy or tensor.size >= self.connection.bulk_elements:
+        if not copy or tensor.size >= self.connection.bulk_elements \
+                or tensor.size >= direct_link.DIRECT_ELEMENTS:
             return self.start_read(tensor, copy).result()
         reply = self._reply(self._send_request(_read_body(tensor), reads=tensor))
         if "error" in reply.body:  # (start_read's, without an object between: every read)
@@ -238,6 +239,11 @@ class Session(ArrayNamespace):
         sent = None
         if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
             sent = bulk.start_read(self, tensor)
+        if sent is None and tensor.size >= direct_link.DIRECT_ELEMENTS:
+            read = direct_link.start_read(self, tensor, _read_body(tensor), read_values)
+            if read is not None:  # (another host's worker: over a direct link)
+                read.copy = copy
+                return read
         if sent is None:
             read = ReadInFlight(self, tensor, self._send_request(_read_body(tensor),
                                                                  reads=tensor))

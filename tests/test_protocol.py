@@ -28,7 +28,8 @@ from fabric.protocol import (
 FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # One valid value per schema type; (int, float) gets a float to show floats are accepted.
-_SAMPLE_VALUES = {str: "text", int: 3, dict: {"k": 1}, list: [1, "two"], (int, float): 0.25}
+_SAMPLE_VALUES = {str: "text", int: 3, dict: {"k": 1}, list: [1, "two"], (int, float): 0.25,
+                  bytes: b"\x00ticket"}
 
 
 def valid_body(kind: Kind) -> dict:

@@ -53,6 +53,7 @@ log = logging.getLogger("fabric.worker")
 
 _QUIET = frozenset({Kind.HEARTBEAT, Kind.PONG})  # the lanes' heartbeats list the sessions
 _CONTROL = frozenset({Kind.REGISTERED, Kind.REJECT, Kind.ERROR})  # with session 0
+_LINKS = frozenset({Kind.LINK_GRANT, Kind.LINK_EXPECT})  # for the direct links (a session's)
 
 
 class WorkerStops(Exception):
@@ -110,7 +111,14 @@ class Probe:
     value: int
 
 
-Action = Union[Connect, Send, Attach, Probe]
+@dataclass(frozen=True)
+class Link:
+    """Hand the broker's ``message`` about a direct link to the worker's ``BulkLinks``."""
+
+    message: Message
+
+
+Action = Union[Connect, Send, Attach, Probe, Link]
 
 
 class Control:
@@ -183,6 +191,12 @@ class Control:
             return []
         if header.kind in _CONTROL and header.session == 0:
             return self._from_broker(protocol.decode(frames, header), now)
+        if header.kind in _LINKS:
+            try:
+                return [Link(protocol.decode(frames, header))]
+            except FabricError as exc:
+                log.warning("bad message from the broker: %s", exc)
+                return []
         log.warning("a %s message for a session came on the worker's own socket, not on a "
                     "device's lane: dropped", header.kind.name)
         log.debug("the session of that %s message: %#x", header.kind.name, header.session)

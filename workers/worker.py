@@ -15,6 +15,12 @@ thread never waits for a device: what a full pair cannot take waits in a bounded
 a worker told to stop while a device computes a long op ends a few seconds later
 (``_STOP_WAIT``), without waiting for the op.
 
+A large tensor moved to a session of another worker goes over a direct link when the broker
+grants one (``workers.links``, ``workers.bulk_link``): the device thread hands its TRANSFER
+to the control thread, which asks the broker, dials the receiver's bulk endpoint, and sends
+it there (or by the broker, when no link comes in time); the bytes are handed on, never
+copied or read, and likewise those arriving at this worker's own endpoint.
+
 Every link authenticates in the ZeroMQ handshake (the worker token as the PLAIN password,
 or with CURVE the worker's key). The control DEALER's socket monitor reports what ZeroMQ
 keeps silent: a token or CURVE key the broker refuses, or encryption on at one end only,
@@ -43,18 +49,22 @@ from fabric.security import CurveClient, announced_mechanism, present_token
 from fabric.sockets import POLLIN, message_check, recv_frames, recv_monitor_event, try_send
 
 from .backends import device_class
-from .control import Action, Attach, Connect, Control, Probe, RegistrationRefused, Send
+from .bulk_link import BulkLinks, reachable_host
+from .control import Action, Attach, Connect, Control, Link, Probe, RegistrationRefused, Send
 from .executor import Executor
 from .lane import DEVICE_KINDS, Lane, message_body
+from .links import LINK_THRESHOLD, Fallback
 from .memory import MemoryBudget
 
 __all__ = ["RegistrationRefused", "Worker", "serve"]
 
 log = logging.getLogger("fabric.worker")
 
-# Commands on the inproc pairs, control thread to device thread; anything else there is a
-# fabric message (a TRANSFER between two sessions of this worker).
+# Commands on the inproc pairs, control thread to device thread (a read that came on a direct
+# link, with the link's routing id, and the reply to it the other way); anything else there
+# is a fabric message (a TRANSFER between two sessions of this worker).
 _STOP, _RESET, _ATTACH = b"stop", b"reset", b"attach"
+_LINK_READ, _LINK_REPLY = b"link-read", b"link-reply"
 _STOP_WAIT = 5.0  # seconds a stopping worker waits, in all, for its device threads to end
 _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of running messages
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -160,6 +170,12 @@ class _DeviceThread:
             self._poll_items.append((self._lane_socket, POLLIN))
         elif command == _ATTACH:
             self._send(protocol.encode(self.lane.attach(int(frames[1].bytes))))
+        elif command == _LINK_READ:  # its reply goes back to the link it came by
+            for reply in self.lane.handle(frames[2:]):
+                if not try_send(self._pair, [_LINK_REPLY, frames[1], *self.lane.frames(reply)]):
+                    log.warning("device %d: a read that came on a direct link is not "
+                                "answered (the worker's control thread takes nothing)",
+                                self.index)
         else:  # a tensor moved from another device of this worker
             self._handle(frames)
         return True
@@ -210,7 +226,10 @@ class _DeviceThread:
                 # Both sessions live on this worker: the tensor moved in memory (when the
                 # control thread's queue is full, it goes the long way, by the broker).
                 continue
-            self._send(lane.frames(reply))
+            frames = lane.frames(reply)
+            if self._worker.goes_direct(reply) and try_send(self._pair, frames):
+                continue  # a large tensor for another worker: over a direct link, if granted
+            self._send(frames)
 
     def _send(self, frames: list[Any]) -> None:
         """Send on the lane; while the broker takes nothing, this device waits (and reads
@@ -236,7 +255,8 @@ class Worker:
                  memory_limit: int | None = None, memory_budget: int | None = None,
                  curve: CurveClient | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 hwm: int = DEFAULT_HWM, give_up_after: float | None = None) -> None:
+                 hwm: int = DEFAULT_HWM, give_up_after: float | None = None,
+                 bulk_host: str | None = "auto") -> None:
         cls = device_class(backend)  # refuses capture/remote before anything starts
         self.broker = broker
         self.curve = curve  # CURVE keys: the links to the broker are encrypted
@@ -249,11 +269,17 @@ class Worker:
         self.hwm = hwm  # SNDHWM and RCVHWM of every socket, and of each parked queue
         self.context = zmq.Context()
         self.devices = [cls(i) for i in range(devices)]
+        # Direct links (``workers.links``) on the address that reaches the broker, or another
+        # the worker is reached at; None: every tensor moved to another worker takes the broker.
+        host = reachable_host(broker) if bulk_host == "auto" else bulk_host
+        self.links = None if host is None else BulkLinks(
+            self.context, host, curve, max_message_bytes, self._deliver, self._read_over_link)
         self.control = Control(
             {"token": token, "name": name, "backend": backend,
              "devices": [d.settings() for d in self.devices],
              "max_message_bytes": max_message_bytes, "fabric_version": __version__,
-             "host": socket.gethostname()},
+             "host": socket.gethostname(),
+             **({"bulk": self.links.advertised()} if self.links is not None else {})},
             broker=broker, encrypted=curve is not None, heartbeat=heartbeat, liveness=liveness,
             give_up_after=give_up_after, report=self.report)
         self._budget = MemoryBudget(memory_budget, devices)  # one for all the devices
@@ -293,6 +319,11 @@ class Worker:
                 return index
         return None
 
+    def goes_direct(self, reply: protocol.Message) -> bool:
+        """Whether ``reply`` (a device's, for another worker) asks for a direct link."""
+        return (self.links is not None and reply.kind == Kind.TRANSFER
+                and sum(memoryview(b).nbytes for b in reply.buffers) >= LINK_THRESHOLD)
+
     def report(self) -> dict[str, Any]:
         """What the control thread's HEARTBEAT says of the devices: the broker's metrics."""
         return report_body(WorkerReport(self._budget.limit,
@@ -309,6 +340,8 @@ class Worker:
                     self._to_device(device, [_ATTACH, b"%d" % action.max_message_bytes])
             elif type(action) is Connect:
                 self._connect(action)
+            elif type(action) is Link and self.links is not None:
+                self._fall_back(self.links.from_broker(action.message))
             elif type(action) is Probe:  # (blocks for at most half a second)
                 mechanism = announced_mechanism(self.broker)
                 self._perform(self.control.on_probe(action.event, action.value, mechanism))
@@ -326,6 +359,8 @@ class Worker:
         self._poller = zmq.Poller()
         for sock in (self.dealer, self._monitor, *self._pairs):
             self._poller.register(sock, zmq.POLLIN)
+        if self.links is not None:
+            self.links.watch(self._poller)
 
     def _close_dealer(self) -> None:
         if self.dealer is None:
@@ -347,12 +382,35 @@ class Worker:
     # never blocks on a device's pair: what a full pair cannot take waits, in order, in a
     # bounded Outbox, and while one is full the device threads are not read.
 
+    def _read_over_link(self, routing: bytes, frames: list[zmq.Frame]) -> None:
+        """A client's read that came on a direct link goes to its session's device."""
+        device = self.session_device(protocol.decode_header(frames[0]).session)
+        if device is not None:
+            self._to_device(device, [_LINK_READ, routing, *frames])
+
     def _transfer(self, frames: list[zmq.Frame]) -> None:
+        if frames[0].bytes == _LINK_REPLY:  # (a device's answer to a read on a link)
+            self.links.reply(frames[1].bytes, frames[2:])
+            return
         header = protocol.decode_header(frames[0])  # a device thread's own TRANSFER
-        device = self.session_device(header.session)
-        if device is None:
-            return  # the destination closed meanwhile; the broker would drop it too
-        self._to_device(device, frames)
+        if self.links is not None and self.session_device(header.session) is None:
+            self._send(self.links.send(frames, sum(len(f) for f in frames[1:])))
+        else:
+            self._deliver(frames)
+
+    def _deliver(self, frames: list[zmq.Frame]) -> None:
+        """A TRANSFER for a session of this worker (from one of its devices, or over a direct
+        link) goes to that session's device."""
+        device = self.session_device(protocol.decode_header(frames[0]).session)
+        if device is not None:  # (else it closed meanwhile; the broker would drop it too)
+            self._to_device(device, frames)
+
+    def _fall_back(self, fallbacks: list[Fallback]) -> None:
+        """TRANSFERs that get no direct link go through the broker after all."""
+        for fallback in fallbacks:
+            if not try_send(self.dealer, fallback.frames):
+                log.warning("the broker takes nothing: a tensor moved to another worker is "
+                            "dropped")
 
     def _to_device(self, device: int, frames: list[Any]) -> None:
         if device in self._to_devices or not try_send(self._pairs[device], frames):
@@ -387,6 +445,8 @@ class Worker:
                     if sock is self.dealer:
                         self._perform(control.on_message(recv_frames(self.dealer),
                                                          time.monotonic()))
+                    elif self.links is not None and self.links.owns(sock):
+                        self.links.on_ready(sock)
                     elif sock is self._monitor:
                         event = recv_monitor_event(self._monitor)
                         self._perform(control.on_handshake_failed(event["event"],
@@ -395,6 +455,8 @@ class Worker:
                         self._transfer(recv_frames(sock))
                 if self._to_devices:
                     self._retry()
+                if self.links is not None:
+                    self._fall_back(self.links.tick())
                 self._perform(control.tick(time.monotonic()))
         finally:
             self.close()
@@ -411,6 +473,8 @@ class Worker:
         for pair in self._pairs:
             pair.close(linger=0)
         self._close_dealer()
+        if self.links is not None:
+            self.links.close()
         if self.abandoned:  # terminating the context would wait for their sockets (their ops)
             log.warning("device(s) %s still computing after %g s: stopping without them",
                         ", ".join(map(str, self.abandoned)), _STOP_WAIT)

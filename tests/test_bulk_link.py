@@ -1,0 +1,118 @@
+"""The direct links' I/O (``workers.bulk_link``) between two endpoints in this process, each
+on its own ZeroMQ context (ZAP handlers are per context), over loopback TCP; the broker's two
+grants handed to them by the test. End to end with real workers: ``test_direct_links.py``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from fabric import protocol
+from fabric.protocol import Kind, Message
+from fabric.workers.bulk_link import BulkLinks
+from fabric.workers.links import CONNECT_SECONDS
+
+pytestmark = pytest.mark.timeout(20)
+
+SESSION, SOURCE = 11, 12
+
+
+class Side:
+    """One worker's BulkLinks, its poller, and what reached its devices."""
+
+    def __init__(self) -> None:
+        self.context = zmq.Context()
+        self.delivered: list[list[zmq.Frame]] = []
+        self.reads: list[tuple[bytes, list[zmq.Frame]]] = []
+        self.links = BulkLinks(self.context, "127.0.0.1", None, 1 << 30, self.delivered.append,
+                               lambda routing, frames: self.reads.append((routing, frames)))
+        self.poller = zmq.Poller()
+        self.links.watch(self.poller)
+        self.fallbacks: list = []
+
+    def turn(self) -> None:
+        for sock, _ in self.poller.poll(10):
+            self.links.on_ready(sock)
+        self.fallbacks += self.links.tick()
+
+    def close(self) -> None:
+        self.links.close()
+        self.context.term()
+
+
+@pytest.fixture
+def sides():
+    made = Side(), Side()
+    yield made
+    for side in made:
+        side.close()
+
+
+def transfer(values: np.ndarray) -> list[zmq.Frame]:
+    frames = protocol.encode(Message(Kind.TRANSFER, SESSION, SOURCE, {
+        "ticket": 5, "dtype": values.dtype.str, "shape": list(values.shape)}, (values,)))
+    return [zmq.Frame(f) for f in frames]
+
+
+def grant(sender: Side, receiver: Side, frames: list[zmq.Frame], ticket: bytes) -> None:
+    """What the broker does for a LINK request: both grants."""
+    ask = sender.links.send(frames, sum(len(f) for f in frames[1:]))
+    receiver.links.from_broker(Message(Kind.LINK_EXPECT, SESSION, 0, {"ticket": ticket}))
+    assert sender.links.from_broker(Message(Kind.LINK_GRANT, SESSION, ask.request, {
+        "address": receiver.links.address, "ticket": ticket})) == []
+
+
+def run_until(condition, *sides: Side) -> None:
+    deadline = time.monotonic() + 2 * CONNECT_SECONDS + 2
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        for side in sides:
+            side.turn()
+
+
+def test_a_granted_transfer_arrives_whole_and_its_link_closes(sides):
+    sender, receiver = sides
+    values = np.arange(1 << 18, dtype=np.float64)
+    grant(sender, receiver, transfer(values), secrets.token_bytes(32))
+    run_until(lambda: receiver.delivered and not sender.links._dials, sender, receiver)
+    [frames] = receiver.delivered
+    message = protocol.decode(frames)
+    assert message.session == SESSION and bytes(message.buffers[0]) == values.tobytes()
+    assert sender.fallbacks == [] and receiver.links.admissions.refused == 0
+
+
+def test_a_ticket_the_receiver_never_got_falls_back_and_a_used_one_is_refused(sides):
+    sender, receiver = sides
+    frames = transfer(np.ones(10))
+    ask = sender.links.send(frames, 100)  # granted by a broker the receiver never heard from
+    sender.links.from_broker(Message(Kind.LINK_GRANT, SESSION, ask.request, {
+        "address": receiver.links.address, "ticket": secrets.token_bytes(32)}))
+    run_until(lambda: sender.fallbacks, sender, receiver)
+    assert [f.frames for f in sender.fallbacks] == [frames] and not receiver.delivered
+    assert receiver.links.admissions.refused >= 1
+    ticket = secrets.token_bytes(32)
+    grant(sender, receiver, transfer(np.ones(10)), ticket)
+    run_until(lambda: receiver.delivered, sender, receiver)
+    refused = receiver.links.admissions.refused
+    sender.fallbacks.clear()
+    again = sender.links.send(transfer(np.ones(10)), 100)  # the same ticket once more
+    sender.links.from_broker(Message(Kind.LINK_GRANT, SESSION, again.request, {
+        "address": receiver.links.address, "ticket": ticket}))
+    run_until(lambda: sender.fallbacks, sender, receiver)
+    assert len(receiver.delivered) == 1 and receiver.links.admissions.refused > refused
+
+
+def test_a_new_broker_connection_drops_the_dials_of_the_old(sides):
+    sender, receiver = sides
+    ask = sender.links.send(transfer(np.ones(10)), 100)
+    sender.links.from_broker(Message(Kind.LINK_GRANT, SESSION, ask.request, {
+        "address": "tcp://127.0.0.1:9", "ticket": secrets.token_bytes(32)}))
+    assert sender.links._dials
+    sender.poller = zmq.Poller()
+    sender.links.watch(sender.poller)
+    assert not sender.links._dials and sender.links.tick() == []

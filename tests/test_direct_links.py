@@ -1,0 +1,271 @@
+"""Direct links between workers on different hosts (issue 25, "Between hosts"), end to end:
+a broker on this side, a worker on each of two simulated hosts (network namespaces on a
+bridge, started over ssh: ``tests/simhosts.py``), a client here. ``t.to()`` of a large tensor
+goes worker to worker over a link the broker granted; a peer without the one-time ticket is
+refused in the handshake; an unreachable endpoint falls back to the broker; CURVE applies.
+The rules themselves are tested sans I/O in ``test_links_unit.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+import fabric
+from fabric.direct_link import DIRECT_BYTES
+from fabric.errors import QuotaExceeded
+from fabric.launch_ssh import SSHCluster, parse_hosts
+from fabric.security import LINK_USER, generate_keys
+from fabric.workers.links import CONNECT_SECONDS
+
+import simhosts
+from conftest import HEARTBEAT
+
+pytestmark = pytest.mark.timeout(60)
+
+LARGE = 3 << 20  # bytes: past the link threshold (1 MiB)
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    reason = simhosts.missing()
+    if reason:
+        pytest.skip(reason)
+    with simhosts.simulated_hosts(tmp_path_factory.mktemp("hosts"), 2) as made:
+        yield made
+
+
+def _cluster(hosts: simhosts.SimulatedHosts, log_dir: Path, *worker_args: str,
+             **options) -> SSHCluster:
+    """A worker on each simulated host; the broker here, on the bridge."""
+    return SSHCluster(parse_hosts(",".join(hosts.addresses)), remote_python=sys.executable,
+                      ssh_config=str(hosts.ssh_config), backend_address="tcp://0.0.0.0:*",
+                      advertise=hosts.bridge_address, heartbeat=HEARTBEAT, log_dir=log_dir,
+                      worker_args=("--log-level", "info", *worker_args), **options)
+
+
+@pytest.fixture(scope="module")
+def direct(hosts, tmp_path_factory):
+    log_dir = tmp_path_factory.mktemp("logs")
+    with _cluster(hosts, log_dir) as running:
+        yield running
+
+
+def _sessions(cluster: SSHCluster) -> tuple[fabric.Session, fabric.Session]:
+    """A session on each host's device. Shared memory off: this side shares the hosts'
+    /dev/shm (one machine), which real other hosts would not."""
+    devices = sorted(cluster.devices(), key=lambda d: d.worker)
+    return tuple(fabric.connect(cluster.address, token=cluster.token, device=d.index,
+                                curve=cluster.curve, shared_memory=False) for d in devices)
+
+
+def _counters(cluster: SSHCluster) -> dict[str, int]:
+    with cluster.admin() as admin:
+        status = admin.status()
+    return {"traffic": status["traffic"]["bytes"], **status["counters"]}
+
+
+def _bulk_address(log_dir: Path, host: str) -> str:
+    """The direct-link endpoint the worker on ``host`` logged."""
+    [log] = [p for p in log_dir.iterdir() if host in p.name]
+    return re.search(r"direct links at (tcp://\S+)", log.read_text()).group(1)
+
+
+EVERY_DTYPE = [np.dtype(c) for c in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]
+               if np.dtype(c).kind != "f" or np.dtype(c).itemsize <= 8]  # (no longdouble)
+VALUES = [
+    *(np.random.default_rng(25).integers(0, 100, LARGE // dtype.itemsize).astype(dtype)
+      for dtype in EVERY_DTYPE),
+    np.arange(LARGE // 4, dtype=np.int32).reshape(-1, 1024),
+    np.asfortranarray(np.random.default_rng(2).random((1024, 512))).astype(np.float32),
+    np.random.default_rng(3).integers(0, 2, LARGE, dtype=np.uint8).astype(bool),
+    (np.arange(LARGE // 8, dtype=np.complex64) * 1j)[::2],  # a non-contiguous view
+    np.arange(LARGE // 2, dtype=np.float16).reshape(2, -1)[:, ::-1],
+]
+
+
+def test_large_tensors_move_between_hosts_over_a_direct_link_byte_for_byte(direct):
+    here, there = _sessions(direct)
+    with here, there:
+        before = _counters(direct)
+        for values in VALUES:
+            moved = here.asarray(values).to(there)
+            got = moved.numpy()
+            assert got.dtype == values.dtype and got.shape == values.shape
+            assert got.tobytes() == np.ascontiguousarray(values).tobytes()
+        after = _counters(direct)
+    assert after.get("links_granted", 0) - before.get("links_granted", 0) == len(VALUES)
+    uploads_and_reads = 2 * sum(v.nbytes for v in VALUES)
+    # what crossed the broker: each array up and back, and small messages; not the moves
+    assert after["traffic"] - before["traffic"] < uploads_and_reads + sum(
+        v.nbytes for v in VALUES) // 2
+
+
+@pytest.mark.parametrize("values", [
+    np.random.default_rng(4).random((1024, 1025)),  # 8 MiB and some
+    np.asfortranarray(np.arange(3 << 20, dtype=np.int32).reshape(1024, -1)),
+    np.arange(1 << 20, dtype=">c16")[::-1],  # swapped bytes, a reversed view
+], ids=["float64", "Fortran int32", "big-endian complex view"])
+def test_a_large_upload_goes_to_another_host_over_a_direct_link(direct, values):
+    with fabric.connect(direct.address, token=direct.token, device=0,
+                        shared_memory=False) as session:
+        before = _counters(direct)
+        tensor = session.asarray(values)
+        after = _counters(direct)
+        got = (tensor + 0).numpy()
+    assert after["links_granted"] == before.get("links_granted", 0) + 1
+    assert after["traffic"] - before["traffic"] < values.nbytes // 4  # not the bytes
+    assert got.shape == values.shape and np.array_equal(got, values)
+    assert got.dtype == values.dtype.newbyteorder("=")
+
+
+def test_a_large_read_from_another_host_comes_over_a_direct_link(direct):
+    values = np.random.default_rng(7).random((1024, 1100))
+    with fabric.connect(direct.address, token=direct.token, device=1,
+                        shared_memory=False) as session:
+        tensor = session.asarray(values) * 2  # (its op still batched: the read waits for it)
+        before = _counters(direct)
+        got, view = tensor.numpy(), tensor.numpy(copy=False)
+        after = _counters(direct)
+        broken = np.linalg.inv(session.zeros((1024, 1024)))  # singular: fails on the device
+        with pytest.raises(fabric.RemoteError, match="inv"):
+            broken.numpy()
+    assert after["links_granted"] == before.get("links_granted", 0) + 2
+    assert after["traffic"] - before["traffic"] < values.nbytes // 4  # not the bytes
+    assert np.array_equal(got, values * 2) and got.flags.writeable
+    assert np.array_equal(view, values * 2) and not view.flags.writeable
+
+
+@pytest.mark.parametrize("values", [np.zeros((0, 3)), np.float64(2.5), np.arange(10)])
+def test_small_empty_and_0d_tensors_move_through_the_broker_as_before(direct, values):
+    here, there = _sessions(direct)
+    with here, there:
+        before = _counters(direct).get("links_granted", 0)
+        got = here.asarray(values).to(there).numpy()
+        assert _counters(direct).get("links_granted", 0) == before
+    assert got.shape == np.shape(values) and got.tobytes() == np.asarray(values).tobytes()
+
+
+def _attack(address: str, curve_server_key: bytes | None, **credentials) -> bool:
+    """Whether a raw peer showing ``credentials`` gets a connection to ``address`` (writable
+    with IMMEDIATE: its handshake done) within twice the receiver's wait for a ticket. The
+    endpoint is reachable (a TCP connection is taken), so a refusal is the handshake's."""
+    host, port = address[len("tcp://"):].rsplit(":", 1)
+    socket.create_connection((host, int(port)), timeout=2).close()
+    with zmq.Context() as context, context.socket(zmq.DEALER) as peer:
+        peer.linger = 0
+        peer.immediate = True
+        for option, value in credentials.items():
+            setattr(peer, option, value)
+        if curve_server_key is not None:
+            peer.curve_serverkey = curve_server_key
+        peer.connect(address)
+        return bool(peer.poll(2000, zmq.POLLOUT))
+
+
+def _guessed_curve_keys() -> dict[str, bytes]:
+    public, secret = zmq.curve_keypair()
+    return {"curve_publickey": public, "curve_secretkey": secret}
+
+
+@pytest.mark.parametrize("credentials", [
+    {}, {"plain_username": LINK_USER, "plain_password": b"guess"},
+    {"plain_username": LINK_USER, "plain_password": secrets.token_bytes(32)}],
+    ids=["no ticket", "a short guess", "a wrong ticket"])
+def test_a_peer_without_the_ticket_is_refused_and_the_worker_goes_on(direct, hosts,
+                                                                     credentials):
+    address = _bulk_address(Path(direct.log_dir), hosts.addresses[1])
+    assert not _attack(address, None, **credentials)
+    here, there = _sessions(direct)
+    with here, there:
+        values = VALUES[0]
+        assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
+
+
+def test_an_unreachable_endpoint_falls_back_to_the_broker_and_says_so_once(hosts, tmp_path,
+                                                                            caplog):
+    # Each worker's endpoint on its own loopback: neither the other host nor this side
+    # can reach it.
+    with _cluster(hosts, tmp_path, "--bulk-host", "127.0.0.1") as running:
+        here, there = _sessions(running)
+        with here, there:
+            for values in VALUES[:2]:
+                assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
+            large = np.random.default_rng(5).random(DIRECT_BYTES // 8)
+            granted = _counters(running)["links_granted"]
+            with caplog.at_level(logging.WARNING, "fabric.client"):
+                for _ in range(2):  # (the session asks once)
+                    assert np.array_equal(there.asarray(large).numpy(), large)
+            assert _counters(running)["links_granted"] == granted + 1
+        sender = [p for p in tmp_path.iterdir() if hosts.addresses[0] in p.name]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"no direct link to {_bulk_address(tmp_path, hosts.addresses[1])} within "
+        f"{CONNECT_SECONDS:g} s: large uploads there travel through the broker"]
+    said = [line for line in sender[0].read_text().splitlines()
+            if f"within {CONNECT_SECONDS:g} s" in line]
+    assert len(said) == 1 and "travel through the broker" in said[0]
+
+
+def test_with_curve_the_link_is_encrypted_and_refuses_other_keys(hosts, tmp_path):
+    generate_keys(tmp_path / "keys")
+    with _cluster(hosts, tmp_path, curve=tmp_path / "keys") as running:
+        here, there = _sessions(running)
+        with here, there:
+            values = VALUES[1]
+            before = _counters(running).get("links_granted", 0)
+            assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
+            large = np.random.default_rng(6).random(DIRECT_BYTES // 8)
+            assert np.array_equal(there.asarray(large).numpy(), large)
+            assert _counters(running)["links_granted"] == before + 3  # move, upload, read
+        address = _bulk_address(tmp_path, hosts.addresses[1])
+        server_key = zmq.auth.load_certificate(tmp_path / "keys" / "worker.key")[0]
+        assert not _attack(address, server_key, **_guessed_curve_keys())
+        assert not _attack(address, None,
+                           plain_username=LINK_USER, plain_password=secrets.token_bytes(32))
+
+
+def _local_cluster(hosts: simhosts.SimulatedHosts, log_dir: Path,
+                   *worker_args: str) -> fabric.LocalCluster:
+    """Two workers on this side, with a broker on the bridge (not on loopback: the workers
+    then make direct links by themselves, on the bridge's address)."""
+    return fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT, log_dir=log_dir,
+                               backend_address=f"tcp://{hosts.bridge_address}:*",
+                               worker_args=worker_args)
+
+
+def _local_sessions(cluster: fabric.LocalCluster) -> list[fabric.Session]:
+    return [fabric.connect(cluster.address, token=cluster.token, device=d, shared_memory=False)
+            for d in (0, 1)]
+
+
+def test_bulk_host_none_keeps_every_move_on_the_broker(hosts, tmp_path):
+    with _local_cluster(hosts, tmp_path, "--bulk-host", "none") as running:
+        here, there = _local_sessions(running)
+        with here, there:
+            values = VALUES[0]
+            assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
+            counters = _counters(running)
+    assert "links_granted" not in counters and counters["traffic"] >= 3 * values.nbytes
+    assert not any("direct links at" in p.read_text() for p in tmp_path.iterdir())
+
+
+def test_a_tensor_moved_over_a_link_counts_against_the_receivers_memory_limit(hosts, tmp_path):
+    with _local_cluster(hosts, tmp_path, "--memory-limit", str(4 << 20)) as running:
+        here, there = _local_sessions(running)
+        with here, there:
+            held = there.asarray(np.ones(2 << 17))  # 2 MiB of the 4
+            moved = here.asarray(np.ones(LARGE // 8)).to(there)
+            with pytest.raises(QuotaExceeded, match="memory-limit"):
+                moved.numpy()
+            assert held.sum().numpy() == 2 << 17  # the receiving session goes on
+            assert _counters(running)["links_granted"] == 1
+    assert all(f"direct links at tcp://{hosts.bridge_address}:" in p.read_text()
+               for p in tmp_path.iterdir() if p.name.startswith("worker"))

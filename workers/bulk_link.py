@@ -1,0 +1,206 @@
+"""A worker's direct links, their I/O: its bulk endpoint, its ZAP handler, its dials.
+
+Rule: thin. What is admitted, what a message may carry and when a sender gives up are
+``workers.links``' decisions; this module owns the sockets and runs in the worker's control
+thread, which polls them with its own. The bulk endpoint is a ROUTER on a free port of the
+address this worker is reached at; a PLAIN server (a CURVE server with the worker's own key
+when the cluster uses CURVE) whose every handshake this worker's ZAP handler answers, so no
+byte of a peer without a ticket is taken. Each granted TRANSFER gets its own DEALER, which
+shows the ticket, sends once connected and closes when the receiver acknowledges (or gives
+up, ``workers.links``). An admitted TRANSFER goes to its device as one moved between two
+devices of this worker does; a client's admitted read goes to its device too, and the reply
+comes back here, to go out on the link it came by.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import time
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import zmq
+
+from fabric import protocol, zap
+from fabric.errors import FabricError
+from fabric.protocol import Kind, Message
+from fabric.security import CurveClient, show_ticket
+from fabric.sockets import recv_frames, try_send
+
+from .links import Admissions, Dial, Fallback, Outgoing, ZapAnswer
+
+log = logging.getLogger("fabric.worker")
+
+_BULK_HWM = 4  # admitted messages the bulk endpoint holds before the loop reads them
+
+
+def reachable_host(broker: str) -> str | None:
+    """The address of this machine that reaches ``broker`` (the interface its route uses),
+    where the broker is a ``tcp://`` address on another interface than loopback; None for a
+    broker on loopback (its workers and clients share this host, and its memory: that is
+    their path) and for ``ipc://`` and the like."""
+    parts = urlsplit(broker)
+    if parts.scheme != "tcp" or not parts.hostname:
+        return None
+    try:
+        family, _, _, _, where = socket.getaddrinfo(parts.hostname, parts.port or 1,
+                                                    type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(where)  # (UDP: no packet is sent; the kernel picks the route)
+            host = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if ipaddress.ip_address(host.split("%")[0]).is_loopback else host
+
+
+class BulkLinks:
+    """The bulk endpoint at ``host`` (its port chosen free) and the dials of this worker."""
+
+    def __init__(self, context: zmq.Context, host: str, curve: CurveClient | None,
+                 max_message_bytes: int, to_device: Callable[[list[zmq.Frame]], None],
+                 read: Callable[[bytes, list[zmq.Frame]], None]) -> None:
+        self.admissions = Admissions(curve is not None)
+        self.outgoing = Outgoing()
+        self._context = context
+        self._curve = curve
+        self._to_device = to_device  # an admitted TRANSFER's way to its device
+        self._read = read  # an admitted read's, with the link's routing id for the reply
+        self._dials: dict[int, zmq.Socket] = {}
+        self._poller: zmq.Poller | None = None
+        self.zap = context.socket(zmq.ROUTER)
+        self.zap.linger = 0
+        self.zap.bind(zap.ZAP_ENDPOINT)
+        self.endpoint = context.socket(zmq.ROUTER)
+        for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, max_message_bytes),
+                              (zmq.RCVHWM, _BULK_HWM), (zmq.IPV6, ":" in host)):
+            self.endpoint.setsockopt(option, value)
+        if curve is not None:
+            self.endpoint.curve_secretkey = curve.secret_key
+            self.endpoint.curve_publickey = curve.public_key
+            self.endpoint.curve_server = True
+        else:
+            self.endpoint.plain_server = True
+        where = f"[{host}]" if ":" in host else host
+        self.address = f"tcp://{where}:{self.endpoint.bind_to_random_port(f'tcp://{where}')}"
+        log.info("direct links at %s", self.address)
+
+    def advertised(self) -> dict[str, Any]:
+        """What REGISTER says of the endpoint (``bulk``)."""
+        key = {"public_key": self._curve.public_key} if self._curve is not None else {}
+        return {"address": self.address, **key}
+
+    def watch(self, poller: zmq.Poller) -> None:
+        """Poll the endpoint, the ZAP handler and the dials with ``poller`` (a new
+        connection to the broker's); what waited for the old one is dropped."""
+        for link in list(self._dials):  # (registered with the old poller)
+            self._close_dial(link)
+        self.outgoing.clear()
+        self._poller = poller
+        poller.register(self.zap, zmq.POLLIN)
+        poller.register(self.endpoint, zmq.POLLIN)
+
+    def owns(self, sock: zmq.Socket) -> bool:
+        """Whether ``sock`` is one of this module's (for the loop's dispatch)."""
+        return sock is self.zap or sock is self.endpoint or sock in self._dials.values()
+
+    def send(self, frames: list[zmq.Frame], nbytes: int) -> Message:
+        """A large TRANSFER leaves: the LINK request to send to the broker."""
+        return self.outgoing.start(frames, protocol.decode_header(frames[0]), nbytes,
+                                   time.monotonic())
+
+    def from_broker(self, message: Message) -> list[Fallback]:
+        """A LINK_GRANT (dial, or fall back) or a LINK_EXPECT (admit a ticket)."""
+        if message.kind == Kind.LINK_EXPECT:
+            self._answer(self.admissions.expect(message.body["ticket"], message.session,
+                                                time.monotonic(),
+                                                client=message.body.get("client") is True))
+            return []
+        action = self.outgoing.on_grant(message)
+        if type(action) is Dial:
+            self._dial(action)
+            return []
+        return [action] if action is not None else []
+
+    def on_ready(self, sock: zmq.Socket) -> None:
+        """``sock`` (one of ``owns``) is ready."""
+        now = time.monotonic()
+        if sock is self.zap:
+            routing, *frames = recv_frames(sock)
+            try:
+                request = zap.parse_request(frames)
+            except ValueError:
+                self.zap.send_multipart([routing, *zap.reply(b"", zap.FAILED, "malformed")])
+                return
+            self._answer(self.admissions.on_zap((routing, request.request_id),
+                                                request.mechanism.encode(),
+                                                list(request.credentials), now))
+        elif sock is self.endpoint:
+            routing, *frames = recv_frames(sock)
+            try:  # (an admitted peer's message always has a header, and a User-Id)
+                header = protocol.decode_header(frames[0])
+                user = frames[0].get("User-Id").encode()
+            except (FabricError, zmq.ZMQError):
+                header = user = None
+            if not self.admissions.take(user, header):
+                log.warning("direct link: dropped a message its ticket does not allow "
+                            "(%d refused in all)", self.admissions.refused)
+            elif header.kind == Kind.REQUEST:  # a client's read, answered on its link
+                self._read(routing, frames)
+            else:
+                try_send(self.endpoint, [routing, b""])  # (the sender's word that it may close)
+                self._to_device(frames)
+        else:
+            link = next(k for k, s in self._dials.items() if s is sock)
+            if self.outgoing.acknowledged(link):
+                self._close_dial(link)
+                return
+            frames = self.outgoing.connected(link, now)
+            if frames is None:
+                self._close_dial(link)
+                return
+            sock.send_multipart(frames, copy=False)
+            self._poller.modify(sock, zmq.POLLIN)  # (then wait for the receiver's word)
+
+    def reply(self, routing: bytes, frames: list[zmq.Frame]) -> None:
+        """Answer a read that came on a link, on that link."""
+        if not try_send(self.endpoint, [routing, *frames]):
+            log.warning("direct link: a read's reply was dropped (its client is gone)")
+
+    def tick(self) -> list[Fallback]:
+        """Refuse handshakes that waited too long; the TRANSFERs that fall back."""
+        now = time.monotonic()
+        self._answer(self.admissions.tick(now))
+        fallbacks = self.outgoing.tick(now)
+        for link in [f.link for f in fallbacks] + self.outgoing.unacknowledged(now):
+            self._close_dial(link)
+        return fallbacks
+
+    def close(self) -> None:
+        """Close every socket; sends under way on a link end."""
+        for link in list(self._dials):
+            self._close_dial(link)
+        self.zap.close(linger=0)
+        self.endpoint.close(linger=0)
+
+    def _dial(self, dial: Dial) -> None:
+        sock = self._context.socket(zmq.DEALER)
+        show_ticket(sock, dial.ticket, dial.public_key)
+        sock.connect(dial.address)
+        self._dials[dial.link] = sock
+        self._poller.register(sock, zmq.POLLOUT)
+
+    def _close_dial(self, link: int) -> None:
+        sock = self._dials.pop(link, None)
+        if sock is not None:
+            self._poller.unregister(sock)
+            sock.close(linger=0)
+
+    def _answer(self, answers: list[ZapAnswer]) -> None:
+        for answer in answers:
+            routing, request_id = answer.request
+            status = zap.ALLOWED if answer.user is not None else zap.REFUSED
+            self.zap.send_multipart([routing, *zap.reply(
+                request_id, status, "OK" if answer.user else "no ticket",
+                (answer.user or b"").decode())])
