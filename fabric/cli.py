@@ -163,10 +163,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @limit_options("worker")
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, threads: int | None,
-           name: str | None, memory_limit: int | None, memory_budget: str, give_up_after: float | None,
-           admin_file: str | None, stop_on_stdin_close: bool, no_shared_memory: bool,
-           bulk_host: str,
-           worker_token: str | None,
+           name: str | None, memory_limit: int | None, memory_budget: str,
+           give_up_after: float | None, admin_file: str | None, stop_on_stdin_close: bool,
+           no_shared_memory: bool, bulk_host: str, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
