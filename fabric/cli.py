@@ -94,6 +94,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     from fabric.broker.model import Limits
     from fabric.broker.server import announce_on_stdout, serve
 
+    from .cluster import start_with_bulk_malloc
+
+    start_with_bulk_malloc()
     _logging(log_level)
     client = required_secret(token, token_file, "FABRIC_TOKEN", "token")
     client_tokens = [line.strip() for line in client.splitlines() if line.strip()]
@@ -172,6 +175,9 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     from fabric.workers.memory import budget_from_option
     from fabric.workers.worker import serve
 
+    from .cluster import start_with_bulk_malloc
+
+    start_with_bulk_malloc()
     _logging(log_level)
     shared_memory.ENABLED = not no_shared_memory
     try:
