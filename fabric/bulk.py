@@ -53,7 +53,6 @@ def _probe(session: Any) -> bool:
     except ProtocolError:  # a worker that predates shared memory
         return False
     finally:
-        segment.unlink()
         segment.close()
     return reply.body.get("shared_memory") is True
 
@@ -119,7 +118,7 @@ def slot_for_move(session: Any, source: Tensor) -> Slot | None:
 
 @contextlib.contextmanager
 def lent(pool: SegmentPool | None, slot: Slot | None) -> Iterator[None]:
-    """Inside: ``slot`` (if any) is in use; after, it is given back, or unlinked if what was
+    """Inside: ``slot`` (if any) is in use; after, it is given back, or closed if what was
     inside failed (a worker may still write into it)."""
     try:
         yield

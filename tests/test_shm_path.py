@@ -1,7 +1,7 @@
 """The shared-memory path (``fabric.shm``, ``fabric.bulk``, ``workers.shared_memory``): large
 arrays between a client and a worker on one host, end to end on real processes, and the
-naming and sweeping rules on their own. Every test checks that no segment of its processes
-is left in /dev/shm."""
+naming, sealing and pool rules on their own. Every test checks that no segment of this
+process is left open, nor mapped by a worker, once its sessions closed."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 
 import fabric
 from fabric.errors import FabricError, ProtocolError
-from fabric.shm import (SEGMENT_ALIGN, SHM_DIR, SegmentPool, SharedMemory, boot_id, dead_owners,
-                        parse_name, segment_name, sweep)
+from fabric.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, UnsealedSegment,
+                        boot_id, held_segments, parse_name, segment_name)
 from fabric.wire import decode_segment_ref
 
 from conftest import HEARTBEAT, children_of
@@ -29,19 +29,24 @@ DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"
           "float16", "float32", "float64", "complex64", "complex128"]
 
 
-def segments_of(pids: set[int]) -> list[str]:
-    """The fabric segments in /dev/shm that processes ``pids`` own."""
-    return [name for name in os.listdir(SHM_DIR)
-            if (parsed := parse_name(name)) is not None and parsed.pid in pids]
+def mapped(pid: int, owner: int) -> set[str]:
+    """The segments of process ``owner`` that process ``pid`` maps."""
+    prefix = f"/memfd:{segment_name(boot_id(), owner, 0)[:-1]}"
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split()[-2][len("/memfd:"):] for line in maps if prefix in line}
+    except FileNotFoundError:  # gone: it maps nothing
+        return set()
 
 
 @pytest.fixture(autouse=True)
 def no_segments_left():
-    """Nothing of this process or its children is left in /dev/shm after a test."""
+    """This process holds no segment after a test, and its children map none of them."""
     yield
     gc.collect()  # (read-only views of a test hold their slots until collected)
-    ours = {os.getpid(), *children_of(os.getpid())}
-    assert segments_of(ours) == []
+    assert held_segments(os.getpid()) == {}
+    for child in children_of(os.getpid()):  # (a worker drops them as it closes the session)
+        wait_for(lambda: not mapped(child, os.getpid()), 10, f"{child} to unmap our segments")
 
 
 @pytest.fixture(scope="module")
@@ -297,11 +302,11 @@ def test_a_worker_killed_during_an_upload_fails_the_session_and_leaves_nothing(c
         assert session.connection.segments.held > 0  # this client's: freed at close
     finally:
         session.close()
-    assert segments_of({os.getpid(), cluster.workers[1].pid}) == []
+    assert held_segments(os.getpid()) == {}
 
 
 @pytest.mark.timeout(90)
-def test_a_killed_clients_segments_are_swept_once_its_session_ends():
+def test_a_killed_clients_segments_are_unmapped_once_its_session_ends():
     script = (
         "import fabric, numpy, os, sys\n"
         "s = fabric.connect(sys.argv[1], token=os.environ['FABRIC_TOKEN'],\n"
@@ -316,16 +321,45 @@ def test_a_killed_clients_segments_are_swept_once_its_session_ends():
                                   env={**os.environ, "FABRIC_TOKEN": cluster.token})
         try:
             assert client.stdout.readline().strip() == "ready"
-            assert segments_of({client.pid})  # its view's slot, at least
+            worker = cluster.workers[0].pid
+            assert held_segments(client.pid)  # its view's slot, at least
+            assert mapped(worker, client.pid)  # (the upload's)
             client.kill()
             client.wait()
-            assert segments_of({client.pid})  # SIGKILL: nothing ran at its end
-            # The broker ends the vanished client's session; its worker then sweeps.
-            wait_for(lambda: segments_of({client.pid}) == [], 10, "the dead client's segments")
+            assert mapped(worker, client.pid)  # SIGKILL: nothing ran at its end
+            # The broker ends the vanished client's session; its worker then unmaps.
+            wait_for(lambda: not mapped(worker, client.pid), 10, "the dead client's segments")
         finally:
             if client.poll() is None:
                 client.kill()
             client.communicate(timeout=5)
+
+
+@pytest.mark.timeout(60)
+def test_a_segment_shrunk_after_its_put_was_sent_fails_that_put_and_the_worker_goes_on(
+        shm_cluster):
+    # The attack: a client names a segment of its own that it can shrink, and shrinks it
+    # between sending the put and the worker's copy; a worker that mapped it would die of
+    # SIGBUS there. Twice: the first try must not leave a mapping the second one reaches.
+    name = segment_name(boot_id(), os.getpid(), 999_999)
+    hostile = os.memfd_create(name)  # (not sealed)
+    try:
+        with connect(shm_cluster) as attacker, connect(shm_cluster) as bystander:
+            kept = bystander.asarray(np.arange(1000.0))
+            attacker.asarray(np.ones(10)).numpy()  # agreed to shared memory
+            for _ in range(2):
+                os.ftruncate(hostile, SEGMENT_ALIGN)
+                tensor = attacker.stream.new_tensor((1000,), np.dtype("float64"), None)
+                attacker.stream.enqueue(["put", tensor.id, [], {
+                    "dtype": "<f8", "shape": [1000], "shm": [name, 0, 8000]}], None, tensor)
+                attacker.flush()
+                os.ftruncate(hostile, 0)
+                with pytest.raises(ProtocolError, match="not sealed against shrinking"):
+                    tensor.numpy()
+            assert attacker.arange(4).sum().numpy() == 6  # the session and its worker go on
+            assert kept.sum().numpy() == 499500.0  # and so does everyone else
+    finally:
+        os.close(hostile)
 
 
 # -- the rules on their own ---------------------------------------------------------------
@@ -340,25 +374,25 @@ def test_names_say_their_boot_and_owner():
         assert parse_name(other) is None
 
 
-def test_dead_owners_are_those_of_other_boots_and_gone_pids():
-    names = [segment_name("aaaaaaaa", 10, 0), segment_name("aaaaaaaa", 11, 0),
-             segment_name("bbbbbbbb", 10, 1), "unrelated", "fabric-aaaaaaaa-12"]
-    assert dead_owners(names, "aaaaaaaa", lambda pid: pid == 10) == [
-        segment_name("aaaaaaaa", 11, 0), segment_name("bbbbbbbb", 10, 1)]
-
-
-def test_sweep_unlinks_a_dead_owners_segment_and_keeps_a_live_ones():
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    orphan = os.path.join(SHM_DIR, segment_name(boot_id(), int(dead.stdout), 0))
-    mine = os.path.join(SHM_DIR, segment_name(boot_id(), os.getpid(), 999_999))
-    for path in (orphan, mine):
-        open(path, "wb").close()
+def test_segments_are_sealed_at_their_size_and_a_peer_maps_only_sealed_ones():
+    pool = SegmentPool(lambda session: 0)
+    unsealed = os.memfd_create(segment_name(boot_id(), os.getpid(), 999_999))
     try:
-        assert os.path.basename(orphan) in sweep()
-        assert not os.path.exists(orphan) and os.path.exists(mine)
+        slot = pool.acquire(10)
+        with pytest.raises(PermissionError):  # not even its owner can shrink it
+            os.ftruncate(slot.segment.fd, 0)
+        held = held_segments(os.getpid())
+        assert set(held) == {slot.segment.name, segment_name(boot_id(), os.getpid(), 999_999)}
+        peer = Segment.open(slot.segment.name, held[slot.segment.name])
+        assert peer.size == slot.segment.size == SEGMENT_ALIGN
+        peer.close()
+        os.ftruncate(unsealed, SEGMENT_ALIGN)
+        with pytest.raises(UnsealedSegment):
+            Segment.open(segment_name(boot_id(), os.getpid(), 999_999),
+                         held[segment_name(boot_id(), os.getpid(), 999_999)])
     finally:
-        os.unlink(mine)
+        os.close(unsealed)
+        pool.close()
 
 
 @pytest.mark.parametrize("ref", [None, ["fabric-0123abcd-1-2", 0], ["x", 0, 8],
@@ -382,12 +416,12 @@ def test_the_pool_reuses_fits_bounds_and_shrinks():
         assert again.segment is upload.segment and pool.held == 3 * SEGMENT_ALIGN
         pool.give_back(read)
         pool.give_back(again)
-        now[0] = 31.0  # both idle past idle_seconds: unlinked when the next is lent
+        now[0] = 31.0  # both idle past idle_seconds: closed when the next is lent
         small = pool.acquire(1)
         assert pool.held == SEGMENT_ALIGN and small.segment not in (read.segment, again.segment)
-        assert not os.path.exists(os.path.join(SHM_DIR, read.segment.name))
-        pool.discard(small)  # abandoned: unlinked at once, never reused
-        assert pool.held == 0 and not os.path.exists(os.path.join(SHM_DIR, small.segment.name))
+        assert read.segment.name not in held_segments(os.getpid())
+        pool.discard(small)  # abandoned: closed at once, never reused
+        assert pool.held == 0 and held_segments(os.getpid()) == {}
     finally:
         pool.close()
 

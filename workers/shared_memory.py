@@ -4,23 +4,22 @@ uploads copied out of a client's segment, and reads written into one.
 Rule: a session uses shared memory only after its probe succeeded here (the client's boot id
 is this worker's, and the worker mapped the segment the client named and found the token the
 client wrote there), and then only segments of the process that probed: their names carry
-its pid. A worker maps a client's segments and never creates or unlinks one; each mapping is
-kept while the segment exists (mapping afresh would fault every page in again) and dropped
-with the session, when the worker also sweeps the segments of dead clients (a client killed
-with SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory``
-(``ENABLED``) answers every probe no.
+its pid. A worker maps a client's segments (only sealed ones: ``fabric.shm``) and never
+creates one; each mapping is kept while the client holds the segment (mapping afresh would
+fault every page in again) and dropped with the session (a client killed with SIGKILL leaves
+nothing once the broker closes its sessions). ``--no-shared-memory`` (``ENABLED``) answers
+every probe no.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from fabric.errors import ProtocolError
 from fabric.protocol import Message, reply_to
-from fabric.shm import SHM_DIR, Segment, boot_id, pid_alive, sweep
+from fabric.shm import Segment, UnsealedSegment, boot_id, held_segments
 from fabric.wire import decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
@@ -44,24 +43,34 @@ class SessionSegments:
                                 "agreed to shared memory for this session.")
         segment = self.maps.get(slot.name)
         if segment is None:
-            self._forget_unlinked()
-            try:
-                segment = self.maps[slot.name] = Segment.open(slot.name)
-            except FileNotFoundError:
-                raise ProtocolError(f"Shared-memory segment {slot.name} does not exist: its "
-                                    "client unlinked it before this worker read it.") from None
+            segment = self.maps[slot.name] = self._map(slot.name)
         if slot.offset + slot.nbytes > segment.size:
             raise ProtocolError(f"A slot of {slot.nbytes} bytes at {slot.offset} does not fit "
                                 f"in segment {slot.name} ({segment.size} bytes).")
         return segment.memory[slot.offset:slot.offset + slot.nbytes]
 
-    def _forget_unlinked(self) -> None:
-        # A client's pool unlinks idle segments; their names never come back, so their
+    def _map(self, name: str) -> Segment:
+        try:
+            held = held_segments(self.pid)
+        except OSError:
+            raise ProtocolError(f"The process that owns shared-memory segment {name} is "
+                                "gone.") from None
+        # A client's pool closes idle segments; their names never come back, so their
         # mappings are only memory held here.
-        for name, segment in list(self.maps.items()):
-            if not os.path.exists(os.path.join(SHM_DIR, name)):
-                segment.close()
-                del self.maps[name]
+        for gone in self.maps.keys() - held.keys():
+            self.maps.pop(gone).close()
+        if name not in held:
+            raise ProtocolError(f"Shared-memory segment {name} does not exist: its client "
+                                "closed it before this worker read it.")
+        try:
+            return Segment.open(name, held[name])
+        except UnsealedSegment:
+            raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
+                                "shrinking (F_SEAL_SHRINK): make segments with fabric's "
+                                "SegmentPool, which seals them.") from None
+        except OSError as exc:
+            raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
+                                f"{exc.strerror}.") from None
 
 
 def probe(_executor: Any, session: DeviceSession, message: Message) -> list[Message]:
@@ -71,7 +80,6 @@ def probe(_executor: Any, session: DeviceSession, message: Message) -> list[Mess
     reason = _refusal(body)
     if reason is not None:
         return [reply_to(message, {"shared_memory": False, "reason": reason})]
-    sweep()  # (a peer that starts sharing memory clears what dead owners left)
     session.segments = SessionSegments(decode_segment_ref([body["segment"], 0, 8]).owner.pid)
     return [reply_to(message, {"shared_memory": True})]
 
@@ -82,13 +90,12 @@ def _refusal(body: dict[str, Any]) -> str | None:
         return "this worker was started with --no-shared-memory"
     if body.get("boot") != boot_id() or not boot_id():
         return "the client runs under another kernel (another host or virtual machine)"
-    owner = decode_segment_ref([body.get("segment"), 0, 8]).owner
-    if not pid_alive(owner.pid):
-        return "the probe's segment names a process this worker cannot see"
+    probed = decode_segment_ref([body.get("segment"), 0, 8])
     try:
-        segment = Segment.open(body["segment"])
-    except OSError:
-        return "this worker cannot map the client's shared memory (no shared /dev/shm)"
+        segment = Segment.open(probed.name, held_segments(probed.owner.pid)[probed.name])
+    except (OSError, KeyError):
+        return ("this worker cannot map the client's shared memory (another pid namespace, "
+                "another user, or a segment not sealed against shrinking)")
     try:
         token = int(segment.memory[:8].view(np.uint64)[0]) if segment.size >= 8 else None
     finally:
@@ -100,11 +107,11 @@ def _refusal(body: dict[str, Any]) -> str | None:
 
 def closed(session: DeviceSession) -> None:
     """``session`` closed (its client closed it, or the broker found the client gone): its
-    mappings go, and so does what dead clients left (``fabric.shm.sweep``)."""
+    mappings go."""
     if session.segments is not None:
         for segment in session.segments.maps.values():
             segment.close()
-        sweep()
+        session.segments.maps.clear()
 
 
 def segments_of(session: DeviceSession) -> SessionSegments:
