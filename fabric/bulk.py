@@ -21,7 +21,7 @@ from .errors import ProtocolError
 from .origins import issued_at
 from .shm import SegmentPool, Slot, SlotMemory, boot_id
 from .tensor import Tensor
-from .wire import device_dtype, dtype_name
+from .wire import decode_segment_ref, device_dtype, dtype_name
 
 # (A session is typed Any here: fabric.session imports this module.)
 
@@ -58,27 +58,59 @@ def _probe(session: Any) -> bool:
 
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
-    """``array`` uploaded through a slot of shared memory, as a new tensor (its put sent at
-    once); None, sending nothing, where it must take the socket path."""
+    """``array`` uploaded through shared memory, as a new tensor (its put sent at once):
+    written into a slot the device lends (which the tensor then keeps: one copy in all), or
+    else into a slot of this process's pool (which the worker copies out); None, sending
+    nothing, where it must take the socket path."""
     if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
             or array.nbytes > session.max_upload_bytes:
         return None  # (a capture keeps the put to replay; too large: the socket path says so)
     dtype = device_dtype(array.dtype).newbyteorder("=")
     pool = pool_of(session)
-    slot = pool.acquire(array.nbytes) if pool is not None else None
-    if slot is None:
+    if pool is None:
         return None
-    np.copyto(slot.array(dtype, array.shape), array)  # (any layout and byte order, one pass)
+    lent = _device_slot(session, pool, array.nbytes)
+    slot = None if lent is not None else pool.acquire(array.nbytes)
+    if lent is None and slot is None:
+        return None
+    values, ref = lent if lent is not None else (slot.array(np.uint8, (slot.nbytes,)),
+                                                 slot.ref())
+    pool.transfers += lent is not None  # (an own slot counted itself when lent)
+    np.copyto(values.view(dtype).reshape(array.shape), array)  # (any layout, byte order)
     stream = session.stream
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
-                                           "shm": slot.ref()}], None, tensor)
+                                           "shm": ref}], None, tensor)
     try:
-        session.flush()  # (the slot is held until the put ran: send it now)
+        session.flush()  # (an own slot is held until the put ran: send it now)
     finally:  # its batch, sent, or the next if this one waits for credit
-        pool.lend_until(slot, session.id,
-                        stream.counts["batches_sent"] + (1 if stream.batch else 0))
+        if slot is not None:
+            pool.lend_until(slot, session.id,
+                            stream.counts["batches_sent"] + (1 if stream.batch else 0))
     return tensor
+
+
+def _device_slot(session: Any, pool: SegmentPool, nbytes: int
+                 ) -> tuple[np.ndarray, list[Any]] | None:
+    """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool (its
+    bytes, mapped here, and the slot as it travels); None where it has none free, or lends
+    none to this process (a worker that predates it, or whose memory this one cannot map).
+    The request waits for the device to have run what was sent before it."""
+    if session.id in pool.slotless:
+        return None
+    try:
+        ref = session._call({"op": "shm_slot", "nbytes": nbytes}).body.get("slot")
+        if ref is None:
+            return None  # (full for now)
+        slot = decode_segment_ref(ref)
+        segment = pool.peer(slot.owner.pid).map(slot.name)
+        if slot.nbytes != nbytes or slot.offset + nbytes > segment.size:
+            raise ProtocolError(f"The device lent a slot of {slot.nbytes} bytes at "
+                                f"{slot.offset} in {segment.size} for {nbytes}.")
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+    return segment.memory[slot.offset:slot.offset + nbytes], ref
 
 
 def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:

@@ -27,6 +27,7 @@ from .config import load_admin_file, resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .host_slot import claim_slot
 from .security import CurveClient, CurveServer, generate_keys
+from .shm import DEFAULT_POOL_BYTES
 
 if TYPE_CHECKING:
     from .cluster import LocalCluster
@@ -154,6 +155,11 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--no-shared-memory", is_flag=True,
               help="Refuse shared memory with clients on this host: their large arrays then "
                    "travel inside messages, as from other hosts.")
+@click.option("--shared-memory-limit", type=click.IntRange(min=0), default=DEFAULT_POOL_BYTES,
+              show_default=True, metavar="BYTES",
+              help="Most shared memory each device keeps for uploads from clients on this "
+                   "host: the tensors they became, and free segments for the next (closed "
+                   "once unused 30 s); past it, uploads are copied out of the client's.")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
@@ -161,7 +167,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
            memory_limit: int | None, memory_budget: str, give_up_after: float | None,
            admin_file: str | None, stop_on_stdin_close: bool, no_shared_memory: bool,
-           worker_token: str | None,
+           shared_memory_limit: int, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -180,6 +186,7 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     start_with_bulk_malloc()
     _logging(log_level)
     shared_memory.ENABLED = not no_shared_memory
+    shared_memory.POOL_BYTES = shared_memory_limit
     try:
         budget = budget_from_option(memory_budget)
     except ValueError as exc:

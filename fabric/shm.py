@@ -36,6 +36,8 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
+from .errors import ProtocolError
+
 THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
 IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
@@ -176,6 +178,52 @@ class Segment:
                 pass
 
 
+class PeerSegments:
+    """The segments of one peer process (``pid``) that this process maps, by name: each is
+    mapped once (mapping afresh would fault every page in again) and dropped once the peer
+    closed it. ``map`` raises ProtocolError for one it cannot map, saying why."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.maps: dict[str, Segment] = {}
+
+    def map(self, name: str) -> Segment:
+        """Segment ``name`` of the peer, mapped."""
+        segment = self.maps.get(name)
+        if segment is None:
+            segment = self.maps[name] = self._open(name)
+        return segment
+
+    def _open(self, name: str) -> Segment:
+        try:
+            held = held_segments(self.pid)
+        except OSError:
+            raise ProtocolError(f"The process that owns shared-memory segment {name} is "
+                                "gone, or not this user's.") from None
+        # A pool closes idle segments; their names never come back, so their mappings are
+        # only memory held here.
+        for gone in self.maps.keys() - held.keys():
+            self.maps.pop(gone).close()
+        if name not in held:
+            raise ProtocolError(f"Shared-memory segment {name} does not exist: its owner "
+                                "closed it before it was used.")
+        try:
+            return Segment.open(name, held[name])
+        except UnsealedSegment:
+            raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
+                                "shrinking (F_SEAL_SHRINK): make segments with fabric's "
+                                "SegmentPool, which seals them.") from None
+        except OSError as exc:
+            raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
+                                f"{exc.strerror}.") from None
+
+    def close(self) -> None:
+        """Unmap every segment."""
+        for segment in self.maps.values():
+            segment.close()
+        self.maps.clear()
+
+
 class Slot(NamedTuple):
     """``nbytes`` bytes at ``offset`` in ``segment``: where one array travels."""
 
@@ -217,8 +265,10 @@ class SegmentPool:
         self.free: dict[Segment, float] = {}  # -> when it was given back
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
         self.held = 0  # bytes of every segment, free or lent
-        self.transfers = 0  # slots lent so far
+        self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
         self._returned: deque[Slot] = deque()  # given back by other threads
+        self.peers: dict[int, PeerSegments] = {}  # pid -> its segments mapped here
+        self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
         self._thread = threading.get_ident()
 
     def acquire(self, nbytes: int) -> Slot | None:
@@ -253,6 +303,12 @@ class SegmentPool:
                                  mmap.PAGESIZE)
         segment.memory[:8].view(np.uint64)[0] = token
         return segment
+
+    def peer(self, pid: int) -> PeerSegments:
+        """Process ``pid``'s segments, as this process maps them."""
+        if pid not in self.peers:
+            self.peers[pid] = PeerSegments(pid)
+        return self.peers[pid]
 
     def lend_until(self, slot: Slot, session: int, batch: int) -> None:
         """``slot`` comes back once ``session``'s device has run its batch number ``batch``."""
@@ -304,6 +360,8 @@ class SegmentPool:
         """Close every segment (arrays still over them keep their memory until collected)."""
         for segment in [*self.free, *self.lent]:
             segment.close()
+        for peer in self.peers.values():
+            peer.close()
         self.free.clear()
         self.lent.clear()
         self.held = 0

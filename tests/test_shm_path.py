@@ -195,8 +195,9 @@ def test_a_sharded_tensor_gathers_its_shards_through_shared_memory(shm_cluster):
 
 @pytest.mark.timeout(60)
 def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
-    # Room for two 2 MiB segments: two read-only views hold both, so what comes next must
-    # take the sockets, and it is served all the same.
+    # Room for two 2 MiB segments: two read-only views hold both, so the reads that come
+    # next must take the sockets, and they are served all the same (uploads go into the
+    # device's own slots: they need none of this pool's).
     with connect(shm_cluster, SharedMemory(threshold=0, limit=4 << 20)) as session:
         a = np.random.default_rng(1).random(200_000)
         t = session.asarray(a)
@@ -205,14 +206,15 @@ def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
         transfers = pool.transfers
         assert pool.held == 4 << 20 and not pool.free
         np.testing.assert_array_equal(t.numpy(), a)
+        assert pool.transfers == transfers
         np.testing.assert_array_equal(session.asarray(a * 3).numpy(), a * 3)
-        assert pool.transfers == transfers and pool.held <= pool.limit
-        assert session.stats()["bytes_uploaded"] == a.nbytes
+        assert pool.transfers == transfers + 1 and pool.held <= pool.limit
+        assert session.stats()["bytes_uploaded"] == 0
         np.testing.assert_array_equal(held[1], a + 1)
         del held
         gc.collect()
         np.testing.assert_array_equal(t.numpy(), a)  # slots come back and are reused
-        assert pool.transfers == transfers + 1 and pool.held == 4 << 20
+        assert pool.transfers == transfers + 2 and pool.held == 4 << 20
 
 
 @pytest.mark.timeout(60)
@@ -223,7 +225,52 @@ def test_uploads_reuse_the_same_segments(shm_cluster):
             t = session.asarray(a + i)
             assert t[-1].numpy() == a[-1] + i
         pool = session.connection.segments
-        assert pool.transfers == 5 and pool.held == 4 << 20  # one segment of 4 MiB, reused
+        # Into the device's own slots (none of this pool's): the one the last tensor keeps,
+        # and the one the tensor before it gave back, reused ever since.
+        assert pool.transfers == 5 and pool.held == 0
+        [device] = pool.peers.values()
+        assert len(device.maps) == 2
+
+
+@pytest.mark.timeout(90)
+def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slots():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-limit", str(4 << 20))) as cluster, \
+            connect(cluster) as session:
+        a = np.random.default_rng(9).random(200_000)  # 1.6 MB: one 2 MiB segment each
+        kept = [session.asarray(a + i) for i in range(3)]
+        pool = session.connection.segments
+        [device] = pool.peers.values()
+        # The first two tensors keep the device's two segments; the third upload went
+        # through a slot of this client's pool, which the worker copied out.
+        assert len(device.maps) == 2 and pool.held == 2 << 20 and pool.transfers == 3
+        for i, tensor in enumerate(kept):
+            np.testing.assert_array_equal(tensor.numpy(), a + i)
+        assert session.stats()["bytes_uploaded"] == 0  # (nothing took the sockets)
+        names = set(device.maps)
+        del kept
+        session.sync()  # the tensors are freed: their slots go back to the device's pool
+        again = session.asarray(a * 2)
+        assert set(device.maps) == names and pool.transfers == 7
+        np.testing.assert_array_equal(again.numpy(), a * 2)
+
+
+@pytest.mark.timeout(90)
+def test_a_put_that_misnames_its_offered_slot_fails_alone_and_the_slot_comes_back():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,  # (room for one segment)
+                             worker_args=("--shared-memory-limit", str(2 << 20))) as cluster, \
+            connect(cluster) as session:
+        session.asarray(np.ones(10)).numpy()  # agreed to shared memory
+        ref = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
+        for shape in ([999], [1000]):  # wrong size, then the slot no longer offered
+            tensor = session.stream.new_tensor(tuple(shape), np.dtype("float64"), None)
+            session.stream.enqueue(["put", tensor.id, [], {
+                "dtype": "<f8", "shape": shape, "shm": ref}], None, tensor)
+            with pytest.raises(FabricError):
+                tensor.numpy()
+        assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
+        again = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
+        assert again is not None and again[0] == ref[0]  # given back, and lent again
 
 
 @pytest.mark.timeout(60)
@@ -245,12 +292,13 @@ def test_a_slot_of_another_process_is_refused_and_the_worker_goes_on(shm_cluster
         with pytest.raises(ProtocolError, match="process that agreed"):
             session._call({"op": "read_into", "id": t.id, "dtype": "<f8", "shape": [1000],
                            "into": [stranger, 0, 8000]})
+        back = t.numpy()  # (read through a slot of this client's pool)
         with pytest.raises(ProtocolError, match="does not fit"):
             pool = session.connection.segments
-            name = [*pool.free, *pool.lent][0].name  # (the upload's)
+            name = [*pool.free, *pool.lent][0].name  # (the read's)
             session._call({"op": "read_into", "id": t.id, "dtype": "<f8", "shape": [1000],
                            "into": [name, 1 << 30, 8000]})
-        assert t.sum().numpy() == 499500.0
+        assert t.sum().numpy() == back.sum() == 499500.0
 
 
 @pytest.mark.timeout(60)

@@ -13,64 +13,50 @@ every probe no.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
 
 from fabric.errors import ProtocolError
 from fabric.protocol import Message, reply_to
-from fabric.shm import Segment, UnsealedSegment, boot_id, held_segments
+from fabric.shm import (DEFAULT_POOL_BYTES, PeerSegments, Segment, SegmentPool, Slot,
+                        SlotMemory, boot_id, held_segments)
 from fabric.wire import decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
 
 ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
+POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
 
 
 class SessionSegments:
-    """The segments of one session's client, as this worker maps them."""
+    """The shared memory of one session: its client's segments, as this worker maps them,
+    and the slots of the device's own pool offered to its uploads and not yet used."""
 
     def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.maps: dict[str, Segment] = {}
+        self.client = PeerSegments(pid)
+        self.offered: dict[str, tuple[SegmentPool, Slot]] = {}
 
     def slot(self, ref: Any) -> np.ndarray:
-        """The bytes of slot ``ref`` (``fabric.wire.decode_segment_ref``); ProtocolError for
-        a slot of another process, or past its segment's end."""
+        """The bytes of the client's slot ``ref`` (``fabric.wire.decode_segment_ref``);
+        ProtocolError for a slot of another process, or past its segment's end."""
         slot = decode_segment_ref(ref)
-        if slot.owner.pid != self.pid or slot.owner.boot != boot_id():
+        if slot.owner.pid != self.client.pid or slot.owner.boot != boot_id():
             raise ProtocolError("A shared-memory slot must be in a segment of the process that "
                                 "agreed to shared memory for this session.")
-        segment = self.maps.get(slot.name)
-        if segment is None:
-            segment = self.maps[slot.name] = self._map(slot.name)
+        segment = self.client.map(slot.name)
         if slot.offset + slot.nbytes > segment.size:
             raise ProtocolError(f"A slot of {slot.nbytes} bytes at {slot.offset} does not fit "
                                 f"in segment {slot.name} ({segment.size} bytes).")
         return segment.memory[slot.offset:slot.offset + slot.nbytes]
 
-    def _map(self, name: str) -> Segment:
-        try:
-            held = held_segments(self.pid)
-        except OSError:
-            raise ProtocolError(f"The process that owns shared-memory segment {name} is "
-                                "gone.") from None
-        # A client's pool closes idle segments; their names never come back, so their
-        # mappings are only memory held here.
-        for gone in self.maps.keys() - held.keys():
-            self.maps.pop(gone).close()
-        if name not in held:
-            raise ProtocolError(f"Shared-memory segment {name} does not exist: its client "
-                                "closed it before this worker read it.")
-        try:
-            return Segment.open(name, held[name])
-        except UnsealedSegment:
-            raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
-                                "shrinking (F_SEAL_SHRINK): make segments with fabric's "
-                                "SegmentPool, which seals them.") from None
-        except OSError as exc:
-            raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
-                                f"{exc.strerror}.") from None
+    def close(self) -> None:
+        """Unmap the client's segments, and give the unused offered slots back."""
+        self.client.close()
+        for pool, slot in self.offered.values():
+            pool.give_back_from_any_thread(slot)
+        self.offered.clear()
 
 
 def probe(_executor: Any, session: DeviceSession, message: Message) -> list[Message]:
@@ -109,9 +95,7 @@ def closed(session: DeviceSession) -> None:
     """``session`` closed (its client closed it, or the broker found the client gone): its
     mappings go."""
     if session.segments is not None:
-        for segment in session.segments.maps.values():
-            segment.close()
-        session.segments.maps.clear()
+        session.segments.close()
 
 
 def segments_of(session: DeviceSession) -> SessionSegments:
@@ -122,12 +106,50 @@ def segments_of(session: DeviceSession) -> SessionSegments:
     return session.segments
 
 
+def offer(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
+    """Answer a ``shm_slot`` (an ``Executor`` request): a slot of ``nbytes`` bytes in the
+    device's own pool for the client to write an upload into (``{"slot": ref}``), whose
+    tensor then keeps it without a copy; ``{"slot": None}`` when the pool is full."""
+    nbytes = message.body.get("nbytes")
+    if type(nbytes) is not int or nbytes < 0:
+        raise ProtocolError("A shm_slot request needs 'nbytes', an int of at least 0.")
+    segments = segments_of(session)
+    if executor.slots is None:  # (made in the device's thread, which owns it)
+        executor.slots = SegmentPool(lambda _session: 0, POOL_BYTES)
+    slot = executor.slots.acquire(nbytes)
+    if slot is None:
+        return [reply_to(message, {"slot": None})]
+    segments.offered[slot.segment.name] = (executor.slots, slot)
+    return [reply_to(message, {"slot": slot.ref()})]
+
+
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
-    """The array a ``put`` (or a TRANSFER) placed in shared memory, as a view of the client's
-    slot (which the client reuses once the put ran: the caller copies it)."""
+    """The array a ``put`` (or a TRANSFER) placed in shared memory: the device's own slot
+    offered for it, which the array keeps until it is collected; or a view of the client's
+    slot (which the client reuses once the put ran: ``owned`` copies it)."""
     dtype = device_dtype(params["dtype"])
+    segments = segments_of(session)
+    ref = decode_segment_ref(params["shm"])
+    if ref.name in segments.offered:
+        pool, slot = segments.offered.pop(ref.name)
+        try:
+            if list(ref[:3]) != slot.ref():
+                raise ProtocolError("A put must name the whole slot it was offered.")
+            values = slot.array(dtype, params["shape"])
+        except BaseException:
+            pool.give_back_from_any_thread(slot)
+            raise
+        holder = SlotMemory(values, writable=False)
+        weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+        return np.asarray(holder)
     session.slots_used = True  # (its client waits for the CREDIT of this batch to reuse it)
-    return segments_of(session).slot(params["shm"]).view(dtype).reshape(params["shape"])
+    return segments.slot(params["shm"]).view(dtype).reshape(params["shape"])
+
+
+def owned(array: np.ndarray) -> np.ndarray:
+    """``uploaded``'s array as the tensor's own: a slot it keeps as it is, a view of the
+    client's copied."""
+    return array if isinstance(array.base, SlotMemory) else array.copy()
 
 
 def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
