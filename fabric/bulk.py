@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
@@ -69,18 +69,20 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     pool = pool_of(session)
     if pool is None:
         return None
-    lent = _device_slot(session, pool, array.nbytes)
-    slot = None if lent is not None else pool.acquire(array.nbytes)
-    if lent is None and slot is None:
+    lent = _lend_from_device(session, pool, array.nbytes)
+    values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
+    slot = None if values is not None else pool.acquire(array.nbytes)
+    if slot is not None:
+        values = slot.array(np.uint8, (slot.nbytes,))
+    elif values is None:
         return None
-    values, ref = lent if lent is not None else (slot.array(np.uint8, (slot.nbytes,)),
-                                                 slot.ref())
-    pool.transfers += lent is not None  # (an own slot counted itself when lent)
+    else:
+        pool.transfers += 1  # (an own slot counts itself when lent)
     np.copyto(values.view(dtype).reshape(array.shape), array)  # (any layout, byte order)
     stream = session.stream
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
-                                           "shm": ref}], None, tensor)
+                                           "shm": (lent if slot is None else slot).ref()}], None, tensor)
     try:
         session.flush()  # (an own slot is held until the put ran: send it now)
     finally:  # its batch, sent, or the next if this one waits for credit
@@ -90,27 +92,46 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     return tensor
 
 
-def _device_slot(session: Any, pool: SegmentPool, nbytes: int
-                 ) -> tuple[np.ndarray, list[Any]] | None:
-    """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool (its
-    bytes, mapped here, and the slot as it travels); None where it has none free, or lends
-    none to this process (a worker that predates it, or whose memory this one cannot map).
-    The request waits for the device to have run what was sent before it."""
+class DeviceSlot(NamedTuple):
+    """A slot a device lent from its own pool (``shm_slot``): the tensor written there
+    keeps it, on that device, so it is never the client's to give back."""
+
+    reference: list[Any]
+
+    def ref(self) -> list[Any]:
+        """The slot as it travels (``fabric.wire``)."""
+        return self.reference
+
+
+def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlot | None:
+    """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool; None
+    where it has none free, or lends none (a worker that predates it, or one whose memory
+    this process cannot map: ``_device_memory``). The request waits for the device to have
+    run what was sent before it."""
     if session.id in pool.slotless:
         return None
     try:
         ref = session._call({"op": "shm_slot", "nbytes": nbytes}).body.get("slot")
-        if ref is None:
-            return None  # (full for now)
-        slot = decode_segment_ref(ref)
-        segment = pool.peer(slot.owner.pid).map(slot.name)
-        if slot.nbytes != nbytes or slot.offset + nbytes > segment.size:
-            raise ProtocolError(f"The device lent a slot of {slot.nbytes} bytes at "
-                                f"{slot.offset} in {segment.size} for {nbytes}.")
     except ProtocolError:
         pool.slotless.add(session.id)
         return None
-    return segment.memory[slot.offset:slot.offset + nbytes], ref
+    return None if ref is None else DeviceSlot(ref)  # (None: full for now)
+
+
+def _device_memory(session: Any, pool: SegmentPool, slot: DeviceSlot,
+                   nbytes: int) -> np.ndarray | None:
+    """The bytes of ``slot``, mapped here; None, and the device asked for none again, where
+    they cannot be."""
+    try:
+        ref = decode_segment_ref(slot.ref())
+        segment = pool.peer(ref.owner.pid).map(ref.name)
+        if ref.nbytes != nbytes or ref.offset + nbytes > segment.size:
+            raise ProtocolError(f"The device lent a slot of {ref.nbytes} bytes at "
+                                f"{ref.offset} in {segment.size} for {nbytes}.")
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+    return segment.memory[ref.offset:ref.offset + nbytes]
 
 
 def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
@@ -133,10 +154,12 @@ def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
     return request, slot
 
 
-def slot_for_move(session: Any, source: Tensor) -> Slot | None:
+def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
     """A slot of shared memory for ``source`` (a tensor of another session of this process)
-    to move to ``session`` through: its worker writes it there, and ``session``'s copies it
-    out (``t.to()``); None where either worker cannot, or the pool is full."""
+    to move to ``session`` through (``t.to()``), which ``source``'s worker writes into: one
+    ``session``'s device lends (the moved tensor keeps it), or else one of this process's
+    pool (``session``'s worker copies it out); None where either worker cannot share memory
+    with this process, or neither has a slot free."""
     shared = session.connection.shared_memory
     nbytes = source.size * source.dtype.itemsize
     if shared is None or nbytes < shared.threshold \
@@ -145,21 +168,27 @@ def slot_for_move(session: Any, source: Tensor) -> Slot | None:
     pool = pool_of(session)
     if pool is None or pool_of(source.session) is None:
         return None
-    return pool.acquire(nbytes)
+    lent = _lend_from_device(session, pool, nbytes)
+    if lent is None:
+        return pool.acquire(nbytes)
+    pool.transfers += 1  # (an own slot counts itself when lent)
+    return lent
 
 
 @contextlib.contextmanager
-def lent(pool: SegmentPool | None, slot: Slot | None) -> Iterator[None]:
-    """Inside: ``slot`` (if any) is in use; after, it is given back, or closed if what was
-    inside failed (a worker may still write into it)."""
+def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[None]:
+    """Inside: ``slot`` (if any) is in use; after, one of ``pool``'s is given back, or
+    closed if what was inside failed (a worker may still write into it). A device's slot
+    stays with the tensor moved into it (or, unused, with its session)."""
+    own = slot if isinstance(slot, Slot) else None
     try:
         yield
     except BaseException:
-        if slot is not None:
-            pool.discard(slot)
+        if own is not None:
+            pool.discard(own)
         raise
-    if slot is not None:
-        pool.give_back(slot)
+    if own is not None:
+        pool.give_back(own)
 
 
 def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarray:

@@ -157,9 +157,10 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
         t = source.asarray(a)
         moved = t.to(destination)
         pool = source.connection.segments
+        assert pool.held == 0  # both the upload and the move went into devices' own slots
         transfers = pool.transfers
         np.testing.assert_array_equal(moved.numpy(), a)
-        assert pool.transfers == transfers + 1 and not pool.lent  # the move's slot came back
+        assert pool.transfers == transfers + 1 and not pool.lent  # the read's slot came back
         assert destination.shares_memory and destination.stats()["resident_bytes"] == a.nbytes
         broken = np.linalg.inv(source.zeros((400, 400)))  # singular: fails on the device
         with pytest.raises(fabric.RemoteError):

@@ -13,6 +13,7 @@ every probe no.
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any
 
@@ -22,7 +23,7 @@ from fabric.errors import ProtocolError
 from fabric.protocol import Message, reply_to
 from fabric.shm import (DEFAULT_POOL_BYTES, PeerSegments, Segment, SegmentPool, Slot,
                         SlotMemory, boot_id, held_segments)
-from fabric.wire import decode_segment_ref, device_dtype
+from fabric.wire import SegmentRef, decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
 
@@ -36,6 +37,7 @@ class SessionSegments:
 
     def __init__(self, pid: int) -> None:
         self.client = PeerSegments(pid)
+        self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
         self.offered: dict[str, tuple[SegmentPool, Slot]] = {}
 
     def slot(self, ref: Any) -> np.ndarray:
@@ -45,18 +47,49 @@ class SessionSegments:
         if slot.owner.pid != self.client.pid or slot.owner.boot != boot_id():
             raise ProtocolError("A shared-memory slot must be in a segment of the process that "
                                 "agreed to shared memory for this session.")
-        segment = self.client.map(slot.name)
-        if slot.offset + slot.nbytes > segment.size:
-            raise ProtocolError(f"A slot of {slot.nbytes} bytes at {slot.offset} does not fit "
-                                f"in segment {slot.name} ({segment.size} bytes).")
-        return segment.memory[slot.offset:slot.offset + slot.nbytes]
+        return _slot_bytes(self.client.map(slot.name), slot)
+
+    def target(self, ref: Any) -> np.ndarray:
+        """The bytes of slot ``ref`` for a tensor moved to another session to be written
+        into: the client's (``slot``), or one that another process of the client's user on
+        this host lent it (a device's own: the moved tensor keeps it there). ProtocolError
+        for any other: this worker writes only where its client itself could."""
+        slot = decode_segment_ref(ref)
+        if slot.owner.pid == self.client.pid:
+            return self.slot(ref)
+        if slot.owner.boot != boot_id() or _user_of(slot.owner.pid) != _user_of(
+                self.client.pid):
+            raise ProtocolError("A tensor may be moved only into a slot of its client or of "
+                                "another process of the same user on this host.")
+        if slot.owner.pid not in self.peers:
+            self.peers[slot.owner.pid] = PeerSegments(slot.owner.pid)
+        return _slot_bytes(self.peers[slot.owner.pid].map(slot.name), slot)
 
     def close(self) -> None:
-        """Unmap the client's segments, and give the unused offered slots back."""
+        """Unmap the client's segments and the others', and give the unused offered slots
+        back."""
         self.client.close()
+        for peer in self.peers.values():
+            peer.close()
         for pool, slot in self.offered.values():
             pool.give_back_from_any_thread(slot)
         self.offered.clear()
+
+
+def _slot_bytes(segment: Segment, slot: SegmentRef) -> np.ndarray:
+    """The bytes of ``slot`` in ``segment``; ProtocolError where it reaches past the end."""
+    if slot.offset + slot.nbytes > segment.size:
+        raise ProtocolError(f"A slot of {slot.nbytes} bytes at {slot.offset} does not fit "
+                            f"in segment {slot.name} ({segment.size} bytes).")
+    return segment.memory[slot.offset:slot.offset + slot.nbytes]
+
+
+def _user_of(pid: int) -> int | None:
+    """The user process ``pid`` runs as (None where it is gone)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def probe(_executor: Any, session: DeviceSession, message: Message) -> list[Message]:
@@ -154,11 +187,12 @@ def owned(array: np.ndarray) -> np.ndarray:
 
 def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
                   body: dict[str, Any]) -> None:
-    """Write ``array`` into the client's slot ``ref`` (a ``send`` op's ``into``: a tensor
-    moved to another session through shared memory) and name the slot in the TRANSFER's
-    ``body``; or, where the slot is not one, put the error there for the tensor to carry."""
+    """Write ``array`` into slot ``ref`` (a ``send`` op's ``into``: a tensor moved to
+    another session through shared memory; ``SessionSegments.target``) and name the slot in
+    the TRANSFER's ``body``; or, where the slot is not one, put the error there for the
+    tensor to carry."""
     try:
-        target = segments_of(session).slot(ref)
+        target = segments_of(session).target(ref)
         if target.nbytes != array.nbytes:
             raise ProtocolError(f"A slot of {target.nbytes} bytes cannot hold the tensor's "
                                 f"{array.nbytes}.")
