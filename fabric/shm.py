@@ -305,8 +305,11 @@ class SegmentPool:
         return segment
 
     def peer(self, pid: int) -> PeerSegments:
-        """Process ``pid``'s segments, as this process maps them."""
+        """Process ``pid``'s segments, as this process maps them (a new peer's first: the
+        mappings of peers that are gone, such as a worker that was restarted, are dropped)."""
         if pid not in self.peers:
+            for gone in [p for p in self.peers if not os.path.exists(f"/proc/{p}")]:
+                self.peers.pop(gone).close()
             self.peers[pid] = PeerSegments(pid)
         return self.peers[pid]
 

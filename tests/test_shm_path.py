@@ -355,6 +355,33 @@ def test_a_worker_killed_during_an_upload_fails_the_session_and_leaves_nothing(c
 
 
 @pytest.mark.timeout(90)
+def test_a_restarted_workers_old_segments_are_unmapped_by_a_client_that_goes_on(cluster):
+    a = np.random.default_rng(10).random(300_000)
+    with connect(cluster, device=0, timeout=30) as session:
+        with session.open(1) as lost:
+            lost.asarray(a)  # into a slot of worker 1's own pool, mapped here
+            dead = cluster.workers[1].pid
+            assert dead in session.connection.segments.peers
+            cluster.workers[1].send_signal(signal.SIGKILL)
+            cluster.workers[1].wait(5)
+            with pytest.raises(fabric.SessionLost):
+                lost.sync()
+        cluster.start_worker(1)
+        again = wait_for(lambda: _open_or_none(session, 1), 30, "worker 1 back")
+        with again:
+            np.testing.assert_array_equal(again.asarray(a).numpy(), a)
+        peers = session.connection.segments.peers
+        assert dead not in peers and cluster.workers[1].pid in peers
+
+
+def _open_or_none(session: fabric.Session, device: int) -> fabric.Session | None:
+    try:
+        return session.open(device, timeout=2)
+    except FabricError:
+        return None
+
+
+@pytest.mark.timeout(90)
 def test_a_killed_clients_segments_are_unmapped_once_its_session_ends():
     script = (
         "import fabric, numpy, os, sys\n"
