@@ -73,16 +73,17 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
     slot = None if values is not None else pool.acquire(array.nbytes)
     if slot is not None:
-        values = slot.array(np.uint8, (slot.nbytes,))
+        values, ref = slot.array(np.uint8, (slot.nbytes,)), slot.ref()
     elif values is None:
         return None
     else:
+        ref = lent.ref()
         pool.transfers += 1  # (an own slot counts itself when lent)
     np.copyto(values.view(dtype).reshape(array.shape), array)  # (any layout, byte order)
     stream = session.stream
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
-                                           "shm": (lent if slot is None else slot).ref()}], None, tensor)
+                                           "shm": ref}], None, tensor)
     try:
         session.flush()  # (an own slot is held until the put ran: send it now)
     finally:  # its batch, sent, or the next if this one waits for credit
