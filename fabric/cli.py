@@ -27,7 +27,7 @@ from .config import load_admin_file, resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .host_slot import claim_slot
 from .security import CurveClient, CurveServer, generate_keys
-from .shm import DEFAULT_POOL_BYTES
+from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
 
 if TYPE_CHECKING:
     from .cluster import LocalCluster
@@ -159,7 +159,12 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
               show_default=True, metavar="BYTES",
               help="Most shared memory each device keeps for uploads from clients on this "
                    "host: the tensors they became, and free segments for the next (closed "
-                   "once unused 30 s); past it, uploads are copied out of the client's.")
+                   "once unused --shared-memory-idle); past it, uploads are copied out of "
+                   "the client's.")
+@click.option("--shared-memory-idle", type=click.FloatRange(min=0), default=IDLE_SECONDS,
+              show_default=True, metavar="SECONDS",
+              help="Seconds a free segment of a device's shared memory is kept for the next "
+                   "upload before it is closed.")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
@@ -167,7 +172,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 def worker(broker_address: str, backend: str, devices: int, name: str | None,
            memory_limit: int | None, memory_budget: str, give_up_after: float | None,
            admin_file: str | None, stop_on_stdin_close: bool, no_shared_memory: bool,
-           shared_memory_limit: int, worker_token: str | None,
+           shared_memory_limit: int, shared_memory_idle: float, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -187,6 +192,7 @@ def worker(broker_address: str, backend: str, devices: int, name: str | None,
     _logging(log_level)
     shared_memory.ENABLED = not no_shared_memory
     shared_memory.POOL_BYTES = shared_memory_limit
+    shared_memory.IDLE = shared_memory_idle
     try:
         budget = budget_from_option(memory_budget)
     except ValueError as exc:

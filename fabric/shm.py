@@ -280,7 +280,7 @@ class SegmentPool:
 
     def acquire(self, nbytes: int) -> Slot | None:
         """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full."""
-        self._reclaim()
+        self.reclaim()
         fits = [s for s in self.free if nbytes <= s.size <= 2 * max(nbytes, SEGMENT_ALIGN)]
         if fits:
             segment = min(fits, key=lambda s: s.size)
@@ -349,7 +349,9 @@ class SegmentPool:
             if lender is not None and lender[0] == session:
                 self.discard(Slot(segment, 0, 0))
 
-    def _reclaim(self) -> None:
+    def reclaim(self) -> None:
+        """Take back the slots given back from other threads and those whose upload ran;
+        close the segments idle past ``idle_seconds`` (``acquire`` does this first)."""
         while self._returned:
             self.give_back(self._returned.popleft())
         now = self._clock()

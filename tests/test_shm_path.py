@@ -257,6 +257,22 @@ def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slo
 
 
 @pytest.mark.timeout(90)
+def test_an_idle_devices_own_pool_closes_its_free_segments():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-idle", "0.5")) as cluster, \
+            connect(cluster) as session:
+        worker = cluster.workers[0].pid
+        tensor = session.asarray(np.ones(300_000))
+        session.sync()
+        assert len(held_segments(worker)) == 1  # the one the tensor keeps
+        del tensor
+        session.sync()  # freed: its segment is free in the device's pool, then closed
+        wait_for(lambda: not held_segments(worker), 10, "the device's pool to shrink")
+        np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(),
+                                      np.ones(300_000))  # and grows again on demand
+
+
+@pytest.mark.timeout(90)
 def test_a_put_that_misnames_its_offered_slot_fails_alone_and_the_slot_comes_back():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,  # (room for one segment)
                              worker_args=("--shared-memory-limit", str(2 << 20))) as cluster, \

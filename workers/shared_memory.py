@@ -21,7 +21,7 @@ import numpy as np
 
 from fabric.errors import ProtocolError
 from fabric.protocol import Message, reply_to
-from fabric.shm import (DEFAULT_POOL_BYTES, PeerSegments, Segment, SegmentPool, Slot,
+from fabric.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment, SegmentPool, Slot,
                         SlotMemory, boot_id, held_segments)
 from fabric.wire import SegmentRef, decode_segment_ref, device_dtype
 
@@ -29,6 +29,7 @@ from .device_session import DeviceSession
 
 ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
 POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
+IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` sets it)
 
 
 class SessionSegments:
@@ -148,12 +149,19 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
         raise ProtocolError("A shm_slot request needs 'nbytes', an int of at least 0.")
     segments = segments_of(session)
     if executor.slots is None:  # (made in the device's thread, which owns it)
-        executor.slots = SegmentPool(lambda _session: 0, POOL_BYTES)
+        executor.slots = SegmentPool(lambda _session: 0, POOL_BYTES, IDLE)
     slot = executor.slots.acquire(nbytes)
     if slot is None:
         return [reply_to(message, {"slot": None})]
     segments.offered[slot.segment.name] = (executor.slots, slot)
     return [reply_to(message, {"slot": slot.ref()})]
+
+
+def trim(executor: Any) -> None:
+    """Close the segments of the device's own pool left free past ``IDLE`` (at each broker
+    heartbeat, in the device's thread: an idle device gives its shared memory back)."""
+    if executor.slots is not None:
+        executor.slots.reclaim()
 
 
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
