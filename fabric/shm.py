@@ -89,8 +89,9 @@ def parse_name(name: Any) -> SegmentName | None:
 
 
 def held_segments(pid: int) -> dict[str, str]:
-    """The fabric segments process ``pid`` holds open: name -> a path that opens it
-    (``/proc/<pid>/fd/<n>``). OSError where that process is gone or not this user's."""
+    """The fabric segments process ``pid`` holds open (its own, and those it maps: an mmap
+    keeps a descriptor): name -> a path that opens it (``/proc/<pid>/fd/<n>``). OSError
+    where that process is gone or not this user's."""
     folder = f"/proc/{pid}/fd"
     held = {}
     for fd in os.listdir(folder):
@@ -207,10 +208,7 @@ class PeerSegments:
         except OSError:
             raise ProtocolError(f"The process that owns shared-memory segment {name} is "
                                 "gone, or not this user's.") from None
-        # A pool closes idle segments; their names never come back, so their mappings are
-        # only memory held here.
-        for gone in self.maps.keys() - held.keys():
-            self.maps.pop(gone).close()
+        self.prune(held)
         if name not in held:
             raise ProtocolError(f"Shared-memory segment {name} does not exist: its owner "
                                 "closed it before it was used.")
@@ -223,6 +221,18 @@ class PeerSegments:
         except OSError as exc:
             raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
                                 f"{exc.strerror}.") from None
+
+    def prune(self, held: dict[str, str] | None = None) -> None:
+        """Unmap the segments the peer closed (``held``: what it holds, if known): a pool
+        closes idle segments, whose names never come back, and a mapping here would keep
+        their memory from going back to the system."""
+        if held is None:
+            try:
+                held = held_segments(self.pid)
+            except OSError:  # gone: it holds nothing
+                held = {}
+        for gone in self.maps.keys() - held.keys():
+            self.maps.pop(gone).close()
 
     def close(self) -> None:
         """Unmap every segment."""
@@ -275,6 +285,7 @@ class SegmentPool:
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
         self._returned: deque[Slot] = deque()  # given back by other threads
         self.peers: dict[int, PeerSegments] = {}  # pid -> its segments mapped here
+        self._pruned = clock()  # when the peers' closed segments were last unmapped
         self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
         self._thread = threading.get_ident()
 
@@ -315,10 +326,16 @@ class SegmentPool:
         """Process ``pid``'s segments, as this process maps them (a new peer's first: the
         mappings of peers that are gone, such as a worker that was restarted, are dropped)."""
         if pid not in self.peers:
-            for gone in [p for p in self.peers if not os.path.exists(f"/proc/{p}")]:
-                self.peers.pop(gone).close()
+            self._prune_peers()
             self.peers[pid] = PeerSegments(pid)
         return self.peers[pid]
+
+    def _prune_peers(self) -> None:
+        self._pruned = self._clock()
+        for pid, peer in list(self.peers.items()):
+            peer.prune()
+            if not peer.maps:
+                del self.peers[pid]
 
     def lend_until(self, slot: Slot, session: int, batch: int) -> None:
         """``slot`` comes back once ``session``'s device has run its batch number ``batch``."""
@@ -351,7 +368,8 @@ class SegmentPool:
 
     def reclaim(self) -> None:
         """Take back the slots given back from other threads and those whose upload ran;
-        close the segments idle past ``idle_seconds`` (``acquire`` does this first)."""
+        close the segments idle past ``idle_seconds``, and once as often unmap the peers'
+        segments they closed (``acquire`` does this first)."""
         while self._returned:
             self.give_back(self._returned.popleft())
         now = self._clock()
@@ -362,6 +380,8 @@ class SegmentPool:
         for segment, since in list(self.free.items()):
             if now - since > self.idle_seconds:
                 self._remove(segment)
+        if now - self._pruned > self.idle_seconds:  # (peers close theirs as idle)
+            self._prune_peers()
 
     def _remove(self, segment: Segment) -> None:
         del self.free[segment]

@@ -273,6 +273,34 @@ def test_an_idle_devices_own_pool_closes_its_free_segments():
 
 
 @pytest.mark.timeout(90)
+def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
+    # A mapping keeps a closed segment's memory: each side unmaps what the other closed.
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-idle", "0.5")) as cluster, \
+            connect(cluster, SharedMemory(idle_seconds=0.5)) as session:
+        worker, me = cluster.workers[0].pid, os.getpid()
+        keep = session.asarray(np.ones(300_000))
+        gone = session.asarray(np.zeros(300_000))
+        session.sync()
+        both = set(held_segments(worker))
+        assert both <= mapped(me, worker) and len(both) == 2  # the client wrote through them
+        del gone
+        session.sync()
+        wait_for(lambda: len(held_segments(worker)) == 1, 10, "the device to close one")
+        [closed] = both - set(held_segments(worker))
+        wait_for(lambda: keep.numpy().sum() == 300_000 and closed not in mapped(me, worker),
+                 10, "this client to unmap the device's closed segment")
+        # (held_segments also lists the device's segments this process maps: an mmap keeps
+        # a descriptor of its own)
+        [read] = [name for name in held_segments(me) if parse_name(name).pid == me]
+        assert read in mapped(worker, me)  # the slot those reads went through
+        big = session.asarray(np.ones(2_000_000))
+        wait_for(lambda: big.numpy().sum() == 2_000_000 and read not in held_segments(me),
+                 10, "this client to close its idle segment")
+        wait_for(lambda: read not in mapped(worker, me), 10, "the worker to unmap it")
+
+
+@pytest.mark.timeout(90)
 def test_a_put_that_misnames_its_offered_slot_fails_alone_and_the_slot_comes_back():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,  # (room for one segment)
                              worker_args=("--shared-memory-limit", str(2 << 20))) as cluster, \

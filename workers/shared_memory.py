@@ -14,6 +14,7 @@ every probe no.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from typing import Any
 
@@ -40,6 +41,7 @@ class SessionSegments:
         self.client = PeerSegments(pid)
         self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
         self.offered: dict[str, tuple[SegmentPool, Slot]] = {}
+        self.pruned = time.monotonic()  # when closed segments were last unmapped (``prune``)
 
     def slot(self, ref: Any) -> np.ndarray:
         """The bytes of the client's slot ``ref`` (``fabric.wire.decode_segment_ref``);
@@ -65,6 +67,15 @@ class SessionSegments:
         if slot.owner.pid not in self.peers:
             self.peers[slot.owner.pid] = PeerSegments(slot.owner.pid)
         return _slot_bytes(self.peers[slot.owner.pid].map(slot.name), slot)
+
+    def prune(self) -> None:
+        """Unmap the segments their owners closed, at most once a ``IDLE`` seconds (a look
+        at each owner's open files)."""
+        now = time.monotonic()
+        if now - self.pruned > IDLE:
+            self.pruned = now
+            for peer in (self.client, *self.peers.values()):
+                peer.prune()
 
     def close(self) -> None:
         """Unmap the client's segments and the others', and give the unused offered slots
@@ -158,10 +169,14 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
 
 
 def trim(executor: Any) -> None:
-    """Close the segments of the device's own pool left free past ``IDLE`` (at each broker
-    heartbeat, in the device's thread: an idle device gives its shared memory back)."""
+    """Close the segments of the device's own pool left free past ``IDLE``, and unmap those
+    the sessions' clients closed (at each broker heartbeat, in the device's thread: an idle
+    device gives its shared memory back, and keeps none of theirs)."""
     if executor.slots is not None:
         executor.slots.reclaim()
+    for session in executor.sessions.values():
+        if session.segments is not None:
+            session.segments.prune()
 
 
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
