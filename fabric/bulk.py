@@ -45,7 +45,7 @@ def _probe(session: Any) -> bool:
     token = secrets.randbits(63)
     try:
         segment = connection.segments.probe_segment(token)
-    except OSError:  # no /dev/shm here, or it is full
+    except OSError:  # no memory left for it
         return False
     try:
         reply = session._call({"op": "shm_probe", "boot": boot_id(), "segment": segment.name,
