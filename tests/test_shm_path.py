@@ -482,6 +482,42 @@ def test_a_segment_shrunk_after_its_put_was_sent_fails_that_put_and_the_worker_g
         os.close(hostile)
 
 
+SYSTEM_PYTHON = "/usr/bin/python3"  # (one that another user may run)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
+                    reason="starts a process of another user: needs root and a system python")
+@pytest.mark.timeout(60)
+def test_a_tensor_is_never_moved_into_another_users_segment(shm_cluster):
+    script = ("import fcntl, os, sys\n"
+              "fd = os.memfd_create(f'fabric-{sys.argv[1]}-{os.getpid()}-0', "
+              "os.MFD_ALLOW_SEALING)\n"
+              "os.ftruncate(fd, 8 << 20)\n"
+              "fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)\n"
+              "print('ready', flush=True)\n"
+              "sys.stdin.read()\n")
+    other = subprocess.Popen([SYSTEM_PYTHON, "-c", script, boot_id()], user=65534, cwd="/",
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        with connect(shm_cluster, device=0) as source, source.open(1) as destination:
+            t = source.asarray(np.ones(300_000))
+            # t.to(destination) as the client makes it, but into the other user's segment
+            moved = destination.stream.new_tensor(t.shape, t.dtype, None)
+            destination._call({"op": "expect", "id": moved.id, "ticket": 7})
+            source.stream.enqueue(["send", 0, [t.id], {
+                "session": destination.id, "ticket": 7,
+                "into": [segment_name(boot_id(), other.pid, 0), 0, t.size * 8]}])
+            source.flush()
+            destination._call({"op": "await", "id": moved.id})
+            with pytest.raises(ProtocolError, match="same user"):
+                moved.numpy()
+            assert t.sum().numpy() == 300_000  # the worker goes on
+    finally:
+        other.kill()
+        other.communicate(timeout=5)
+
+
 # -- the rules on their own ---------------------------------------------------------------
 
 
