@@ -1,24 +1,25 @@
 """Shared memory on one host, for the bulk data path: segment names, the segments themselves,
-and the pool of reused, pre-faulted segments a client transfers large arrays through.
+and the pools of reused, pre-faulted segments large arrays travel through.
 
 Rule: a segment is a sealed memfd (``memfd_create``) named ``fabric-<boot>-<pid>-<n>``
 (``segment_name``): the first 8 hex digits of the kernel's boot id, the pid of the process
 that created it and owns it, and a counter. A peer maps it through the owner's
-``/proc/<pid>/fd`` (``held_segments``), and only once it found the segment sealed against
-shrinking: a mapping of shared memory that someone shrinks raises SIGBUS in whoever touches
-the lost pages, so an unsealed segment would let any client kill its worker. A memfd lives
-as long as a descriptor or a mapping of it: nothing is ever left in ``/dev/shm``, and a
-process killed with SIGKILL leaves only its peers' mappings, which they drop with its
-session.
+``/proc/<pid>/fd`` (``held_segments``: only a process of the same user may), and only once
+it found the segment sealed against shrinking: a mapping of shared memory that someone
+shrinks raises SIGBUS in whoever touches the lost pages, so an unsealed segment would let a
+client kill its worker. A memfd lives as long as a descriptor or a mapping of it: nothing is
+ever left in ``/dev/shm``, and a process killed with SIGKILL leaves only its peers'
+mappings, which they drop with its session or once they see it gone (``PeerSegments``).
 
-The owner is always the client: it uploads by writing into its own segment, and reads by
-lending one for the worker to write into. A worker only maps a client's segments, so the
-pool's bound (``SegmentPool.limit``) is all the shared memory a client process holds, and a
-worker's memory stays its ``MemoryBudget``'s (what it copies out of a segment is counted
-there, as any upload). A read's array is the slot the worker wrote it into, lent to that
-array until it is collected: a fresh large array would cost more in page faults than the
-copy itself. Names and the pool's rules are plain functions and objects; the only
-system calls are in ``Segment`` and ``held_segments``.
+Each pool (``SegmentPool``) is its owner's alone. A device's pool lends its slots to
+uploads and moves into the device: the client (or the sending worker) writes the array
+there, and the tensor it becomes keeps the slot until it is collected (no second copy); the
+pool's bound is the device's ``--shared-memory-limit``. A client's pool lends its slots to
+reads, which the worker writes into and whose array keeps the slot until collected (a fresh
+large array would cost more in page faults than the copy itself), and to uploads a full
+device pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names
+and the pools' rules are plain functions and objects; the only system calls are in
+``Segment`` and ``held_segments``.
 """
 
 from __future__ import annotations

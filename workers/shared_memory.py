@@ -1,14 +1,16 @@
 """A worker's side of the shared-memory path (``fabric.shm``): the probe that agrees to it,
-uploads copied out of a client's segment, and reads written into one.
+the device's own pool whose slots uploads and moves are written into and their tensors keep,
+uploads copied out of a client's segment, and reads and moves written into one.
 
 Rule: a session uses shared memory only after its probe succeeded here (the client's boot id
 is this worker's, and the worker mapped the segment the client named and found the token the
-client wrote there), and then only segments of the process that probed: their names carry
-its pid. A worker maps a client's segments (only sealed ones: ``fabric.shm``) and never
-creates one; each mapping is kept while the client holds the segment (mapping afresh would
-fault every page in again) and dropped with the session (a client killed with SIGKILL leaves
-nothing once the broker closes its sessions). ``--no-shared-memory`` (``ENABLED``) answers
-every probe no.
+client wrote there), and then only segments of the process that probed (their names carry
+its pid), the device's own slots offered to that session (``offer``), and for a moved tensor
+a slot of another process of the client's user. A worker maps others' segments only when
+sealed (``fabric.shm``); each mapping is kept while its owner holds the segment (mapping
+afresh would fault every page in again) and dropped with the session (a client killed with
+SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory``
+(``ENABLED``) answers every probe no.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ class SessionSegments:
         return _slot_bytes(self.peers[slot.owner.pid].map(slot.name), slot)
 
     def prune(self) -> None:
-        """Unmap the segments their owners closed, at most once a ``IDLE`` seconds (a look
-        at each owner's open files)."""
+        """Unmap the segments their owners closed, at most once every ``IDLE`` seconds (a
+        look at each owner's open files)."""
         now = time.monotonic()
         if now - self.pruned > IDLE:
             self.pruned = now
