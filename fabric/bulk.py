@@ -1,10 +1,12 @@
-"""A session's shared-memory path: large uploads and reads through its connection's pool of
-segments (``fabric.shm``) instead of inside messages, when its worker shares this host.
+"""A session's shared-memory path: large uploads, reads and moves through segments
+(``fabric.shm``) instead of inside messages, when its worker shares this host.
 
 Rule: a session asks its worker once, at its first array of at least the threshold
-(``shm_probe``, ``fabric.wire``); until the worker agrees, and whenever the pool is full, the
+(``shm_probe``, ``fabric.wire``); until the worker agrees, and whenever no slot is free, the
 session is off or the op stream is being captured, every array takes the socket path as
-before, so this path only ever replaces a transfer the socket path would make. Small arrays
+before, so this path only ever replaces a transfer the socket path would make. An upload or
+a move goes into a slot the receiving device lends from its own pool (``shm_slot``), else
+into one of the connection's pool; a read into one of the connection's pool. Small arrays
 never come here: the caller tests the size first.
 """
 

@@ -362,7 +362,9 @@ class SegmentPool:
             slot.segment.close()
 
     def discard_session(self, session: int) -> None:
-        """Close the segments lent to ``session``'s uploads (it closed, or was lost)."""
+        """Close the segments lent to ``session``'s uploads (it closed, or was lost), and
+        forget whether its device lends slots."""
+        self.slotless.discard(session)
         for segment, lender in list(self.lent.items()):
             if lender is not None and lender[0] == session:
                 self.discard(Slot(segment, 0, 0))
