@@ -46,6 +46,9 @@ SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
 _NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]+)-([0-9]+)\Z")
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
 _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
+# Segment numbers, one count for the whole process: a worker's devices each have a pool, and
+# a peer finds a segment by its name alone. (next() on a count is atomic: threads share it.)
+_NUMBERS = itertools.count()
 _MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]+-[0-9]+) \(deleted\)\Z")
 
 
@@ -279,7 +282,6 @@ class SegmentPool:
         self._done = done  # session -> batches its device has run
         self._clock = clock
         self._prefix = (boot_id(), os.getpid())
-        self._numbers = itertools.count()
         self.free: dict[Segment, float] = {}  # -> when it was given back
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
         self.held = 0  # bytes of every segment, free or lent
@@ -306,7 +308,7 @@ class SegmentPool:
             if self.held + size > self.limit:
                 return None
             try:
-                segment = Segment.create(segment_name(*self._prefix, next(self._numbers)),
+                segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
                                          size)
             except OSError:  # no memory left for it
                 return None
@@ -318,7 +320,7 @@ class SegmentPool:
     def probe_segment(self, token: int) -> Segment:
         """A one-page segment holding ``token`` (its first 8 bytes), for a peer to prove it
         maps this process's shared memory; the caller closes it."""
-        segment = Segment.create(segment_name(*self._prefix, next(self._numbers)),
+        segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
                                  mmap.PAGESIZE)
         segment.memory[:8].view(np.uint64)[0] = token
         return segment

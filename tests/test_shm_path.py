@@ -178,6 +178,21 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
         assert (routed[by_socket_destination.id] > a.nbytes) == (devices[0] != devices[1])
 
 
+@pytest.mark.timeout(90)
+def test_a_move_between_two_devices_of_one_worker_goes_into_the_receivers_own_slot():
+    with fabric.LocalCluster(workers=1, devices_per_worker=2, heartbeat=HEARTBEAT) as cluster, \
+            connect(cluster, SharedMemory(), device=0) as source, \
+            source.open(1) as destination:
+        a = np.random.default_rng(11).random((700, 400))
+        moved = source.asarray(a).to(destination)
+        assert source.connection.segments.held == 0  # no slot of this client's was used
+        np.testing.assert_array_equal(moved.numpy(), a)
+        # Each device lent from its own pool: the upload's segment and the move's.
+        worker = cluster.workers[0].pid
+        assert len([name for name in held_segments(worker)
+                    if parse_name(name).pid == worker]) == 2
+
+
 @pytest.mark.timeout(60)
 def test_a_sharded_tensor_gathers_its_shards_through_shared_memory(shm_cluster):
     with connect(shm_cluster) as session:
