@@ -194,6 +194,17 @@ def test_a_move_between_two_devices_of_one_worker_goes_into_the_receivers_own_sl
 
 
 @pytest.mark.timeout(60)
+def test_two_connections_of_one_process_never_share_a_segment(shm_cluster):
+    with connect(shm_cluster) as first, connect(shm_cluster) as second:
+        a, b = np.arange(300_000.0), -np.arange(300_000.0)
+        views = [first.asarray(a).numpy(copy=False), second.asarray(b).numpy(copy=False)]
+        np.testing.assert_array_equal(views[0], a)
+        np.testing.assert_array_equal(views[1], b)
+        pools = first.connection.segments, second.connection.segments
+        assert not {s.name for s in pools[0].lent} & {s.name for s in pools[1].lent}
+
+
+@pytest.mark.timeout(60)
 def test_a_sharded_tensor_gathers_its_shards_through_shared_memory(shm_cluster):
     with connect(shm_cluster) as session:
         mesh = session.mesh([0, 1])
