@@ -44,7 +44,9 @@ _PR_SET_PDEATHSIG = 1
 # high-water mark, less what passes 1 GiB free at the heap's top. (hugetlb: glibc 2.35+.)
 BULK_MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.arena_max=1",
                         "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1073741824")
-_REEXECUTED = "FABRIC_BULK_MALLOC_STARTED"  # set in the environment of a process re-executed so
+# Set in the environment of a process that re-executed itself with them (only once: some glibc
+# cut the variable it read)
+BULK_MALLOC_STARTED = "FABRIC_BULK_MALLOC_STARTED"
 
 
 def _die_with_parent() -> None:
@@ -77,9 +79,9 @@ def start_with_bulk_malloc() -> None:
     tunables only at start, and one of them (hugetlb) has no ``mallopt`` to set it later."""
     env = with_bulk_malloc(os.environ)
     if env["GLIBC_TUNABLES"] != os.environ.get("GLIBC_TUNABLES") \
-            and _REEXECUTED not in os.environ:  # (once: some glibc cut the variable it read)
+            and BULK_MALLOC_STARTED not in os.environ:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
-                  {**env, _REEXECUTED: "1"})
+                  {**env, BULK_MALLOC_STARTED: "1"})
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> str:
