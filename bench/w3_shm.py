@@ -6,11 +6,14 @@ memcpy of the same bytes and a raw DEALER-to-ROUTER link, measured in the same r
 It also moves the 256 MiB tensor between the cluster's two workers (``t.to()``), each way
 through shared memory and through the broker.
 
-"shm" is ``fabric.connect``'s default on one host (uploads and reads of 1 MiB and more through
-the connection's pool of shared memory); "shm view" reads with ``t.numpy(copy=False)`` (a
-read-only view of the slot, no copy); "socket" is the same cluster with
-``shared_memory=False``; "memcpy" is ``np.copyto`` into a warm buffer of the same size, the
-ceiling for any path that copies once.
+"shm" is ``fabric.connect``'s default on one host (uploads of 1 MiB and more written into a
+slot of the device's own pool, which the tensor keeps; reads written by the worker into a
+slot of the connection's pool); "shm copy-out" is the same on workers started with
+``--shared-memory-limit 0``, whose uploads and moves go through the client's slots and are
+copied out on the worker (the path before one-copy uploads); "shm view" reads with
+``t.numpy(copy=False)`` (a read-only view of the slot, no copy); "socket" is the same cluster
+with ``shared_memory=False``; "memcpy" is ``np.copyto`` into a warm buffer of the same size,
+the ceiling for any path that copies once.
 """
 
 from __future__ import annotations
@@ -80,21 +83,28 @@ def main() -> None:
         figures.setdefault(name, []).append(value)
 
     with RawPeers(False, args.port) as direct, fabric.LocalCluster(workers=2) as cluster, \
+            fabric.LocalCluster(workers=2,
+                                worker_args=("--shared-memory-limit", "0")) as copying, \
             fabric.connect(cluster.address, token=cluster.token, timeout=60) as shm, \
+            fabric.connect(copying.address, token=copying.token, timeout=60) as copied, \
             fabric.connect(cluster.address, token=cluster.token, timeout=60,
                            shared_memory=False) as socket, \
-            shm.open(1, timeout=60) as shm_other, socket.open(1, timeout=60) as socket_other:
+            shm.open(1, timeout=60) as shm_other, copied.open(1, timeout=60) as copied_other, \
+            socket.open(1, timeout=60) as socket_other:
         for _ in range(args.runs):  # interleaved: a noisy neighbour slows all alike
             for name, up_down in (("shm", w3_fabric(shm, array)),
+                                  ("shm copy-out", w3_fabric(copied, array)),
                                   ("socket", w3_fabric(socket, array)),
                                   ("raw direct", w3_raw(direct, array))):
                 note(f"up {name}", up_down[0])
                 note(f"down {name}", up_down[1])
             note("down shm view", w3_view(shm, array))
             note("to shm", move(shm, shm_other, array))
+            note("to shm copy-out", move(copied, copied_other, array))
             note("to socket", move(socket, socket_other, array))
             note("memcpy", memcpy(array, warm))
         assert shm.shares_memory is True, "the shared-memory path was not taken"
+        assert not shm.connection.segments.slotless, "a device lent no slot of its own"
 
     median = {name: statistics.median(values) for name, values in figures.items()}
     copy = median["memcpy"]
@@ -103,12 +113,12 @@ def main() -> None:
     print(f"{'path':<16}{'up':>8}{'down':>8}{'up/memcpy':>11}{'down/memcpy':>13}"
           f"{'up/raw':>8}{'down/raw':>10}")
     raw_up, raw_down = median["up raw direct"], median["down raw direct"]
-    for name in ("shm", "shm view", "socket", "raw direct"):
+    for name in ("shm", "shm copy-out", "shm view", "socket", "raw direct"):
         up = median.get(f"up {name}", median["up shm"])  # (a view is a way down only)
         down = median[f"down {name}"]
         print(f"{name:<16}{up:>8.2f}{down:>8.2f}{up / copy:>11.2f}{down / copy:>13.2f}"
               f"{up / raw_up:>8.2f}{down / raw_down:>10.2f}")
-    for name in ("shm", "socket"):
+    for name in ("shm", "shm copy-out", "socket"):
         to = median[f"to {name}"]
         print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy")
 

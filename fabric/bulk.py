@@ -1,10 +1,12 @@
-"""A session's shared-memory path: large uploads and reads through its connection's pool of
-segments (``fabric.shm``) instead of inside messages, when its worker shares this host.
+"""A session's shared-memory path: large uploads, reads and moves through segments
+(``fabric.shm``) instead of inside messages, when its worker shares this host.
 
 Rule: a session asks its worker once, at its first array of at least the threshold
-(``shm_probe``, ``fabric.wire``); until the worker agrees, and whenever the pool is full, the
+(``shm_probe``, ``fabric.wire``); until the worker agrees, and whenever no slot is free, the
 session is off or the op stream is being captured, every array takes the socket path as
-before, so this path only ever replaces a transfer the socket path would make. Small arrays
+before, so this path only ever replaces a transfer the socket path would make. An upload or
+a move goes into a slot the receiving device lends from its own pool (``shm_slot``), else
+into one of the connection's pool; a read into one of the connection's pool. Small arrays
 never come here: the caller tests the size first.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
@@ -21,7 +23,7 @@ from .errors import ProtocolError
 from .origins import issued_at
 from .shm import SegmentPool, Slot, SlotMemory, boot_id
 from .tensor import Tensor
-from .wire import device_dtype, dtype_name
+from .wire import decode_segment_ref, device_dtype, dtype_name
 
 # (A session is typed Any here: fabric.session imports this module.)
 
@@ -45,7 +47,7 @@ def _probe(session: Any) -> bool:
     token = secrets.randbits(63)
     try:
         segment = connection.segments.probe_segment(token)
-    except OSError:  # no /dev/shm here, or it is full
+    except OSError:  # no memory left for it
         return False
     try:
         reply = session._call({"op": "shm_probe", "boot": boot_id(), "segment": segment.name,
@@ -53,33 +55,86 @@ def _probe(session: Any) -> bool:
     except ProtocolError:  # a worker that predates shared memory
         return False
     finally:
-        segment.unlink()
         segment.close()
     return reply.body.get("shared_memory") is True
 
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
-    """``array`` uploaded through a slot of shared memory, as a new tensor (its put sent at
-    once); None, sending nothing, where it must take the socket path."""
+    """``array`` uploaded through shared memory, as a new tensor (its put sent at once):
+    written into a slot the device lends (which the tensor then keeps: one copy in all), or
+    else into a slot of this process's pool (which the worker copies out); None, sending
+    nothing, where it must take the socket path."""
     if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
             or array.nbytes > session.max_upload_bytes:
         return None  # (a capture keeps the put to replay; too large: the socket path says so)
     dtype = device_dtype(array.dtype).newbyteorder("=")
     pool = pool_of(session)
-    slot = pool.acquire(array.nbytes) if pool is not None else None
-    if slot is None:
+    if pool is None:
         return None
-    np.copyto(slot.array(dtype, array.shape), array)  # (any layout and byte order, one pass)
+    lent = _lend_from_device(session, pool, array.nbytes)
+    values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
+    slot = None if values is not None else pool.acquire(array.nbytes)
+    if slot is not None:
+        values, ref = slot.array(np.uint8, (slot.nbytes,)), slot.ref()
+    elif values is None:
+        return None
+    else:
+        ref = lent.ref()
+        pool.transfers += 1  # (an own slot counts itself when lent)
+    np.copyto(values.view(dtype).reshape(array.shape), array)  # (any layout, byte order)
     stream = session.stream
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
-                                           "shm": slot.ref()}], None, tensor)
+                                           "shm": ref}], None, tensor)
     try:
-        session.flush()  # (the slot is held until the put ran: send it now)
+        session.flush()  # (an own slot is held until the put ran: send it now)
     finally:  # its batch, sent, or the next if this one waits for credit
-        pool.lend_until(slot, session.id,
-                        stream.counts["batches_sent"] + (1 if stream.batch else 0))
+        if slot is not None:
+            pool.lend_until(slot, session.id,
+                            stream.counts["batches_sent"] + (1 if stream.batch else 0))
     return tensor
+
+
+class DeviceSlot(NamedTuple):
+    """A slot a device lent from its own pool (``shm_slot``): the tensor written there
+    keeps it, on that device, so it is never the client's to give back."""
+
+    reference: list[Any]
+
+    def ref(self) -> list[Any]:
+        """The slot as it travels (``fabric.wire``)."""
+        return self.reference
+
+
+def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlot | None:
+    """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool; None
+    where it has none free, or lends none (a worker that predates it, or one whose memory
+    this process cannot map: ``_device_memory``). The request waits for the device to have
+    run what was sent before it."""
+    if session.id in pool.slotless:
+        return None
+    try:
+        ref = session._call({"op": "shm_slot", "nbytes": nbytes}).body.get("slot")
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+    return None if ref is None else DeviceSlot(ref)  # (None: full for now)
+
+
+def _device_memory(session: Any, pool: SegmentPool, slot: DeviceSlot,
+                   nbytes: int) -> np.ndarray | None:
+    """The bytes of ``slot``, mapped here; None, and the device asked for none again, where
+    they cannot be."""
+    try:
+        ref = decode_segment_ref(slot.ref())
+        segment = pool.peer(ref.owner.pid).map(ref.name)
+        if ref.nbytes != nbytes or ref.offset + nbytes > segment.size:
+            raise ProtocolError(f"The device lent a slot of {ref.nbytes} bytes at "
+                                f"{ref.offset} in {segment.size} for {nbytes}.")
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+    return segment.memory[ref.offset:ref.offset + nbytes]
 
 
 def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
@@ -102,10 +157,12 @@ def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
     return request, slot
 
 
-def slot_for_move(session: Any, source: Tensor) -> Slot | None:
+def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
     """A slot of shared memory for ``source`` (a tensor of another session of this process)
-    to move to ``session`` through: its worker writes it there, and ``session``'s copies it
-    out (``t.to()``); None where either worker cannot, or the pool is full."""
+    to move to ``session`` through (``t.to()``), which ``source``'s worker writes into: one
+    ``session``'s device lends (the moved tensor keeps it), or else one of this process's
+    pool (``session``'s worker copies it out); None where either worker cannot share memory
+    with this process, or neither has a slot free."""
     shared = session.connection.shared_memory
     nbytes = source.size * source.dtype.itemsize
     if shared is None or nbytes < shared.threshold \
@@ -114,21 +171,27 @@ def slot_for_move(session: Any, source: Tensor) -> Slot | None:
     pool = pool_of(session)
     if pool is None or pool_of(source.session) is None:
         return None
-    return pool.acquire(nbytes)
+    lent = _lend_from_device(session, pool, nbytes)
+    if lent is None:
+        return pool.acquire(nbytes)
+    pool.transfers += 1  # (an own slot counts itself when lent)
+    return lent
 
 
 @contextlib.contextmanager
-def lent(pool: SegmentPool | None, slot: Slot | None) -> Iterator[None]:
-    """Inside: ``slot`` (if any) is in use; after, it is given back, or unlinked if what was
-    inside failed (a worker may still write into it)."""
+def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[None]:
+    """Inside: ``slot`` (if any) is in use; after, one of ``pool``'s is given back, or
+    closed if what was inside failed (a worker may still write into it). A device's slot
+    stays with the tensor moved into it (or, unused, with its session)."""
+    own = slot if isinstance(slot, Slot) else None
     try:
         yield
     except BaseException:
-        if slot is not None:
-            pool.discard(slot)
+        if own is not None:
+            pool.discard(own)
         raise
-    if slot is not None:
-        pool.give_back(slot)
+    if own is not None:
+        pool.give_back(own)
 
 
 def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarray:

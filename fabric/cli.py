@@ -27,6 +27,7 @@ from .config import load_admin_file, resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .host_slot import claim_slot
 from .security import CurveClient, CurveServer, generate_keys
+from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
 
 if TYPE_CHECKING:
     from .cluster import LocalCluster
@@ -94,6 +95,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     from fabric.broker.model import Limits
     from fabric.broker.server import announce_on_stdout, serve
 
+    from .cluster import start_with_bulk_malloc
+
+    start_with_bulk_malloc()
     _logging(log_level)
     client = required_secret(token, token_file, "FABRIC_TOKEN", "token")
     client_tokens = [line.strip() for line in client.splitlines() if line.strip()]
@@ -158,6 +162,16 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
               help="Where large tensors moved from other workers arrive over a direct link (a "
                    "free port): the address other workers reach this one by; auto: the address "
                    "its route to the broker leaves from; none: they travel through the broker.")
+@click.option("--shared-memory-limit", type=click.IntRange(min=0), default=DEFAULT_POOL_BYTES,
+              show_default=True, metavar="BYTES",
+              help="Most shared memory each device keeps for uploads from clients on this "
+                   "host: the tensors they became, and free segments for the next (closed "
+                   "once unused --shared-memory-idle); past it, uploads are copied out of "
+                   "the client's.")
+@click.option("--shared-memory-idle", type=click.FloatRange(min=0), default=IDLE_SECONDS,
+              show_default=True, metavar="SECONDS",
+              help="Seconds a free segment of a device's shared memory is kept for the next "
+                   "upload before it is closed.")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
@@ -165,7 +179,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 def worker(broker_address: str, backend: str, devices: int, threads: int | None,
            name: str | None, memory_limit: int | None, memory_budget: str,
            give_up_after: float | None, admin_file: str | None, stop_on_stdin_close: bool,
-           no_shared_memory: bool, bulk_host: str, worker_token: str | None,
+           no_shared_memory: bool, bulk_host: str, shared_memory_limit: int,
+           shared_memory_idle: float, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -180,9 +195,14 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
     from fabric.workers.threads import default_threads, limit_threads
     from fabric.workers.worker import serve
 
+    from .cluster import start_with_bulk_malloc
+
+    start_with_bulk_malloc()
     _logging(log_level)
     limit_threads(threads or default_threads(devices))
     shared_memory.ENABLED = not no_shared_memory
+    shared_memory.POOL_BYTES = shared_memory_limit
+    shared_memory.IDLE = shared_memory_idle
     try:
         budget = budget_from_option(memory_budget)
     except ValueError as exc:

@@ -44,6 +44,9 @@ _PR_SET_PDEATHSIG = 1
 # high-water mark, less what passes 1 GiB free at the heap's top. (hugetlb: glibc 2.35+.)
 BULK_MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.arena_max=1",
                         "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1073741824")
+# Set in the environment of a process that re-executed itself with them (only once: some glibc
+# cut the variable it read)
+BULK_MALLOC_STARTED = "FABRIC_BULK_MALLOC_STARTED"
 
 
 def _die_with_parent() -> None:
@@ -67,6 +70,18 @@ def with_bulk_malloc(env: Mapping[str, str]) -> dict[str, str]:
     chosen = {t.split("=", 1)[0] for t in given}
     added = [t for t in BULK_MALLOC_TUNABLES if t.split("=", 1)[0] not in chosen]
     return {**env, "GLIBC_TUNABLES": ":".join(given + added)}
+
+
+def start_with_bulk_malloc() -> None:
+    """Make this process (``fabric broker``, ``fabric worker`` started by hand) run with
+    ``with_bulk_malloc``'s environment: where it lacks a setting, replace the process with
+    itself (same pid, arguments and open files) with the setting added. glibc reads its
+    tunables only at start, and one of them (hugetlb) has no ``mallopt`` to set it later."""
+    env = with_bulk_malloc(os.environ)
+    if env["GLIBC_TUNABLES"] != os.environ.get("GLIBC_TUNABLES") \
+            and BULK_MALLOC_STARTED not in os.environ:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+                  {**env, BULK_MALLOC_STARTED: "1"})
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> str:

@@ -378,7 +378,7 @@ class SharedReadInFlight(ReadInFlight):
         return bulk.take(pool, slot, self.tensor, self.copy)
 
     def cancel(self) -> None:
-        """Stop waiting, and unlink the slot: the worker may still write into it."""
+        """Stop waiting, and close the slot: the worker may still write into it."""
         super().cancel()
         if self.slot is not None:
             self.session.connection.segments.discard(self.slot)

@@ -24,10 +24,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENS = {"FABRIC_TOKEN": "client-token", "FABRIC_WORKER_TOKEN": "worker-token"}
 
 
-def fabric_cli(*args: str) -> subprocess.Popen:
-    """``python -m fabric ARGS`` in the background, with the test's tokens; the caller ends it."""
+def fabric_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m fabric ARGS`` in the background, with the test's tokens (in ``env``, else
+    this process's environment); the caller ends it."""
     return subprocess.Popen([sys.executable, "-m", "fabric", *args], cwd=REPO,
-                            env={**os.environ, **TOKENS}, stdout=subprocess.PIPE,
+                            env={**(os.environ if env is None else env), **TOKENS},
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -84,6 +86,41 @@ def test_the_brokers_old_backend_flag_still_works_for_a_release_and_says_so():
         _, err = end(broker)
     assert ("fabric broker: --backend is deprecated and goes in the next release: use "
             "--worker-address.") in err
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """Process ``pid``'s environment as the kernel shows it (glibc 2.36 cuts GLIBC_TUNABLES
+    there to its first setting, in place)."""
+    pairs = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(pair.decode().split("=", 1) for pair in pairs if b"=" in pair)
+
+
+@pytest.mark.timeout(60)
+def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_users_choice():
+    from fabric.cluster import BULK_MALLOC_STARTED, BULK_MALLOC_TUNABLES
+
+    bare = {k: v for k, v in os.environ.items()
+            if k not in ("GLIBC_TUNABLES", BULK_MALLOC_STARTED)}
+    broker = fabric_cli("broker", "--frontend", "tcp://127.0.0.1:*",
+                        "--worker-address", "tcp://127.0.0.1:*", env=bare)
+    worker = None
+    try:
+        ready = json.loads(first_line(broker) or "{}")
+        assert ready.get("ready") == "broker", end(broker)
+        # (the same process, re-executed in place: a supervisor's pid stays right)
+        assert environment_of(broker.pid)["GLIBC_TUNABLES"] == BULK_MALLOC_TUNABLES[0]
+        worker = fabric_cli("worker", "--broker", ready["backend"], "--name", "w0",
+                            "--heartbeat", "0.2",
+                            env={**bare, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
+        wait_for(lambda: fabric.devices(ready["frontend"], token=TOKENS["FABRIC_TOKEN"],
+                                        timeout=5) or None, 30, "the worker to register")
+        started = environment_of(worker.pid)
+        assert started["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"  # the user's, first
+        assert started[BULK_MALLOC_STARTED] == "1"  # and ours added after it
+    finally:
+        if worker is not None:
+            end(worker)
+        end(broker)
 
 
 def test_cluster_up_takes_its_old_backend_address_flag_with_a_deprecation_line(tmp_path):

@@ -1,7 +1,7 @@
 """The shared-memory path (``fabric.shm``, ``fabric.bulk``, ``workers.shared_memory``): large
 arrays between a client and a worker on one host, end to end on real processes, and the
-naming and sweeping rules on their own. Every test checks that no segment of its processes
-is left in /dev/shm."""
+naming, sealing and pool rules on their own. Every test checks that no segment of this
+process is left open, nor mapped by a worker, once its sessions closed."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 
 import fabric
 from fabric.errors import FabricError, ProtocolError
-from fabric.shm import (SEGMENT_ALIGN, SHM_DIR, SegmentPool, SharedMemory, boot_id, dead_owners,
-                        parse_name, segment_name, sweep)
+from fabric.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, UnsealedSegment,
+                        boot_id, held_segments, parse_name, segment_name)
 from fabric.wire import decode_segment_ref
 
 from conftest import HEARTBEAT, children_of
@@ -29,19 +29,24 @@ DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"
           "float16", "float32", "float64", "complex64", "complex128"]
 
 
-def segments_of(pids: set[int]) -> list[str]:
-    """The fabric segments in /dev/shm that processes ``pids`` own."""
-    return [name for name in os.listdir(SHM_DIR)
-            if (parsed := parse_name(name)) is not None and parsed.pid in pids]
+def mapped(pid: int, owner: int) -> set[str]:
+    """The segments of process ``owner`` that process ``pid`` maps."""
+    prefix = f"/memfd:{segment_name(boot_id(), owner, 0)[:-1]}"
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return {line.split()[-2][len("/memfd:"):] for line in maps if prefix in line}
+    except FileNotFoundError:  # gone: it maps nothing
+        return set()
 
 
 @pytest.fixture(autouse=True)
 def no_segments_left():
-    """Nothing of this process or its children is left in /dev/shm after a test."""
+    """This process holds no segment after a test, and its children map none of them."""
     yield
     gc.collect()  # (read-only views of a test hold their slots until collected)
-    ours = {os.getpid(), *children_of(os.getpid())}
-    assert segments_of(ours) == []
+    assert held_segments(os.getpid()) == {}
+    for child in children_of(os.getpid()):  # (a worker drops them as it closes the session)
+        wait_for(lambda: not mapped(child, os.getpid()), 10, f"{child} to unmap our segments")
 
 
 @pytest.fixture(scope="module")
@@ -152,9 +157,10 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
         t = source.asarray(a)
         moved = t.to(destination)
         pool = source.connection.segments
+        assert pool.held == 0  # both the upload and the move went into devices' own slots
         transfers = pool.transfers
         np.testing.assert_array_equal(moved.numpy(), a)
-        assert pool.transfers == transfers + 1 and not pool.lent  # the move's slot came back
+        assert pool.transfers == transfers + 1 and not pool.lent  # the read's slot came back
         assert destination.shares_memory and destination.stats()["resident_bytes"] == a.nbytes
         broken = np.linalg.inv(source.zeros((400, 400)))  # singular: fails on the device
         with pytest.raises(fabric.RemoteError):
@@ -170,6 +176,32 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
         # workers, without shared memory).
         assert routed[destination.id] < a.nbytes
         assert (routed[by_socket_destination.id] > a.nbytes) == (devices[0] != devices[1])
+
+
+@pytest.mark.timeout(90)
+def test_a_move_between_two_devices_of_one_worker_goes_into_the_receivers_own_slot():
+    with fabric.LocalCluster(workers=1, devices_per_worker=2, heartbeat=HEARTBEAT) as cluster, \
+            connect(cluster, SharedMemory(), device=0) as source, \
+            source.open(1) as destination:
+        a = np.random.default_rng(11).random((700, 400))
+        moved = source.asarray(a).to(destination)
+        assert source.connection.segments.held == 0  # no slot of this client's was used
+        np.testing.assert_array_equal(moved.numpy(), a)
+        # Each device lent from its own pool: the upload's segment and the move's.
+        worker = cluster.workers[0].pid
+        assert len([name for name in held_segments(worker)
+                    if parse_name(name).pid == worker]) == 2
+
+
+@pytest.mark.timeout(60)
+def test_two_connections_of_one_process_never_share_a_segment(shm_cluster):
+    with connect(shm_cluster) as first, connect(shm_cluster) as second:
+        a, b = np.arange(300_000.0), -np.arange(300_000.0)
+        views = [first.asarray(a).numpy(copy=False), second.asarray(b).numpy(copy=False)]
+        np.testing.assert_array_equal(views[0], a)
+        np.testing.assert_array_equal(views[1], b)
+        pools = first.connection.segments, second.connection.segments
+        assert not {s.name for s in pools[0].lent} & {s.name for s in pools[1].lent}
 
 
 @pytest.mark.timeout(60)
@@ -190,8 +222,9 @@ def test_a_sharded_tensor_gathers_its_shards_through_shared_memory(shm_cluster):
 
 @pytest.mark.timeout(60)
 def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
-    # Room for two 2 MiB segments: two read-only views hold both, so what comes next must
-    # take the sockets, and it is served all the same.
+    # Room for two 2 MiB segments: two read-only views hold both, so the reads that come
+    # next must take the sockets, and they are served all the same (uploads go into the
+    # device's own slots: they need none of this pool's).
     with connect(shm_cluster, SharedMemory(threshold=0, limit=4 << 20)) as session:
         a = np.random.default_rng(1).random(200_000)
         t = session.asarray(a)
@@ -200,14 +233,15 @@ def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
         transfers = pool.transfers
         assert pool.held == 4 << 20 and not pool.free
         np.testing.assert_array_equal(t.numpy(), a)
+        assert pool.transfers == transfers
         np.testing.assert_array_equal(session.asarray(a * 3).numpy(), a * 3)
-        assert pool.transfers == transfers and pool.held <= pool.limit
-        assert session.stats()["bytes_uploaded"] == a.nbytes
+        assert pool.transfers == transfers + 1 and pool.held <= pool.limit
+        assert session.stats()["bytes_uploaded"] == 0
         np.testing.assert_array_equal(held[1], a + 1)
         del held
         gc.collect()
         np.testing.assert_array_equal(t.numpy(), a)  # slots come back and are reused
-        assert pool.transfers == transfers + 1 and pool.held == 4 << 20
+        assert pool.transfers == transfers + 2 and pool.held == 4 << 20
 
 
 @pytest.mark.timeout(60)
@@ -218,7 +252,96 @@ def test_uploads_reuse_the_same_segments(shm_cluster):
             t = session.asarray(a + i)
             assert t[-1].numpy() == a[-1] + i
         pool = session.connection.segments
-        assert pool.transfers == 5 and pool.held == 4 << 20  # one segment of 4 MiB, reused
+        # Into the device's own slots (none of this pool's): the one the last tensor keeps,
+        # and the one the tensor before it gave back, reused ever since.
+        assert pool.transfers == 5 and pool.held == 0
+        [device] = pool.peers.values()
+        assert len(device.maps) == 2
+
+
+@pytest.mark.timeout(90)
+def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slots():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-limit", str(4 << 20))) as cluster, \
+            connect(cluster) as session:
+        a = np.random.default_rng(9).random(200_000)  # 1.6 MB: one 2 MiB segment each
+        kept = [session.asarray(a + i) for i in range(3)]
+        pool = session.connection.segments
+        [device] = pool.peers.values()
+        # The first two tensors keep the device's two segments; the third upload went
+        # through a slot of this client's pool, which the worker copied out.
+        assert len(device.maps) == 2 and pool.held == 2 << 20 and pool.transfers == 3
+        for i, tensor in enumerate(kept):
+            np.testing.assert_array_equal(tensor.numpy(), a + i)
+        assert session.stats()["bytes_uploaded"] == 0  # (nothing took the sockets)
+        names = set(device.maps)
+        del kept
+        session.sync()  # the tensors are freed: their slots go back to the device's pool
+        again = session.asarray(a * 2)
+        assert set(device.maps) == names and pool.transfers == 7
+        np.testing.assert_array_equal(again.numpy(), a * 2)
+
+
+@pytest.mark.timeout(90)
+def test_an_idle_devices_own_pool_closes_its_free_segments():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-idle", "0.5")) as cluster, \
+            connect(cluster) as session:
+        worker = cluster.workers[0].pid
+        tensor = session.asarray(np.ones(300_000))
+        session.sync()
+        assert len(held_segments(worker)) == 1  # the one the tensor keeps
+        del tensor
+        session.sync()  # freed: its segment is free in the device's pool, then closed
+        wait_for(lambda: not held_segments(worker), 10, "the device's pool to shrink")
+        np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(),
+                                      np.ones(300_000))  # and grows again on demand
+
+
+@pytest.mark.timeout(90)
+def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
+    # A mapping keeps a closed segment's memory: each side unmaps what the other closed.
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-idle", "0.5")) as cluster, \
+            connect(cluster, SharedMemory(idle_seconds=0.5)) as session:
+        worker, me = cluster.workers[0].pid, os.getpid()
+        keep = session.asarray(np.ones(300_000))
+        gone = session.asarray(np.zeros(300_000))
+        session.sync()
+        both = set(held_segments(worker))
+        assert both <= mapped(me, worker) and len(both) == 2  # the client wrote through them
+        del gone
+        session.sync()
+        wait_for(lambda: len(held_segments(worker)) == 1, 10, "the device to close one")
+        [closed] = both - set(held_segments(worker))
+        wait_for(lambda: keep.numpy().sum() == 300_000 and closed not in mapped(me, worker),
+                 10, "this client to unmap the device's closed segment")
+        # (held_segments also lists the device's segments this process maps: an mmap keeps
+        # a descriptor of its own)
+        [read] = [name for name in held_segments(me) if parse_name(name).pid == me]
+        assert read in mapped(worker, me)  # the slot those reads went through
+        big = session.asarray(np.ones(2_000_000))
+        wait_for(lambda: big.numpy().sum() == 2_000_000 and read not in held_segments(me),
+                 10, "this client to close its idle segment")
+        wait_for(lambda: read not in mapped(worker, me), 10, "the worker to unmap it")
+
+
+@pytest.mark.timeout(90)
+def test_a_put_that_misnames_its_offered_slot_fails_alone_and_the_slot_comes_back():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,  # (room for one segment)
+                             worker_args=("--shared-memory-limit", str(2 << 20))) as cluster, \
+            connect(cluster) as session:
+        session.asarray(np.ones(10)).numpy()  # agreed to shared memory
+        ref = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
+        for shape in ([999], [1000]):  # wrong size, then the slot no longer offered
+            tensor = session.stream.new_tensor(tuple(shape), np.dtype("float64"), None)
+            session.stream.enqueue(["put", tensor.id, [], {
+                "dtype": "<f8", "shape": shape, "shm": ref}], None, tensor)
+            with pytest.raises(FabricError):
+                tensor.numpy()
+        assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
+        again = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
+        assert again is not None and again[0] == ref[0]  # given back, and lent again
 
 
 @pytest.mark.timeout(60)
@@ -240,12 +363,13 @@ def test_a_slot_of_another_process_is_refused_and_the_worker_goes_on(shm_cluster
         with pytest.raises(ProtocolError, match="process that agreed"):
             session._call({"op": "read_into", "id": t.id, "dtype": "<f8", "shape": [1000],
                            "into": [stranger, 0, 8000]})
+        back = t.numpy()  # (read through a slot of this client's pool)
         with pytest.raises(ProtocolError, match="does not fit"):
             pool = session.connection.segments
-            name = [*pool.free, *pool.lent][0].name  # (the upload's)
+            name = [*pool.free, *pool.lent][0].name  # (the read's)
             session._call({"op": "read_into", "id": t.id, "dtype": "<f8", "shape": [1000],
                            "into": [name, 1 << 30, 8000]})
-        assert t.sum().numpy() == 499500.0
+        assert t.sum().numpy() == back.sum() == 499500.0
 
 
 @pytest.mark.timeout(60)
@@ -297,11 +421,38 @@ def test_a_worker_killed_during_an_upload_fails_the_session_and_leaves_nothing(c
         assert session.connection.segments.held > 0  # this client's: freed at close
     finally:
         session.close()
-    assert segments_of({os.getpid(), cluster.workers[1].pid}) == []
+    assert held_segments(os.getpid()) == {}
 
 
 @pytest.mark.timeout(90)
-def test_a_killed_clients_segments_are_swept_once_its_session_ends():
+def test_a_restarted_workers_old_segments_are_unmapped_by_a_client_that_goes_on(cluster):
+    a = np.random.default_rng(10).random(300_000)
+    with connect(cluster, device=0, timeout=30) as session:
+        with session.open(1) as lost:
+            lost.asarray(a)  # into a slot of worker 1's own pool, mapped here
+            dead = cluster.workers[1].pid
+            assert dead in session.connection.segments.peers
+            cluster.workers[1].send_signal(signal.SIGKILL)
+            cluster.workers[1].wait(5)
+            with pytest.raises(fabric.SessionLost):
+                lost.sync()
+        cluster.start_worker(1)
+        again = wait_for(lambda: _open_or_none(session, 1), 30, "worker 1 back")
+        with again:
+            np.testing.assert_array_equal(again.asarray(a).numpy(), a)
+        peers = session.connection.segments.peers
+        assert dead not in peers and cluster.workers[1].pid in peers
+
+
+def _open_or_none(session: fabric.Session, device: int) -> fabric.Session | None:
+    try:
+        return session.open(device, timeout=2)
+    except FabricError:
+        return None
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_clients_segments_are_unmapped_once_its_session_ends():
     script = (
         "import fabric, numpy, os, sys\n"
         "s = fabric.connect(sys.argv[1], token=os.environ['FABRIC_TOKEN'],\n"
@@ -316,16 +467,81 @@ def test_a_killed_clients_segments_are_swept_once_its_session_ends():
                                   env={**os.environ, "FABRIC_TOKEN": cluster.token})
         try:
             assert client.stdout.readline().strip() == "ready"
-            assert segments_of({client.pid})  # its view's slot, at least
+            worker = cluster.workers[0].pid
+            assert held_segments(client.pid)  # its view's slot, at least
+            assert mapped(worker, client.pid)  # (the upload's)
             client.kill()
             client.wait()
-            assert segments_of({client.pid})  # SIGKILL: nothing ran at its end
-            # The broker ends the vanished client's session; its worker then sweeps.
-            wait_for(lambda: segments_of({client.pid}) == [], 10, "the dead client's segments")
+            assert mapped(worker, client.pid)  # SIGKILL: nothing ran at its end
+            # The broker ends the vanished client's session; its worker then unmaps.
+            wait_for(lambda: not mapped(worker, client.pid), 10, "the dead client's segments")
         finally:
             if client.poll() is None:
                 client.kill()
             client.communicate(timeout=5)
+
+
+@pytest.mark.timeout(60)
+def test_a_segment_shrunk_after_its_put_was_sent_fails_that_put_and_the_worker_goes_on(
+        shm_cluster):
+    # The attack: a client names a segment of its own that it can shrink, and shrinks it
+    # between sending the put and the worker's copy; a worker that mapped it would die of
+    # SIGBUS there. Twice: the first try must not leave a mapping the second one reaches.
+    name = segment_name(boot_id(), os.getpid(), 999_999)
+    hostile = os.memfd_create(name)  # (not sealed)
+    try:
+        with connect(shm_cluster) as attacker, connect(shm_cluster) as bystander:
+            kept = bystander.asarray(np.arange(1000.0))
+            attacker.asarray(np.ones(10)).numpy()  # agreed to shared memory
+            for _ in range(2):
+                os.ftruncate(hostile, SEGMENT_ALIGN)
+                tensor = attacker.stream.new_tensor((1000,), np.dtype("float64"), None)
+                attacker.stream.enqueue(["put", tensor.id, [], {
+                    "dtype": "<f8", "shape": [1000], "shm": [name, 0, 8000]}], None, tensor)
+                attacker.flush()
+                os.ftruncate(hostile, 0)
+                with pytest.raises(ProtocolError, match="not sealed against shrinking"):
+                    tensor.numpy()
+            assert attacker.arange(4).sum().numpy() == 6  # the session and its worker go on
+            assert kept.sum().numpy() == 499500.0  # and so does everyone else
+    finally:
+        os.close(hostile)
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # (one that another user may run)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
+                    reason="starts a process of another user: needs root and a system python")
+@pytest.mark.timeout(60)
+def test_a_tensor_is_never_moved_into_another_users_segment(shm_cluster):
+    script = ("import fcntl, os, sys\n"
+              "fd = os.memfd_create(f'fabric-{sys.argv[1]}-{os.getpid()}-0', "
+              "os.MFD_ALLOW_SEALING)\n"
+              "os.ftruncate(fd, 8 << 20)\n"
+              "fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)\n"
+              "print('ready', flush=True)\n"
+              "sys.stdin.read()\n")
+    other = subprocess.Popen([SYSTEM_PYTHON, "-c", script, boot_id()], user=65534, cwd="/",
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        with connect(shm_cluster, device=0) as source, source.open(1) as destination:
+            t = source.asarray(np.ones(300_000))
+            # t.to(destination) as the client makes it, but into the other user's segment
+            moved = destination.stream.new_tensor(t.shape, t.dtype, None)
+            destination._call({"op": "expect", "id": moved.id, "ticket": 7})
+            source.stream.enqueue(["send", 0, [t.id], {
+                "session": destination.id, "ticket": 7,
+                "into": [segment_name(boot_id(), other.pid, 0), 0, t.size * 8]}])
+            source.flush()
+            destination._call({"op": "await", "id": moved.id})
+            with pytest.raises(ProtocolError, match="same user"):
+                moved.numpy()
+            assert t.sum().numpy() == 300_000  # the worker goes on
+    finally:
+        other.kill()
+        other.communicate(timeout=5)
 
 
 # -- the rules on their own ---------------------------------------------------------------
@@ -340,25 +556,25 @@ def test_names_say_their_boot_and_owner():
         assert parse_name(other) is None
 
 
-def test_dead_owners_are_those_of_other_boots_and_gone_pids():
-    names = [segment_name("aaaaaaaa", 10, 0), segment_name("aaaaaaaa", 11, 0),
-             segment_name("bbbbbbbb", 10, 1), "unrelated", "fabric-aaaaaaaa-12"]
-    assert dead_owners(names, "aaaaaaaa", lambda pid: pid == 10) == [
-        segment_name("aaaaaaaa", 11, 0), segment_name("bbbbbbbb", 10, 1)]
-
-
-def test_sweep_unlinks_a_dead_owners_segment_and_keeps_a_live_ones():
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    orphan = os.path.join(SHM_DIR, segment_name(boot_id(), int(dead.stdout), 0))
-    mine = os.path.join(SHM_DIR, segment_name(boot_id(), os.getpid(), 999_999))
-    for path in (orphan, mine):
-        open(path, "wb").close()
+def test_segments_are_sealed_at_their_size_and_a_peer_maps_only_sealed_ones():
+    pool = SegmentPool(lambda session: 0)
+    unsealed = os.memfd_create(segment_name(boot_id(), os.getpid(), 999_999))
     try:
-        assert os.path.basename(orphan) in sweep()
-        assert not os.path.exists(orphan) and os.path.exists(mine)
+        slot = pool.acquire(10)
+        with pytest.raises(PermissionError):  # not even its owner can shrink it
+            os.ftruncate(slot.segment.fd, 0)
+        held = held_segments(os.getpid())
+        assert set(held) == {slot.segment.name, segment_name(boot_id(), os.getpid(), 999_999)}
+        peer = Segment.open(slot.segment.name, held[slot.segment.name])
+        assert peer.size == slot.segment.size == SEGMENT_ALIGN
+        peer.close()
+        os.ftruncate(unsealed, SEGMENT_ALIGN)
+        with pytest.raises(UnsealedSegment):
+            Segment.open(segment_name(boot_id(), os.getpid(), 999_999),
+                         held[segment_name(boot_id(), os.getpid(), 999_999)])
     finally:
-        os.unlink(mine)
+        os.close(unsealed)
+        pool.close()
 
 
 @pytest.mark.parametrize("ref", [None, ["fabric-0123abcd-1-2", 0], ["x", 0, 8],
@@ -382,12 +598,12 @@ def test_the_pool_reuses_fits_bounds_and_shrinks():
         assert again.segment is upload.segment and pool.held == 3 * SEGMENT_ALIGN
         pool.give_back(read)
         pool.give_back(again)
-        now[0] = 31.0  # both idle past idle_seconds: unlinked when the next is lent
+        now[0] = 31.0  # both idle past idle_seconds: closed when the next is lent
         small = pool.acquire(1)
         assert pool.held == SEGMENT_ALIGN and small.segment not in (read.segment, again.segment)
-        assert not os.path.exists(os.path.join(SHM_DIR, read.segment.name))
-        pool.discard(small)  # abandoned: unlinked at once, never reused
-        assert pool.held == 0 and not os.path.exists(os.path.join(SHM_DIR, small.segment.name))
+        assert read.segment.name not in held_segments(os.getpid())
+        pool.discard(small)  # abandoned: closed at once, never reused
+        assert pool.held == 0 and held_segments(os.getpid()) == {}
     finally:
         pool.close()
 

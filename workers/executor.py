@@ -63,6 +63,7 @@ class Executor(GraphOps, Admission):
         self.sessions: dict[int, DeviceSession] = {}
         self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
         self.tally = DeviceTally()  # what the device did, for the worker's heartbeats
+        self.slots: Any = None  # its own shared memory for uploads (``shared_memory.offer``)
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -328,7 +329,7 @@ class Executor(GraphOps, Admission):
                 buffers[params["buffer"]], dtype=device_dtype(params["dtype"])
             ).reshape(params["shape"])
             self._require(session, "put (an upload)", array.nbytes, array.nbytes)
-            return array.copy() if shared else array
+            return shared_memory.owned(array) if shared else array
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
@@ -378,7 +379,7 @@ class Executor(GraphOps, Admission):
                 array = shared_memory.uploaded(session, body) if shared else np.frombuffer(
                     message.buffers[0], np.dtype(body["dtype"])).reshape(body["shape"])
                 self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
-                self._store(session, tensor_id, array.copy() if shared else array)
+                self._store(session, tensor_id, shared_memory.owned(array) if shared else array)
         except QuotaExceeded as exc:
             session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
         except Exception as exc:  # a malformed transfer: poison, as for an op
@@ -498,7 +499,8 @@ class Executor(GraphOps, Admission):
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,
-        "shape": _shape, "shm_probe": shared_memory.probe, "read_into": shared_memory.read_into}
+        "shape": _shape, "shm_probe": shared_memory.probe, "read_into": shared_memory.read_into,
+        "shm_slot": shared_memory.offer}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 

@@ -20,6 +20,7 @@ from fabric.errors import FabricError, MessageTooLarge, RemoteError
 from fabric.flow import largest_frame, size_and_limit_text
 from fabric.protocol import Header, Kind, Message
 
+from . import shared_memory
 from .executor import Executor
 
 log = logging.getLogger("fabric.worker")
@@ -82,7 +83,9 @@ class Lane:
 
     def reconcile(self, header: Header, frames: Sequence[Any]) -> None:
         """A broker heartbeat on the lane: close every session it does not list. The broker
-        forgot it (its CLOSE may have been lost), so nothing will ever close it otherwise."""
+        forgot it (its CLOSE may have been lost), so nothing will ever close it otherwise.
+        (And a time to give back the device's idle shared memory.)"""
+        shared_memory.trim(self.executor)
         listed = message_body(header, frames).get("sessions")
         if not isinstance(listed, list):
             return

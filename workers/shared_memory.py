@@ -1,67 +1,109 @@
 """A worker's side of the shared-memory path (``fabric.shm``): the probe that agrees to it,
-uploads copied out of a client's segment, and reads written into one.
+the device's own pool whose slots uploads and moves are written into and their tensors keep,
+uploads copied out of a client's segment, and reads and moves written into one.
 
 Rule: a session uses shared memory only after its probe succeeded here (the client's boot id
 is this worker's, and the worker mapped the segment the client named and found the token the
-client wrote there), and then only segments of the process that probed: their names carry
-its pid. A worker maps a client's segments and never creates or unlinks one; each mapping is
-kept while the segment exists (mapping afresh would fault every page in again) and dropped
-with the session, when the worker also sweeps the segments of dead clients (a client killed
-with SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory``
+client wrote there), and then only segments of the process that probed (their names carry
+its pid), the device's own slots offered to that session (``offer``), and for a moved tensor
+a slot of another process of the client's user. A worker maps others' segments only when
+sealed (``fabric.shm``); each mapping is kept while its owner holds the segment (mapping
+afresh would fault every page in again) and dropped with the session (a client killed with
+SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory``
 (``ENABLED``) answers every probe no.
 """
 
 from __future__ import annotations
 
 import os
+import time
+import weakref
 from typing import Any
 
 import numpy as np
 
 from fabric.errors import ProtocolError
 from fabric.protocol import Message, reply_to
-from fabric.shm import SHM_DIR, Segment, boot_id, pid_alive, sweep
-from fabric.wire import decode_segment_ref, device_dtype
+from fabric.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment, SegmentPool, Slot,
+                        SlotMemory, boot_id, held_segments)
+from fabric.wire import SegmentRef, decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
 
 ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
+POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
+IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` sets it)
 
 
 class SessionSegments:
-    """The segments of one session's client, as this worker maps them."""
+    """The shared memory of one session: its client's segments, as this worker maps them,
+    and the slots of the device's own pool offered to its uploads and not yet used."""
 
     def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.maps: dict[str, Segment] = {}
+        self.client = PeerSegments(pid)
+        self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
+        self.offered: dict[str, tuple[SegmentPool, Slot]] = {}
+        self.pruned = time.monotonic()  # when closed segments were last unmapped (``prune``)
 
     def slot(self, ref: Any) -> np.ndarray:
-        """The bytes of slot ``ref`` (``fabric.wire.decode_segment_ref``); ProtocolError for
-        a slot of another process, or past its segment's end."""
+        """The bytes of the client's slot ``ref`` (``fabric.wire.decode_segment_ref``);
+        ProtocolError for a slot of another process, or past its segment's end."""
         slot = decode_segment_ref(ref)
-        if slot.owner.pid != self.pid or slot.owner.boot != boot_id():
+        if slot.owner.pid != self.client.pid or slot.owner.boot != boot_id():
             raise ProtocolError("A shared-memory slot must be in a segment of the process that "
                                 "agreed to shared memory for this session.")
-        segment = self.maps.get(slot.name)
-        if segment is None:
-            self._forget_unlinked()
-            try:
-                segment = self.maps[slot.name] = Segment.open(slot.name)
-            except FileNotFoundError:
-                raise ProtocolError(f"Shared-memory segment {slot.name} does not exist: its "
-                                    "client unlinked it before this worker read it.") from None
-        if slot.offset + slot.nbytes > segment.size:
-            raise ProtocolError(f"A slot of {slot.nbytes} bytes at {slot.offset} does not fit "
-                                f"in segment {slot.name} ({segment.size} bytes).")
-        return segment.memory[slot.offset:slot.offset + slot.nbytes]
+        return _slot_bytes(self.client.map(slot.name), slot)
 
-    def _forget_unlinked(self) -> None:
-        # A client's pool unlinks idle segments; their names never come back, so their
-        # mappings are only memory held here.
-        for name, segment in list(self.maps.items()):
-            if not os.path.exists(os.path.join(SHM_DIR, name)):
-                segment.close()
-                del self.maps[name]
+    def target(self, ref: Any) -> np.ndarray:
+        """The bytes of slot ``ref`` for a tensor moved to another session to be written
+        into: the client's (``slot``), or one that another process of the client's user on
+        this host lent it (a device's own: the moved tensor keeps it there). ProtocolError
+        for any other: this worker writes only where its client itself could."""
+        slot = decode_segment_ref(ref)
+        if slot.owner.pid == self.client.pid:
+            return self.slot(ref)
+        if slot.owner.boot != boot_id() or _user_of(slot.owner.pid) != _user_of(
+                self.client.pid):
+            raise ProtocolError("A tensor may be moved only into a slot of its client or of "
+                                "another process of the same user on this host.")
+        if slot.owner.pid not in self.peers:
+            self.peers[slot.owner.pid] = PeerSegments(slot.owner.pid)
+        return _slot_bytes(self.peers[slot.owner.pid].map(slot.name), slot)
+
+    def prune(self) -> None:
+        """Unmap the segments their owners closed, at most once every ``IDLE`` seconds (a
+        look at each owner's open files)."""
+        now = time.monotonic()
+        if now - self.pruned > IDLE:
+            self.pruned = now
+            for peer in (self.client, *self.peers.values()):
+                peer.prune()
+
+    def close(self) -> None:
+        """Unmap the client's segments and the others', and give the unused offered slots
+        back."""
+        self.client.close()
+        for peer in self.peers.values():
+            peer.close()
+        for pool, slot in self.offered.values():
+            pool.give_back_from_any_thread(slot)
+        self.offered.clear()
+
+
+def _slot_bytes(segment: Segment, slot: SegmentRef) -> np.ndarray:
+    """The bytes of ``slot`` in ``segment``; ProtocolError where it reaches past the end."""
+    if slot.offset + slot.nbytes > segment.size:
+        raise ProtocolError(f"A slot of {slot.nbytes} bytes at {slot.offset} does not fit "
+                            f"in segment {slot.name} ({segment.size} bytes).")
+    return segment.memory[slot.offset:slot.offset + slot.nbytes]
+
+
+def _user_of(pid: int) -> int | None:
+    """The user process ``pid`` runs as (None where it is gone)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def probe(_executor: Any, session: DeviceSession, message: Message) -> list[Message]:
@@ -71,7 +113,6 @@ def probe(_executor: Any, session: DeviceSession, message: Message) -> list[Mess
     reason = _refusal(body)
     if reason is not None:
         return [reply_to(message, {"shared_memory": False, "reason": reason})]
-    sweep()  # (a peer that starts sharing memory clears what dead owners left)
     session.segments = SessionSegments(decode_segment_ref([body["segment"], 0, 8]).owner.pid)
     return [reply_to(message, {"shared_memory": True})]
 
@@ -82,13 +123,12 @@ def _refusal(body: dict[str, Any]) -> str | None:
         return "this worker was started with --no-shared-memory"
     if body.get("boot") != boot_id() or not boot_id():
         return "the client runs under another kernel (another host or virtual machine)"
-    owner = decode_segment_ref([body.get("segment"), 0, 8]).owner
-    if not pid_alive(owner.pid):
-        return "the probe's segment names a process this worker cannot see"
+    probed = decode_segment_ref([body.get("segment"), 0, 8])
     try:
-        segment = Segment.open(body["segment"])
-    except OSError:
-        return "this worker cannot map the client's shared memory (no shared /dev/shm)"
+        segment = Segment.open(probed.name, held_segments(probed.owner.pid)[probed.name])
+    except (OSError, KeyError):
+        return ("this worker cannot map the client's shared memory (another pid namespace, "
+                "another user, or a segment not sealed against shrinking)")
     try:
         token = int(segment.memory[:8].view(np.uint64)[0]) if segment.size >= 8 else None
     finally:
@@ -100,11 +140,9 @@ def _refusal(body: dict[str, Any]) -> str | None:
 
 def closed(session: DeviceSession) -> None:
     """``session`` closed (its client closed it, or the broker found the client gone): its
-    mappings go, and so does what dead clients left (``fabric.shm.sweep``)."""
+    mappings go."""
     if session.segments is not None:
-        for segment in session.segments.maps.values():
-            segment.close()
-        sweep()
+        session.segments.close()
 
 
 def segments_of(session: DeviceSession) -> SessionSegments:
@@ -115,21 +153,71 @@ def segments_of(session: DeviceSession) -> SessionSegments:
     return session.segments
 
 
+def offer(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
+    """Answer a ``shm_slot`` (an ``Executor`` request): a slot of ``nbytes`` bytes in the
+    device's own pool for the client to write an upload into (``{"slot": ref}``), whose
+    tensor then keeps it without a copy; ``{"slot": None}`` when the pool is full."""
+    nbytes = message.body.get("nbytes")
+    if type(nbytes) is not int or nbytes < 0:
+        raise ProtocolError("A shm_slot request needs 'nbytes', an int of at least 0.")
+    segments = segments_of(session)
+    if executor.slots is None:  # (made in the device's thread, which owns it)
+        executor.slots = SegmentPool(lambda _session: 0, POOL_BYTES, IDLE)
+    slot = executor.slots.acquire(nbytes)
+    if slot is None:
+        return [reply_to(message, {"slot": None})]
+    segments.offered[slot.segment.name] = (executor.slots, slot)
+    return [reply_to(message, {"slot": slot.ref()})]
+
+
+def trim(executor: Any) -> None:
+    """Close the segments of the device's own pool left free past ``IDLE``, and unmap those
+    the sessions' clients closed (at each broker heartbeat, in the device's thread: an idle
+    device gives its shared memory back, and keeps none of theirs)."""
+    if executor.slots is not None:
+        executor.slots.reclaim()
+    for session in executor.sessions.values():
+        if session.segments is not None:
+            session.segments.prune()
+
+
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
-    """The array a ``put`` (or a TRANSFER) placed in shared memory, as a view of the client's
-    slot (which the client reuses once the put ran: the caller copies it)."""
+    """The array a ``put`` (or a TRANSFER) placed in shared memory: the device's own slot
+    offered for it, which the array keeps until it is collected; or a view of the client's
+    slot (which the client reuses once the put ran: ``owned`` copies it)."""
     dtype = device_dtype(params["dtype"])
+    segments = segments_of(session)
+    ref = decode_segment_ref(params["shm"])
+    if ref.name in segments.offered:
+        pool, slot = segments.offered.pop(ref.name)
+        try:
+            if list(ref[:3]) != slot.ref():
+                raise ProtocolError("A put must name the whole slot it was offered.")
+            values = slot.array(dtype, params["shape"])
+        except BaseException:
+            pool.give_back_from_any_thread(slot)
+            raise
+        holder = SlotMemory(values, writable=False)
+        weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+        return np.asarray(holder)
     session.slots_used = True  # (its client waits for the CREDIT of this batch to reuse it)
-    return segments_of(session).slot(params["shm"]).view(dtype).reshape(params["shape"])
+    return segments.slot(params["shm"]).view(dtype).reshape(params["shape"])
+
+
+def owned(array: np.ndarray) -> np.ndarray:
+    """``uploaded``'s array as the tensor's own: a slot it keeps as it is, a view of the
+    client's copied."""
+    return array if isinstance(array.base, SlotMemory) else array.copy()
 
 
 def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
                   body: dict[str, Any]) -> None:
-    """Write ``array`` into the client's slot ``ref`` (a ``send`` op's ``into``: a tensor
-    moved to another session through shared memory) and name the slot in the TRANSFER's
-    ``body``; or, where the slot is not one, put the error there for the tensor to carry."""
+    """Write ``array`` into slot ``ref`` (a ``send`` op's ``into``: a tensor moved to
+    another session through shared memory; ``SessionSegments.target``) and name the slot in
+    the TRANSFER's ``body``; or, where the slot is not one, put the error there for the
+    tensor to carry."""
     try:
-        target = segments_of(session).slot(ref)
+        target = segments_of(session).target(ref)
         if target.nbytes != array.nbytes:
             raise ProtocolError(f"A slot of {target.nbytes} bytes cannot hold the tensor's "
                                 f"{array.nbytes}.")
