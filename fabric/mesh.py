@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
+from .moves import move_all
 from .sharded import ShardedTensor
 from .sharding import along, block_ranges, split_blocks
 from .tensor import Tensor, as_shape
@@ -121,11 +122,11 @@ class Mesh:
         if isinstance(array, Tensor):
             whole = array if dtype is None else array.astype(dtype)
             if axis is None:
-                return ShardedTensor(self, [whole.to(s) for s in self.sessions], None)
+                return ShardedTensor(self, move_all([(whole, s) for s in self.sessions]), None)
             axis = normalize_axis_index(operator.index(axis), whole.ndim)
             bounds = block_ranges(split_blocks(whole.shape[axis], len(self.sessions)))
-            return ShardedTensor(self, [whole[along(axis, whole.ndim, slice(*b))].to(s)
-                                        for s, b in zip(self.sessions, bounds)], axis)
+            return ShardedTensor(self, move_all([(whole[along(axis, whole.ndim, slice(*b))], s)
+                                                 for s, b in zip(self.sessions, bounds)]), axis)
         values = np.asarray(array, dtype=dtype)
         if axis is None:
             return ShardedTensor(self, [s.asarray(values) for s in self.sessions], None)

@@ -27,7 +27,8 @@ from .errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeou
 from .flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
 from .graph import Function
 from .mesh import Mesh
-from .origins import issued_at, origin_line
+from .moves import move_all
+from .origins import origin_line
 from .protocol import Kind, Message
 from .security import CurveClient
 from .shm import SharedMemory, Slot
@@ -275,18 +276,8 @@ class Session(ArrayNamespace):
 
         This session's device first agrees to take it, as a new tensor, with a one-time
         ticket that only this client knows and the sending device attaches: no other client
-        can push a tensor into a session, or replace one there."""
-        tensor = self.stream.new_tensor(source.shape, source.dtype, issued_at())
-        ticket = secrets.randbits(63)
-        self._call({"op": "expect", "id": tensor.id, "ticket": ticket})
-        sender = source.session
-        slot = bulk.slot_for_move(self, source)  # (None: the bytes travel in the TRANSFER)
-        with bulk.lent(self.connection.segments, slot):
-            sender.stream.enqueue(["send", 0, [source.id], {
-                "session": self.id, "ticket": ticket, **({"into": slot.ref()} if slot else {})}])
-            sender.flush()
-            self._call({"op": "await", "id": tensor.id})  # later ops here may then use it
-        return tensor
+        can push a tensor into a session, or replace one there (``fabric.moves``)."""
+        return move_all([(source, self)])[0]
 
     def sync(self, timeout: float | None = None) -> None:
         """Wait until the device has run everything sent so far; raise its first error."""

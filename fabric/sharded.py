@@ -20,6 +20,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from . import sharded_reductions as reductions
+from .moves import move_all
 from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
 from .printing import summary_positions
 from .sharding import (Sharding, along, block_positions, block_ranges, block_slices,
@@ -299,8 +300,9 @@ class ShardedTensor(Tensor):
                     tensors, block_ranges(split_blocks(self.shape[axis], len(tensors))))], axis)
         targets = [(0, self.shape[self.axis])] * len(tensors) if axis is None else \
             block_ranges(split_blocks(self.shape[axis], len(tensors)))
-        shards = []
-        for session, own, (start, stop) in zip(self.mesh.sessions, tensors, targets):
+        wanted: list[list[int]] = []  # each target's pieces, in order, as indexes of moves
+        moves = []
+        for session, (start, stop) in zip(self.mesh.sessions, targets):
             pieces = []
             for source, (first, end) in zip(tensors, block_ranges(self.sharding.blocks)):
                 if axis == self.axis:  # the part of this block the target range holds
@@ -311,7 +313,13 @@ class ShardedTensor(Tensor):
                 else:
                     piece = source if axis is None else source[along(axis, ndim,
                                                                      slice(start, stop))]
-                pieces.append(piece.to(session))
+                pieces.append(len(moves))
+                moves.append((piece, session))
+            wanted.append(pieces)
+        moved = move_all(moves)  # (all at once: the devices send to each other in parallel)
+        shards = []
+        for own, indexes in zip(tensors, wanted):
+            pieces = [moved[i] for i in indexes]
             shards.append(own[along(self.axis, ndim, slice(0, 0))] if not pieces
                           else pieces[0] if len(pieces) == 1
                           else np.concatenate(pieces, axis=self.axis))

@@ -69,3 +69,23 @@ def test_a_ticket_is_used_once(cluster):
         a.sync(timeout=5)
         b._call({"op": "await", "id": 10_000})
         assert b.stats()["transfers_refused"] == 1
+
+
+def test_moves_made_at_once_carry_poison_and_fail_together_cleanly(cluster):
+    from fabric.moves import move_all
+
+    devices = _devices(cluster)
+    with cluster.connect(device=devices["worker-0"], timeout=5) as here:
+        there, closed = (here.open(device=devices["worker-1"]) for _ in range(2))
+        good = here.asarray(np.arange(6.0))
+        singular = np.linalg.inv(here.zeros((2, 2)))  # fails on the device: poisoned
+        moved = move_all([(good, there), (singular, there), (good * 2, there), (good, here)])
+        assert moved[3] is good and {t.session for t in moved[:3]} == {there}
+        np.testing.assert_array_equal(moved[2].numpy(), np.arange(6.0) * 2)
+        with pytest.raises(fabric.RemoteError, match="inv"):  # the poison moved with it
+            moved[1].numpy()
+        closed.close()
+        with pytest.raises(fabric.SessionLost):  # a target closed: refused at once ...
+            move_all([(good, there), (good, closed)])
+        assert not here.connection.pending._waiting  # ... after the others answered
+        np.testing.assert_array_equal((good.to(there) + 1).numpy(), np.arange(6.0) + 1)
