@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import secrets
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from . import bulk
 from .origins import issued_at
 from .tensor import Tensor
 
-if TYPE_CHECKING:
-    from .session import Session
+Session = Any  # (fabric.session.Session, which imports this module: named, not imported)
 
 
-def move_all(pairs: Sequence[tuple[Tensor, "Session"]]) -> list[Tensor]:
+def move_all(pairs: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
     """``source.to(target)`` for each ``(source, target)``: the source itself where it is
     the target's already, else a new tensor of the target made worker to worker; the first
     error of a device, once every device has answered."""
@@ -34,7 +33,7 @@ def move_all(pairs: Sequence[tuple[Tensor, "Session"]]) -> list[Tensor]:
     return [source if source.session is target else next(moved) for source, target in pairs]
 
 
-def _move(moves: Sequence[tuple[Tensor, "Session"]]) -> list[Tensor]:
+def _move(moves: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
     origin = issued_at()
     agreed: list[tuple[Tensor, int, int]] = []
     failed = None
@@ -64,7 +63,7 @@ def _move(moves: Sequence[tuple[Tensor, "Session"]]) -> list[Tensor]:
     return [tensor for tensor, _, _ in agreed]
 
 
-def _answered(requests: list[tuple["Session", int]], failed: Exception | None = None) -> None:
+def _answered(requests: list[tuple[Session, int]], failed: Exception | None = None) -> None:
     """Wait for every request's reply (none is left unclaimed); raise ``failed`` or else the
     first error."""
     errors = [] if failed is None else [failed]
