@@ -346,6 +346,13 @@ def with_request(message: Message, request: int) -> Message:
                           message.buffers, message.version))
 
 
+def request_message(session: int, body: dict[str, Any], buffers: Sequence[Any] = ()
+                    ) -> Message:
+    """A REQUEST of ``session`` (its request id set by ``with_request`` as it is sent), made
+    without the NamedTuple's Python ``__new__``: every read makes one."""
+    return _new(Message, (Kind.REQUEST, session, 0, body, buffers, PROTOCOL_VERSION))
+
+
 def reply_to(request: Message, body: dict[str, Any], buffers: tuple[Any, ...] = ()) -> Message:
     """The REPLY to ``request`` (its session and request id) with ``body`` and ``buffers``."""
     return _new(Message, (Kind.REPLY, request.session, request.request, body, buffers,

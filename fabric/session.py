@@ -181,11 +181,12 @@ class Session(ArrayNamespace):
         connection = self.connection
         stream = self.stream
         if not stream.batch or reads is not None and reads.id <= stream.sent_through:
-            return connection.send_request(Message(Kind.REQUEST, self.id, 0, body))
+            return connection.send_request(protocol.request_message(self.id, body))
         self._make_room(timeout)
         sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
-        stream.send_batch(lambda submit: sent.append(connection.send_request(Message(
-            Kind.REQUEST, self.id, 0, {**body, "ops": submit.body["ops"]}, submit.buffers))))
+        stream.send_batch(lambda submit: sent.append(connection.send_request(
+            protocol.request_message(self.id, {**body, "ops": submit.body["ops"]},
+                                     submit.buffers))))
         return sent[0]
 
     def _reply(self, request: int, timeout: float | None = None) -> Message:

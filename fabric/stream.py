@@ -116,8 +116,18 @@ class OpStream:
         tensor.session = self.owner
         tensor.id = tensor_id = next(self._ids)
         self.origins[tensor_id] = origin
-        if name is not None:
-            self.enqueue((name, tensor_id, wire_args, params), None, tensor, inputs + size)
+        if name is None:
+            return tensor
+        op = (name, tensor_id, wire_args, params)
+        if self.sinks or _get_ident() != self.thread:  # (shown to sinks, or refused)
+            self.enqueue(op, None, tensor, inputs + size)
+            return tensor
+        # enqueue's work for an op without upload or graph, here: a call costs a twentieth
+        batch = self.batch
+        batch.append(op)
+        self.batch_elements = elements = self.batch_elements + inputs + size
+        if len(batch) >= MAX_BATCH_ENTRIES or elements >= MAX_BATCH_ELEMENTS:
+            self.owner.flush()
         return tensor
 
     def new_tensor(self, shape: tuple[int, ...], dtype: np.dtype,

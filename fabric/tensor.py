@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import FabricError
 from .indexing import PreparedIndex, basic_index_key, prepare_index
-from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec, weak_int
+from .ops import BINARY_UFUNCS, NO_PARAMS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
 from .printing import repr_text, summary_index, summary_text
 from .progress import Progress, read_showing
@@ -28,10 +28,6 @@ from .views import (assign, check_out, check_reduction_out, check_writable, link
                     ufunc_at)
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 
-# The result dtype of an elementwise op on one tensor, on two tensors of one shape, or on a
-# tensor and a Python scalar (``_elementwise_single``, ``_elementwise_pair``): at most a few
-# thousand entries, as ops, numeric dtypes, ndims and the stand-ins of ints in 64 bits are few.
-_ELEMENTWISE_DTYPES: dict[tuple[Any, ...], np.dtype] = {}
 # Basic indexes already inferred: (indexed shape, ``basic_index_key``) -> (result's shape,
 # params as they travel, whether it is a view). Emptied when full: shapes are many.
 _BASIC_INDEXES: dict[tuple[Any, ...], tuple[tuple[int, ...], dict[str, Any], bool]] = {}
@@ -472,55 +468,63 @@ def _elementwise_pair(name: str) -> Callable[[Any, Any], Tensor]:
     (one frame costs about 4% of the client's work per op, bench W1).
 
     Its commonest operands, a tensor with a Python float or int or with a tensor of its shape
-    and session, go the short way: the result has the tensor's shape, its dtype is remembered
-    by what inference's signature would hold (the operands' dtypes, floats as float, ints by
-    ``weak_int``), and the wire args are made here, not in ``session.emit``'s loop (a tenth
-    of the client's instructions per op). Anything else goes through ``session.apply``'s
-    inference."""
+    and session, go the short way: the result has the tensor's shape, and its dtype is
+    remembered per kind of operands, by their dtypes (ints by ``weak_int``): with numpy's
+    weak Python scalars (NEP 50) nothing else, the ndim included, changes it. A dtype alone
+    is the cheapest key (a tuple's building and hashing cost a twentieth of the op, bench W1).
+    The wire args are made here, not in ``session.emit``'s loop. Anything else goes through
+    ``session.apply``'s inference."""
+    # (one dict per kind of operands: a dtype compares equal to a Python type, np.float64
+    # to float, so kinds must not share one)
+    with_float: dict[Any, np.dtype] = {}
+    float_with: dict[Any, np.dtype] = {}
+    with_int: dict[Any, np.dtype] = {}
+    int_with: dict[Any, np.dtype] = {}
+    with_tensor: dict[Any, np.dtype] = {}
+
     def pair(left: Any, right: Any) -> Tensor:
         if type(left) is Tensor:
-            session = left.session
-            shape, kind, size = left.shape, type(right), left.size
+            tensor, kind = left, type(right)
             if kind is float:
-                key, wire = (name, len(shape), left.dtype, float), (left.id, right)
+                known, key, wire = with_float, left.dtype, (left.id, right)
             elif kind is int and INT_RANGE[0] <= right < INT_RANGE[1]:
-                key = (name, len(shape), left.dtype, weak_int(right))
+                known, key = with_int, (left.dtype, weak_int(right))
                 wire = (left.id, encode_scalar(right))
-            elif kind is Tensor and right.shape == shape and right.session is session:
-                key, wire = (name, len(shape), left.dtype, right.dtype), (left.id, right.id)
+            elif kind is Tensor and right.shape == left.shape and right.session is left.session:
+                known, key, wire = with_tensor, (left.dtype, right.dtype), (left.id, right.id)
             else:
-                return session.apply(name, (left, right), {})
+                return left.session.apply(name, (left, right), {})
         else:  # the tensor is on the right: a reflected operator, or numpy's ufunc
-            session = right.session
-            shape, kind, size = right.shape, type(left), right.size
+            tensor, kind = right, type(left)
             if kind is float:
-                key, wire = (name, len(shape), float, right.dtype), (left, right.id)
+                known, key, wire = float_with, right.dtype, (left, right.id)
             elif kind is int and INT_RANGE[0] <= left < INT_RANGE[1]:
-                key = (name, len(shape), weak_int(left), right.dtype)
+                known, key = int_with, (weak_int(left), right.dtype)
                 wire = (encode_scalar(left), right.id)
             else:
-                return session.apply(name, (left, right), {})
-        dtype = _ELEMENTWISE_DTYPES.get(key)  # (looked up here: a call costs a twentieth)
-        if dtype is None:
-            dtype = _infer_elementwise(key, name, (left, right))
-        inputs = 2 * size if kind is Tensor else size  # (elements read: one or two tensors)
-        return session.stream.push(name, wire, inputs, shape, dtype, {}, issued_at(2), size)
+                return right.session.apply(name, (left, right), {})
+        dtype = known.get(key)
+        if dtype is None:  # (numpy's refusal raises here, and is not remembered)
+            dtype = known[key] = OPS[name].infer((left, right), NO_PARAMS)[1]
+        size = tensor.size
+        return tensor.session.stream.push(name, wire, 2 * size if kind is Tensor else size,
+                                          tensor.shape, dtype, NO_PARAMS, issued_at(2), size)
     pair.__name__ = pair.__qualname__ = name
     return pair
 
 
 def _elementwise_single(name: str) -> Callable[[Tensor], Tensor]:
     """Elementwise op ``name`` on one tensor (``-t``, ``np.exp(t)``), the operator itself as
-    in ``_elementwise_pair``: the result has its shape, and a dtype remembered by op, ndim and
-    dtype."""
+    in ``_elementwise_pair``: the result has its shape, and a dtype remembered by dtype."""
+    known: dict[np.dtype, np.dtype] = {}
+
     def single(operand: Tensor) -> Tensor:
-        shape = operand.shape
-        key = (name, len(shape), operand.dtype)
-        dtype = _ELEMENTWISE_DTYPES.get(key)
+        dtype = known.get(operand.dtype)
         if dtype is None:
-            dtype = _infer_elementwise(key, name, (operand,))
-        return operand.session.stream.push(name, (operand.id,), operand.size, shape, dtype, {},
-                                           issued_at(2), operand.size)
+            dtype = known[operand.dtype] = OPS[name].infer((operand,), NO_PARAMS)[1]
+        size = operand.size
+        return operand.session.stream.push(name, (operand.id,), size, operand.shape, dtype,
+                                           NO_PARAMS, issued_at(2), size)
     single.__name__ = single.__qualname__ = name
     return single
 
@@ -568,13 +572,6 @@ for _dunder, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multip
 
 def _divmod(left: Any, right: Any) -> tuple[Tensor, Tensor]:
     return _PAIRS["floor_divide"](left, right), _PAIRS["remainder"](left, right)
-
-
-def _infer_elementwise(key: tuple[Any, ...], name: str, args: tuple[Any, ...]) -> np.dtype:
-    """The result dtype of elementwise op ``name`` on ``args``, inferred and remembered by
-    ``key`` (what inference's signature holds). A refusal (numpy's error) is not remembered."""
-    dtype = _ELEMENTWISE_DTYPES[key] = OPS[name].infer(args, {})[1]
-    return dtype
 
 
 def as_shape(shape: Any) -> tuple[int, ...]:
