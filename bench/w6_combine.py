@@ -18,30 +18,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from typing import Any, Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
+from bench.timing import median_seconds  # noqa: E402
 from fabric.sharded import ShardedTensor  # noqa: E402
 
 ROWS_PER_DEVICE = 8
 
-
-def median_seconds(run: Callable[[], Any], repeats: int) -> float:
-    """The median wall time of ``run()``, after one warm-up."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def on_the_client(y: ShardedTensor) -> float:

@@ -22,16 +22,15 @@ import argparse
 import contextlib
 import importlib.util
 import os
-import statistics
 import sys
-import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
+from bench.timing import median_seconds  # noqa: E402
 
 COLUMNS = 512
 CHAIN = 20
@@ -49,16 +48,6 @@ def matmul(x: Any, weights: Any) -> Any:
     """``x @ weights``, summed."""
     return (x @ weights).sum()
 
-
-def median_seconds(run: Callable[[], Any], repeats: int) -> float:
-    """The median wall time of ``run()`` (which reads its result back), after one warm-up."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def on_devices(count: int, rows: int, repeats: int) -> dict[str, float]:

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -34,21 +31,12 @@ import zmq  # noqa: E402
 import simhosts  # noqa: E402
 
 import fabric  # noqa: E402
+from bench.timing import median_seconds  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
 from fabric.launch_ssh import SSHCluster, parse_hosts  # noqa: E402
 
 RAW_PORT = 47100
 
-
-def median_seconds(move: Callable[[], object], repeats: int) -> float:
-    """The median wall time of ``move()`` over ``repeats`` calls, after one to warm up."""
-    move()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        move()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
 
 
 def raw_receive(address: str) -> None:

@@ -19,7 +19,7 @@ import warnings
 from typing import Any
 
 import numpy as np
-from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
+from numpy.lib.array_utils import normalize_axis_tuple
 
 from .ops import DATA_DEPENDENT_DTYPE
 from .ops_functions import packed_parts
