@@ -1,0 +1,167 @@
+"""Uploads through slots their device lent ahead (``fabric.slots_ahead``, ``fabric.bulk``,
+``workers.shared_memory.offer``): an upload never waits for its device, end to end on real
+processes, and the bounds and give-backs of what a session holds ahead, on their own. The
+leak checks of ``test_shm_path`` apply here too."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.shm import SharedMemory
+from fabric.slots_ahead import IN_ALL, PER_SIZE, SlotsAhead
+from fabric.wire import decode_segment_ref
+
+from conftest import HEARTBEAT
+from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F401 (fixtures)
+                           shm_cluster)
+
+MiB = 1 << 20
+
+
+@pytest.mark.timeout(90)
+def test_an_upload_returns_while_its_device_is_stopped():
+    # A stopped worker answers nothing: any upload that waited for its device would time
+    # out here. (Heartbeats long enough that the broker keeps the stopped worker.)
+    with fabric.LocalCluster(workers=1, heartbeat=2.0) as cluster, \
+            connect(cluster, timeout=10) as session:
+        a, b, c = (random_array("float64", (300_000,), seed) for seed in range(3))
+        first = session.asarray(a)
+        session.sync()  # agreed to shared memory, and the slot asked for ahead has come
+        worker = cluster.workers[0]
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            waiting = session._send_request({"op": "sync"})  # unanswered while stopped
+            second = session.asarray(b)  # into the slot lent ahead
+            third = session.asarray(c)  # none has come since: through this client's pool
+            assert session.stream.sent_through > third.id and not session.stream.batch
+            assert session.connection.pending.take(waiting) is None
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        session._reply(waiting)
+        assert (session.slots_ahead.missed, session.slots_ahead.used) == (2, 1)
+        for tensor, array in ((first, a), (second, b), (third, c)):
+            assert tensor.numpy().tobytes() == array.tobytes()
+        assert session.stats()["bytes_uploaded"] == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_loop_uploads_into_slots_lent_ahead_and_reuses_them(shm_cluster):
+    with connect(shm_cluster) as session:
+        a = np.random.default_rng(3).random(300_000)
+        for i in range(20):
+            t = session.asarray(a + i)
+            # (a read: the device answered the slot asked for before it, and it has come)
+            assert (t * 2)[-1].numpy() == (a[-1] + i) * 2
+        assert (session.slots_ahead.missed, session.slots_ahead.used) == (1, 19)
+        pool = session.connection.segments
+        [device] = pool.peers.values()
+        assert len(device.maps) <= 3  # the few the loop's tensors keep and give back
+        assert pool.held == (4 << 20) + (2 << 20)  # the first upload's slot, and the reads'
+
+
+
+@pytest.mark.timeout(90)
+def test_a_smaller_array_takes_a_larger_lent_slot_and_keeps_its_own_shape(shm_cluster):
+    with connect(shm_cluster) as session:
+        session.asarray(random_array("float64", (300_000,))).numpy()  # lends 2.4 MB ahead
+        small = random_array("int16", (700, 900), seed=4)  # 1.26 MB: fits it
+        fortran = np.asfortranarray(small)
+        tensor = session.asarray(fortran)
+        assert session.slots_ahead.used == 1
+        assert tensor.shape == (700, 900) and tensor.dtype == np.int16
+        back = tensor.numpy()
+        assert back.shape == small.shape and back.dtype == small.dtype
+        assert back.tobytes() == small.tobytes()
+        assert session.stats()["resident_bytes"] == small.nbytes  # the array's, not the slot's
+
+
+@pytest.mark.timeout(90)
+def test_an_unused_lent_slot_of_another_size_goes_back_to_the_device():
+    # Room for one 2 MiB segment on the device: the slot lent for 1.5 MiB arrays must go
+    # back before one for 1.8 MiB arrays can be lent.
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-limit", str(2 * MiB))) as cluster, \
+            connect(cluster, SharedMemory(threshold=0, idle_seconds=0)) as session:
+        smaller, larger = np.ones(3 * MiB // 16), np.ones(int(1.8 * MiB) // 8)
+        session.asarray(smaller).numpy()  # through this client's pool; one lent ahead
+        session.asarray(larger).numpy()  # does not fit it: this client's; gives it back
+        again = session.asarray(larger * 2)  # into the device's segment, lent again
+        assert (session.slots_ahead.missed, session.slots_ahead.used) == (2, 1)
+        np.testing.assert_array_equal(again.numpy(), larger * 2)
+
+
+@pytest.mark.timeout(90)
+def test_memory_limit_counts_an_upload_into_a_lent_slot():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--memory-limit", "3000000")) as cluster, \
+            connect(cluster) as session:
+        kept = session.asarray(np.ones(200_000))  # 1.6 MB, copied out
+        kept.numpy()
+        too_much = session.asarray(np.ones(200_000))  # into the lent slot: 3.2 MB in all
+        assert session.slots_ahead.used == 1
+        with pytest.raises(fabric.RemoteError, match="memory"):
+            too_much.numpy()
+        np.testing.assert_array_equal(kept.numpy(), 1)  # the session goes on
+        del kept, too_much
+        np.testing.assert_array_equal(session.asarray(np.full(200_000, 2.0)).numpy(), 2)
+
+
+@pytest.mark.timeout(90)
+def test_answers_not_taken_are_forgotten_when_the_session_closes(shm_cluster):
+    with connect(shm_cluster) as session, session.open(1) as other:
+        other.asarray(np.ones(300_000))  # asks for a slot ahead, never taken
+        asked = set(other.slots_ahead.asked)
+        assert asked
+        other.close()
+        pending = session.connection.pending
+        assert not asked & (pending._waiting | pending._replies.keys())
+        np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(), 1)
+
+
+@pytest.mark.timeout(60)
+def test_a_malformed_give_back_is_refused_and_the_worker_goes_on(shm_cluster):
+    with connect(shm_cluster) as session:
+        session.asarray(np.ones(10)).numpy()
+        for give_back in ("x", [["fabric-0123abcd-1-2", 0, 8]], [[1]]):
+            with pytest.raises(fabric.ProtocolError):
+                session._call({"op": "shm_slot", "nbytes": 8, "give_back": give_back})
+        assert session.arange(4).sum().numpy() == 6
+
+
+def _ref(n: int, nbytes: int):
+    return decode_segment_ref([f"fabric-0123abcd-1-{n}", 0, nbytes])
+
+
+def test_what_a_session_holds_ahead_is_bounded_per_size_and_in_all():
+    now = [0.0]
+    ahead = SlotsAhead(clock=lambda: now[0])
+    for request in range(PER_SIZE):
+        assert ahead.wanted(3 * MiB, 30)
+        ahead.ask(request, 3 * MiB)
+    assert not ahead.wanted(3 * MiB, 30) and not ahead.wanted(2 * MiB, 30)  # both fit 3 MiB
+    for request in range(PER_SIZE):
+        ahead.on_answer(request, _ref(request, 3 * MiB))
+    assert ahead.take(5 * MiB) is None  # larger than any: none fits
+    assert ahead.take(MiB // 2).name.endswith("-0")  # smaller, within twice: fits
+    sizes = [(n + 2) * 10 * MiB for n in range(IN_ALL)]
+    for request, nbytes in enumerate(sizes, start=10):
+        if ahead.wanted(nbytes, 30):
+            ahead.ask(request, nbytes)
+    assert len(ahead.asked) + len(ahead.arrived) == IN_ALL
+    body = ahead.request(sizes[0])  # the 3 MiB slot made room for the others
+    assert body["give_back"] == [["fabric-0123abcd-1-1", 0, 3 * MiB]] and not ahead.returning
+
+
+def test_a_lent_slot_unused_past_the_idle_period_goes_back():
+    now = [0.0]
+    ahead = SlotsAhead(clock=lambda: now[0])
+    ahead.ask(1, 3 * MiB)
+    ahead.on_answer(1, _ref(1, 3 * MiB))
+    now[0] = 31.0
+    assert ahead.wanted(3 * MiB, 30) and not ahead.arrived
+    assert ahead.request(3 * MiB) == {"op": "shm_slot", "nbytes": 3 * MiB,
+                                      "give_back": [["fabric-0123abcd-1-1", 0, 3 * MiB]]}
