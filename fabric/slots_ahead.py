@@ -1,15 +1,16 @@
 """Slots a session's device lends ahead of its uploads (``fabric.bulk``), so that an upload
 never waits for the device.
 
-Rule: a ``shm_slot`` request is answered only once the device has run everything sent
-before it, so an upload never asks and waits. It takes a slot whose answer has already come
+Rule: an upload never asks and waits. It takes a slot whose answer has already come
 (``take``), else goes through the client's own pool, and asks for the next slot without
-waiting (``wanted``, ``ask``); answers are looked at only when an upload comes, and those
-never taken are forgotten when the session closes (``forget``). What a session holds ahead
-is bounded: ``PER_SIZE`` slots (asked or arrived) that fit one size, ``IN_ALL`` in all. An
-arrived slot unused for the pool's idle period, or pushed out by another size, goes back to
-the device with the next request (``request``); the rest go back when the session closes
-(the worker gives back what a closed session was offered and never used).
+waiting (``wanted``, ``ask``): the device's thread answers after the op it is running (a
+worker runs a lone ``shm_slot`` ahead of its session's queued messages:
+``workers.lane.jumps_the_queue``). Answers are looked at only when an upload comes, and
+those never taken are forgotten when the session closes (``forget``). What a session holds
+ahead is bounded: ``PER_SIZE`` slots (asked or arrived) that fit one size, ``IN_ALL`` in
+all. An arrived slot unused for the pool's idle period, or pushed out by another size, goes
+back to the device with the next request (``request``); the rest go back when the session
+closes (the worker gives back what a closed session was offered and never used).
 
 Sizes: an upload takes the smallest arrived slot that ``fits`` it (at least its bytes, at
 most twice as many); its put names the slot's start and the array's own bytes, so the tensor

@@ -26,7 +26,8 @@ and a worker on one host: a slot travels as ``[segment name, offset, nbytes]``
 answered by an empty body; a ``shm_slot`` request (``{"nbytes"}``, and optionally
 ``"give_back"``: slots it offered the session earlier, unused, for its pool) is answered
 ``{"slot": slot}``, a slot of the device's own segments that the next ``put`` naming its start
-keeps (with the put's own bytes, at most the slot's), or ``{"slot": None}``. A session may use them once a ``shm_probe`` request
+keeps (with the put's own bytes, at most the slot's), or ``{"slot": None}``; one without
+ops batched in it runs ahead of its session's queued messages. A session may use them once a ``shm_probe`` request
 (``{"boot", "segment", "token"}``: the client's boot id, and a segment holding ``token`` as
 its first 8 bytes) was answered ``{"shared_memory": True}``.
 

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 import fabric
+from fabric import protocol
+from fabric.protocol import Kind, Message
 from fabric.shm import SharedMemory
 from fabric.slots_ahead import IN_ALL, PER_SIZE, SlotsAhead
 from fabric.wire import decode_segment_ref
+from fabric.workers.lane import jumps_the_queue
 
 from conftest import HEARTBEAT
 from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F401 (fixtures)
@@ -165,3 +168,17 @@ def test_a_lent_slot_unused_past_the_idle_period_goes_back():
     assert ahead.wanted(3 * MiB, 30) and not ahead.arrived
     assert ahead.request(3 * MiB) == {"op": "shm_slot", "nbytes": 3 * MiB,
                                       "give_back": [["fabric-0123abcd-1-1", 0, 3 * MiB]]}
+
+
+def _encoded(kind: Kind, body: dict, buffers=()):
+    frames = [bytes(frame) for frame in protocol.encode(Message(kind, 7, 3, body, buffers))]
+    return protocol.decode_header(frames[0]), frames
+
+
+def test_only_a_lone_slot_request_jumps_its_sessions_queue_on_the_worker():
+    give_back = [[f"fabric-0123abcd-1-{n}", 0, 1 << 30] for n in range(IN_ALL)]
+    assert jumps_the_queue(*_encoded(Kind.REQUEST, {"op": "shm_slot", "nbytes": 8,
+                                                    "give_back": give_back}))
+    for kind, body in ((Kind.REQUEST, {"op": "shm_slot", "nbytes": 8, "ops": [["sync"]]}),
+                       (Kind.REQUEST, {"op": "read", "id": 4}), (Kind.SUBMIT, {"ops": []})):
+        assert not jumps_the_queue(*_encoded(kind, body))
