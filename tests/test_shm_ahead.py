@@ -1,7 +1,8 @@
 """Uploads through slots their device lent ahead (``fabric.slots_ahead``, ``fabric.bulk``,
-``workers.shared_memory.offer``): an upload never waits for its device, end to end on real
-processes, and the bounds and give-backs of what a session holds ahead, on their own. The
-leak checks of ``test_shm_path`` apply here too."""
+``workers.shared_memory.offer``): an upload never waits for its device, and the device's own
+pool is bounded, shrinks and takes slots back, end to end on real processes; the bounds and
+give-backs of what a session holds ahead, on their own. The leak checks of
+``test_shm_path`` apply here too."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import pytest
 
 import fabric
 from fabric import protocol
+from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
-from fabric.shm import SharedMemory
+from fabric.shm import SharedMemory, held_segments, parse_name
 from fabric.slots_ahead import IN_ALL, PER_SIZE, SlotsAhead
 from fabric.wire import decode_segment_ref
 from fabric.workers.lane import jumps_the_queue
 
 from conftest import HEARTBEAT
+from faultproxy import wait_for
 from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F401 (fixtures)
                            shm_cluster)
 
@@ -133,6 +136,68 @@ def test_a_malformed_give_back_is_refused_and_the_worker_goes_on(shm_cluster):
             with pytest.raises(fabric.ProtocolError):
                 session._call({"op": "shm_slot", "nbytes": 8, "give_back": give_back})
         assert session.arange(4).sum().numpy() == 6
+
+
+@pytest.mark.timeout(90)
+def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slots():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-limit", str(4 << 20))) as cluster, \
+            connect(cluster) as session:
+        a = np.random.default_rng(9).random(200_000)  # 1.6 MB: one 2 MiB segment each
+        kept = []
+        for i in range(4):
+            kept.append(session.asarray(a + i))
+            session.sync()  # (the slot asked for ahead has come)
+        pool = session.connection.segments
+        [device] = pool.peers.values()
+        # The first upload and the last went through a slot of this client's pool (copied
+        # out by the worker); the two between into the two segments the device could lend.
+        assert (session.slots_ahead.missed, session.slots_ahead.used) == (2, 2)
+        assert len(device.maps) == 2 and pool.held == 2 << 20
+        for i, tensor in enumerate(kept):
+            np.testing.assert_array_equal(tensor.numpy(), a + i)
+        assert session.stats()["bytes_uploaded"] == 0  # (nothing took the sockets)
+        names = set(device.maps)
+        del kept
+        session.sync()  # the tensors are freed: their slots go back to the device's pool
+        for factor in (2, 3):  # (the first asks for the slot the second is written into)
+            again = session.asarray(a * factor)
+            np.testing.assert_array_equal(again.numpy(), a * factor)
+        assert set(device.maps) == names and session.slots_ahead.used == 3
+
+
+@pytest.mark.timeout(90)
+def test_an_idle_devices_own_pool_closes_its_free_segments():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-idle", "0.5")) as cluster:
+        worker = cluster.workers[0].pid
+        own = lambda: {name for name in held_segments(worker) if parse_name(name).pid == worker}
+        with connect(cluster) as session:
+            for _ in range(2):  # the second into the slot lent ahead, which asks another
+                np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(), 1)
+            assert session.slots_ahead.used == 1 and len(own()) == 2
+        # Closed: what it was lent goes back too, and the free segments close once idle.
+        wait_for(lambda: not own(), 10, "the device's pool to shrink")
+        with connect(cluster) as session:  # and it grows again on demand
+            np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(), 1)
+
+
+@pytest.mark.timeout(90)
+def test_a_put_that_misnames_its_offered_slot_fails_alone_and_the_slot_comes_back():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,  # (room for two segments)
+                             worker_args=("--shared-memory-limit", str(4 << 20))) as cluster, \
+            connect(cluster) as session:
+        session.asarray(np.ones(10)).numpy()  # agreed to shared memory (and lent one ahead)
+        ref = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
+        for shape in ([999], [1000]):  # wrong size, then the slot no longer offered
+            tensor = session.stream.new_tensor(tuple(shape), np.dtype("float64"), None)
+            session.stream.enqueue(["put", tensor.id, [], {
+                "dtype": "<f8", "shape": shape, "shm": ref}], None, tensor)
+            with pytest.raises(FabricError):
+                tensor.numpy()
+        assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
+        again = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
+        assert again is not None and again[0] == ref[0]  # given back, and lent again
 
 
 def _ref(n: int, nbytes: int):

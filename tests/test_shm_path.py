@@ -266,50 +266,6 @@ def test_uploads_reuse_the_same_segments(shm_cluster):
 
 
 @pytest.mark.timeout(90)
-def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slots():
-    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
-                             worker_args=("--shared-memory-limit", str(4 << 20))) as cluster, \
-            connect(cluster) as session:
-        a = np.random.default_rng(9).random(200_000)  # 1.6 MB: one 2 MiB segment each
-        kept = []
-        for i in range(4):
-            kept.append(session.asarray(a + i))
-            session.sync()  # (the slot asked for ahead has come)
-        pool = session.connection.segments
-        [device] = pool.peers.values()
-        # The first upload and the last went through a slot of this client's pool (copied
-        # out by the worker); the two between into the two segments the device could lend.
-        assert (session.slots_ahead.missed, session.slots_ahead.used) == (2, 2)
-        assert len(device.maps) == 2 and pool.held == 2 << 20
-        for i, tensor in enumerate(kept):
-            np.testing.assert_array_equal(tensor.numpy(), a + i)
-        assert session.stats()["bytes_uploaded"] == 0  # (nothing took the sockets)
-        names = set(device.maps)
-        del kept
-        session.sync()  # the tensors are freed: their slots go back to the device's pool
-        for factor in (2, 3):  # (the first asks for the slot the second is written into)
-            again = session.asarray(a * factor)
-            np.testing.assert_array_equal(again.numpy(), a * factor)
-        assert set(device.maps) == names and session.slots_ahead.used == 3
-
-
-@pytest.mark.timeout(90)
-def test_an_idle_devices_own_pool_closes_its_free_segments():
-    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
-                             worker_args=("--shared-memory-idle", "0.5")) as cluster:
-        worker = cluster.workers[0].pid
-        own = lambda: {name for name in held_segments(worker) if parse_name(name).pid == worker}
-        with connect(cluster) as session:
-            for _ in range(2):  # the second into the slot lent ahead, which asks another
-                np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(), 1)
-            assert session.slots_ahead.used == 1 and len(own()) == 2
-        # Closed: what it was lent goes back too, and the free segments close once idle.
-        wait_for(lambda: not own(), 10, "the device's pool to shrink")
-        with connect(cluster) as session:  # and it grows again on demand
-            np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(), 1)
-
-
-@pytest.mark.timeout(90)
 def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
     # A mapping keeps a closed segment's memory: each side unmaps what the other closed.
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
@@ -338,24 +294,6 @@ def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
         wait_for(lambda: big.numpy().sum() == 2_000_000 and read not in held_segments(me),
                  10, "this client to close its idle segment")
         wait_for(lambda: read not in mapped(worker, me), 10, "the worker to unmap it")
-
-
-@pytest.mark.timeout(90)
-def test_a_put_that_misnames_its_offered_slot_fails_alone_and_the_slot_comes_back():
-    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,  # (room for two segments)
-                             worker_args=("--shared-memory-limit", str(4 << 20))) as cluster, \
-            connect(cluster) as session:
-        session.asarray(np.ones(10)).numpy()  # agreed to shared memory (and lent one ahead)
-        ref = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
-        for shape in ([999], [1000]):  # wrong size, then the slot no longer offered
-            tensor = session.stream.new_tensor(tuple(shape), np.dtype("float64"), None)
-            session.stream.enqueue(["put", tensor.id, [], {
-                "dtype": "<f8", "shape": shape, "shm": ref}], None, tensor)
-            with pytest.raises(FabricError):
-                tensor.numpy()
-        assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
-        again = session._call({"op": "shm_slot", "nbytes": 8000}).body["slot"]
-        assert again is not None and again[0] == ref[0]  # given back, and lent again
 
 
 @pytest.mark.timeout(60)
