@@ -158,8 +158,8 @@ class DeviceSlot(NamedTuple):
 def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlot | None:
     """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool, for a
     move; None where it has none free, or lends none (a worker that predates it, or one
-    whose memory this process cannot map: ``_device_memory``). The request waits for the
-    device to have run what was sent before it."""
+    whose memory this process cannot map: ``_device_memory``). A round trip: with ops
+    batched before it, after the device ran them; alone, after the op it is running."""
     if session.id in pool.slotless:
         return None
     try:
