@@ -7,7 +7,8 @@ It also moves the 256 MiB tensor between the cluster's two workers (``t.to()``),
 through shared memory and through the broker.
 
 "shm" is ``fabric.connect``'s default on one host (uploads of 1 MiB and more written into a
-slot of the device's own pool, which the tensor keeps; reads written by the worker into a
+slot of the device's own pool lent ahead, which the tensor keeps: the first run's upload,
+with none lent yet, goes through the connection's pool; reads written by the worker into a
 slot of the connection's pool); "shm copy-out" is the same on workers started with
 ``--shared-memory-limit 0``, whose uploads and moves go through the client's slots and are
 copied out on the worker (the path before one-copy uploads); "shm view" reads with

@@ -5,9 +5,10 @@ Rule: a session asks its worker once, at its first array of at least the thresho
 (``shm_probe``, ``fabric.wire``); until the worker agrees, and whenever no slot is free, the
 session is off or the op stream is being captured, every array takes the socket path as
 before, so this path only ever replaces a transfer the socket path would make. An upload or
-a move goes into a slot the receiving device lends from its own pool (``shm_slot``), else
-into one of the connection's pool; a read into one of the connection's pool. Small arrays
-never come here: the caller tests the size first.
+a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
+upload, one lent ahead, whose answer has already come: ``fabric.slots_ahead``), else into
+one of the connection's pool; a read into one of the connection's pool. Small arrays never
+come here: the caller tests the size first.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import numpy as np
 
 from .errors import ProtocolError
 from .origins import issued_at
+from .protocol import Kind, Message, request_message
 from .shm import SegmentPool, Slot, SlotMemory, boot_id
 from .tensor import Tensor
-from .wire import decode_segment_ref, device_dtype, dtype_name
+from .wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
 
 # (A session is typed Any here: fabric.session imports this module.)
 
@@ -61,9 +63,11 @@ def _probe(session: Any) -> bool:
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
     """``array`` uploaded through shared memory, as a new tensor (its put sent at once):
-    written into a slot the device lends (which the tensor then keeps: one copy in all), or
-    else into a slot of this process's pool (which the worker copies out); None, sending
-    nothing, where it must take the socket path."""
+    written into a slot the device lent ahead (which the tensor then keeps: one copy in
+    all), or else into a slot of this process's pool (which the worker copies out); None,
+    sending nothing, where it must take the socket path. Nothing here waits for the device:
+    the slot for a later upload is asked for now, its answer taken then
+    (``fabric.slots_ahead``)."""
     if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
             or array.nbytes > session.max_upload_bytes:
         return None  # (a capture keeps the put to replay; too large: the socket path says so)
@@ -71,15 +75,16 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     pool = pool_of(session)
     if pool is None:
         return None
-    lent = _lend_from_device(session, pool, array.nbytes)
+    lent = _lent_ahead(session, pool, array.nbytes)
     values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
+    _ask_ahead(session, pool, array.nbytes)  # (before the put: answered the sooner)
     slot = None if values is not None else pool.acquire(array.nbytes)
     if slot is not None:
         values, ref = slot.array(np.uint8, (slot.nbytes,)), slot.ref()
     elif values is None:
         return None
     else:
-        ref = lent.ref()
+        ref = [lent.name, lent.offset, array.nbytes]  # (the slot's start: it may be larger)
         pool.transfers += 1  # (an own slot counts itself when lent)
     np.copyto(values.view(dtype).reshape(array.shape), array)  # (any layout, byte order)
     stream = session.stream
@@ -95,6 +100,50 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     return tensor
 
 
+def _lent_ahead(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | None:
+    """A slot for ``nbytes`` bytes that ``session``'s device lent ahead and whose answer has
+    come (the answers that came are taken first, without waiting); None where none has. A
+    worker that lends none (one that predates it, or answers with something this process
+    cannot use) is asked for none again."""
+    if session.id in pool.slotless:
+        return None
+    ahead = session.slots_ahead
+    if ahead.asked:
+        session.connection.receive_arrived()
+        for request in list(ahead.asked):
+            reply = session.connection.pending.take(request)
+            if reply is not None:
+                ahead.on_answer(request, _lent_slot(session, pool, reply))
+    return None if session.id in pool.slotless else ahead.take(nbytes)
+
+
+def _lent_slot(session: Any, pool: SegmentPool, reply: Message) -> SegmentRef | None:
+    """The slot a ``shm_slot`` answer lends; None where it lends none (its device's pool is
+    full, or the device lends none: then it is asked for none again)."""
+    if reply.kind is not Kind.REPLY:
+        return None  # (the session is lost: its next message says so)
+    if "error" in reply.body:  # (a worker that predates it)
+        pool.slotless.add(session.id)
+        return None
+    try:
+        return None if reply.body.get("slot") is None else decode_segment_ref(reply.body["slot"])
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+
+
+def _ask_ahead(session: Any, pool: SegmentPool, nbytes: int) -> None:
+    """Ask ``session``'s device for a slot of ``nbytes`` bytes for a later upload, without
+    waiting for the answer, where the bounds allow (``SlotsAhead.wanted``)."""
+    ahead = session.slots_ahead
+    if session.id in pool.slotless or not ahead.wanted(nbytes, pool.idle_seconds):
+        return
+    connection = session.connection
+    # (alone, never with the batched ops: it need not wait for them)
+    ahead.ask(connection.send_request(request_message(session.id, ahead.request(nbytes))),
+              nbytes)
+
+
 class DeviceSlot(NamedTuple):
     """A slot a device lent from its own pool (``shm_slot``): the tensor written there
     keeps it, on that device, so it is never the client's to give back."""
@@ -107,10 +156,10 @@ class DeviceSlot(NamedTuple):
 
 
 def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlot | None:
-    """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool; None
-    where it has none free, or lends none (a worker that predates it, or one whose memory
-    this process cannot map: ``_device_memory``). The request waits for the device to have
-    run what was sent before it."""
+    """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool, for a
+    move; None where it has none free, or lends none (a worker that predates it, or one
+    whose memory this process cannot map: ``_device_memory``). A round trip: with ops
+    batched before it, after the device ran them; alone, after the op it is running."""
     if session.id in pool.slotless:
         return None
     try:
@@ -121,20 +170,19 @@ def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlo
     return None if ref is None else DeviceSlot(ref)  # (None: full for now)
 
 
-def _device_memory(session: Any, pool: SegmentPool, slot: DeviceSlot,
+def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
                    nbytes: int) -> np.ndarray | None:
-    """The bytes of ``slot``, mapped here; None, and the device asked for none again, where
-    they cannot be."""
+    """The first ``nbytes`` bytes of ``slot``, mapped here; None, and the device asked for
+    none again, where they cannot be."""
     try:
-        ref = decode_segment_ref(slot.ref())
-        segment = pool.peer(ref.owner.pid).map(ref.name)
-        if ref.nbytes != nbytes or ref.offset + nbytes > segment.size:
-            raise ProtocolError(f"The device lent a slot of {ref.nbytes} bytes at "
-                                f"{ref.offset} in {segment.size} for {nbytes}.")
+        segment = pool.peer(slot.owner.pid).map(slot.name)
+        if slot.nbytes < nbytes or slot.offset + slot.nbytes > segment.size:
+            raise ProtocolError(f"The device lent a slot of {slot.nbytes} bytes at "
+                                f"{slot.offset} in {segment.size} for {nbytes}.")
     except ProtocolError:
         pool.slotless.add(session.id)
         return None
-    return segment.memory[ref.offset:ref.offset + nbytes]
+    return segment.memory[slot.offset:slot.offset + nbytes]
 
 
 def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:

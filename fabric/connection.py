@@ -210,6 +210,11 @@ class Connection:
         return RequestTimeout(f"The broker at {self.address} did not answer in time: check "
                               "that it and the device's worker are running, or raise timeout=.")
 
+    def receive_arrived(self) -> None:
+        """File every message that has come (``pending``), without waiting for any."""
+        self._check_thread()
+        self._drain()
+
     def _drain(self) -> None:
         """Read and file every message that has come."""
         while self._message_waits():

@@ -32,6 +32,7 @@ from .origins import origin_line
 from .protocol import Kind, Message
 from .security import CurveClient
 from .shm import SharedMemory, Slot
+from .slots_ahead import SlotsAhead
 from .sockets import try_send
 from .tensor import Tensor
 from .wire import array_from_frame, device_dtype, dtype_name
@@ -67,6 +68,7 @@ class Session(ArrayNamespace):
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
         self.shares_memory: bool | None = None  # with its worker (None: not asked yet, bulk)
+        self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -127,6 +129,7 @@ class Session(ArrayNamespace):
         finally:
             if self.connection.segments is not None:
                 self.connection.segments.discard_session(self.id)
+            self.slots_ahead.forget(self.connection.pending.forget)
             self.connection.pending.done.pop(self.id, None)  # (its CREDITs came before CLOSED)
             self.connection.users -= 1
             if not self.connection.users:

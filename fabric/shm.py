@@ -52,6 +52,13 @@ _NUMBERS = itertools.count()
 _MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]+-[0-9]+) \(deleted\)\Z")
 
 
+def fits(slot_bytes: int, nbytes: int) -> bool:
+    """Whether a slot (or segment) of ``slot_bytes`` bytes is one to use for ``nbytes``: large
+    enough, and at most twice as large (twice a huge page for a smaller array), so that small
+    arrays do not tie up large slots."""
+    return nbytes <= slot_bytes <= 2 * max(nbytes, SEGMENT_ALIGN)
+
+
 @dataclass(frozen=True)
 class SharedMemory:
     """How a client uses shared memory with workers on its host (``fabric.connect``'s
@@ -295,9 +302,9 @@ class SegmentPool:
     def acquire(self, nbytes: int) -> Slot | None:
         """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full."""
         self.reclaim()
-        fits = [s for s in self.free if nbytes <= s.size <= 2 * max(nbytes, SEGMENT_ALIGN)]
-        if fits:
-            segment = min(fits, key=lambda s: s.size)
+        fitting = [s for s in self.free if fits(s.size, nbytes)]
+        if fitting:
+            segment = min(fitting, key=lambda s: s.size)
             del self.free[segment]
         else:
             size = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN

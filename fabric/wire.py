@@ -23,9 +23,11 @@ Shared memory (``fabric.shm``), for arrays of at least ``THRESHOLD_BYTES`` betwe
 and a worker on one host: a slot travels as ``[segment name, offset, nbytes]``
 (``decode_segment_ref``). A ``put`` carries ``"shm": slot`` in place of ``"buffer"``; a
 ``read_into`` request is a read whose bytes the worker writes into the slot ``"into"``,
-answered by an empty body; a ``shm_slot`` request (``{"nbytes"}``) is answered ``{"slot":
-slot}``, a slot of the device's own segments that the next ``put`` naming it keeps (or
-``{"slot": None}``). A session may use them once a ``shm_probe`` request
+answered by an empty body; a ``shm_slot`` request (``{"nbytes"}``, and optionally
+``"give_back"``: slots it offered the session earlier, unused, for its pool) is answered
+``{"slot": slot}``, a slot of the device's own segments that the next ``put`` naming its start
+keeps (with the put's own bytes, at most the slot's), or ``{"slot": None}``; one without
+ops batched in it runs ahead of its session's queued messages. A session may use them once a ``shm_probe`` request
 (``{"boot", "segment", "token"}``: the client's boot id, and a segment holding ``token`` as
 its first 8 bytes) was answered ``{"shared_memory": True}``.
 

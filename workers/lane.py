@@ -30,6 +30,8 @@ log = logging.getLogger("fabric.worker")
 # __getattr__ hook, five times the cost of a plain attribute.
 DEVICE_KINDS = frozenset({Kind.OPEN, Kind.CLOSE, Kind.SUBMIT, Kind.REQUEST, Kind.TRANSFER})
 _TRANSFERS = frozenset({Kind.TRANSFER})
+_REQUESTS = frozenset({Kind.REQUEST})
+_LONE_REQUEST = 512  # bytes: a shm_slot request's body, however many slots it gives back
 # What may carry a frame too big, and whether the way ahead ends at the session's client
 # (whose limit may be lower than the broker's).
 _SIZED_REPLIES = {Kind.REPLY: True, Kind.TRANSFER: False}
@@ -41,6 +43,18 @@ def message_body(header: Header, frames: Sequence[Any]) -> dict[str, Any]:
         return protocol.decode(frames, header).body
     except FabricError:
         return {}
+
+
+def jumps_the_queue(header: Header, frames: Sequence[Any]) -> bool:
+    """Whether a message runs as soon as the device reads it, ahead of its session's
+    waiting ones: a lone ``shm_slot`` request (no ops batched in it), whose answer depends
+    on none of them, so that the slot an upload asks for ahead comes after the op running
+    now, not after all the device's queued work (``fabric.slots_ahead``). Only a small
+    REQUEST is looked into."""
+    if header.kind not in _REQUESTS or len(frames) != 2 or len(frames[1]) > _LONE_REQUEST:
+        return False
+    body = message_body(header, frames)
+    return body.get("op") == "shm_slot" and "ops" not in body
 
 
 class Lane:

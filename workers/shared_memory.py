@@ -156,11 +156,23 @@ def segments_of(session: DeviceSession) -> SessionSegments:
 def offer(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
     """Answer a ``shm_slot`` (an ``Executor`` request): a slot of ``nbytes`` bytes in the
     device's own pool for the client to write an upload into (``{"slot": ref}``), whose
-    tensor then keeps it without a copy; ``{"slot": None}`` when the pool is full."""
-    nbytes = message.body.get("nbytes")
+    tensor then keeps it without a copy; ``{"slot": None}`` when the pool is full. The slots
+    it lists in ``give_back`` (offered to this session, unused) go back to the pool first."""
+    body = message.body
+    nbytes = body.get("nbytes")
     if type(nbytes) is not int or nbytes < 0:
         raise ProtocolError("A shm_slot request needs 'nbytes', an int of at least 0.")
     segments = segments_of(session)
+    returned = body.get("give_back", [])
+    names = [decode_segment_ref(ref).name for ref in returned] if type(returned) is list \
+        else None
+    if names is None or len(set(names)) < len(names) \
+            or not segments.offered.keys() >= set(names):
+        raise ProtocolError("A shm_slot request may give back only slots offered to its "
+                            "session and not yet used, as a list of slots.")
+    for name in names:
+        pool, slot = segments.offered.pop(name)
+        pool.give_back_from_any_thread(slot)
     if executor.slots is None:  # (made in the device's thread, which owns it)
         executor.slots = SegmentPool(lambda _session: 0, POOL_BYTES, IDLE)
     slot = executor.slots.acquire(nbytes)
@@ -183,7 +195,8 @@ def trim(executor: Any) -> None:
 
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
     """The array a ``put`` (or a TRANSFER) placed in shared memory: the device's own slot
-    offered for it, which the array keeps until it is collected; or a view of the client's
+    offered for it (the put names its start and the array's bytes, which may be fewer than
+    the slot's), which the array keeps until it is collected; or a view of the client's
     slot (which the client reuses once the put ran: ``owned`` copies it)."""
     dtype = device_dtype(params["dtype"])
     segments = segments_of(session)
@@ -191,9 +204,10 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
     if ref.name in segments.offered:
         pool, slot = segments.offered.pop(ref.name)
         try:
-            if list(ref[:3]) != slot.ref():
-                raise ProtocolError("A put must name the whole slot it was offered.")
-            values = slot.array(dtype, params["shape"])
+            if ref.offset != slot.offset or ref.nbytes > slot.nbytes:
+                raise ProtocolError("A put must name the start of the slot it was offered, "
+                                    "and at most the slot's bytes.")
+            values = slot._replace(nbytes=ref.nbytes).array(dtype, params["shape"])
         except BaseException:
             pool.give_back_from_any_thread(slot)
             raise

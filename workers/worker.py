@@ -52,7 +52,7 @@ from .backends import device_class
 from .bulk_link import BulkLinks, reachable_host
 from .control import Action, Attach, Connect, Control, Link, Probe, RegistrationRefused, Send
 from .executor import Executor
-from .lane import DEVICE_KINDS, Lane, message_body
+from .lane import DEVICE_KINDS, Lane, jumps_the_queue, message_body
 from .links import LINK_THRESHOLD, Fallback
 from .memory import MemoryBudget
 
@@ -208,7 +208,7 @@ class _DeviceThread:
             log.warning("bad message from the broker on device %d: %s", self.index, exc)
             return
         if header.kind in DEVICE_KINDS:
-            if run_now:
+            if run_now or jumps_the_queue(header, frames):
                 self._handle(frames, header)
             else:
                 self._waiting.park(header.session, frames, 0.0)  # (its turn comes; no clock)
