@@ -130,7 +130,9 @@ def workers(registry: RegistryView, now: float) -> dict[str, Any]:
             "backend": worker.backend, "devices": indexes,
             "registered_ago": now - worker.registered, "last_seen_ago": now - worker.last_seen,
             "sessions": len(worker.sessions), "draining": worker.draining,
-            "memory_budget": worker.report and worker.report.budget_bytes, **_traffic(total)})
+            "memory_budget": worker.report and worker.report.budget_bytes,
+            "link_refusals": worker.report.link_refusals if worker.report else 0,
+            **_traffic(total)})
     rows.sort(key=lambda row: row["devices"][:1] or [registry.device_count])
     return {"workers": rows, "lost": _lost_workers(registry, now)}
 

@@ -96,6 +96,7 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
         "devices": devices,
         "budgets": {name: report.budget_bytes for name, report in reports.items()
                     if report.budget_bytes is not None},
+        "link_refusals": {name: report.link_refusals for name, report in reports.items()},
         "sessions": _count_by((s.phase.value for s in registry.sessions.values()),
                               "opening", "open", "closing"),
         "sessions_opened": counters["hellos"],
@@ -214,6 +215,10 @@ def families(snapshot: Mapping[str, Any]) -> list[Metric]:
         _by_label(_gauge, "worker_memory_budget_bytes", "Bytes all of a worker's devices may "
                   "hold (its --memory-budget), as it last reported.", "worker",
                   snapshot["budgets"]),
+        _by_label(_counter, "worker_link_refusals_total", "Peers a worker's direct-link "
+                  "endpoint refused, as it last reported: a handshake showing a ticket the "
+                  "broker did not give it (or a used or late one), or a message the ticket "
+                  "does not allow.", "worker", snapshot["link_refusals"]),
         _by_label(_gauge, "sessions", "Sessions by state: opening, open or closing.", "state",
                   snapshot["sessions"]),
         _counter("sessions_opened_total", "HELLOs accepted: sessions sent to a device to open.",

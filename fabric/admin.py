@@ -159,7 +159,8 @@ class Admin:
     def workers(self, lost: bool = False) -> list[dict[str, Any]]:
         """Each connected worker: name, host (as it reports it), address (as the broker sees
         it), backend, device indexes, registered and last-seen ages (s), sessions, draining,
-        traffic (messages, bytes, submits, errors), and ``online`` True.
+        traffic (messages, bytes, submits, errors), ``link_refusals`` (peers its direct-link
+        endpoint refused, as it last reported) and ``online`` True.
 
         With ``lost``, then each lost worker (offline, its device indexes kept for it): name,
         host, address, backend, indexes, ``online`` False, and when it was last heard from:

@@ -151,10 +151,12 @@ class DeviceReport(NamedTuple):
 
 
 class WorkerReport(NamedTuple):
-    """A worker's report: its memory budget (None: no limit) and one entry per device."""
+    """A worker's report: its memory budget (None: no limit), one entry per device, and the
+    peers its direct-link endpoint refused (no ticket, a wrong or used one)."""
 
     budget_bytes: int | None
     devices: tuple[DeviceReport, ...]
+    link_refusals: int = 0
 
     def device(self, local: int) -> DeviceReport | None:
         """The report of device ``local``; None where the worker has no such device (a name
@@ -165,7 +167,8 @@ class WorkerReport(NamedTuple):
 def report_body(report: WorkerReport) -> dict[str, Any]:
     """The ``report`` field of a worker's HEARTBEAT (a device as a list, in field order:
     a heartbeat stays small, a few dozen bytes per device)."""
-    return {"report": [report.budget_bytes, [list(device) for device in report.devices]]}
+    return {"report": [report.budget_bytes, [list(device) for device in report.devices],
+                       report.link_refusals]}
 
 
 def _count(value: Any) -> bool:
@@ -194,16 +197,18 @@ def decode_report(body: dict[str, Any], devices: int) -> WorkerReport | None:
     if "report" not in body:
         return None
     report = body["report"]
-    if type(report) is not list or len(report) != 2 or type(report[1]) is not list:
-        raise ProtocolError("A HEARTBEAT's report is [budget_bytes, [device report, ...]]: "
-                            "upgrade the worker to the broker's fabric release.")
-    budget, entries = report
+    if type(report) is not list or len(report) != 3 or type(report[1]) is not list:
+        raise ProtocolError("A HEARTBEAT's report is [budget_bytes, [device report, ...], "
+                            "link_refusals]: upgrade the worker to the broker's fabric release.")
+    budget, entries, link_refusals = report
     if budget is not None and not _count(budget):
         raise ProtocolError("A report's budget_bytes must be an int from 0 to 2**63-1, or nil.")
+    if not _count(link_refusals):
+        raise ProtocolError("A report's link_refusals must be an int from 0 to 2**63-1.")
     if len(entries) != devices:
         raise ProtocolError(f"A report has {len(entries)} device report(s) for a worker that "
                             f"registered {devices} device(s): one per device, in order.")
-    return WorkerReport(budget, tuple(map(_device_report, entries)))
+    return WorkerReport(budget, tuple(map(_device_report, entries)), link_refusals)
 
 
 # Header and Message are named tuples, not dataclasses: every message on every hop makes

@@ -106,15 +106,17 @@ def test_labels_are_device_and_worker_only(metered):
 
 BAD_REPORTS = {
     "not a list": {"report": {"devices": []}},
-    "no devices list": {"report": [None, 7]},
-    "a device too many": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]] * 2]},
-    "a negative size": {"report": [None, [[-1, [0] * BUCKETS, 0.0, 0, 0, 0]]]},
-    "a bool for a count": {"report": [None, [[0, [0] * BUCKETS, 0.0, True, 0, 0]]]},
-    "too few buckets": {"report": [None, [[0, [0] * (BUCKETS - 1), 0.0, 0, 0, 0]]]},
-    "a count too large": {"report": [None, [[0, [2**64 - 1] * BUCKETS, 0.0, 0, 0, 0]]]},
-    "seconds not a number": {"report": [None, [[0, [0] * BUCKETS, "1", 0, 0, 0]]]},
-    "infinite seconds": {"report": [None, [[0, [0] * BUCKETS, math.inf, 0, 0, 0]]]},
-    "a bad budget": {"report": [-5, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]]]},
+    "no devices list": {"report": [None, 7, 0]},
+    "no link_refusals": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]]]},
+    "negative link_refusals": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]], -1]},
+    "a device too many": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]] * 2, 0]},
+    "a negative size": {"report": [None, [[-1, [0] * BUCKETS, 0.0, 0, 0, 0]], 0]},
+    "a bool for a count": {"report": [None, [[0, [0] * BUCKETS, 0.0, True, 0, 0]], 0]},
+    "too few buckets": {"report": [None, [[0, [0] * (BUCKETS - 1), 0.0, 0, 0, 0]], 0]},
+    "a count too large": {"report": [None, [[0, [2**64 - 1] * BUCKETS, 0.0, 0, 0, 0]], 0]},
+    "seconds not a number": {"report": [None, [[0, [0] * BUCKETS, "1", 0, 0, 0]], 0]},
+    "infinite seconds": {"report": [None, [[0, [0] * BUCKETS, math.inf, 0, 0, 0]], 0]},
+    "a bad budget": {"report": [-5, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]], 0]},
 }
 
 
@@ -122,7 +124,7 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
     url = metered.metrics_url
     errors = value(scrape(url), "fabric_broker_events_total", event="backend_protocol_errors")
     good = WorkerReport(1 << 30, (DeviceReport(4096, (1, 2) + (0,) * (BUCKETS - 3) + (3,), 1.5,
-                                               7, 2, 5),))
+                                               7, 2, 5),), link_refusals=4)
     with RawDealer(metered.backend_address, metered.worker_token) as raw:
         raw.send(frames_of(Kind.REGISTER, {"token": metered.worker_token, "name": "raw",
                                            "backend": "numpy", "devices": [{}]}, request=1))
@@ -145,6 +147,7 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
         assert value(samples, "fabric_device_graph_registrations_total", **labels) == 2
         assert value(samples, "fabric_device_queued_messages", **labels) == 5
         assert value(samples, "fabric_worker_memory_budget_bytes", worker="raw") == 1 << 30
+        assert value(samples, "fabric_worker_link_refusals_total", worker="raw") == 4
     assert metered.broker.poll() is None, metered.log_tail("broker", 20)
     with metered.connect(device=0) as session:
         assert session.asarray([1.0, 2.0]).sum().numpy() == 3.0
@@ -155,7 +158,7 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
 
 def test_a_report_goes_through_its_codec_unchanged():
     report = WorkerReport(None, (DeviceReport(10, (0,) * BUCKETS, 0.0, 0, 0, 0),
-                                 DeviceReport(2**40, tuple(range(BUCKETS)), 12.5, 3, 1, 9)))
+                                 DeviceReport(2**40, tuple(range(BUCKETS)), 12.5, 3, 1, 9)), 7)
     body = protocol.decode(protocol.encode(Message(Kind.HEARTBEAT, body=report_body(report))))
     assert decode_report(body.body, devices=2) == report
     assert decode_report({}, devices=2) is None  # a lane's heartbeat says nothing of it

@@ -326,8 +326,9 @@ class Worker:
 
     def report(self) -> dict[str, Any]:
         """What the control thread's HEARTBEAT says of the devices: the broker's metrics."""
-        return report_body(WorkerReport(self._budget.limit,
-                                        tuple(runner.report() for runner in self._runners)))
+        return report_body(WorkerReport(
+            self._budget.limit, tuple(runner.report() for runner in self._runners),
+            0 if self.links is None else self.links.admissions.refused))
 
     # -- what the control machine asks for ------------------------------------------------
 
