@@ -553,6 +553,9 @@ for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolu
                        ("invert", "invert")]:
     setattr(Tensor, f"__{_dunder}__", _SINGLES[_name])
 Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
+Tensor.__pow__ = lambda t, e: (  # type: ignore[method-assign]  # numpy's ** squares for 2:
+    _SINGLES["square"](t) if type(e) is int and e == 2 and t.dtype == np.bool_  # bool: int8
+    else _PAIRS["power"](t, e))
 
 
 def _in_place(ufunc: np.ufunc) -> Callable[[Tensor, Any], Tensor]:

@@ -117,8 +117,9 @@ OPERAND_KINDS = {"/": ("any", "positive"), "//": ("any", "positive"),
                  "<<": ("any", "small"), ">>": ("any", "small")}
 APPROX = {"/", "**", "np.arctan2"}
 
-# Python scalars are weak in NumPy 2 promotion, numpy scalars are not; 2**40 overflows int32.
-SCALARS = [True, 3, -2, 2.5, 2**40, np.bool_(True), np.int32(3), np.int64(-2),
+# Python scalars are weak in NumPy 2 promotion, numpy scalars are not; 2**40 overflows int32;
+# ``t ** 2`` is numpy's square (a bool array's is int8, its np.power int64).
+SCALARS = [True, 2, 3, -2, 2.5, 2**40, np.bool_(True), np.int32(3), np.int64(-2),
            np.float32(2.0), np.float64(0.5)]
 
 
