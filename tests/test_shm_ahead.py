@@ -29,6 +29,12 @@ MiB = 1 << 20
 
 
 @pytest.mark.timeout(90)
+def _state(pid: int) -> str:
+    """A process's state letter (R, S, T for stopped, ...), from /proc."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_an_upload_returns_while_its_device_is_stopped():
     # A stopped worker answers nothing: any upload that waited for its device would time
     # out here. (Heartbeats long enough that the broker keeps the stopped worker.)
@@ -39,7 +45,9 @@ def test_an_upload_returns_while_its_device_is_stopped():
         session.sync()  # agreed to shared memory, and the slot asked for ahead has come
         worker = cluster.workers[0]
         worker.send_signal(signal.SIGSTOP)
-        try:
+        try:  # (the signal takes effect a little later: the stop is awaited, as a race lost
+            # under load let the worker answer the sync below first)
+            wait_for(lambda: _state(worker.pid) == "T", 5, "the worker to stop")
             waiting = session._send_request({"op": "sync"})  # unanswered while stopped
             second = session.asarray(b)  # into the slot lent ahead
             third = session.asarray(c)  # none has come since: through this client's pool
