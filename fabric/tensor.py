@@ -332,11 +332,11 @@ class Tensor(Spec):
         out, where = extra.pop("out", None), extra.pop("where", True)
         axis = tuple(axis) if isinstance(axis, list) else axis
         params = {"axis": axis, "keepdims": keepdims, **given_params(extra)}
+        inputs = (self,) if where is True else (self, where)
         if out is None:
-            return self.session.apply(name, (self,) if where is True else (self, where), params)
-        shape, _ = OPS[name].infer((self,) if where is True else (self, where), params)
-        check_reduction_out(name, self, params, shape, out)
-        return store_into(out, self._reduce(name, axis, keepdims, where=where, **extra))
+            return self.session.apply(name, inputs, params)
+        check_reduction_out(name, self, params, OPS[name].infer(inputs, params)[0], out)
+        return store_into(out, self.session.apply(name, inputs, params))
 
     def sum(self, axis: Any = None, keepdims: bool = False, dtype: Any = None,
             initial: Any = None, where: Any = True) -> "Tensor":

@@ -393,11 +393,14 @@ class Worker:
         if frames[0].bytes == _LINK_REPLY:  # (a device's answer to a read on a link)
             self.links.reply(frames[1].bytes, frames[2:])
             return
-        header = protocol.decode_header(frames[0])  # a device thread's own TRANSFER
-        if self.links is not None and self.session_device(header.session) is None:
+        # A device thread's own TRANSFER: for a session of this worker, or (large, for
+        # another worker) over a direct link
+        device = self.session_device(protocol.decode_header(frames[0]).session)
+        if device is not None:
+            self._to_device(device, frames)
+        elif self.links is not None:
             self._send(self.links.send(frames, sum(len(f) for f in frames[1:])))
-        else:
-            self._deliver(frames)
+        # (else its session closed meanwhile; the broker would drop it too)
 
     def _deliver(self, frames: list[zmq.Frame]) -> None:
         """A TRANSFER for a session of this worker (from one of its devices, or over a direct
