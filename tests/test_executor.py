@@ -286,6 +286,30 @@ OPS_OF_HOLDER = {"getitem": lambda a: a[::2], "reshape": lambda a: a.reshape(10,
                  "broadcast_to": lambda a: np.broadcast_to(a, (2, 100))}
 
 
+@pytest.mark.parametrize("index, expected, view", [
+    ([[1, -1, None], [None, None, 2]], lambda a: a[1:-1, ::2], True),
+    ([1, "...", None], lambda a: a[1, ..., None], True),
+    ([2, 3], lambda a: a[2, 3], False),  # a scalar in numpy: a 0-d array of its own
+])
+def test_a_basic_index_is_a_view_of_the_base_with_numpys_values(index, expected, view):
+    executor = opened()
+    submit(executor, ["arange", 1, [], {"start": 0, "stop": 20, "step": 1, "dtype": "<f8"}],
+           ["reshape", 2, [1], {"shape": [4, 5]}], ["getitem", 3, [2], {"index": index}])
+    base, result = (executor.sessions[SESSION].tensors[t] for t in (2, 3))
+    assert np.shares_memory(base, result) is view and type(result) is np.ndarray
+    np.testing.assert_array_equal(read(executor, 3), expected(np.arange(20.0).reshape(4, 5)))
+
+
+@pytest.mark.parametrize("index", [None, "1:2", [[1, 2]], [{"array": 0}]])
+def test_a_malformed_basic_index_poisons_its_result_and_the_session_goes_on(index):
+    executor = opened()
+    submit(executor, ["ones", 1, [], {"shape": [4], "dtype": "<f8"}],
+           ["getitem", 2, [1], {"index": index}], ["negative", 3, [1], {}])
+    error = error_from_wire(request(executor, op="read", id=2).body["error"])
+    assert isinstance(error, FabricError) and error.details["op"] == "getitem"
+    np.testing.assert_array_equal(read(executor, 3), -np.ones(4))
+
+
 def test_an_update_not_marked_in_place_leaves_its_target_as_it_was():
     executor = opened()
     submit(executor, ["ones", 1, [], {"shape": [4], "dtype": "<f8"}],

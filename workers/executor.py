@@ -32,8 +32,8 @@ from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError
 from fabric.flow import CREDIT_EVERY
 from fabric.ops import OPS, RANDOM_OPS, WRITES_IN_PLACE
 from fabric.protocol import Kind, Message, reply_to
-from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
-                         dtype_name, parse_op)
+from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params, decode_scalar,
+                         device_dtype, dtype_name, parse_op)
 
 from . import shared_memory
 from .backends.base import Backend, DeferredError, DeferredValue, Value
@@ -236,10 +236,14 @@ class Executor(GraphOps, Admission):
                         and allowance.held + BOUND_PER_ELEMENT * elements  # case, inline)
                         <= allowance.granted):
                     admit(session, name, inputs, params, elements)  # before it allocates
-                if impl is None or elements >= plain_below and not small(inputs):
+                if name == "getitem" and len(inputs) == 1 and type(inputs[0]) is np.ndarray \
+                        and len(params) == 1:  # a basic index: a view, without the calls
+                    # around an op of the table (a stencil's every operand is one)
+                    result = inputs[0][decode_index(params.get("index"))]
+                elif impl is None or elements >= plain_below and not small(inputs):
                     store(session, out, self._compute(session, name, inputs, params, buffers))
                     continue
-                if elements < ELIDE_FROM_ELEMENTS or type(impl) is not np.ufunc:
+                elif elements < ELIDE_FROM_ELEMENTS or type(impl) is not np.ufunc:
                     result = impl(*inputs)  # the device's own run, without the calls around it
                 else:  # (numpy's elision of a large temporary: workers.elision)
                     value = result = array = None  # (no name here for an input: it counts
