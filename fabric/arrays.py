@@ -21,12 +21,13 @@ from . import numpy_functions, numpy_linalg  # noqa: F401  (register numpy's fun
 from .device import Device
 from .errors import MessageTooLarge
 from .flow import size_and_limit_text
+from .indexing import as_shape
 from .ops import OPS
 from .origins import issued_at
 from .progress import Progress, upload as upload_in_chunks, wanted as progress_wanted
 from .random import Random
 from .stream import OpStream
-from .tensor import Tensor, as_shape
+from .tensor import Tensor
 from .wire import device_dtype, encode_param, encode_scalar
 
 

@@ -6,7 +6,8 @@ the op's params (``fabric.wire.encode_index``) and the arrays that travel as the
 arguments, each standing in the items as an ``IndexArray``. Numpy's rules decide the rest:
 the result's shape is inferred by indexing a stand-in (``fabric.ops``), so a bad index raises
 numpy's error at the call. An error names an index array by its shape and dtype, never by
-its values (an index may hold millions of them).
+its values (an index may hold millions of them). A shape given to an op (``reshape``, the
+creation functions) is taken as numpy takes one, by ``as_shape``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ class PreparedIndex(NamedTuple):
             else:  # a slice, None or ...: numpy's result is an array
                 return True
         return ints < ndim
+
+
+def as_shape(shape: Any) -> tuple[int, ...]:
+    """A shape as numpy takes one: an integer or a sequence of them (numpy's too, not floats)."""
+    try:
+        return (operator.index(shape),)
+    except TypeError:
+        pass
+    try:
+        return tuple(operator.index(n) for n in shape)
+    except TypeError:
+        raise TypeError(f"expected a sequence of integers or a single integer, got {shape!r}"
+                        ) from None
 
 
 def describe(item: Any) -> str:
@@ -95,6 +109,39 @@ def basic_index_key(index: Any) -> tuple[Any, ...] | None:
         else:
             return None
     return tuple(key)
+
+
+class Remembered(dict):  # type: ignore[type-arg]
+    """What was inferred for a key (a shape and a ``basic_index_key``, ...), kept for the
+    next op with that key (a loop indexes the same way each step); emptied when full, as
+    keys are many where shapes are."""
+
+    KEPT = 4096
+
+    def remember(self, key: Any, value: Any) -> None:
+        """Keep ``value`` for ``key`` (None: nothing is kept)."""
+        if key is None:
+            return
+        if len(self) >= self.KEPT:
+            self.clear()
+        self[key] = value
+
+
+def update_key(target: Spec, index: Any, value: Any) -> tuple[Any, ...] | None:
+    """The key under which ``target[index] = value``'s params are remembered: the target's
+    shape and dtype, the basic index and the value's shape and dtype (a tensor of the
+    target's session) or its type and value (a Python scalar, whose value numpy's casting
+    checks); None where anything else is given."""
+    basic = basic_index_key(index)
+    if basic is None:
+        return None
+    if isinstance(value, Spec):
+        if getattr(value, "session", None) is not getattr(target, "session", False):
+            return None
+        return (target.shape, target.dtype, basic, value.shape, value.dtype)
+    if type(value) in (float, int, bool, complex):
+        return (target.shape, target.dtype, basic, type(value), value)
+    return None
 
 
 def prepare_index(index: Any) -> PreparedIndex:

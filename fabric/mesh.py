@@ -16,8 +16,9 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .moves import move_all
 from .sharded import ShardedTensor
+from .indexing import as_shape
 from .sharding import along, block_ranges, split_blocks
-from .tensor import Tensor, as_shape
+from .tensor import Tensor
 
 Shape = tuple[int, ...]
 Session = Any  # a fabric.Session (which imports this module: named, not imported)

@@ -17,7 +17,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .tensor import ARRAY_FUNCTIONS, Tensor, as_shape
+from .indexing import as_shape
+from .tensor import ARRAY_FUNCTIONS, Tensor
 from .views import link, root
 
 

@@ -13,13 +13,13 @@ looked up in ``ARRAY_FUNCTIONS``, which ``fabric.numpy_functions`` fills (NEP 18
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .errors import FabricError
-from .indexing import PreparedIndex, basic_index_key, prepare_index
+from .indexing import (PreparedIndex, Remembered, as_shape, basic_index_key, prepare_index,
+                       update_key)
 from .ops import BINARY_UFUNCS, NO_PARAMS, OPS, UNARY_UFUNCS, Spec, weak_int
 from .origins import issued_at
 from .printing import repr_text, summary_index, summary_text
@@ -29,9 +29,8 @@ from .views import (assign, check_out, check_reduction_out, check_writable, link
 from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
 
 # Basic indexes already inferred: (indexed shape, ``basic_index_key``) -> (result's shape,
-# params as they travel, whether it is a view). Emptied when full: shapes are many.
-_BASIC_INDEXES: dict[tuple[Any, ...], tuple[tuple[int, ...], dict[str, Any], bool]] = {}
-BASIC_INDEXES_KEPT = 4096
+# params as they travel, whether it is a view); updates: ``update_key`` -> params.
+_BASIC_INDEXES, _BASIC_UPDATES = Remembered(), Remembered()
 # numpy function -> its handler on tensors; filled by fabric.numpy_functions, which the
 # module that makes every tensor's session (fabric.arrays) imports.
 ARRAY_FUNCTIONS: dict[Any, Callable[..., Any]] = {}
@@ -226,9 +225,7 @@ class Tensor(Spec):
         elif view:
             link(self, result, "getitem", tuple(arrays), wire, "view")
         if basic is not None:
-            if len(_BASIC_INDEXES) >= BASIC_INDEXES_KEPT:
-                _BASIC_INDEXES.clear()
-            _BASIC_INDEXES[self.shape, basic] = (result.shape, wire, view)
+            _BASIC_INDEXES.remember((self.shape, basic), (result.shape, wire, view))
         return result
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -236,7 +233,15 @@ class Tensor(Spec):
         the tensor (and the views of it, and the tensor it is a view of) then holds the new
         values, as numpy's does; other tensors made from its old values keep theirs."""
         check_writable(self)
-        assign(self, self._indexed("setitem", (value,), index, in_place=True)[0])
+        key = update_key(self, index, value)
+        wire = _BASIC_UPDATES.get(key)
+        if wire is None:  # (once per signature in a loop: inferring it is most of the work)
+            result, _, _, wire = self._indexed("setitem", (value,), index, in_place=True)
+            _BASIC_UPDATES.remember(key, wire)
+        else:
+            result = self.session.stream.push("setitem", (self.id, self.session.wire_arg(
+                value)), self.size, self.shape, self.dtype, wire, issued_at(2))
+        assign(self, result)
 
     def reshape(self, *shape: Any) -> "Tensor":
         """The same values in a new shape (one dimension may be -1), as numpy's. numpy's
@@ -575,19 +580,6 @@ for _dunder, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multip
 
 def _divmod(left: Any, right: Any) -> tuple[Tensor, Tensor]:
     return _PAIRS["floor_divide"](left, right), _PAIRS["remainder"](left, right)
-
-
-def as_shape(shape: Any) -> tuple[int, ...]:
-    """A shape as numpy takes one: an integer or a sequence of them (numpy's too, not floats)."""
-    try:
-        return (operator.index(shape),)
-    except TypeError:
-        pass
-    try:
-        return tuple(operator.index(n) for n in shape)
-    except TypeError:
-        raise TypeError(f"expected a sequence of integers or a single integer, got {shape!r}"
-                        ) from None
 
 
 def given_params(params: dict[str, Any]) -> dict[str, Any]:

@@ -291,6 +291,27 @@ def test_a_basic_index_taken_again_is_the_same_view_as_the_first_time(session):
         session.zeros((2, 5))[3, 4]  # in bounds of BASE's shape, not of this one
 
 
+def test_an_update_taken_again_is_checked_and_written_as_the_first_time(session):
+    # (the second time, its params are remembered per target, index and value: a stencil's
+    # step; whatever differs is inferred again, with numpy's error at the call)
+    expected, t = np.zeros((4, 5), np.int8), session.zeros((4, 5), np.int8)
+    rows, other_rows = np.arange(10, dtype=np.int8).reshape(2, 5), np.ones((3, 5), np.int8)
+    for step in range(3):
+        for a, up in ((expected, np.asarray), (t, session.asarray)):
+            a[1:3] = 5 + step
+            a[1:3] = up(rows) + step
+            a[0] = 100 - step
+            view = a[:, 1:]
+            view[3] = step  # through a view: reaches the base
+        for value in (300, other_rows, 1.5j):  # after the same index took other values
+            with pytest.raises(Exception) as numpys:
+                expected[1:3] = value
+            with pytest.raises(numpys.type):
+                t[1:3] = session.asarray(value) if isinstance(value, np.ndarray) else value
+        np.testing.assert_array_equal(t.numpy(), expected, strict=True)
+    session.sync()
+
+
 def test_a_write_through_a_reshape_is_refused_and_says_what_to_do(session):
     t = session.asarray(BASE)
     flat = t.reshape(-1)
