@@ -34,6 +34,9 @@ from bench.timing import median_seconds  # noqa: E402
 
 COLUMNS = 512
 CHAIN = 20
+# Seconds a read may wait for the device: a 2 GiB array's op takes tens of seconds on one
+# busy core, longer than a session's default (10 s).
+READ_TIMEOUT = 600.0
 
 
 def chain(x: Any) -> Any:
@@ -51,7 +54,8 @@ def matmul(x: Any, weights: Any) -> Any:
 
 
 def on_devices(count: int, rows: int, repeats: int) -> dict[str, float]:
-    with fabric.LocalCluster(workers=count) as cluster, cluster.connect() as session:
+    with fabric.LocalCluster(workers=count) as cluster, \
+            cluster.connect(timeout=READ_TIMEOUT) as session:
         mesh = session.mesh(devices=list(range(count)))
         mesh.random.seed(6)
         x = mesh.random.normal(size=(rows, COLUMNS))
