@@ -46,6 +46,9 @@ class ViewLink(NamedTuple):
         return self.held() if self.kind == "layout" else self.held
 
 
+_new_tuple = tuple.__new__  # (a NamedTuple without its Python __new__: one per view)
+_VIEWS_COUNTED_FROM = 16  # a base's view registry is first pruned at this length
+
 _LAYOUT_DEPENDENT = (
     "Cannot write into {which} as numpy writes into a reshape and its base only where no "
     "copy was needed, which depends on memory layout: write into the tensor in its own shape "
@@ -69,17 +72,39 @@ _UNDO_VIEW = {
 }
 
 
+class _ViewRefs(list):  # type: ignore[type-arg]
+    # A base's views, as weak references without callbacks (a WeakSet's add and removal
+    # cost a stencil's every operand a fifth of its time); the dead ones are dropped once
+    # there are as many again as there were live ones at the last count.
+    __slots__ = ("bound",)
+
+
 def link(base: Any, view: Any, name: str, args: tuple[Any, ...], params: dict[str, Any],
          kind: str) -> Any:
     """``view``, made from tensor ``base`` by op ``name`` (``ViewLink``'s fields), linked to
     it so that updates reach both as numpy's do; returned."""
-    view._view_of = ViewLink(weakref.ref(base) if kind == "layout" else base, name, args,
-                             params, kind)
-    views = getattr(base, "_views", None)
-    if views is None:
-        views = base._views = weakref.WeakSet()
-    views.add(view)
+    view._view_of = _new_tuple(ViewLink, (
+        weakref.ref(base) if kind == "layout" else base, name, args, params, kind))
+    refs = getattr(base, "_views", None)
+    if refs is None:
+        refs = base._views = _ViewRefs()
+        refs.bound = _VIEWS_COUNTED_FROM
+    refs.append(weakref.ref(view))
+    if len(refs) >= refs.bound:
+        _live_views(base)
     return view
+
+
+def _live_views(tensor: Any) -> list[Any]:
+    # The views of ``tensor`` still in use (its registry keeps only theirs)
+    refs = getattr(tensor, "_views", None)
+    if not refs:
+        return []
+    live = [view for view in (ref() for ref in refs) if view is not None]
+    if len(live) < len(refs):
+        refs[:] = [weakref.ref(view) for view in live]
+    refs.bound = 2 * len(live) + _VIEWS_COUNTED_FROM
+    return live
 
 
 def check_writable(tensor: Any) -> None:
@@ -100,7 +125,7 @@ def check_writable(tensor: Any) -> None:
         view_link = getattr(root, "_view_of", None)
     pending = [root]
     while pending:
-        for view in list(getattr(pending.pop(), "_views", None) or ()):
+        for view in _live_views(pending.pop()):
             if view._view_of.kind == "layout" and view is not tensor:
                 raise ValueError(_LAYOUT_DEPENDENT.format(
                     which=f"a reshape of this tensor (shape {view.shape}), still in use,"))
@@ -131,7 +156,7 @@ def _take(tensor: Any, values: Any) -> None:
 
 def _refresh_views(tensor: Any) -> None:
     # Each live view is made again from the new values (a view op: no copy on the device)
-    for view in list(getattr(tensor, "_views", None) or ()):
+    for view in _live_views(tensor):
         view_link = view._view_of
         _take(view, tensor.session.emit(view_link.name, (tensor, *view_link.args), view.shape,
                                         view.dtype, view_link.params, issued_at()))
