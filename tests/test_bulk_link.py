@@ -5,6 +5,7 @@ grants handed to them by the test. End to end with real workers: ``test_direct_l
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 
@@ -116,3 +117,38 @@ def test_a_new_broker_connection_drops_the_dials_of_the_old(sides):
     sender.poller = zmq.Poller()
     sender.links.watch(sender.poller)
     assert not sender.links._dials and sender.links.tick() == []
+
+
+def _null_peers(address: str, count: int) -> list[zmq.Socket]:
+    """``count`` raw DEALERs showing no credentials (the NULL mechanism), connecting to
+    ``address``; each retries its handshake every 100 ms until closed."""
+    context = zmq.Context.instance()
+    peers = []
+    for _ in range(count):
+        peer = context.socket(zmq.DEALER)
+        peer.linger = 0
+        peer.connect(address)
+        peers.append(peer)
+    return peers
+
+
+def test_a_peer_without_credentials_is_refused_counted_and_a_flood_logged_once(sides, caplog):
+    _, receiver = sides
+    peers = _null_peers(receiver.links.address, 20)
+    try:
+        with caplog.at_level(logging.WARNING, "fabric.worker"):
+            run_until(lambda: receiver.links.admissions.refused >= 100, receiver)
+    finally:
+        for peer in peers:
+            peer.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "no credentials" in said[0]  # (the rest: in a summary later)
+    assert receiver.delivered == [] and receiver.reads == []
+    sender = Side()  # and a granted link still goes through
+    try:
+        values = np.arange(1000.0)
+        grant(sender, receiver, transfer(values), secrets.token_bytes(32))
+        run_until(lambda: receiver.delivered, sender, receiver)
+    finally:
+        sender.close()
+    assert bytes(protocol.decode(receiver.delivered[0]).buffers[0]) == values.tobytes()

@@ -8,6 +8,7 @@ import logging
 import secrets
 
 import pytest
+import zmq
 
 from fabric.broker.links import reported_bulk
 from fabric.protocol import Header, Kind, Message
@@ -181,3 +182,14 @@ def test_no_connection_in_time_falls_back_and_is_logged_once_per_address(caplog)
     ("tcp://h:1", None), (None, None)])
 def test_the_broker_takes_only_a_well_formed_bulk_endpoint(bulk, expected):
     assert reported_bulk({"bulk": bulk}) == expected
+
+
+@pytest.mark.parametrize("event, counted", [
+    (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, True),  # NULL, or another mechanism
+    (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, True),  # closed mid-handshake
+    (zmq.EVENT_HANDSHAKE_FAILED_AUTH, False),  # ZAP's refusal: counted by on_zap already
+    (zmq.EVENT_DISCONNECTED, False),
+])
+def test_handshakes_libzmq_refuses_by_itself_are_counted_once(admissions, event, counted):
+    assert admissions.refuses(event) is counted
+    assert admissions.refused == int(counted)

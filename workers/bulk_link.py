@@ -9,7 +9,10 @@ byte of a peer without a ticket is taken. Each granted TRANSFER gets its own DEA
 shows the ticket, sends once connected and closes when the receiver acknowledges (or gives
 up, ``workers.links``). An admitted TRANSFER goes to its device as one moved between two
 devices of this worker does; a client's admitted read goes to its device too, and the reply
-comes back here, to go out on the link it came by.
+comes back here, to go out on the link it came by. The endpoint's socket monitor reports
+the handshakes libzmq refuses before any ZAP request (a peer without credentials): counted
+with the rest, and logged at most once an interval (``RateLimitedLog``: any peer can cause
+them).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import zmq
 from fabric import protocol, zap
 from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
+from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's own rules)
 from fabric.security import CurveClient, show_ticket
-from fabric.sockets import recv_frames, try_send
+from fabric.sockets import recv_frames, recv_monitor_event, try_send
 
-from .links import Admissions, Dial, Fallback, Outgoing, ZapAnswer
+from .links import HANDSHAKE_REFUSALS, Admissions, Dial, Fallback, Outgoing, ZapAnswer
 
 log = logging.getLogger("fabric.worker")
 
@@ -82,6 +86,8 @@ class BulkLinks:
             self.endpoint.curve_server = True
         else:
             self.endpoint.plain_server = True
+        self.monitor = self.endpoint.get_monitor_socket(HANDSHAKE_REFUSALS)
+        self._refusal_log = RateLimitedLog()
         where = f"[{host}]" if ":" in host else host
         self.address = f"tcp://{where}:{self.endpoint.bind_to_random_port(f'tcp://{where}')}"
         log.info("direct links at %s", self.address)
@@ -98,12 +104,13 @@ class BulkLinks:
             self._close_dial(link)
         self.outgoing.clear()
         self._poller = poller
-        poller.register(self.zap, zmq.POLLIN)
-        poller.register(self.endpoint, zmq.POLLIN)
+        for sock in (self.zap, self.endpoint, self.monitor):
+            poller.register(sock, zmq.POLLIN)
 
     def owns(self, sock: zmq.Socket) -> bool:
         """Whether ``sock`` is one of this module's (for the loop's dispatch)."""
-        return sock is self.zap or sock is self.endpoint or sock in self._dials.values()
+        return sock is self.zap or sock is self.endpoint or sock is self.monitor \
+            or sock in self._dials.values()
 
     def send(self, frames: list[zmq.Frame], nbytes: int) -> Message:
         """A large TRANSFER leaves: the LINK request to send to the broker."""
@@ -136,6 +143,15 @@ class BulkLinks:
             self._answer(self.admissions.on_zap((routing, request.request_id),
                                                 request.mechanism.encode(),
                                                 list(request.credentials), now))
+        elif sock is self.monitor:
+            event = recv_monitor_event(sock)
+            if self.admissions.refuses(event["event"]):
+                line = self._refusal_log.note(
+                    logging.WARNING, "direct link: a handshake refused before any ticket was "
+                    "shown (no credentials, or another mechanism)", "not named by libzmq", now,
+                    f"{self.admissions.refused} refused in all")
+                if line is not None:
+                    log.log(*line)
         elif sock is self.endpoint:
             routing, *frames = recv_frames(sock)
             try:  # (an admitted peer's message always has a header, and a User-Id)
@@ -172,6 +188,8 @@ class BulkLinks:
         """Refuse handshakes that waited too long; the TRANSFERs that fall back."""
         now = time.monotonic()
         self._answer(self.admissions.tick(now))
+        for line in self._refusal_log.due(now):
+            log.log(*line)
         fallbacks = self.outgoing.tick(now)
         for link in [f.link for f in fallbacks] + self.outgoing.unacknowledged(now):
             self._close_dial(link)
@@ -182,6 +200,8 @@ class BulkLinks:
         for link in list(self._dials):
             self._close_dial(link)
         self.zap.close(linger=0)
+        self.endpoint.disable_monitor()
+        self.monitor.close(linger=0)
         self.endpoint.close(linger=0)
 
     def _dial(self, dial: Dial) -> None:

@@ -8,7 +8,8 @@ nothing an unadmitted peer sends is ever buffered, and an admitted one carries e
 message to that session: a TRANSFER, or, from the session's own client, a REQUEST (a read,
 answered on the link). A ZAP request may come before its ticket (the broker tells both
 sides at once): it waits, at most ``MAX_WAITING`` of them, until ``WAIT_SECONDS`` have
-passed, then is refused. Refusals are counted.
+passed, then is refused. Refusals are counted, and so are the handshakes libzmq refuses
+before any ZAP request (a peer showing no credentials, or another mechanism: ``refuses``).
 
 Rule 2 (sender): a TRANSFER of at least ``LINK_THRESHOLD`` bytes for another worker asks
 the broker for a link (``LINK``); without a grant and a connection within
@@ -17,7 +18,11 @@ through the broker as before, and the first such fallback to each address is log
 
 The receiver acknowledges the TRANSFER it took (an empty message back on the link); a sender
 closes a link when acknowledged, or ``ACK_SECONDS`` after sending (logged: the receiver
-vanished, or the link broke, and the client's wait for the tensor says so).
+vanished, and the client's wait for the tensor says so). A link that breaks before the
+receiver's word (its connection closes, or its bytes go unacknowledged by TCP for
+``STALL_SECONDS``) has its TRANSFER sent once more, through the broker, and says so once per
+address: the receiving device takes whichever copy comes first, since the move's own ticket
+(``expect``) admits one, so a late copy is dropped there and nothing is stored twice.
 
 A ticket is 32 random bytes. Shown in the handshake: without CURVE as the PLAIN password;
 with CURVE as the sender's key pair, whose secret key is the ticket itself (so only who
@@ -41,12 +46,17 @@ log = logging.getLogger("fabric.worker")
 LINK_THRESHOLD = 1 << 20  # bytes of array a TRANSFER carries before it asks for a link
 CONNECT_SECONDS = 2.0  # a sender's wait for a grant and a connection, then the broker
 ACK_SECONDS = 60.0  # a sent TRANSFER's wait for the receiver's word, then its link closes
+STALL_SECONDS = 5.0  # a link's bytes unacknowledged by TCP this long: it broke
 TICKET_SECONDS = 10.0  # a ticket not used within this is forgotten
 WAIT_SECONDS = 1.0  # a handshake whose ticket is not known yet waits this long for it
 MAX_TICKETS = 256  # tickets a receiver holds at once (beyond: the oldest is forgotten)
 MAX_WAITING = 16  # handshakes waiting for their ticket at once (beyond: refused)
 _WORKER_KINDS = frozenset({Kind.TRANSFER})  # what a link granted to a worker may carry
 _CLIENT_KINDS = frozenset({Kind.TRANSFER, Kind.REQUEST})  # and one granted to a client
+# Handshakes libzmq fails before asking ZAP (the NULL mechanism, a mismatched one, a peer that
+# closes mid-handshake); ZAP's own refusals come as EVENT_HANDSHAKE_FAILED_AUTH, counted
+# where they are answered (``Admissions.on_zap``), so that event is not one of these.
+HANDSHAKE_REFUSALS = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
 def credential(ticket: bytes, curve: bool) -> bytes:
@@ -111,6 +121,15 @@ class Admissions:
             self._waiting.append((request, key, now + WAIT_SECONDS))
             return []
         return [self._admit(request, key, now)]
+
+    def refuses(self, event: int) -> bool:
+        """Whether socket monitor ``event`` of the bulk endpoint is a handshake libzmq
+        refused by itself (``HANDSHAKE_REFUSALS``); if so it is counted. Costs no memory,
+        however many come."""
+        if not event & HANDSHAKE_REFUSALS:
+            return False
+        self.refused += 1
+        return True
 
     def _admit(self, request: Any, key: bytes, now: float) -> ZapAnswer:
         ticket = self._tickets[key]
