@@ -63,6 +63,7 @@ class SimulatedHosts:
     ssh_config: Path
     sshd_pids: list[int]
     links: list[str]  # each host's link to the bridge, on this side
+    cable: Cable | None = None  # a second link, hosts 0 and 1 only (``cable=True``)
 
     def set_link(self, host: int, up: bool) -> None:
         """Take host ``host``'s link to the bridge down (a cut cable), or bring it back up."""
@@ -71,6 +72,63 @@ class SimulatedHosts:
     def pids(self, host: int) -> set[int]:
         """Every process in host ``host``'s namespace, its sshd listener excepted."""
         return _namespace_pids(self.namespaces[host]) - {self.sshd_pids[host]}
+
+
+@dataclass
+class Cable:
+    """A second network between hosts 0 and 1 alone (a veth pair, no bridge), with an IPv4
+    and an IPv6 address at each end: traffic between them that uses these addresses can be
+    slowed or cut while their links to the bridge, and the broker, stay up."""
+
+    addresses: list[str]  # IPv4, host 0's then host 1's
+    addresses6: list[str]  # IPv6
+    ends: list[tuple[str, str]]  # (namespace, link name) of each end
+
+    def set_up(self, up: bool) -> None:
+        """Cut the cable (both ends down), or join it again."""
+        for namespace, end in self.ends:
+            _ip("-n", namespace, "link", "set", end, "up" if up else "down")
+
+    def reset(self) -> None:
+        """Joined again, at full speed, with its IPv6 addresses (a link taken down loses
+        them)."""
+        self.set_up(True)
+        for (namespace, end), address6 in zip(self.ends, self.addresses6):
+            subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "del", "dev", end,
+                            "root"], capture_output=True, timeout=10)  # (none: fine)
+            _ip("-n", namespace, "-6", "addr", "replace", f"{address6}/64", "dev", end, "nodad")
+
+    def slow(self, host: int, mbit: int) -> None:
+        """What host ``host`` sends on the cable leaves at ``mbit`` Mbit/s (``tc``'s token
+        bucket), so a large transfer lasts long enough to be cut in its middle."""
+        namespace, end = self.ends[host]
+        subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev",
+                        end, "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb",
+                        "latency", "1s"], check=True, capture_output=True, timeout=10)
+
+
+def _lay_cable(tag: str, namespaces: list[str]) -> Cable:
+    net = random.randrange(256)
+    ends = [(namespaces[i], f"fb{tag}c{i}") for i in (0, 1)]
+    _ip("link", "add", ends[0][1], "netns", ends[0][0], "type", "veth", "peer", "name",
+        ends[1][1], "netns", ends[1][0])
+    addresses = [f"10.232.{net}.{10 + i}" for i in (0, 1)]
+    addresses6 = [f"fd25:{net:x}::{10 + i}" for i in (0, 1)]
+    for (namespace, end), address, address6 in zip(ends, addresses, addresses6):
+        for command in (["addr", "add", f"{address}/24", "dev", end],
+                        ["-6", "addr", "add", f"{address6}/64", "dev", end, "nodad"],
+                        ["link", "set", end, "up"]):
+            _ip("-n", namespace, *command)
+    return Cable(addresses, addresses6, ends)
+
+
+def ipv6_missing() -> str | None:
+    """Why IPv6 addresses cannot be given to simulated hosts here, or None."""
+    try:
+        disabled = Path("/proc/sys/net/ipv6/conf/all/disable_ipv6").read_text().strip()
+    except OSError:
+        return "this kernel has no IPv6"
+    return "IPv6 is disabled here (net.ipv6.conf.all.disable_ipv6)" if disabled != "0" else None
 
 
 def _namespace_pids(namespace: str) -> set[int]:
@@ -129,9 +187,10 @@ LogLevel VERBOSE
 
 
 @contextlib.contextmanager
-def simulated_hosts(work: Path, count: int) -> Iterator[SimulatedHosts]:
+def simulated_hosts(work: Path, count: int, cable: bool = False) -> Iterator[SimulatedHosts]:
     """``count`` hosts, each a network namespace on a bridge with sshd listening on its own
-    address; keys, configs and logs go in ``work``. Everything is removed on leaving."""
+    address, and with ``cable`` a second network between hosts 0 and 1 (``Cable``); keys,
+    configs and logs go in ``work``. Everything is removed on leaving."""
     tag = f"{os.getpid() % 1000:03d}{random.randrange(100):02d}"  # names: 15 characters at most
     net = f"10.231.{random.randrange(256)}"
     bridge = f"fb{tag}br"
@@ -183,8 +242,9 @@ Host *
   StrictHostKeyChecking yes
   LogLevel ERROR
 """)
+        # (the cable goes with its namespaces)
         yield SimulatedHosts(addresses, namespaces, f"{net}.1", f"{net}.250", ssh_config,
-                             sshd_pids, links)
+                             sshd_pids, links, _lay_cable(tag, namespaces) if cable else None)
 
 
 def _delete_link(name: str) -> None:

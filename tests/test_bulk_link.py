@@ -152,3 +152,24 @@ def test_a_peer_without_credentials_is_refused_counted_and_a_flood_logged_once(s
     finally:
         sender.close()
     assert bytes(protocol.decode(receiver.delivered[0]).buffers[0]) == values.tobytes()
+
+
+def test_a_link_whose_receiver_goes_before_its_word_falls_back_through_the_broker():
+    sender, receiver = Side(), Side()
+    try:
+        frames = transfer(np.arange(1 << 20, dtype=np.float64))
+        grant(sender, receiver, frames, secrets.token_bytes(32))
+        deadline = time.monotonic() + 2 * CONNECT_SECONDS
+        while not sender.links.outgoing._sent:  # (the receiver is not read once it is sent)
+            assert time.monotonic() < deadline, "not sent in time"
+            sender.turn()
+            if not sender.links.outgoing._sent:
+                receiver.turn()
+        receiver.close()  # as its process ends: the connection closes, the message unread
+        run_until(lambda: sender.fallbacks, sender)
+        assert [f.frames for f in sender.fallbacks] == [frames] and not sender.links._dials
+        assert receiver.delivered == []
+    finally:
+        sender.close()
+        if not receiver.context.closed:
+            receiver.close()

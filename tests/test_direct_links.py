@@ -2,7 +2,10 @@
 a broker on this side, a worker on each of two simulated hosts (network namespaces on a
 bridge, started over ssh: ``tests/simhosts.py``), a client here. ``t.to()`` of a large tensor
 goes worker to worker over a link the broker granted; a peer without the one-time ticket is
-refused in the handshake; an unreachable endpoint falls back to the broker; CURVE applies.
+refused in the handshake; an unreachable endpoint falls back to the broker; CURVE applies; a
+link cut mid-send is retried through the broker; a link between IPv6 addresses works (on a
+second network between the two hosts, ``simhosts.Cable``, that can be cut while the broker
+stays reachable).
 The rules themselves are tested sans I/O in ``test_links_unit.py``.
 """
 
@@ -11,8 +14,11 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+import shutil
 import socket
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +30,7 @@ from fabric.direct_link import DIRECT_BYTES
 from fabric.errors import QuotaExceeded
 from fabric.launch_ssh import SSHCluster, parse_hosts
 from fabric.security import LINK_USER, generate_keys
-from fabric.workers.links import CONNECT_SECONDS
+from fabric.workers.links import CONNECT_SECONDS, STALL_SECONDS
 
 import simhosts
 from conftest import HEARTBEAT, wait_until
@@ -39,17 +45,31 @@ def hosts(tmp_path_factory):
     reason = simhosts.missing()
     if reason:
         pytest.skip(reason)
-    with simhosts.simulated_hosts(tmp_path_factory.mktemp("hosts"), 2) as made:
+    with simhosts.simulated_hosts(tmp_path_factory.mktemp("hosts"), 2, cable=True) as made:
         yield made
 
 
 def _cluster(hosts: simhosts.SimulatedHosts, log_dir: Path, *worker_args: str,
-             **options) -> SSHCluster:
-    """A worker on each simulated host; the broker here, on the bridge."""
-    return SSHCluster(parse_hosts(",".join(hosts.addresses)), remote_python=sys.executable,
+             bulk_hosts: list[str] | None = None, **options) -> SSHCluster:
+    """A worker on each simulated host; the broker here, on the bridge. With ``bulk_hosts``
+    each worker's direct links are at its host's address there (the cable's, say)."""
+    pythons = [sys.executable] * len(hosts.addresses) if bulk_hosts is None else [
+        _python_with_bulk_host(log_dir, host) for host in bulk_hosts]
+    return SSHCluster(parse_hosts(",".join(f"{address} python={python}" for address, python
+                                           in zip(hosts.addresses, pythons))),
+                      remote_python=sys.executable,
                       ssh_config=str(hosts.ssh_config), backend_address="tcp://0.0.0.0:*",
                       advertise=hosts.bridge_address, heartbeat=HEARTBEAT, log_dir=log_dir,
                       worker_args=("--log-level", "info", *worker_args), **options)
+
+
+def _python_with_bulk_host(work: Path, bulk_host: str) -> str:
+    """A python for one simulated host whose ``fabric worker`` takes ``--bulk-host
+    bulk_host`` (a worker option given to one host only; the later option wins)."""
+    script = work / f"python-bulk-{bulk_host.replace(':', '_')}"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} "$@" --bulk-host {bulk_host}\n')
+    script.chmod(0o755)
+    return str(script)
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +300,42 @@ def test_a_tensor_moved_over_a_link_counts_against_the_receivers_memory_limit(ho
             assert _counters(running)["links_granted"] == 1
     assert all(f"direct links at tcp://{hosts.bridge_address}:" in p.read_text()
                for p in tmp_path.iterdir() if p.name.startswith("worker"))
+
+
+def _sending_on(hosts: simhosts.SimulatedHosts, host: int, peer: str) -> bool:
+    """Whether host ``host`` has bytes queued on a TCP connection to ``peer``."""
+    listed = subprocess.run(["ip", "netns", "exec", hosts.namespaces[host], "ss", "-Htn",
+                             "state", "established", "dst", peer], capture_output=True,
+                            text=True, timeout=10).stdout
+    return any(int(line.split()[1]) > 0 for line in listed.splitlines())
+
+
+def _move_and_read(cluster: SSHCluster, elements: int) -> np.ndarray:
+    """``arange(elements)`` made on host 0's device, moved to host 1's, read back (sessions
+    are used by the thread that connects them: this runs in its own)."""
+    here, there = _sessions(cluster)
+    with here, there:
+        return here.arange(elements, dtype="float64").to(there).numpy()
+
+
+def test_a_link_cut_mid_send_is_retried_through_the_broker_once_logged(hosts, tmp_path):
+    if shutil.which("tc") is None:
+        pytest.skip("tc is missing (apt-get install iproute2): a link cannot be slowed")
+    cable = hosts.cable
+    elements = 3 << 20  # 24 MiB of float64: about 5 s on the cable slowed to 40 Mbit/s
+    try:
+        with _cluster(hosts, tmp_path, bulk_hosts=cable.addresses) as running, \
+                ThreadPoolExecutor(1) as mover:
+            cable.slow(0, 40)
+            moving = mover.submit(_move_and_read, running, elements)
+            wait_until(lambda: _sending_on(hosts, 0, cable.addresses[1]) or moving.done(),
+                       20, "the move under way on the cable")
+            cable.set_up(False)  # cut, mid-send; the bridge (and the broker) stay
+            got = moving.result(timeout=STALL_SECONDS + 30)
+            assert _counters(running)["links_granted"] >= 1  # (the read's too: it falls back)
+        sender = [p for p in tmp_path.iterdir() if hosts.addresses[0] in p.name]
+    finally:
+        cable.reset()
+    assert got.tobytes() == np.arange(elements, dtype=np.float64).tobytes()
+    said = [line for line in sender[0].read_text().splitlines() if "broke before" in line]
+    assert len(said) == 1 and f"{_bulk_address(tmp_path, hosts.addresses[1])}" in said[0]

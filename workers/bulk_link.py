@@ -7,7 +7,11 @@ address this worker is reached at; a PLAIN server (a CURVE server with the worke
 when the cluster uses CURVE) whose every handshake this worker's ZAP handler answers, so no
 byte of a peer without a ticket is taken. Each granted TRANSFER gets its own DEALER, which
 shows the ticket, sends once connected and closes when the receiver acknowledges (or gives
-up, ``workers.links``). An admitted TRANSFER goes to its device as one moved between two
+up, ``workers.links``); its socket monitor tells when its connection closes, and TCP's own
+deadline (``TCP_MAXRT``: ``STALL_SECONDS``) closes one whose bytes stop being taken, so a
+link that breaks mid-send is noticed in bounded time and its TRANSFER goes through the broker.
+The endpoint's heartbeat closes a connection whose one message does not complete while its
+ticket lasts, so a broken sender's partial message is freed. An admitted TRANSFER goes to its device as one moved between two
 devices of this worker does; a client's admitted read goes to its device too, and the reply
 comes back here, to go out on the link it came by. The endpoint's socket monitor reports
 the handshakes libzmq refuses before any ZAP request (a peer without credentials): counted
@@ -33,7 +37,8 @@ from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's
 from fabric.security import CurveClient, show_ticket
 from fabric.sockets import recv_frames, recv_monitor_event, try_send
 
-from .links import HANDSHAKE_REFUSALS, Admissions, Dial, Fallback, Outgoing, ZapAnswer
+from .links import (HANDSHAKE_REFUSALS, STALL_SECONDS, TICKET_SECONDS, Admissions, Dial,
+                    Fallback, Outgoing, ZapAnswer)
 
 log = logging.getLogger("fabric.worker")
 
@@ -72,13 +77,17 @@ class BulkLinks:
         self._to_device = to_device  # an admitted TRANSFER's way to its device
         self._read = read  # an admitted read's, with the link's routing id for the reply
         self._dials: dict[int, zmq.Socket] = {}
+        self._dial_monitors: dict[zmq.Socket, int] = {}  # a dial's monitor -> its link
+        self._broken: list[Fallback] = []  # TRANSFERs of links that broke, for tick()
         self._poller: zmq.Poller | None = None
         self.zap = context.socket(zmq.ROUTER)
         self.zap.linger = 0
         self.zap.bind(zap.ZAP_ENDPOINT)
         self.endpoint = context.socket(zmq.ROUTER)
         for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, max_message_bytes),
-                              (zmq.RCVHWM, _BULK_HWM), (zmq.IPV6, ":" in host)):
+                              (zmq.RCVHWM, _BULK_HWM), (zmq.IPV6, ":" in host),
+                              (zmq.HEARTBEAT_IVL, int(TICKET_SECONDS * 1000)),
+                              (zmq.HEARTBEAT_TIMEOUT, int(TICKET_SECONDS * 1000))):
             self.endpoint.setsockopt(option, value)
         if curve is not None:
             self.endpoint.curve_secretkey = curve.secret_key
@@ -110,7 +119,7 @@ class BulkLinks:
     def owns(self, sock: zmq.Socket) -> bool:
         """Whether ``sock`` is one of this module's (for the loop's dispatch)."""
         return sock is self.zap or sock is self.endpoint or sock is self.monitor \
-            or sock in self._dials.values()
+            or sock in self._dial_monitors or sock in self._dials.values()
 
     def send(self, frames: list[zmq.Frame], nbytes: int) -> Message:
         """A large TRANSFER leaves: the LINK request to send to the broker."""
@@ -143,6 +152,13 @@ class BulkLinks:
             self._answer(self.admissions.on_zap((routing, request.request_id),
                                                 request.mechanism.encode(),
                                                 list(request.credentials), now))
+        elif sock in self._dial_monitors:  # (only DISCONNECTED is asked for)
+            recv_monitor_event(sock)
+            link = self._dial_monitors[sock]
+            fallback = self.outgoing.broke(link)
+            if fallback is not None:
+                self._close_dial(link)
+                self._broken.append(fallback)
         elif sock is self.monitor:
             event = recv_monitor_event(sock)
             if self.admissions.refuses(event["event"]):
@@ -193,7 +209,8 @@ class BulkLinks:
         fallbacks = self.outgoing.tick(now)
         for link in [f.link for f in fallbacks] + self.outgoing.unacknowledged(now):
             self._close_dial(link)
-        return fallbacks
+        broken, self._broken = self._broken, []
+        return broken + fallbacks
 
     def close(self) -> None:
         """Close every socket; sends under way on a link end."""
@@ -207,15 +224,25 @@ class BulkLinks:
     def _dial(self, dial: Dial) -> None:
         sock = self._context.socket(zmq.DEALER)
         show_ticket(sock, dial.ticket, dial.public_key)
+        sock.setsockopt(zmq.TCP_MAXRT, int(STALL_SECONDS * 1000))
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(dial.address)
         self._dials[dial.link] = sock
+        self._dial_monitors[monitor] = dial.link
         self._poller.register(sock, zmq.POLLOUT)
+        self._poller.register(monitor, zmq.POLLIN)
 
     def _close_dial(self, link: int) -> None:
         sock = self._dials.pop(link, None)
-        if sock is not None:
-            self._poller.unregister(sock)
-            sock.close(linger=0)
+        if sock is None:
+            return
+        [monitor] = [m for m, of in self._dial_monitors.items() if of == link]
+        del self._dial_monitors[monitor]
+        for closing in (monitor, sock):
+            self._poller.unregister(closing)
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
 
     def _answer(self, answers: list[ZapAnswer]) -> None:
         for answer in answers:

@@ -193,13 +193,22 @@ class _Pending:
 
 
 @dataclass
+class _Sent:
+    frames: list[Any]  # kept until acknowledged, to go through the broker if the link breaks
+    deadline: float
+    address: str
+
+
+@dataclass
 class Outgoing:
-    """A sender's TRANSFERs waiting for a grant or a connection."""
+    """A sender's TRANSFERs waiting for a grant or a connection, then for the receiver's
+    word."""
 
     _pending: dict[int, _Pending] = field(default_factory=dict)
-    _sent: dict[int, float] = field(default_factory=dict)  # link -> when to stop waiting
+    _sent: dict[int, _Sent] = field(default_factory=dict)
     _links: int = 0
     _told: set[str] = field(default_factory=set)  # addresses whose fallback was logged
+    _told_broken: set[str] = field(default_factory=set)  # and whose broken link was
 
     def start(self, frames: list[Any], header: Header, nbytes: int, now: float) -> Message:
         """A TRANSFER (``frames``, its ``header``) leaves: the LINK request to send."""
@@ -228,16 +237,30 @@ class Outgoing:
         pending = self._pending.pop(link, None)
         if pending is None:
             return None
-        self._sent[link] = now + ACK_SECONDS
+        self._sent[link] = _Sent(pending.frames, now + ACK_SECONDS, pending.address)
         return pending.frames
 
     def acknowledged(self, link: int) -> bool:
         """The receiver took link ``link``'s TRANSFER; False where it was not sent on it."""
         return self._sent.pop(link, None) is not None
 
+    def broke(self, link: int) -> Fallback | None:
+        """Link ``link`` broke before the receiver's word: its TRANSFER, to send once more
+        through the broker (the first break to each address logged); None where nothing was
+        sent on it or the receiver took it (a link closed after its word)."""
+        sent = self._sent.pop(link, None)
+        if sent is None:
+            return None
+        if sent.address not in self._told_broken:
+            self._told_broken.add(sent.address)
+            log.warning("the direct link to %s broke before the receiver took its tensor: "
+                        "sent again through the broker (so are the next that break there)",
+                        sent.address)
+        return Fallback(link, sent.frames)
+
     def unacknowledged(self, now: float) -> list[int]:
         """Links whose TRANSFER went unacknowledged too long: to close (each logged)."""
-        late = [link for link, deadline in self._sent.items() if deadline < now]
+        late = [link for link, sent in self._sent.items() if sent.deadline < now]
         for link in late:
             del self._sent[link]
             log.warning("a tensor sent over a direct link was not acknowledged within %g s: "
