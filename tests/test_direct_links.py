@@ -302,6 +302,23 @@ def test_a_tensor_moved_over_a_link_counts_against_the_receivers_memory_limit(ho
                for p in tmp_path.iterdir() if p.name.startswith("worker"))
 
 
+def test_a_direct_link_between_ipv6_addresses(hosts, tmp_path):
+    reason = simhosts.ipv6_missing()
+    if reason:
+        pytest.skip(reason)
+    with _cluster(hosts, tmp_path, bulk_hosts=hosts.cable.addresses6) as running:
+        here, there = _sessions(running)
+        with here, there:
+            before = _counters(running)
+            values = VALUES[0]
+            assert here.asarray(values).to(there).numpy().tobytes() == values.tobytes()
+            after = _counters(running)
+    assert after["links_granted"] == before.get("links_granted", 0) + 1
+    assert after["traffic"] - before["traffic"] < 2 * values.nbytes + values.nbytes // 2
+    assert _bulk_address(tmp_path, hosts.addresses[1]).startswith(
+        f"tcp://[{hosts.cable.addresses6[1]}]:")  # (what the grant named)
+
+
 def _sending_on(hosts: simhosts.SimulatedHosts, host: int, peer: str) -> bool:
     """Whether host ``host`` has bytes queued on a TCP connection to ``peer``."""
     listed = subprocess.run(["ip", "netns", "exec", hosts.namespaces[host], "ss", "-Htn",
