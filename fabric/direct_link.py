@@ -6,11 +6,16 @@ with its worker, asks. The broker grants a link (the worker's bulk endpoint and 
 ticket, ``broker.links``); the client connects, showing the ticket (with CURVE as the secret
 of its key pair, ``workers.links``), and only once connected, within ``CONNECT_SECONDS``,
 does the session's device agree to take the tensor (``expect``, as for ``t.to()``); the
-array then travels as a TRANSFER on the link, and the session waits for the device to hold
-it (``await``), so its later ops find it. Without a grant or a connection in time, the
-upload takes the socket path as before, and the first such fallback to each address is
-logged; a session refused a link once (its worker has no endpoint, or is out of reach) asks
-no more.
+array then travels as a TRANSFER on the link, the worker's word that it took it comes back
+there, and the session waits for the device to hold it (``await``), so its later ops find
+it. Without a grant or a connection in time, the upload takes the socket path as before, and
+the first such fallback to each address is logged; a session refused a link once (its
+worker has no endpoint, or is out of reach) asks no more. A link that breaks before the
+worker's word (its connection closes; TCP closes it once its bytes stall for
+``LINK_STALL_SECONDS``) is not waited for: the array goes through the broker after all, as
+the very tensor the device expects (a ``put``, which runs before the ``await``), and the
+first such break to each address is logged. A message cut short on a link is never
+delivered, so the device stores the array once.
 
 A read asks for a link the same way. Its tensor is computed first (``shape``, one small round
 trip by the broker, which raises the tensor's error as the read would): a read on the link
@@ -43,6 +48,7 @@ DIRECT_BYTES = 8 << 20  # an upload or a read this large asks for a direct link
 DIRECT_ELEMENTS = DIRECT_BYTES // 16  # reads of fewer elements never do (16: complex128)
 CONNECT_SECONDS = 2.0  # the wait for a grant, then for a connection; then the socket path
 _told: set[str] = set()  # addresses whose fallback was logged
+_told_broken: set[str] = set()  # and whose broken link was
 _refused: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions that take the socket path
 
 # (A session is typed Any here: fabric.session imports this module.)
@@ -64,14 +70,43 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
         ticket = secrets.randbits(63)
         session._call({"op": "expect", "id": tensor.id, "ticket": ticket})
         values = np.ascontiguousarray(array, dtype=dtype)  # (a copy only where it must)
-        link.send_multipart(protocol.encode(Message(
-            Kind.TRANSFER, session.id, session.id,
-            {"ticket": ticket, "dtype": dtype.str, "shape": list(array.shape)},
-            (values.reshape(-1).view(np.uint8),))), copy=False)
-        session._call({"op": "await", "id": tensor.id})  # (the bytes are in: the link may go)
+        if not _taken(session, link, Message(
+                Kind.TRANSFER, session.id, session.id,
+                {"ticket": ticket, "dtype": dtype.str, "shape": list(array.shape)},
+                (values.reshape(-1).view(np.uint8),))):
+            address = link.getsockopt(zmq.LAST_ENDPOINT).decode()
+            if address not in _told_broken:
+                _told_broken.add(address)
+                log.warning("the direct link to %s broke before the worker took the upload: "
+                            "sent again through the broker (so are the next that break "
+                            "there)", address)
+            session._put(tensor, values)
+        session._call({"op": "await", "id": tensor.id})
     finally:
         link.close(linger=0)
     return tensor
+
+
+def _taken(session: Any, link: zmq.Socket, transfer: Message) -> bool:
+    """Whether the worker took ``transfer``, sent on ``link`` (its word came back); False
+    where the link broke first. RequestTimeout where neither comes within the session's
+    timeout."""
+    monitor = link.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    try:
+        link.send_multipart(protocol.encode(transfer), copy=False)
+        poller = zmq.Poller()
+        for sock in (link, monitor):
+            poller.register(sock, zmq.POLLIN)
+        ready = dict(poller.poll(int(session.timeout * 1000)))
+    finally:
+        link.disable_monitor()
+        monitor.close(linger=0)
+    if link in ready or monitor in ready:
+        return link in ready
+    raise RequestTimeout(
+        f"An upload over the direct link to device {session.device.index} was not taken in "
+        f"{session.timeout:g} s: the worker is busy or gone. Upload again (it takes the "
+        "broker if no link is made), or raise timeout=.")
 
 
 class LinkRead:

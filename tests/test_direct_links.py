@@ -4,8 +4,8 @@ bridge, started over ssh: ``tests/simhosts.py``), a client here. ``t.to()`` of a
 goes worker to worker over a link the broker granted; a peer without the one-time ticket is
 refused in the handshake; an unreachable endpoint falls back to the broker; CURVE applies; a
 link cut mid-send is retried through the broker; a link between IPv6 addresses works (on a
-second network between the two hosts, ``simhosts.Cable``, that can be cut while the broker
-stays reachable).
+second network that the hosts and this side join, ``simhosts.SecondNetwork``, which can be
+slowed and cut while the broker stays reachable).
 The rules themselves are tested sans I/O in ``test_links_unit.py``.
 """
 
@@ -20,6 +20,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -29,8 +30,8 @@ import fabric
 from fabric.direct_link import DIRECT_BYTES
 from fabric.errors import QuotaExceeded
 from fabric.launch_ssh import SSHCluster, parse_hosts
-from fabric.security import LINK_USER, generate_keys
-from fabric.workers.links import CONNECT_SECONDS, STALL_SECONDS
+from fabric.security import LINK_STALL_SECONDS, LINK_USER, generate_keys
+from fabric.workers.links import CONNECT_SECONDS
 
 import simhosts
 from conftest import HEARTBEAT, wait_until
@@ -45,14 +46,15 @@ def hosts(tmp_path_factory):
     reason = simhosts.missing()
     if reason:
         pytest.skip(reason)
-    with simhosts.simulated_hosts(tmp_path_factory.mktemp("hosts"), 2, cable=True) as made:
+    with simhosts.simulated_hosts(tmp_path_factory.mktemp("hosts"), 2,
+                                       second_network=True) as made:
         yield made
 
 
 def _cluster(hosts: simhosts.SimulatedHosts, log_dir: Path, *worker_args: str,
              bulk_hosts: list[str] | None = None, **options) -> SSHCluster:
     """A worker on each simulated host; the broker here, on the bridge. With ``bulk_hosts``
-    each worker's direct links are at its host's address there (the cable's, say)."""
+    each worker's direct links are at its host's address there (on the second network, say)."""
     pythons = [sys.executable] * len(hosts.addresses) if bulk_hosts is None else [
         _python_with_bulk_host(log_dir, host) for host in bulk_hosts]
     return SSHCluster(parse_hosts(",".join(f"{address} python={python}" for address, python
@@ -306,7 +308,7 @@ def test_a_direct_link_between_ipv6_addresses(hosts, tmp_path):
     reason = simhosts.ipv6_missing()
     if reason:
         pytest.skip(reason)
-    with _cluster(hosts, tmp_path, bulk_hosts=hosts.cable.addresses6) as running:
+    with _cluster(hosts, tmp_path, bulk_hosts=hosts.second.addresses6) as running:
         here, there = _sessions(running)
         with here, there:
             before = _counters(running)
@@ -316,15 +318,33 @@ def test_a_direct_link_between_ipv6_addresses(hosts, tmp_path):
     assert after["links_granted"] == before.get("links_granted", 0) + 1
     assert after["traffic"] - before["traffic"] < 2 * values.nbytes + values.nbytes // 2
     assert _bulk_address(tmp_path, hosts.addresses[1]).startswith(
-        f"tcp://[{hosts.cable.addresses6[1]}]:")  # (what the grant named)
+        f"tcp://[{hosts.second.addresses6[1]}]:")  # (what the grant named)
 
 
-def _sending_on(hosts: simhosts.SimulatedHosts, host: int, peer: str) -> bool:
-    """Whether host ``host`` has bytes queued on a TCP connection to ``peer``."""
-    listed = subprocess.run(["ip", "netns", "exec", hosts.namespaces[host], "ss", "-Htn",
-                             "state", "established", "dst", peer], capture_output=True,
-                            text=True, timeout=10).stdout
+def _sending_on(second: simhosts.SecondNetwork, member: int, peer: str) -> bool:
+    """Whether ``member`` of the second network has bytes queued on a TCP connection to
+    ``peer``."""
+    namespace = second.ends[member][0]
+    listed = subprocess.run([*(["ip", "netns", "exec", namespace] if namespace else []), "ss",
+                             "-Htn", "state", "established", "dst", peer],
+                            capture_output=True, text=True, timeout=10).stdout
     return any(int(line.split()[1]) > 0 for line in listed.splitlines())
+
+
+def _cut_mid_send(second: simhosts.SecondNetwork, sender: int, receiver: int,
+                  work: Callable[[], Any]) -> Any:
+    """``work()``'s result, run in a thread while what ``sender`` sends on the second network
+    is slowed; once its bytes to ``receiver`` are under way, ``receiver``'s link is cut (the
+    first network, and the broker, stay)."""
+    if shutil.which("tc") is None:
+        pytest.skip("tc is missing (apt-get install iproute2): a link cannot be slowed")
+    second.slow(sender, 40)  # (24 MiB: about 5 s)
+    with ThreadPoolExecutor(1) as worker:
+        working = worker.submit(work)
+        wait_until(lambda: _sending_on(second, sender, second.addresses[receiver])
+                   or working.done(), 20, "the bytes under way on the second network")
+        second.set_up(receiver, False)
+        return working.result(timeout=LINK_STALL_SECONDS + 30)
 
 
 def _move_and_read(cluster: SSHCluster, elements: int) -> np.ndarray:
@@ -336,23 +356,38 @@ def _move_and_read(cluster: SSHCluster, elements: int) -> np.ndarray:
 
 
 def test_a_link_cut_mid_send_is_retried_through_the_broker_once_logged(hosts, tmp_path):
-    if shutil.which("tc") is None:
-        pytest.skip("tc is missing (apt-get install iproute2): a link cannot be slowed")
-    cable = hosts.cable
-    elements = 3 << 20  # 24 MiB of float64: about 5 s on the cable slowed to 40 Mbit/s
+    elements = 3 << 20
     try:
-        with _cluster(hosts, tmp_path, bulk_hosts=cable.addresses) as running, \
-                ThreadPoolExecutor(1) as mover:
-            cable.slow(0, 40)
-            moving = mover.submit(_move_and_read, running, elements)
-            wait_until(lambda: _sending_on(hosts, 0, cable.addresses[1]) or moving.done(),
-                       20, "the move under way on the cable")
-            cable.set_up(False)  # cut, mid-send; the bridge (and the broker) stay
-            got = moving.result(timeout=STALL_SECONDS + 30)
+        with _cluster(hosts, tmp_path, bulk_hosts=hosts.second.addresses) as running:
+            got = _cut_mid_send(hosts.second, 0, 1, lambda: _move_and_read(running, elements))
             assert _counters(running)["links_granted"] >= 1  # (the read's too: it falls back)
         sender = [p for p in tmp_path.iterdir() if hosts.addresses[0] in p.name]
     finally:
-        cable.reset()
+        hosts.second.reset()
     assert got.tobytes() == np.arange(elements, dtype=np.float64).tobytes()
     said = [line for line in sender[0].read_text().splitlines() if "broke before" in line]
     assert len(said) == 1 and f"{_bulk_address(tmp_path, hosts.addresses[1])}" in said[0]
+
+
+def _upload_and_read(cluster: SSHCluster, values: np.ndarray) -> np.ndarray:
+    """``values`` uploaded to host 1's device and read back, in this thread's session."""
+    _, there = _sessions(cluster)
+    with there:
+        return (there.asarray(values) + 0).numpy()
+
+
+def test_an_upload_whose_link_is_cut_mid_send_goes_through_the_broker_once_logged(
+        hosts, tmp_path, caplog):
+    values = np.random.default_rng(9).random(3 << 20)
+    try:
+        with _cluster(hosts, tmp_path, bulk_hosts=hosts.second.addresses) as running, \
+                caplog.at_level(logging.WARNING, "fabric.client"):
+            got = _cut_mid_send(hosts.second, simhosts.THIS_SIDE, 1,
+                                lambda: _upload_and_read(running, values))
+    finally:
+        hosts.second.reset()
+    assert got.tobytes() == values.tobytes()
+    said = [r.getMessage() for r in caplog.records if "broke before" in r.getMessage()]
+    assert said == [f"the direct link to {_bulk_address(tmp_path, hosts.addresses[1])} broke "
+                    "before the worker took the upload: sent again through the broker (so "
+                    "are the next that break there)"]

@@ -8,7 +8,7 @@ when the cluster uses CURVE) whose every handshake this worker's ZAP handler ans
 byte of a peer without a ticket is taken. Each granted TRANSFER gets its own DEALER, which
 shows the ticket, sends once connected and closes when the receiver acknowledges (or gives
 up, ``workers.links``); its socket monitor tells when its connection closes, and TCP's own
-deadline (``TCP_MAXRT``: ``STALL_SECONDS``) closes one whose bytes stop being taken, so a
+deadline (``TCP_MAXRT``: ``LINK_STALL_SECONDS``) closes one whose bytes stop being taken, so a
 link that breaks mid-send is noticed in bounded time and its TRANSFER goes through the broker.
 The endpoint's heartbeat closes a connection whose one message does not complete while its
 ticket lasts, so a broken sender's partial message is freed. An admitted TRANSFER goes to its device as one moved between two
@@ -37,8 +37,8 @@ from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's
 from fabric.security import CurveClient, show_ticket
 from fabric.sockets import recv_frames, recv_monitor_event, try_send
 
-from .links import (HANDSHAKE_REFUSALS, STALL_SECONDS, TICKET_SECONDS, Admissions, Dial,
-                    Fallback, Outgoing, ZapAnswer)
+from .links import (HANDSHAKE_REFUSALS, TICKET_SECONDS, Admissions, Dial, Fallback,
+                    Outgoing, ZapAnswer)
 
 log = logging.getLogger("fabric.worker")
 
@@ -224,7 +224,6 @@ class BulkLinks:
     def _dial(self, dial: Dial) -> None:
         sock = self._context.socket(zmq.DEALER)
         show_ticket(sock, dial.ticket, dial.public_key)
-        sock.setsockopt(zmq.TCP_MAXRT, int(STALL_SECONDS * 1000))
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(dial.address)
         self._dials[dial.link] = sock

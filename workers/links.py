@@ -20,7 +20,7 @@ The receiver acknowledges the TRANSFER it took (an empty message back on the lin
 closes a link when acknowledged, or ``ACK_SECONDS`` after sending (logged: the receiver
 vanished, and the client's wait for the tensor says so). A link that breaks before the
 receiver's word (its connection closes, or its bytes go unacknowledged by TCP for
-``STALL_SECONDS``) has its TRANSFER sent once more, through the broker, and says so once per
+``LINK_STALL_SECONDS``, ``fabric.security``) has its TRANSFER sent once more, through the broker, and says so once per
 address: the receiving device takes whichever copy comes first, since the move's own ticket
 (``expect``) admits one, so a late copy is dropped there and nothing is stored twice.
 
@@ -46,7 +46,6 @@ log = logging.getLogger("fabric.worker")
 LINK_THRESHOLD = 1 << 20  # bytes of array a TRANSFER carries before it asks for a link
 CONNECT_SECONDS = 2.0  # a sender's wait for a grant and a connection, then the broker
 ACK_SECONDS = 60.0  # a sent TRANSFER's wait for the receiver's word, then its link closes
-STALL_SECONDS = 5.0  # a link's bytes unacknowledged by TCP this long: it broke
 TICKET_SECONDS = 10.0  # a ticket not used within this is forgotten
 WAIT_SECONDS = 1.0  # a handshake whose ticket is not known yet waits this long for it
 MAX_TICKETS = 256  # tickets a receiver holds at once (beyond: the oldest is forgotten)
