@@ -11,10 +11,13 @@ The rules themselves are tested sans I/O in ``test_links_unit.py``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +31,7 @@ import zmq
 
 import fabric
 from fabric.direct_link import DIRECT_BYTES
-from fabric.errors import QuotaExceeded
+from fabric.errors import QuotaExceeded, SessionLost
 from fabric.launch_ssh import SSHCluster, parse_hosts
 from fabric.security import LINK_STALL_SECONDS, LINK_USER, generate_keys
 from fabric.workers.links import CONNECT_SECONDS
@@ -332,10 +335,10 @@ def _sending_on(second: simhosts.SecondNetwork, member: int, peer: str) -> bool:
 
 
 def _cut_mid_send(second: simhosts.SecondNetwork, sender: int, receiver: int,
-                  work: Callable[[], Any]) -> Any:
+                  work: Callable[[], Any], cut: Callable[[], None] | None = None) -> Any:
     """``work()``'s result, run in a thread while what ``sender`` sends on the second network
-    is slowed; once its bytes to ``receiver`` are under way, ``receiver``'s link is cut (the
-    first network, and the broker, stay)."""
+    is slowed; once its bytes to ``receiver`` are under way, ``cut()`` (by default
+    ``receiver``'s link is cut; the first network, and the broker, stay)."""
     if shutil.which("tc") is None:
         pytest.skip("tc is missing (apt-get install iproute2): a link cannot be slowed")
     second.slow(sender, 40)  # (24 MiB: about 5 s)
@@ -343,7 +346,7 @@ def _cut_mid_send(second: simhosts.SecondNetwork, sender: int, receiver: int,
         working = worker.submit(work)
         wait_until(lambda: _sending_on(second, sender, second.addresses[receiver])
                    or working.done(), 20, "the bytes under way on the second network")
-        second.set_up(receiver, False)
+        (cut or (lambda: second.set_up(receiver, False)))()
         return working.result(timeout=LINK_STALL_SECONDS + 30)
 
 
@@ -391,3 +394,21 @@ def test_an_upload_whose_link_is_cut_mid_send_goes_through_the_broker_once_logge
     assert said == [f"the direct link to {_bulk_address(tmp_path, hosts.addresses[1])} broke "
                     "before the worker took the upload: sent again through the broker (so "
                     "are the next that break there)"]
+
+
+def _kill_worker(hosts: simhosts.SimulatedHosts, host: int) -> None:
+    """SIGKILL to the worker on host ``host``."""
+    for pid in hosts.pids(host):
+        with contextlib.suppress(OSError):
+            if b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_receiver_killed_mid_send_loses_its_session_and_nothing_hangs(hosts, tmp_path):
+    try:
+        with _cluster(hosts, tmp_path, bulk_hosts=hosts.second.addresses) as running:
+            with pytest.raises(SessionLost):
+                _cut_mid_send(hosts.second, 0, 1, lambda: _move_and_read(running, 3 << 20),
+                              lambda: _kill_worker(hosts, 1))
+    finally:
+        hosts.second.reset()
