@@ -20,7 +20,9 @@ delivered, so the device stores the array once.
 A read asks for a link the same way. Its tensor is computed first (``shape``, one small round
 trip by the broker, which raises the tensor's error as the read would): a read on the link
 reaches the device at once, so it must not pass the ops before it. The read then goes on the
-link, and its reply comes back on it.
+link, and its reply comes back on it; where the link breaks first (the worker's side sees
+to it when its bytes stall, this side when the pings it sends meanwhile do), the read is sent
+again through the broker, and the first such break to each address is logged.
 """
 
 from __future__ import annotations
@@ -64,49 +66,57 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     if link is None:
         _refused.add(session)
         return None
+    monitor = link.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
         dtype = device_dtype(array.dtype).newbyteorder("=")
         tensor = session.stream.new_tensor(array.shape, dtype, issued_at())
         ticket = secrets.randbits(63)
         session._call({"op": "expect", "id": tensor.id, "ticket": ticket})
         values = np.ascontiguousarray(array, dtype=dtype)  # (a copy only where it must)
-        if not _taken(session, link, Message(
-                Kind.TRANSFER, session.id, session.id,
-                {"ticket": ticket, "dtype": dtype.str, "shape": list(array.shape)},
-                (values.reshape(-1).view(np.uint8),))):
-            address = link.getsockopt(zmq.LAST_ENDPOINT).decode()
-            if address not in _told_broken:
-                _told_broken.add(address)
-                log.warning("the direct link to %s broke before the worker took the upload: "
-                            "sent again through the broker (so are the next that break "
-                            "there)", address)
+        link.send_multipart(protocol.encode(Message(
+            Kind.TRANSFER, session.id, session.id,
+            {"ticket": ticket, "dtype": dtype.str, "shape": list(array.shape)},
+            (values.reshape(-1).view(np.uint8),))), copy=False)
+        taken = _answered(link, monitor, session.timeout)  # (the worker's word, or a break)
+        if taken is None:
+            raise RequestTimeout(
+                f"An upload over the direct link to device {session.device.index} was not "
+                f"taken in {session.timeout:g} s: the worker is busy or gone. Upload again "
+                "(it takes the broker if no link is made), or raise timeout=.")
+        if not taken:
+            _say_broken(link, "the worker took the upload")
             session._put(tensor, values)
         session._call({"op": "await", "id": tensor.id})
     finally:
-        link.close(linger=0)
+        _close(link, monitor)
     return tensor
 
 
-def _taken(session: Any, link: zmq.Socket, transfer: Message) -> bool:
-    """Whether the worker took ``transfer``, sent on ``link`` (its word came back); False
-    where the link broke first. RequestTimeout where neither comes within the session's
-    timeout."""
-    monitor = link.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-    try:
-        link.send_multipart(protocol.encode(transfer), copy=False)
-        poller = zmq.Poller()
-        for sock in (link, monitor):
-            poller.register(sock, zmq.POLLIN)
-        ready = dict(poller.poll(int(session.timeout * 1000)))
-    finally:
+def _answered(link: zmq.Socket, monitor: zmq.Socket, seconds: float) -> bool | None:
+    """True once ``link`` has a message, False once it broke (its ``monitor`` says it
+    disconnected), None where neither comes within ``seconds``."""
+    poller = zmq.Poller()
+    for sock in (link, monitor):
+        poller.register(sock, zmq.POLLIN)
+    ready = dict(poller.poll(int(seconds * 1000)))
+    return True if link in ready else False if monitor in ready else None
+
+
+def _say_broken(link: zmq.Socket, before: str) -> None:
+    """Log, once per address, that ``link`` broke ``before`` what."""
+    address = link.getsockopt(zmq.LAST_ENDPOINT).decode()
+    if address not in _told_broken:
+        _told_broken.add(address)
+        log.warning("the direct link to %s broke before %s: sent again through the broker "
+                    "(so are the next that break there)", address, before)
+
+
+def _close(link: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Close ``link`` and its ``monitor`` (``get_monitor_socket``); again: nothing."""
+    if not monitor.closed:
         link.disable_monitor()
         monitor.close(linger=0)
-    if link in ready or monitor in ready:
-        return link in ready
-    raise RequestTimeout(
-        f"An upload over the direct link to device {session.device.index} was not taken in "
-        f"{session.timeout:g} s: the worker is busy or gone. Upload again (it takes the "
-        "broker if no link is made), or raise timeout=.")
+    link.close(linger=0)
 
 
 class LinkRead:
@@ -116,20 +126,31 @@ class LinkRead:
     copy = True  # False: the values come back read-only
 
     def __init__(self, session: Any, tensor: Tensor, link: zmq.Socket, request: int,
+                 body: dict[str, Any],
                  values: Callable[[Message, Tensor], np.ndarray]) -> None:
         self.session, self.tensor, self.request = session, tensor, request
-        self._link, self._values = link, values
+        self._link, self._body, self._values = link, body, values
+        self._monitor = link.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     def result(self, timeout: float | None = None) -> np.ndarray:
-        """The values, waited for up to ``timeout`` (default: the session's)."""
-        wait = self.session.timeout if timeout is None else timeout
+        """The values, waited for up to ``timeout`` (default: the session's); through the
+        broker where the link breaks first."""
+        session = self.session
+        wait = session.timeout if timeout is None else timeout
         try:
             while True:
-                if not self._link.poll(int(wait * 1000)):
+                answered = _answered(self._link, self._monitor, wait)
+                if answered is None:
                     raise RequestTimeout(
-                        f"A read over the direct link to device {self.session.device.index} "
+                        f"A read over the direct link to device {session.device.index} "
                         f"got no answer in {wait:g} s: the worker is busy or gone. Read again "
                         "(it takes the broker if no link is made), or raise timeout=.")
+                if not answered:
+                    _say_broken(self._link, "the read's values came")
+                    self.cancel()
+                    reply = session._reply(session._send_request(self._body,
+                                                                 reads=self.tensor), wait)
+                    break
                 reply = protocol.decode(recv_frames(self._link))
                 if reply.request == self.request:
                     break
@@ -144,7 +165,7 @@ class LinkRead:
 
     def cancel(self) -> None:
         """Stop waiting for the values (the link closes)."""
-        self._link.close(linger=0)
+        _close(self._link, self._monitor)
 
 
 def start_read(session: Any, tensor: Tensor, body: dict[str, Any],
@@ -166,7 +187,7 @@ def start_read(session: Any, tensor: Tensor, body: dict[str, Any],
     except BaseException:
         link.close(linger=0)
         raise
-    return LinkRead(session, tensor, link, request, values)
+    return LinkRead(session, tensor, link, request, body, values)
 
 
 def _connect(session: Any, nbytes: int) -> zmq.Socket | None:
@@ -184,6 +205,10 @@ def _connect(session: Any, nbytes: int) -> zmq.Socket | None:
         return None
     link = connection.socket.context.socket(zmq.DEALER)
     show_ticket(link, ticket, key if type(key) is bytes else None)
+    # Pings while the link waits for its answer: on a cut link they stall, and TCP closes it
+    for option, value in ((zmq.HEARTBEAT_IVL, 1000),
+                          (zmq.HEARTBEAT_TIMEOUT, int(session.timeout * 1000))):
+        link.setsockopt(option, value)
     link.connect(address)
     if link.poll(int(CONNECT_SECONDS * 1000), zmq.POLLOUT):
         return link

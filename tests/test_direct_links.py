@@ -396,6 +396,30 @@ def test_an_upload_whose_link_is_cut_mid_send_goes_through_the_broker_once_logge
                     "are the next that break there)"]
 
 
+def _read(cluster: SSHCluster, elements: int) -> np.ndarray:
+    """``arange(elements)`` made on host 1's device and read back, in this thread's session."""
+    _, there = _sessions(cluster)
+    with there:
+        return there.arange(elements, dtype="float64").numpy()
+
+
+def test_a_read_whose_link_is_cut_mid_send_comes_through_the_broker_once_logged(
+        hosts, tmp_path, caplog):
+    elements = 3 << 20
+    try:
+        with _cluster(hosts, tmp_path, bulk_hosts=hosts.second.addresses) as running, \
+                caplog.at_level(logging.WARNING, "fabric.client"):
+            got = _cut_mid_send(hosts.second, 1, simhosts.THIS_SIDE,
+                                lambda: _read(running, elements))
+    finally:
+        hosts.second.reset()
+    assert got.tobytes() == np.arange(elements, dtype=np.float64).tobytes()
+    said = [r.getMessage() for r in caplog.records if "broke before" in r.getMessage()]
+    assert said == [f"the direct link to {_bulk_address(tmp_path, hosts.addresses[1])} broke "
+                    "before the read's values came: sent again through the broker (so are "
+                    "the next that break there)"]
+
+
 def _kill_worker(hosts: simhosts.SimulatedHosts, host: int) -> None:
     """SIGKILL to the worker on host ``host``."""
     for pid in hosts.pids(host):

@@ -11,7 +11,8 @@ up, ``workers.links``); its socket monitor tells when its connection closes, and
 deadline (``TCP_MAXRT``: ``LINK_STALL_SECONDS``) closes one whose bytes stop being taken, so a
 link that breaks mid-send is noticed in bounded time and its TRANSFER goes through the broker.
 The endpoint's heartbeat closes a connection whose one message does not complete while its
-ticket lasts, so a broken sender's partial message is freed. An admitted TRANSFER goes to its device as one moved between two
+ticket lasts, so a broken sender's partial message is freed; TCP's deadline closes one whose
+read reply stalls. An admitted TRANSFER goes to its device as one moved between two
 devices of this worker does; a client's admitted read goes to its device too, and the reply
 comes back here, to go out on the link it came by. The endpoint's socket monitor reports
 the handshakes libzmq refuses before any ZAP request (a peer without credentials): counted
@@ -34,7 +35,7 @@ from fabric import protocol, zap
 from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
 from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's own rules)
-from fabric.security import CurveClient, show_ticket
+from fabric.security import LINK_STALL_SECONDS, CurveClient, show_ticket
 from fabric.sockets import recv_frames, recv_monitor_event, try_send
 
 from .links import (HANDSHAKE_REFUSALS, TICKET_SECONDS, Admissions, Dial, Fallback,
@@ -87,7 +88,8 @@ class BulkLinks:
         for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, max_message_bytes),
                               (zmq.RCVHWM, _BULK_HWM), (zmq.IPV6, ":" in host),
                               (zmq.HEARTBEAT_IVL, int(TICKET_SECONDS * 1000)),
-                              (zmq.HEARTBEAT_TIMEOUT, int(TICKET_SECONDS * 1000))):
+                              (zmq.HEARTBEAT_TIMEOUT, int(TICKET_SECONDS * 1000)),
+                              (zmq.TCP_MAXRT, int(LINK_STALL_SECONDS * 1000))):
             self.endpoint.setsockopt(option, value)
         if curve is not None:
             self.endpoint.curve_secretkey = curve.secret_key
@@ -112,6 +114,7 @@ class BulkLinks:
         for link in list(self._dials):  # (registered with the old poller)
             self._close_dial(link)
         self.outgoing.clear()
+        self._broken.clear()
         self._poller = poller
         for sock in (self.zap, self.endpoint, self.monitor):
             poller.register(sock, zmq.POLLIN)
