@@ -32,9 +32,9 @@ from urllib.parse import urlsplit
 import zmq
 
 from fabric import protocol, zap
+from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's own rules)
 from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
-from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's own rules)
 from fabric.security import LINK_STALL_SECONDS, CurveClient, show_ticket
 from fabric.sockets import recv_frames, recv_monitor_event, try_send
 

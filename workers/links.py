@@ -19,10 +19,11 @@ through the broker as before, and the first such fallback to each address is log
 The receiver acknowledges the TRANSFER it took (an empty message back on the link); a sender
 closes a link when acknowledged, or ``ACK_SECONDS`` after sending (logged: the receiver
 vanished, and the client's wait for the tensor says so). A link that breaks before the
-receiver's word (its connection closes, or its bytes go unacknowledged by TCP for
-``LINK_STALL_SECONDS``, ``fabric.security``) has its TRANSFER sent once more, through the broker, and says so once per
-address: the receiving device takes whichever copy comes first, since the move's own ticket
-(``expect``) admits one, so a late copy is dropped there and nothing is stored twice.
+receiver's word (its connection closes, or TCP leaves its bytes unacknowledged for
+``fabric.security.LINK_STALL_SECONDS``) has its TRANSFER sent once more, through the
+broker, and says so once per address: the receiving device takes whichever copy comes
+first, since the move's own ticket (``expect``) admits one, so a late copy is dropped there
+and nothing is stored twice.
 
 A ticket is 32 random bytes. Shown in the handshake: without CURVE as the PLAIN password;
 with CURVE as the sender's key pair, whose secret key is the ticket itself (so only who
