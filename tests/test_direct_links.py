@@ -350,12 +350,23 @@ def _cut_mid_send(second: simhosts.SecondNetwork, sender: int, receiver: int,
         return working.result(timeout=LINK_STALL_SECONDS + 30)
 
 
+def _held_once(cluster: SSHCluster, session: fabric.Session, nbytes: int) -> None:
+    """Wait until ``session``'s device reports holding ``nbytes`` (one copy, not two)."""
+    def held() -> int | None:
+        with cluster.admin() as admin:
+            return next(row["resident_bytes"] for row in admin.devices()
+                        if row["index"] == session.device.index)
+    wait_until(lambda: held() == nbytes, 10, f"{nbytes} bytes held on the device, once")
+
+
 def _move_and_read(cluster: SSHCluster, elements: int) -> np.ndarray:
-    """``arange(elements)`` made on host 0's device, moved to host 1's, read back (sessions
-    are used by the thread that connects them: this runs in its own)."""
+    """``arange(elements)`` made on host 0's device, moved to host 1's, held there once, and
+    read back (sessions are used by the thread that connects them: this runs in its own)."""
     here, there = _sessions(cluster)
     with here, there:
-        return here.arange(elements, dtype="float64").to(there).numpy()
+        moved = here.arange(elements, dtype="float64").to(there)
+        _held_once(cluster, there, moved.nbytes)
+        return moved.numpy()
 
 
 def test_a_link_cut_mid_send_is_retried_through_the_broker_once_logged(hosts, tmp_path):
@@ -373,10 +384,13 @@ def test_a_link_cut_mid_send_is_retried_through_the_broker_once_logged(hosts, tm
 
 
 def _upload_and_read(cluster: SSHCluster, values: np.ndarray) -> np.ndarray:
-    """``values`` uploaded to host 1's device and read back, in this thread's session."""
-    _, there = _sessions(cluster)
-    with there:
-        return (there.asarray(values) + 0).numpy()
+    """``values`` uploaded to host 1's device, held there once, and read back, in this
+    thread's session."""
+    here, there = _sessions(cluster)
+    with here, there:
+        uploaded = there.asarray(values)
+        _held_once(cluster, there, values.nbytes)
+        return uploaded.numpy()
 
 
 def test_an_upload_whose_link_is_cut_mid_send_goes_through_the_broker_once_logged(
@@ -398,8 +412,8 @@ def test_an_upload_whose_link_is_cut_mid_send_goes_through_the_broker_once_logge
 
 def _read(cluster: SSHCluster, elements: int) -> np.ndarray:
     """``arange(elements)`` made on host 1's device and read back, in this thread's session."""
-    _, there = _sessions(cluster)
-    with there:
+    here, there = _sessions(cluster)
+    with here, there:
         return there.arange(elements, dtype="float64").numpy()
 
 
