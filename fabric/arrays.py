@@ -183,13 +183,17 @@ class ArrayNamespace(ABC):
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
         array = np.ascontiguousarray(array).reshape(array.shape)  # (keeps 0-d arrays 0-d)
+        tensor = self.stream.new_tensor(array.shape, array.dtype, issued_at())
+        self._put(tensor, array)
+        return tensor
+
+    def _put(self, tensor: Tensor, array: np.ndarray) -> None:
+        """Queue the upload of ``array`` (native byte order, contiguous) as ``tensor``."""
         stream = self.stream
-        tensor = stream.new_tensor(array.shape, array.dtype, issued_at())
         stream.enqueue(["put", tensor.id, [], {"dtype": array.dtype.str,
                                                "shape": list(array.shape),
                                                "buffer": len(stream.buffers)}],
                        array.reshape(-1).view(np.uint8), tensor)
-        return tensor
 
     def _stack_nested(self, items: Sequence[Any]) -> Tensor:
         """A nested list or tuple of tensors (and of anything asarray takes), built on the

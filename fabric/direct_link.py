@@ -6,16 +6,23 @@ with its worker, asks. The broker grants a link (the worker's bulk endpoint and 
 ticket, ``broker.links``); the client connects, showing the ticket (with CURVE as the secret
 of its key pair, ``workers.links``), and only once connected, within ``CONNECT_SECONDS``,
 does the session's device agree to take the tensor (``expect``, as for ``t.to()``); the
-array then travels as a TRANSFER on the link, and the session waits for the device to hold
-it (``await``), so its later ops find it. Without a grant or a connection in time, the
-upload takes the socket path as before, and the first such fallback to each address is
-logged; a session refused a link once (its worker has no endpoint, or is out of reach) asks
-no more.
+array then travels as a TRANSFER on the link, the worker's word that it took it comes back
+there, and the session waits for the device to hold it (``await``), so its later ops find
+it. Without a grant or a connection in time, the upload takes the socket path as before, and
+the first such fallback to each address is logged; a session refused a link once (its
+worker has no endpoint, or is out of reach) asks no more. A link that breaks before the
+worker's word (its connection closes; TCP closes it once its bytes stall for
+``LINK_STALL_SECONDS``) is not waited for: the array goes through the broker after all, as
+the very tensor the device expects (a ``put``, which runs before the ``await``), and the
+first such break to each address is logged. A message cut short on a link is never
+delivered, so the device stores the array once.
 
 A read asks for a link the same way. Its tensor is computed first (``shape``, one small round
 trip by the broker, which raises the tensor's error as the read would): a read on the link
 reaches the device at once, so it must not pass the ops before it. The read then goes on the
-link, and its reply comes back on it.
+link, and its reply comes back on it; where the link breaks first (the worker's side sees
+to it when its bytes stall, this side when the pings it sends meanwhile do), the read is sent
+again through the broker, and the first such break to each address is logged.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ DIRECT_BYTES = 8 << 20  # an upload or a read this large asks for a direct link
 DIRECT_ELEMENTS = DIRECT_BYTES // 16  # reads of fewer elements never do (16: complex128)
 CONNECT_SECONDS = 2.0  # the wait for a grant, then for a connection; then the socket path
 _told: set[str] = set()  # addresses whose fallback was logged
+_told_broken: set[str] = set()  # and whose broken link was
 _refused: weakref.WeakSet[Any] = weakref.WeakSet()  # sessions that take the socket path
 
 # (A session is typed Any here: fabric.session imports this module.)
@@ -58,6 +66,7 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     if link is None:
         _refused.add(session)
         return None
+    monitor = link.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
         dtype = device_dtype(array.dtype).newbyteorder("=")
         tensor = session.stream.new_tensor(array.shape, dtype, issued_at())
@@ -68,10 +77,46 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
             Kind.TRANSFER, session.id, session.id,
             {"ticket": ticket, "dtype": dtype.str, "shape": list(array.shape)},
             (values.reshape(-1).view(np.uint8),))), copy=False)
-        session._call({"op": "await", "id": tensor.id})  # (the bytes are in: the link may go)
+        taken = _answered(link, monitor, session.timeout)  # (the worker's word, or a break)
+        if taken is None:
+            raise RequestTimeout(
+                f"An upload over the direct link to device {session.device.index} was not "
+                f"taken in {session.timeout:g} s: the worker is busy or gone. Upload again "
+                "(it takes the broker if no link is made), or raise timeout=.")
+        if not taken:
+            _say_broken(link, "the worker took the upload")
+            session._put(tensor, values)
+        session._call({"op": "await", "id": tensor.id})
     finally:
-        link.close(linger=0)
+        _close(link, monitor)
     return tensor
+
+
+def _answered(link: zmq.Socket, monitor: zmq.Socket, seconds: float) -> bool | None:
+    """True once ``link`` has a message, False once it broke (its ``monitor`` says it
+    disconnected), None where neither comes within ``seconds``."""
+    poller = zmq.Poller()
+    for sock in (link, monitor):
+        poller.register(sock, zmq.POLLIN)
+    ready = dict(poller.poll(int(seconds * 1000)))
+    return True if link in ready else False if monitor in ready else None
+
+
+def _say_broken(link: zmq.Socket, before: str) -> None:
+    """Log, once per address, that ``link`` broke ``before`` what."""
+    address = link.getsockopt(zmq.LAST_ENDPOINT).decode()
+    if address not in _told_broken:
+        _told_broken.add(address)
+        log.warning("the direct link to %s broke before %s: sent again through the broker "
+                    "(so are the next that break there)", address, before)
+
+
+def _close(link: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Close ``link`` and its ``monitor`` (``get_monitor_socket``); again: nothing."""
+    if not monitor.closed:
+        link.disable_monitor()
+        monitor.close(linger=0)
+    link.close(linger=0)
 
 
 class LinkRead:
@@ -81,20 +126,31 @@ class LinkRead:
     copy = True  # False: the values come back read-only
 
     def __init__(self, session: Any, tensor: Tensor, link: zmq.Socket, request: int,
+                 body: dict[str, Any],
                  values: Callable[[Message, Tensor], np.ndarray]) -> None:
         self.session, self.tensor, self.request = session, tensor, request
-        self._link, self._values = link, values
+        self._link, self._body, self._values = link, body, values
+        self._monitor = link.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     def result(self, timeout: float | None = None) -> np.ndarray:
-        """The values, waited for up to ``timeout`` (default: the session's)."""
-        wait = self.session.timeout if timeout is None else timeout
+        """The values, waited for up to ``timeout`` (default: the session's); through the
+        broker where the link breaks first."""
+        session = self.session
+        wait = session.timeout if timeout is None else timeout
         try:
             while True:
-                if not self._link.poll(int(wait * 1000)):
+                answered = _answered(self._link, self._monitor, wait)
+                if answered is None:
                     raise RequestTimeout(
-                        f"A read over the direct link to device {self.session.device.index} "
+                        f"A read over the direct link to device {session.device.index} "
                         f"got no answer in {wait:g} s: the worker is busy or gone. Read again "
                         "(it takes the broker if no link is made), or raise timeout=.")
+                if not answered:
+                    _say_broken(self._link, "the read's values came")
+                    self.cancel()
+                    reply = session._reply(session._send_request(self._body,
+                                                                 reads=self.tensor), wait)
+                    break
                 reply = protocol.decode(recv_frames(self._link))
                 if reply.request == self.request:
                     break
@@ -109,7 +165,7 @@ class LinkRead:
 
     def cancel(self) -> None:
         """Stop waiting for the values (the link closes)."""
-        self._link.close(linger=0)
+        _close(self._link, self._monitor)
 
 
 def start_read(session: Any, tensor: Tensor, body: dict[str, Any],
@@ -131,7 +187,7 @@ def start_read(session: Any, tensor: Tensor, body: dict[str, Any],
     except BaseException:
         link.close(linger=0)
         raise
-    return LinkRead(session, tensor, link, request, values)
+    return LinkRead(session, tensor, link, request, body, values)
 
 
 def _connect(session: Any, nbytes: int) -> zmq.Socket | None:
@@ -149,6 +205,10 @@ def _connect(session: Any, nbytes: int) -> zmq.Socket | None:
         return None
     link = connection.socket.context.socket(zmq.DEALER)
     show_ticket(link, ticket, key if type(key) is bytes else None)
+    # Pings while the link waits for its answer: on a cut link they stall, and TCP closes it
+    for option, value in ((zmq.HEARTBEAT_IVL, 1000),
+                          (zmq.HEARTBEAT_TIMEOUT, int(session.timeout * 1000))):
+        link.setsockopt(option, value)
     link.connect(address)
     if link.poll(int(CONNECT_SECONDS * 1000), zmq.POLLOUT):
         return link

@@ -250,6 +250,7 @@ def present_token(socket: zmq.Socket, role: str, token: str | None) -> None:
 
 
 LINK_USER = b"fabric-link"  # the PLAIN user name a direct link's ticket is shown under
+LINK_STALL_SECONDS = 5.0  # a direct link whose bytes TCP leaves unacknowledged this long broke
 
 
 def link_keys(ticket: bytes) -> tuple[bytes, bytes]:
@@ -263,8 +264,10 @@ def show_ticket(socket: zmq.Socket, ticket: bytes, server_key: bytes | None) -> 
     """Make ``socket`` (before it connects to a worker's direct-link endpoint) show
     ``ticket`` in the handshake: with CURVE, to an endpoint of public key ``server_key``, as
     its key pair's secret; without, as the PLAIN password. And writable only once that
-    handshake is done (IMMEDIATE)."""
+    handshake is done (IMMEDIATE); disconnected once its bytes go unacknowledged by TCP for
+    ``LINK_STALL_SECONDS`` (TCP_MAXRT), so a link cut mid-send is noticed."""
     socket.setsockopt(zmq.IMMEDIATE, 1)
+    socket.setsockopt(zmq.TCP_MAXRT, int(LINK_STALL_SECONDS * 1000))
     socket.setsockopt(zmq.IPV6, True)
     if server_key is not None:
         socket.curve_publickey, socket.curve_secretkey = link_keys(ticket)

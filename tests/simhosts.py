@@ -63,6 +63,7 @@ class SimulatedHosts:
     ssh_config: Path
     sshd_pids: list[int]
     links: list[str]  # each host's link to the bridge, on this side
+    second: SecondNetwork | None = None  # (``second_network=True``)
 
     def set_link(self, host: int, up: bool) -> None:
         """Take host ``host``'s link to the bridge down (a cut cable), or bring it back up."""
@@ -71,6 +72,87 @@ class SimulatedHosts:
     def pids(self, host: int) -> set[int]:
         """Every process in host ``host``'s namespace, its sshd listener excepted."""
         return _namespace_pids(self.namespaces[host]) - {self.sshd_pids[host]}
+
+
+@dataclass
+class SecondNetwork:
+    """A second network (its own bridge) that this side and every host join, each by its own
+    link, with an IPv4 and an IPv6 address: traffic that uses these addresses can be slowed
+    or cut while the first network, and the broker on it, stays up. A member is a host's
+    index, or ``THIS_SIDE``."""
+
+    addresses: list[str]  # IPv4, the hosts' in order, then this side's
+    addresses6: list[str]  # IPv6
+    ends: list[tuple[str | None, str]]  # each member's link: (its namespace, its name)
+
+    def set_up(self, member: int, up: bool) -> None:
+        """Cut ``member``'s link (a pulled cable), or join it again."""
+        self._ip(member, "link", "set", self.ends[member][1], "up" if up else "down")
+
+    def slow(self, member: int, mbit: int) -> None:
+        """What ``member`` sends here leaves at ``mbit`` Mbit/s (``tc``'s token bucket), so
+        a large transfer lasts long enough to be cut in its middle."""
+        self._tc(member, "replace", "root", "tbf", "rate", f"{mbit}mbit", "burst", "64kb",
+                 "latency", "1s", check=True)
+
+    def reset(self) -> None:
+        """Every link up, at full speed, with its IPv6 address (a link taken down loses
+        it)."""
+        for member, (_, end) in enumerate(self.ends):
+            self.set_up(member, True)
+            self._tc(member, "del", "root", check=False)  # (none there: fine)
+            self._ip(member, "-6", "addr", "replace", f"{self.addresses6[member]}/64", "dev",
+                     end, "nodad")
+
+    def _ip(self, member: int, *args: str) -> None:
+        namespace = self.ends[member][0]
+        _ip(*(["-n", namespace] if namespace else []), *args)
+
+    def _tc(self, member: int, *args: str, check: bool) -> None:
+        namespace, end = self.ends[member]
+        subprocess.run([*(["ip", "netns", "exec", namespace] if namespace else []), "tc",
+                        "qdisc", args[0], "dev", end, *args[1:]], check=check,
+                       capture_output=True, timeout=10)
+
+
+THIS_SIDE = -1  # this side's index among a SecondNetwork's members
+
+
+def _second_network(tag: str, namespaces: list[str], undo: contextlib.ExitStack
+                    ) -> SecondNetwork:
+    net = random.randrange(256)
+    bridge = f"fb{tag}b2"
+    _ip("link", "add", bridge, "type", "bridge")
+    undo.callback(_ip, "link", "del", bridge)
+    _ip("link", "set", bridge, "up")
+    members = [*namespaces, None]  # (this side last: THIS_SIDE)
+    ends, addresses, addresses6 = [], [], []
+    for i, namespace in enumerate(members):
+        outside, inside = f"fb{tag}w{i}", f"fb{tag}n{i}"
+        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        undo.callback(_delete_link, outside)
+        _ip("link", "set", outside, "master", bridge, "up")
+        where = ["-n", namespace] if namespace else []
+        if namespace:
+            _ip("link", "set", inside, "netns", namespace)
+        address, address6 = f"10.232.{net}.{10 + i}", f"fd25:{net:x}::{10 + i}"
+        for command in (["addr", "add", f"{address}/24", "dev", inside],
+                        ["-6", "addr", "add", f"{address6}/64", "dev", inside, "nodad"],
+                        ["link", "set", inside, "up"]):
+            _ip(*where, *command)
+        ends.append((namespace, inside))
+        addresses.append(address)
+        addresses6.append(address6)
+    return SecondNetwork(addresses, addresses6, ends)
+
+
+def ipv6_missing() -> str | None:
+    """Why IPv6 addresses cannot be given to simulated hosts here, or None."""
+    try:
+        disabled = Path("/proc/sys/net/ipv6/conf/all/disable_ipv6").read_text().strip()
+    except OSError:
+        return "this kernel has no IPv6"
+    return "IPv6 is disabled here (net.ipv6.conf.all.disable_ipv6)" if disabled != "0" else None
 
 
 def _namespace_pids(namespace: str) -> set[int]:
@@ -129,9 +211,12 @@ LogLevel VERBOSE
 
 
 @contextlib.contextmanager
-def simulated_hosts(work: Path, count: int) -> Iterator[SimulatedHosts]:
+def simulated_hosts(work: Path, count: int,
+                    second_network: bool = False) -> Iterator[SimulatedHosts]:
     """``count`` hosts, each a network namespace on a bridge with sshd listening on its own
-    address; keys, configs and logs go in ``work``. Everything is removed on leaving."""
+    address, and with ``second_network`` a second network joining them and this side
+    (``SecondNetwork``); keys, configs and logs go in ``work``. Everything is removed on
+    leaving."""
     tag = f"{os.getpid() % 1000:03d}{random.randrange(100):02d}"  # names: 15 characters at most
     net = f"10.231.{random.randrange(256)}"
     bridge = f"fb{tag}br"
@@ -183,8 +268,9 @@ Host *
   StrictHostKeyChecking yes
   LogLevel ERROR
 """)
+        second = _second_network(tag, namespaces, undo) if second_network else None
         yield SimulatedHosts(addresses, namespaces, f"{net}.1", f"{net}.250", ssh_config,
-                             sshd_pids, links)
+                             sshd_pids, links, second)
 
 
 def _delete_link(name: str) -> None:

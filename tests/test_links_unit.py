@@ -8,6 +8,7 @@ import logging
 import secrets
 
 import pytest
+import zmq
 
 from fabric.broker.links import reported_bulk
 from fabric.protocol import Header, Kind, Message
@@ -181,3 +182,36 @@ def test_no_connection_in_time_falls_back_and_is_logged_once_per_address(caplog)
     ("tcp://h:1", None), (None, None)])
 def test_the_broker_takes_only_a_well_formed_bulk_endpoint(bulk, expected):
     assert reported_bulk({"bulk": bulk}) == expected
+
+
+@pytest.mark.parametrize("event, counted", [
+    (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, True),  # NULL, or another mechanism
+    (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, True),  # closed mid-handshake
+    (zmq.EVENT_HANDSHAKE_FAILED_AUTH, False),  # ZAP's refusal: counted by on_zap already
+    (zmq.EVENT_DISCONNECTED, False),
+])
+def test_handshakes_libzmq_refuses_by_itself_are_counted_once(admissions, event, counted):
+    assert admissions.refuses(event) is counted
+    assert admissions.refused == int(counted)
+
+
+def test_a_link_that_breaks_before_the_receivers_word_falls_back_once_logged(caplog):
+    outgoing = Outgoing()
+    frames = ["header", "bytes"]
+    for _ in range(2):
+        ask = outgoing.start(frames, header(), 10, 0.0)
+        outgoing.on_grant(Message(Kind.LINK_GRANT, SESSION, ask.request, {
+            "address": "tcp://10.0.0.2:5", "ticket": secrets.token_bytes(32)}))
+        assert outgoing.broke(ask.request) is None  # (not sent yet: tick's deadline rules)
+        assert outgoing.connected(ask.request, 1.0) == frames
+        with caplog.at_level(logging.WARNING, "fabric.worker"):
+            assert outgoing.broke(ask.request) == Fallback(ask.request, frames)
+        assert outgoing.broke(ask.request) is None  # once
+    assert [r.getMessage() for r in caplog.records] == [
+        "the direct link to tcp://10.0.0.2:5 broke before the receiver took its tensor: sent "
+        "again through the broker (so are the next that break there)"]
+    taken = outgoing.start(frames, header(), 10, 2.0)
+    outgoing.on_grant(Message(Kind.LINK_GRANT, SESSION, taken.request, {
+        "address": "tcp://10.0.0.2:5", "ticket": secrets.token_bytes(32)}))
+    outgoing.connected(taken.request, 2.0)
+    assert outgoing.acknowledged(taken.request) and outgoing.broke(taken.request) is None

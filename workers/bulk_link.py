@@ -7,9 +7,17 @@ address this worker is reached at; a PLAIN server (a CURVE server with the worke
 when the cluster uses CURVE) whose every handshake this worker's ZAP handler answers, so no
 byte of a peer without a ticket is taken. Each granted TRANSFER gets its own DEALER, which
 shows the ticket, sends once connected and closes when the receiver acknowledges (or gives
-up, ``workers.links``). An admitted TRANSFER goes to its device as one moved between two
+up, ``workers.links``); its socket monitor tells when its connection closes, and TCP's own
+deadline (``TCP_MAXRT``: ``LINK_STALL_SECONDS``) closes one whose bytes stop being taken, so a
+link that breaks mid-send is noticed in bounded time and its TRANSFER goes through the broker.
+The endpoint's heartbeat closes a connection whose one message does not complete while its
+ticket lasts, so a broken sender's partial message is freed; TCP's deadline closes one whose
+read reply stalls. An admitted TRANSFER goes to its device as one moved between two
 devices of this worker does; a client's admitted read goes to its device too, and the reply
-comes back here, to go out on the link it came by.
+comes back here, to go out on the link it came by. The endpoint's socket monitor reports
+the handshakes libzmq refuses before any ZAP request (a peer without credentials): counted
+with the rest, and logged at most once an interval (``RateLimitedLog``: any peer can cause
+them).
 """
 
 from __future__ import annotations
@@ -24,12 +32,14 @@ from urllib.parse import urlsplit
 import zmq
 
 from fabric import protocol, zap
+from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's own rules)
 from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
-from fabric.security import CurveClient, show_ticket
-from fabric.sockets import recv_frames, try_send
+from fabric.security import LINK_STALL_SECONDS, CurveClient, show_ticket
+from fabric.sockets import recv_frames, recv_monitor_event, try_send
 
-from .links import Admissions, Dial, Fallback, Outgoing, ZapAnswer
+from .links import (HANDSHAKE_REFUSALS, TICKET_SECONDS, Admissions, Dial, Fallback,
+                    Outgoing, ZapAnswer)
 
 log = logging.getLogger("fabric.worker")
 
@@ -68,13 +78,18 @@ class BulkLinks:
         self._to_device = to_device  # an admitted TRANSFER's way to its device
         self._read = read  # an admitted read's, with the link's routing id for the reply
         self._dials: dict[int, zmq.Socket] = {}
+        self._dial_monitors: dict[zmq.Socket, int] = {}  # a dial's monitor -> its link
+        self._broken: list[Fallback] = []  # TRANSFERs of links that broke, for tick()
         self._poller: zmq.Poller | None = None
         self.zap = context.socket(zmq.ROUTER)
         self.zap.linger = 0
         self.zap.bind(zap.ZAP_ENDPOINT)
         self.endpoint = context.socket(zmq.ROUTER)
         for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, max_message_bytes),
-                              (zmq.RCVHWM, _BULK_HWM), (zmq.IPV6, ":" in host)):
+                              (zmq.RCVHWM, _BULK_HWM), (zmq.IPV6, ":" in host),
+                              (zmq.HEARTBEAT_IVL, int(TICKET_SECONDS * 1000)),
+                              (zmq.HEARTBEAT_TIMEOUT, int(TICKET_SECONDS * 1000)),
+                              (zmq.TCP_MAXRT, int(LINK_STALL_SECONDS * 1000))):
             self.endpoint.setsockopt(option, value)
         if curve is not None:
             self.endpoint.curve_secretkey = curve.secret_key
@@ -82,6 +97,8 @@ class BulkLinks:
             self.endpoint.curve_server = True
         else:
             self.endpoint.plain_server = True
+        self.monitor = self.endpoint.get_monitor_socket(HANDSHAKE_REFUSALS)
+        self._refusal_log = RateLimitedLog()
         where = f"[{host}]" if ":" in host else host
         self.address = f"tcp://{where}:{self.endpoint.bind_to_random_port(f'tcp://{where}')}"
         log.info("direct links at %s", self.address)
@@ -97,13 +114,15 @@ class BulkLinks:
         for link in list(self._dials):  # (registered with the old poller)
             self._close_dial(link)
         self.outgoing.clear()
+        self._broken.clear()
         self._poller = poller
-        poller.register(self.zap, zmq.POLLIN)
-        poller.register(self.endpoint, zmq.POLLIN)
+        for sock in (self.zap, self.endpoint, self.monitor):
+            poller.register(sock, zmq.POLLIN)
 
     def owns(self, sock: zmq.Socket) -> bool:
         """Whether ``sock`` is one of this module's (for the loop's dispatch)."""
-        return sock is self.zap or sock is self.endpoint or sock in self._dials.values()
+        return sock is self.zap or sock is self.endpoint or sock is self.monitor \
+            or sock in self._dial_monitors or sock in self._dials.values()
 
     def send(self, frames: list[zmq.Frame], nbytes: int) -> Message:
         """A large TRANSFER leaves: the LINK request to send to the broker."""
@@ -136,6 +155,22 @@ class BulkLinks:
             self._answer(self.admissions.on_zap((routing, request.request_id),
                                                 request.mechanism.encode(),
                                                 list(request.credentials), now))
+        elif sock in self._dial_monitors:  # (only DISCONNECTED is asked for)
+            recv_monitor_event(sock)
+            link = self._dial_monitors[sock]
+            fallback = self.outgoing.broke(link)
+            if fallback is not None:
+                self._close_dial(link)
+                self._broken.append(fallback)
+        elif sock is self.monitor:
+            event = recv_monitor_event(sock)
+            if self.admissions.refuses(event["event"]):
+                line = self._refusal_log.note(
+                    logging.WARNING, "direct link: a handshake refused before any ticket was "
+                    "shown (no credentials, or another mechanism)", "not named by libzmq", now,
+                    f"{self.admissions.refused} refused in all")
+                if line is not None:
+                    log.log(*line)
         elif sock is self.endpoint:
             routing, *frames = recv_frames(sock)
             try:  # (an admitted peer's message always has a header, and a User-Id)
@@ -172,30 +207,44 @@ class BulkLinks:
         """Refuse handshakes that waited too long; the TRANSFERs that fall back."""
         now = time.monotonic()
         self._answer(self.admissions.tick(now))
+        for line in self._refusal_log.due(now):
+            log.log(*line)
         fallbacks = self.outgoing.tick(now)
         for link in [f.link for f in fallbacks] + self.outgoing.unacknowledged(now):
             self._close_dial(link)
-        return fallbacks
+        broken, self._broken = self._broken, []
+        return broken + fallbacks
 
     def close(self) -> None:
         """Close every socket; sends under way on a link end."""
         for link in list(self._dials):
             self._close_dial(link)
         self.zap.close(linger=0)
+        self.endpoint.disable_monitor()
+        self.monitor.close(linger=0)
         self.endpoint.close(linger=0)
 
     def _dial(self, dial: Dial) -> None:
         sock = self._context.socket(zmq.DEALER)
         show_ticket(sock, dial.ticket, dial.public_key)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(dial.address)
         self._dials[dial.link] = sock
+        self._dial_monitors[monitor] = dial.link
         self._poller.register(sock, zmq.POLLOUT)
+        self._poller.register(monitor, zmq.POLLIN)
 
     def _close_dial(self, link: int) -> None:
         sock = self._dials.pop(link, None)
-        if sock is not None:
-            self._poller.unregister(sock)
-            sock.close(linger=0)
+        if sock is None:
+            return
+        [monitor] = [m for m, of in self._dial_monitors.items() if of == link]
+        del self._dial_monitors[monitor]
+        for closing in (monitor, sock):
+            self._poller.unregister(closing)
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
 
     def _answer(self, answers: list[ZapAnswer]) -> None:
         for answer in answers:

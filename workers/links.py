@@ -8,7 +8,8 @@ nothing an unadmitted peer sends is ever buffered, and an admitted one carries e
 message to that session: a TRANSFER, or, from the session's own client, a REQUEST (a read,
 answered on the link). A ZAP request may come before its ticket (the broker tells both
 sides at once): it waits, at most ``MAX_WAITING`` of them, until ``WAIT_SECONDS`` have
-passed, then is refused. Refusals are counted.
+passed, then is refused. Refusals are counted, and so are the handshakes libzmq refuses
+before any ZAP request (a peer showing no credentials, or another mechanism: ``refuses``).
 
 Rule 2 (sender): a TRANSFER of at least ``LINK_THRESHOLD`` bytes for another worker asks
 the broker for a link (``LINK``); without a grant and a connection within
@@ -17,7 +18,12 @@ through the broker as before, and the first such fallback to each address is log
 
 The receiver acknowledges the TRANSFER it took (an empty message back on the link); a sender
 closes a link when acknowledged, or ``ACK_SECONDS`` after sending (logged: the receiver
-vanished, or the link broke, and the client's wait for the tensor says so).
+vanished, and the client's wait for the tensor says so). A link that breaks before the
+receiver's word (its connection closes, or TCP leaves its bytes unacknowledged for
+``fabric.security.LINK_STALL_SECONDS``) has its TRANSFER sent once more, through the
+broker, and says so once per address: the receiving device takes whichever copy comes
+first, since the move's own ticket (``expect``) admits one, so a late copy is dropped there
+and nothing is stored twice.
 
 A ticket is 32 random bytes. Shown in the handshake: without CURVE as the PLAIN password;
 with CURVE as the sender's key pair, whose secret key is the ticket itself (so only who
@@ -47,6 +53,10 @@ MAX_TICKETS = 256  # tickets a receiver holds at once (beyond: the oldest is for
 MAX_WAITING = 16  # handshakes waiting for their ticket at once (beyond: refused)
 _WORKER_KINDS = frozenset({Kind.TRANSFER})  # what a link granted to a worker may carry
 _CLIENT_KINDS = frozenset({Kind.TRANSFER, Kind.REQUEST})  # and one granted to a client
+# Handshakes libzmq fails before asking ZAP (the NULL mechanism, a mismatched one, a peer that
+# closes mid-handshake); ZAP's own refusals come as EVENT_HANDSHAKE_FAILED_AUTH, counted
+# where they are answered (``Admissions.on_zap``), so that event is not one of these.
+HANDSHAKE_REFUSALS = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
 
 def credential(ticket: bytes, curve: bool) -> bytes:
@@ -112,6 +122,15 @@ class Admissions:
             return []
         return [self._admit(request, key, now)]
 
+    def refuses(self, event: int) -> bool:
+        """Whether socket monitor ``event`` of the bulk endpoint is a handshake libzmq
+        refused by itself (``HANDSHAKE_REFUSALS``); if so it is counted. Costs no memory,
+        however many come."""
+        if not event & HANDSHAKE_REFUSALS:
+            return False
+        self.refused += 1
+        return True
+
     def _admit(self, request: Any, key: bytes, now: float) -> ZapAnswer:
         ticket = self._tickets[key]
         if ticket.user or ticket.expires < now:  # a ticket admits one handshake, in time
@@ -174,13 +193,22 @@ class _Pending:
 
 
 @dataclass
+class _Sent:
+    frames: list[Any]  # kept until acknowledged, to go through the broker if the link breaks
+    deadline: float
+    address: str
+
+
+@dataclass
 class Outgoing:
-    """A sender's TRANSFERs waiting for a grant or a connection."""
+    """A sender's TRANSFERs waiting for a grant or a connection, then for the receiver's
+    word."""
 
     _pending: dict[int, _Pending] = field(default_factory=dict)
-    _sent: dict[int, float] = field(default_factory=dict)  # link -> when to stop waiting
+    _sent: dict[int, _Sent] = field(default_factory=dict)
     _links: int = 0
     _told: set[str] = field(default_factory=set)  # addresses whose fallback was logged
+    _told_broken: set[str] = field(default_factory=set)  # and whose broken link was
 
     def start(self, frames: list[Any], header: Header, nbytes: int, now: float) -> Message:
         """A TRANSFER (``frames``, its ``header``) leaves: the LINK request to send."""
@@ -209,16 +237,30 @@ class Outgoing:
         pending = self._pending.pop(link, None)
         if pending is None:
             return None
-        self._sent[link] = now + ACK_SECONDS
+        self._sent[link] = _Sent(pending.frames, now + ACK_SECONDS, pending.address)
         return pending.frames
 
     def acknowledged(self, link: int) -> bool:
         """The receiver took link ``link``'s TRANSFER; False where it was not sent on it."""
         return self._sent.pop(link, None) is not None
 
+    def broke(self, link: int) -> Fallback | None:
+        """Link ``link`` broke before the receiver's word: its TRANSFER, to send once more
+        through the broker (the first break to each address logged); None where nothing was
+        sent on it or the receiver took it (a link closed after its word)."""
+        sent = self._sent.pop(link, None)
+        if sent is None:
+            return None
+        if sent.address not in self._told_broken:
+            self._told_broken.add(sent.address)
+            log.warning("the direct link to %s broke before the receiver took its tensor: "
+                        "sent again through the broker (so are the next that break there)",
+                        sent.address)
+        return Fallback(link, sent.frames)
+
     def unacknowledged(self, now: float) -> list[int]:
         """Links whose TRANSFER went unacknowledged too long: to close (each logged)."""
-        late = [link for link, deadline in self._sent.items() if deadline < now]
+        late = [link for link, sent in self._sent.items() if sent.deadline < now]
         for link in late:
             del self._sent[link]
             log.warning("a tensor sent over a direct link was not acknowledged within %g s: "
