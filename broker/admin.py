@@ -20,9 +20,10 @@ from collections import Counter
 from typing import Any, Callable, Protocol
 
 from fabric.errors import FabricError, ProtocolError
+from fabric.log_limit import peer_label
 from fabric.protocol import MAX_ID, PROTOCOL_VERSION, Kind, Message
 
-from .model import Send, Session, Side, Traffic, Worker, peer_label, send_error, send_message
+from .model import Send, Session, Side, Traffic, Worker, send_error, send_message
 from .model import reported  # (what workers report of their devices)
 from .worker_table import WorkerTable
 

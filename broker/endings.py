@@ -14,6 +14,7 @@ import logging
 from collections import Counter
 
 from fabric.errors import FabricError, HandshakeError, NotFound, SessionLost
+from fabric.log_limit import peer_label
 from fabric.protocol import Kind, Message
 
 from .model import (
@@ -23,7 +24,6 @@ from .model import (
     SessionPhase,
     Side,
     Worker,
-    peer_label,
     send_error,
     send_message,
 )

@@ -11,7 +11,6 @@ lanes and device numbering through ``broker.worker_table``.
 from __future__ import annotations
 
 import enum
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -41,13 +40,6 @@ class Send(NamedTuple):
     identity: bytes
     frames: list[Any]
     not_before: float = 0.0
-
-
-def peer_label(identity: bytes) -> str:
-    """A connection's name in logs and admin views: a short digest of its routing id, never
-    the id itself, since a client's sessions are bound to its id (a random secret that only
-    it holds: whoever connected under it would reach them)."""
-    return hashlib.blake2b(identity, digest_size=8).hexdigest()
 
 
 # Data messages are forwarded as ``new_send(Send, (side, identity, frames, 0.0))``: the named

@@ -59,7 +59,7 @@ from .handshake import (
     token_ok,
     version_mismatch,
 )
-from .log_limit import RateLimitedLog
+from fabric.log_limit import RateLimitedLog
 from .model import (
     Limits,
     Send,

@@ -34,7 +34,8 @@ from test_registry import (
     rejected,
 )
 
-from fabric.broker.model import SessionPhase, Side, peer_label
+from fabric.broker.model import SessionPhase, Side
+from fabric.log_limit import peer_label
 from fabric.broker.registry import Registry
 from fabric import protocol
 from fabric.errors import (

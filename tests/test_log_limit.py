@@ -13,16 +13,17 @@ import pytest
 from rawpeers import frames_of
 from test_registry import A, C1, C2, frames, make_registry, open_session, two_workers
 
-from fabric.broker.log_limit import (
+from fabric.log_limit import (
     ADDRESS_CHARS,
     DETAIL_CHARS,
     INTERVAL,
     SAMPLE_PEERS,
     LogLine,
     RateLimitedLog,
+    peer_label,
     peer_text,
 )
-from fabric.broker.model import Side, peer_label
+from fabric.broker.model import Side
 from fabric.protocol import Kind
 
 WARN = logging.WARNING

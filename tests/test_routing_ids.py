@@ -30,7 +30,7 @@ from faultproxy import wait_for
 from rawpeers import RawDealer, frames_of
 
 from fabric import LocalCluster
-from fabric.broker.model import peer_label
+from fabric.log_limit import peer_label
 from fabric.protocol import Kind, Message
 from fabric.security import generate_keys, present_token
 from fabric.sockets import new_routing_id

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from fabric import protocol, zap
-from fabric.broker.log_limit import RateLimitedLog  # (sans I/O, as the worker's own rules)
+from fabric.log_limit import RateLimitedLog
 from fabric.errors import FabricError
 from fabric.protocol import Kind, Message
 from fabric.security import LINK_STALL_SECONDS, CurveClient, show_ticket

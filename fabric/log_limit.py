@@ -1,6 +1,6 @@
 """Log lines that any peer can cause at will, folded into one line per interval.
 
-Rule: a peer must not write the broker's log at its own pace. A line that an unauthenticated
+Rule: a peer must not write a broker's or a worker's log at its own pace. A line that an unauthenticated
 peer can trigger (a refused token, a malformed message, a message from an unregistered
 worker) goes through ``RateLimitedLog``: the first of its kind is logged at once, in full;
 the next ones within ``interval`` seconds are only counted, with a bounded sample of the
@@ -11,15 +11,21 @@ code (never a peer's bytes), so the table of kinds stays small.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
-
-from .model import peer_label
 
 INTERVAL = 10.0  # seconds over which repeats of one kind are folded into one line
 SAMPLE_PEERS = 3  # peers named in a summary line
 ADDRESS_CHARS = 64  # characters of a network address shown
 DETAIL_CHARS = 200  # of the first line's detail (an error sentence may quote a peer's input)
+
+
+def peer_label(identity: bytes) -> str:
+    """A connection's name in logs and admin views: a short digest of its routing id, never
+    the id itself, since a client's sessions are bound to its id (a random secret that only
+    it holds: whoever connected under it would reach them)."""
+    return hashlib.blake2b(identity, digest_size=8).hexdigest()
 
 
 class LogLine(NamedTuple):
@@ -30,7 +36,7 @@ class LogLine(NamedTuple):
 
 
 def peer_text(peer: bytes | str) -> str:
-    """A routing identity as its label (``model.peer_label``); a network address (a peer in
+    """A routing identity as its label (``peer_label``); a network address (a peer in
     the ZeroMQ handshake has no identity yet) as bounded text."""
     if isinstance(peer, str):
         return peer[:ADDRESS_CHARS]
