@@ -7,8 +7,11 @@ session is off or the op stream is being captured, every array takes the socket 
 before, so this path only ever replaces a transfer the socket path would make. An upload or
 a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
 upload, one lent ahead, whose answer has already come: ``fabric.slots_ahead``), else into
-one of the connection's pool; a read into one of the connection's pool. Small arrays never
-come here: the caller tests the size first.
+one of the connection's pool; a read into one of the connection's pool, or, for a read-only
+view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
+the worker until the view is collected (``workers.pins``; the unpin goes with the session's
+next message: ``send_unpins``). Small arrays never come here: the caller tests the size
+first.
 """
 
 from __future__ import annotations
@@ -185,9 +188,10 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
     return segment.memory[slot.offset:slot.offset + nbytes]
 
 
-def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
+def start_read(session: Any, tensor: Tensor, view: bool = False) -> tuple[int, Slot] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; None, sending nothing, where it must take the socket path."""
+    slot; None, sending nothing, where it must take the socket path. ``view``: the device
+    may answer with its own slot instead, pinned (``take``)."""
     nbytes = tensor.size * tensor.dtype.itemsize
     if nbytes < session.connection.shared_memory.threshold:
         return None
@@ -198,7 +202,8 @@ def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
     try:
         request = session._send_request({
             "op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
-            "shape": tensor.shape, "into": slot.ref()})
+            "shape": tensor.shape, "into": slot.ref(),
+            **({"view": True} if view and session.id not in pool.slotless else {})})
     except BaseException:
         pool.discard(slot)
         raise
@@ -242,10 +247,51 @@ def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[N
         pool.give_back(own)
 
 
-def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarray:
+def take(session: Any, slot: Slot, tensor: Tensor, copy: bool,
+         reply: Message) -> np.ndarray | None:
     """The values a read wrote into ``slot``, as an array over the slot itself, which stays
     lent to it until it and every array made from it are gone: no one else writes there, so
-    it is the caller's own (writable), or with ``copy`` False read-only."""
-    holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
-    weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+    it is the caller's own (writable), or with ``copy`` False read-only. Where the device
+    pinned its own slot instead (``"pinned"``), a read-only view of that, which unpins it
+    once collected; None where this process cannot map it (the read is then to be made
+    again, as a copy: the slot is unpinned, and the device asked for no view again)."""
+    pool = session.connection.segments
+    if "pinned" not in reply.body:
+        holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
+        weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+        return np.asarray(holder)
+    pool.give_back(slot)  # (not written into)
+    nbytes = tensor.size * tensor.dtype.itemsize
+    try:
+        pinned = decode_segment_ref(reply.body["pinned"])
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None  # (then unknown to the device: nothing to unpin)
+    values = _device_memory(session, pool, pinned, nbytes) \
+        if pinned.nbytes == nbytes else None
+    if values is None:
+        pool.slotless.add(session.id)
+        session.unpinning.append(pinned.name)
+        return None
+    holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=False)
+    weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
     return np.asarray(holder)
+
+
+def _unpin_later(session: weakref.ref, name: str) -> None:
+    """A view of pinned slot ``name`` was collected (in any thread): unpin it with the
+    session's next message (none once it closed: its device retired its pins)."""
+    live = session()
+    if live is not None and not live.closed:
+        live.unpinning.append(name)
+
+
+def send_unpins(session: Any) -> None:
+    """Unpin the slots of ``session``'s collected views (``_unpin_later``), in one request
+    sent alone, its answer not waited for (the device is not asked to answer sooner)."""
+    names = []
+    while session.unpinning:
+        names.append(session.unpinning.popleft())
+    connection = session.connection
+    connection.pending.forget(connection.send_request(
+        request_message(session.id, {"op": "unpin", "slots": names})))
