@@ -213,9 +213,10 @@ def start_read(session: Any, tensor: Tensor, view: bool = False) -> tuple[int, S
 def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
     """A slot of shared memory for ``source`` (a tensor of another session of this process)
     to move to ``session`` through (``t.to()``), which ``source``'s worker writes into: one
-    ``session``'s device lends (the moved tensor keeps it), or else one of this process's
-    pool (``session``'s worker copies it out); None where either worker cannot share memory
-    with this process, or neither has a slot free."""
+    ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come, or
+    else asked for now (a round trip); or else one of this process's pool (``session``'s
+    worker copies it out). None where either worker cannot share memory with this process,
+    or neither has a slot free. The next move's (or upload's) slot is asked for ahead."""
     shared = session.connection.shared_memory
     nbytes = source.size * source.dtype.itemsize
     if shared is None or nbytes < shared.threshold \
@@ -224,7 +225,10 @@ def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
     pool = pool_of(session)
     if pool is None or pool_of(source.session) is None:
         return None
-    lent = _lend_from_device(session, pool, nbytes)
+    ahead = _lent_ahead(session, pool, nbytes)
+    _ask_ahead(session, pool, nbytes)
+    lent = DeviceSlot([ahead.name, ahead.offset, nbytes]) if ahead is not None \
+        else _lend_from_device(session, pool, nbytes)
     if lent is None:
         return pool.acquire(nbytes)
     pool.transfers += 1  # (an own slot counts itself when lent)

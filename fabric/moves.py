@@ -6,7 +6,8 @@ sends it with that ticket (a ``send`` op, flushed), and the receiving device wai
 (``await``), so that later ops there may use it. ``move_all`` takes each step for every move
 before waiting on any device, so the moves of a reshard overlap across devices, where one
 move after another cost its round trips apiece. Shared memory between devices of this host:
-``bulk.slot_for_move``.
+``bulk.slot_for_move`` (a slot the receiving device lent ahead, as for uploads: no fourth
+round trip where its answer has come).
 """
 
 from __future__ import annotations
