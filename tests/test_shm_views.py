@@ -103,6 +103,36 @@ def test_a_view_outlives_its_tensor_and_its_slot_is_not_lent_again_meanwhile(shm
 
 
 @pytest.mark.timeout(90)
+def test_a_pinned_slot_goes_back_to_the_devices_pool_once_its_view_is_collected():
+    # Room for three 8 MiB segments in the device's pool.
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT, worker_args=(
+            "--shared-memory-limit", str(24 * MiB))) as cluster, connect(cluster) as session:
+        worker = cluster.workers[0].pid
+        a = np.random.default_rng(9).random((1024, 1024))
+        tensor, view = viewed(session, a)  # into segment A, pinned
+        pinned = segment_at(view)
+        del tensor  # (freed: only the pin keeps A)
+        kept = []
+        for i in range(3):  # into B and C, lent ahead; then none is left to lend
+            kept.append(session.asarray(a + i))
+            session.sync()  # (the slot asked for ahead has come)
+        assert (session.slots_ahead.used, session.slots_ahead.missed) == (3, 2)
+        assert [in_device_slot(t.numpy(copy=False), worker) for t in kept] == [
+            True, True, False]
+        np.testing.assert_array_equal(view, a)
+        del view
+        gc.collect()
+        session.sync()  # the unpin goes with it: A is free again, and lent ahead next
+        kept.append(session.asarray(a + 3))  # (asks for A)
+        session.sync()
+        kept.append(session.asarray(a + 4))
+        again = kept[-1].numpy(copy=False)
+        assert segment_at(again) == pinned
+        np.testing.assert_array_equal(again, a + 4)
+        del again
+
+
+@pytest.mark.timeout(90)
 def test_a_view_outlives_its_session_which_retires_the_slot(shm_cluster):
     worker = shm_cluster.workers[0].pid
     session = connect(shm_cluster)
