@@ -292,7 +292,7 @@ def _unpin_later(session: weakref.ref, name: str) -> None:
 
 def send_unpins(session: Any) -> None:
     """Unpin the slots of ``session``'s collected views (``_unpin_later``), in one request
-    sent alone, its answer not waited for (the device is not asked to answer sooner)."""
+    sent alone, whose answer no one waits for."""
     names = []
     while session.unpinning:
         names.append(session.unpinning.popleft())

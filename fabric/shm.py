@@ -422,8 +422,8 @@ class SegmentPool:
 class SlotMemory:
     """A slot's values shown to numpy through an object that is collected only when the last
     array using them is (its finalizer gives the slot back to its pool). ``lent``: the pool
-    and slot, where the values are a whole slot of a device's own pool (a read-only view of
-    the tensor may pin it: ``workers.shared_memory.pin``)."""
+    and slot, where the values are a tensor that keeps a slot of its device's own pool (a
+    read-only view of it may pin the slot: ``workers.pins``)."""
 
     def __init__(self, values: np.ndarray, writable: bool,
                  lent: tuple[SegmentPool, Slot] | None = None) -> None:

@@ -30,7 +30,8 @@ keeps (with the put's own bytes, at most the slot's), or ``{"slot": None}``; one
 ops batched in it runs ahead of its session's queued messages. A ``read_into`` with ``"view":
 True`` may be answered ``{"pinned": slot}`` instead, unwritten: the device's own slot where the
 tensor lies, pinned for the client to map until an ``unpin`` request (``{"slots": [segment
-name, ...]}``, once per view) releases it (``workers.pins``). A session may use them once a ``shm_probe`` request
+name, ...]}``, once per view) releases it (``workers.pins``).
+A session may use them once a ``shm_probe`` request
 (``{"boot", "segment", "token"}``: the client's boot id, and a segment holding ``token`` as
 its first 8 bytes) was answered ``{"shared_memory": True}``.
 

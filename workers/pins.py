@@ -6,7 +6,7 @@ there: ``workers.shared_memory.uploaded``) is shown to its client as that slot i
 worker pins the slot (holds its tensor's memory, so that the slot does not go back to the
 pool when the tensor is freed) and names it; the client maps it, and says ``unpin`` once the
 view is collected. A pinned slot is never lent again until unpinned. Pins are charged to
-their session as a tensor of the slot's size (``--memory-limit``, ``--memory-budget``) once
+their session as a copy of the slot's tensor (``--memory-limit``, ``--memory-budget``) once
 per slot, and a session holds at most ``MAX_PINS``; past either, the read copies instead. A
 session that ends with slots pinned (its client closed it with views alive, or was killed)
 retires them: their segments leave the pool, and their memory goes with the last mapping
