@@ -94,6 +94,8 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
                                            "shm": ref}], None, tensor)
+    if slot is None:
+        session.in_device_slots[tensor.id] = tensor
     try:
         session.flush()  # (an own slot is held until the put ran: send it now)
     finally:  # its batch, sent, or the next if this one waits for credit
@@ -188,35 +190,44 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
     return segment.memory[slot.offset:slot.offset + nbytes]
 
 
-def start_read(session: Any, tensor: Tensor, view: bool = False) -> tuple[int, Slot] | None:
+def start_read(session: Any, tensor: Tensor,
+               view: bool = False) -> tuple[int, Slot | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
     slot; None, sending nothing, where it must take the socket path. ``view``: the device
-    may answer with its own slot instead, pinned (``take``)."""
+    may answer with its own slot instead, pinned (``take``); for a tensor written into one
+    (``Session.in_device_slots``), no slot is lent for the read (the device, should it not
+    pin it after all, answers with the bytes as the socket path does)."""
     nbytes = tensor.size * tensor.dtype.itemsize
     if nbytes < session.connection.shared_memory.threshold:
         return None
     pool = pool_of(session)
-    slot = pool.acquire(nbytes) if pool is not None else None
+    if pool is None:
+        return None
+    body = {"op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+            "shape": tensor.shape}
+    if view and session.id not in pool.slotless:
+        body["view"] = True
+        if session.in_device_slots.get(tensor.id) is tensor:
+            return session._send_request(body), None
+    slot = pool.acquire(nbytes)
     if slot is None:
         return None
     try:
-        request = session._send_request({
-            "op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
-            "shape": tensor.shape, "into": slot.ref(),
-            **({"view": True} if view and session.id not in pool.slotless else {})})
+        request = session._send_request({**body, "into": slot.ref()})
     except BaseException:
         pool.discard(slot)
         raise
     return request, slot
 
 
-def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
+def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceSlot | None:
     """A slot of shared memory for ``source`` (a tensor of another session of this process)
     to move to ``session`` through (``t.to()``), which ``source``'s worker writes into: one
     ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come, or
     else asked for now (a round trip); or else one of this process's pool (``session``'s
     worker copies it out). None where either worker cannot share memory with this process,
-    or neither has a slot free. The next move's (or upload's) slot is asked for ahead."""
+    or neither has a slot free. The next move's (or upload's) slot is asked for ahead.
+    ``moved``: the tensor ``source`` becomes in ``session``."""
     shared = session.connection.shared_memory
     nbytes = source.size * source.dtype.itemsize
     if shared is None or nbytes < shared.threshold \
@@ -232,6 +243,7 @@ def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
     if lent is None:
         return pool.acquire(nbytes)
     pool.transfers += 1  # (an own slot counts itself when lent)
+    session.in_device_slots[moved.id] = moved
     return lent
 
 
@@ -251,20 +263,24 @@ def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[N
         pool.give_back(own)
 
 
-def take(session: Any, slot: Slot, tensor: Tensor, copy: bool,
+def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
          reply: Message) -> np.ndarray | None:
     """The values a read wrote into ``slot``, as an array over the slot itself, which stays
     lent to it until it and every array made from it are gone: no one else writes there, so
     it is the caller's own (writable), or with ``copy`` False read-only. Where the device
     pinned its own slot instead (``"pinned"``), a read-only view of that, which unpins it
     once collected; None where this process cannot map it (the read is then to be made
-    again, as a copy: the slot is unpinned, and the device asked for no view again)."""
+    again, as a copy: the slot is unpinned, and the device asked for no view again). (A read
+    sent without a slot, and not pinned, carries its bytes instead: not taken here.)"""
     pool = session.connection.segments
     if "pinned" not in reply.body:
         holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
         weakref.finalize(holder, pool.give_back_from_any_thread, slot)
         return np.asarray(holder)
-    pool.give_back(slot)  # (not written into)
+    if slot is not None:
+        pool.give_back(slot)  # (not written into; it counted the transfer)
+    else:
+        pool.transfers += 1
     nbytes = tensor.size * tensor.dtype.itemsize
     try:
         pinned = decode_segment_ref(reply.body["pinned"])

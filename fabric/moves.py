@@ -52,7 +52,8 @@ def _move(moves: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
     with ExitStack() as lent:
         senders: dict[int, Any] = {}
         for (source, target), (tensor, ticket, _) in zip(moves, agreed):
-            slot = bulk.slot_for_move(target, source)  # (None: the bytes go in the TRANSFER)
+            slot = bulk.slot_for_move(target, source, tensor)  # (None: the bytes go in the
+            # TRANSFER)
             lent.enter_context(bulk.lent(target.connection.segments, slot))
             source.session.stream.enqueue(["send", 0, [source.id], {
                 "session": target.id, "ticket": ticket, **({"into": slot.ref()} if slot else {})}])

@@ -12,6 +12,7 @@ import math
 import os
 import secrets
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable, Sequence
 
@@ -71,6 +72,10 @@ class Session(ArrayNamespace):
         self.shares_memory: bool | None = None  # with its worker (None: not asked yet, bulk)
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
         self.unpinning: deque[str] = deque()  # slots of views collected, to unpin (bulk)
+        # Tensors written into a slot of the device's own pool, by id: a view pins it (bulk;
+        # not a WeakSet, whose look-ups would compare tensors with ==, an op)
+        self.in_device_slots: weakref.WeakValueDictionary[int, Tensor] = \
+            weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -334,6 +339,10 @@ class ReadInFlight:
         reply = self.session._reply(self.request, timeout)
         if "error" in reply.body:
             raise self.session._remote_error(reply.body["error"])
+        return self._carried(reply)
+
+    def _carried(self, reply: Message) -> np.ndarray:
+        """The values ``reply`` carries (read-only unless ``copy``)."""
         array = read_values(reply, self.tensor)
         if not self.copy:
             array.flags.writeable = False
@@ -360,9 +369,11 @@ def read_values(reply: Message, tensor: Tensor) -> np.ndarray:
 
 class SharedReadInFlight(ReadInFlight):
     """A read whose values the worker writes into ``slot``, shared memory of this client's
-    pool (``fabric.bulk``), its reply not yet taken."""
+    pool (``fabric.bulk``), or shows in its device's own slot (a view; ``slot`` None where
+    the client lent none), its reply not yet taken."""
 
-    def __init__(self, session: Session, tensor: Tensor, request: int, slot: Slot) -> None:
+    def __init__(self, session: Session, tensor: Tensor, request: int,
+                 slot: Slot | None) -> None:
         super().__init__(session, tensor, request)
         self.slot: Slot | None = slot
 
@@ -376,8 +387,11 @@ class SharedReadInFlight(ReadInFlight):
         pool = self.session.connection.segments
         slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
         if "error" in reply.body:
-            pool.give_back(slot)
+            if slot is not None:
+                pool.give_back(slot)
             raise self.session._remote_error(reply.body["error"])
+        if slot is None and "pinned" not in reply.body:  # (a view, not pinned: the bytes came)
+            return self._carried(reply)
         values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
         # (None: a pinned slot this process cannot map; read again, as a copy)
         return self.session.start_read(self.tensor, self.copy).result(timeout) \

@@ -223,12 +223,28 @@ def test_unpins_of_slots_not_pinned_or_of_another_sessions_are_refused(shm_clust
 
 
 @pytest.mark.timeout(90)
+def test_a_view_needs_no_slot_of_the_clients_pool(shm_cluster):
+    with connect(shm_cluster, fabric.SharedMemory(threshold=0, limit=4 * MiB)) as session:
+        a = random_array("float64", (1024, 1024))  # 8 MiB: more than this client's pool
+        tensor, view = viewed(session, a)
+        assert in_device_slot(view, shm_cluster.workers[0].pid)
+        np.testing.assert_array_equal(view, a)
+        tensor[0, 0] = 5  # the device writes the update into a copy (a slot is read-only)
+        changed = tensor.numpy(copy=False)  # in no slot: read as any (here by the sockets)
+        assert not in_device_slot(changed, shm_cluster.workers[0].pid)
+        assert changed[0, 0] == 5 and not changed.flags.writeable
+        np.testing.assert_array_equal(changed[1:], a[1:])
+        np.testing.assert_array_equal(view, a)  # the view still shows what it showed
+        del view
+
+
+@pytest.mark.timeout(90)
 def test_past_the_memory_limit_a_view_is_a_copy():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
                              worker_args=("--memory-limit", str(12 * MiB))) as cluster, \
             connect(cluster) as session:
         a = random_array("float64", (1024, 1024))  # 8 MiB: pinning it too would hold 16
-        tensor, view = viewed(session, a)
+        tensor, view = viewed(session, a)  # (asked without a slot: the bytes come instead)
         assert not in_device_slot(view, cluster.workers[0].pid)
         np.testing.assert_array_equal(view, a)
         assert not view.flags.writeable

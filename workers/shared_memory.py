@@ -251,7 +251,8 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     ``Executor._read`` answers) written into the client's slot instead of carried; an error
     reply as it is. With ``"view": True`` (``t.numpy(copy=False)``), a tensor that lies in
     a slot of the device's own pool is not written: that slot is pinned and named
-    (``{"pinned": slot}``), for the client to map."""
+    (``{"pinned": slot}``), for the client to map; any other, where the request names no
+    slot ``"into"``, is answered as a read, its bytes carried."""
     replies = executor._read(session, message)
     if len(replies) != 1 or len(replies[0].buffers) != 1:
         return replies
@@ -261,6 +262,8 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
         if pinned is not None:
             return [replies[0]._replace(body={**replies[0].body, "pinned": pinned},
                                         buffers=())]
+        if "into" not in message.body:  # (the client lent no slot, counting on a pin)
+            return replies
     data = replies[0].buffers[0]
     target = segments_of(session).slot(message.body.get("into"))
     if target.nbytes != data.nbytes:
