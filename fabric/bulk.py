@@ -195,8 +195,8 @@ def start_read(session: Any, tensor: Tensor,
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
     slot; None, sending nothing, where it must take the socket path. ``view``: the device
     may answer with its own slot instead, pinned (``take``); for a tensor written into one
-    (``Session.in_device_slots``), no slot is lent for the read (the device, should it not
-    pin it after all, answers with the bytes as the socket path does)."""
+    (``Session.in_device_slots``), no slot is lent for the read (should the device not pin
+    it after all, the read is made again, as a copy)."""
     nbytes = tensor.size * tensor.dtype.itemsize
     if nbytes < session.connection.shared_memory.threshold:
         return None
@@ -269,9 +269,9 @@ def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
     lent to it until it and every array made from it are gone: no one else writes there, so
     it is the caller's own (writable), or with ``copy`` False read-only. Where the device
     pinned its own slot instead (``"pinned"``), a read-only view of that, which unpins it
-    once collected; None where this process cannot map it (the read is then to be made
-    again, as a copy: the slot is unpinned, and the device asked for no view again). (A read
-    sent without a slot, and not pinned, carries its bytes instead: not taken here.)"""
+    once collected. None where the device pinned none for a read that lent it no slot, or
+    this process cannot map it (then unpinned, and the device asked for no view again): the
+    read is then to be made again, as a copy."""
     pool = session.connection.segments
     if "pinned" not in reply.body:
         holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
@@ -279,6 +279,8 @@ def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
         return np.asarray(holder)
     if slot is not None:
         pool.give_back(slot)  # (not written into; it counted the transfer)
+    elif reply.body["pinned"] is None:
+        return None
     else:
         pool.transfers += 1
     nbytes = tensor.size * tensor.dtype.itemsize

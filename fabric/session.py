@@ -339,10 +339,6 @@ class ReadInFlight:
         reply = self.session._reply(self.request, timeout)
         if "error" in reply.body:
             raise self.session._remote_error(reply.body["error"])
-        return self._carried(reply)
-
-    def _carried(self, reply: Message) -> np.ndarray:
-        """The values ``reply`` carries (read-only unless ``copy``)."""
         array = read_values(reply, self.tensor)
         if not self.copy:
             array.flags.writeable = False
@@ -390,12 +386,11 @@ class SharedReadInFlight(ReadInFlight):
             if slot is not None:
                 pool.give_back(slot)
             raise self.session._remote_error(reply.body["error"])
-        if slot is None and "pinned" not in reply.body:  # (a view, not pinned: the bytes came)
-            return self._carried(reply)
         values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
-        # (None: a pinned slot this process cannot map; read again, as a copy)
-        return self.session.start_read(self.tensor, self.copy).result(timeout) \
-            if values is None else values
+        if values is None:  # (a view the device did not pin, or that cannot be mapped here)
+            values = self.session.start_read(self.tensor).result(timeout)
+            values.flags.writeable = False
+        return values
 
     def cancel(self) -> None:
         """Stop waiting, and close the slot: the worker may still write into it."""

@@ -251,19 +251,18 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     ``Executor._read`` answers) written into the client's slot instead of carried; an error
     reply as it is. With ``"view": True`` (``t.numpy(copy=False)``), a tensor that lies in
     a slot of the device's own pool is not written: that slot is pinned and named
-    (``{"pinned": slot}``), for the client to map; any other, where the request names no
-    slot ``"into"``, is answered as a read, its bytes carried."""
+    (``{"pinned": slot}``), for the client to map; for any other, a request that names no
+    slot ``"into"`` is answered ``{"pinned": None}``."""
     replies = executor._read(session, message)
     if len(replies) != 1 or len(replies[0].buffers) != 1:
         return replies
     if message.body.get("view") is True:
         pinned = segments_of(session).pins.pin(executor, session,
                                                session.tensors.get(message.body.get("id")))
-        if pinned is not None:
+        if pinned is not None or "into" not in message.body:  # (None: the client, which
+            # lent no slot, counted on a pin; it reads again)
             return [replies[0]._replace(body={**replies[0].body, "pinned": pinned},
                                         buffers=())]
-        if "into" not in message.body:  # (the client lent no slot, counting on a pin)
-            return replies
     data = replies[0].buffers[0]
     target = segments_of(session).slot(message.body.get("into"))
     if target.nbytes != data.nbytes:
