@@ -151,6 +151,27 @@ def test_a_view_outlives_its_session_which_retires_the_slot(shm_cluster):
 
 
 @pytest.mark.timeout(90)
+def test_a_session_closed_after_its_views_died_gives_their_slots_back():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster:
+        a = np.random.default_rng(2).random((1024, 1024))
+        with connect(cluster) as first:
+            tensor, view = viewed(first, a)  # into A; B lent ahead, unused
+            pinned = segment_at(view)
+            del tensor, view
+            gc.collect()
+        # The unpin went before the CLOSE: A went back to the pool with B, and the next two
+        # uploads of the size are lent them; retired, A would be gone, and C made.
+        with connect(cluster) as second:
+            tensor, view = viewed(second, a)
+            second.sync()  # (the next slot lent ahead has come)
+            other = second.asarray(a + 1).numpy(copy=False)
+            segments = {segment_at(view), segment_at(other)}
+            assert pinned in segments and len(segments) == 2
+            np.testing.assert_array_equal(view, a)
+            del view, other
+
+
+@pytest.mark.timeout(90)
 def test_a_moved_tensor_is_viewed_in_the_receiving_devices_slot(cluster):
     with connect(cluster, device=0) as source, source.open(1) as destination:
         a = random_array("float64", (700, 400))
