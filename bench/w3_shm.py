@@ -4,7 +4,8 @@ memcpy of the same bytes and a raw DEALER-to-ROUTER link, measured in the same r
     python bench/w3_shm.py            # medians of 5 interleaved runs, GB/s and ratios
 
 It also moves the 256 MiB tensor between the cluster's two workers (``t.to()``), each way
-through shared memory and through the broker.
+through shared memory and through the broker, and an 8 MiB one through shared memory (where
+a round trip's cost shows: a move into a slot the receiver lent ahead makes three, not four).
 
 "shm" is ``fabric.connect``'s default on one host (uploads of 1 MiB and more written into a
 slot of the device's own pool lent ahead, which the tensor keeps: the first run's upload,
@@ -12,7 +13,8 @@ with none lent yet, goes through the connection's pool; reads written by the wor
 slot of the connection's pool); "shm copy-out" is the same on workers started with
 ``--shared-memory-limit 0``, whose uploads and moves go through the client's slots and are
 copied out on the worker (the path before one-copy uploads); "shm view" reads with
-``t.numpy(copy=False)`` (a read-only view of the slot, no copy); "socket" is the same cluster
+``t.numpy(copy=False)`` (a read-only view of the device's own slot, pinned: no copy; its
+GB/s is the tensor's bytes over one round trip); "socket" is the same cluster
 with ``shared_memory=False``; "memcpy" is ``np.copyto`` into a warm buffer of the same size,
 the ceiling for any path that copies once.
 """
@@ -33,6 +35,8 @@ import fabric  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 from bench.run import w3_fabric, w3_raw  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
+
+SMALL_MOVE_BYTES = 8 << 20  # a move whose round trips weigh (its copy takes ~1 ms)
 
 
 def w3_view(session: fabric.Session, array: np.ndarray) -> float:
@@ -101,6 +105,7 @@ def main() -> None:
                 note(f"down {name}", up_down[1])
             note("down shm view", w3_view(shm, array))
             note("to shm", move(shm, shm_other, array))
+            note("to shm 8 MiB", move(shm, shm_other, array[:SMALL_MOVE_BYTES // 8]))
             note("to shm copy-out", move(copied, copied_other, array))
             note("to socket", move(socket, socket_other, array))
             note("memcpy", memcpy(array, warm))
@@ -122,6 +127,9 @@ def main() -> None:
     for name in ("shm", "shm copy-out", "socket"):
         to = median[f"to {name}"]
         print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy")
+    to = median["to shm 8 MiB"]
+    print(f"t.to() worker 0 -> 1, shm, 8 MiB: {to:.2f} GB/s, "
+          f"{SMALL_MOVE_BYTES / to / 1e6:.2f} ms")
 
 
 if __name__ == "__main__":

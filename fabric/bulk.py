@@ -7,8 +7,11 @@ session is off or the op stream is being captured, every array takes the socket 
 before, so this path only ever replaces a transfer the socket path would make. An upload or
 a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
 upload, one lent ahead, whose answer has already come: ``fabric.slots_ahead``), else into
-one of the connection's pool; a read into one of the connection's pool. Small arrays never
-come here: the caller tests the size first.
+one of the connection's pool; a read into one of the connection's pool, or, for a read-only
+view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
+the worker until the view is collected (``workers.pins``; the unpin goes with the session's
+next message: ``send_unpins``). Small arrays never come here: the caller tests the size
+first.
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
                                            "shm": ref}], None, tensor)
+    if slot is None:
+        session.in_device_slots[tensor.id] = tensor
     try:
         session.flush()  # (an own slot is held until the put ran: send it now)
     finally:  # its batch, sent, or the next if this one waits for credit
@@ -185,32 +190,44 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
     return segment.memory[slot.offset:slot.offset + nbytes]
 
 
-def start_read(session: Any, tensor: Tensor) -> tuple[int, Slot] | None:
+def start_read(session: Any, tensor: Tensor,
+               view: bool = False) -> tuple[int, Slot | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; None, sending nothing, where it must take the socket path."""
+    slot; None, sending nothing, where it must take the socket path. ``view``: the device
+    may answer with its own slot instead, pinned (``take``); for a tensor written into one
+    (``Session.in_device_slots``), no slot is lent for the read (should the device not pin
+    it after all, the read is made again, as a copy)."""
     nbytes = tensor.size * tensor.dtype.itemsize
     if nbytes < session.connection.shared_memory.threshold:
         return None
     pool = pool_of(session)
-    slot = pool.acquire(nbytes) if pool is not None else None
+    if pool is None:
+        return None
+    body = {"op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+            "shape": tensor.shape}
+    if view and session.id not in pool.slotless:
+        body["view"] = True
+        if session.in_device_slots.get(tensor.id) is tensor:
+            return session._send_request(body), None
+    slot = pool.acquire(nbytes)
     if slot is None:
         return None
     try:
-        request = session._send_request({
-            "op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
-            "shape": tensor.shape, "into": slot.ref()})
+        request = session._send_request({**body, "into": slot.ref()})
     except BaseException:
         pool.discard(slot)
         raise
     return request, slot
 
 
-def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
+def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceSlot | None:
     """A slot of shared memory for ``source`` (a tensor of another session of this process)
     to move to ``session`` through (``t.to()``), which ``source``'s worker writes into: one
-    ``session``'s device lends (the moved tensor keeps it), or else one of this process's
-    pool (``session``'s worker copies it out); None where either worker cannot share memory
-    with this process, or neither has a slot free."""
+    ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come, or
+    else asked for now (a round trip); or else one of this process's pool (``session``'s
+    worker copies it out). None where either worker cannot share memory with this process,
+    or neither has a slot free. The next move's (or upload's) slot is asked for ahead.
+    ``moved``: the tensor ``source`` becomes in ``session``."""
     shared = session.connection.shared_memory
     nbytes = source.size * source.dtype.itemsize
     if shared is None or nbytes < shared.threshold \
@@ -219,10 +236,14 @@ def slot_for_move(session: Any, source: Tensor) -> Slot | DeviceSlot | None:
     pool = pool_of(session)
     if pool is None or pool_of(source.session) is None:
         return None
-    lent = _lend_from_device(session, pool, nbytes)
+    ahead = _lent_ahead(session, pool, nbytes)
+    _ask_ahead(session, pool, nbytes)
+    lent = DeviceSlot([ahead.name, ahead.offset, nbytes]) if ahead is not None \
+        else _lend_from_device(session, pool, nbytes)
     if lent is None:
         return pool.acquire(nbytes)
     pool.transfers += 1  # (an own slot counts itself when lent)
+    session.in_device_slots[moved.id] = moved
     return lent
 
 
@@ -242,10 +263,57 @@ def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[N
         pool.give_back(own)
 
 
-def take(pool: SegmentPool, slot: Slot, tensor: Tensor, copy: bool) -> np.ndarray:
+def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
+         reply: Message) -> np.ndarray | None:
     """The values a read wrote into ``slot``, as an array over the slot itself, which stays
     lent to it until it and every array made from it are gone: no one else writes there, so
-    it is the caller's own (writable), or with ``copy`` False read-only."""
-    holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
-    weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+    it is the caller's own (writable), or with ``copy`` False read-only. Where the device
+    pinned its own slot instead (``"pinned"``), a read-only view of that, which unpins it
+    once collected. None where the device pinned none for a read that lent it no slot, or
+    this process cannot map it (then unpinned, and the device asked for no view again): the
+    read is then to be made again, as a copy."""
+    pool = session.connection.segments
+    if "pinned" not in reply.body:
+        holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
+        weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+        return np.asarray(holder)
+    if slot is not None:
+        pool.give_back(slot)  # (not written into; it counted the transfer)
+    elif reply.body["pinned"] is None:
+        return None
+    else:
+        pool.transfers += 1
+    nbytes = tensor.size * tensor.dtype.itemsize
+    try:
+        pinned = decode_segment_ref(reply.body["pinned"])
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None  # (then unknown to the device: nothing to unpin)
+    values = _device_memory(session, pool, pinned, nbytes) \
+        if pinned.nbytes == nbytes else None
+    if values is None:
+        pool.slotless.add(session.id)
+        session.unpinning.append(pinned.name)
+        return None
+    holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=False)
+    weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
     return np.asarray(holder)
+
+
+def _unpin_later(session: weakref.ref, name: str) -> None:
+    """A view of pinned slot ``name`` was collected (in any thread): unpin it with the
+    session's next message (none once it closed: its device retired its pins)."""
+    live = session()
+    if live is not None and not live.closed:
+        live.unpinning.append(name)
+
+
+def send_unpins(session: Any) -> None:
+    """Unpin the slots of ``session``'s collected views (``_unpin_later``), in one request
+    sent alone, whose answer no one waits for."""
+    names = []
+    while session.unpinning:
+        names.append(session.unpinning.popleft())
+    connection = session.connection
+    connection.pending.forget(connection.send_request(
+        request_message(session.id, {"op": "unpin", "slots": names})))

@@ -6,7 +6,8 @@ sends it with that ticket (a ``send`` op, flushed), and the receiving device wai
 (``await``), so that later ops there may use it. ``move_all`` takes each step for every move
 before waiting on any device, so the moves of a reshard overlap across devices, where one
 move after another cost its round trips apiece. Shared memory between devices of this host:
-``bulk.slot_for_move``.
+``bulk.slot_for_move`` (a slot the receiving device lent ahead, as for uploads: no fourth
+round trip where its answer has come).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _move(moves: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
     with ExitStack() as lent:
         senders: dict[int, Any] = {}
         for (source, target), (tensor, ticket, _) in zip(moves, agreed):
-            slot = bulk.slot_for_move(target, source)  # (None: the bytes go in the TRANSFER)
+            slot = bulk.slot_for_move(target, source, tensor)  # (None: the bytes go in the
+            # TRANSFER)
             lent.enter_context(bulk.lent(target.connection.segments, slot))
             source.session.stream.enqueue(["send", 0, [source.id], {
                 "session": target.id, "ticket": ticket, **({"into": slot.ref()} if slot else {})}])

@@ -12,6 +12,8 @@ import math
 import os
 import secrets
 import time
+import weakref
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -69,6 +71,11 @@ class Session(ArrayNamespace):
         self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
         self.shares_memory: bool | None = None  # with its worker (None: not asked yet, bulk)
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
+        self.unpinning: deque[str] = deque()  # slots of views collected, to unpin (bulk)
+        # Tensors written into a slot of the device's own pool, by id: a view pins it (bulk;
+        # not a WeakSet, whose look-ups would compare tensors with ==, an op)
+        self.in_device_slots: weakref.WeakValueDictionary[int, Tensor] = \
+            weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -120,6 +127,8 @@ class Session(ArrayNamespace):
         self.stream.close()  # every later op is refused; closing frees what was batched
         try:
             if self.connection.error is None and self.id not in self.connection.pending.lost:
+                if self.unpinning:  # (back to the pool: retired, were they pinned at the end)
+                    bulk.send_unpins(self)
                 reply = self.connection.request(Message(Kind.CLOSE, self.id),
                                                 self.timeout if timeout is None else timeout,
                                                 session=self.id)
@@ -145,6 +154,8 @@ class Session(ArrayNamespace):
         wait for it first, up to ``timeout`` (default: the session's)."""
         if not self.stream.batch or self.closed:  # (closed: tensors freed since, nothing to
             return  # send)
+        if self.unpinning:
+            bulk.send_unpins(self)
         self._make_room(timeout)
         self.stream.send_batch(self.connection.send)
 
@@ -181,6 +192,8 @@ class Session(ArrayNamespace):
         a batch already sent (``reads``) goes alone: it need not wait for the ops since."""
         if self.closed:  # (every read: the call only to raise)
             self.stream.check_open()
+        if self.unpinning:
+            bulk.send_unpins(self)
         connection = self.connection
         stream = self.stream
         if not stream.batch or reads is not None and reads.id <= stream.sent_through:
@@ -243,7 +256,7 @@ class Session(ArrayNamespace):
         shards so)."""
         sent = None
         if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
-            sent = bulk.start_read(self, tensor)
+            sent = bulk.start_read(self, tensor, view=not copy)
         if sent is None and tensor.size >= direct_link.DIRECT_ELEMENTS:
             read = direct_link.start_read(self, tensor, _read_body(tensor), read_values)
             if read is not None:  # (another host's worker: over a direct link)
@@ -352,9 +365,11 @@ def read_values(reply: Message, tensor: Tensor) -> np.ndarray:
 
 class SharedReadInFlight(ReadInFlight):
     """A read whose values the worker writes into ``slot``, shared memory of this client's
-    pool (``fabric.bulk``), its reply not yet taken."""
+    pool (``fabric.bulk``), or shows in its device's own slot (a view; ``slot`` None where
+    the client lent none), its reply not yet taken."""
 
-    def __init__(self, session: Session, tensor: Tensor, request: int, slot: Slot) -> None:
+    def __init__(self, session: Session, tensor: Tensor, request: int,
+                 slot: Slot | None) -> None:
         super().__init__(session, tensor, request)
         self.slot: Slot | None = slot
 
@@ -368,9 +383,14 @@ class SharedReadInFlight(ReadInFlight):
         pool = self.session.connection.segments
         slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
         if "error" in reply.body:
-            pool.give_back(slot)
+            if slot is not None:
+                pool.give_back(slot)
             raise self.session._remote_error(reply.body["error"])
-        return bulk.take(pool, slot, self.tensor, self.copy)
+        values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
+        if values is None:  # (a view the device did not pin, or that cannot be mapped here)
+            values = self.session.start_read(self.tensor).result(timeout)
+            values.flags.writeable = False
+        return values
 
     def cancel(self) -> None:
         """Stop waiting, and close the slot: the worker may still write into it."""

@@ -43,6 +43,7 @@ THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared me
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
 IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
 SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
+MAX_PINS = 1024  # read-only views of device slots one session may hold (``workers.pins``)
 _NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]+)-([0-9]+)\Z")
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
 _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
@@ -293,7 +294,7 @@ class SegmentPool:
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
         self.held = 0  # bytes of every segment, free or lent
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
-        self._returned: deque[Slot] = deque()  # given back by other threads
+        self._returned: deque[tuple[Slot, bool]] = deque()  # from other threads: (slot, retire)
         self.peers: dict[int, PeerSegments] = {}  # pid -> its segments mapped here
         self._pruned = clock()  # when the peers' closed segments were last unmapped
         self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
@@ -356,13 +357,16 @@ class SegmentPool:
         if self.lent.pop(slot.segment, False) is not False:
             self.free[slot.segment] = self._clock()
 
-    def give_back_from_any_thread(self, slot: Slot) -> None:
-        """``give_back``, called by an array's finalizer: at once in the thread that owns the
-        pool, else at its next lend (the pool is that thread's alone)."""
-        if threading.get_ident() == self._thread:
-            self.give_back(slot)
+    def give_back_from_any_thread(self, slot: Slot, retire: bool = False) -> None:
+        """``give_back`` (or with ``retire``, ``discard``), called by an array's finalizer or
+        a closing session: at once in the thread that owns the pool, else at its next lend
+        (the pool is that thread's alone)."""
+        if threading.get_ident() != self._thread:
+            self._returned.append((slot, retire))
+        elif retire:
+            self.discard(slot)
         else:
-            self._returned.append(slot)
+            self.give_back(slot)
 
     def discard(self, slot: Slot) -> None:
         """Close ``slot``'s segment: its transfer was abandoned and a peer may still use it."""
@@ -383,7 +387,11 @@ class SegmentPool:
         close the segments idle past ``idle_seconds``, and once as often unmap the peers'
         segments they closed (``acquire`` does this first)."""
         while self._returned:
-            self.give_back(self._returned.popleft())
+            slot, retire = self._returned.popleft()
+            if retire:
+                self.discard(slot)
+            else:
+                self.give_back(slot)
         now = self._clock()
         for segment, lender in list(self.lent.items()):
             if lender is not None and self._done(lender[0]) >= lender[1]:
@@ -413,10 +421,14 @@ class SegmentPool:
 
 class SlotMemory:
     """A slot's values shown to numpy through an object that is collected only when the last
-    array using them is (its finalizer gives the slot back to its pool)."""
+    array using them is (its finalizer gives the slot back to its pool). ``lent``: the pool
+    and slot, where the values are a tensor that keeps a slot of its device's own pool (a
+    read-only view of it may pin the slot: ``workers.pins``)."""
 
-    def __init__(self, values: np.ndarray, writable: bool) -> None:
+    def __init__(self, values: np.ndarray, writable: bool,
+                 lent: tuple[SegmentPool, Slot] | None = None) -> None:
         self.values = values  # keeps the memory alive as long as any array uses it
+        self.lent = lent
         interface: dict[str, Any] = dict(values.__array_interface__)
         interface["data"] = (interface["data"][0], not writable)
         self.__array_interface__ = interface

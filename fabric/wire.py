@@ -27,7 +27,11 @@ answered by an empty body; a ``shm_slot`` request (``{"nbytes"}``, and optionall
 ``"give_back"``: slots it offered the session earlier, unused, for its pool) is answered
 ``{"slot": slot}``, a slot of the device's own segments that the next ``put`` naming its start
 keeps (with the put's own bytes, at most the slot's), or ``{"slot": None}``; one without
-ops batched in it runs ahead of its session's queued messages. A session may use them once a ``shm_probe`` request
+ops batched in it runs ahead of its session's queued messages. A ``read_into`` with ``"view":
+True`` may be answered ``{"pinned": slot}`` instead, unwritten: the device's own slot where the
+tensor lies, pinned for the client to map until an ``unpin`` request (``{"slots": [segment
+name, ...]}``, once per view) releases it (``workers.pins``).
+A session may use them once a ``shm_probe`` request
 (``{"boot", "segment", "token"}``: the client's boot id, and a segment holding ``token`` as
 its first 8 bytes) was answered ``{"shared_memory": True}``.
 

@@ -94,6 +94,25 @@ def test_a_smaller_array_takes_a_larger_lent_slot_and_keeps_its_own_shape(shm_cl
 
 
 @pytest.mark.timeout(90)
+def test_moves_take_slots_their_receiver_lent_ahead(shm_cluster):
+    with connect(shm_cluster, device=0) as source, source.open(1) as destination:
+        a = np.random.default_rng(5).random(300_000)
+        moved = [source.asarray(a + i).to(destination) for i in range(4)]
+        # The first asked for its slot (a round trip) and for the next one ahead; each later
+        # move took the one whose answer had come, and asked for the next.
+        assert (destination.slots_ahead.missed, destination.slots_ahead.used) == (1, 3)
+        small = random_array("int16", (700, 900), seed=6)  # 1.26 MB: fits a 2.4 MB slot
+        moved.append(source.asarray(small).to(destination))
+        assert destination.slots_ahead.used == 4
+        for i, tensor in enumerate(moved[:4]):
+            assert tensor.numpy().tobytes() == (a + i).tobytes()
+        back = moved[4].numpy()
+        assert back.shape == small.shape and back.dtype == small.dtype
+        assert back.tobytes() == small.tobytes()
+        assert destination.stats()["resident_bytes"] == 4 * a.nbytes + small.nbytes
+
+
+@pytest.mark.timeout(90)
 def test_an_unused_lent_slot_of_another_size_goes_back_to_the_device():
     # Room for one 2 MiB segment on the device: the slot lent for 1.5 MiB arrays must go
     # back before one for 1.8 MiB arrays can be lent.

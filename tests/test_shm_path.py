@@ -192,10 +192,10 @@ def test_a_move_between_two_devices_of_one_worker_goes_into_the_receivers_own_sl
         assert source.connection.segments.held == held  # the move took none of this client's
         np.testing.assert_array_equal(moved.numpy(), a)
         # Each device lent from its own pool: device 0 one ahead of the next upload, device 1
-        # the move's.
+        # the move's and one ahead of the next move.
         worker = cluster.workers[0].pid
         assert len([name for name in held_segments(worker)
-                    if parse_name(name).pid == worker]) == 2
+                    if parse_name(name).pid == worker]) == 3
 
 
 @pytest.mark.timeout(60)

@@ -504,7 +504,7 @@ class Executor(GraphOps, Admission):
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,
         "shape": _shape, "shm_probe": shared_memory.probe, "read_into": shared_memory.read_into,
-        "shm_slot": shared_memory.offer}
+        "shm_slot": shared_memory.offer, "unpin": shared_memory.unpin}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
                  Kind.REQUEST: _request, Kind.TRANSFER: _receive}
 

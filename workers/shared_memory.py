@@ -29,6 +29,7 @@ from fabric.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment,
 from fabric.wire import SegmentRef, decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
+from .pins import SessionPins
 
 ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
 POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
@@ -37,12 +38,14 @@ IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` 
 
 class SessionSegments:
     """The shared memory of one session: its client's segments, as this worker maps them,
-    and the slots of the device's own pool offered to its uploads and not yet used."""
+    the slots of the device's own pool offered to its uploads and not yet used, and those
+    its client's read-only views pin (``workers.pins``)."""
 
     def __init__(self, pid: int) -> None:
         self.client = PeerSegments(pid)
         self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
         self.offered: dict[str, tuple[SegmentPool, Slot]] = {}
+        self.pins = SessionPins()
         self.pruned = time.monotonic()  # when closed segments were last unmapped (``prune``)
 
     def slot(self, ref: Any) -> np.ndarray:
@@ -80,14 +83,15 @@ class SessionSegments:
                 peer.prune()
 
     def close(self) -> None:
-        """Unmap the client's segments and the others', and give the unused offered slots
-        back."""
+        """Unmap the client's segments and the others', give the unused offered slots back,
+        and retire the pinned ones."""
         self.client.close()
         for peer in self.peers.values():
             peer.close()
         for pool, slot in self.offered.values():
             pool.give_back_from_any_thread(slot)
         self.offered.clear()
+        self.pins.retire()
 
 
 def _slot_bytes(segment: Segment, slot: SegmentRef) -> np.ndarray:
@@ -211,7 +215,7 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
         except BaseException:
             pool.give_back_from_any_thread(slot)
             raise
-        holder = SlotMemory(values, writable=False)
+        holder = SlotMemory(values, writable=False, lent=(pool, slot))
         weakref.finalize(holder, pool.give_back_from_any_thread, slot)
         return np.asarray(holder)
     session.slots_used = True  # (its client waits for the CREDIT of this batch to reuse it)
@@ -245,10 +249,20 @@ def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
 def read_into(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
     """Answer a ``read_into`` (an ``Executor`` request): the read's bytes (as
     ``Executor._read`` answers) written into the client's slot instead of carried; an error
-    reply as it is."""
+    reply as it is. With ``"view": True`` (``t.numpy(copy=False)``), a tensor that lies in
+    a slot of the device's own pool is not written: that slot is pinned and named
+    (``{"pinned": slot}``), for the client to map; for any other, a request that names no
+    slot ``"into"`` is answered ``{"pinned": None}``."""
     replies = executor._read(session, message)
     if len(replies) != 1 or len(replies[0].buffers) != 1:
         return replies
+    if message.body.get("view") is True:
+        pinned = segments_of(session).pins.pin(executor, session,
+                                               session.tensors.get(message.body.get("id")))
+        if pinned is not None or "into" not in message.body:  # (None: the client, which
+            # lent no slot, counted on a pin; it reads again)
+            return [replies[0]._replace(body={**replies[0].body, "pinned": pinned},
+                                        buffers=())]
     data = replies[0].buffers[0]
     target = segments_of(session).slot(message.body.get("into"))
     if target.nbytes != data.nbytes:
@@ -256,3 +270,10 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
                             f"tensor's {data.nbytes}.")
     np.copyto(target, data)
     return [replies[0]._replace(buffers=())]
+
+
+def unpin(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
+    """Answer an ``unpin`` (an ``Executor`` request, ``{"slots": [name, ...]}``): the client's
+    read-only views of those pinned slots are gone (``workers.pins``)."""
+    segments_of(session).pins.unpin(executor, session, message.body.get("slots"))
+    return [reply_to(message, {"ok": True})]
