@@ -2,7 +2,7 @@
 (``fabric.shm``) instead of inside messages, when its worker shares this host.
 
 Rule: a session asks its worker once, at its first array of at least the threshold
-(``shm_probe``, ``fabric.wire``); until the worker agrees, and whenever no slot is free, the
+(``shm_probe``, ``fabric.wire``: ``Probe``); until the worker agrees, and whenever no slot is free, the
 session is off or the op stream is being captured, every array takes the socket path as
 before, so this path only ever replaces a transfer the socket path would make. An upload or
 a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
@@ -23,7 +23,8 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
-from .errors import ProtocolError
+from .connection import expect_reply
+from .errors import ProtocolError, RequestTimeout
 from .origins import issued_at
 from .protocol import Kind, Message, request_message
 from .shm import SegmentPool, Slot, SlotMemory, boot_id
@@ -33,35 +34,78 @@ from .wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
 # (A session is typed Any here: fabric.session imports this module.)
 
 
+PROBE_SECONDS = 2.0  # an upload's wait for the probe's answer; then it takes the sockets
+
+
 def pool_of(session: Any) -> SegmentPool | None:
     """The pool ``session`` moves arrays through, or None where its worker cannot share its
-    memory (asked once per session)."""
+    memory, or has not said so yet (asked once per session: ``Probe``)."""
     if session.shares_memory is None:
-        session.shares_memory = _probe(session)
+        if session.probe is None:
+            session.probe = Probe.send(session)
+        session.shares_memory = session.probe.answer(session)
     return session.connection.segments if session.shares_memory else None
 
 
-def _probe(session: Any) -> bool:
-    connection = session.connection
-    if connection.shared_memory is None or not boot_id():
-        return False
-    if connection.segments is None:
-        options = connection.shared_memory
-        connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
-                                          options.limit, options.idle_seconds)
-    token = secrets.randbits(63)
-    try:
-        segment = connection.segments.probe_segment(token)
-    except OSError:  # no memory left for it
-        return False
-    try:
-        reply = session._call({"op": "shm_probe", "boot": boot_id(), "segment": segment.name,
-                               "token": token})
-    except ProtocolError:  # a worker that predates shared memory
-        return False
-    finally:
-        segment.close()
-    return reply.body.get("shared_memory") is True
+class Probe:
+    """A session's ``shm_probe``, sent: its request, and the segment its worker must map.
+
+    The answer comes after the device's queued work (a probe is one of the session's
+    requests), so the first upload waits for it ``PROBE_SECONDS`` at most, then takes the
+    socket path; later ones take the answer once it has come, without waiting. An upload
+    never fails because its device is busy, on either path."""
+
+    def __init__(self, request: int | None, segment: Any) -> None:
+        self.request = request  # None: not sent (no shared memory here: the answer is no)
+        self.segment = segment
+        self.waited = False
+
+    @classmethod
+    def send(cls, session: Any) -> "Probe":
+        """Ask ``session``'s worker whether it maps this process's shared memory."""
+        connection = session.connection
+        if connection.shared_memory is None or not boot_id():
+            return cls(None, None)
+        if connection.segments is None:
+            options = connection.shared_memory
+            connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
+                                              options.limit, options.idle_seconds)
+        token = secrets.randbits(63)
+        try:
+            segment = connection.segments.probe_segment(token)
+        except OSError:  # no memory left for it
+            return cls(None, None)
+        try:
+            return cls(session._send_request({"op": "shm_probe", "boot": boot_id(),
+                                              "segment": segment.name, "token": token}),
+                       segment)
+        except BaseException:
+            segment.close()
+            raise
+
+    def answer(self, session: Any) -> bool | None:
+        """Whether the worker agreed; None while it has not answered."""
+        if self.request is None:
+            return False
+        connection = session.connection
+        wait, self.waited = 0.0 if self.waited else PROBE_SECONDS, True
+        connection.receive_arrived()
+        try:
+            reply = connection.wait_for_reply(self.request, wait, session=session.id,
+                                              keep_on_timeout=True)
+            agreed = expect_reply(reply, Kind.REPLY).body.get("shared_memory") is True
+        except RequestTimeout:
+            return None
+        except ProtocolError:  # a worker that predates shared memory
+            agreed = False
+        self.close()
+        return agreed
+
+    def close(self) -> None:
+        """The worker answered, or the session ends: no one maps the segment any more."""
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
 
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:

@@ -153,12 +153,18 @@ class Connection:
             raise
         return request
 
-    def wait_for_reply(self, request: int, timeout: float, *, session: int = 0) -> Message:
+    def wait_for_reply(self, request: int, timeout: float, *, session: int = 0,
+                       keep_on_timeout: bool = False) -> Message:
         """The reply to ``request`` (sent by ``send_request``), waited for until the deadline;
-        on any error the request is forgotten (a late reply is dropped)."""
+        on any error the request is forgotten (a late reply is dropped), but for the
+        deadline's ``RequestTimeout`` where ``keep_on_timeout`` (it is waited for again)."""
         try:
             reply = self._wait_for(self.pending.take, request, time.monotonic() + timeout,
                                    session, self._timeout_error)
+        except RequestTimeout:
+            if not keep_on_timeout:
+                self.pending.forget(request)
+            raise
         except BaseException:
             self.pending.forget(request)
             raise

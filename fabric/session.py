@@ -69,7 +69,8 @@ class Session(ArrayNamespace):
         self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
-        self.shares_memory: bool | None = None  # with its worker (None: not asked yet, bulk)
+        self.shares_memory: bool | None = None  # with its worker (None: not known yet, bulk)
+        self.probe: bulk.Probe | None = None  # asking it (bulk)
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
         self.unpinning: deque[str] = deque()  # slots of views collected, to unpin (bulk)
         # Tensors written into a slot of the device's own pool, by id: a view pins it (bulk;
@@ -136,6 +137,8 @@ class Session(ArrayNamespace):
         except SessionLost:
             pass  # already gone on the broker: nothing left to free
         finally:
+            if self.probe is not None:
+                self.probe.close()
             if self.connection.segments is not None:
                 self.connection.segments.discard_session(self.id)
             self.slots_ahead.forget(self.connection.pending.forget)

@@ -28,13 +28,13 @@ from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F40
 MiB = 1 << 20
 
 
-@pytest.mark.timeout(90)
 def _state(pid: int) -> str:
     """A process's state letter (R, S, T for stopped, ...), from /proc."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0]
 
 
+@pytest.mark.timeout(90)
 def test_an_upload_returns_while_its_device_is_stopped():
     # A stopped worker answers nothing: any upload that waited for its device would time
     # out here. (Heartbeats long enough that the broker keeps the stopped worker.)
@@ -60,6 +60,27 @@ def test_an_upload_returns_while_its_device_is_stopped():
         for tensor, array in ((first, a), (second, b), (third, c)):
             assert tensor.numpy().tobytes() == array.tobytes()
         assert session.stats()["bytes_uploaded"] == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_first_upload_to_a_busy_device_takes_the_sockets_and_later_ones_shared_memory():
+    # The probe of shared memory is answered after the device's queued work: an upload
+    # waits for it PROBE_SECONDS at most (it timed out with the session's timeout before).
+    with fabric.LocalCluster(workers=1, heartbeat=2.0) as cluster, \
+            connect(cluster, timeout=10) as session:
+        a, b = (random_array("float64", (300_000,), seed) for seed in range(2))
+        worker = cluster.workers[0]
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: _state(worker.pid) == "T", 5, "the worker to stop")
+            first = session.asarray(a)
+            assert session.shares_memory is None  # not answered yet: the sockets took it
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert first.numpy().tobytes() == a.tobytes()
+        second = session.asarray(b)  # the answer came meanwhile: without waiting
+        assert session.shares_memory is True and second.numpy().tobytes() == b.tobytes()
+        assert session.stats()["bytes_uploaded"] == a.nbytes  # the first one only
 
 
 @pytest.mark.timeout(90)
