@@ -310,6 +310,17 @@ def test_a_malformed_basic_index_poisons_its_result_and_the_session_goes_on(inde
     np.testing.assert_array_equal(read(executor, 3), -np.ones(4))
 
 
+def test_a_tensor_awaited_that_came_without_its_ticket_lets_the_ticket_go():
+    # A direct link that broke: the client sent the upload again as a put of the tensor the
+    # device expected; the ticket, never used, must not hold one of MAX_EXPECTED places.
+    executor = opened()
+    assert request(executor, op="expect", id=5, ticket=77).body == {"ok": True}
+    submit(executor, ["ones", 5, [], {"shape": [3], "dtype": "<f8"}])
+    assert request(executor, op="await", id=5).body == {"ok": True}
+    assert executor.sessions[SESSION].expected == {}
+    np.testing.assert_array_equal(read(executor, 5), np.ones(3))
+
+
 def test_an_update_not_marked_in_place_leaves_its_target_as_it_was():
     executor = opened()
     submit(executor, ["ones", 1, [], {"shape": [4], "dtype": "<f8"}],

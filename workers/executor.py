@@ -413,6 +413,10 @@ class Executor(GraphOps, Admission):
     def _await(self, session: DeviceSession, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
         if tensor_id in session.tensors or tensor_id in session.poisoned:
+            # (where it came otherwise than by its ticket, the ticket goes: a direct link
+            # that broke, and the upload sent again as a put)
+            for ticket in [t for t, tid in session.expected.items() if tid == tensor_id]:
+                del session.expected[ticket]
             return [reply_to(message, {"ok": True})]
         session.awaiting.setdefault(tensor_id, []).append(message)
         return []  # answered when the tensor arrives
