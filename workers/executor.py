@@ -30,7 +30,7 @@ import numpy as np
 
 from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
 from fabric.flow import CREDIT_EVERY
-from fabric.ops import OPS, RANDOM_OPS, WRITES_IN_PLACE
+from fabric.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
 from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_params, decode_scalar, device_dtype,
                          dtype_name, parse_op)
@@ -202,7 +202,11 @@ class Executor(GraphOps, Admission):
                 freed += 1
                 continue
             try:  # (fabric.wire.parse_op's checks, inline: it runs for every op)
-                name, out, args, params = op
+                first, second, *rest = op
+                if type(first) is int:  # the compact form, [out, name, *args]: no params
+                    name, out, args, params = second, first, rest, NO_PARAMS
+                else:
+                    name, out, (args, params) = first, second, rest
                 if type(out) is not int:
                     raise TypeError
             except (TypeError, ValueError):
