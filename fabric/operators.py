@@ -20,7 +20,7 @@ from .origins import LAST_ORIGIN, issued_at
 from .wire import INT_RANGE, encode_scalar
 
 
-def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[[Any, Any], Any]:
+def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
     """Elementwise op ``name`` on two operands, a tensor among them (``+``, ``<``,
     ``np.maximum``, ...): the commonest call in user code. The function is the operator
     itself (``Tensor.__add__``), so no frame stands between the user's ``a + b`` and the op
@@ -32,7 +32,8 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[[Any, Any],
     weak Python scalars (NEP 50) nothing else, the ndim included, changes it. A dtype alone
     is the cheapest key (a tuple's building and hashing cost a twentieth of the op, bench W1).
     The wire args are made here, not in ``session.emit``'s loop. Anything else goes through
-    ``session.apply``'s inference."""
+    ``session.apply``'s inference. ``depth``: the frames from the user's call to this one, 2
+    where a function of fabric's passes the call on (a reflected operator)."""
     # (one dict per kind of operands: a dtype compares equal to a Python type, np.float64
     # to float, so kinds must not share one)
     with_float: dict[Any, np.dtype] = {}
@@ -41,7 +42,7 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[[Any, Any],
     int_with: dict[Any, np.dtype] = {}
     with_tensor: dict[Any, np.dtype] = {}
 
-    def pair(left: Any, right: Any) -> Any:
+    def pair(left: Any, right: Any, depth: int = 1) -> Any:
         if type(left) is tensor_type:  # (first, second: the args as they travel)
             tensor, kind, first, second = left, type(right), left.id, right
             if kind is float:
@@ -64,9 +65,9 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[[Any, Any],
         dtype = known.get(key)
         if dtype is None:  # (numpy's refusal raises here, and is not remembered)
             dtype = known[key] = OPS[name].infer((left, right), NO_PARAMS)[1]
-        frame, origin = _getframe(1), LAST_ORIGIN[0]  # (issued_at's first test, inline)
+        frame, origin = _getframe(depth), LAST_ORIGIN[0]  # (issued_at's first test, inline)
         if frame.f_code is not origin[0] or frame.f_lasti != origin[1]:
-            origin = issued_at(2)
+            origin = issued_at(depth + 1)
         size, stream = tensor.size, tensor.session.stream
         tensor_id = next(stream.ids)  # (the entry in the wire's compact form, op_entry's)
         return stream.push(tensor_id, (tensor_id, name, first, second),

@@ -464,9 +464,9 @@ def _numpy_name(func: Any) -> str:
     return f"{getattr(func, '__module__', None) or 'numpy'}.{func.__qualname__}"
 
 
-def _reflected(pair: Callable[[Any, Any], Tensor]) -> Callable[[Tensor, Any], Tensor]:
+def _reflected(pair: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
     def method(self: Tensor, other: Any) -> Tensor:
-        return pair(other, self)
+        return pair(other, self, 2)  # (2: the user's call is this method's caller)
     return method
 
 
@@ -491,7 +491,7 @@ for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolu
 Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
 Tensor.__pow__ = lambda t, e: (  # type: ignore[method-assign]  # numpy's ** squares for 2:
     _SINGLES["square"](t) if type(e) is int and e == 2 and t.dtype == np.bool_  # bool: int8
-    else _PAIRS["power"](t, e))
+    else _PAIRS["power"](t, e, 2))
 
 
 def _in_place(ufunc: np.ufunc) -> Callable[[Tensor, Any], Tensor]:
