@@ -33,7 +33,7 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
     is the cheapest key (a tuple's building and hashing cost a twentieth of the op, bench W1).
     The wire args are made here, not in ``session.emit``'s loop. Anything else goes through
     ``session.apply``'s inference. ``depth``: the frames from the user's call to this one, 2
-    where a function of fabric's passes the call on (a reflected operator)."""
+    where a function of fabric's passes the call on (a reflected operator, numpy's ufunc)."""
     # (one dict per kind of operands: a dtype compares equal to a Python type, np.float64
     # to float, so kinds must not share one)
     with_float: dict[Any, np.dtype] = {}
@@ -77,18 +77,21 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
     return pair
 
 
-def elementwise_single(name: str, tensor_type: type[Spec]) -> Callable[[Any], Any]:
+def elementwise_single(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
     """Elementwise op ``name`` on one tensor (``-t``, ``np.exp(t)``), the operator itself as
     in ``elementwise_pair``: the result has its shape, and a dtype remembered by dtype."""
     known: dict[np.dtype, np.dtype] = {}
 
-    def single(operand: Any) -> Any:
+    def single(operand: Any, depth: int = 1) -> Any:
         dtype = known.get(operand.dtype)
         if dtype is None:
             dtype = known[operand.dtype] = OPS[name].infer((operand,), NO_PARAMS)[1]
+        frame, origin = _getframe(depth), LAST_ORIGIN[0]  # (as in pair)
+        if frame.f_code is not origin[0] or frame.f_lasti != origin[1]:
+            origin = issued_at(depth + 1)
         size, stream = operand.size, operand.session.stream
         tensor_id = next(stream.ids)  # (the entry in the wire's compact form, op_entry's)
         return stream.push(tensor_id, (tensor_id, name, operand.id), size, operand.shape,
-                           dtype, issued_at(2), size)
+                           dtype, origin, size)
     single.__name__ = single.__qualname__ = name
     return single

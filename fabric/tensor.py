@@ -434,8 +434,8 @@ class Tensor(Spec):
             results: Any = _divmod(*inputs)
         else:
             elementwise = _PAIRS.get(ufunc.__name__) or _SINGLES.get(ufunc.__name__)
-            results = elementwise(*inputs) if elementwise is not None \
-                else self.session.apply(ufunc.__name__, inputs, {})  # (np.matmul)
+            results = elementwise(*inputs, 2) if elementwise is not None \
+                else self.session.apply(ufunc.__name__, inputs, {})  # (np.matmul; 2: depth)
         if out is None:
             return results
         if ufunc is not np.divmod:
