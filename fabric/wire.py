@@ -82,6 +82,8 @@ def parse_op(entry: Any) -> OpEntry:
     """An op entry from the wire, in either form, checked for its form (not its op);
     ProtocolError if it has none. (The worker's hot loop unpacks entries inline, with these
     same checks.)"""
+    if type(entry) is not list and type(entry) is not tuple:  # (a map's keys would unpack)
+        raise ProtocolError(f"Malformed op {entry!r}.")
     try:
         first, second, *rest = entry
         if type(first) is int:  # the compact form: [out, name, *args]

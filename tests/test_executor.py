@@ -179,6 +179,8 @@ def test_malformed_compact_entries_are_reported_and_the_session_goes_on():
     submit(executor, [4], [2, 7, 1], [3, "no_such_op", 1], (5, "add", 1, 1.5))
     error = request(executor, op="sync").body["error"]
     assert (error["code"], error["message"]) == ("protocol_error", "Malformed op [4].")
+    submit(executor, {0: 8, 1: "add"})  # (indexes as a compact entry would: still malformed)
+    assert request(executor, op="sync").body["error"]["code"] == "protocol_error"
     for failed in (2, 3):  # (an op of no name, or of an unknown one: its output's error)
         assert "error" in request(executor, op="read", id=failed).body
     np.testing.assert_array_equal(read(executor, 5), [2.5, 2.5])

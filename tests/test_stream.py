@@ -73,7 +73,8 @@ def test_an_entry_travels_compact_without_params_and_parses_back_from_either_for
     assert parse_op([3, "add", 1, 2.0]) == ("add", 3, [1, 2.0], {})
     assert parse_op([5, "negative", 3]) == ("negative", 5, [3], {})
     assert parse_op(["sum", 4, [1], {"axis": 0}]) == ("sum", 4, [1], {"axis": 0})
-    for malformed in ([3], ["add", 3, [1]], ["add", "3", [1], {}], ["add"], 2.0, None):
+    for malformed in ([3], ["add", 3, [1]], ["add", "3", [1], {}], ["add"], 2.0, None, "ab",
+                      {0: 1, 1: "add"}):
         with pytest.raises(ProtocolError, match="Malformed op"):
             parse_op(malformed)
 

@@ -202,14 +202,16 @@ class Executor(GraphOps, Admission):
                 freed += 1
                 continue
             try:  # (fabric.wire.parse_op's checks, inline: it runs for every op)
-                first, second, *rest = op
-                if type(first) is int:  # the compact form, [out, name, *args]: no params
-                    name, out, args, params = second, first, rest, NO_PARAMS
+                out = op[0]  # (one statement each: a star unpack, or a tuple's, cost 3%)
+                if type(out) is int:  # the compact form, [out, name, *args]: no params
+                    name = op[1]
+                    args = op[2:]
+                    params = NO_PARAMS
                 else:
-                    name, out, (args, params) = first, second, rest
-                if type(out) is not int:
-                    raise TypeError
-            except (TypeError, ValueError):
+                    name, out, args, params = op
+                    if type(out) is not int:
+                        raise TypeError
+            except (TypeError, ValueError, LookupError):
                 try:
                     parse_op(op)  # (raises, with the wire's own words)
                 except ProtocolError as exc:
