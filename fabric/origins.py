@@ -14,7 +14,9 @@ from typing import Any
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 Origin = tuple[Any, int]  # where the user issued an op: (code object or None, byte offset)
 
-_last_origin: Origin = (None, 0)
+# The origin found last, given again for an op from the same call site (a loop issuing ops);
+# the elementwise operators test it inline (``fabric.operators``).
+LAST_ORIGIN: list[Origin] = [(None, 0)]
 
 
 def issued_at(depth: int = 2) -> Origin:
@@ -30,19 +32,18 @@ def issued_at(depth: int = 2) -> Origin:
     issuing ops): that skips the file test and a tuple per op, about a tenth of the client's
     work per op.
     """
-    global _last_origin
     while True:
         try:
             frame = sys._getframe(depth)
         except ValueError:  # fabric all the way down (its own demo, say)
             return (None, 0)
         code, offset = frame.f_code, frame.f_lasti
-        last = _last_origin
+        last = LAST_ORIGIN[0]
         if code is last[0] and offset == last[1]:
             return last
         if not code.co_filename.startswith(PACKAGE_DIR):
-            _last_origin = (code, offset)
-            return _last_origin
+            LAST_ORIGIN[0] = last = (code, offset)
+            return last
         depth += 1
 
 

@@ -25,6 +25,7 @@ from .ops import Spec
 from .origins import Origin
 from .protocol import Kind, Message
 from .tensor import Tensor
+from .wire import parse_op
 
 # Flush the op batch at this many entries: ops, and the ids of tensors freed between them
 # (the worker frees each where the client let it go, so the next result can take its memory;
@@ -80,7 +81,7 @@ class OpStream:
         self.owner = owner
         self.session_id = session_id
         self.thread: int | None = _get_ident()  # the one that issues ops; None once closed
-        self._ids = itertools.count(1)
+        self.ids = itertools.count(1)  # tensor ids (``push``)
         self.sent_through = 0  # every tensor of an id up to this was made by a batch sent
         self.batch: list[Any] = []  # ops, and ids of tensors freed
         self.buffers: list[Any] = []  # the batch's uploads, by their ops' "buffer" number
@@ -99,32 +100,35 @@ class OpStream:
 
     # -- queueing ------------------------------------------------------------------------------
 
-    def push(self, name: str | None, wire_args: tuple[Any, ...], inputs: int,
-             shape: tuple[int, ...], dtype: np.dtype, params: dict[str, Any],
-             origin: Origin | None, size: int | None = None) -> Tensor:
-        """Make a tensor of this stream, the result of op ``name`` issued at ``origin``, and
-        queue the op (its args already in wire form; ``inputs``: the elements it reads,
-        counted with those it writes as its work; ``size``: the result's elements, when the
-        caller knows them). With ``name`` None, only the tensor is made (``new_tensor``).
+    def push(self, tensor_id: int, entry: tuple[Any, ...] | None, inputs: int,
+             shape: tuple[int, ...], dtype: np.dtype, origin: Origin | None,
+             size: int | None = None) -> Tensor:
+        """Make tensor ``tensor_id`` of this stream (an id the caller took from ``ids``), the
+        result of the op ``entry`` issued at ``origin``, and queue the op (``entry``: in
+        either of the wire's forms, ``fabric.wire.op_entry``; ``inputs``: the elements it
+        reads, counted with those it writes as its work; ``size``: the result's elements,
+        when the caller knows them). With ``entry`` None, only the tensor is made
+        (``new_tensor``).
 
         The tensor is made here, not by calling the class (whose call with an ``__init__``
-        adds about 800 instructions to each op) nor another method (a frame, 3%)."""
+        adds about 800 instructions to each op) nor another method (a frame, 3%); the entry
+        by the caller, who has its args at hand (a tuple of them, passed to be copied into
+        the entry, cost a twentieth of an op)."""
         tensor = _new_object(Tensor)
         tensor.shape = shape
         tensor.dtype = dtype
         tensor.size = size = math.prod(shape) if size is None else size  # (counted as work)
         tensor.session = self.owner
-        tensor.id = tensor_id = next(self._ids)
+        tensor.id = tensor_id
         self.origins[tensor_id] = origin
-        if name is None:
+        if entry is None:
             return tensor
-        op = (name, tensor_id, wire_args, params)
         if self.sinks or _get_ident() != self.thread:  # (shown to sinks, or refused)
-            self.enqueue(op, None, tensor, inputs + size)
+            self.enqueue(parse_op(entry), None, tensor, inputs + size)
             return tensor
         # enqueue's work for an op without upload or graph, here: a call costs a twentieth
         batch = self.batch
-        batch.append(op)
+        batch.append(entry)
         self.batch_elements = elements = self.batch_elements + inputs + size
         if len(batch) >= MAX_BATCH_ENTRIES or elements >= MAX_BATCH_ELEMENTS:
             self.owner.flush()
@@ -134,7 +138,7 @@ class OpStream:
                    origin: Origin | None) -> Tensor:
         """A new tensor of this stream, whose op the caller queues (or that has none: a
         traced function's input), issued at ``origin`` (None: by no op)."""
-        return self.push(None, (), 0, shape, dtype, {}, origin)
+        return self.push(next(self.ids), None, 0, shape, dtype, origin)
 
     def enqueue(self, op: Sequence[Any], buffer: Any = None, result: Spec | None = None,
                 elements: int = 0, graph_ops: int = 0) -> None:
@@ -205,6 +209,6 @@ class OpStream:
             freed -= len(forgotten)
         self._freed_counted = freed
         self.counts["batches_sent"] += 1
-        self.sent_through = next(self._ids)  # (an id of no tensor: the ones before were sent)
+        self.sent_through = next(self.ids)  # (an id of no tensor: the ones before were sent)
         self.counts["bytes_uploaded"] += self.batch_bytes
         self.buffers, self.batch_bytes, self.batch_elements, self.batch_graph_ops = [], 0, 0, 0

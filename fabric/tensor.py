@@ -20,13 +20,14 @@ import numpy as np
 from .errors import FabricError
 from .indexing import (PreparedIndex, Remembered, as_shape, basic_index_key, prepare_index,
                        update_key)
-from .ops import BINARY_UFUNCS, NO_PARAMS, OPS, UNARY_UFUNCS, Spec, weak_int
+from .operators import elementwise_pair, elementwise_single
+from .ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
 from .origins import issued_at
 from .printing import repr_text, summary_index, summary_text
 from .progress import Progress, read_showing
 from .views import (assign, check_out, check_reduction_out, check_writable, link, store_into,
                     ufunc_at)
-from .wire import INT_RANGE, device_dtype, encode_index, encode_scalar
+from .wire import device_dtype, encode_index
 
 # Basic indexes already inferred: (indexed shape, ``basic_index_key``) -> (result's shape,
 # params as they travel, whether it is a view); updates: ``update_key`` -> params.
@@ -215,8 +216,10 @@ class Tensor(Spec):
             known = _BASIC_INDEXES.get((self.shape, basic))
             if known is not None:
                 shape, wire, view = known
-                result = self.session.stream.push("getitem", (self.id,), self.size, shape,
-                                                  self.dtype, wire, issued_at(2))
+                stream = self.session.stream
+                tensor_id = next(stream.ids)
+                result = stream.push(tensor_id, ("getitem", tensor_id, (self.id,), wire),
+                                     self.size, shape, self.dtype, issued_at(2))
                 return link(self, result, "getitem", (), wire, "view") if view else result
         result, prepared, arrays, wire = self._indexed("getitem", (), index)
         view = not prepared.data_dependent and prepared.is_view(len(self.shape))
@@ -239,8 +242,11 @@ class Tensor(Spec):
             result, _, _, wire = self._indexed("setitem", (value,), index, in_place=True)
             _BASIC_UPDATES.remember(key, wire)
         else:
-            result = self.session.stream.push("setitem", (self.id, self.session.wire_arg(
-                value)), self.size, self.shape, self.dtype, wire, issued_at(2))
+            stream = self.session.stream
+            tensor_id = next(stream.ids)
+            result = stream.push(tensor_id, ("setitem", tensor_id, (
+                self.id, self.session.wire_arg(value)), wire), self.size, self.shape,
+                self.dtype, issued_at(2))
         assign(self, result)
 
     def reshape(self, *shape: Any) -> "Tensor":
@@ -436,8 +442,8 @@ class Tensor(Spec):
             results: Any = _divmod(*inputs)
         else:
             elementwise = _PAIRS.get(ufunc.__name__) or _SINGLES.get(ufunc.__name__)
-            results = elementwise(*inputs) if elementwise is not None \
-                else self.session.apply(ufunc.__name__, inputs, {})  # (np.matmul)
+            results = elementwise(*inputs, 2) if elementwise is not None \
+                else self.session.apply(ufunc.__name__, inputs, {})  # (np.matmul; 2: depth)
         if out is None:
             return results
         if ufunc is not np.divmod:
@@ -466,83 +472,16 @@ def _numpy_name(func: Any) -> str:
     return f"{getattr(func, '__module__', None) or 'numpy'}.{func.__qualname__}"
 
 
-def _elementwise_pair(name: str) -> Callable[[Any, Any], Tensor]:
-    """Elementwise op ``name`` on two operands, a tensor among them (``+``, ``<``,
-    ``np.maximum``, ...): the commonest call in user code. The function is the operator
-    itself (``Tensor.__add__``), so no frame stands between the user's ``a + b`` and the op
-    (one frame costs about 4% of the client's work per op, bench W1).
-
-    Its commonest operands, a tensor with a Python float or int or with a tensor of its shape
-    and session, go the short way: the result has the tensor's shape, and its dtype is
-    remembered per kind of operands, by their dtypes (ints by ``weak_int``): with numpy's
-    weak Python scalars (NEP 50) nothing else, the ndim included, changes it. A dtype alone
-    is the cheapest key (a tuple's building and hashing cost a twentieth of the op, bench W1).
-    The wire args are made here, not in ``session.emit``'s loop. Anything else goes through
-    ``session.apply``'s inference."""
-    # (one dict per kind of operands: a dtype compares equal to a Python type, np.float64
-    # to float, so kinds must not share one)
-    with_float: dict[Any, np.dtype] = {}
-    float_with: dict[Any, np.dtype] = {}
-    with_int: dict[Any, np.dtype] = {}
-    int_with: dict[Any, np.dtype] = {}
-    with_tensor: dict[Any, np.dtype] = {}
-
-    def pair(left: Any, right: Any) -> Tensor:
-        if type(left) is Tensor:
-            tensor, kind = left, type(right)
-            if kind is float:
-                known, key, wire = with_float, left.dtype, (left.id, right)
-            elif kind is int and INT_RANGE[0] <= right < INT_RANGE[1]:
-                known, key = with_int, (left.dtype, weak_int(right))
-                wire = (left.id, encode_scalar(right))
-            elif kind is Tensor and right.shape == left.shape and right.session is left.session:
-                known, key, wire = with_tensor, (left.dtype, right.dtype), (left.id, right.id)
-            else:
-                return left.session.apply(name, (left, right), {})
-        else:  # the tensor is on the right: a reflected operator, or numpy's ufunc
-            tensor, kind = right, type(left)
-            if kind is float:
-                known, key, wire = float_with, right.dtype, (left, right.id)
-            elif kind is int and INT_RANGE[0] <= left < INT_RANGE[1]:
-                known, key = int_with, (weak_int(left), right.dtype)
-                wire = (encode_scalar(left), right.id)
-            else:
-                return right.session.apply(name, (left, right), {})
-        dtype = known.get(key)
-        if dtype is None:  # (numpy's refusal raises here, and is not remembered)
-            dtype = known[key] = OPS[name].infer((left, right), NO_PARAMS)[1]
-        size = tensor.size
-        return tensor.session.stream.push(name, wire, 2 * size if kind is Tensor else size,
-                                          tensor.shape, dtype, NO_PARAMS, issued_at(2), size)
-    pair.__name__ = pair.__qualname__ = name
-    return pair
-
-
-def _elementwise_single(name: str) -> Callable[[Tensor], Tensor]:
-    """Elementwise op ``name`` on one tensor (``-t``, ``np.exp(t)``), the operator itself as
-    in ``_elementwise_pair``: the result has its shape, and a dtype remembered by dtype."""
-    known: dict[np.dtype, np.dtype] = {}
-
-    def single(operand: Tensor) -> Tensor:
-        dtype = known.get(operand.dtype)
-        if dtype is None:
-            dtype = known[operand.dtype] = OPS[name].infer((operand,), NO_PARAMS)[1]
-        size = operand.size
-        return operand.session.stream.push(name, (operand.id,), size, operand.shape, dtype,
-                                           NO_PARAMS, issued_at(2), size)
-    single.__name__ = single.__qualname__ = name
-    return single
-
-
-def _reflected(pair: Callable[[Any, Any], Tensor]) -> Callable[[Tensor, Any], Tensor]:
+def _reflected(pair: Callable[..., Tensor]) -> Callable[[Tensor, Any], Tensor]:
     def method(self: Tensor, other: Any) -> Tensor:
-        return pair(other, self)
+        return pair(other, self, 2)  # (2: the user's call is this method's caller)
     return method
 
 
 # The elementwise ufuncs, by name, as the operators and numpy's ufuncs on tensors run them
-_PAIRS = {ufunc.__name__: _elementwise_pair(ufunc.__name__) for ufunc in BINARY_UFUNCS}
-_SINGLES = {ufunc.__name__: _elementwise_single(ufunc.__name__) for ufunc in UNARY_UFUNCS}
+_PAIRS = {ufunc.__name__: elementwise_pair(ufunc.__name__, Tensor) for ufunc in BINARY_UFUNCS}
+_SINGLES = {ufunc.__name__: elementwise_single(ufunc.__name__, Tensor)
+            for ufunc in UNARY_UFUNCS}
 
 for _dunder, _name in [("add", "add"), ("sub", "subtract"), ("mul", "multiply"),
                        ("truediv", "divide"), ("floordiv", "floor_divide"), ("mod", "remainder"),
@@ -560,7 +499,7 @@ for _dunder, _name in [("neg", "negative"), ("pos", "positive"), ("abs", "absolu
 Tensor.__hash__ = object.__hash__  # type: ignore[method-assign]  # __eq__ is elementwise
 Tensor.__pow__ = lambda t, e: (  # type: ignore[method-assign]  # numpy's ** squares for 2:
     _SINGLES["square"](t) if type(e) is int and e == 2 and t.dtype == np.bool_  # bool: int8
-    else _PAIRS["power"](t, e))
+    else _PAIRS["power"](t, e, 2))
 
 
 def _in_place(ufunc: np.ufunc) -> Callable[[Tensor, Any], Tensor]:

@@ -159,6 +159,33 @@ def test_malformed_ops_and_unknown_requests_are_errors_not_crashes():
     assert request(executor, op="read", id=12345).body["error"]["code"] == "protocol_error"
 
 
+def test_an_op_without_params_runs_alike_in_either_wire_form():
+    executor = opened()
+    data = np.arange(6.0)
+    submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [6], "buffer": 0}],
+           (2, "add", 1, [2]), ["add", 3, [1, [2]], {}],  # compact, then classic
+           (4, "negative", 2), ["negative", 5, [3], {}], (6, "maximum", 4, 5),
+           buffers=(data.tobytes(),))
+    for compact, classic in [(2, 3), (4, 5)]:
+        np.testing.assert_array_equal(read(executor, compact), read(executor, classic))
+    np.testing.assert_array_equal(read(executor, 6), -(data + 2))
+    submit(executor, (7, "absolute", 6), 6)  # (a free after a compact op, as after any)
+    assert set(executor.sessions[SESSION].tensors) == {1, 2, 3, 4, 5, 7}
+
+
+def test_malformed_compact_entries_are_reported_and_the_session_goes_on():
+    executor = opened()
+    submit(executor, ["ones", 1, [], {"shape": [2], "dtype": "<f8"}])
+    submit(executor, [4], [2, 7, 1], [3, "no_such_op", 1], (5, "add", 1, 1.5))
+    error = request(executor, op="sync").body["error"]
+    assert (error["code"], error["message"]) == ("protocol_error", "Malformed op [4].")
+    submit(executor, {0: 8, 1: "add"})  # (indexes as a compact entry would: still malformed)
+    assert request(executor, op="sync").body["error"]["code"] == "protocol_error"
+    for failed in (2, 3):  # (an op of no name, or of an unknown one: its output's error)
+        assert "error" in request(executor, op="read", id=failed).body
+    np.testing.assert_array_equal(read(executor, 5), [2.5, 2.5])
+
+
 def test_messages_for_unknown_sessions_are_answered_and_close_is_idempotent():
     executor = Executor(NumpyDevice(0))
     [reply] = executor.handle(Message(Kind.REQUEST, 77, 3, {"op": "sync"}))

@@ -14,9 +14,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from fabric.errors import FabricError, SessionLost
+from fabric.errors import FabricError, ProtocolError, SessionLost
 from fabric.flow import SUBMIT_WINDOW
 from fabric.protocol import Kind
+from fabric.wire import op_entry, parse_op
 from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                            MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
 
@@ -44,7 +45,9 @@ class Owner:
 
 def add(stream: OpStream, size: int = 4, origin=("here", 0)):
     """An elementwise op's result, queued as the operators queue it."""
-    return stream.push("add", (0, 1.0), size, (size,), F8, {}, origin)
+    tensor_id = next(stream.ids)
+    return stream.push(tensor_id, op_entry("add", tensor_id, (0, 1.0), {}), size, (size,), F8,
+                       origin)
 
 
 def upload(stream: OpStream, nbytes: int):
@@ -60,8 +63,20 @@ def test_tensors_get_consecutive_ids_their_shape_and_the_owner_as_session():
     assert (a.id, b.id) == (1, 2)
     assert (b.shape, b.dtype, b.size, b.session) == ((5,), F8, 5, owner)
     assert owner.stream.origins == {1: ("here", 0), 2: ("there", 2)}
-    assert owner.stream.batch == [("add", 1, (0, 1.0), {}), ("add", 2, (0, 1.0), {})]
+    assert owner.stream.batch == [(1, "add", 0, 1.0), (2, "add", 0, 1.0)]  # (compact)
     assert owner.stream.batch_elements == 2 * 3 + 2 * 5  # each op's inputs and output
+
+
+def test_an_entry_travels_compact_without_params_and_parses_back_from_either_form():
+    assert op_entry("add", 3, (1, 2.0), {}) == (3, "add", 1, 2.0)
+    assert op_entry("sum", 4, (1,), {"axis": 0}) == ("sum", 4, (1,), {"axis": 0})
+    assert parse_op([3, "add", 1, 2.0]) == ("add", 3, [1, 2.0], {})
+    assert parse_op([5, "negative", 3]) == ("negative", 5, [3], {})
+    assert parse_op(["sum", 4, [1], {"axis": 0}]) == ("sum", 4, [1], {"axis": 0})
+    for malformed in ([3], ["add", 3, [1]], ["add", "3", [1], {}], ["add"], 2.0, None, "ab",
+                      {0: 1, 1: "add"}):
+        with pytest.raises(ProtocolError, match="Malformed op"):
+            parse_op(malformed)
 
 
 def test_a_batch_goes_at_its_entry_bound_as_one_submit_of_the_session():
@@ -71,7 +86,7 @@ def test_a_batch_goes_at_its_entry_bound_as_one_submit_of_the_session():
     kept.append(add(owner.stream))
     (message,) = owner.sent
     assert (message.kind, message.session) == (Kind.SUBMIT, 0x5E55)
-    assert message.body["ops"][-1] == ("add", kept[-1].id, (0, 1.0), {})
+    assert parse_op(message.body["ops"][-1]) == ("add", kept[-1].id, [0, 1.0], {})
     assert not owner.stream.batch and owner.stream.counts["batches_sent"] == 1
 
 
@@ -111,7 +126,7 @@ def test_a_batch_that_cannot_be_sent_is_kept_whole_and_goes_with_the_next():
     owner.failing = False
     owner.flush()
     (message,) = owner.sent
-    assert [op[1] for op in message.body["ops"]] == [t.id for t in kept]
+    assert [parse_op(op).out for op in message.body["ops"]] == [t.id for t in kept]
     assert len(message.buffers) == 1
     assert owner.stream.counts == {"ops_sent": 3, "batches_sent": 1, "bytes_uploaded": 80}
 
@@ -199,7 +214,10 @@ class StreamMachine(RuleBasedStateMachine):
     @rule(size=st.integers(1, MAX_BATCH_ELEMENTS))
     def op(self, size: int) -> None:
         sent = len(self.owner.sent)
-        tensor = self.owner.stream.push("negative", (0,), size, (size,), F8, {}, None)
+        stream = self.owner.stream
+        tensor_id = next(stream.ids)
+        tensor = stream.push(tensor_id, op_entry("negative", tensor_id, (0,), {}), size, (size,),
+                             F8, None)
         self.expected.append(tensor.id)
         self.live.append(tensor)
         if 2 * size >= MAX_BATCH_ELEMENTS:  # a heavy op goes at once
@@ -237,7 +255,7 @@ class StreamMachine(RuleBasedStateMachine):
     def every_entry_once_in_order_within_bounds(self) -> None:
         stream = self.owner.stream
         entries = [e for m in self.owner.sent for e in m.body["ops"]] + stream.batch
-        assert [e if type(e) is int else e[1] for e in entries] == self.expected
+        assert [e if type(e) is int else parse_op(e).out for e in entries] == self.expected
         assert len(stream.batch) < MAX_BATCH_ENTRIES
         assert stream.batch_elements < MAX_BATCH_ELEMENTS
         assert stream.batch_bytes < MAX_BATCH_BYTES

@@ -50,7 +50,7 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     assert stats["ops"] == 3001  # the device ran every op
     last = x.id
     x = x + 1.0
-    assert session.stream.batch == [("add", x.id, (last, 1.0), {}), last]
+    assert session.stream.batch == [(x.id, "add", last, 1.0), last]  # (compact: no params)
 
 
 def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):

@@ -30,7 +30,7 @@ import numpy as np
 
 from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
 from fabric.flow import CREDIT_EVERY
-from fabric.ops import OPS, RANDOM_OPS, WRITES_IN_PLACE
+from fabric.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
 from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params, decode_scalar,
                          device_dtype, dtype_name, parse_op)
@@ -202,10 +202,16 @@ class Executor(GraphOps, Admission):
                 freed += 1
                 continue
             try:  # (fabric.wire.parse_op's checks, inline: it runs for every op)
-                name, out, args, params = op
-                if type(out) is not int:
-                    raise TypeError
-            except (TypeError, ValueError):
+                out = op[0]  # (one statement each: a star unpack, or a tuple's, cost 3%)
+                if type(out) is int:  # the compact form, [out, name, *args]: no params
+                    name = op[1]
+                    args = op[2:]
+                    params = NO_PARAMS
+                else:
+                    name, out, args, params = op
+                    if type(out) is not int:
+                        raise TypeError
+            except (TypeError, ValueError, LookupError):
                 try:
                     parse_op(op)  # (raises, with the wire's own words)
                 except ProtocolError as exc:
