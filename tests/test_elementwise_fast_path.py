@@ -65,13 +65,15 @@ def test_a_refusal_is_not_remembered_and_the_session_serves_on(session):
 
 
 @pytest.mark.timeout(60)
-def test_ops_without_params_share_one_dict_that_nothing_writes(session):
+def test_ops_without_params_travel_compact_and_share_one_dict_that_nothing_writes(session):
+    # (the wire's compact entry, [out, name, *args]; the device takes NO_PARAMS for its
+    # params, which nothing may write into)
     x = session.zeros(4)
     for _ in range(50):
         x = np.exp(-(x * 0.5 + 1.0))
-    elementwise = [op for op in session.stream.batch
-                   if type(op) is tuple and op[0] in ("multiply", "add", "negative", "exp")]
-    assert len(elementwise) == 200 and all(op[3] is NO_PARAMS for op in elementwise)
+    elementwise = [op for op in session.stream.batch if type(op) is tuple
+                   and type(op[0]) is int and op[1] in ("multiply", "add", "negative", "exp")]
+    assert len(elementwise) == 200
     np.testing.assert_allclose(x.numpy(), _local_steps(50))
     assert NO_PARAMS == {}
 
