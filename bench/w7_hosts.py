@@ -3,7 +3,7 @@
 to a worker on the other, and W3 (an upload from this side to a host, and a read back), over
 direct links and through the broker (``--bulk-host none``), against raw TCP between the same
 two places (a pyzmq PAIR, each message answered, as ``t.to()`` and an upload are), in the
-same run. Reads always come through the broker.
+same run. A read of 8 MiB or more takes a direct link as an upload does.
 
     python bench/w7_hosts.py [--repeats R] [--mib 64,256]
 
