@@ -77,8 +77,8 @@ class BulkLinks:
         self._curve = curve
         self._to_device = to_device  # an admitted TRANSFER's way to its device
         self._read = read  # an admitted read's, with the link's routing id for the reply
-        self._dials: dict[int, zmq.Socket] = {}
-        self._dial_monitors: dict[zmq.Socket, int] = {}  # a dial's monitor -> its link
+        self._dials: dict[int, tuple[zmq.Socket, zmq.Socket]] = {}  # link -> socket, monitor
+        self._link_of: dict[zmq.Socket, int] = {}  # a dial's socket or monitor -> its link
         self._broken: list[Fallback] = []  # TRANSFERs of links that broke, for tick()
         self._poller: zmq.Poller | None = None
         self.zap = context.socket(zmq.ROUTER)
@@ -122,7 +122,7 @@ class BulkLinks:
     def owns(self, sock: zmq.Socket) -> bool:
         """Whether ``sock`` is one of this module's (for the loop's dispatch)."""
         return sock is self.zap or sock is self.endpoint or sock is self.monitor \
-            or sock in self._dial_monitors or sock in self._dials.values()
+            or sock in self._link_of
 
     def send(self, frames: list[zmq.Frame], nbytes: int) -> Message:
         """A large TRANSFER leaves: the LINK request to send to the broker."""
@@ -155,13 +155,6 @@ class BulkLinks:
             self._answer(self.admissions.on_zap((routing, request.request_id),
                                                 request.mechanism.encode(),
                                                 list(request.credentials), now))
-        elif sock in self._dial_monitors:  # (only DISCONNECTED is asked for)
-            recv_monitor_event(sock)
-            link = self._dial_monitors[sock]
-            fallback = self.outgoing.broke(link)
-            if fallback is not None:
-                self._close_dial(link)
-                self._broken.append(fallback)
         elif sock is self.monitor:
             event = recv_monitor_event(sock)
             if self.admissions.refuses(event["event"]):
@@ -187,7 +180,14 @@ class BulkLinks:
                 try_send(self.endpoint, [routing, b""])  # (the sender's word that it may close)
                 self._to_device(frames)
         else:
-            link = next(k for k, s in self._dials.items() if s is sock)
+            link = self._link_of[sock]
+            if sock is not self._dials[link][0]:  # its monitor (only DISCONNECTED is asked for)
+                recv_monitor_event(sock)
+                fallback = self.outgoing.broke(link)
+                if fallback is not None:
+                    self._close_dial(link)
+                    self._broken.append(fallback)
+                return
             if self.outgoing.acknowledged(link):
                 self._close_dial(link)
                 return
@@ -229,18 +229,18 @@ class BulkLinks:
         show_ticket(sock, dial.ticket, dial.public_key)
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(dial.address)
-        self._dials[dial.link] = sock
-        self._dial_monitors[monitor] = dial.link
+        self._dials[dial.link] = (sock, monitor)
+        self._link_of[sock] = self._link_of[monitor] = dial.link
         self._poller.register(sock, zmq.POLLOUT)
         self._poller.register(monitor, zmq.POLLIN)
 
     def _close_dial(self, link: int) -> None:
-        sock = self._dials.pop(link, None)
-        if sock is None:
+        dial = self._dials.pop(link, None)
+        if dial is None:
             return
-        [monitor] = [m for m, of in self._dial_monitors.items() if of == link]
-        del self._dial_monitors[monitor]
-        for closing in (monitor, sock):
+        sock, monitor = dial
+        for closing in dial:
+            del self._link_of[closing]
             self._poller.unregister(closing)
         sock.disable_monitor()
         monitor.close(linger=0)
