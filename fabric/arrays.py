@@ -28,7 +28,7 @@ from .progress import Progress, upload as upload_in_chunks, wanted as progress_w
 from .random import Random
 from .stream import OpStream
 from .tensor import Tensor
-from .wire import device_dtype, encode_param, encode_scalar, op_entry
+from .wire import device_dtype, encode_param, encode_scalar
 
 
 def _holds_tensor(items: Sequence[Any]) -> bool:
@@ -137,10 +137,7 @@ class ArrayNamespace(ABC):
                 inputs += arg.size
             else:
                 wire_args.append(arg if type(arg) is float else self.wire_arg(arg))
-        stream = self.stream
-        tensor_id = next(stream.ids)
-        return stream.push(tensor_id, op_entry(name, tensor_id, tuple(wire_args), params),
-                           inputs, shape, dtype, origin)
+        return self.stream.push_op(name, tuple(wire_args), params, inputs, shape, dtype, origin)
 
     def create(self, name: str, shape: Any, dtype: Any, **params: Any) -> Tensor:
         """A new tensor of ``shape`` and ``dtype``, made on the device by creation op

@@ -25,7 +25,7 @@ from .ops import Spec
 from .origins import Origin
 from .protocol import Kind, Message
 from .tensor import Tensor
-from .wire import parse_op
+from .wire import op_entry, parse_op
 
 # Flush the op batch at this many entries: ops, and the ids of tensors freed between them
 # (the worker frees each where the client let it go, so the next result can take its memory;
@@ -133,6 +133,14 @@ class OpStream:
         if len(batch) >= MAX_BATCH_ENTRIES or elements >= MAX_BATCH_ELEMENTS:
             self.owner.flush()
         return tensor
+
+    def push_op(self, name: str, args: tuple[Any, ...], params: dict[str, Any], inputs: int,
+                shape: tuple[int, ...], dtype: np.dtype, origin: Origin | None) -> Tensor:
+        """``push`` of op ``name`` on ``args`` with ``params`` (both in wire form), as a new
+        tensor, its entry in the wire's form (``fabric.wire.op_entry``)."""
+        tensor_id = next(self.ids)
+        return self.push(tensor_id, op_entry(name, tensor_id, args, params), inputs, shape,
+                         dtype, origin)
 
     def new_tensor(self, shape: tuple[int, ...], dtype: np.dtype,
                    origin: Origin | None) -> Tensor:

@@ -216,10 +216,8 @@ class Tensor(Spec):
             known = _BASIC_INDEXES.get((self.shape, basic))
             if known is not None:
                 shape, wire, view = known
-                stream = self.session.stream
-                tensor_id = next(stream.ids)
-                result = stream.push(tensor_id, ("getitem", tensor_id, (self.id,), wire),
-                                     self.size, shape, self.dtype, issued_at(2))
+                result = self.session.stream.push_op("getitem", (self.id,), wire, self.size,
+                                                     shape, self.dtype, issued_at(2))
                 return link(self, result, "getitem", (), wire, "view") if view else result
         result, prepared, arrays, wire = self._indexed("getitem", (), index)
         view = not prepared.data_dependent and prepared.is_view(len(self.shape))
@@ -242,10 +240,8 @@ class Tensor(Spec):
             result, _, _, wire = self._indexed("setitem", (value,), index, in_place=True)
             _BASIC_UPDATES.remember(key, wire)
         else:
-            stream = self.session.stream
-            tensor_id = next(stream.ids)
-            result = stream.push(tensor_id, ("setitem", tensor_id, (
-                self.id, self.session.wire_arg(value)), wire), self.size, self.shape,
+            result = self.session.stream.push_op("setitem", (
+                self.id, self.session.wire_arg(value)), wire, self.size, self.shape,
                 self.dtype, issued_at(2))
         assign(self, result)
 
