@@ -424,7 +424,7 @@ def _setitem(array: np.ndarray, value: Any, *arrays: Any, index: tuple[Any, ...]
 
 def _write_setitem(array: np.ndarray, value: Any, *arrays: Any,
                    index: tuple[Any, ...]) -> np.ndarray:
-    array[bind_index(index, arrays)] = value
+    array[bind_index(index, arrays) if arrays else index] = value
     return array
 
 

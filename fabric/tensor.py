@@ -27,7 +27,7 @@ from .printing import repr_text, summary_index, summary_text
 from .progress import Progress, read_showing
 from .views import (assign, check_out, check_reduction_out, check_writable, link, store_into,
                     ufunc_at)
-from .wire import device_dtype, encode_index
+from .wire import device_dtype, pack_index
 
 # Basic indexes already inferred: (indexed shape, ``basic_index_key``) -> (result's shape,
 # params as they travel, whether it is a view); updates: ``update_key`` -> params.
@@ -200,7 +200,7 @@ class Tensor(Spec):
         shape, dtype = OPS[name].infer((self, *values, *prepared.arrays),
                                        {**params, "index": prepared.items})
         arrays = [a if isinstance(a, Tensor) else session.asarray(a) for a in prepared.arrays]
-        wire = {**params, "index": encode_index(prepared.items)}
+        wire = {**params, "index": pack_index(prepared.items)}
         if in_place:
             wire["in_place"] = True
         result = session.emit(name, (self, *values, *arrays), shape, dtype, wire, issued_at(3))

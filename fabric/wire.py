@@ -17,8 +17,9 @@ A SUBMIT's body is ``{"ops": [entry, ...]}``, run in order. An entry is either
 
 An arg is a tensor id (an int) or a scalar: a float, a bool or None as it is, ``[value]`` for
 a Python int and ``[value, dtype]`` for a numpy scalar (``encode_scalar``). Params are
-msgpack values (``encode_param``): an index as ``encode_index`` makes it (its arrays are
-the op's args after the target and the values), an axis tuple as a list, a dtype as a device
+msgpack values (``encode_param``): an index as ``pack_index`` makes it, ``encode_index``'s
+items packed as one bytes (or those items as they are; its arrays are the op's args after the
+target and the values), an axis tuple as a list, a dtype as a device
 dtype's ``str``. ``put`` carries its array as the message's buffer
 number ``params["buffer"]``, with ``dtype`` and ``shape``; a read's reply carries the bytes
 as its one buffer (``array_from_frame``).
@@ -60,6 +61,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import msgpack
 import numpy as np
 
 from .errors import ProtocolError
@@ -71,6 +73,8 @@ GRAPH_OPS = ("graph_register", "graph_call", "graph_free")
 SESSION_OPS = ("seed", "send", *GRAPH_OPS)  # ops that act on the session, not the op table's
 INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (msgpack's)
 MAX_WARNINGS = 64  # distinct device warnings one reply carries; more are only counted
+PACKED_INDEX_BYTES = 512  # the longest packed index a worker keeps decoded
+PACKED_INDEXES_KEPT = 1024  # packed indexes a worker keeps decoded (then it starts afresh)
 
 
 class OpEntry(NamedTuple):
@@ -153,8 +157,35 @@ def encode_index(index: tuple[Any, ...]) -> list[Any]:
     return encoded
 
 
+def pack_index(index: tuple[Any, ...]) -> bytes:
+    """``encode_index``'s items packed as one msgpack bytes: how an index travels, cheaper
+    to send than its items, and a key a worker decodes once for the few a loop repeats."""
+    return msgpack.packb(encode_index(index))
+
+
+_packed_indexes: dict[bytes, tuple[Any, ...]] = {}
+
+
 def decode_index(encoded: Any) -> tuple[Any, ...]:
-    """The inverse of ``encode_index``; ProtocolError for anything it does not make."""
+    """The inverse of ``encode_index`` or ``pack_index``; ProtocolError for anything they do
+    not make."""
+    if type(encoded) is not bytes:
+        return _decode_items(encoded)
+    index = _packed_indexes.get(encoded)
+    if index is None:
+        try:
+            items = msgpack.unpackb(encoded)
+        except ValueError:  # (msgpack's errors on bytes it did not pack)
+            raise ProtocolError("Malformed packed index.") from None
+        index = _decode_items(items)
+        if len(encoded) <= PACKED_INDEX_BYTES:
+            if len(_packed_indexes) >= PACKED_INDEXES_KEPT:
+                _packed_indexes.clear()
+            _packed_indexes[encoded] = index
+    return index
+
+
+def _decode_items(encoded: Any) -> tuple[Any, ...]:
     if type(encoded) is not list:
         raise ProtocolError(f"An index must be a list, not {type(encoded).__name__}.")
     index: list[Any] = []
@@ -300,11 +331,11 @@ def encode_scalar(arg: Any) -> Any:
 
 
 def encode_param(name: str, key: str, value: Any) -> Any:
-    """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float
-    or a str, or a list, tuple or str-keyed dict of them; numpy's scalars (and other
+    """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float,
+    a str or bytes (a packed index), or a list, tuple or str-keyed dict of them; numpy's scalars (and other
     subclasses) as the Python scalars they hold. Anything else raises TypeError, at the call."""
     kind = type(value)
-    if kind is bool or kind is float or kind is str or value is None:
+    if kind is bool or kind is float or kind is str or kind is bytes or value is None:
         return value
     if kind is int and INT_RANGE[0] <= value < INT_RANGE[1]:
         return value

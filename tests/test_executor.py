@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 from fuzzstorm import _junk as storm_junk
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from fabric.errors import FabricError, error_from_wire
 from fabric.flow import CREDIT_EVERY
+from fabric import wire
 from fabric.protocol import Kind, Message, decode, encode
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
@@ -313,13 +315,18 @@ OPS_OF_HOLDER = {"getitem": lambda a: a[::2], "reshape": lambda a: a.reshape(10,
                  "broadcast_to": lambda a: np.broadcast_to(a, (2, 100))}
 
 
-@pytest.mark.parametrize("index, expected, view", [
+BASIC_INDEXES = [
     ([[1, -1, None], [None, None, 2]], lambda a: a[1:-1, ::2], True),
     ([1, "...", None], lambda a: a[1, ..., None], True),
     ([2, 3], lambda a: a[2, 3], False),  # a scalar in numpy: a 0-d array of its own
-])
-def test_a_basic_index_is_a_view_of_the_base_with_numpys_values(index, expected, view):
+]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["items", "packed"])
+@pytest.mark.parametrize("index, expected, view", BASIC_INDEXES)
+def test_a_basic_index_is_a_view_of_the_base_with_numpys_values(index, expected, view, packed):
     executor = opened()
+    index = msgpack.packb(index) if packed else index  # (as fabric.wire.pack_index sends it)
     submit(executor, ["arange", 1, [], {"start": 0, "stop": 20, "step": 1, "dtype": "<f8"}],
            ["reshape", 2, [1], {"shape": [4, 5]}], ["getitem", 3, [2], {"index": index}])
     base, result = (executor.sessions[SESSION].tensors[t] for t in (2, 3))
@@ -327,7 +334,11 @@ def test_a_basic_index_is_a_view_of_the_base_with_numpys_values(index, expected,
     np.testing.assert_array_equal(read(executor, 3), expected(np.arange(20.0).reshape(4, 5)))
 
 
-@pytest.mark.parametrize("index", [None, "1:2", [[1, 2]], [{"array": 0}]])
+@pytest.mark.parametrize("index", [
+    None, "1:2", [[1, 2]], [{"array": 0}],
+    b"\xc1", msgpack.packb([[1, 2]]), msgpack.packb("1:2"), msgpack.packb([1])[:-1],
+    msgpack.packb(msgpack.packb([1])),  # (packed twice: an index is packed once)
+])
 def test_a_malformed_basic_index_poisons_its_result_and_the_session_goes_on(index):
     executor = opened()
     submit(executor, ["ones", 1, [], {"shape": [4], "dtype": "<f8"}],
@@ -390,3 +401,13 @@ def test_a_request_that_carries_a_batch_runs_it_first_and_counts_it_as_a_submit(
     assert replies[0].kind == Kind.CREDIT and replies[0].body == {"done": CREDIT_EVERY}
     bad = executor.handle(Message(Kind.REQUEST, SESSION, 8, {"op": "sync", "ops": 5}))
     assert error_from_wire(bad[0].body["error"]).code == "protocol_error"
+
+
+def test_a_worker_keeps_a_bounded_number_of_packed_indexes_decoded():
+    # Any peer may send indexes: those the worker keeps decoded are bounded in count and size.
+    for start in range(wire.PACKED_INDEXES_KEPT + 10):
+        assert wire.decode_index(msgpack.packb([[start, None, None]])) == (slice(start, None),)
+    assert len(wire._packed_indexes) <= wire.PACKED_INDEXES_KEPT
+    long_index = msgpack.packb([0] * wire.PACKED_INDEX_BYTES)
+    assert wire.decode_index(long_index) == (0,) * wire.PACKED_INDEX_BYTES
+    assert long_index not in wire._packed_indexes

@@ -218,43 +218,46 @@ class Executor(GraphOps, Admission):
                     session.unreported.append(exc.to_wire())
                 continue
             try:
-                impl = None if params else plain_impls.get(name)
-                if impl is None and name in WRITES_IN_PLACE:
-                    inputs = value = result = None  # (to write_in_place, a name left to a
-                    # view of the target, from the last op, would be a view in use)
-                    if write_in_place(session, name, out, args, params):
+                if name == "getitem" and len(args) == 1 and len(params) == 1 \
+                        and type(args[0]) is int and type(tensors[args[0]]) is np.ndarray:
+                    # a basic index: a view, which allocates nothing, taken without the calls
+                    # and the admission around an op of the table (a stencil's every operand
+                    # is one)
+                    result = tensors[args[0]][decode_index(params.get("index"))]
+                else:
+                    impl = None if params else plain_impls.get(name)
+                    if impl is None and name in WRITES_IN_PLACE:
+                        inputs = value = result = None  # (to write_in_place, a name left to a
+                        # view of the target, from the last op, would be a view in use)
+                        if write_in_place(session, name, out, args, params):
+                            continue
+                    if impl is None and name in special_ops:
+                        special_ops[name](self, session, out, args, params)
                         continue
-                if impl is None and name in special_ops:
-                    special_ops[name](self, session, out, args, params)
-                    continue
-                inputs, elements, shape = [], 1, None
-                for arg in args:  # (a poisoned input is not held: its lookup fails, below)
-                    if type(arg) is int:
-                        value = tensors[arg]
-                        inputs.append(value)
-                        if shape is None:
-                            shape, elements = value.shape, value.size
-                        elif value.shape != shape:  # (an input of the first's shape adds
-                            elements *= value.size  # nothing to what a broadcast makes)
-                    else:  # (a float, the commonest scalar, as it is: no call)
-                        inputs.append(arg if type(arg) is float else decode_scalar(arg))
-                if not (elements and name in same_size and limit is None  # (_admit's common
-                        and allowance.held + BOUND_PER_ELEMENT * elements  # case, inline)
-                        <= allowance.granted):
-                    admit(session, name, inputs, params, elements)  # before it allocates
-                if name == "getitem" and len(inputs) == 1 and type(inputs[0]) is np.ndarray \
-                        and len(params) == 1:  # a basic index: a view, without the calls
-                    # around an op of the table (a stencil's every operand is one)
-                    result = inputs[0][decode_index(params.get("index"))]
-                elif impl is None or elements >= plain_below and not small(inputs):
-                    store(session, out, self._compute(session, name, inputs, params, buffers))
-                    continue
-                elif elements < ELIDE_FROM_ELEMENTS or type(impl) is not np.ufunc:
-                    result = impl(*inputs)  # the device's own run, without the calls around it
-                else:  # (numpy's elision of a large temporary: workers.elision)
-                    value = result = array = None  # (no name here for an input: it counts
-                    # references; array: the last tensor freed, perhaps one an op reused)
-                    result = run_elided(impl, ops, position, args, inputs)
+                    inputs, elements, shape = [], 1, None
+                    for arg in args:  # (a poisoned input is not held: its lookup fails, below)
+                        if type(arg) is int:
+                            value = tensors[arg]
+                            inputs.append(value)
+                            if shape is None:
+                                shape, elements = value.shape, value.size
+                            elif value.shape != shape:  # (an input of the first's shape adds
+                                elements *= value.size  # nothing to what a broadcast makes)
+                        else:  # (a float, the commonest scalar, as it is: no call)
+                            inputs.append(arg if type(arg) is float else decode_scalar(arg))
+                    if not (elements and name in same_size and limit is None  # (_admit's common
+                            and allowance.held + BOUND_PER_ELEMENT * elements  # case, inline)
+                            <= allowance.granted):
+                        admit(session, name, inputs, params, elements)  # before it allocates
+                    if impl is None or elements >= plain_below and not small(inputs):
+                        store(session, out, self._compute(session, name, inputs, params, buffers))
+                        continue
+                    elif elements < ELIDE_FROM_ELEMENTS or type(impl) is not np.ufunc:
+                        result = impl(*inputs)  # the device's own run, without the calls around it
+                    else:  # (numpy's elision of a large temporary: workers.elision)
+                        value = result = array = None  # (no name here for an input: it counts
+                        # references; array: the last tensor freed, perhaps one an op reused)
+                        result = run_elided(impl, ops, position, args, inputs)
                 if type(result) is not np.ndarray:
                     result = np.asarray(result)
                 if out not in tensors and out not in poisoned:
