@@ -69,7 +69,8 @@ class Probe:
         if connection.segments is None:
             options = connection.shared_memory
             connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
-                                              options.limit, options.idle_seconds)
+                                              options.limit, options.idle_seconds,
+                                              copy_threads=options.copy_threads)
         token = secrets.randbits(63)
         try:
             segment = connection.segments.probe_segment(token)
@@ -133,7 +134,8 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     else:
         ref = [lent.name, lent.offset, array.nbytes]  # (the slot's start: it may be larger)
         pool.transfers += 1  # (an own slot counts itself when lent)
-    np.copyto(values.view(dtype).reshape(array.shape), array)  # (any layout, byte order)
+    pool.copies.copy(values.view(dtype).reshape(array.shape), array)  # (any layout, byte
+    # order)
     stream = session.stream
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
