@@ -3,7 +3,11 @@
 Rule: one core's memcpy is not the machine's memory bandwidth, and numpy's ``copyto``
 releases the GIL; so a copy of at least ``min_bytes`` is cut into ``threads`` pieces, the
 same slice of either side (of their flat elements where both are C-contiguous, else along
-their first axis), the caller copies the first and a small pool of threads the others.
+their first axis), the caller copies the first and a small pool of threads the others. A
+piece no thread has started once the caller's is done, the caller copies itself (on a busy
+machine a thread may wait long for a core). A copy of ``STREAMING_BYTES`` or more is cut
+only into pieces that large: glibc copies that much with non-temporal stores, and pieces
+below it, written through the cache, ran slower together than the whole in one.
 Every piece is one ``np.copyto``, so any dtype, layout and byte order comes out as one
 ``np.copyto`` of the whole would make it; a copy that cannot be cut (a 0-d array, a
 broadcast, overlapping sides, too small) is that one ``np.copyto``. The pool's threads
@@ -32,6 +36,8 @@ MIN_BYTES_ENV = "FABRIC_PARALLEL_COPY_BYTES"
 MAX_DEFAULT_THREADS = 4  # more did not pay on the machines measured (bench/w3_shm.py)
 MIN_BYTES = 8 << 20  # smaller copies take about a millisecond: a piece's hand-off weighs
 PIECE_ALIGN = 4096  # bytes: pieces start on whole pages of either side
+# glibc's x86_non_temporal_threshold on the machines measured (3/4 of the shared cache)
+STREAMING_BYTES = 48 << 20
 
 
 def default_threads(environ: Mapping[str, str] = os.environ) -> int:
@@ -58,6 +64,13 @@ def _whole_number(name: str, given: str, least: int) -> int:
         raise ConfigError(f"{name}={given!r} is not a whole number of at least {least}: "
                           f"set it to one, or unset it for the default.")
     return value
+
+
+def piece_count(nbytes: int, threads: int) -> int:
+    """How many pieces a copy of ``nbytes`` bytes is cut into with ``threads`` threads: one
+    each, but below ``STREAMING_BYTES`` apiece only where the whole is below it too."""
+    return threads if nbytes < STREAMING_BYTES else max(1, min(threads,
+                                                               nbytes // STREAMING_BYTES))
 
 
 def pieces(target: np.ndarray, source: np.ndarray,
@@ -103,7 +116,7 @@ class ParallelCopy:
                 or np.may_share_memory(target, source):
             np.copyto(target, source)
             return
-        cut = pieces(target, source, self.threads)
+        cut = pieces(target, source, piece_count(target.nbytes, self.threads))
         if len(cut) < 2:
             np.copyto(target, source)
             return
@@ -112,8 +125,11 @@ class ParallelCopy:
         self.cut += 1
         try:
             np.copyto(*cut[0])
+            for future, pair in zip(futures[::-1], cut[:0:-1]):
+                if future.cancel():  # (not started: copied here, not waited for)
+                    np.copyto(*pair)
         finally:  # (no piece is still being written once this returns, even on an error)
-            errors = [future.exception() for future in futures]
+            errors = [future.exception() for future in futures if not future.cancelled()]
         for error in errors:
             if error is not None:
                 raise error

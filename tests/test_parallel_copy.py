@@ -14,8 +14,9 @@ import pytest
 
 import fabric
 from fabric.errors import ConfigError
-from fabric.parallel_copy import (MIN_BYTES_ENV, PIECE_ALIGN, THREADS_ENV, ParallelCopy,
-                                  default_min_bytes, default_threads, pieces)
+from fabric.parallel_copy import (MIN_BYTES_ENV, PIECE_ALIGN, STREAMING_BYTES, THREADS_ENV,
+                                  ParallelCopy, default_min_bytes, default_threads,
+                                  piece_count, pieces)
 from fabric.shm import SharedMemory
 
 from conftest import HEARTBEAT
@@ -73,6 +74,27 @@ def test_a_copy_that_is_not_contiguous_is_cut_along_its_first_axis_or_not_at_all
     assert len(pieces(np.zeros(()), np.ones(()), 4)) == 1  # 0-d
     assert len(pieces(np.zeros((4, 3)), np.ones(3), 4)) == 1  # a broadcast
     assert len(pieces(target, source, 1)) == 1
+
+
+def test_a_copy_glibc_streams_is_cut_only_into_pieces_it_streams_too():
+    assert piece_count(STREAMING_BYTES - 1, 4) == 4  # (the whole and its pieces: cached)
+    assert piece_count(STREAMING_BYTES * 3 // 2, 4) == 1
+    assert piece_count(STREAMING_BYTES * 2, 4) == 2
+    assert piece_count(STREAMING_BYTES * 9, 4) == 4
+
+
+def test_a_piece_no_thread_took_is_copied_by_the_caller_without_waiting():
+    copies = ParallelCopy(2, 0)
+    gate = threading.Event()
+    try:
+        busy = copies._started().submit(gate.wait, 30)  # (its one thread, held)
+        target, source = np.zeros(300_000), np.arange(300_000.0)
+        copies.copy(target, source)
+        assert target.tobytes() == source.tobytes() and not busy.done()
+    finally:
+        gate.set()
+        copies.close()
+    assert not copying_threads()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
