@@ -16,7 +16,9 @@ copied out on the worker (the path before one-copy uploads); "shm view" reads wi
 ``t.numpy(copy=False)`` (a read-only view of the device's own slot, pinned: no copy; its
 GB/s is the tensor's bytes over one round trip); "socket" is the same cluster
 with ``shared_memory=False``; "memcpy" is ``np.copyto`` into a warm buffer of the same size,
-the ceiling for any path that copies once.
+the ceiling for any path that copies once on one thread; "parallel memcpy" is the same copy in
+pieces on the copying threads the shared-memory path uses (``fabric.parallel_copy``, as many
+as ``FABRIC_COPY_THREADS`` says or the cores allow), its ceiling.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import fabric  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 from bench.run import w3_fabric, w3_raw  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
+from fabric.parallel_copy import ParallelCopy  # noqa: E402
 
 SMALL_MOVE_BYTES = 8 << 20  # a move whose round trips weigh (its copy takes ~1 ms)
 
@@ -66,10 +69,11 @@ def move(source: fabric.Session, destination: fabric.Session, array: np.ndarray)
     return array.nbytes / elapsed / 1e9
 
 
-def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
-    """GB/s of one copy of ``array`` into ``warm``, a buffer whose pages are already mapped."""
+def memcpy(array: np.ndarray, warm: np.ndarray, copies: ParallelCopy) -> float:
+    """GB/s of one copy of ``array`` into ``warm``, a buffer whose pages are already mapped
+    (with ``copies``: in its pieces, on its threads)."""
     start = time.perf_counter()
-    np.copyto(warm, array)
+    copies.copy(warm, array)
     return array.nbytes / (time.perf_counter() - start) / 1e9
 
 
@@ -82,6 +86,7 @@ def main() -> None:
     os.environ.update(with_bulk_malloc(os.environ))  # the raw peer's allocator, as fabric's
     array = np.random.default_rng(0).random(BULK_BYTES // 8)
     warm = np.ones_like(array)
+    one_copy, parallel_copy = ParallelCopy(threads=1), ParallelCopy()
     figures: dict[str, list[float]] = {}
 
     def note(name: str, value: float) -> None:
@@ -108,25 +113,30 @@ def main() -> None:
             note("to shm 8 MiB", move(shm, shm_other, array[:SMALL_MOVE_BYTES // 8]))
             note("to shm copy-out", move(copied, copied_other, array))
             note("to socket", move(socket, socket_other, array))
-            note("memcpy", memcpy(array, warm))
+            note("memcpy", memcpy(array, warm, one_copy))
+            note("parallel memcpy", memcpy(array, warm, parallel_copy))
+        parallel_copy.close()
         assert shm.shares_memory is True, "the shared-memory path was not taken"
         assert not shm.connection.segments.slotless, "a device lent no slot of its own"
 
     median = {name: statistics.median(values) for name, values in figures.items()}
-    copy = median["memcpy"]
+    copy, parallel = median["memcpy"], median["parallel memcpy"]
     print(f"W3, 256 MiB float64; medians of {args.runs} interleaved runs, GB/s "
-          f"(warm memcpy {copy:.2f})")
+          f"(warm memcpy {copy:.2f}; parallel memcpy {parallel:.2f}, "
+          f"{parallel_copy.threads} threads)")
     print(f"{'path':<16}{'up':>8}{'down':>8}{'up/memcpy':>11}{'down/memcpy':>13}"
-          f"{'up/raw':>8}{'down/raw':>10}")
+          f"{'up/par':>8}{'down/par':>10}{'up/raw':>8}{'down/raw':>10}")
     raw_up, raw_down = median["up raw direct"], median["down raw direct"]
     for name in ("shm", "shm copy-out", "shm view", "socket", "raw direct"):
         up = median.get(f"up {name}", median["up shm"])  # (a view is a way down only)
         down = median[f"down {name}"]
         print(f"{name:<16}{up:>8.2f}{down:>8.2f}{up / copy:>11.2f}{down / copy:>13.2f}"
+              f"{up / parallel:>8.2f}{down / parallel:>10.2f}"
               f"{up / raw_up:>8.2f}{down / raw_down:>10.2f}")
     for name in ("shm", "shm copy-out", "socket"):
         to = median[f"to {name}"]
-        print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy")
+        print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy, "
+              f"{to / parallel:.2f}x parallel memcpy")
     to = median["to shm 8 MiB"]
     print(f"t.to() worker 0 -> 1, shm, 8 MiB: {to:.2f} GB/s, "
           f"{SMALL_MOVE_BYTES / to / 1e6:.2f} ms")
