@@ -180,9 +180,19 @@ class Session(ArrayNamespace):
 
     # -- requests and reads ------------------------------------------------------------------
 
+    def upload_buffer(self, shape: Any, dtype: Any = "float64") -> np.ndarray:
+        """A writable array that ``asarray`` makes a tensor of without copying it (Ray's
+        create and seal): on this host, memory the device lent (``fabric.bulk``); after
+        ``asarray(buffer)`` the array is read-only and shows the tensor's values. Where no
+        such memory can be had (small, no shared memory, its pool full), an ordinary array,
+        which ``asarray`` copies as any other."""
+        self.stream.check_open()
+        return bulk.upload_buffer(self, shape, dtype)
+
     def _upload(self, array: np.ndarray) -> Tensor:
-        tensor = bulk.upload(self, array) if array.size >= self.connection.bulk_elements \
-            else None
+        tensor = bulk.seal(self, array)
+        if tensor is None and array.size >= self.connection.bulk_elements:
+            tensor = bulk.upload(self, array)
         if tensor is None and array.nbytes >= direct_link.DIRECT_BYTES:  # (another host's?)
             tensor = direct_link.upload(self, array)
         return super()._upload(array) if tensor is None else tensor
