@@ -14,7 +14,9 @@ slot of the connection's pool); "shm copy-out" is the same on workers started wi
 ``--shared-memory-limit 0``, whose uploads and moves go through the client's slots and are
 copied out on the worker (the path before one-copy uploads); "shm view" reads with
 ``t.numpy(copy=False)`` (a read-only view of the device's own slot, pinned: no copy; its
-GB/s is the tensor's bytes over one round trip); "socket" is the same cluster
+GB/s is the tensor's bytes over one round trip); "shm zero-copy" uploads with
+``session.upload_buffer`` and ``asarray`` of it (the slot lent and the tensor made of it: no
+copy; the caller's writing of the values is not counted); "socket" is the same cluster
 with ``shared_memory=False``; "memcpy" is ``np.copyto`` into a warm buffer of the same size,
 the ceiling for any path that copies once on one thread; "parallel memcpy" is the same copy in
 pieces on the copying threads the shared-memory path uses (``fabric.parallel_copy``, as many
@@ -53,6 +55,24 @@ def w3_view(session: fabric.Session, array: np.ndarray) -> float:
     del tensor, back
     session.sync()
     return array.nbytes / down / 1e9
+
+
+def w3_zero_copy(session: fabric.Session, array: np.ndarray) -> float:
+    """GB/s of an upload written in place (``upload_buffer``, then ``asarray`` of it): the
+    time to have the buffer and to make it a tensor, not the caller's writing of it."""
+    start = time.perf_counter()
+    buffer = session.upload_buffer(array.shape, array.dtype)
+    lent = time.perf_counter() - start
+    assert buffer.base is not None, "no slot was lent for the buffer"
+    np.copyto(buffer, array)  # (the caller's own writing of its values)
+    start = time.perf_counter()
+    tensor = session.asarray(buffer)
+    session.sync()
+    up = lent + time.perf_counter() - start
+    assert tensor[-1].numpy() == array[-1]
+    del tensor, buffer
+    session.sync()
+    return array.nbytes / up / 1e9
 
 
 def move(source: fabric.Session, destination: fabric.Session, array: np.ndarray) -> float:
@@ -109,6 +129,7 @@ def main() -> None:
                 note(f"up {name}", up_down[0])
                 note(f"down {name}", up_down[1])
             note("down shm view", w3_view(shm, array))
+            note("up shm zero-copy", w3_zero_copy(shm, array))
             note("to shm", move(shm, shm_other, array))
             note("to shm 8 MiB", move(shm, shm_other, array[:SMALL_MOVE_BYTES // 8]))
             note("to shm copy-out", move(copied, copied_other, array))
@@ -127,9 +148,10 @@ def main() -> None:
     print(f"{'path':<16}{'up':>8}{'down':>8}{'up/memcpy':>11}{'down/memcpy':>13}"
           f"{'up/par':>8}{'down/par':>10}{'up/raw':>8}{'down/raw':>10}")
     raw_up, raw_down = median["up raw direct"], median["down raw direct"]
-    for name in ("shm", "shm copy-out", "shm view", "socket", "raw direct"):
-        up = median.get(f"up {name}", median["up shm"])  # (a view is a way down only)
-        down = median[f"down {name}"]
+    for name in ("shm", "shm copy-out", "shm view", "shm zero-copy", "socket", "raw direct"):
+        # (a view is a way down only, a zero-copy upload a way up: each shows shm's other)
+        up = median.get(f"up {name}", median["up shm"])
+        down = median.get(f"down {name}", median["down shm"])
         print(f"{name:<16}{up:>8.2f}{down:>8.2f}{up / copy:>11.2f}{down / copy:>13.2f}"
               f"{up / parallel:>8.2f}{down / parallel:>10.2f}"
               f"{up / raw_up:>8.2f}{down / raw_down:>10.2f}")
