@@ -120,8 +120,7 @@ class ParallelCopy:
         if len(cut) < 2:
             np.copyto(target, source)
             return
-        pool = self._started()
-        futures: list[Future[None]] = [pool.submit(np.copyto, *pair) for pair in cut[1:]]
+        futures = self._submit(cut[1:])
         self.cut += 1
         try:
             np.copyto(*cut[0])
@@ -134,12 +133,14 @@ class ParallelCopy:
             if error is not None:
                 raise error
 
-    def _started(self) -> ThreadPoolExecutor:
+    def _submit(self, cut: list[tuple[np.ndarray, np.ndarray]]) -> list[Future[None]]:
+        """Each pair of ``cut`` queued for the pool's threads, started now if need be (under
+        the lock: a ``close`` meanwhile lets what was queued run first)."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads - 1,
                                                 thread_name_prefix="fabric-copy")
-            return self._pool
+            return [self._pool.submit(np.copyto, *pair) for pair in cut]
 
     def close(self) -> None:
         """Join the pool's threads (a later copy starts them again)."""

@@ -87,8 +87,10 @@ def test_a_piece_no_thread_took_is_copied_by_the_caller_without_waiting():
     copies = ParallelCopy(2, 0)
     gate = threading.Event()
     try:
-        busy = copies._started().submit(gate.wait, 30)  # (its one thread, held)
         target, source = np.zeros(300_000), np.arange(300_000.0)
+        copies.copy(target, source)  # (its one thread started)
+        busy = copies._pool.submit(gate.wait, 30)  # (and held)
+        target[...] = 0
         copies.copy(target, source)
         assert target.tobytes() == source.tobytes() and not busy.done()
     finally:
