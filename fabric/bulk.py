@@ -11,7 +11,8 @@ one of the connection's pool; a read into one of the connection's pool, or, for 
 view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
 the worker until the view is collected (``workers.pins``; the unpin goes with the session's
 next message: ``send_unpins``). Small arrays never come here: the caller tests the size
-first.
+first. An upload buffer (``upload_buffer``) is a slot the device lent, handed to the caller
+to write in; ``seal`` makes it the tensor, as an upload into a lent slot, without the copy.
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ import numpy as np
 
 from .connection import expect_reply
 from .errors import ProtocolError, RequestTimeout
+from .indexing import as_shape
 from .origins import issued_at
 from .protocol import Kind, Message, request_message
 from .shm import SegmentPool, Slot, SlotMemory, boot_id
 from .tensor import Tensor
 from .wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
-from .indexing import as_shape
 
 # (A session is typed Any here: fabric.session imports this module.)
 
