@@ -203,7 +203,17 @@ def upload_buffer(session: Any, shape: Any, dtype: Any) -> np.ndarray:
         return np.empty(shape, dtype)
     buffer = UploadBuffer(values.view(dtype).reshape(shape), session,
                           lent._replace(nbytes=nbytes))
-    return np.asarray(buffer)
+    array = np.asarray(buffer)
+    session.upload_buffers[lent.name] = array
+    return array
+
+
+def close_buffers(session: Any) -> None:
+    """``session`` closed: the upload buffers it lent turn read-only (their slots are the
+    device's again, to lend to anyone: a write there could land in another's tensor)."""
+    for array in list(session.upload_buffers.values()):
+        array.flags.writeable = False
+    session.upload_buffers.clear()
 
 
 def seal(session: Any, array: np.ndarray) -> Tensor | None:

@@ -77,6 +77,9 @@ class Session(ArrayNamespace):
         # not a WeakSet, whose look-ups would compare tensors with ==, an op)
         self.in_device_slots: weakref.WeakValueDictionary[int, Tensor] = \
             weakref.WeakValueDictionary()
+        # The arrays upload_buffer lent, by slot: read-only once this session closes (bulk)
+        self.upload_buffers: weakref.WeakValueDictionary[str, np.ndarray] = \
+            weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -139,6 +142,7 @@ class Session(ArrayNamespace):
         finally:
             if self.probe is not None:
                 self.probe.close()
+            bulk.close_buffers(self)
             if self.connection.segments is not None:
                 self.connection.segments.discard_session(self.id)
             self.slots_ahead.forget(self.connection.pending.forget)

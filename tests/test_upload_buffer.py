@@ -152,13 +152,16 @@ def test_a_bad_shape_or_dtype_says_so(one_worker):
         session.upload_buffer(3)  # closed
 
 
-def test_a_buffer_that_outlives_its_session_keeps_its_mapping_until_it_goes(one_worker):
+def test_a_buffer_that_outlives_its_session_is_read_only_and_mapped_until_it_goes(
+        one_worker):
     worker = one_worker.workers[0].pid
     with connect(one_worker) as session:
-        buffer = session.upload_buffer(SHAPE)
+        buffer, unused = session.upload_buffer(SHAPE), session.upload_buffer(SHAPE)
         session.asarray(buffer)
-    # (its values are no longer a tensor's: the device freed it with the session)
-    assert buffer.shape == SHAPE and mapped(os.getpid(), worker)
-    del buffer
+        assert unused.flags.writeable
+    # (their slots are the device's again: no one may write there)
+    assert not buffer.flags.writeable and not unused.flags.writeable
+    assert mapped(os.getpid(), worker)
+    del buffer, unused
     gc.collect()
     assert not mapped(os.getpid(), worker)
