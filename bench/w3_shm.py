@@ -14,18 +14,26 @@ slot of the connection's pool); "shm copy-out" is the same on workers started wi
 ``--shared-memory-limit 0``, whose uploads and moves go through the client's slots and are
 copied out on the worker (the path before one-copy uploads); "shm view" reads with
 ``t.numpy(copy=False)`` (a read-only view of the device's own slot, pinned: no copy; its
-GB/s is the tensor's bytes over one round trip); "socket" is the same cluster
-with ``shared_memory=False``; "memcpy" is ``np.copyto`` into a warm buffer of the same size,
-the ceiling for any path that copies once.
+GB/s is the tensor's bytes over one round trip); "shm 1 thread" is "shm" on a cluster and
+connection that copy on one thread (``FABRIC_COPY_THREADS=1``: the path before parallel
+copies); "shm zero-copy" uploads with ``session.upload_buffer`` and ``asarray`` of it (the
+slot lent and the tensor made of it: no copy; the caller's writing of the values is not
+counted); "socket" is the same cluster with ``shared_memory=False``; "memcpy" is
+``np.copyto`` into a warm buffer of the same size, the ceiling for any path that copies once
+on one thread; "parallel memcpy" is the same copy in pieces on the copying threads the
+shared-memory path uses (``fabric.parallel_copy``, as many as ``FABRIC_COPY_THREADS`` says or
+the cores allow), its ceiling.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -35,6 +43,7 @@ import fabric  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 from bench.run import w3_fabric, w3_raw  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
+from fabric.parallel_copy import THREADS_ENV, ParallelCopy  # noqa: E402
 
 SMALL_MOVE_BYTES = 8 << 20  # a move whose round trips weigh (its copy takes ~1 ms)
 
@@ -52,6 +61,24 @@ def w3_view(session: fabric.Session, array: np.ndarray) -> float:
     return array.nbytes / down / 1e9
 
 
+def w3_zero_copy(session: fabric.Session, array: np.ndarray) -> float:
+    """GB/s of an upload written in place (``upload_buffer``, then ``asarray`` of it): the
+    time to have the buffer and to make it a tensor, not the caller's writing of it."""
+    start = time.perf_counter()
+    buffer = session.upload_buffer(array.shape, array.dtype)
+    lent = time.perf_counter() - start
+    assert buffer.base is not None, "no slot was lent for the buffer"
+    np.copyto(buffer, array)  # (the caller's own writing of its values)
+    start = time.perf_counter()
+    tensor = session.asarray(buffer)
+    session.sync()
+    up = lent + time.perf_counter() - start
+    assert tensor[-1].numpy() == array[-1]
+    del tensor, buffer
+    session.sync()
+    return array.nbytes / up / 1e9
+
+
 def move(source: fabric.Session, destination: fabric.Session, array: np.ndarray) -> float:
     """GB/s of ``t.to(destination)`` of a tensor of ``source`` holding ``array``."""
     tensor = source.asarray(array)
@@ -66,11 +93,32 @@ def move(source: fabric.Session, destination: fabric.Session, array: np.ndarray)
     return array.nbytes / elapsed / 1e9
 
 
-def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
-    """GB/s of one copy of ``array`` into ``warm``, a buffer whose pages are already mapped."""
+def memcpy(array: np.ndarray, warm: np.ndarray, copies: ParallelCopy) -> float:
+    """GB/s of one copy of ``array`` into ``warm``, a buffer whose pages are already mapped
+    (with ``copies``: in its pieces, on its threads)."""
     start = time.perf_counter()
-    np.copyto(warm, array)
+    copies.copy(warm, array)
     return array.nbytes / (time.perf_counter() - start) / 1e9
+
+
+@contextlib.contextmanager
+def one_thread_cluster() -> Iterator[fabric.LocalCluster]:
+    """A cluster like the default one whose workers copy on one thread (``FABRIC_COPY_THREADS``
+    is read as they start): the path before parallel copies, measured in the same run."""
+    cluster = fabric.LocalCluster(workers=2)
+    before = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = "1"
+    try:
+        cluster.start()
+    finally:
+        if before is None:
+            del os.environ[THREADS_ENV]
+        else:
+            os.environ[THREADS_ENV] = before
+    try:
+        yield cluster
+    finally:
+        cluster.__exit__()
 
 
 def main() -> None:
@@ -82,6 +130,7 @@ def main() -> None:
     os.environ.update(with_bulk_malloc(os.environ))  # the raw peer's allocator, as fabric's
     array = np.random.default_rng(0).random(BULK_BYTES // 8)
     warm = np.ones_like(array)
+    one_copy, parallel_copy = ParallelCopy(threads=1), ParallelCopy()
     figures: dict[str, list[float]] = {}
 
     def note(name: str, value: float) -> None:
@@ -90,6 +139,10 @@ def main() -> None:
     with RawPeers(False, args.port) as direct, fabric.LocalCluster(workers=2) as cluster, \
             fabric.LocalCluster(workers=2,
                                 worker_args=("--shared-memory-limit", "0")) as copying, \
+            one_thread_cluster() as single, \
+            fabric.connect(single.address, token=single.token, timeout=60,
+                           shared_memory=fabric.SharedMemory(copy_threads=1)) as one, \
+            one.open(1, timeout=60) as one_other, \
             fabric.connect(cluster.address, token=cluster.token, timeout=60) as shm, \
             fabric.connect(copying.address, token=copying.token, timeout=60) as copied, \
             fabric.connect(cluster.address, token=cluster.token, timeout=60,
@@ -97,39 +150,59 @@ def main() -> None:
             shm.open(1, timeout=60) as shm_other, copied.open(1, timeout=60) as copied_other, \
             socket.open(1, timeout=60) as socket_other:
         for _ in range(args.runs):  # interleaved: a noisy neighbour slows all alike
-            for name, up_down in (("shm", w3_fabric(shm, array)),
-                                  ("shm copy-out", w3_fabric(copied, array)),
+            # (each shared-memory session runs the same steps: their pools' slots alike)
+            for name, session, other in (("shm", shm, shm_other),
+                                         ("shm 1 thread", one, one_other)):
+                up, down = w3_fabric(session, array)
+                note(f"up {name}", up)
+                note(f"down {name}", down)
+                note(f"down {name} view", w3_view(session, array))
+                note(f"up {name} zero-copy", w3_zero_copy(session, array))
+                note(f"to {name}", move(session, other, array))
+                note(f"to {name} 8 MiB", move(session, other, array[:SMALL_MOVE_BYTES // 8]))
+            for name, up_down in (("shm copy-out", w3_fabric(copied, array)),
                                   ("socket", w3_fabric(socket, array)),
                                   ("raw direct", w3_raw(direct, array))):
                 note(f"up {name}", up_down[0])
                 note(f"down {name}", up_down[1])
-            note("down shm view", w3_view(shm, array))
-            note("to shm", move(shm, shm_other, array))
-            note("to shm 8 MiB", move(shm, shm_other, array[:SMALL_MOVE_BYTES // 8]))
             note("to shm copy-out", move(copied, copied_other, array))
             note("to socket", move(socket, socket_other, array))
-            note("memcpy", memcpy(array, warm))
+            note("memcpy", memcpy(array, warm, one_copy))
+            note("parallel memcpy", memcpy(array, warm, parallel_copy))
+        parallel_copy.close()
         assert shm.shares_memory is True, "the shared-memory path was not taken"
         assert not shm.connection.segments.slotless, "a device lent no slot of its own"
 
     median = {name: statistics.median(values) for name, values in figures.items()}
-    copy = median["memcpy"]
+    copy, parallel = median["memcpy"], median["parallel memcpy"]
     print(f"W3, 256 MiB float64; medians of {args.runs} interleaved runs, GB/s "
-          f"(warm memcpy {copy:.2f})")
+          f"(warm memcpy {copy:.2f}; parallel memcpy {parallel:.2f}, "
+          f"{parallel_copy.threads} threads)")
     print(f"{'path':<16}{'up':>8}{'down':>8}{'up/memcpy':>11}{'down/memcpy':>13}"
-          f"{'up/raw':>8}{'down/raw':>10}")
+          f"{'up/par':>8}{'down/par':>10}{'up/raw':>8}{'down/raw':>10}")
     raw_up, raw_down = median["up raw direct"], median["down raw direct"]
-    for name in ("shm", "shm copy-out", "shm view", "socket", "raw direct"):
-        up = median.get(f"up {name}", median["up shm"])  # (a view is a way down only)
-        down = median[f"down {name}"]
+    # (a view is a way down only, a zero-copy upload a way up: each shows shm's other; those
+    # of "shm 1 thread" copy nothing either, and are not shown)
+    for name, up_key, down_key in (
+            ("shm", "up shm", "down shm"),
+            ("shm 1 thread", "up shm 1 thread", "down shm 1 thread"),
+            ("shm copy-out", "up shm copy-out", "down shm copy-out"),
+            ("shm view", "up shm", "down shm view"),
+            ("shm zero-copy", "up shm zero-copy", "down shm"),
+            ("socket", "up socket", "down socket"),
+            ("raw direct", "up raw direct", "down raw direct")):
+        up, down = median[up_key], median[down_key]
         print(f"{name:<16}{up:>8.2f}{down:>8.2f}{up / copy:>11.2f}{down / copy:>13.2f}"
+              f"{up / parallel:>8.2f}{down / parallel:>10.2f}"
               f"{up / raw_up:>8.2f}{down / raw_down:>10.2f}")
-    for name in ("shm", "shm copy-out", "socket"):
+    for name in ("shm", "shm 1 thread", "shm copy-out", "socket"):
         to = median[f"to {name}"]
-        print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy")
-    to = median["to shm 8 MiB"]
-    print(f"t.to() worker 0 -> 1, shm, 8 MiB: {to:.2f} GB/s, "
-          f"{SMALL_MOVE_BYTES / to / 1e6:.2f} ms")
+        print(f"t.to() worker 0 -> 1, {name}: {to:.2f} GB/s, {to / copy:.2f}x memcpy, "
+              f"{to / parallel:.2f}x parallel memcpy")
+    for name in ("shm", "shm 1 thread"):
+        to = median[f"to {name} 8 MiB"]
+        print(f"t.to() worker 0 -> 1, {name}, 8 MiB: {to:.2f} GB/s, "
+              f"{SMALL_MOVE_BYTES / to / 1e6:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ one of the connection's pool; a read into one of the connection's pool, or, for 
 view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
 the worker until the view is collected (``workers.pins``; the unpin goes with the session's
 next message: ``send_unpins``). Small arrays never come here: the caller tests the size
-first.
+first. An upload buffer (``upload_buffer``) is a slot the device lent, handed to the caller
+to write in; ``seal`` makes it the tensor, as an upload into a lent slot, without the copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import secrets
 import weakref
 from typing import Any, Iterator, NamedTuple
@@ -25,6 +27,7 @@ import numpy as np
 
 from .connection import expect_reply
 from .errors import ProtocolError, RequestTimeout
+from .indexing import as_shape
 from .origins import issued_at
 from .protocol import Kind, Message, request_message
 from .shm import SegmentPool, Slot, SlotMemory, boot_id
@@ -69,7 +72,8 @@ class Probe:
         if connection.segments is None:
             options = connection.shared_memory
             connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
-                                              options.limit, options.idle_seconds)
+                                              options.limit, options.idle_seconds,
+                                              copy_threads=options.copy_threads)
         token = secrets.randbits(63)
         try:
             segment = connection.segments.probe_segment(token)
@@ -133,7 +137,8 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     else:
         ref = [lent.name, lent.offset, array.nbytes]  # (the slot's start: it may be larger)
         pool.transfers += 1  # (an own slot counts itself when lent)
-    np.copyto(values.view(dtype).reshape(array.shape), array)  # (any layout, byte order)
+    pool.copies.copy(values.view(dtype).reshape(array.shape), array)  # (any layout, byte
+    # order)
     stream = session.stream
     tensor = stream.new_tensor(array.shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
@@ -146,6 +151,91 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
         if slot is not None:
             pool.lend_until(slot, session.id,
                             stream.counts["batches_sent"] + (1 if stream.batch else 0))
+    return tensor
+
+
+class UploadBuffer:
+    """The memory of an array ``upload_buffer`` made: ``ref``, a slot that ``session``'s
+    device lent it, mapped here. Unsealed, it is writable, and the slot goes back to the
+    device once the array and its views are collected (with the session's next slot
+    request, or its close). Sealed (``seal``), it is read-only and holds the tensor that
+    keeps the slot (so no one is lent it while the array lives)."""
+
+    def __init__(self, values: np.ndarray, session: Any, ref: SegmentRef) -> None:
+        self.values = values  # keeps the mapping alive as long as any array uses it
+        self.session = weakref.ref(session)
+        self.ref = ref
+        self.tensor: Tensor | None = None  # once sealed
+        self.unsealed = [ref]  # (emptied by ``seal``; its finalizer must not hold ``self``)
+        self.__array_interface__ = values.__array_interface__
+        weakref.finalize(self, _unused_back, self.session, self.unsealed)
+
+
+def _unused_back(session: weakref.ref, unsealed: list[SegmentRef]) -> None:
+    """An upload buffer was collected (in any thread): an unsealed one's slot goes back to
+    its device with the session's next slot request (none once it closed: its device took
+    back what it lent)."""
+    live = session()
+    if unsealed and live is not None and not live.closed:
+        live.slots_ahead.returning.append(unsealed[0])
+
+
+def upload_buffer(session: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """A writable array of ``shape`` and ``dtype`` (C order, zeros or a slot's old bytes)
+    for ``seal`` to make a tensor of without a copy: a slot of ``session``'s device's own
+    pool, lent ahead or else asked for now (a round trip); an ordinary ``np.empty`` where
+    none can be (small, no shared memory, the pool full, a capture), which an upload then
+    copies as any other array."""
+    shape, dtype = as_shape(shape), device_dtype(dtype).newbyteorder("=")
+    if min(shape, default=0) < 0:
+        raise ValueError(f"An upload buffer's shape {shape} has a negative dimension.")
+    nbytes = math.prod(shape) * dtype.itemsize
+    pool = None if session.connection.shared_memory is None or session.stream.sinks \
+        or nbytes < session.connection.shared_memory.threshold else pool_of(session)
+    lent = None if pool is None else _lent_ahead(session, pool, nbytes)
+    if pool is not None:
+        _ask_ahead(session, pool, nbytes)
+        if lent is None:
+            device = _lend_from_device(session, pool, nbytes)
+            lent = None if device is None else decode_segment_ref(device.reference)
+    values = None if lent is None else _device_memory(session, pool, lent, nbytes)
+    if values is None:
+        return np.empty(shape, dtype)
+    buffer = UploadBuffer(values.view(dtype).reshape(shape), session,
+                          lent._replace(nbytes=nbytes))
+    array = np.asarray(buffer)
+    session.upload_buffers[lent.name] = array
+    return array
+
+
+def close_buffers(session: Any) -> None:
+    """``session`` closed: the upload buffers it lent turn read-only (their slots are the
+    device's again, to lend to anyone: a write there could land in another's tensor)."""
+    for array in list(session.upload_buffers.values()):
+        array.flags.writeable = False
+    session.upload_buffers.clear()
+
+
+def seal(session: Any, array: np.ndarray) -> Tensor | None:
+    """``array``, a whole unsealed ``upload_buffer`` of ``session``, as a new tensor that
+    keeps its slot (its put sent at once, naming the slot: no copy), the array made
+    read-only; None for any other array (uploaded as usual: copied)."""
+    buffer = array.base
+    if type(buffer) is not UploadBuffer or not buffer.unsealed or buffer.session() is not session \
+            or array.__array_interface__ != buffer.__array_interface__ or session.stream.sinks:
+        return None
+    stream = session.stream
+    tensor = stream.new_tensor(array.shape, array.dtype, issued_at())
+    ref = buffer.ref
+    stream.enqueue(["put", tensor.id, [], {"dtype": array.dtype.str, "shape": list(array.shape),
+                                           "shm": [ref.name, ref.offset, ref.nbytes]}],
+                   None, tensor)
+    session.in_device_slots[tensor.id] = tensor
+    buffer.tensor = tensor
+    buffer.unsealed.clear()
+    array.flags.writeable = False
+    session.connection.segments.transfers += 1
+    session.flush()
     return tensor
 
 

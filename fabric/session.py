@@ -77,6 +77,9 @@ class Session(ArrayNamespace):
         # not a WeakSet, whose look-ups would compare tensors with ==, an op)
         self.in_device_slots: weakref.WeakValueDictionary[int, Tensor] = \
             weakref.WeakValueDictionary()
+        # The arrays upload_buffer lent, by slot: read-only once this session closes (bulk)
+        self.upload_buffers: weakref.WeakValueDictionary[str, np.ndarray] = \
+            weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
 
     def __repr__(self) -> str:
@@ -139,6 +142,7 @@ class Session(ArrayNamespace):
         finally:
             if self.probe is not None:
                 self.probe.close()
+            bulk.close_buffers(self)
             if self.connection.segments is not None:
                 self.connection.segments.discard_session(self.id)
             self.slots_ahead.forget(self.connection.pending.forget)
@@ -180,9 +184,19 @@ class Session(ArrayNamespace):
 
     # -- requests and reads ------------------------------------------------------------------
 
+    def upload_buffer(self, shape: Any, dtype: Any = "float64") -> np.ndarray:
+        """A writable array that ``asarray`` makes a tensor of without copying it (Ray's
+        create and seal): on this host, memory the device lent (``fabric.bulk``); after
+        ``asarray(buffer)`` the array is read-only and shows the tensor's values. Where no
+        such memory can be had (small, no shared memory, its pool full), an ordinary array,
+        which ``asarray`` copies as any other."""
+        self.stream.check_open()
+        return bulk.upload_buffer(self, shape, dtype)
+
     def _upload(self, array: np.ndarray) -> Tensor:
-        tensor = bulk.upload(self, array) if array.size >= self.connection.bulk_elements \
-            else None
+        tensor = bulk.seal(self, array)
+        if tensor is None and array.size >= self.connection.bulk_elements:
+            tensor = bulk.upload(self, array)
         if tensor is None and array.nbytes >= direct_link.DIRECT_BYTES:  # (another host's?)
             tensor = direct_link.upload(self, array)
         return super()._upload(array) if tensor is None else tensor

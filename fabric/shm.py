@@ -37,7 +37,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .errors import ProtocolError
+from .errors import ConfigError, ProtocolError
+from .parallel_copy import ParallelCopy
 
 THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
@@ -64,11 +65,21 @@ def fits(slot_bytes: int, nbytes: int) -> bool:
 class SharedMemory:
     """How a client uses shared memory with workers on its host (``fabric.connect``'s
     ``shared_memory=``): arrays of at least ``threshold`` bytes travel through it, in
-    segments of at most ``limit`` bytes in all, closed after ``idle_seconds`` unused."""
+    segments of at most ``limit`` bytes in all, closed after ``idle_seconds`` unused; the
+    client copies an upload of 8 MiB or more into its slot with ``copy_threads`` threads at
+    once (None: ``FABRIC_COPY_THREADS``, else the cores it may use, at most 4; 1: one
+    ``np.copyto``, ``fabric.parallel_copy``)."""
 
     threshold: int = THRESHOLD_BYTES
     limit: int = DEFAULT_POOL_BYTES
     idle_seconds: float = IDLE_SECONDS
+    copy_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy_threads is not None and (type(self.copy_threads) is not int
+                                              or self.copy_threads < 1):
+            raise ConfigError(f"SharedMemory(copy_threads={self.copy_threads!r}): give a "
+                              "whole number of threads of at least 1, or None for the default.")
 
 
 def boot_id() -> str:
@@ -280,12 +291,16 @@ class SegmentPool:
     carried it (``lend_until``, checked by ``done``); one lent to a read comes back when the
     caller says (``give_back``); one whose transfer was abandoned is closed (``discard``),
     since a peer may still write into it. Segments idle for ``idle_seconds`` are closed.
+    ``copies`` copies large arrays into slots with ``copy_threads`` threads (its threads
+    end with the pool).
     """
 
     def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
                  idle_seconds: float = IDLE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 copy_threads: int | None = None) -> None:
         self.limit = limit
+        self.copies = ParallelCopy(copy_threads)
         self.idle_seconds = idle_seconds
         self._done = done  # session -> batches its device has run
         self._clock = clock
@@ -409,7 +424,9 @@ class SegmentPool:
         segment.close()
 
     def close(self) -> None:
-        """Close every segment (arrays still over them keep their memory until collected)."""
+        """Close every segment (arrays still over them keep their memory until collected),
+        and end the copying threads."""
+        self.copies.close()
         for segment in [*self.free, *self.lent]:
             segment.close()
         for peer in self.peers.values():

@@ -44,7 +44,7 @@ class SlotsAhead:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.asked: dict[int, int] = {}
         self.arrived: list[Arrived] = []  # in the order they came
-        self.returning: list[SegmentRef] = []
+        self.returning: list[SegmentRef] = []  # (also an unused upload buffer's: bulk)
         self.used = 0
         self.missed = 0
         self._clock = clock
@@ -88,9 +88,9 @@ class SlotsAhead:
         """The body of a ``shm_slot`` request for ``nbytes`` bytes, giving back the slots set
         to go back (``fabric.wire``)."""
         body: dict[str, Any] = {"op": "shm_slot", "nbytes": nbytes}
-        if self.returning:
-            body["give_back"] = [list(ref[:3]) for ref in self.returning]
-            self.returning.clear()
+        if self.returning:  # (popped: an upload buffer's finalizer appends from any thread)
+            body["give_back"] = [list(self.returning.pop()[:3])
+                                 for _ in range(len(self.returning))]
         return body
 
     def ask(self, request: int, nbytes: int) -> None:

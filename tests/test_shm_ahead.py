@@ -95,7 +95,9 @@ def test_a_loop_uploads_into_slots_lent_ahead_and_reuses_them(shm_cluster):
         pool = session.connection.segments
         [device] = pool.peers.values()
         assert len(device.maps) <= 3  # the few the loop's tensors keep and give back
-        assert pool.held == (4 << 20) + (2 << 20)  # the first upload's slot, and the reads'
+        # The first upload's slot, and the reads' (none more where the first read found that
+        # slot back already: it fits a small read too)
+        assert pool.held in (4 << 20, (4 << 20) + (2 << 20))
 
 
 

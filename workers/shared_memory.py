@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fabric.errors import ProtocolError
+from fabric.parallel_copy import ParallelCopy
 from fabric.protocol import Message, reply_to
 from fabric.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment, SegmentPool, Slot,
                         SlotMemory, boot_id, held_segments)
@@ -34,6 +35,9 @@ from .pins import SessionPins
 ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
 POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
 IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` sets it)
+# The copies into and out of shared memory, in pieces at once (``fabric.parallel_copy``;
+# set by the environment; ``workers.worker`` joins its threads as it closes).
+COPIES = ParallelCopy()
 
 
 class SessionSegments:
@@ -225,7 +229,11 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
 def owned(array: np.ndarray) -> np.ndarray:
     """``uploaded``'s array as the tensor's own: a slot it keeps as it is, a view of the
     client's copied."""
-    return array if isinstance(array.base, SlotMemory) else array.copy()
+    if isinstance(array.base, SlotMemory):
+        return array
+    copied = np.empty_like(array)
+    COPIES.copy(copied, array)
+    return copied
 
 
 def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
@@ -242,7 +250,7 @@ def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
     except ProtocolError as exc:
         body["error"] = exc.to_wire()
         return
-    np.copyto(target.view(array.dtype).reshape(array.shape), array)
+    COPIES.copy(target.view(array.dtype).reshape(array.shape), array)
     body["shm"] = ref
 
 
@@ -268,7 +276,7 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     if target.nbytes != data.nbytes:
         raise ProtocolError(f"A read_into slot of {target.nbytes} bytes cannot hold the "
                             f"tensor's {data.nbytes}.")
-    np.copyto(target, data)
+    COPIES.copy(target, data)
     return [replies[0]._replace(buffers=())]
 
 

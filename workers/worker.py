@@ -48,6 +48,7 @@ from fabric.protocol import DeviceReport, Kind, WorkerReport, report_body
 from fabric.security import CurveClient, announced_mechanism, present_token
 from fabric.sockets import POLLIN, message_check, recv_frames, recv_monitor_event, try_send
 
+from . import shared_memory
 from .backends import device_class
 from .bulk_link import BulkLinks, reachable_host
 from .control import Action, Attach, Connect, Control, Link, Probe, RegistrationRefused, Send
@@ -479,6 +480,7 @@ class Worker:
         self._close_dealer()
         if self.links is not None:
             self.links.close()
+        shared_memory.COPIES.close()
         if self.abandoned:  # terminating the context would wait for their sockets (their ops)
             log.warning("device(s) %s still computing after %g s: stopping without them",
                         ", ".join(map(str, self.abandoned)), _STOP_WAIT)
