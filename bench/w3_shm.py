@@ -22,7 +22,8 @@ counted); "socket" is the same cluster with ``shared_memory=False``; "memcpy" is
 ``np.copyto`` into a warm buffer of the same size, the ceiling for any path that copies once
 on one thread; "parallel memcpy" is the same copy in pieces on the copying threads the
 shared-memory path uses (``fabric.parallel_copy``, as many as ``FABRIC_COPY_THREADS`` says or
-the cores allow), its ceiling.
+the cores allow), its ceiling. Where Ray is installed, its put and get of the same array are
+timed in the same runs (``bench/ray_peer.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
+from bench.ray_peer import RayPeer, installed as ray_installed  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 from bench.run import w3_fabric, w3_raw  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
@@ -148,7 +150,8 @@ def main() -> None:
             fabric.connect(cluster.address, token=cluster.token, timeout=60,
                            shared_memory=False) as socket, \
             shm.open(1, timeout=60) as shm_other, copied.open(1, timeout=60) as copied_other, \
-            socket.open(1, timeout=60) as socket_other:
+            socket.open(1, timeout=60) as socket_other, \
+            (RayPeer(array) if ray_installed() else contextlib.nullcontext()) as ray:
         for _ in range(args.runs):  # interleaved: a noisy neighbour slows all alike
             # (each shared-memory session runs the same steps: their pools' slots alike)
             for name, session, other in (("shm", shm, shm_other),
@@ -169,6 +172,8 @@ def main() -> None:
             note("to socket", move(socket, socket_other, array))
             note("memcpy", memcpy(array, warm, one_copy))
             note("parallel memcpy", memcpy(array, warm, parallel_copy))
+            for name, value in ray.once().items() if ray is not None else ():
+                note(f"ray {name}", value)
         parallel_copy.close()
         assert shm.shares_memory is True, "the shared-memory path was not taken"
         assert not shm.connection.segments.slotless, "a device lent no slot of its own"
@@ -203,6 +208,15 @@ def main() -> None:
         to = median[f"to {name} 8 MiB"]
         print(f"t.to() worker 0 -> 1, {name}, 8 MiB: {to:.2f} GB/s, "
               f"{SMALL_MOVE_BYTES / to / 1e6:.2f} ms")
+    if "ray up" in median:
+        print("Ray, same runs (" + ", ".join(
+            f"{name} {median[f'ray {name}']:.2f}" for name in ("up", "down", "down view",
+                                                                "actor push"))
+              + f" GB/s): shm up {median['up shm'] / median['ray up']:.2f}x Ray's, "
+              f"down {median['down shm'] / median['ray down']:.2f}x, view "
+              f"{median['down shm view'] / median['ray down view']:.2f}x")
+    else:
+        print("Ray: not installed here (pip install ray to measure it in the same runs)")
 
 
 if __name__ == "__main__":
