@@ -153,20 +153,27 @@ RECORD_LAYOUTS = {layout.tag: layout for layout in (
     RECORD_T, RECORD_TT, RECORD_TF, RECORD_FT, RECORD_TI, RECORD_IT)}
 
 
-def parse_record(record: bytes) -> tuple[Any, ...]:
-    """A binary record from the wire as the compact entry it packs, ``(out, name, *args)``;
-    ProtocolError unless it has a layout's tag and size and a known op code."""
+# tag -> how its records unpack, and the place of a Python int scalar in the compact entry
+_UNPACKERS = {tag: (layout.struct.unpack, None if layout.int_scalar is None
+                    else 2 + layout.int_scalar) for tag, layout in RECORD_LAYOUTS.items()}
+
+
+def parse_record(record: bytes) -> list[Any]:
+    """A binary record from the wire as the compact entry it packs, ``[out, name, *args]``
+    (a list, as msgpack gives an entry); ProtocolError unless it has a layout's tag and
+    size and a known op code. (The worker parses every record: no call here but the
+    unpack.)"""
     try:
-        layout = RECORD_LAYOUTS[record[0]]
-        header, out, *args = layout.struct.unpack(record)
-        name = RECORD_OPS[header >> 8]
+        unpack, int_scalar = _UNPACKERS[record[0]]
+        header, *entry = unpack(record)
+        entry.insert(1, RECORD_OPS[header >> 8])
     except (LookupError, StructError):
         raise ProtocolError(f"Malformed op record of {len(record)} bytes: a record needs a "
                             "layout's tag and size and a known op code (fabric.wire); send "
                             "what this protocol version packs.") from None
-    if layout.int_scalar is not None:  # (a bare int arg is a tensor id)
-        args[layout.int_scalar] = [args[layout.int_scalar]]
-    return (out, name, *args)
+    if int_scalar is not None:  # (a bare int arg is a tensor id)
+        entry[int_scalar] = [entry[int_scalar]]
+    return entry
 
 
 def parse_entry(entry: Any) -> OpEntry:

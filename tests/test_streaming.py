@@ -52,7 +52,7 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     last = x.id
     x = x + 1.0
     record, freed = session.stream.batch  # (an elementwise op: its binary record)
-    assert (parse_record(record), freed) == ((x.id, "add", last, 1.0), last)
+    assert (parse_record(record), freed) == ([x.id, "add", last, 1.0], last)
 
 
 def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):
