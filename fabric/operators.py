@@ -4,8 +4,7 @@ from the user's call to a queued op, the commonest call in user code.
 Rule: an operator is the function the user's call runs (``Tensor.__add__`` is a ``pair``),
 and does nothing it can learn once: a result's dtype is remembered per kind of operands, its
 shape is its tensor operand's, and its op goes straight into the stream in the wire's compact
-form, a binary record (``OpStream.push``, ``fabric.wire.RECORD_LAYOUTS``). Every other call
-goes the long way, ``session.apply``'s inference.
+form (``OpStream.push``). Every other call goes the long way, ``session.apply``'s inference.
 ``fabric.tensor`` gives these functions its ``Tensor`` class (``tensor_type``).
 """
 
@@ -18,8 +17,7 @@ import numpy as np
 
 from .ops import NO_PARAMS, OPS, Spec, weak_int
 from .origins import LAST_ORIGIN, issued_at
-from .wire import (RECORD_FT, RECORD_INT_RANGE, RECORD_IT, RECORD_T, RECORD_TF, RECORD_TI,
-                   RECORD_TT)
+from .wire import INT_RANGE, encode_scalar
 
 
 def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
@@ -33,8 +31,7 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
     remembered per kind of operands, by their dtypes (ints by ``weak_int``): with numpy's
     weak Python scalars (NEP 50) nothing else, the ndim included, changes it. A dtype alone
     is the cheapest key (a tuple's building and hashing cost a twentieth of the op, bench W1).
-    The op's binary record is packed here, its layout chosen by the branch that knows the
-    operands' kinds (``fabric.wire.RECORD_LAYOUTS``). Anything else goes through
+    The wire args are made here, not in ``session.emit``'s loop. Anything else goes through
     ``session.apply``'s inference. ``depth``: the frames from the user's call to this one, 2
     where a function of fabric's passes the call on (a reflected operator, numpy's ufunc)."""
     # (one dict per kind of operands: a dtype compares equal to a Python type, np.float64
@@ -44,33 +41,25 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
     with_int: dict[Any, np.dtype] = {}
     int_with: dict[Any, np.dtype] = {}
     with_tensor: dict[Any, np.dtype] = {}
-    smallest, past = RECORD_INT_RANGE
-    pack_tf, pack_ft = RECORD_TF.struct.pack, RECORD_FT.struct.pack
-    pack_ints = RECORD_TT.struct.pack  # (the layouts of a tensor and a tensor or an int)
-    tf, ft, ti, it, tt = (layout.header(name) for layout in (
-        RECORD_TF, RECORD_FT, RECORD_TI, RECORD_IT, RECORD_TT))
 
     def pair(left: Any, right: Any, depth: int = 1) -> Any:
         if type(left) is tensor_type:  # (first, second: the args as they travel)
             tensor, kind, first, second = left, type(right), left.id, right
             if kind is float:
-                known, key, pack, header = with_float, left.dtype, pack_tf, tf
-            elif kind is int and smallest <= right < past:
-                known, key = with_int, (left.dtype, weak_int(right))
-                pack, header = pack_ints, ti
+                known, key = with_float, left.dtype
+            elif kind is int and INT_RANGE[0] <= right < INT_RANGE[1]:
+                known, key, second = with_int, (left.dtype, weak_int(right)), encode_scalar(right)
             elif kind is tensor_type and right.shape == left.shape \
                     and right.session is left.session:
                 known, key, second = with_tensor, (left.dtype, right.dtype), right.id
-                pack, header = pack_ints, tt
             else:
                 return left.session.apply(name, (left, right), {})
         else:  # the tensor is on the right: a reflected operator, or numpy's ufunc
             tensor, kind, first, second = right, type(left), left, right.id
             if kind is float:
-                known, key, pack, header = float_with, right.dtype, pack_ft, ft
-            elif kind is int and smallest <= left < past:
-                known, key = int_with, (weak_int(left), right.dtype)
-                pack, header = pack_ints, it
+                known, key = float_with, right.dtype
+            elif kind is int and INT_RANGE[0] <= left < INT_RANGE[1]:
+                known, key, first = int_with, (weak_int(left), right.dtype), encode_scalar(left)
             else:
                 return right.session.apply(name, (left, right), {})
         dtype = known.get(key)
@@ -80,8 +69,8 @@ def elementwise_pair(name: str, tensor_type: type[Spec]) -> Callable[..., Any]:
         if frame.f_code is not origin[0] or frame.f_lasti != origin[1]:
             origin = issued_at(depth + 1)
         size, stream = tensor.size, tensor.session.stream
-        tensor_id = next(stream.ids)
-        return stream.push(tensor_id, pack(header, tensor_id, first, second),
+        tensor_id = next(stream.ids)  # (the entry in the wire's compact form, op_entry's)
+        return stream.push(tensor_id, (tensor_id, name, first, second),
                            2 * size if kind is tensor_type else size, tensor.shape, dtype,
                            origin, size)
     pair.__name__ = pair.__qualname__ = name
@@ -92,7 +81,6 @@ def elementwise_single(name: str, tensor_type: type[Spec]) -> Callable[..., Any]
     """Elementwise op ``name`` on one tensor (``-t``, ``np.exp(t)``), the operator itself as
     in ``elementwise_pair``: the result has its shape, and a dtype remembered by dtype."""
     known: dict[np.dtype, np.dtype] = {}
-    header, pack = RECORD_T.header(name), RECORD_T.struct.pack
 
     def single(operand: Any, depth: int = 1) -> Any:
         dtype = known.get(operand.dtype)
@@ -102,8 +90,8 @@ def elementwise_single(name: str, tensor_type: type[Spec]) -> Callable[..., Any]
         if frame.f_code is not origin[0] or frame.f_lasti != origin[1]:
             origin = issued_at(depth + 1)
         size, stream = operand.size, operand.session.stream
-        tensor_id = next(stream.ids)
-        return stream.push(tensor_id, pack(header, tensor_id, operand.id), size, operand.shape,
+        tensor_id = next(stream.ids)  # (the entry in the wire's compact form, op_entry's)
+        return stream.push(tensor_id, (tensor_id, name, operand.id), size, operand.shape,
                            dtype, origin, size)
     single.__name__ = single.__qualname__ = name
     return single

@@ -32,9 +32,8 @@ from .errors import FabricError, ProtocolError
 # Bumped when a peer of the old version would misread the new one: 2, a SUBMIT's frees stand
 # among its ops (an old worker would refuse them as malformed ops, a new one would ignore an
 # old client's 'free' list and hold its tensors until the session closes); 3, an op without
-# params may travel in its compact form (fabric.wire), which an old worker would refuse; 4, an
-# elementwise op may travel as a binary record (fabric.wire), which an old worker would refuse.
-PROTOCOL_VERSION = 4
+# params may travel in its compact form (fabric.wire), which an old worker would refuse.
+PROTOCOL_VERSION = 3
 MAGIC = b"FB"
 HEADER = struct.Struct("!2sHBBQQ")  # magic, version, kind, flags, session id, request id
 HEADER_SIZE = HEADER.size

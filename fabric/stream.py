@@ -25,7 +25,7 @@ from .ops import Spec
 from .origins import Origin
 from .protocol import Kind, Message
 from .tensor import Tensor
-from .wire import op_entry, parse_entry
+from .wire import op_entry, parse_op
 
 # Flush the op batch at this many entries: ops, and the ids of tensors freed between them
 # (the worker frees each where the client let it go, so the next result can take its memory;
@@ -104,10 +104,10 @@ class OpStream:
              shape: tuple[int, ...], dtype: np.dtype, origin: Origin | None,
              size: int | None = None) -> Tensor:
         """Make tensor ``tensor_id`` of this stream (an id the caller took from ``ids``), the
-        result of the op ``entry`` issued at ``origin``, and queue the op (``entry``: in any
-        of the wire's forms, ``fabric.wire.op_entry``'s or a binary record; ``inputs``: the
-        elements it reads, counted with those it writes as its work; ``size``: the result's
-        elements, when the caller knows them). With ``entry`` None, only the tensor is made
+        result of the op ``entry`` issued at ``origin``, and queue the op (``entry``: in
+        either of the wire's forms, ``fabric.wire.op_entry``; ``inputs``: the elements it
+        reads, counted with those it writes as its work; ``size``: the result's elements,
+        when the caller knows them). With ``entry`` None, only the tensor is made
         (``new_tensor``).
 
         The tensor is made here, not by calling the class (whose call with an ``__init__``
@@ -124,7 +124,7 @@ class OpStream:
         if entry is None:
             return tensor
         if self.sinks or _get_ident() != self.thread:  # (shown to sinks, or refused)
-            self.enqueue(parse_entry(entry), None, tensor, inputs + size)
+            self.enqueue(parse_op(entry), None, tensor, inputs + size)
             return tensor
         # enqueue's work for an op without upload or graph, here: a call costs a twentieth
         batch = self.batch

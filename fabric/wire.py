@@ -13,12 +13,7 @@ A SUBMIT's body is ``{"ops": [entry, ...]}``, run in order. An entry is either
   or
 - ``[out, name, *args]``, the same op without params in its compact form (told apart by its
   first item, an int): the stream's commonest entry, an elementwise op, packs in two thirds of
-  the time without the list of args and the empty map (protocol version 3), or
-- a binary record (msgpack bin), that compact form of an elementwise op packed by ``struct``
-  (``RECORD_LAYOUTS``, ``parse_record``): its layout's tag byte, the op's code (its index in
-  ``RECORD_OPS``), ``out`` and the args as int64 ids and scalars or float64 scalars. msgpack
-  packs one object where a compact entry is five, a third of the client's cost per op
-  (protocol version 4).
+  the time without the list of args and the empty map (protocol version 3).
 
 An arg is a tensor id (an int) or a scalar: a float, a bool or None as it is, ``[value]`` for
 a Python int and ``[value, dtype]`` for a numpy scalar (``encode_scalar``). Params are
@@ -63,8 +58,6 @@ reply (``DeviceWarning``): ``"warnings": [[message, tensor, graph, graph_op], ..
 from __future__ import annotations
 
 import math
-from struct import Struct
-from struct import error as StructError
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -106,80 +99,6 @@ def parse_op(entry: Any) -> OpEntry:
     if type(out) is not int:  # an id; anything else could not even be poisoned
         raise ProtocolError(f"Malformed op {entry!r}.")
     return OpEntry(name, out, args, params)
-
-
-# The ops a binary record names, by their index here: the elementwise ufuncs of the
-# operators (``fabric.operators``). Codes never change within a protocol version: new ops go
-# at the end.
-RECORD_OPS = (
-    "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "less",
-    "less_equal", "equal", "not_equal", "greater_equal", "greater", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "logical_and", "logical_or",
-    "logical_xor", "maximum", "minimum", "fmax", "fmin", "arctan2", "hypot", "fmod",
-    "copysign", "logaddexp", "logaddexp2", "float_power", "heaviside",
-    "negative", "positive", "absolute", "invert", "logical_not", "exp", "exp2", "expm1", "log",
-    "log2", "log10", "log1p", "sqrt", "cbrt", "square", "sin", "cos", "tan", "arcsin",
-    "arccos", "arctan", "sinh", "cosh", "tanh", "arcsinh", "arccosh", "arctanh", "floor",
-    "ceil", "rint", "trunc", "sign", "isnan", "isinf", "isfinite", "reciprocal", "conjugate",
-    "deg2rad", "rad2deg", "fabs", "signbit")
-RECORD_CODES = {name: code for code, name in enumerate(RECORD_OPS)}
-RECORD_INT_RANGE = (-2**63, 2**63)  # a Python int scalar a record carries (int64)
-
-
-class RecordLayout(NamedTuple):
-    """A binary record's layout: its tag (the record's first byte), its ``struct`` (a header,
-    ``tag | op code << 8``, so the code is the second byte; out; the args), and which arg, if
-    any, is a Python int scalar (travelling as int64, read back as the wire's ``[value]``)."""
-
-    tag: int
-    struct: Struct
-    int_scalar: int | None = None
-
-    def header(self, name: str) -> int:
-        """The header of op ``name``'s records of this layout."""
-        return self.tag | RECORD_CODES[name] << 8
-
-
-_TWO_INT64 = Struct("<Hqqq")
-# By the kinds of the args: T a tensor id, F a float, I a Python int (a reflected
-# operator's scalar comes first)
-RECORD_T = RecordLayout(1, Struct("<Hqq"))
-RECORD_TT = RecordLayout(2, _TWO_INT64)
-RECORD_TF = RecordLayout(3, Struct("<Hqqd"))
-RECORD_FT = RecordLayout(4, Struct("<Hqdq"))
-RECORD_TI = RecordLayout(5, _TWO_INT64, 1)
-RECORD_IT = RecordLayout(6, _TWO_INT64, 0)
-RECORD_LAYOUTS = {layout.tag: layout for layout in (
-    RECORD_T, RECORD_TT, RECORD_TF, RECORD_FT, RECORD_TI, RECORD_IT)}
-
-
-# tag -> how its records unpack, and the place of a Python int scalar in the compact entry
-_UNPACKERS = {tag: (layout.struct.unpack, None if layout.int_scalar is None
-                    else 2 + layout.int_scalar) for tag, layout in RECORD_LAYOUTS.items()}
-
-
-def parse_record(record: bytes) -> list[Any]:
-    """A binary record from the wire as the compact entry it packs, ``[out, name, *args]``
-    (a list, as msgpack gives an entry); ProtocolError unless it has a layout's tag and
-    size and a known op code. (The worker parses every record: no call here but the
-    unpack.)"""
-    try:
-        unpack, int_scalar = _UNPACKERS[record[0]]
-        header, *entry = unpack(record)
-        entry.insert(1, RECORD_OPS[header >> 8])
-    except (LookupError, StructError):
-        raise ProtocolError(f"Malformed op record of {len(record)} bytes: a record needs a "
-                            "layout's tag and size and a known op code (fabric.wire); send "
-                            "what this protocol version packs.") from None
-    if int_scalar is not None:  # (a bare int arg is a tensor id)
-        entry[int_scalar] = [entry[int_scalar]]
-    return entry
-
-
-def parse_entry(entry: Any) -> OpEntry:
-    """An op entry of a SUBMIT in any of its forms, a binary record included (``parse_op``'s
-    checks); ProtocolError if it has none."""
-    return parse_op(parse_record(entry) if type(entry) is bytes else entry)
 
 
 def op_entry(name: str, out: int, args: tuple[Any, ...], params: dict[str, Any]

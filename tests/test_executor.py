@@ -14,8 +14,6 @@ from fabric.errors import FabricError, error_from_wire
 from fabric.flow import CREDIT_EVERY
 from fabric.protocol import Kind, Message, decode, encode
 from fabric.workers.backends.numpy_backend import NumpyDevice
-from fabric.wire import (RECORD_FT, RECORD_IT, RECORD_LAYOUTS, RECORD_T, RECORD_TF, RECORD_TI,
-                         RECORD_TT, parse_record)
 from fabric.workers.executor import Executor
 
 SESSION = 0x5E55
@@ -188,42 +186,6 @@ def test_malformed_compact_entries_are_reported_and_the_session_goes_on():
     np.testing.assert_array_equal(read(executor, 5), [2.5, 2.5])
 
 
-def test_an_elementwise_op_runs_alike_as_a_binary_record_and_as_its_compact_entry():
-    executor = opened()
-    data = np.arange(1.0, 7.0)
-    records = [RECORD_TF.struct.pack(RECORD_TF.header("add"), 2, 1, 2.5),
-               RECORD_FT.struct.pack(RECORD_FT.header("subtract"), 3, 2.5, 1),
-               RECORD_TI.struct.pack(RECORD_TI.header("multiply"), 4, 1, -3),
-               RECORD_IT.struct.pack(RECORD_IT.header("floor_divide"), 5, 7, 1),
-               RECORD_TT.struct.pack(RECORD_TT.header("maximum"), 6, 4, 5),
-               RECORD_T.struct.pack(RECORD_T.header("negative"), 7, 6)]
-    compact = [(out + 10, *parse_record(record)[1:]) for out, record in enumerate(records, 2)]
-    submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [6], "buffer": 0}], *records,
-           *compact, buffers=(data.tobytes(),))
-    assert [parse_record(record)[0] for record in records] == list(range(2, 8))
-    expected = [data + 2.5, 2.5 - data, data * -3, 7 // data]
-    expected += [np.maximum(expected[2], expected[3])]
-    expected += [-expected[4]]
-    for out, values in enumerate(expected, 2):  # (compact out + 10 has record out's args)
-        np.testing.assert_array_equal(read(executor, out), values)
-        np.testing.assert_array_equal(read(executor, out + 10), values)
-
-
-def test_malformed_records_are_reported_and_the_session_goes_on():
-    executor = opened()
-    submit(executor, ["ones", 1, [], {"shape": [2], "dtype": "<f8"}])
-    good = RECORD_TF.struct.pack(RECORD_TF.header("add"), 5, 1, 1.5)
-    unknown_code = RECORD_T.struct.pack(RECORD_T.tag | 255 << 8, 2, 1)
-    for malformed in (b"", b"\x09" + good[1:], good[:-1], good + b"\x00", unknown_code,
-                      bytes(1 << 16)):
-        submit(executor, malformed, good)
-        error = request(executor, op="sync").body["error"]
-        assert error["code"] == "protocol_error" and "Malformed op record" in error["message"]
-        np.testing.assert_array_equal(read(executor, 5), [2.5, 2.5])
-    submit(executor, RECORD_T.struct.pack(RECORD_T.header("negative"), 6, 99))  # (no tensor 99)
-    assert "does not exist" in request(executor, op="read", id=6).body["error"]["message"]
-
-
 def test_messages_for_unknown_sessions_are_answered_and_close_is_idempotent():
     executor = Executor(NumpyDevice(0))
     [reply] = executor.handle(Message(Kind.REQUEST, 77, 3, {"op": "sync"}))
@@ -282,12 +244,7 @@ def test_a_tensor_is_freed_where_it_stands_in_the_stream_and_its_id_may_be_used_
 # ids are how a device's thread once ended).
 _junk = st.recursive(storm_junk, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
     st.text(max_size=4), inner, max_size=2), max_leaves=6)
-# Records of every layout's size, with any tag, op code, ids and scalars (and any bytes)
-_records = st.binary(max_size=40) | st.builds(
-    lambda layout, header, values: layout.struct.pack(header, *values[:layout.struct.size // 8]),
-    st.sampled_from(list(RECORD_LAYOUTS.values())), st.integers(0, 2**16 - 1),
-    st.lists(st.integers(-2**63, 2**63 - 1) | st.integers(0, 3), min_size=3, max_size=3))
-_ops = st.lists(_junk | _records | st.tuples(
+_ops = st.lists(_junk | st.tuples(
     st.sampled_from(["add", "ones", "send", "seed", "put", "getitem", "sum", "graph_call"]),
     st.integers(0, 3), st.lists(_junk | st.integers(0, 3), max_size=3),
     st.dictionaries(st.sampled_from(["shape", "dtype", "axis", "index", "buffer", "session",

@@ -17,9 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from fabric.errors import FabricError, ProtocolError, SessionLost
 from fabric.flow import SUBMIT_WINDOW
 from fabric.protocol import Kind
-from fabric.ops import BINARY_UFUNCS, UNARY_UFUNCS
-from fabric.wire import (RECORD_CODES, RECORD_FT, RECORD_IT, RECORD_OPS, RECORD_T, RECORD_TF,
-                         RECORD_TI, RECORD_TT, op_entry, parse_entry, parse_op, parse_record)
+from fabric.wire import op_entry, parse_op
 from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                            MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
 
@@ -67,26 +65,6 @@ def test_tensors_get_consecutive_ids_their_shape_and_the_owner_as_session():
     assert owner.stream.origins == {1: ("here", 0), 2: ("there", 2)}
     assert owner.stream.batch == [(1, "add", 0, 1.0), (2, "add", 0, 1.0)]  # (compact)
     assert owner.stream.batch_elements == 2 * 3 + 2 * 5  # each op's inputs and output
-
-
-def test_an_elementwise_op_travels_as_a_record_that_parses_back_to_its_compact_entry():
-    for layout, args, parsed in [(RECORD_T, (3,), (3,)), (RECORD_TT, (3, 4), (3, 4)),
-                                 (RECORD_TF, (3, -0.5), (3, -0.5)),
-                                 (RECORD_FT, (2.0, 3), (2.0, 3)),
-                                 (RECORD_TI, (3, -2**63), (3, [-2**63])),
-                                 (RECORD_IT, (2**63 - 1, 3), ([2**63 - 1], 3))]:
-        record = layout.struct.pack(layout.header("power"), 9, *args)
-        assert record[:2] == bytes([layout.tag, RECORD_CODES["power"]])
-        assert parse_record(record) == [9, "power", *parsed]
-        assert parse_entry(record) == ("power", 9, list(parsed), {})
-    # every operator's op has a code, which fits the record's byte
-    assert {u.__name__ for u in (*BINARY_UFUNCS, *UNARY_UFUNCS)} <= set(RECORD_OPS)
-    assert len(RECORD_OPS) == len(set(RECORD_OPS)) <= 256
-    record = RECORD_TF.struct.pack(RECORD_TF.header("add"), 9, 3, 1.0)
-    for malformed in (b"", record[:1], record[:-1], record + b"\x00", b"\x00" + record[1:],
-                      bytes([RECORD_TF.tag, len(RECORD_OPS)]) + record[2:]):
-        with pytest.raises(ProtocolError, match="Malformed op record"):
-            parse_entry(malformed)
 
 
 def test_an_entry_travels_compact_without_params_and_parses_back_from_either_form():

@@ -17,7 +17,6 @@ from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
 from fabric.origins import origin_line
 from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                            REMEMBERED_ORIGINS)
-from fabric.wire import parse_record
 
 
 def submits_taken(admin: fabric.Admin, session_id: int) -> int:
@@ -51,8 +50,7 @@ def test_ops_are_batched_not_sent_one_by_one(session):
     assert stats["ops"] == 3001  # the device ran every op
     last = x.id
     x = x + 1.0
-    record, freed = session.stream.batch  # (an elementwise op: its binary record)
-    assert (parse_record(record), freed) == ([x.id, "add", last, 1.0], last)
+    assert session.stream.batch == [(x.id, "add", last, 1.0), last]  # (compact: no params)
 
 
 def test_a_heavy_op_is_sent_at_once_and_light_ones_wait_for_company(session):

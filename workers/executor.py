@@ -33,7 +33,7 @@ from fabric.flow import CREDIT_EVERY
 from fabric.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
 from fabric.protocol import Kind, Message, reply_to
 from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params, decode_scalar,
-                         device_dtype, dtype_name, parse_op, parse_record)
+                         device_dtype, dtype_name, parse_op)
 
 from . import shared_memory
 from .backends.base import Backend, DeferredError, DeferredValue, Value
@@ -201,12 +201,6 @@ class Executor(GraphOps, Admission):
                     poisoned.pop(op, None)
                 freed += 1
                 continue
-            if type(op) is bytes:  # an elementwise op's binary record, as its compact entry
-                try:
-                    op = parse_record(op)
-                except ProtocolError as exc:
-                    session.unreported.append(exc.to_wire())
-                    continue
             try:  # (fabric.wire.parse_op's checks, inline: it runs for every op)
                 out = op[0]  # (one statement each: a star unpack, or a tuple's, cost 3%)
                 if type(out) is int:  # the compact form, [out, name, *args]: no params
