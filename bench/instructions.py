@@ -102,10 +102,13 @@ _TOKENS = {"FABRIC_TOKEN": "c" * 32, "FABRIC_WORKER_TOKEN": "w" * 32,
 
 def _under_valgrind(out: str, args: list[str]) -> subprocess.Popen:
     """``python args`` under callgrind, each thread counted in its own ``out-NN`` file."""
+    from fabric.cluster import BULK_MALLOC_STARTED
+    # (marked as started with its malloc's settings: a server started by hand otherwise
+    # replaces itself with a process that valgrind does not follow, and no thread is counted)
     return subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--separate-threads=yes",
          f"--callgrind-out-file={out}", sys.executable, *args],
-        env={**os.environ, **_TOKENS, "PYTHONPATH": ROOT}, cwd=ROOT,
+        env={**os.environ, **_TOKENS, "PYTHONPATH": ROOT, BULK_MALLOC_STARTED: "1"}, cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
