@@ -20,23 +20,17 @@ from fabric.parallel_copy import (MIN_BYTES_ENV, PIECE_ALIGN, STREAMING_BYTES, T
 from fabric.shm import SharedMemory
 
 from conftest import HEARTBEAT
-from test_shm_path import DTYPES, random_array
+from test_shm_path import DTYPES, layouts_of, random_array
 
 COPY_THREADS = 3  # (an odd count: pieces of unequal sizes)
 EVERY_COPY_CUT = {THREADS_ENV: str(COPY_THREADS), MIN_BYTES_ENV: "0"}
 
 
 def layouts(dtype: str):
-    """The arrays of ``dtype`` a user uploads, each large enough to be cut into
-    ``COPY_THREADS`` pieces of whole pages: C and Fortran order, strided views, transposed,
-    byte swapped, one row, 0-d."""
+    """The arrays of ``dtype`` a user uploads (``layouts_of`` one large enough to be cut into
+    ``COPY_THREADS`` pieces of whole pages), one row, 0-d."""
     base = random_array(dtype, (256, 96))
-    yield base
-    yield np.asfortranarray(base)
-    yield base[3:250:2, ::-3]
-    yield base.T
-    if np.dtype(dtype).itemsize > 1:
-        yield base.astype(base.dtype.newbyteorder())
+    yield from layouts_of(base)
     yield base[:1]
     yield random_array(dtype, ())
 

@@ -69,16 +69,20 @@ def random_array(dtype: str, shape: tuple[int, ...], seed: int = 0) -> np.ndarra
     return np.frombuffer(rng.bytes(count), dtype).reshape(shape).copy()
 
 
-def layouts(dtype: str):
-    """The arrays of ``dtype`` a user uploads: C and Fortran order, strided views, byte
-    swapped, empty, 0-d."""
-    base = random_array(dtype, (64, 48))
+def layouts_of(base: np.ndarray):
+    """``base`` (2-d) in the layouts a user uploads: C and Fortran order, a strided view,
+    transposed, byte swapped."""
     yield base
     yield np.asfortranarray(base)
-    yield base[3:50:2, ::-3]
+    yield base[3:-14:2, ::-3]
     yield base.T
-    if np.dtype(dtype).itemsize > 1:
+    if base.dtype.itemsize > 1:
         yield base.astype(base.dtype.newbyteorder())
+
+
+def layouts(dtype: str):
+    """The arrays of ``dtype`` a user uploads: ``layouts_of`` one, empty, 0-d."""
+    yield from layouts_of(random_array(dtype, (64, 48)))
     yield random_array(dtype, (0, 5))
     yield random_array(dtype, ())
 
