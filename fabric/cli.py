@@ -26,6 +26,7 @@ from .cli_options import (as_usage_error, curve_client_options, curve_server_opt
 from .config import load_admin_file, resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .host_slot import claim_slot
+from .parallel_copy import ParallelCopy
 from .security import CurveClient, CurveServer, generate_keys
 from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
 
@@ -172,6 +173,10 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
               show_default=True, metavar="SECONDS",
               help="Seconds a free segment of a device's shared memory is kept for the next "
                    "upload before it is closed.")
+@click.option("--copy-threads", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Threads that copy a large array into or out of shared memory together "
+                   "(1: one) [default: FABRIC_COPY_THREADS, else the cores it may use, at "
+                   "most 4].")
 @token_options("worker-", "FABRIC_WORKER_TOKEN")
 @with_options(timing_options)
 @limit_options("worker")
@@ -180,7 +185,7 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
            name: str | None, memory_limit: int | None, memory_budget: str,
            give_up_after: float | None, admin_file: str | None, stop_on_stdin_close: bool,
            no_shared_memory: bool, bulk_host: str, shared_memory_limit: int,
-           shared_memory_idle: float, worker_token: str | None,
+           shared_memory_idle: float, copy_threads: int | None, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -203,6 +208,10 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
     shared_memory.ENABLED = not no_shared_memory
     shared_memory.POOL_BYTES = shared_memory_limit
     shared_memory.IDLE = shared_memory_idle
+    try:
+        shared_memory.COPIES = ParallelCopy(copy_threads)
+    except ConfigError as exc:  # (FABRIC_COPY_THREADS or FABRIC_PARALLEL_COPY_BYTES)
+        raise click.UsageError(str(exc)) from None
     try:
         budget = budget_from_option(memory_budget)
     except ValueError as exc:

@@ -7,6 +7,8 @@ identical; no copying thread outlives its connection."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -197,11 +199,17 @@ def test_every_dtype_and_layout_goes_up_down_and_across_in_pieces(cutting_cluste
 
 
 @pytest.mark.timeout(90)
-def test_an_upload_the_worker_copies_out_of_the_clients_slot_is_cut_too(cut_here):
+@pytest.mark.parametrize("option, threads", [((), range(1, COPY_THREADS)),
+                                             (("--copy-threads", "1"), range(0, 1))],
+                         ids=["environment", "--copy-threads 1"])
+def test_an_upload_the_worker_copies_out_of_the_clients_slot_is_cut_too(cut_here, option,
+                                                                         threads):
+    # (the worker's copying threads: as its environment says, or its option, which wins)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(MIN_BYTES_ENV, "0")
         with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
-                                 worker_args=("--shared-memory-limit", "0")) as copying, \
+                                 worker_args=("--shared-memory-limit", "0", *option)) \
+                as copying, \
                 connect(copying) as session:
             worker = copying.workers[0].pid
             session.sync()
@@ -214,8 +222,9 @@ def test_an_upload_the_worker_copies_out_of_the_clients_slot_is_cut_too(cut_here
                         np.ascontiguousarray(array, native).tobytes()
             assert session.connection.segments.copies.cut >= 4 * 4
             # The worker cut its copies: its copying threads started (one per piece but its
-            # own, at most; a thread that is idle again takes the next piece).
-            assert 1 <= threads_of(worker) - before <= COPY_THREADS - 1
+            # own, at most; a thread that is idle again takes the next piece); or, with one
+            # thread, copied on its own.
+            assert threads_of(worker) - before in threads
     assert not copying_threads()
 
 
@@ -226,3 +235,17 @@ def test_one_copy_thread_copies_as_before(cutting_cluster, cut_here):
         a = np.random.default_rng(3).random((512, 64))
         np.testing.assert_array_equal(session.asarray(a).numpy(), a)
         assert session.connection.segments.copies.cut == 0 and not copying_threads()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("option, environment, says", [
+    (("--copy-threads", "0"), {}, "'--copy-threads': 0 is not in the range"),
+    ((), {THREADS_ENV: "two"}, f"{THREADS_ENV}='two' is not a whole number of at least 1"),
+    ((), {MIN_BYTES_ENV: "-1"}, f"{MIN_BYTES_ENV}='-1' is not a whole number of at least 0"),
+])
+def test_a_worker_refuses_bad_copy_settings_as_a_usage_error(option, environment, says):
+    done = subprocess.run(
+        [sys.executable, "-m", "fabric", "worker", "--broker", "tcp://127.0.0.1:9",
+         "--worker-token", "t", *option], env={**os.environ, **environment},
+        capture_output=True, text=True, timeout=45)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr

@@ -36,8 +36,9 @@ ENABLED = True  # whether this worker agrees to shared memory (``fabric worker``
 POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
 IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` sets it)
 # The copies into and out of shared memory, in pieces at once (``fabric.parallel_copy``;
-# set by the environment; ``workers.worker`` joins its threads as it closes).
-COPIES = ParallelCopy()
+# ``fabric worker`` sets it from --copy-threads or the environment; ``workers.worker`` joins
+# its threads as it closes).
+COPIES = ParallelCopy(threads=1, min_bytes=0)  # (until then: one thread, no setting read)
 
 
 class SessionSegments:
