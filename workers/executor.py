@@ -188,6 +188,7 @@ class Executor(GraphOps, Admission):
         plain_impls, special_ops = self._plain_impls, self._special_ops
         admit, allowance, limit = self._admit, self.allowance, self.memory_limit
         same_size, plain_below, small = SAME_SIZE_OPS, self.device.plain_below, self.device.small
+        ndarray = np.ndarray  # (a local: its look-up was 2% of a W1 op)
         freed = 0
         for position, op in enumerate(ops):
             if type(op) is int:  # a tensor the client let go, freed at the point it did so
@@ -195,8 +196,9 @@ class Executor(GraphOps, Admission):
                 # _drop does it: a call here cost 8% of a W1 op)
                 array = tensors.pop(op, None)
                 if array is not None:
-                    session.resident -= array.nbytes
-                    allowance.held -= array.nbytes
+                    nbytes = array.nbytes
+                    session.resident -= nbytes
+                    allowance.held -= nbytes
                 if poisoned:
                     poisoned.pop(op, None)
                 freed += 1
@@ -218,22 +220,23 @@ class Executor(GraphOps, Admission):
                     session.unreported.append(exc.to_wire())
                 continue
             try:
-                if name == "getitem" and len(args) == 1 and len(params) == 1 \
-                        and type(args[0]) is int and type(tensors[args[0]]) is np.ndarray:
+                impl = None if params else plain_impls.get(name)
+                if impl is None and name == "getitem" and len(args) == 1 and len(params) == 1 \
+                        and type(args[0]) is int and type(tensors[args[0]]) is ndarray:
                     # a basic index: a view, which allocates nothing, taken without the calls
                     # and the admission around an op of the table (a stencil's every operand
                     # is one)
                     result = tensors[args[0]][decode_index(params.get("index"))]
                 else:
-                    impl = None if params else plain_impls.get(name)
-                    if impl is None and name in WRITES_IN_PLACE:
-                        inputs = value = result = None  # (to write_in_place, a name left to a
-                        # view of the target, from the last op, would be a view in use)
-                        if write_in_place(session, name, out, args, params):
+                    if impl is None:
+                        if name in WRITES_IN_PLACE:
+                            inputs = value = result = None  # (to write_in_place, a name left
+                            # to a view of the target, from the last op, is a view in use)
+                            if write_in_place(session, name, out, args, params):
+                                continue
+                        if name in special_ops:
+                            special_ops[name](self, session, out, args, params)
                             continue
-                    if impl is None and name in special_ops:
-                        special_ops[name](self, session, out, args, params)
-                        continue
                     inputs, elements, shape = [], 1, None
                     for arg in args:  # (a poisoned input is not held: its lookup fails, below)
                         if type(arg) is int:
@@ -258,12 +261,13 @@ class Executor(GraphOps, Admission):
                         value = result = array = None  # (no name here for an input: it counts
                         # references; array: the last tensor freed, perhaps one an op reused)
                         result = run_elided(impl, ops, position, args, inputs)
-                if type(result) is not np.ndarray:
+                if type(result) is not ndarray:
                     result = np.asarray(result)
                 if out not in tensors and out not in poisoned:
                     tensors[out] = result  # _store's common case, inline
-                    session.resident += result.nbytes
-                    allowance.held += result.nbytes
+                    nbytes = result.nbytes
+                    session.resident += nbytes
+                    allowance.held += nbytes
                 else:
                     store(session, out, result)
             except Exception as exc:  # any failure of the op becomes the poison of its output
