@@ -19,10 +19,9 @@ An arg is a tensor id (an int) or a scalar: a float, a bool or None as it is, ``
 a Python int and ``[value, dtype]`` for a numpy scalar (``encode_scalar``). Params are
 msgpack values (``encode_param``): an index as ``pack_index`` makes it, ``encode_index``'s
 items packed as one bytes (or those items as they are; its arrays are the op's args after the
-target and the values), an axis tuple as a list, a dtype as a device
-dtype's ``str``. ``put`` carries its array as the message's buffer
-number ``params["buffer"]``, with ``dtype`` and ``shape``; a read's reply carries the bytes
-as its one buffer (``array_from_frame``).
+target and the values), an axis tuple as a list, a dtype as a device dtype's ``str``.
+``put`` carries its array as the message's buffer number ``params["buffer"]``, with ``dtype``
+and ``shape``; a read's reply carries the bytes as its one buffer (``array_from_frame``).
 
 Shared memory (``fabric.shm``), for arrays of at least ``THRESHOLD_BYTES`` between a client
 and a worker on one host: a slot travels as ``[segment name, offset, nbytes]``
@@ -332,8 +331,9 @@ def encode_scalar(arg: Any) -> Any:
 
 def encode_param(name: str, key: str, value: Any) -> Any:
     """Op ``name``'s parameter ``key`` as it travels: None, a bool, an int of 64 bits, a float,
-    a str or bytes (a packed index), or a list, tuple or str-keyed dict of them; numpy's scalars (and other
-    subclasses) as the Python scalars they hold. Anything else raises TypeError, at the call."""
+    a str or bytes (a packed index), or a list, tuple or str-keyed dict of them; numpy's
+    scalars (and other subclasses) as the Python scalars they hold. Anything else raises
+    TypeError, at the call."""
     kind = type(value)
     if kind is bool or kind is float or kind is str or kind is bytes or value is None:
         return value
