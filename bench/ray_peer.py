@@ -4,10 +4,10 @@ table of issue 25 came from another day, when a warm memcpy here ran at 13 GB/s.
     python bench/ray_peer.py        # alone: Ray's figures and a warm memcpy's, GB/s
 
 Ray is not among fabric's dependencies (``pip install ray`` to compare); ``installed()``
-says whether it can be imported, ``RayPeer`` times it. "up" is ``ray.put`` of the array (into the local object
-store), "down" ``ray.get`` of it copied into a warm buffer (the array Ray returns is a
-read-only view of the store, as ``t.numpy(copy=False)`` is: "down view" is that get alone),
-"actor push" the array passed to an actor's method, which answers with its size.
+says whether it can be imported, ``RayPeer`` times it. "up" is ``ray.put`` of the array (into
+the local object store), "down" ``ray.get`` of it copied into a warm buffer (the array Ray
+returns is a read-only view of the store, as ``t.numpy(copy=False)`` is: "down view" is that
+get alone), "actor push" the array passed to an actor's method, which answers with its size.
 """
 
 from __future__ import annotations
