@@ -137,12 +137,10 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     else:
         ref = [lent.name, lent.offset, array.nbytes]  # (the slot's start: it may be larger)
         pool.transfers += 1  # (an own slot counts itself when lent)
-    pool.copies.copy(values.view(dtype).reshape(array.shape), array)  # (any layout, byte
-    # order)
+    pool.copies.copy(values.view(dtype).reshape(array.shape), array)  # (any layout and
+    # byte order)
+    tensor = _put(session, array.shape, dtype, ref)
     stream = session.stream
-    tensor = stream.new_tensor(array.shape, dtype, issued_at())
-    stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(array.shape),
-                                           "shm": ref}], None, tensor)
     if slot is None:
         session.in_device_slots[tensor.id] = tensor
     try:
@@ -151,6 +149,16 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
         if slot is not None:
             pool.lend_until(slot, session.id,
                             stream.counts["batches_sent"] + (1 if stream.batch else 0))
+    return tensor
+
+
+def _put(session: Any, shape: tuple[int, ...], dtype: np.dtype, ref: list[Any]) -> Tensor:
+    """A new tensor of ``session``, its put queued: ``shape`` and ``dtype``, its bytes
+    already in the slot ``ref`` (``[segment name, offset, nbytes]``)."""
+    stream = session.stream
+    tensor = stream.new_tensor(shape, dtype, issued_at())
+    stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(shape),
+                                           "shm": ref}], None, tensor)
     return tensor
 
 
@@ -164,9 +172,8 @@ class UploadBuffer:
     def __init__(self, values: np.ndarray, session: Any, ref: SegmentRef) -> None:
         self.values = values  # keeps the mapping alive as long as any array uses it
         self.session = weakref.ref(session)
-        self.ref = ref
         self.tensor: Tensor | None = None  # once sealed
-        self.unsealed = [ref]  # (emptied by ``seal``; its finalizer must not hold ``self``)
+        self.unsealed = [ref]  # (taken by ``seal``; its finalizer must not hold ``self``)
         self.__array_interface__ = values.__array_interface__
         weakref.finalize(self, _unused_back, self.session, self.unsealed)
 
@@ -204,7 +211,7 @@ def upload_buffer(session: Any, shape: Any, dtype: Any) -> np.ndarray:
     buffer = UploadBuffer(values.view(dtype).reshape(shape), session,
                           lent._replace(nbytes=nbytes))
     array = np.asarray(buffer)
-    session.upload_buffers[lent.name] = array
+    session.upload_buffers[lent.name, lent.offset] = array  # (slots share segments)
     return array
 
 
@@ -221,18 +228,13 @@ def seal(session: Any, array: np.ndarray) -> Tensor | None:
     keeps its slot (its put sent at once, naming the slot: no copy), the array made
     read-only; None for any other array (uploaded as usual: copied)."""
     buffer = array.base
-    if type(buffer) is not UploadBuffer or not buffer.unsealed or buffer.session() is not session \
-            or array.__array_interface__ != buffer.__array_interface__ or session.stream.sinks:
+    if type(buffer) is not UploadBuffer or not buffer.unsealed \
+            or buffer.session() is not session or session.stream.sinks \
+            or array.__array_interface__ != buffer.__array_interface__:
         return None
-    stream = session.stream
-    tensor = stream.new_tensor(array.shape, array.dtype, issued_at())
-    ref = buffer.ref
-    stream.enqueue(["put", tensor.id, [], {"dtype": array.dtype.str, "shape": list(array.shape),
-                                           "shm": [ref.name, ref.offset, ref.nbytes]}],
-                   None, tensor)
+    tensor = _put(session, array.shape, array.dtype, list(buffer.unsealed.pop()[:3]))
     session.in_device_slots[tensor.id] = tensor
     buffer.tensor = tensor
-    buffer.unsealed.clear()
     array.flags.writeable = False
     session.connection.segments.transfers += 1
     session.flush()

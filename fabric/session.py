@@ -77,8 +77,9 @@ class Session(ArrayNamespace):
         # not a WeakSet, whose look-ups would compare tensors with ==, an op)
         self.in_device_slots: weakref.WeakValueDictionary[int, Tensor] = \
             weakref.WeakValueDictionary()
-        # The arrays upload_buffer lent, by slot: read-only once this session closes (bulk)
-        self.upload_buffers: weakref.WeakValueDictionary[str, np.ndarray] = \
+        # The arrays upload_buffer lent, by slot (segment name, offset): read-only once this
+        # session closes (bulk)
+        self.upload_buffers: weakref.WeakValueDictionary[tuple[str, int], np.ndarray] = \
             weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
 
