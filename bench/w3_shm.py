@@ -15,7 +15,7 @@ slot of the connection's pool); "shm copy-out" is the same on workers started wi
 copied out on the worker (the path before one-copy uploads); "shm view" reads with
 ``t.numpy(copy=False)`` (a read-only view of the device's own slot, pinned: no copy; its
 GB/s is the tensor's bytes over one round trip); "shm 1 thread" is "shm" on a cluster and
-connection that copy on one thread (``FABRIC_COPY_THREADS=1``: the path before parallel
+connection that copy on one thread (``--copy-threads 1``: the path before parallel
 copies); "shm zero-copy" uploads with ``session.upload_buffer`` and ``asarray`` of it (the
 slot lent and the tensor made of it: no copy; the caller's writing of the values is not
 counted); "socket" is the same cluster with ``shared_memory=False``; "memcpy" is
@@ -34,7 +34,6 @@ import os
 import statistics
 import sys
 import time
-from typing import Iterator
 
 import numpy as np
 
@@ -45,7 +44,7 @@ from bench.ray_peer import RayPeer, installed as ray_installed  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 from bench.run import w3_fabric, w3_raw  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
-from fabric.parallel_copy import THREADS_ENV, ParallelCopy  # noqa: E402
+from fabric.parallel_copy import ParallelCopy  # noqa: E402
 
 SMALL_MOVE_BYTES = 8 << 20  # a move whose round trips weigh (its copy takes ~1 ms)
 
@@ -103,26 +102,6 @@ def memcpy(array: np.ndarray, warm: np.ndarray, copies: ParallelCopy) -> float:
     return array.nbytes / (time.perf_counter() - start) / 1e9
 
 
-@contextlib.contextmanager
-def one_thread_cluster() -> Iterator[fabric.LocalCluster]:
-    """A cluster like the default one whose workers copy on one thread (``FABRIC_COPY_THREADS``
-    is read as they start): the path before parallel copies, measured in the same run."""
-    cluster = fabric.LocalCluster(workers=2)
-    before = os.environ.get(THREADS_ENV)
-    os.environ[THREADS_ENV] = "1"
-    try:
-        cluster.start()
-    finally:
-        if before is None:
-            del os.environ[THREADS_ENV]
-        else:
-            os.environ[THREADS_ENV] = before
-    try:
-        yield cluster
-    finally:
-        cluster.__exit__()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="repetitions; medians are shown")
@@ -141,7 +120,7 @@ def main() -> None:
     with RawPeers(False, args.port) as direct, fabric.LocalCluster(workers=2) as cluster, \
             fabric.LocalCluster(workers=2,
                                 worker_args=("--shared-memory-limit", "0")) as copying, \
-            one_thread_cluster() as single, \
+            fabric.LocalCluster(workers=2, worker_args=("--copy-threads", "1")) as single, \
             fabric.connect(single.address, token=single.token, timeout=60,
                            shared_memory=fabric.SharedMemory(copy_threads=1)) as one, \
             one.open(1, timeout=60) as one_other, \
