@@ -204,27 +204,25 @@ def test_every_dtype_and_layout_goes_up_down_and_across_in_pieces(cutting_cluste
                          ids=["environment", "--copy-threads 1"])
 def test_an_upload_the_worker_copies_out_of_the_clients_slot_is_cut_too(cut_here, option,
                                                                          threads):
-    # (the worker's copying threads: as its environment says, or its option, which wins)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MIN_BYTES_ENV, "0")
-        with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
-                                 worker_args=("--shared-memory-limit", "0", *option)) \
-                as copying, \
-                connect(copying) as session:
-            worker = copying.workers[0].pid
-            session.sync()
-            before = threads_of(worker)
-            for dtype in ("bool", "int16", "float64", "complex128"):
-                for array in layouts(dtype):
-                    native = array.dtype.newbyteorder("=")
-                    tensor = session.asarray(array)  # (into this client's slot: copied out)
-                    assert tensor.numpy().tobytes() == \
-                        np.ascontiguousarray(array, native).tobytes()
-            assert session.connection.segments.copies.cut >= 4 * 4
-            # The worker cut its copies: its copying threads started (one per piece but its
-            # own, at most; a thread that is idle again takes the next piece); or, with one
-            # thread, copied on its own.
-            assert threads_of(worker) - before in threads
+    # (the worker's copying threads: as its environment says, or its option, which wins;
+    # its environment is this process's, which cuts every copy)
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--shared-memory-limit", "0", *option)) as copying, \
+            connect(copying) as session:
+        worker = copying.workers[0].pid
+        session.sync()
+        before = threads_of(worker)
+        for dtype in ("bool", "int16", "float64", "complex128"):
+            for array in layouts(dtype):
+                native = array.dtype.newbyteorder("=")
+                tensor = session.asarray(array)  # (into this client's slot: copied out)
+                assert tensor.numpy().tobytes() == \
+                    np.ascontiguousarray(array, native).tobytes()
+        assert session.connection.segments.copies.cut >= 4 * 4
+        # The worker cut its copies: its copying threads started (one per piece but its
+        # own, at most; a thread that is idle again takes the next piece); or, with one
+        # thread, copied on its own.
+        assert threads_of(worker) - before in threads
     assert not copying_threads()
 
 
