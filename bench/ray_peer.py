@@ -16,7 +16,6 @@ import importlib.util
 import os
 import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import numpy as np
@@ -24,6 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.raw import BULK_BYTES  # noqa: E402
+from bench.timing import seconds  # noqa: E402
 
 
 def installed() -> bool:
@@ -32,9 +32,7 @@ def installed() -> bool:
 
 
 def _rate(nbytes: int, run: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    run()
-    return nbytes / (time.perf_counter() - start) / 1e9
+    return nbytes / seconds(run) / 1e9
 
 
 class RayPeer:

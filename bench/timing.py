@@ -7,12 +7,14 @@ import time
 from typing import Any, Callable
 
 
+def seconds(run: Callable[[], Any]) -> float:
+    """The wall time of one ``run()``."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
 def median_seconds(run: Callable[[], Any], repeats: int) -> float:
     """The median wall time of ``run()`` over ``repeats`` calls, after one to warm up."""
     run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(seconds(run) for _ in range(repeats))

@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -38,9 +39,11 @@ import simhosts  # noqa: E402
 
 import fabric  # noqa: E402
 from fabric.cluster import with_bulk_malloc  # noqa: E402
+from bench.timing import seconds  # noqa: E402
 from fabric.launch_ssh import SSHCluster, parse_hosts  # noqa: E402
 
 RAW_PORT = 47100
+MOVE_SECONDS = 120  # the longest a raw move may take before the bench gives up
 
 
 
@@ -87,14 +90,15 @@ def raw_tcp(namespaces: tuple[str | None, str], address: str, port: int,
     def move() -> float:
         sender.stdin.write("go\n")
         sender.stdin.flush()
+        if not select.select([sender.stdout], [], [], MOVE_SECONDS)[0]:
+            raise TimeoutError(f"raw TCP to {where} moved nothing in {MOVE_SECONDS} s")
         return float(sender.stdout.readline())
 
     try:
         yield move
     finally:
-        for process in (sender, receiver):  # (the sender's end of stdin stops both)
-            if process is sender:
-                sender.stdin.close()
+        sender.stdin.close()  # (the end of its stdin stops the sender, which stops the other)
+        for process in (sender, receiver):
             try:
                 process.wait(10)
             except subprocess.TimeoutExpired:
@@ -123,13 +127,6 @@ def fabric_moves(hosts: simhosts.SimulatedHosts, bulk_host: str,
             yield {"to": lambda: seconds(lambda: tensor.to(there)),
                    "up": lambda: seconds(lambda: (there.asarray(values), there.sync())),
                    "down": lambda: seconds(on_there.numpy)}
-
-
-def seconds(run: Callable[[], Any]) -> float:
-    """The wall time of one ``run()``."""
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
 
 
 def main() -> None:
