@@ -44,10 +44,8 @@ class Owner:
 
 
 def add(stream: OpStream, size: int = 4, origin=("here", 0)):
-    """An elementwise op's result, queued as the operators queue it."""
-    tensor_id = next(stream.ids)
-    return stream.push(tensor_id, op_entry("add", tensor_id, (0, 1.0), {}), size, (size,), F8,
-                       origin)
+    """An elementwise op's result, queued in its compact entry, as the operators queue it."""
+    return stream.push_op("add", (0, 1.0), {}, size, (size,), F8, origin)
 
 
 def upload(stream: OpStream, nbytes: int):
@@ -214,10 +212,7 @@ class StreamMachine(RuleBasedStateMachine):
     @rule(size=st.integers(1, MAX_BATCH_ELEMENTS))
     def op(self, size: int) -> None:
         sent = len(self.owner.sent)
-        stream = self.owner.stream
-        tensor_id = next(stream.ids)
-        tensor = stream.push(tensor_id, op_entry("negative", tensor_id, (0,), {}), size, (size,),
-                             F8, None)
+        tensor = self.owner.stream.push_op("negative", (0,), {}, size, (size,), F8, None)
         self.expected.append(tensor.id)
         self.live.append(tensor)
         if 2 * size >= MAX_BATCH_ELEMENTS:  # a heavy op goes at once
