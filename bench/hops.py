@@ -59,14 +59,15 @@ def _noting(call: Callable[..., Any], event: int) -> Callable[..., Any]:
 def install(directory: str | None) -> None:
     """Note every message this process sends and receives; leave the notes in
     ``directory`` at exit (if given)."""
-    import fabric.connection
-    import fabric.sockets
+    import fabric.transport.connection
+    import fabric.core.sockets
     import fabric.broker.server
-    import fabric.workers.worker
+    import fabric.workers.control_io
 
-    sockets = fabric.sockets
+    sockets = fabric.core.sockets
     sent, received = _noting(sockets.send_frames, SENT), _noting(sockets.recv_frames, RECEIVED)
-    for module in (sockets, fabric.connection, fabric.broker.server, fabric.workers.worker):
+    for module in (sockets, fabric.transport.connection, fabric.broker.server,
+                   fabric.workers.control_io):
         # (the modules imported the functions by name: each binding is replaced)
         if hasattr(module, "send_frames"):
             module.send_frames = sent
@@ -118,7 +119,7 @@ def main() -> None:
     sys.path.insert(0, ROOT)
     import fabric
     from bench.raw import RawPeers, raw_read
-    from fabric.cluster import with_bulk_malloc
+    from fabric.launch.local import with_bulk_malloc
 
     workdir = tempfile.TemporaryDirectory(prefix="fabric-hops-")
     hook, notes_dir = os.path.join(workdir.name, "hook"), os.path.join(workdir.name, "notes")

@@ -102,7 +102,7 @@ _TOKENS = {"FABRIC_TOKEN": "c" * 32, "FABRIC_WORKER_TOKEN": "w" * 32,
 
 def _under_valgrind(out: str, args: list[str]) -> subprocess.Popen:
     """``python args`` under callgrind, each thread counted in its own ``out-NN`` file."""
-    from fabric.cluster import BULK_MALLOC_STARTED
+    from fabric.launch.local import BULK_MALLOC_STARTED
     # (marked as started with its malloc's settings: a server started by hand otherwise
     # replaces itself with a process that valgrind does not follow, and no thread is counted)
     return subprocess.Popen(

@@ -24,9 +24,9 @@ import zmq
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
-from fabric import protocol  # noqa: E402
-from fabric.protocol import Kind, Message  # noqa: E402
-from fabric.security import present_token  # noqa: E402
+from fabric.core import protocol  # noqa: E402
+from fabric.core.protocol import Kind, Message  # noqa: E402
+from fabric.core.security import present_token  # noqa: E402
 from bench.run import w2_fabric  # noqa: E402
 
 DEADLINE_MS = 10_000

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
-from fabric.cluster import with_bulk_malloc  # noqa: E402
+from fabric.launch.local import with_bulk_malloc  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers, raw_read  # noqa: E402
 
 W1_OPS = 10_000

@@ -25,10 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from prometheus_client.exposition import generate_latest  # noqa: E402
 from prometheus_client.registry import CollectorRegistry  # noqa: E402
 
-from fabric import protocol  # noqa: E402
 from fabric.broker.metrics import FabricCollector, figures  # noqa: E402
 from fabric.broker.registry import Registry  # noqa: E402
-from fabric.protocol import OP_SECONDS_BUCKETS, DeviceReport, Kind, Message, WorkerReport  # noqa: E402,E501
+from fabric.core import protocol  # noqa: E402
+from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Message,  # noqa: E402
+                                  WorkerReport)
 
 _TOKEN, _WORKER_TOKEN = "c" * 32, "w" * 32
 

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 import simhosts  # noqa: E402
 
 from fabric import LocalCluster  # noqa: E402
-from fabric.launch_ssh import SSHCluster, parse_hosts  # noqa: E402
+from fabric.launch.ssh import SSHCluster, parse_hosts  # noqa: E402
 
 
 def timed(make, repeats: int) -> tuple[float, float]:

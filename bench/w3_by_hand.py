@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fabric  # noqa: E402
 from bench.raw import BULK_BYTES  # noqa: E402
 from bench.run import w3_fabric  # noqa: E402
-from fabric.cluster import BULK_MALLOC_STARTED  # noqa: E402
+from fabric.launch.local import BULK_MALLOC_STARTED  # noqa: E402
 
 TOKENS = {"FABRIC_TOKEN": "bench-client", "FABRIC_WORKER_TOKEN": "bench-worker"}
 

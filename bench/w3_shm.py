@@ -21,7 +21,7 @@ slot lent and the tensor made of it: no copy; the caller's writing of the values
 counted); "socket" is the same cluster with ``shared_memory=False``; "memcpy" is
 ``np.copyto`` into a warm buffer of the same size, the ceiling for any path that copies once
 on one thread; "parallel memcpy" is the same copy in pieces on the copying threads the
-shared-memory path uses (``fabric.parallel_copy``, as many as ``FABRIC_COPY_THREADS`` says or
+shared-memory path uses (``fabric.core.parallel_copy``, as many as ``FABRIC_COPY_THREADS`` says or
 the cores allow), its ceiling. Where Ray is installed, its put and get of the same array are
 timed in the same runs (``bench/ray_peer.py``).
 """
@@ -43,8 +43,8 @@ import fabric  # noqa: E402
 from bench.ray_peer import RayPeer, installed as ray_installed  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
 from bench.run import w3_fabric, w3_raw  # noqa: E402
-from fabric.cluster import with_bulk_malloc  # noqa: E402
-from fabric.parallel_copy import ParallelCopy  # noqa: E402
+from fabric.core.parallel_copy import ParallelCopy  # noqa: E402
+from fabric.launch.local import with_bulk_malloc  # noqa: E402
 
 SMALL_MOVE_BYTES = 8 << 20  # a move whose round trips weigh (its copy takes ~1 ms)
 

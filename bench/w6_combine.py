@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
 from bench.timing import median_seconds  # noqa: E402
-from fabric.sharded import ShardedTensor  # noqa: E402
+from fabric.mesh.sharded import ShardedTensor  # noqa: E402
 
 ROWS_PER_DEVICE = 8
 

@@ -38,9 +38,9 @@ import zmq  # noqa: E402
 import simhosts  # noqa: E402
 
 import fabric  # noqa: E402
-from fabric.cluster import with_bulk_malloc  # noqa: E402
+from fabric.launch.local import with_bulk_malloc  # noqa: E402
 from bench.timing import seconds  # noqa: E402
-from fabric.launch_ssh import SSHCluster, parse_hosts  # noqa: E402
+from fabric.launch.ssh import SSHCluster, parse_hosts  # noqa: E402
 
 RAW_PORT = 47100
 MOVE_SECONDS = 120  # the longest a raw move may take before the bench gives up

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from fabric.errors import FabricError, HandshakeError, NotFound, SessionLost
-from fabric.log_limit import peer_label
-from fabric.protocol import Kind, Message
+from fabric.core.errors import FabricError, HandshakeError, NotFound, SessionLost
+from fabric.core.log_limit import peer_label
+from fabric.core.protocol import Kind, Message
 
 from .model import (
     Limits,

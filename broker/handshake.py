@@ -33,7 +33,7 @@ from typing import Any, Mapping, Sequence
 from zmq import ZMQError
 from zmq.utils import z85
 
-from fabric.errors import (
+from fabric.core.errors import (
     DeviceDraining,
     DeviceOffline,
     DuplicateSession,
@@ -44,9 +44,9 @@ from fabric.errors import (
     VersionMismatch,
     WrongPort,
 )
-from fabric import __version__
-from fabric.protocol import PROTOCOL_VERSION, Kind, Message
-from fabric.security import BACKEND_DOMAIN
+from fabric.core.protocol import PROTOCOL_VERSION, Kind, Message
+from fabric.core.security import BACKEND_DOMAIN
+from fabric.core.version import __version__
 
 from .model import Limits, Side
 from .sessions import SessionTable

@@ -11,7 +11,7 @@ Labels stay few: ``device`` and ``worker`` at most, plus small fixed sets (a sta
 direction, a refusal reason, an event name); never a session or connection id. The broker
 sees data messages, not the ops inside them (it never decodes their bodies): ops, op time,
 memory, graph calls and queued messages are what each worker last said of its devices in a
-heartbeat (``fabric.protocol.WorkerReport``); a device whose worker has said nothing yet (or
+heartbeat (``fabric.core.protocol.WorkerReport``); a device whose worker has said nothing yet (or
 is gone) has none of those samples.
 """
 
@@ -28,9 +28,9 @@ from prometheus_client.exposition import start_wsgi_server
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from fabric.protocol import OP_SECONDS_BUCKETS, DeviceReport
+from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport
 
-from .admin import RegistryView, device_traffic
+from .admin_service import RegistryView, device_traffic
 from .model import Traffic
 
 PUBLISH_INTERVAL = 0.25  # seconds between snapshots: what a scrape sees is at most this old

@@ -14,16 +14,16 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from fabric import protocol
-from fabric.errors import FabricError
-from fabric.flow import (
+from fabric.core import protocol
+from fabric.core.errors import FabricError
+from fabric.core.flow import (
     DEFAULT_HWM,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_SESSIONS_PER_CLIENT,
     DEFAULT_MAX_SESSIONS_PER_DEVICE,
     DEFAULT_PEER_QUEUE,
 )
-from fabric.protocol import Kind, Message
+from fabric.core.protocol import Kind, Message
 
 
 class Side(str, enum.Enum):  # (a str: hashed in C; a plain Enum's __hash__ is Python code)
@@ -43,7 +43,7 @@ class Send(NamedTuple):
 
 
 # Data messages are forwarded as ``new_send(Send, (side, identity, frames, 0.0))``: the named
-# tuple's own ``__new__`` is a Python call, on every message (see ``fabric.protocol``).
+# tuple's own ``__new__`` is a Python call, on every message (see ``fabric.core.protocol``).
 new_send = tuple.__new__
 
 
@@ -129,7 +129,7 @@ class Worker:
     instance: bytes = b""  # the worker process's random id: its reconnections carry it too
     host: str = ""  # the host name it reports in REGISTER
     address: str = ""  # its address as the broker sees it (ZeroMQ's Peer-Address), if any
-    bulk: dict[str, Any] | None = None  # its direct links' endpoint (``broker.links``), if any
+    bulk: dict[str, Any] | None = None  # its direct links' endpoint (``link_grants``), if any
     report: protocol.WorkerReport | None = None  # its last heartbeat's (``decode_report``)
 
     @property
@@ -194,7 +194,7 @@ class Limits:
     peer_queue: int = DEFAULT_PEER_QUEUE  # messages parked for a peer whose queue is full
     # How long a worker's parked queue may stay full (the frontend unread meanwhile) before
     # it is lost; None: 2/3 of heartbeat x liveness, under the clients' heartbeat timeout
-    # (fabric.flow), which would drop the connections of clients whose sends wait meanwhile.
+    # (fabric.core.flow), which would drop the connections of clients whose sends wait meanwhile.
     slow_peer_timeout: float | None = None
     auth_delay: float = 0.2  # a refused token is answered this much later (the loop holds it)
     # How long a peer has to finish the ZeroMQ handshake, its token included: connections that

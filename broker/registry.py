@@ -3,11 +3,11 @@
 Rule: this is where an event meets the rooms it touches. The I/O loop (``broker.server``)
 feeds this object frames, "unroutable" events and the clock, and sends the ``Send`` items it
 returns; nothing here touches a socket or reads the clock. The rooms keep their own rules:
-admission checks in ``broker.handshake`` (ZAP's answers in ``broker.zap``), session phases
+admission checks in ``broker.handshake`` (ZAP's answers in ``broker.zap_gate``), session phases
 and indexes in ``broker.sessions``, sessions the broker ends itself in ``broker.endings``,
 workers, lanes and device numbers in ``broker.worker_table``, admin commands in
-``broker.admin``, answers to oversized messages in ``broker.sizes``, the records in
-``broker.model``; the loop's flow control in ``broker.flow``.
+``broker.admin_service``, answers to oversized messages in ``broker.sizes``, the records in
+``broker.model``; the loop's flow control in ``broker.backpressure``.
 
 Data messages are routed by the header alone (a header unpack and a dict lookup), their
 body and buffers handed on as the frames that arrived. Traffic is counted per session there
@@ -17,7 +17,7 @@ Message sizes: each peer says the largest frame its socket takes (``max_message_
 HELLO and REGISTER); the broker tells each side what it may send towards the other (WELCOME
 for uploads, OPEN for replies, REGISTERED for transfers), so that an oversized array is
 refused with ``MessageTooLarge`` by its sender instead of a silent disconnect; a message
-with more frames or bytes in all than fabric ever sends is refused too (``fabric.flow``).
+with more frames or bytes in all than fabric ever sends is refused too (``fabric.core.flow``).
 Heartbeats to a worker list the sessions the broker holds on it (to a lane, its device's),
 and the worker closes any other: a lost CLOSE cannot leak a session's memory.
 
@@ -33,10 +33,10 @@ import logging
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
-from fabric import protocol
-from fabric.errors import AuthenticationError, FabricError, ProtocolError, SessionLost
-from fabric.flow import MAX_MESSAGE_FRAMES, largest_frame, message_bytes_limit
-from fabric.protocol import (
+from fabric.core import protocol
+from fabric.core.errors import AuthenticationError, FabricError, ProtocolError, SessionLost
+from fabric.core.flow import MAX_MESSAGE_FRAMES, largest_frame, message_bytes_limit
+from fabric.core.protocol import (
     CLIENT_DATA_KINDS,
     PROTOCOL_VERSION,
     WORKER_DATA_KINDS,
@@ -45,7 +45,7 @@ from fabric.protocol import (
     Message,
 )
 
-from . import admin, links
+from . import admin_service, link_grants
 from .endings import Endings
 from .handshake import (
     hello_refusal,
@@ -59,7 +59,6 @@ from .handshake import (
     token_ok,
     version_mismatch,
 )
-from fabric.log_limit import RateLimitedLog
 from .model import (
     Limits,
     Send,
@@ -75,7 +74,8 @@ from .model import (
 from .sessions import SessionEvent, SessionTable
 from .sizes import frames_size as _frames_size, message_too_large, transfer_too_large
 from .worker_table import WorkerTable
-from .zap import ZapGate
+from .zap_gate import ZapGate
+from fabric.core.log_limit import RateLimitedLog
 
 log = logging.getLogger("fabric.broker")
 
@@ -120,7 +120,7 @@ class Registry:
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
         self.stopping = False  # set by the admin ``shutdown``: the I/O loop stops
-        # The I/O loop's flow-control figures, for the admin ``status`` (``broker.flow``).
+        # The I/O loop's flow-control figures, for the admin ``status`` (``broker.backpressure``).
         self.queue_figures: Callable[[], dict[str, Any]] = dict
         self._endings = Endings(self._sessions, self.worker_table, self.counters, self.rejects,
                                 limits)
@@ -321,7 +321,7 @@ class Registry:
                 "The broker refused the token: admin commands need the admin token "
                 "(FABRIC_ADMIN_TOKEN, or the admin_token of the connection file)."),
                 kind=Kind.REJECT, request=message.request)], now)
-        return admin.answer(self, identity, message, now)
+        return admin_service.answer(self, identity, message, now)
 
     _client_handlers = {
         Kind.HELLO: _on_hello,
@@ -329,7 +329,7 @@ class Registry:
         Kind.CLOSE: _on_close,
         Kind.PING: _on_ping,
         Kind.ADMIN: _on_admin,
-        Kind.LINK: links.grant_to_client,
+        Kind.LINK: link_grants.grant_to_client,
     }
 
     # -- workers -----------------------------------------------------------------------
@@ -439,7 +439,7 @@ class Registry:
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
             last_seen=now, max_message_bytes=size_limit(body, self.limits.max_message_bytes),
             lanes=list(lanes), instance=instance, host=reported_host(body), address=address,
-            bulk=links.reported_bulk(body)))
+            bulk=link_grants.reported_bulk(body)))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
         sends.append(send_message(Side.BACKEND, identity, Message(
@@ -500,7 +500,7 @@ class Registry:
         Kind.REJECT: _on_worker_error,
         Kind.HEARTBEAT: _on_heartbeat,
         Kind.PONG: _on_heartbeat,
-        Kind.LINK: links.grant,
+        Kind.LINK: link_grants.grant,
     }
 
     # -- sessions the broker ends (``broker.endings``); peers that vanish ----------------------
@@ -571,7 +571,8 @@ class Registry:
                                           Message(Kind.PING, session.id)))
         return sends
 
-    # -- administration (the commands are in broker.admin) -----------------------------------
+    # -- administration (the commands are in broker.admin_service)
+    # -----------------------------------
 
     def close_session(self, session_id: int) -> list[Send]:
         """End a session for an administrator: closed on its worker, its client told.

@@ -4,12 +4,12 @@ Rule: this is the only broker module that knows about zmq. It receives frames wi
 copying, hands them to ``Registry`` and sends what it returns; data frames pass through as
 the same ``zmq.Frame`` objects. Unroutable peers (``ROUTER_MANDATORY``) are reported back to
 the registry as vanished. What a full peer cannot take yet goes to the flow control
-(``broker.flow``), which decides when to cut a client, pause the frontend or lose a worker;
+(``broker.backpressure``), which decides when to cut a client, pause the frontend or lose a worker;
 the loop retries its queues and reads the frontend only while it allows. Answers with a
 not-before time (refused tokens) wait in a small timer queue (``broker.held``) that the poll
 timeout respects. Peers authenticate in the ZeroMQ handshake (PLAIN with a token as the
-password, or CURVE with an allowed key; ``fabric.security``): libzmq asks this loop over ZAP
-(a third ROUTER, ``broker.zap``) and the registry answers, so a peer without a token is never
+password, or CURVE with an allowed key; ``fabric.core.security``): libzmq asks this loop over ZAP
+(a third ROUTER, ``broker.zap_gate``) and the registry answers, so a peer without a token is never
 attached to either ROUTER.
 """
 
@@ -30,17 +30,17 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from fabric.addresses import advertised
-from fabric.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
-from fabric.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, CurveServer, authenticate_peers
+from fabric.core.addresses import advertised
+from fabric.core.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, CurveServer, authenticate_peers
+from fabric.core.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
 
-from .flow import FlowControl, Peer, PeerUnreachable
+from .backpressure import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
 from .metrics import MetricsPublisher
 from .model import Limits, Send, Side
 from .registry import Registry
 from .state_file import StateFile
-from .zap import ZAP_ENDPOINT
+from .zap_gate import ZAP_ENDPOINT
 
 log = logging.getLogger("fabric.broker")
 

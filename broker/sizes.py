@@ -1,7 +1,7 @@
 """What the broker answers for a message past a size limit, sans I/O.
 
 Rule: libzmq bounds each frame (MAXMSGSIZE) and holds a multipart message whole before the
-broker sees it; these checks bound the rest (``fabric.flow``: a message's frame count and
+broker sees it; these checks bound the rest (``fabric.core.flow``: a message's frame count and
 total bytes) as soon as a message is in, and the sender learns why in a typed error
 (``MessageTooLarge``) instead of a silent drop. A TRANSFER bigger than its destination worker
 takes arrives there as that error in place of the tensor.
@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from fabric import protocol
-from fabric.errors import MessageTooLarge, ProtocolError
-from fabric.flow import MAX_MESSAGE_FRAMES, largest_frame, size_and_limit_text
-from fabric.protocol import Header, Kind, Message
+from fabric.core import protocol
+from fabric.core.errors import MessageTooLarge, ProtocolError
+from fabric.core.flow import MAX_MESSAGE_FRAMES, largest_frame, size_and_limit_text
+from fabric.core.protocol import Header, Kind, Message
 
 from .model import Send, Side, Worker, send_error, send_message
 

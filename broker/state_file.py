@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from fabric.config import write_secret_file
-from fabric.errors import ConfigError
+from fabric.core.config import write_secret_file
+from fabric.core.errors import ConfigError
 
 from .worker_table import WorkerTable
 

@@ -33,7 +33,7 @@ import logging
 import re
 from typing import Any
 
-from fabric.errors import NotFound, ProtocolError, WorkerNameTaken
+from fabric.core.errors import NotFound, ProtocolError, WorkerNameTaken
 
 from .model import Session, Traffic, Worker
 

@@ -1,7 +1,7 @@
 """Fabric: numpy-style arrays that live on remote devices, served over ZeroMQ.
 
 Names load on first use (PEP 562): brokers and workers import only the sans-I/O core
-(``fabric.protocol``, ``fabric.wire``, ...), and must not pay for the client, the cluster
+(``fabric.core.protocol``, ``fabric.core.wire``, ...), and must not pay for the client, the cluster
 launcher or asyncio.
 """
 
@@ -10,29 +10,36 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from fabric.core.version import __version__
 
 # Each public name and the module that defines it.
-_ERRORS = (
-    "AuthenticationError", "ConnectError", "DeviceNotHostable", "EncryptionError", "FabricError",
+_ERRORS = (  # every class of fabric.core.errors (tests/test_errors.py checks it)
+    "AuthenticationError", "ClusterError", "ConfigError", "ConnectError", "DeviceDraining",
+    "DeviceNotHostable", "DeviceOffline", "DuplicateSession", "EncryptionError", "FabricError",
     "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoSuchDevice",
-    "ProtocolError", "RemoteError", "RemoteWarning", "RequestTimeout", "ServerDisconnected",
-    "SessionLost", "TooManySessions", "TraceError", "VersionMismatch", "WrongPort",
+    "NotFound", "ProtocolError", "QuotaExceeded", "RemoteError", "RemoteWarning",
+    "RequestTimeout", "ServerDisconnected", "SessionLost", "TooManySessions", "TraceError",
+    "VersionMismatch", "WorkerNameTaken", "WrongPort",
 )
 _HOMES = {
-    "Admin": "admin", "Trace": "trace", "capture": "trace", "Device": "device",
-    "Session": "session", "connect": "client", "devices": "client", "LocalCluster": "cluster",
-    "Function": "graph", "function": "graph", "PROTOCOL_VERSION": "protocol",
-    "CurveClient": "security", "CurveServer": "security", "generate_keys": "security",
-    "Tensor": "tensor", "Mesh": "mesh", "ShardedTensor": "sharded", "Sharding": "sharding",
-    "SharedMemory": "shm",
-    **{name: "errors" for name in _ERRORS},
+    "Admin": "client.admin", "Trace": "graphs.capture", "capture": "graphs.capture",
+    "Device": "core.device", "Session": "client.session", "connect": "api",
+    "devices": "api", "LocalCluster": "launch.local", "Function": "graphs.function",
+    "function": "graphs.function", "PROTOCOL_VERSION": "core.protocol",
+    "CurveClient": "core.security", "CurveServer": "core.security",
+    "generate_keys": "core.security", "Tensor": "arrays.tensor", "Mesh": "mesh.device_mesh",
+    "ShardedTensor": "mesh.sharded", "Sharding": "mesh.sharding", "SharedMemory": "core.shm",
+    **{name: "core.errors" for name in _ERRORS},
 }
+# The subpackages, loaded on first use too (``fabric.core.flow.SUBMIT_WINDOW``).
+_SUBPACKAGES = ("core", "arrays", "transport", "mesh", "graphs", "client", "launch", "cli")
 
 __all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'fabric' has no attribute {name!r}")
@@ -42,4 +49,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOMES))
+    return sorted(set(globals()) | set(_HOMES) | set(_SUBPACKAGES))

@@ -1,3 +1,3 @@
-from .cli import main
+from fabric.cli.main import main
 
 main()

@@ -32,8 +32,8 @@ import zmq
 from rawpeers import AdmittingContext, ServerThread
 
 import fabric
-from fabric import protocol
-from fabric.security import present_token
+from fabric.core import protocol
+from fabric.core.security import present_token
 
 TO_BROKER, TO_WORKER = "to_broker", "to_worker"
 MAX_IN_FLIGHT = 10_000  # messages the proxy holds per direction; more are dropped, counted

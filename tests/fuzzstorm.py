@@ -43,9 +43,9 @@ from test_protocol import (  # noqa: E402
     plausible_messages,
 )
 
-from fabric import protocol  # noqa: E402
-from fabric.errors import ProtocolError, WrongPort  # noqa: E402
-from fabric.protocol import (  # noqa: E402
+from fabric.core import protocol  # noqa: E402
+from fabric.core.errors import ProtocolError, WrongPort  # noqa: E402
+from fabric.core.protocol import (  # noqa: E402
     DATA_KINDS,
     HEADER,
     MAX_ID,

@@ -2,7 +2,7 @@
 
 Rule: every peer here is a context manager that closes its socket (and joins its thread)
 on exit, and every receive has a deadline. Nothing here mocks fabric: the raw peers speak
-frames built with ``fabric.protocol`` (or deliberately broken ones) to real processes.
+frames built with ``fabric.core.protocol`` (or deliberately broken ones) to real processes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from fabric import protocol
-from fabric.broker import zap
-from fabric.broker.zap import ZAP_ENDPOINT
-from fabric.protocol import PROTOCOL_VERSION, Header, Kind, Message
-from fabric.security import present_token
+from fabric.broker import zap_gate
+from fabric.broker.zap_gate import ZAP_ENDPOINT
+from fabric.core import protocol
+from fabric.core.protocol import PROTOCOL_VERSION, Header, Kind, Message
+from fabric.core.security import present_token
 
 
 def free_tcp_address() -> str:
@@ -162,9 +162,9 @@ class AdmittingContext:
         while not self._stop.is_set():
             if self._zap.poll(50, zmq.POLLIN):
                 identity, *frames = self._zap.recv_multipart()
-                request = zap.parse_request(frames)
-                self._zap.send_multipart([identity, *zap.reply(request.request_id, zap.ALLOWED,
-                                                               "OK", "test")])
+                request = zap_gate.parse_request(frames)
+                allowed = zap_gate.reply(request.request_id, zap_gate.ALLOWED, "OK", "test")
+                self._zap.send_multipart([identity, *allowed])
 
     def router(self) -> zmq.Socket:
         """A ROUTER that takes PLAIN handshakes (not yet bound)."""

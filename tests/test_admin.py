@@ -18,8 +18,8 @@ from rawpeers import free_tcp_address
 
 import fabric
 from fabric import Admin, LocalCluster
-from fabric.config import write_secret_file
-from fabric.errors import (
+from fabric.core.config import write_secret_file
+from fabric.core.errors import (
     AuthenticationError,
     ConfigError,
     ConnectError,

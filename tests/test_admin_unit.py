@@ -35,10 +35,9 @@ from test_registry import (
 )
 
 from fabric.broker.model import SessionPhase, Side
-from fabric.log_limit import peer_label
 from fabric.broker.registry import Registry
-from fabric import protocol
-from fabric.errors import (
+from fabric.core import protocol
+from fabric.core.errors import (
     AuthenticationError,
     DeviceDraining,
     HandshakeError,
@@ -47,7 +46,8 @@ from fabric.errors import (
     SessionLost,
     error_from_wire,
 )
-from fabric.protocol import Kind
+from fabric.core.log_limit import peer_label
+from fabric.core.protocol import Kind
 
 ADMIN_TOKEN = "admin-secret-token"
 ADMIN = b"admin-1"  # the admin tool's identity on the frontend

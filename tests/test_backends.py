@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_executor import opened, read, submit
 
-from fabric.errors import DeviceNotHostable
-from fabric.ops import Op
+from fabric.core.errors import DeviceNotHostable
+from fabric.core.ops import Op
 from fabric.workers.backends import BACKENDS, device_class
 from fabric.workers.backends.base import Backend
 
@@ -63,7 +63,7 @@ def test_unknown_and_unhostable_backends_are_refused_by_name():
 
 
 def test_a_numpy_worker_does_not_load_numexpr():
-    probe = ("import sys; from fabric.workers.worker import Worker; "
+    probe = ("import sys; from fabric.workers.control_io import Worker; "
              "from fabric.workers.backends import device_class; device_class('numpy')(0); "
              "print(sorted(m for m in sys.modules if 'numexpr' in m))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

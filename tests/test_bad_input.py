@@ -15,9 +15,9 @@ from conftest import assert_broker_serves
 from rawpeers import RawDealer, frames_of
 
 import fabric
-from fabric import protocol
-from fabric.errors import error_from_wire
-from fabric.protocol import HEADER_SIZE, MAGIC, PROTOCOL_VERSION, Header, Kind, Message
+from fabric.core import protocol
+from fabric.core.errors import error_from_wire
+from fabric.core.protocol import HEADER_SIZE, MAGIC, PROTOCOL_VERSION, Header, Kind, Message
 
 GOOD_HEADER = Header(Kind.DEVICES, session=7, request=9).pack()
 GOOD_BODY = protocol.pack_body({"token": "x"})

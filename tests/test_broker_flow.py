@@ -1,4 +1,4 @@
-"""The broker's flow control (``broker.flow``), sans I/O, on a fake clock.
+"""The broker's flow control (``broker.backpressure``), sans I/O, on a fake clock.
 
 A real registry (built with test_registry's helpers) answers the cuts and losses; the
 "sockets" are a fake send function whose peers take a set number of messages, or are not
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from test_registry import A, B, C1, C2, decoded, frames, make_registry, open_session
 
-from fabric.broker.flow import FlowControl, PeerUnreachable
+from fabric.broker.backpressure import FlowControl, PeerUnreachable
 from fabric.broker.model import Limits, Send, Side
-from fabric.errors import SessionLost, error_from_wire
-from fabric.protocol import Kind
+from fabric.core.errors import SessionLost, error_from_wire
+from fabric.core.protocol import Kind
 
 LIMITS = Limits(heartbeat=1.0, peer_queue=4, slow_peer_timeout=0.5)
 WORKER_A, CLIENT_1 = (Side.BACKEND, A), (Side.FRONTEND, C1)

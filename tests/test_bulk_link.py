@@ -1,4 +1,4 @@
-"""The direct links' I/O (``workers.bulk_link``) between two endpoints in this process, each
+"""The direct links' I/O (``workers.direct_links_io``) between two endpoints in this process, each
 on its own ZeroMQ context (ZAP handlers are per context), over loopback TCP; the broker's two
 grants handed to them by the test. End to end with real workers: ``test_direct_links.py``.
 """
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import zmq
 
-from fabric import protocol
-from fabric.protocol import Kind, Message
-from fabric.workers.bulk_link import BulkLinks
-from fabric.workers.links import CONNECT_SECONDS
+from fabric.core import protocol
+from fabric.core.protocol import Kind, Message
+from fabric.workers.direct_links import CONNECT_SECONDS
+from fabric.workers.direct_links_io import BulkLinks
 
 pytestmark = pytest.mark.timeout(20)
 

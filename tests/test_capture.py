@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.trace import Trace
+from fabric.graphs.capture import Trace
 
 
 def test_a_captured_computation_replays_on_another_session(session, shared_cluster, tmp_path):

@@ -97,7 +97,7 @@ def environment_of(pid: int) -> dict[str, str]:
 
 @pytest.mark.timeout(60)
 def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_users_choice():
-    from fabric.cluster import BULK_MALLOC_STARTED, BULK_MALLOC_TUNABLES
+    from fabric.launch.local import BULK_MALLOC_STARTED, BULK_MALLOC_TUNABLES
 
     bare = {k: v for k, v in os.environ.items()
             if k not in ("GLIBC_TUNABLES", BULK_MALLOC_STARTED)}

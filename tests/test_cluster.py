@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import fabric
-from fabric.addresses import advertised
-from fabric.errors import ConfigError, ConnectError
+from fabric.core.addresses import advertised
+from fabric.core.errors import ConfigError, ConnectError
 
 from conftest import child_pids, children_of
 from faultproxy import wait_for
@@ -197,7 +197,7 @@ def test_connect_with_nothing_named_runs_an_embedded_cluster_and_stops_it():
         "s = fabric.connect()\n"
         "print(s.device_count, s.arange(4).sum().numpy())\n"
         "s.close()\n"
-        "import fabric.cluster as c\n"
+        "import fabric.launch.local as c\n"
         "print(c._embedded is None)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "FABRIC_CONNECTION_FILE"}
@@ -211,7 +211,7 @@ def test_connect_with_nothing_named_runs_an_embedded_cluster_and_stops_it():
 
 
 def test_brokers_and_workers_start_with_bulk_malloc_unless_told_otherwise(monkeypatch):
-    from fabric.cluster import BULK_MALLOC_TUNABLES, with_bulk_malloc
+    from fabric.launch.local import BULK_MALLOC_TUNABLES, with_bulk_malloc
 
     ours = ":".join(BULK_MALLOC_TUNABLES)
     assert with_bulk_malloc({})["GLIBC_TUNABLES"] == ours

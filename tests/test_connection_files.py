@@ -1,5 +1,5 @@
 """Unit: the connection file (for users) and the admin file (for operators), written and read
-by ``fabric.config``, and which file ``fabric.Admin`` reads. No processes, no sockets."""
+by ``fabric.core.config``, and which file ``fabric.Admin`` reads. No processes, no sockets."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fabric.admin import resolve_target
-from fabric.config import (
+from fabric.client.admin import resolve_target
+from fabric.core.config import (
     admin_file_beside,
     default_admin_file,
     default_connection_file,
@@ -19,7 +19,7 @@ from fabric.config import (
     write_connection_file,
     write_secret_file,
 )
-from fabric.errors import ConfigError
+from fabric.core.errors import ConfigError
 
 CURVE = {"secret_key_file": "/keys/client.key_secret", "server_public_key_file": "/keys/broker.key"}
 CLUSTER = {"address": "tcp://127.0.0.1:5555", "backend_address": "tcp://127.0.0.1:5556",

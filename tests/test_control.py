@@ -15,10 +15,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from fabric import protocol
-from fabric.errors import (AuthenticationError, ProtocolError, VersionMismatch,
+from fabric.core import protocol
+from fabric.core.errors import (AuthenticationError, ProtocolError, VersionMismatch,
                            WorkerNameTaken, WrongPort)
-from fabric.protocol import Kind, Message
+from fabric.core.protocol import Kind, Message
 from fabric.workers.control import (Attach, BrokerSilent, ClientPortReached, Connect, Control,
                                     Probe, RegistrationRefused, Send)
 

@@ -3,7 +3,7 @@ broker (issue 24 section 1): workers started at once get distinct slots, and wor
 and restarted take back their names and device indexes, adding no offline ones.
 
 End to end with a real broker and real ``fabric worker`` processes; the slot claims
-themselves (``fabric.host_slot``) are also checked in this process.
+themselves (``fabric.core.host_slot``) are also checked in this process.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from conftest import HEARTBEAT
 
 from fabric import LocalCluster
-from fabric.host_slot import claim_slot
+from fabric.core.host_slot import claim_slot
 
 pytestmark = pytest.mark.timeout(90)
 

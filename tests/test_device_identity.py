@@ -12,10 +12,10 @@ from conftest import HEARTBEAT
 from faultproxy import wait_for
 from test_security import run_cli
 
-from fabric.errors import NotFound, WorkerNameTaken
 from fabric import LocalCluster
 from fabric.broker.model import Worker
 from fabric.broker.worker_table import WorkerTable
+from fabric.core.errors import NotFound, WorkerNameTaken
 
 
 def _worker(name: str, devices: int, identity: bytes) -> Worker:

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric import LocalCluster, protocol
-from fabric.broker.admin import devices as admin_devices
+from fabric import LocalCluster
+from fabric.broker.admin_service import devices as admin_devices
 from fabric.broker.metrics import families, figures
 from fabric.broker.model import Side
-from fabric.errors import ProtocolError, error_from_wire
-from fabric.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Message, WorkerReport,
+from fabric.core import protocol
+from fabric.core.errors import ProtocolError, error_from_wire
+from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Message, WorkerReport,
                              decode_report, report_body)
 from fabric.workers.tally import DeviceTally
 from conftest import HEARTBEAT

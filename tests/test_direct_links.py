@@ -30,11 +30,11 @@ import pytest
 import zmq
 
 import fabric
-from fabric.direct_link import DIRECT_BYTES
-from fabric.errors import QuotaExceeded, SessionLost
-from fabric.launch_ssh import SSHCluster, parse_hosts
-from fabric.security import LINK_STALL_SECONDS, LINK_USER, generate_keys
-from fabric.workers.links import CONNECT_SECONDS
+from fabric.core.errors import QuotaExceeded, SessionLost
+from fabric.core.security import LINK_STALL_SECONDS, LINK_USER, generate_keys
+from fabric.launch.ssh import SSHCluster, parse_hosts
+from fabric.transport.direct_link import DIRECT_BYTES
+from fabric.workers.direct_links import CONNECT_SECONDS
 
 import simhosts
 from conftest import HEARTBEAT, wait_until

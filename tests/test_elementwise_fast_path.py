@@ -1,4 +1,4 @@
-"""End-to-end: the elementwise operators' short way (``fabric.tensor._elementwise_pair``),
+"""End-to-end: the elementwise operators' short way (``fabric.arrays.tensor._elementwise_pair``),
 which remembers result dtypes per kind of operands by their dtypes alone, gives numpy's
 dtypes, values and errors whatever order shapes, kinds and scalars come in."""
 
@@ -9,7 +9,7 @@ import operator
 import numpy as np
 import pytest
 
-from fabric.ops import NO_PARAMS
+from fabric.core.ops import NO_PARAMS
 
 DTYPES = ["bool", "int8", "uint8", "int32", "int64", "float32", "float64"]
 # (operator, left, right): "t" is the tensor, "u" a second tensor of its shape; the rest are

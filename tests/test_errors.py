@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabric import errors, protocol
-from fabric.errors import (
+from fabric.core import errors, protocol
+from fabric.core.errors import (
     ERRORS_BY_CODE,
     ConnectError,
     FabricError,
@@ -14,7 +14,7 @@ from fabric.errors import (
     VersionMismatch,
     error_from_wire,
 )
-from fabric.protocol import Kind
+from fabric.core.protocol import Kind
 
 # The codes travel on the wire between versions: renaming one is a protocol change.
 STABLE_CODES = {
@@ -163,3 +163,37 @@ def test_missing_message_gives_an_empty_message():
     rebuilt = error_from_wire({"code": "timeout"})
     assert type(rebuilt) is errors.RequestTimeout
     assert (rebuilt.message, rebuilt.details) == ("", {})
+
+
+def _error_classes() -> list[type]:
+    return [value for value in vars(errors).values()
+            if isinstance(value, type) and value.__module__ == errors.__name__]
+
+
+def test_every_error_class_is_reachable_at_the_package_root() -> None:
+    import fabric
+
+    for cls in _error_classes():
+        assert getattr(fabric, cls.__name__) is cls, cls.__name__
+        assert cls.__name__ in fabric.__all__
+
+
+def test_the_module_opens_with_the_tree_of_its_classes() -> None:
+    # Each class appears in the docstring's tree under its own base, and no other name does.
+    tree = [line for line in errors.__doc__.splitlines() if line.startswith("    ")]
+    depth_and_name = []
+    for line in tree:
+        name = line.lstrip(" │├└─").split()[0]
+        depth_and_name.append(((len(line) - len(line.lstrip(" │├└─"))) // 4, name))
+    parents: dict[int, str] = {}
+    seen = {}
+    for depth, name in depth_and_name:
+        parents[depth] = name
+        seen[name] = parents.get(depth - 1)
+    classes = {cls.__name__: cls for cls in _error_classes()}
+    assert set(seen) == set(classes)
+    for name, parent in seen.items():
+        if parent is not None:
+            assert classes[parent] in classes[name].__bases__, (name, parent)
+        else:
+            assert not issubclass(classes[name], errors.FabricError) or name == "FabricError"

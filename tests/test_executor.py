@@ -11,10 +11,10 @@ from fuzzstorm import _junk as storm_junk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric.errors import FabricError, error_from_wire
-from fabric.flow import CREDIT_EVERY
-from fabric import wire
-from fabric.protocol import Kind, Message, decode, encode
+from fabric.core import wire
+from fabric.core.errors import FabricError, error_from_wire
+from fabric.core.flow import CREDIT_EVERY
+from fabric.core.protocol import Kind, Message, decode, encode
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 
@@ -326,7 +326,7 @@ BASIC_INDEXES = [
 @pytest.mark.parametrize("index, expected, view", BASIC_INDEXES)
 def test_a_basic_index_is_a_view_of_the_base_with_numpys_values(index, expected, view, packed):
     executor = opened()
-    index = msgpack.packb(index) if packed else index  # (as fabric.wire.pack_index sends it)
+    index = msgpack.packb(index) if packed else index  # (as fabric.core.wire.pack_index sends it)
     submit(executor, ["arange", 1, [], {"start": 0, "stop": 20, "step": 1, "dtype": "<f8"}],
            ["reshape", 2, [1], {"shape": [4, 5]}], ["getitem", 3, [2], {"index": index}])
     base, result = (executor.sessions[SESSION].tensors[t] for t in (2, 3))

@@ -31,9 +31,9 @@ from rawpeers import (
 )
 
 import fabric
-from fabric import protocol
-from fabric.errors import DuplicateSession, error_from_wire
-from fabric.protocol import PROTOCOL_VERSION, Kind
+from fabric.core import protocol
+from fabric.core.errors import DuplicateSession, error_from_wire
+from fabric.core.protocol import PROTOCOL_VERSION, Kind
 
 
 def _connect_error(address: str, **kwargs):

@@ -25,7 +25,7 @@ from faultproxy import ClientLoop, FaultProxy, open_fds, start_worker_via, stopp
 
 import fabric
 from conftest import HEARTBEAT
-from fabric.protocol import Kind
+from fabric.core.protocol import Kind
 
 TIMEOUT = 2.0  # each session's request timeout
 DEADLINE = 2 * TIMEOUT + 1.0  # a call may wait to send, then for its answer

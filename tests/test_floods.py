@@ -1,6 +1,6 @@
 """Floods against a real broker: its log stays bounded, PINGs stay cheap, clients are served.
 
-Raw pyzmq peers (``rawpeers``) send frames built with ``fabric.protocol``: refused tokens,
+Raw pyzmq peers (``rawpeers``) send frames built with ``fabric.core.protocol``: refused tokens,
 junk and messages from unregistered workers on both sockets, then a PING flood from one
 client holding many sessions. Every flood is bounded in count, every wait has a deadline, and
 a legitimate client's results are checked meanwhile. Timings are not asserted here (see
@@ -22,8 +22,8 @@ from faultproxy import wait_for
 from rawpeers import RawDealer, frames_of
 
 from fabric import Admin, LocalCluster
-from fabric.protocol import Kind
-from fabric.security import present_token
+from fabric.core.protocol import Kind
+from fabric.core.security import present_token
 
 WRONG_TOKEN = "not-a-token-of-this-cluster-5e1d"
 PEERS = 6  # raw connections per socket

@@ -2,8 +2,8 @@
 numexpr device's per-op choice between numpy and numexpr.
 
 End to end on real processes (the shared numpy cluster, and conftest's numexpr session that
-fuses every size); then the worker's side without I/O: the plans ``workers.graphs.register``
-compiles, run on the arrays a call binds.
+fuses every size); then the worker's side without I/O: the plans
+``workers.registered_graphs.register`` compiles, run on the arrays a call binds.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from hypothesis import strategies as st
 from test_executor import SESSION, opened, read, submit
 
 import fabric
-from fabric.errors import RemoteError
-from fabric.graph import Tracer, _flatten, trace_function
-from fabric.ops import Spec
+from fabric.core.errors import RemoteError
+from fabric.core.ops import Spec
+from fabric.graphs.function import Tracer, _flatten, trace_function
 from fabric.workers.backends.base import GraphOpError
 from fabric.workers.backends.numexpr_backend import MIN_SIZE, NumexprDevice
 from fabric.workers.backends.numexpr_graphs import SERIAL_OPS
 from fabric.workers.backends.numpy_backend import NumpyDevice
-from fabric.workers.graphs import register
+from fabric.workers.registered_graphs import register
 
 
 def cheap(x, b, c):

@@ -14,12 +14,12 @@ import pytest
 from test_executor import SESSION, opened, read, request, submit
 
 import fabric
-from fabric.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
-from fabric.graph import Tracer, _flatten, call, trace_function
-from fabric.stream import MAX_BATCH_GRAPH_OPS
-from fabric.wire import GRAPH_CACHE_SIZE
-from fabric.ops import OPS, Spec
-from fabric.protocol import Kind, Message
+from fabric.arrays.stream import MAX_BATCH_GRAPH_OPS
+from fabric.core.errors import GraphError, ProtocolError, RemoteError, TraceError, error_from_wire
+from fabric.core.ops import OPS, Spec
+from fabric.core.protocol import Kind, Message
+from fabric.core.wire import GRAPH_CACHE_SIZE
+from fabric.graphs.function import Tracer, _flatten, call, trace_function
 from fabric.workers.backends.base import GraphStep, graph_step
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
@@ -138,7 +138,7 @@ def test_graphs_past_the_cache_size_are_evicted_and_registered_again(session):
 
 
 def test_a_function_keeps_its_most_recently_called_traces_only(session, monkeypatch):
-    monkeypatch.setattr(fabric.graph, "TRACE_CACHE_SIZE", 3)
+    monkeypatch.setattr(fabric.graphs.function, "TRACE_CACHE_SIZE", 3)
     traced = fabric.function(lambda x, k: x + k)
     x = session.zeros(2)
     for k in range(5):  # every new constant is a new trace

@@ -8,8 +8,8 @@ from conftest import HEARTBEAT
 
 import fabric
 from fabric import Admin, LocalCluster
-from fabric.cli import main
-from fabric.config import resolve_secret
+from fabric.cli.main import main
+from fabric.core.config import resolve_secret
 
 
 def test_devices_lists_every_device_of_every_worker(cluster):

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fabric import protocol
-from fabric.errors import error_from_wire
-from fabric.protocol import Header, Kind, Message
+from fabric.core import protocol
+from fabric.core.errors import error_from_wire
+from fabric.core.protocol import Header, Kind, Message
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 from fabric.workers.lane import Lane

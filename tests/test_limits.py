@@ -1,7 +1,7 @@
 """Limits: message size on every socket, sessions per client and per device, bounded queues
 with backpressure instead of drops.
 
-The sans-I/O parts (``fabric.flow.Outbox``, the registry's limits) are driven by hand; the
+The sans-I/O parts (``fabric.core.flow.Outbox``, the registry's limits) are driven by hand; the
 rest runs real broker and worker processes with small limits, and raw peers that break the
 rules on purpose: a client that stops reading its replies, a worker that stops reading.
 """
@@ -41,18 +41,18 @@ import fabric
 from fabric.broker.model import Limits, Side
 from fabric.broker.registry import Registry
 from conftest import HEARTBEAT
-from fabric import protocol
-from fabric.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
-from fabric.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES,
+from fabric.core import protocol
+from fabric.core.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
+from fabric.core.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES,
                          MAX_MESSAGE_FRAMES, Outbox, message_bytes_limit,
                          largest_frame, size_and_limit_text, size_text)
-from fabric.protocol import Kind, Message
+from fabric.core.protocol import Kind, Message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 
 
-# -- fabric.flow.Outbox, sans I/O ------------------------------------------------------------
+# -- fabric.core.flow.Outbox, sans I/O ------------------------------------------------------------
 
 
 def test_outbox_keeps_order_and_sends_as_far_as_the_socket_takes():
@@ -504,7 +504,7 @@ sys.path.insert(0, "tests")
 from rawpeers import AdmittingContext
 from fabric.broker.model import Limits
 from fabric.broker.server import _router
-from fabric.security import FRONTEND_DOMAIN
+from fabric.core.security import FRONTEND_DOMAIN
 context = AdmittingContext().context  # (the broker's frontend asks ZAP for every peer)
 frontend = _router(context, "tcp://127.0.0.1:*", Limits(hwm=8), None, FRONTEND_DOMAIN)
 print(frontend.getsockopt_string(zmq.LAST_ENDPOINT), flush=True)

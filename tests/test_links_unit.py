@@ -1,5 +1,6 @@
-"""The direct links' rules, sans I/O (``workers.links``, ``broker.links``): tickets admit one
-handshake and one TRANSFER, for their session, in time; senders fall back when no link comes.
+"""The direct links' rules, sans I/O (``workers.direct_links``, ``broker.link_grants``): tickets
+admit one handshake and one TRANSFER, for their session, in time; senders fall back when no link
+comes.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import secrets
 import pytest
 import zmq
 
-from fabric.broker.links import reported_bulk
-from fabric.protocol import Header, Kind, Message
-from fabric.security import LINK_USER, link_keys
-from fabric.workers import links
-from fabric.workers.links import Admissions, Dial, Fallback, Outgoing, credential
+from fabric.broker.link_grants import reported_bulk
+from fabric.core.protocol import Header, Kind, Message
+from fabric.core.security import LINK_USER, link_keys
+from fabric.workers import direct_links
+from fabric.workers.direct_links import Admissions, Dial, Fallback, Outgoing, credential
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -56,7 +57,7 @@ def test_a_handshake_without_the_ticket_is_refused(admissions, wrong):
     ticket = secrets.token_bytes(32)
     admissions.expect(ticket, SESSION, 0.0)
     answers = admissions.on_zap("r", *wrong(ticket), 0.0) + admissions.tick(
-        links.WAIT_SECONDS + 1)  # (an unknown ticket waits for its grant, then is refused)
+        direct_links.WAIT_SECONDS + 1)  # (an unknown ticket waits for its grant, then is refused)
     assert [a.user for a in answers] == [None] and admissions.refused == 1
 
 
@@ -85,11 +86,12 @@ def test_a_handshake_before_its_ticket_waits_for_it_but_not_forever(admissions):
     [answer] = admissions.expect(early, SESSION, 0.5)
     assert answer.request == "early" and answer.user
     assert admissions.tick(0.5) == []
-    assert admissions.tick(links.WAIT_SECONDS + 0.1) == [links.ZapAnswer("never", None)]
+    assert (admissions.tick(direct_links.WAIT_SECONDS + 0.1)
+            == [direct_links.ZapAnswer("never", None)])
 
 
 def test_waiting_handshakes_are_bounded(admissions):
-    for n in range(links.MAX_WAITING):
+    for n in range(direct_links.MAX_WAITING):
         assert admissions.on_zap(n, *plain(secrets.token_bytes(32)), 0.0) == []
     [refused] = admissions.on_zap("over", *plain(secrets.token_bytes(32)), 0.0)
     assert refused.user is None
@@ -98,11 +100,11 @@ def test_waiting_handshakes_are_bounded(admissions):
 def test_a_ticket_expires_and_tickets_are_bounded(admissions):
     late = secrets.token_bytes(32)
     admissions.expect(late, SESSION, 0.0)
-    [answer] = admissions.on_zap("r", *plain(late), links.TICKET_SECONDS + 1)
+    [answer] = admissions.on_zap("r", *plain(late), direct_links.TICKET_SECONDS + 1)
     assert answer.user is None
     first = secrets.token_bytes(32)
     admissions.expect(first, SESSION, 100.0)
-    for _ in range(links.MAX_TICKETS):
+    for _ in range(direct_links.MAX_TICKETS):
         admissions.expect(secrets.token_bytes(32), SESSION, 100.0)
     assert admissions.on_zap("r", *plain(first), 101.0) == []  # forgotten: waits, unknown
 
@@ -142,9 +144,9 @@ def test_a_sent_transfer_unacknowledged_too_long_closes_its_link(caplog):
     outgoing.on_grant(Message(Kind.LINK_GRANT, SESSION, ask.request,
                               {"address": "tcp://10.0.0.2:4000", "ticket": bytes(32)}))
     outgoing.connected(ask.request, 1.0)
-    assert outgoing.unacknowledged(1.0 + links.ACK_SECONDS / 2) == []
+    assert outgoing.unacknowledged(1.0 + direct_links.ACK_SECONDS / 2) == []
     with caplog.at_level(logging.WARNING, "fabric.worker"):
-        assert outgoing.unacknowledged(2.0 + links.ACK_SECONDS) == [ask.request]
+        assert outgoing.unacknowledged(2.0 + direct_links.ACK_SECONDS) == [ask.request]
     assert "not acknowledged" in caplog.text and not outgoing.acknowledged(ask.request)
 
 
@@ -166,11 +168,11 @@ def test_no_connection_in_time_falls_back_and_is_logged_once_per_address(caplog)
         for n in range(2):
             ask = outgoing.start(transfer_frames(), header(), 10, 10.0 * n)
             outgoing.on_grant(Message(Kind.LINK_GRANT, SESSION, ask.request, grant))
-            assert outgoing.tick(10.0 * n + links.CONNECT_SECONDS / 2) == []
-            [fallback] = outgoing.tick(10.0 * n + links.CONNECT_SECONDS + 0.1)
+            assert outgoing.tick(10.0 * n + direct_links.CONNECT_SECONDS / 2) == []
+            [fallback] = outgoing.tick(10.0 * n + direct_links.CONNECT_SECONDS + 0.1)
             assert fallback.link == ask.request and outgoing.connected(ask.request, 99.0) is None
     assert [r.getMessage() for r in caplog.records] == [
-        f"no direct link to tcp://10.0.0.2:4000 within {links.CONNECT_SECONDS:g} s: large "
+        f"no direct link to tcp://10.0.0.2:4000 within {direct_links.CONNECT_SECONDS:g} s: large "
         "tensors moved there travel through the broker"]
 
 

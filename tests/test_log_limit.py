@@ -13,7 +13,8 @@ import pytest
 from rawpeers import frames_of
 from test_registry import A, C1, C2, frames, make_registry, open_session, two_workers
 
-from fabric.log_limit import (
+from fabric.broker.model import Side
+from fabric.core.log_limit import (
     ADDRESS_CHARS,
     DETAIL_CHARS,
     INTERVAL,
@@ -23,8 +24,7 @@ from fabric.log_limit import (
     peer_label,
     peer_text,
 )
-from fabric.broker.model import Side
-from fabric.protocol import Kind
+from fabric.core.protocol import Kind
 
 WARN = logging.WARNING
 

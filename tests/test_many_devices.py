@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.errors import RemoteError
+from fabric.core.errors import RemoteError
 
 
 @pytest.fixture(scope="module")

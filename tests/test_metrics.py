@@ -15,10 +15,11 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fabric import LocalCluster, protocol
+from fabric import LocalCluster
 from fabric.broker.metrics import families, figures, parse_address
-from fabric.errors import AuthenticationError
-from fabric.protocol import Kind, Message
+from fabric.core import protocol
+from fabric.core.errors import AuthenticationError
+from fabric.core.protocol import Kind, Message
 from conftest import HEARTBEAT
 from rawpeers import RawDealer, frames_of
 from test_admin_unit import busy_registry

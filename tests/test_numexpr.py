@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from fabric import LocalCluster
-from fabric.errors import QuotaExceeded, RemoteError, error_from_wire
-from fabric.ops import OPS
-from fabric.protocol import Kind, Message
-from fabric.tensor import Tensor
+from fabric.arrays.tensor import Tensor
+from fabric.core.errors import QuotaExceeded, RemoteError, error_from_wire
+from fabric.core.ops import OPS
+from fabric.core.protocol import Kind, Message
 from fabric.workers.backends.numexpr_backend import (BLOCK, MAX_LEAVES, MAX_OPS, MIN_SIZE,
                                               MIN_SIZE_ENV, Deferred, DeferredError,
                                               NumexprDevice, fused_ops)

@@ -17,7 +17,7 @@ import pytest
 from test_tensor_ops import DTYPES, compare, data, expect_same, poisoned
 
 from fabric import Tensor
-from fabric.errors import RemoteError
+from fabric.core.errors import RemoteError
 
 # Functions of a (3, 4) array t and a positive one u, over every dtype (numpy's refusals
 # included: an axis out of range, a float bincount).

@@ -1,5 +1,5 @@
 """Large copies into and out of shared-memory slots in pieces on a few threads
-(``fabric.parallel_copy``): the cut on its own, and end to end on real processes whose
+(``fabric.core.parallel_copy``): the cut on its own, and end to end on real processes whose
 environment cuts every copy (``FABRIC_PARALLEL_COPY_BYTES=0``), so that uploads, reads, moves
 and copies-out of every dtype and layout go through the pieces and come back byte
 identical; no copying thread outlives its connection."""
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.errors import ConfigError
-from fabric.parallel_copy import (MIN_BYTES_ENV, PIECE_ALIGN, STREAMING_BYTES, THREADS_ENV,
+from fabric.core.errors import ConfigError
+from fabric.core.parallel_copy import (MIN_BYTES_ENV, PIECE_ALIGN, STREAMING_BYTES, THREADS_ENV,
                                   ParallelCopy, default_min_bytes, default_threads,
                                   piece_count, pieces)
-from fabric.shm import SharedMemory
+from fabric.core.shm import SharedMemory
 
 from conftest import HEARTBEAT
 from test_shm_path import DTYPES, layouts_of, random_array

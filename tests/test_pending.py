@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fabric import protocol
-from fabric.errors import RemoteError, SessionLost
-from fabric.pending import PendingTable
-from fabric.protocol import Kind, Message
+from fabric.core import protocol
+from fabric.core.errors import RemoteError, SessionLost
+from fabric.core.protocol import Kind, Message
+from fabric.transport.pending import PendingTable
 
 
 def reply(request: int, session: int = 1, body: dict | None = None) -> Message:

@@ -22,9 +22,9 @@ from test_registry import (
     without_heartbeats,
 )
 
-from fabric.broker import admin
+from fabric.broker import admin_service
 from fabric.broker.model import Side
-from fabric.protocol import Kind
+from fabric.core.protocol import Kind
 
 MANY = 2048
 
@@ -79,7 +79,7 @@ def test_the_admin_shows_a_ping_as_the_sessions_last_sight():
     registry = two_workers()
     open_session(registry, C1, session=7, now=1.0)
     registry.from_client(C1, frames(Kind.PING, 0, 1), 4.0)
-    [row] = admin.sessions(registry, 5.0)["sessions"]
+    [row] = admin_service.sessions(registry, 5.0)["sessions"]
     assert row["last_seen_ago"] == pytest.approx(1.0)
 
 

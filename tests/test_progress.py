@@ -1,5 +1,5 @@
-"""Progress of large uploads and reads (``fabric.progress``) on a real cluster: a callable is
-told only bytes that arrived, chunk by chunk; ``progress=True`` draws a bar in a real
+"""Progress of large uploads and reads (``fabric.arrays.progress``) on a real cluster: a callable
+is told only bytes that arrived, chunk by chunk; ``progress=True`` draws a bar in a real
 terminal (a pseudo-terminal) and changes nothing where there is none."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from fabric.progress import CHUNK_BYTES, MIN_BYTES
+from fabric.arrays.progress import CHUNK_BYTES, MIN_BYTES
 
 
 def test_an_upload_counts_each_chunk_once_the_device_stored_it(session):
@@ -58,7 +58,7 @@ def test_progress_true_without_a_terminal_changes_nothing(session, capfd):
 _SCRIPT = """
 import sys, numpy as np, fabric
 with fabric.connect(sys.argv[1], token=sys.argv[2]) as s:
-    t = s.asarray(np.ones((2 * fabric.progress.MIN_BYTES) // 8), progress=True)
+    t = s.asarray(np.ones((2 * fabric.arrays.progress.MIN_BYTES) // 8), progress=True)
     print("read", t.numpy(progress=True).sum())
 """
 

@@ -11,9 +11,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fabric import protocol
-from fabric.errors import FabricError, NoSuchDevice, ProtocolError, error_from_wire
-from fabric.protocol import (
+from fabric.core import protocol
+from fabric.core.errors import FabricError, NoSuchDevice, ProtocolError, error_from_wire
+from fabric.core.protocol import (
     BODY_SCHEMAS,
     HEADER,
     HEADER_SIZE,

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from fabric.broker.model import Limits, Send, SessionPhase, Side
 from fabric.broker.registry import Registry
-from fabric import protocol
-from fabric.errors import (
+from fabric.core import protocol
+from fabric.core.errors import (
     AuthenticationError,
     ConnectError,
     DeviceOffline,
@@ -29,7 +29,7 @@ from fabric.errors import (
     WrongPort,
     error_from_wire,
 )
-from fabric.protocol import DATA_KINDS, PROTOCOL_VERSION, Kind, Message
+from fabric.core.protocol import DATA_KINDS, PROTOCOL_VERSION, Kind, Message
 
 CLIENT_TOKEN = "client-secret-token"
 WORKER_TOKEN = "worker-secret-token"

@@ -16,10 +16,10 @@ import pytest
 from conftest import HEARTBEAT
 
 import fabric
-from fabric.cluster import LocalCluster
-from fabric.errors import ProtocolError
-from fabric.protocol import Kind, Message, decode, encode
-from fabric.wire import MAX_WARNINGS, decode_warnings
+from fabric.core.errors import ProtocolError
+from fabric.core.protocol import Kind, Message, decode, encode
+from fabric.core.wire import MAX_WARNINGS, decode_warnings
+from fabric.launch.local import LocalCluster
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 

@@ -30,10 +30,10 @@ from faultproxy import wait_for
 from rawpeers import RawDealer, frames_of
 
 from fabric import LocalCluster
-from fabric.log_limit import peer_label
-from fabric.protocol import Kind, Message
-from fabric.security import generate_keys, present_token
-from fabric.sockets import new_routing_id
+from fabric.core.log_limit import peer_label
+from fabric.core.protocol import Kind, Message
+from fabric.core.security import generate_keys, present_token
+from fabric.core.sockets import new_routing_id
 
 WRONG_TOKEN = "not-a-token-of-this-cluster-91c4"
 # libzmq's first counters: each ROUTER the broker makes takes the next generate_random().

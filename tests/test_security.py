@@ -30,13 +30,13 @@ from conftest import HEARTBEAT
 from rawpeers import RawDealer, frames_of
 
 import fabric
+from fabric import Admin, CurveClient, CurveServer, EncryptionError, LocalCluster, generate_keys
 from fabric.broker.held import HeldSends
 from fabric.broker.model import Limits, Send, Side
 from fabric.broker.registry import Registry
-from fabric import Admin, CurveClient, CurveServer, EncryptionError, LocalCluster, generate_keys
-from fabric import protocol
-from fabric.errors import AuthenticationError, ConfigError, error_from_wire
-from fabric.protocol import Kind
+from fabric.core import protocol
+from fabric.core.errors import AuthenticationError, ConfigError, error_from_wire
+from fabric.core.protocol import Kind
 
 REPO = Path(__file__).resolve().parent.parent
 AUTH_DELAY = 0.5  # the plain cluster's --auth-delay: long enough to tell from a prompt answer

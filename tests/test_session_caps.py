@@ -17,8 +17,8 @@ from rawpeers import RawDealer
 
 import fabric
 from fabric import LocalCluster
-from fabric.errors import TooManySessions, error_from_wire
-from fabric.protocol import Kind, Message
+from fabric.core.errors import TooManySessions, error_from_wire
+from fabric.core.protocol import Kind, Message
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.errors import SessionLost
-from fabric.sharded import ShardedTensor
+from fabric.core.errors import SessionLost
+from fabric.mesh.sharded import ShardedTensor
 
 DEVICES = 6  # three workers, two devices each
 # Random chains the differential test runs: seeded for CI; more explore further.

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from fabric import sharded_reductions as reductions
-from fabric.sharding import (Sharding, block_positions, block_ranges, block_slices, joined_axis,
-                             split_blocks)
+from fabric.mesh import reductions
+from fabric.mesh.sharding import (Sharding, block_positions, block_ranges, block_slices,
+                                  joined_axis, split_blocks)
 
 
 def test_blocks_follow_array_split_and_slices_cut_them_by_range():

@@ -1,7 +1,7 @@
-"""Uploads through slots their device lent ahead (``fabric.slots_ahead``, ``fabric.bulk``,
-``workers.shared_memory.offer``): an upload never waits for its device, and the device's own
-pool is bounded, shrinks and takes slots back, end to end on real processes; the bounds and
-give-backs of what a session holds ahead, on their own. The leak checks of
+"""Uploads through slots their device lent ahead (``fabric.transport.slots_ahead``,
+``fabric.transport.bulk``, ``workers.shared_memory.offer``): an upload never waits for its device,
+and the device's own pool is bounded, shrinks and takes slots back, end to end on real processes;
+the bounds and give-backs of what a session holds ahead, on their own. The leak checks of
 ``test_shm_path`` apply here too."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric import protocol
-from fabric.errors import FabricError
-from fabric.protocol import Kind, Message
-from fabric.shm import SharedMemory, held_segments, parse_name
-from fabric.slots_ahead import IN_ALL, PER_SIZE, SlotsAhead
-from fabric.wire import decode_segment_ref
+from fabric.core import protocol
+from fabric.core.errors import FabricError
+from fabric.core.protocol import Kind, Message
+from fabric.core.shm import SharedMemory, held_segments, parse_name
+from fabric.core.wire import decode_segment_ref
+from fabric.transport.slots_ahead import IN_ALL, PER_SIZE, SlotsAhead
 from fabric.workers.lane import jumps_the_queue
 
 from conftest import HEARTBEAT

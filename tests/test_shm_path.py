@@ -1,7 +1,7 @@
-"""The shared-memory path (``fabric.shm``, ``fabric.bulk``, ``workers.shared_memory``): large
-arrays between a client and a worker on one host, end to end on real processes, and the
-naming, sealing and pool rules on their own. Every test checks that no segment of this
-process is left open, nor mapped by a worker, once its sessions closed."""
+"""The shared-memory path (``fabric.core.shm``, ``fabric.transport.bulk``,
+``workers.shared_memory``): large arrays between a client and a worker on one host, end to end on
+real processes, and the naming, sealing and pool rules on their own. Every test checks that no
+segment of this process is left open, nor mapped by a worker, once its sessions closed."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.errors import FabricError, ProtocolError
-from fabric.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, UnsealedSegment,
+from fabric.core.errors import FabricError, ProtocolError
+from fabric.core.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, UnsealedSegment,
                         boot_id, held_segments, parse_name, segment_name)
-from fabric.wire import decode_segment_ref
+from fabric.core.wire import decode_segment_ref
 
 from conftest import HEARTBEAT, children_of
 from faultproxy import wait_for

@@ -1,6 +1,6 @@
 """Read-only views of tensors that live in a device's own slot (``t.numpy(copy=False)``;
-``fabric.bulk.take``, ``workers.pins``): no copy, the slot pinned on the worker while a view
-lives, unpinned with the session's next message, retired when the session ends. End to end
+``fabric.transport.bulk.take``, ``workers.pins``): no copy, the slot pinned on the worker while a
+view lives, unpinned with the session's next message, retired when the session ends. End to end
 on real processes, and the worker's rules sans I/O. The leak checks of ``test_shm_path``
 apply here too."""
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.errors import ProtocolError
-from fabric.protocol import Kind, Message
-from fabric.shm import MAX_PINS, PeerSegments, SegmentPool, boot_id, held_segments, parse_name
-from fabric.wire import decode_segment_ref
+from fabric.core.errors import ProtocolError
+from fabric.core.protocol import Kind, Message
+from fabric.core.shm import MAX_PINS, PeerSegments, SegmentPool, boot_id, held_segments, parse_name
+from fabric.core.wire import decode_segment_ref
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 

@@ -1,4 +1,4 @@
-"""The hot-path socket helpers (fabric.sockets) on a real inproc pair of sockets."""
+"""The hot-path socket helpers (fabric.core.sockets) on a real inproc pair of sockets."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zmq
 
-from fabric.sockets import message_check, recv_frames, send_frames, try_send
+from fabric.core.sockets import message_check, recv_frames, send_frames, try_send
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.addresses import only_this_host
-from fabric.errors import ClusterError, ConfigError
-from fabric.security import generate_keys
-from fabric.launch_ssh import (CONNECT_TIMEOUT, Host, SSHCluster, budget_share, parse_host,
+from fabric.core.addresses import only_this_host
+from fabric.core.errors import ClusterError, ConfigError
+from fabric.core.security import generate_keys
+from fabric.launch.ssh import (CONNECT_TIMEOUT, Host, SSHCluster, budget_share, parse_host,
                                parse_hosts, ssh_command)
 
 import simhosts
@@ -261,7 +261,8 @@ def test_a_host_with_another_fabric_release_is_refused_naming_both(hosts, tmp_pa
     # A host whose fabric drifted: its interpreter loads a fabric that says another release.
     skew = tmp_path / "skew"
     skew.mkdir()
-    (skew / "sitecustomize.py").write_text("import fabric\nfabric.__version__ = '0.0.1'\n")
+    (skew / "sitecustomize.py").write_text(
+        "import fabric.core.version as v\nv.__version__ = '0.0.1'\n")
     python = tmp_path / "older-python"
     python.write_text(f"#!/bin/sh\nPYTHONPATH={skew} exec {sys.executable} \"$@\"\n")
     python.chmod(0o755)

@@ -14,12 +14,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from fabric.errors import FabricError, ProtocolError, SessionLost
-from fabric.flow import SUBMIT_WINDOW
-from fabric.protocol import Kind
-from fabric.wire import op_entry, parse_op
-from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
+from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                            MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
+from fabric.core.errors import FabricError, ProtocolError, SessionLost
+from fabric.core.flow import SUBMIT_WINDOW
+from fabric.core.protocol import Kind
+from fabric.core.wire import op_entry, parse_op
 
 F8 = np.dtype("float64")
 

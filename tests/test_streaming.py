@@ -12,11 +12,11 @@ import pytest
 from conftest import wait_until
 
 import fabric
-from fabric.errors import QuotaExceeded, RemoteError
-from fabric.flow import CREDIT_EVERY, SUBMIT_WINDOW
-from fabric.origins import origin_line
-from fabric.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
+from fabric.arrays.origins import origin_line
+from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                            REMEMBERED_ORIGINS)
+from fabric.core.errors import QuotaExceeded, RemoteError
+from fabric.core.flow import CREDIT_EVERY, SUBMIT_WINDOW
 
 
 def submits_taken(admin: fabric.Admin, session_id: int) -> int:
@@ -29,7 +29,7 @@ def test_the_readme_example_matches_numpy(session):
     a = session.asarray(a_np)
     b = session.ones((200, 200), dtype="float32")
     c = (a @ b).sum(axis=0) / 2 + np.sin(a[0])
-    assert isinstance(c, fabric.tensor.Tensor)
+    assert isinstance(c, fabric.arrays.tensor.Tensor)
     expected = (a_np @ np.ones((200, 200), "float32")).sum(axis=0) / 2 + np.sin(a_np[0])
     assert (c.shape, c.dtype) == (expected.shape, expected.dtype)
     np.testing.assert_allclose(c.numpy(), expected, rtol=1e-12)

@@ -16,8 +16,8 @@ from conftest import HEARTBEAT, children_of
 
 import fabric
 from fabric import LocalCluster
-from fabric.cluster import RestartLimit
-from fabric.errors import FabricError
+from fabric.core.errors import FabricError
+from fabric.launch.local import RestartLimit
 
 
 def test_restart_limit_allows_count_restarts_per_window():

@@ -20,9 +20,9 @@ import warnings
 import numpy as np
 import pytest
 
-from fabric.errors import RemoteError
-from fabric.ops import _cached_dtype
-from fabric.tensor import Tensor
+from fabric.arrays.tensor import Tensor
+from fabric.core.errors import RemoteError
+from fabric.core.ops import _cached_dtype
 
 DTYPES = ["bool", "int32", "int64", "float32", "float64"]
 RTOL = {2: 1e-3, 4: 1e-6, 8: 1e-12}  # float16 (bool transcendentals), float32, float64

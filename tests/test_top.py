@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from fabric.top import view
+from fabric.client.top import view
 
 
 def top(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:

@@ -72,7 +72,7 @@ def test_a_ticket_is_used_once(cluster):
 
 
 def test_moves_made_at_once_carry_poison_and_fail_together_cleanly(cluster):
-    from fabric.moves import move_all
+    from fabric.transport.moves import move_all
 
     devices = _devices(cluster)
     with cluster.connect(device=devices["worker-0"], timeout=5) as here:

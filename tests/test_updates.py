@@ -15,7 +15,7 @@ from conftest import HEARTBEAT
 
 import fabric
 from fabric import LocalCluster, Tensor
-from fabric.errors import MessageTooLarge, QuotaExceeded, RemoteError, TraceError
+from fabric.core.errors import MessageTooLarge, QuotaExceeded, RemoteError, TraceError
 from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
 
 BASE = np.arange(-6.0, 14.0).reshape(4, 5)

@@ -1,5 +1,5 @@
-"""Zero-copy uploads (``session.upload_buffer`` and ``asarray``; ``fabric.bulk``): an array
-written in a slot its device lent becomes a tensor with no copy at all, end to end on real
+"""Zero-copy uploads (``session.upload_buffer`` and ``asarray``; ``fabric.transport.bulk``): an
+array written in a slot its device lent becomes a tensor with no copy at all, end to end on real
 processes: its values, its lifetime, its slot never leaked, and every other array (another
 session's buffer, a view of one, a sealed one) uploaded as before, by a copy."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.shm import SharedMemory, held_segments, parse_name
+from fabric.core.shm import SharedMemory, held_segments, parse_name
 
 from conftest import HEARTBEAT
 import test_shm_path

@@ -12,12 +12,12 @@ import pytest
 from test_executor import SESSION, read, request, submit
 
 from fabric import LocalCluster
-from fabric.errors import QuotaExceeded, error_from_wire
-from fabric.protocol import Kind, Message
+from fabric.core.errors import QuotaExceeded, error_from_wire
+from fabric.core.protocol import Kind, Message
+from fabric.core.worker_options import available_memory, budget_from_option, parse_size
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
-from fabric.workers.memory import (MemoryBudget, available_memory, budget_from_option,
-                                   inferred_need, parse_size)
+from fabric.workers.memory import MemoryBudget, inferred_need
 
 MiB = 1 << 20
 

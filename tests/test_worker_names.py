@@ -17,9 +17,10 @@ from conftest import HEARTBEAT
 from rawpeers import RawDealer
 
 import fabric
-from fabric import LocalCluster, protocol
-from fabric.errors import VersionMismatch, WorkerNameTaken, error_from_wire
-from fabric.protocol import Kind, Message
+from fabric import LocalCluster
+from fabric.core import protocol
+from fabric.core.errors import VersionMismatch, WorkerNameTaken, error_from_wire
+from fabric.core.protocol import Kind, Message
 
 pytestmark = pytest.mark.timeout(90)
 

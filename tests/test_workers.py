@@ -23,11 +23,12 @@ from faultproxy import wait_for
 from rawpeers import AdmittingContext, free_tcp_address
 
 import fabric
-from fabric import LocalCluster, protocol
-from fabric.cli import main as cli_main
-from fabric.flow import SUBMIT_WINDOW
-from fabric.protocol import Header, Kind, Message
-from fabric.workers.worker import _STOP_WAIT
+from fabric import LocalCluster
+from fabric.cli.main import main as cli_main
+from fabric.core import protocol
+from fabric.core.flow import SUBMIT_WINDOW
+from fabric.core.protocol import Header, Kind, Message
+from fabric.workers.control_io import _STOP_WAIT
 
 REPO = Path(__file__).resolve().parent.parent
 WRONG_WORKER_TOKEN = "not-the-worker-token-3f9a1c"

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import fabric
-from fabric.errors import ConnectError, WrongPort
+from fabric.core.errors import ConnectError, WrongPort
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOWHERE = "tcp://127.0.0.1:1"  # nothing listens on port 1

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fabric.errors import QuotaExceeded
-from fabric.ops import OPS
+from fabric.core.errors import QuotaExceeded
+from fabric.core.ops import OPS
 
 from .device_session import DeviceSession
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, Allowance, inferred_need

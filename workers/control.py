@@ -3,7 +3,7 @@ and registering again, and what a failed security handshake means.
 
 Rule: every decision about the worker's own connection to the broker lives here, as answers
 to events (``start``, ``on_message``, ``on_handshake_failed``, ``on_probe``, ``tick``) that
-return the actions the I/O loop (``workers.worker``) performs: connect afresh under new
+return the actions the I/O loop (``workers.control_io``) performs: connect afresh under new
 identities, send a message, attach the devices' lanes, probe the broker's mechanism. What
 going on cannot fix raises a ``WorkerStops``: a refusal (``RegistrationRefused``), the
 broker's client port reached instead of its workers' (``ClientPortReached``), or a broker
@@ -35,8 +35,9 @@ from typing import Any, Callable, Sequence, Union
 
 import zmq
 
-from fabric import protocol
-from fabric.errors import (
+from fabric.core import protocol
+from fabric.core.addresses import host_not_resolving
+from fabric.core.errors import (
     AuthenticationError,
     FabricError,
     VersionMismatch,
@@ -44,10 +45,9 @@ from fabric.errors import (
     WrongPort,
     error_from_wire,
 )
-from fabric.addresses import host_not_resolving
-from fabric.protocol import Kind, Message
-from fabric.security import explain_handshake, probe_needed
-from fabric.sockets import new_routing_id
+from fabric.core.protocol import Kind, Message
+from fabric.core.security import explain_handshake, probe_needed
+from fabric.core.sockets import new_routing_id
 
 log = logging.getLogger("fabric.worker")
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from fabric.protocol import Message
-from fabric.wire import DeviceWarning
+from fabric.core.protocol import Message
+from fabric.core.wire import DeviceWarning
 
 from .backends.base import DEVICE_COUNTERS, Value
-from .graphs import SessionGraphs
+from .registered_graphs import SessionGraphs
 
 
 @dataclass(slots=True)  # (slots: its fields are read several times per op)
@@ -27,7 +27,7 @@ class DeviceSession:
     resident: int = 0  # bytes held in ``tensors``
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     ops: int = 0
-    submits: int = 0  # SUBMITs run: the client's credit (fabric.flow.SUBMIT_WINDOW)
+    submits: int = 0  # SUBMITs run: the client's credit (fabric.core.flow.SUBMIT_WINDOW)
     outgoing: list[Message] = field(default_factory=list)  # TRANSFERs made by "send" ops
     awaiting: dict[int, list[Message]] = field(default_factory=dict)  # id -> "await" requests
     # Tensors this session consented to receive (``expect``): one-time ticket -> new tensor id.

@@ -28,21 +28,21 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from fabric.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
-from fabric.flow import CREDIT_EVERY
-from fabric.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
-from fabric.protocol import Kind, Message, reply_to
-from fabric.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params, decode_scalar,
-                         device_dtype, dtype_name, parse_op)
+from fabric.core.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
+from fabric.core.flow import CREDIT_EVERY
+from fabric.core.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
+from fabric.core.protocol import Kind, Message, reply_to
+from fabric.core.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params,
+                              decode_scalar, device_dtype, dtype_name, parse_op)
 
 from . import shared_memory
+from .admission import Admission
 from .backends.base import Backend, DeferredError, DeferredValue, Value
 from .device_session import DeviceSession
 from .elision import ELIDE_FROM_ELEMENTS, run_elided
-from .graphs import GraphOps, SessionGraphs, plan_op
 from .in_place import write_in_place
-from .admission import Admission
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget
+from .registered_graphs import GraphOps, SessionGraphs, plan_op
 from .tally import DeviceTally
 
 # For a device's ops on fewer than its ``plain_below`` elements, an op without params is this
@@ -203,7 +203,7 @@ class Executor(GraphOps, Admission):
                     poisoned.pop(op, None)
                 freed += 1
                 continue
-            try:  # (fabric.wire.parse_op's checks, inline: it runs for every op)
+            try:  # (fabric.core.wire.parse_op's checks, inline: it runs for every op)
                 out = op[0]  # (one statement each: a star unpack, or a tuple's, cost 3%)
                 if type(out) is int:  # the compact form, [out, name, *args]: no params
                     name = op[1]
@@ -440,7 +440,7 @@ class Executor(GraphOps, Admission):
         session, body = self.sessions[message.session], message.body
         op = body.get("op")  # (a str: the REQUEST schema says so)
         handler = self._requests.get(op)
-        carries = "ops" in body  # the session's batch (fabric.session): its SUBMIT, run first
+        carries = "ops" in body  # the session's batch (a client Session's SUBMIT), run first
         if handler is None or carries and type(body["ops"]) is not list:
             return [_reply_error(message, ProtocolError(
                 f"Unknown request {op!r}." if handler is None else "'ops' must be a list."))]
@@ -550,7 +550,7 @@ def _running_op(frame: FrameType | None) -> tuple[DeviceSession, str, int, Any, 
 
 
 def _carry_warnings(session: DeviceSession, reply: Message) -> None:
-    """Move the session's warnings into ``reply``'s body (``fabric.wire.DeviceWarning``)."""
+    """Move the session's warnings into ``reply``'s body (``fabric.core.wire.DeviceWarning``)."""
     reply.body["warnings"] = [list(w) for w in session.warnings]
     if session.warnings_dropped:
         reply.body["warnings_dropped"] = session.warnings_dropped

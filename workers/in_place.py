@@ -1,6 +1,6 @@
 """Updates written into their target's own memory on a device, where no one can tell.
 
-Rule: an update (``t[i] = v``, ``np.add.at``) is copy on write (``fabric.ops``): it makes a
+Rule: an update (``t[i] = v``, ``np.add.at``) is copy on write (``fabric.core.ops``): it makes a
 new array, so that tensors made from the target's old value keep theirs. When the client
 marks the op ``in_place`` (it lets the target go right after: the tensor's handle moves to
 the update's result, so the old value is never read again), that copy is wasted wherever
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from fabric.ops import WRITES_IN_PLACE
-from fabric.wire import decode_params, decode_scalar
+from fabric.core.ops import WRITES_IN_PLACE
+from fabric.core.wire import decode_params, decode_scalar
 
 from .device_session import DeviceSession
 

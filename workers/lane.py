@@ -6,7 +6,7 @@ lane decodes a message, runs it, turns a failure that is a bug into an error rep
 ending the device, closes the sessions a broker heartbeat no longer lists, and keeps the
 message-size policy: a REPLY or TRANSFER bigger than the way ahead takes is replaced by the
 same message carrying ``MessageTooLarge`` (a frame too big would cost the connection). The
-device thread (``workers.worker``) owns the sockets: it feeds messages in and sends what
+device thread (``workers.control_io``) owns the sockets: it feeds messages in and sends what
 comes out.
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Sequence
 
-from fabric import protocol
-from fabric.errors import FabricError, MessageTooLarge, RemoteError
-from fabric.flow import largest_frame, size_and_limit_text
-from fabric.protocol import Header, Kind, Message
+from fabric.core import protocol
+from fabric.core.errors import FabricError, MessageTooLarge, RemoteError
+from fabric.core.flow import largest_frame, size_and_limit_text
+from fabric.core.protocol import Header, Kind, Message
 
 from . import shared_memory
 from .executor import Executor
@@ -49,7 +49,7 @@ def jumps_the_queue(header: Header, frames: Sequence[Any]) -> bool:
     """Whether a message runs as soon as the device reads it, ahead of its session's
     waiting ones: a lone ``shm_slot`` request (no ops batched in it), whose answer depends
     on none of them, so that the slot an upload asks for ahead comes after the op running
-    now, not after all the device's queued work (``fabric.slots_ahead``). Only a small
+    now, not after all the device's queued work (``fabric.transport.slots_ahead``). Only a small
     REQUEST is looked into."""
     if header.kind not in _REQUESTS or len(frames) != 2 or len(frames[1]) > _LONE_REQUEST:
         return False

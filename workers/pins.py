@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from fabric.errors import ProtocolError, QuotaExceeded
-from fabric.shm import MAX_PINS, SegmentPool, Slot, SlotMemory
+from fabric.core.errors import ProtocolError, QuotaExceeded
+from fabric.core.shm import MAX_PINS, SegmentPool, Slot, SlotMemory
 
 from .device_session import DeviceSession
 
@@ -44,7 +44,7 @@ class SessionPins:
 
     def pin(self, executor: Any, session: DeviceSession, array: Any) -> list[Any] | None:
         """Pin the device slot that ``array`` (a tensor's values) lies in, for one more view:
-        the slot's part that holds it, ``[segment name, offset, nbytes]`` (``fabric.wire``);
+        the slot's part that holds it, ``[segment name, offset, nbytes]`` (``fabric.core.wire``);
         None where it lies in none (a computed tensor), is not C-contiguous, or the pin is
         past the session's bounds (the read then copies)."""
         holder = _memory_of(array)

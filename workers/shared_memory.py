@@ -1,4 +1,4 @@
-"""A worker's side of the shared-memory path (``fabric.shm``): the probe that agrees to it,
+"""A worker's side of the shared-memory path (``fabric.core.shm``): the probe that agrees to it,
 the device's own pool whose slots uploads and moves are written into and their tensors keep,
 uploads copied out of a client's segment, and reads and moves written into one.
 
@@ -7,7 +7,7 @@ is this worker's, and the worker mapped the segment the client named and found t
 client wrote there), and then only segments of the process that probed (their names carry
 its pid), the device's own slots offered to that session (``offer``), and for a moved tensor
 a slot of another process of the client's user. A worker maps others' segments only when
-sealed (``fabric.shm``); each mapping is kept while its owner holds the segment (mapping
+sealed (``fabric.core.shm``); each mapping is kept while its owner holds the segment (mapping
 afresh would fault every page in again) and dropped with the session (a client killed with
 SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory``
 (``ENABLED``) answers every probe no.
@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from fabric.errors import ProtocolError
-from fabric.parallel_copy import ParallelCopy
-from fabric.protocol import Message, reply_to
-from fabric.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment, SegmentPool, Slot,
-                        SlotMemory, boot_id, held_segments)
-from fabric.wire import SegmentRef, decode_segment_ref, device_dtype
+from fabric.core.errors import ProtocolError
+from fabric.core.parallel_copy import ParallelCopy
+from fabric.core.protocol import Message, reply_to
+from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment, SegmentPool,
+                             Slot, SlotMemory, boot_id, held_segments)
+from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
 from .pins import SessionPins
@@ -35,8 +35,8 @@ from .pins import SessionPins
 ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
 POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
 IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` sets it)
-# The copies into and out of shared memory, in pieces at once (``fabric.parallel_copy``;
-# ``fabric worker`` sets it from --copy-threads or the environment; ``workers.worker`` joins
+# The copies into and out of shared memory, in pieces at once (``fabric.core.parallel_copy``;
+# ``fabric worker`` sets it from --copy-threads or the environment; ``workers.control_io`` joins
 # its threads as it closes).
 COPIES = ParallelCopy(threads=1, min_bytes=0)  # (until then: one thread, no setting read)
 
@@ -54,7 +54,7 @@ class SessionSegments:
         self.pruned = time.monotonic()  # when closed segments were last unmapped (``prune``)
 
     def slot(self, ref: Any) -> np.ndarray:
-        """The bytes of the client's slot ``ref`` (``fabric.wire.decode_segment_ref``);
+        """The bytes of the client's slot ``ref`` (``fabric.core.wire.decode_segment_ref``);
         ProtocolError for a slot of another process, or past its segment's end."""
         slot = decode_segment_ref(ref)
         if slot.owner.pid != self.client.pid or slot.owner.boot != boot_id():

@@ -1,4 +1,4 @@
-"""What a device did, for its worker's heartbeat report (``fabric.protocol.WorkerReport``).
+"""What a device did, for its worker's heartbeat report (``fabric.core.protocol.WorkerReport``).
 
 Rule: the op loop pays one clock read on each side of a batch, never one per op. A device's
 thread is the only writer of its ``DeviceTally`` (its ``Executor`` times batches, its
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from fabric.protocol import OP_SECONDS_BUCKETS, DeviceReport
+from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport
 
 
 class DeviceTally:

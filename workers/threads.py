@@ -12,25 +12,9 @@ cores this process may run on shared among its devices.
 
 from __future__ import annotations
 
-import os
-
 from threadpoolctl import threadpool_limits
 
 _chosen: int | None = None  # the count set by limit_threads (None: the pools' own)
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # (not Linux)
-        return os.cpu_count() or 1
-
-
-def default_threads(devices: int) -> int:
-    """A worker's thread count when it is not told one: its cores shared among its
-    ``devices``, at least one."""
-    return max(1, usable_cores() // max(devices, 1))
 
 
 def limit_threads(threads: int) -> None:

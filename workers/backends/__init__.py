@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from fabric.errors import DeviceNotHostable
+from fabric.core.errors import DeviceNotHostable
 
 from .base import Backend
 

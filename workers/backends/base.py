@@ -15,7 +15,7 @@ its chain is evaluated raises ``DeferredError``, which the executor turns into t
 A registered graph is compiled once per signature (its inputs' shapes and dtypes), and every
 op's shape and dtype is known then: a device lowers its ops to ``GraphStep``s
 (``graph_steps``), by default one resolved call per op, and a device that fuses replaces runs
-of ops with one step each; ``workers.graphs`` turns the steps into the plan.
+of ops with one step each; ``workers.registered_graphs`` turns the steps into the plan.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, NamedTuple, Union
 
 import numpy as np
 
-from fabric.ops import OPS, Op, Spec
+from fabric.core.ops import OPS, Op, Spec
 
 # A compiled graph: the arrays bound to its inputs and the session's generator (for random
 # ops) in, its outputs out.

@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import numexpr
 import numpy as np
 
-from fabric.ops import Op, Spec
+from fabric.core.ops import Op, Spec
 
 from ..threads import limited_to
 from .base import DeferredError, GraphOp, GraphStep

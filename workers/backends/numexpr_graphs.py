@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from fabric.ops import OPS, Op, Spec
+from fabric.core.ops import OPS, Op, Spec
 
 from .base import Constant, GraphOp, GraphOpError, GraphStep, graph_step
 from .numexpr_deferred import MAX_LEAVES, MAX_OPS, MAX_TEXT

@@ -17,7 +17,7 @@ import numexpr
 import numpy as np
 from numexpr.necompiler import NumExpr, getExprNames
 
-from fabric.ops import OPS, Spec
+from fabric.core.ops import OPS, Spec
 
 from .base import DeferredValue
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fabric.ops import Op
+from fabric.core.ops import Op
 
 from ..threads import limited_to
 from .base import Backend

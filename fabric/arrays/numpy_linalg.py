@@ -1,0 +1,188 @@
+"""numpy's linear algebra and covariance on tensors (``np.linalg.inv``, ``solve``, ``det``,
+``eig``, ``eigh``, ``svd``, ``norm``, ``np.cov``): NEP 18 handlers, registered in
+``fabric.arrays.tensor.ARRAY_FUNCTIONS`` as ``fabric.arrays.numpy_functions``'s are.
+
+Rule: the decompositions and solvers run numpy's own ``np.linalg`` on the worker, one op
+each (``fabric.core.ops_functions``); a function with several results gets views of its op's
+packed result, in numpy's own result type (``EigResult``, ``SVDResult``, ...). ``norm`` and
+``cov`` are numpy's formulas in tensor ops. Nothing is read back, except where numpy's
+result dtype depends on the data (``eig``: real where every eigenvalue is), which the
+device says in one small round trip. Errors numpy raises before computing (not square,
+mismatched shapes) are raised at the call; those that depend on the values (a singular
+matrix) are raised by the next read, as ``fabric.RemoteError``.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from typing import Any
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from fabric.arrays.tensor import ARRAY_FUNCTIONS, Tensor
+from fabric.core.ops import DATA_DEPENDENT_DTYPE
+from fabric.core.ops_functions import packed_parts
+
+# numpy's own result types of its decompositions (named tuples)
+_RESULT_TYPES = {name: type(getattr(np.linalg, name)(np.eye(1))) for name in ("eig", "eigh",
+                                                                             "svd")}
+
+
+def _tensor(a: Any, *others: Any) -> Tensor:
+    """``a`` as a tensor of the session of the first tensor among ``a`` and ``others``
+    (a numpy array or a list uploaded)."""
+    session = next(t.session for t in (a, *others) if isinstance(t, Tensor))
+    return session.asarray(a)
+
+
+def _decomposition(name: str, a: Any, **params: Any) -> Any:
+    a = _tensor(a)
+    session = a.session
+    packed = session.apply(name, (a,), params)
+    if name in DATA_DEPENDENT_DTYPE:
+        session.resolve_shape(packed)
+    parts = packed_parts(name, a.shape, params)
+    if len(parts) == 1:  # (svd's singular values alone)
+        return packed
+    if name == "svd":
+        pieces, start = [], 0
+        for length, shape in parts:
+            pieces.append(packed[..., start:start + length].reshape(shape))
+            start += length
+        real = 1  # (the singular values)
+    else:  # the eigenvalues are the first row above the eigenvectors
+        pieces, real = [packed[..., 0, :], packed[..., 1:, :]], 0
+    if name != "eig" and packed.dtype.kind == "c":  # (numpy's are real: so they are)
+        pieces[real] = pieces[real].astype(np.empty(0, packed.dtype).real.dtype)
+    return pieces[0] if len(pieces) == 1 else _RESULT_TYPES[name](*pieces)
+
+
+def _eig(a: Any) -> Any:
+    return _decomposition("eig", a)
+
+
+def _eigh(a: Any, UPLO: str = "L") -> Any:
+    if UPLO not in ("L", "U"):
+        raise ValueError("UPLO argument must be 'L' or 'U'")
+    return _decomposition("eigh", a, UPLO=UPLO)
+
+
+def _svd(a: Any, full_matrices: bool = True, compute_uv: bool = True,
+         hermitian: bool = False) -> Any:
+    return _decomposition("svd", a, full_matrices=bool(full_matrices),
+                          compute_uv=bool(compute_uv), hermitian=bool(hermitian))
+
+
+def _solve(a: Any, b: Any) -> Tensor:
+    a = _tensor(a, b)
+    return a.session.apply("solve", (a, b), {})
+
+
+def _vector_norm(x: Tensor, ord: Any, axis: int, keepdims: bool) -> Tensor:
+    if ord == np.inf:  # (numpy's maxima start from 0: an empty norm is 0, not an error)
+        return abs(x).max(axis=axis, keepdims=keepdims, initial=0)
+    if ord == -np.inf:
+        return abs(x).min(axis=axis, keepdims=keepdims)
+    if ord == 0:
+        return (x != 0).astype(x.dtype).sum(axis=axis, keepdims=keepdims)
+    if ord == 1:
+        return abs(x).sum(axis=axis, keepdims=keepdims)
+    if ord is None or ord == 2:
+        return np.sqrt((x * x).sum(axis=axis, keepdims=keepdims))
+    if isinstance(ord, str):
+        raise ValueError(f"Invalid norm order '{ord}' for vectors")
+    return (abs(x) ** ord).sum(axis=axis, keepdims=keepdims) ** (1.0 / ord)
+
+
+def _matrix_norm(x: Tensor, ord: Any, axes: tuple[int, int]) -> Tensor:
+    row, col = axes
+    if ord in (2, -2, "nuc"):
+        values = _svd(np.moveaxis(x, (row, col), (-2, -1)), compute_uv=False)
+        if ord == -2:
+            return values.min(axis=-1)
+        return (values.max if ord == 2 else values.sum)(axis=-1, initial=0)
+    if ord in (1, -1):
+        sums, axis = abs(x).sum(axis=row), col - (col > row)
+        return sums.max(axis=axis, initial=0) if ord == 1 else sums.min(axis=axis)
+    if ord in (np.inf, -np.inf):
+        sums, axis = abs(x).sum(axis=col), row - (row > col)
+        return sums.max(axis=axis, initial=0) if ord == np.inf else sums.min(axis=axis)
+    if ord in (None, "fro", "f"):
+        return np.sqrt((x * x).sum(axis=axes))
+    raise ValueError("Invalid norm order for matrices.")
+
+
+def _norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """numpy.linalg.norm's formulas, on the device (complex tensors: their magnitudes)."""
+    x = _tensor(x)
+    if x.dtype.kind == "c":
+        x = abs(x)
+    elif x.dtype.kind != "f":
+        x = x.astype(float)
+    if axis is None:
+        if ord is None or ord in ("f", "fro") and x.ndim == 2 or ord == 2 and x.ndim == 1:
+            result = np.sqrt((x * x).sum())
+            return result.reshape((1,) * x.ndim) if keepdims else result
+        axis = tuple(range(x.ndim))
+    axes = normalize_axis_tuple(axis if isinstance(axis, tuple) else operator.index(axis),
+                                x.ndim)
+    if len(axes) == 1:
+        return _vector_norm(x, ord, axes[0], keepdims)
+    if len(axes) != 2:
+        raise ValueError("Improper number of dimensions to norm.")
+    result = _matrix_norm(x, ord, axes)
+    if keepdims:
+        shape = list(x.shape)
+        shape[axes[0]] = shape[axes[1]] = 1
+        result = result.reshape(tuple(shape))
+    return result
+
+
+def _cov(m: Any, y: Any = None, rowvar: bool = True, bias: bool = False, ddof: Any = None,
+         fweights: Any = None, aweights: Any = None, *, dtype: Any = None) -> Tensor:
+    """numpy.cov's formula, on the device: each variable's deviations from its mean, their
+    products over the observations, divided by their count less ``ddof``."""
+    if fweights is not None or aweights is not None:
+        raise TypeError("numpy.cov on fabric tensors takes no fweights or aweights; read the "
+                        "tensors with .numpy() first to weigh the observations.")
+    if ddof is not None and ddof != int(ddof):
+        raise ValueError("ddof must be integer")
+    for name, given in (("m", m), ("y", y)):
+        if np.ndim(given) > 2:
+            raise ValueError(f"{name} has more than 2 dimensions")
+    m = _tensor(m, y)
+    if dtype is None:
+        dtype = np.result_type(m.dtype, np.float64)
+
+    def variables(a: Any) -> Tensor:
+        a = np.atleast_2d(m.session.asarray(a)).astype(dtype)
+        return a.T if not rowvar and a.shape[0] != 1 else a
+    x = variables(m)
+    if x.shape[0] == 0:
+        return m.session.empty((0, 0), dtype)
+    if y is not None:
+        x = np.concatenate((x, variables(y)), axis=0)
+    if ddof is None:
+        ddof = 0 if bias else 1
+    count = x.shape[1] - ddof
+    if count <= 0:
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+        count = 0.0
+    x = x - x.mean(axis=1)[:, None]
+    products = np.dot(x, np.conjugate(x.T) if x.dtype.kind == "c" else x.T)
+    with np.errstate(divide="ignore"):
+        return (products * float(np.true_divide(1, count))).squeeze()
+
+
+ARRAY_FUNCTIONS.update({
+    np.linalg.norm: _norm,
+    np.linalg.inv: lambda a: a.session.apply("inv", (a,), {}),
+    np.linalg.det: lambda a: a.session.apply("det", (a,), {}),
+    np.linalg.solve: _solve,
+    np.linalg.eig: _eig,
+    np.linalg.eigh: _eigh,
+    np.linalg.svd: _svd,
+    np.cov: _cov,
+})

@@ -1,0 +1,2 @@
+"""The ``fabric`` command (click): a thin shell over the library.
+"""

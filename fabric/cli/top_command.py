@@ -1,0 +1,130 @@
+"""``fabric top``: a live terminal view of a cluster, drawn with rich from ``fabric.client.top``.
+
+Rule: a thin shell: it finds the broker and the admin token as ``fabric admin`` does (its
+options and ``open_admin``), takes a snapshot every interval, and draws ``fabric.client.top.view``
+of the last two; failures end as ``fabric admin``'s do, with its exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import click
+
+from fabric.cli.admin_commands import (ADMIN_EXIT_CODES, admin_target_options, duration_text,
+                                       open_admin, size_text)
+from fabric.cli.options import with_options
+from fabric.client.top import snapshot, view
+
+if TYPE_CHECKING:  # rich is imported when drawing: every other fabric command starts without it
+    from rich.console import Group
+    from rich.table import Table
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def _rate(row: dict[str, Any], count: str) -> str:
+    value = row[f"{count}_per_s"]
+    if value is None:  # a device its worker has not reported yet
+        return "-"
+    return f"{size_text(value)}/s" if count == "bytes" else f"{value:,.1f}/s"
+
+
+def _table(title: str, rows: list[dict[str, Any]], columns: list[Column], empty: str) -> Table:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", expand=False)
+    for name, _ in columns:
+        table.add_column(name, no_wrap=True,
+                         justify="left" if name in ("WORKER", "ID", "STATE") else "right")
+    for row in rows:
+        table.add_row(*(str(get(row)) for _, get in columns))
+    if not rows:
+        table.caption = empty
+    return table
+
+
+def render(frame: dict[str, Any]) -> Group:
+    """One frame of the view, as rich renderables."""
+    from rich.console import Group
+    from rich.text import Text
+
+    broker = frame["broker"]
+    queues = broker["queues"]
+    header = Text.assemble(
+        ("fabric top ", "bold"), f"{frame['address']}  up {duration_text(broker['uptime'])}  ",
+        f"workers {broker['workers']}  devices {broker['devices_online']}/"
+        f"{broker['devices_total']} online  sessions {broker['sessions']} "
+        f"({broker['sessions_ended']} ended)  rejects {broker['rejects']}\n",
+        ("broker ", "bold"), f"{_rate(broker, 'messages')} messages  "
+        f"{_rate(broker, 'bytes')}  {_rate(broker, 'submits')} submits"
+        f"  parked {queues['parked_messages']}"
+        + ("  CLIENTS PAUSED" if queues["frontend_paused"] else ""))
+    workers = _table("workers", frame["workers"], [
+        ("WORKER", lambda r: r["name"]), ("BACKEND", lambda r: r["backend"]),
+        ("DEVICES", lambda r: len(r["devices"])), ("SESSIONS", lambda r: r["sessions"]),
+        ("STATE", lambda r: "draining" if r["draining"] else "serving"),
+        ("SEEN", lambda r: duration_text(r["last_seen_ago"])),
+        ("SUBMITS", lambda r: _rate(r, "submits")), ("BYTES", lambda r: _rate(r, "bytes"))],
+        "no workers are connected")
+    devices = _table("devices", frame["devices"], [
+        ("INDEX", lambda r: r["index"]), ("WORKER", lambda r: r["worker"]),
+        ("STATE", lambda r: ("draining" if r["draining"] else "online") if r["online"]
+         else "offline"),
+        ("SESSIONS", lambda r: r["sessions"]),
+        ("MEMORY", lambda r: "-" if r["resident_bytes"] is None
+         else size_text(r["resident_bytes"])),
+        ("OPS", lambda r: _rate(r, "ops")), ("SUBMITS", lambda r: _rate(r, "submits")),
+        ("MESSAGES", lambda r: _rate(r, "messages")), ("BYTES", lambda r: _rate(r, "bytes"))],
+        "no devices have registered")
+    sessions = _table("sessions", frame["sessions"], [
+        ("ID", lambda r: r["id"]), ("DEVICE", lambda r: r["device"]),
+        ("STATE", lambda r: r["state"]), ("AGE", lambda r: duration_text(r["created_ago"])),
+        ("IDLE", lambda r: duration_text(r["last_seen_ago"])),
+        ("SUBMITS", lambda r: r["submits"]), ("BYTES", lambda r: size_text(r["bytes"])),
+        ("RATE", lambda r: _rate(r, "submits"))],
+        "no sessions are open")
+    return Group(header, workers, devices, sessions)
+
+
+@click.command(epilog=ADMIN_EXIT_CODES)
+@with_options(admin_target_options)
+@click.option("--once", is_flag=True, help="Print one frame (rates over one interval) and "
+              "exit, for scripts.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the frame's data "
+              "as JSON instead.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Seconds between frames (and over which rates are taken).")
+def top(once: bool, as_json: bool, interval: float, **options: Any) -> None:
+    """A live view of a cluster's workers, devices, sessions and broker rates, refreshed every
+    interval until Ctrl-C. Needs the admin token; finds the broker as fabric admin does.
+
+    Rates are differences of two snapshots over the interval. SUBMITS counts batches of
+    ops (the broker never decodes the ops); a device's MEMORY (what its sessions hold) and
+    OPS are what its worker reports in its heartbeats ("-" until it has).
+    """
+    from rich.console import Console
+    from rich.live import Live
+
+    if as_json and not once:
+        raise click.UsageError("--json prints one frame: give --once with it.")
+    with open_admin(options, "fabric top") as admin:
+        before = snapshot(admin)
+        time.sleep(interval)
+        frame = view(before, after := snapshot(admin))
+        if once:
+            if as_json:
+                click.echo(json.dumps(frame, indent=2))
+            else:
+                Console().print(render(frame))
+            return
+        try:
+            with Live(render(frame), auto_refresh=False) as live:
+                while True:
+                    time.sleep(max(0.0, after["at"] + interval - time.monotonic()))
+                    before, after = after, snapshot(admin)
+                    live.update(render(view(before, after)), refresh=True)
+        except KeyboardInterrupt:
+            pass

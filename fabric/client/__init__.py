@@ -1,0 +1,2 @@
+"""Sessions (a stream of ops and reads on one device) and the admin client.
+"""

@@ -1,0 +1,464 @@
+"""``fabric.Session``: a session bound to one device, which sends its op stream there and reads.
+
+Rule: the session is the op stream's only way to its socket: it hands a full batch to the
+connection once the device has run enough of the earlier ones (backpressure by CREDIT, with
+a deadline), and makes every read, sync and close a request that first sends what is
+batched. A remote error comes back naming the op and the line of user code that issued it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from fabric.arrays.creation import ArrayNamespace
+from fabric.arrays.device_warnings import issue_warnings
+from fabric.arrays.origins import origin_line
+from fabric.arrays.tensor import Tensor
+from fabric.core import protocol
+from fabric.core.device import Device
+from fabric.core.errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeout,
+                                SessionLost, error_from_wire)
+from fabric.core.flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
+from fabric.core.protocol import Kind, Message
+from fabric.core.security import CurveClient
+from fabric.core.shm import SharedMemory, Slot
+from fabric.core.sockets import try_send
+from fabric.core.wire import array_from_frame, device_dtype, dtype_name
+from fabric.graphs.function import Function
+from fabric.mesh.device_mesh import Mesh
+from fabric.transport import bulk, direct_link
+from fabric.transport.connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices,
+                                         check_version, expect_reply, naming_connection_file)
+from fabric.transport.moves import move_all
+from fabric.transport.slots_ahead import SlotsAhead
+
+
+class Session(ArrayNamespace):
+    """A session bound to one device; use as a context manager or call ``close()``.
+
+    Arrays live on the device: create them with ``asarray``, ``zeros``, ``ones``, ``full``,
+    ``empty``, ``arange``, ``linspace``, ``eye`` or ``random``; ops on them are streamed.
+    """
+
+    def __init__(self, connection: Connection, session_id: int, welcome: Message,
+                 timeout: float, token: str) -> None:
+        super().__init__(Device.from_wire(welcome.body["device"]), session_id)
+        self.connection = connection
+        connection.users += 1
+        self._token = token
+        self.id = session_id
+        self.timeout = timeout
+        self.device_count: int = welcome.body["device_count"]
+        self.server: str = welcome.body["server"]
+        # The largest array this session may upload in one piece: every socket on the way
+        # to its device takes it (an oversized frame would silently cost the connection),
+        # and so does the caller's own max_message_bytes=, which bounds both directions.
+        limit = welcome.body.get("max_message_bytes")
+        own = connection.max_message_bytes
+        way = limit if type(limit) is int and limit > 0 else own
+        self.max_upload_bytes: int = min(way, own)
+        if own < way:
+            self.upload_limit_hint = "pass a larger max_message_bytes= to fabric.connect"
+        self.closed = False
+        self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
+        self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
+        self.shares_memory: bool | None = None  # with its worker (None: not known yet, bulk)
+        self.probe: bulk.Probe | None = None  # asking it (bulk)
+        self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
+        self.unpinning: deque[str] = deque()  # slots of views collected, to unpin (bulk)
+        # Tensors written into a slot of the device's own pool, by id: a view pins it (bulk;
+        # not a WeakSet, whose look-ups would compare tensors with ==, an op)
+        self.in_device_slots: weakref.WeakValueDictionary[int, Tensor] = \
+            weakref.WeakValueDictionary()
+        # The arrays upload_buffer lent, by slot (segment name, offset): read-only once this
+        # session closes (bulk)
+        self.upload_buffers: weakref.WeakValueDictionary[tuple[str, int], np.ndarray] = \
+            weakref.WeakValueDictionary()
+        connection.set_send_timeout(timeout)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (f"<fabric.Session {self.id:#x} {state} on device {self.device.index} "
+                f"({self.device.backend}, worker {self.device.worker})>")
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def open(self, device: int, timeout: float | None = None) -> "Session":
+        """Another session, on ``device``, over this session's connection (one connection
+        serves sessions on any number of devices; it closes with its last session)."""
+        self.stream.check_open()
+        check_argument("device", device, (int,), "a device index (an int)")
+        if timeout is not None:
+            check_argument("timeout", timeout, (int, float), "seconds (an int or a float)")
+        return open_session(self.connection, self._token, device,
+                            self.timeout if timeout is None else timeout)
+
+    def mesh(self, devices: Sequence[int] | None = None) -> Mesh:
+        """A mesh of a new session on each of ``devices`` (every online device by default),
+        over this session's connection, for sharded tensors (``mesh.asarray(a, axis=0)``);
+        it closes with this session, or by its own ``close()``."""
+        self.stream.check_open()
+        return Mesh.open(self, devices)
+
+    def devices(self) -> list[Device]:
+        """Every online device of the broker, asked over this session's connection."""
+        self.stream.check_open()
+        return ask_devices(self.connection, self._token, self.timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Close the session and free everything it holds on the device (idempotent), and
+        the meshes it opened."""
+        if self.closed:
+            return
+        try:
+            for mesh in list(self.meshes):
+                mesh.close()
+        finally:
+            self._close_own(timeout)
+
+    def _close_own(self, timeout: float | None) -> None:
+        self.closed = True
+        self.stream.close()  # every later op is refused; closing frees what was batched
+        try:
+            if self.connection.error is None and self.id not in self.connection.pending.lost:
+                if self.unpinning:  # (back to the pool: retired, were they pinned at the end)
+                    bulk.send_unpins(self)
+                reply = self.connection.request(Message(Kind.CLOSE, self.id),
+                                                self.timeout if timeout is None else timeout,
+                                                session=self.id)
+                check_version(reply)
+        except SessionLost:
+            pass  # already gone on the broker: nothing left to free
+        finally:
+            if self.probe is not None:
+                self.probe.close()
+            bulk.close_buffers(self)
+            if self.connection.segments is not None:
+                self.connection.segments.discard_session(self.id)
+            self.slots_ahead.forget(self.connection.pending.forget)
+            self.connection.pending.done.pop(self.id, None)  # (its CREDITs came before CLOSED)
+            self.connection.users -= 1
+            if not self.connection.users:
+                self.connection.close()
+            if self.on_close is not None:
+                self.on_close()
+
+    # -- sending the stream ------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send the batched ops now (reads, syncs and close do this for you). If the device
+        has not yet run the session's last batches (``fabric.core.flow.SUBMIT_WINDOW`` of them),
+        wait for it first, up to ``timeout`` (default: the session's)."""
+        if not self.stream.batch or self.closed:  # (closed: tensors freed since, nothing to
+            return  # send)
+        if self.unpinning:
+            bulk.send_unpins(self)
+        self._make_room(timeout)
+        self.stream.send_batch(self.connection.send)
+
+    def _make_room(self, timeout: float | None) -> None:
+        # Backpressure before a batch is sent: see flush
+        needed = self.stream.credit_needed(self.connection.pending.done.get(self.id, 0))
+        if needed is not None:
+            self._wait_for_device(needed, self.timeout if timeout is None else timeout)
+
+    def _wait_for_device(self, done: int, timeout: float) -> None:
+        """Backpressure: wait until the device has run ``done`` of this session's batches."""
+        def busy(deadline: float) -> RequestTimeout:
+            return RequestTimeout(
+                f"Device {self.device.index} ran none of this session's {SUBMIT_WINDOW} "
+                f"waiting batches of ops in {timeout:g} s: it is busy with long ops, or "
+                "stuck. Wait for it with session.sync(timeout=...) before sending more, or "
+                "raise timeout=.", device=self.device.index, waiting=SUBMIT_WINDOW)
+        self.connection.wait_for_credit(self.id, done, time.monotonic() + timeout, busy)
+
+    # -- requests and reads ------------------------------------------------------------------
+
+    def upload_buffer(self, shape: Any, dtype: Any = "float64") -> np.ndarray:
+        """A writable array that ``asarray`` makes a tensor of without copying it (Ray's
+        create and seal): on this host, memory the device lent (``fabric.transport.bulk``); after
+        ``asarray(buffer)`` the array is read-only and shows the tensor's values. Where no
+        such memory can be had (small, no shared memory, its pool full), an ordinary array,
+        which ``asarray`` copies as any other."""
+        self.stream.check_open()
+        return bulk.upload_buffer(self, shape, dtype)
+
+    def _upload(self, array: np.ndarray) -> Tensor:
+        tensor = bulk.seal(self, array)
+        if tensor is None and array.size >= self.connection.bulk_elements:
+            tensor = bulk.upload(self, array)
+        if tensor is None and array.nbytes >= direct_link.DIRECT_BYTES:  # (another host's?)
+            tensor = direct_link.upload(self, array)
+        return super()._upload(array) if tensor is None else tensor
+
+    def _send_request(self, body: dict[str, Any], timeout: float | None = None,
+                      reads: Tensor | None = None) -> int:
+        """Send a request to the device with the ops batched before it, which run first (one
+        message, where a flush and then a request were two: a read inside a loop waits for
+        one trip to the device); its request id, for ``_reply``. A read of a tensor made by
+        a batch already sent (``reads``) goes alone: it need not wait for the ops since."""
+        if self.closed:  # (every read: the call only to raise)
+            self.stream.check_open()
+        if self.unpinning:
+            bulk.send_unpins(self)
+        connection = self.connection
+        stream = self.stream
+        if not stream.batch or reads is not None and reads.id <= stream.sent_through:
+            return connection.send_request(protocol.request_message(self.id, body))
+        self._make_room(timeout)
+        sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
+        stream.send_batch(lambda submit: sent.append(connection.send_request(
+            protocol.request_message(self.id, {**body, "ops": submit.body["ops"]},
+                                     submit.buffers))))
+        return sent[0]
+
+    def _reply(self, request: int, timeout: float | None = None) -> Message:
+        reply = self.connection.wait_for_reply(request,
+                                               self.timeout if timeout is None else timeout,
+                                               session=self.id)
+        reply = expect_reply(reply, Kind.REPLY)
+        if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
+            issue_warnings(reply.body, self.stream)
+        return reply
+
+    def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
+        """Send a request to the device, with the batched ops (``_send_request``), and return
+        its reply (raising its error)."""
+        reply = self._reply(self._send_request(body, timeout), timeout)
+        if "error" in reply.body:
+            raise self._remote_error(reply.body["error"])
+        return reply
+
+    def _remote_error(self, wire: dict[str, Any]) -> Exception:
+        """The device's error, naming the line that issued the failed op (and, inside a
+        graph, the function's line)."""
+        error = error_from_wire(wire)
+        origin = self.stream.origins.get(error.details.get("tensor"))
+        if isinstance(error, RemoteError) and origin is not None:
+            file, line = origin_line(origin)
+            error.details["origin"] = f"{file}:{line}"
+            error.args = (f"{error.message}\n  the op was issued at {file}, line {line}",)
+        graph = self.stream.graphs.get(error.details.get("graph"))
+        index = error.details.get("graph_op")
+        if graph is not None and type(index) is int and 0 <= index < len(graph.origins):
+            file, line = graph.origins[index]
+            error.args = (f"{error.args[0]}\n  inside {graph.name}, at {file}, line {line}",)
+        return error
+
+    def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
+        """``tensor``'s values, read back (``t.numpy()``): an ordinary, writable numpy array,
+        or with ``copy=False`` a read-only one that may share memory with the worker."""
+        if not copy or tensor.size >= self.connection.bulk_elements \
+                or tensor.size >= direct_link.DIRECT_ELEMENTS:
+            return self.start_read(tensor, copy).result()
+        reply = self._reply(self._send_request(_read_body(tensor), reads=tensor))
+        if "error" in reply.body:  # (start_read's, without an object between: every read)
+            raise self._remote_error(reply.body["error"])
+        return read_values(reply, tensor)
+
+    def start_read(self, tensor: Tensor, copy: bool = True) -> "ReadInFlight":
+        """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
+        for the values: ``.result()`` waits for them (``copy`` as ``read`` takes it). Reads of
+        many sessions can so be in flight at once (a sharded tensor's ``numpy()`` gathers its
+        shards so)."""
+        sent = None
+        if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
+            sent = bulk.start_read(self, tensor, view=not copy)
+        if sent is None and tensor.size >= direct_link.DIRECT_ELEMENTS:
+            read = direct_link.start_read(self, tensor, _read_body(tensor), read_values)
+            if read is not None:  # (another host's worker: over a direct link)
+                read.copy = copy
+                return read
+        if sent is None:
+            read = ReadInFlight(self, tensor, self._send_request(_read_body(tensor),
+                                                                 reads=tensor))
+        else:
+            read = SharedReadInFlight(self, tensor, *sent)
+        if not copy:
+            read.copy = False
+        return read
+
+    def resolve_shape(self, tensor: Tensor) -> None:
+        """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
+        small round trip (``a[mask]``, ``np.nonzero``, ``np.unique``, ``np.linalg.eig``). The
+        op's error, if it failed, is raised here, naming the line that issued it."""
+        body = self._call({"op": "shape", "id": tensor.id}).body
+        shape = body.get("shape")
+        if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape) \
+                or len(shape) != len(tensor.shape):
+            raise ProtocolError(f"A shape reply must list {len(tensor.shape)} sizes.")
+        dtype_text = body.get("dtype")
+        try:
+            dtype = device_dtype(dtype_text if type(dtype_text) is str else "a missing name")
+        except TypeError:
+            raise ProtocolError("A shape reply must name the tensor's dtype.") from None
+        tensor.shape, tensor.dtype = tuple(shape), dtype
+        tensor.size = math.prod(shape)
+
+    def receive_from(self, source: Tensor) -> Tensor:
+        """``source``, a tensor of another session, sent worker to worker (``t.to(self)``).
+
+        This session's device first agrees to take it, as a new tensor, with a one-time
+        ticket that only this client knows and the sending device attaches: no other client
+        can push a tensor into a session, or replace one there (``fabric.transport.moves``)."""
+        return move_all([(source, self)])[0]
+
+    def sync(self, timeout: float | None = None) -> None:
+        """Wait until the device has run everything sent so far; raise its first error."""
+        self._call({"op": "sync"}, timeout)
+
+    def compile(self, fn: Callable[..., Any]) -> Function:
+        """``fn`` traced once per input signature and replayed on this session's device.
+
+        Like ``@fabric.function``, bound to this session: numpy array arguments are
+        uploaded to it, and tensors of other sessions are refused.
+        """
+        return Function(fn, session=self)
+
+    def stats(self) -> dict[str, int]:
+        """Counts for this session: what the client sent, what the device holds and ran.
+
+        ``ops`` counts the ops the worker received (a graph call is one); the device adds
+        ``ops_fused`` and ``expressions_evaluated`` (0 on numpy), and the session's graphs
+        ``graphs`` held, ``graph_registrations``, ``graph_replays`` and
+        ``bytes_saved_by_replay`` (the op lists replays did not send, less the calls sent).
+        """
+        device = self._call({"op": "stats"}).body  # flushes first, so counts are current
+        return {**self.stream.counts, **device}
+
+    def foreign_tensor(self, tensor: Tensor) -> Exception:
+        """The error for an op that mixes this session's tensors with another's."""
+        return ValueError(f"{tensor!r} lives on another session: move it with .to(session) "
+                          "first.")
+
+
+class ReadInFlight:
+    """A read sent by ``Session.start_read``, its reply not yet taken."""
+
+    copy = True  # False: the values come back read-only
+
+    def __init__(self, session: Session, tensor: Tensor, request: int) -> None:
+        self.session, self.tensor, self.request = session, tensor, request
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """The values, waited for up to ``timeout`` (default: the session's); the op's
+        error, if it failed, naming the line that issued it."""
+        reply = self.session._reply(self.request, timeout)
+        if "error" in reply.body:
+            raise self.session._remote_error(reply.body["error"])
+        array = read_values(reply, self.tensor)
+        if not self.copy:
+            array.flags.writeable = False
+        return array
+
+    def cancel(self) -> None:
+        """Stop waiting for the values: a reply that comes later is dropped."""
+        self.session.connection.pending.forget(self.request)
+
+
+def _read_body(tensor: Tensor) -> dict[str, Any]:
+    # A read request: the worker checks what this client inferred, and answers with the
+    # bytes alone
+    return {"op": "read", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+            "shape": tensor.shape}
+
+
+def read_values(reply: Message, tensor: Tensor) -> np.ndarray:
+    """The values a read's reply (without an error) carries for ``tensor``."""
+    if len(reply.buffers) != 1:
+        raise ProtocolError("A read reply must carry exactly one buffer.")
+    return array_from_frame(reply.buffers[0], tensor.dtype, tensor.shape)
+
+
+class SharedReadInFlight(ReadInFlight):
+    """A read whose values the worker writes into ``slot``, shared memory of this client's
+    pool (``fabric.transport.bulk``), or shows in its device's own slot (a view; ``slot`` None
+    where the client lent none), its reply not yet taken."""
+
+    def __init__(self, session: Session, tensor: Tensor, request: int,
+                 slot: Slot | None) -> None:
+        super().__init__(session, tensor, request)
+        self.slot: Slot | None = slot
+
+    def result(self, timeout: float | None = None) -> np.ndarray:
+        """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""
+        try:
+            reply = self.session._reply(self.request, timeout)
+        except BaseException:
+            self.cancel()  # (a worker that is only slow may still write into the slot)
+            raise
+        pool = self.session.connection.segments
+        slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
+        if "error" in reply.body:
+            if slot is not None:
+                pool.give_back(slot)
+            raise self.session._remote_error(reply.body["error"])
+        values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
+        if values is None:  # (a view the device did not pin, or that cannot be mapped here)
+            values = self.session.start_read(self.tensor).result(timeout)
+            values.flags.writeable = False
+        return values
+
+    def cancel(self) -> None:
+        """Stop waiting, and close the slot: the worker may still write into it."""
+        super().cancel()
+        if self.slot is not None:
+            self.session.connection.segments.discard(self.slot)
+            self.slot = None
+
+
+def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:
+    """A ``TypeError`` naming the argument and what it takes when ``value`` is not one of
+    ``kinds`` (a bool is not an int here): checked at the call, before a malformed request
+    travels and the broker refuses it as a protocol error."""
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise TypeError(f"{name}= takes {takes}, not {type(value).__name__} {value!r}.")
+
+
+def open_session(connection: Connection, token: str, device: int, timeout: float) -> Session:
+    """HELLO on ``connection``; the session, or the typed error (closing an unused
+    connection)."""
+    session_id = secrets.randbits(64) or 1
+    hello = Message(Kind.HELLO, session_id, body={
+        "token": token, "device": device, "client": f"pid {os.getpid()}",
+        "max_message_bytes": connection.max_message_bytes})
+    try:
+        welcome = expect_reply(connection.request(hello, timeout), Kind.WELCOME)
+    except HandshakeTimeout:
+        # A slow broker may still open it: ask it to drop the session, best effort (a full
+        # queue skips it: the timeout is what the caller hears of).
+        try_send(connection.socket, protocol.encode(Message(Kind.CLOSE, session_id)))
+        if not connection.users:
+            connection.close(linger=0.2)
+        raise
+    except BaseException:
+        if not connection.users:
+            connection.close()
+        raise
+    return Session(connection, session_id, welcome, timeout, token)
+
+
+def dial(address: str, token: str, device: int, timeout: float, curve: CurveClient | None,
+         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+         connection_file: str | None = None,
+         shared_memory: SharedMemory | None = SharedMemory()) -> Session:
+    """A session on ``device`` of the broker at ``address``, over a new connection
+    (``connection_file``: where the address came from, if a file; ``shared_memory``: how
+    large arrays use it with a worker on this host, None: never)."""
+    connection = Connection(address, token, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+                            curve=curve, max_message_bytes=max_message_bytes,
+                            shared_memory=shared_memory)
+    with naming_connection_file(connection_file):
+        return open_session(connection, token, device, timeout)

@@ -1,0 +1,71 @@
+"""Addresses as others see them: a host name that does not resolve, and the address to hand
+out for a broker bound to every interface.
+
+Rule: a name is looked up only once a connection has failed (libzmq retries an unresolvable
+name as it retries a closed port, and says nothing more), so a working address never pays
+for it. A wildcard bind address is never handed to anyone to connect to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+from fabric.core.errors import ConfigError
+
+
+def _host(address: str) -> str | None:
+    """The host name of a ``tcp://[source;]host:port`` address, if it has one."""
+    if not address.startswith("tcp://"):
+        return None
+    try:
+        host = urlsplit("tcp://" + address[6:].rpartition(";")[2]).hostname
+    except ValueError:  # (malformed: libzmq refuses it at connect)
+        return None
+    return host if host and host != "*" else None
+
+
+def host_not_resolving(address: str) -> str | None:
+    """The sentence that says ``address``'s host name does not resolve, or None when it
+    does (or is an IP address, or the address is not tcp://)."""
+    host = _host(address)
+    if host is None:
+        return None
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return (f"The host name {host!r} in {address} does not resolve: check its spelling "
+                "(and this machine's DNS).")
+    return None
+
+
+def advertised(address: str, host: str | None) -> str:
+    """``address`` as others connect to it: on ``host`` (with the same port) when one is
+    given. A wildcard bind address (``0.0.0.0``, ``::``, ``*``) is never one to connect to,
+    so without ``host`` it is refused (ConfigError), never handed out."""
+    scheme, _, rest = address.partition("://")
+    bound, _, port = rest.rpartition(":")
+    if scheme != "tcp":
+        return address
+    if host is not None:
+        return f"tcp://{host}:{port}"
+    if bound.strip("[]") in ("0.0.0.0", "::", "*"):
+        raise ConfigError(f"{address} listens on every interface: it is not an address to "
+                          "connect to. Give the host name or address that clients and "
+                          "workers reach the broker by (--advertise HOST).")
+    return address
+
+
+def only_this_host(address: str) -> bool:
+    """Whether ``address`` can be reached from this machine alone: ``ipc://``, ``inproc://``,
+    or tcp:// on a loopback address or ``localhost``."""
+    if not address.startswith("tcp://"):
+        return True
+    host = _host(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:  # a host name others may resolve, a wildcard, or malformed
+        return False

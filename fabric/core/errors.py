@@ -1,0 +1,255 @@
+"""The one hierarchy of errors a fabric user can see, each reachable as ``fabric.X``::
+
+    FabricError
+    ├── ConnectError                 the client could not open a session
+    │   ├── EncryptionError
+    │   ├── WrongPort
+    │   └── HandshakeError
+    │       ├── ServerDisconnected
+    │       ├── HandshakeTimeout
+    │       ├── VersionMismatch
+    │       ├── AuthenticationError
+    │       ├── NoSuchDevice
+    │       ├── DeviceOffline
+    │       │   └── DeviceDraining
+    │       ├── DuplicateSession
+    │       └── TooManySessions
+    ├── SessionLost                  an open session ended (its worker, broker or link died)
+    ├── MessageTooLarge
+    ├── RequestTimeout
+    ├── RemoteError                  an op failed on the device
+    │   ├── QuotaExceeded
+    │   └── GraphError
+    ├── TraceError (also TypeError)
+    ├── ProtocolError
+    ├── DeviceNotHostable
+    ├── WorkerNameTaken
+    ├── NotFound
+    ├── ConfigError
+    └── ClusterError
+    RemoteWarning (a RuntimeWarning)  a warning numpy issued on the device
+
+Rule: every error has a stable string ``code`` that also travels on the wire (in REJECT and
+ERROR bodies), so a rejection made by the broker or a worker is raised on the client as the
+same class, with the same details. Messages are sentences that say what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FabricError(Exception):
+    """Root of every error raised by fabric; ``code`` is stable and travels on the wire."""
+
+    code = "fabric_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_wire(self) -> dict[str, Any]:
+        """The body of a REJECT or ERROR message that carries this error."""
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class ConnectError(FabricError):
+    """The client could not reach a fabric broker at the address."""
+
+    code = "connect_failed"
+
+
+class EncryptionError(ConnectError):
+    """The encrypted (CURVE) handshake failed: encryption is on at one end only, a key is
+    wrong, or the broker does not accept this key. ZeroMQ itself says nothing about it."""
+
+    code = "encryption_failed"
+
+
+class WrongPort(ConnectError):
+    """The address is the broker's port for the other kind of peer: a client or ``fabric
+    admin`` at the workers' port, or a worker at the clients' port. The sentence names the
+    right port when the broker knows it."""
+
+    code = "wrong_port"
+
+
+class HandshakeError(ConnectError):
+    """The broker was reached but the session could not be opened."""
+
+    code = "handshake_failed"
+
+
+class ServerDisconnected(HandshakeError):
+    """The connection closed before the broker answered the HELLO."""
+
+    code = "server_disconnected"
+
+
+class HandshakeTimeout(HandshakeError):
+    """Nothing answered the HELLO before the deadline."""
+
+    code = "handshake_timeout"
+
+
+class VersionMismatch(HandshakeError):
+    """Client and broker speak different protocol versions."""
+
+    code = "version_mismatch"
+
+    @property
+    def client_version(self) -> int | None:
+        return self.details.get("client_version")
+
+    @property
+    def server_version(self) -> int | None:
+        return self.details.get("server_version")
+
+
+class AuthenticationError(HandshakeError):
+    """The token was refused."""
+
+    code = "unauthorized"
+
+
+class NoSuchDevice(HandshakeError):
+    """The requested device index does not exist on this cluster."""
+
+    code = "no_such_device"
+
+    @property
+    def device_count(self) -> int | None:
+        return self.details.get("device_count")
+
+
+class DeviceOffline(HandshakeError):
+    """The device exists but its worker is not connected now."""
+
+    code = "device_offline"
+
+
+class DeviceDraining(DeviceOffline):
+    """The device's worker is being drained by an administrator: it takes no new sessions."""
+
+    code = "device_draining"
+
+
+class DuplicateSession(HandshakeError):
+    """A session with this id is already open on the broker."""
+
+    code = "duplicate_session"
+
+
+class SessionLost(FabricError):
+    """The session ended without being closed: its worker, the broker or the link is gone."""
+
+    code = "session_lost"
+
+
+class TooManySessions(HandshakeError):
+    """A limit on open sessions (per client connection, per client token on a device, or per
+    device) refused the HELLO."""
+
+    code = "too_many_sessions"
+
+
+class MessageTooLarge(FabricError):
+    """A message would pass the message-size limit of a socket on its way (MAXMSGSIZE)."""
+
+    code = "message_too_large"
+
+
+class RequestTimeout(FabricError):
+    """A request got no answer before its deadline."""
+
+    code = "timeout"
+
+
+class RemoteError(FabricError):
+    """An operation failed on the worker; raised at the next read or sync that depends on it."""
+
+    code = "remote_error"
+
+
+class QuotaExceeded(RemoteError):
+    """An op would take the session past the worker's memory limit; the worker goes on."""
+
+    code = "quota_exceeded"
+
+
+class GraphError(RemoteError):
+    """A graph call the worker cannot run: unknown graph, wrong bindings, a freed input."""
+
+    code = "graph_error"
+
+
+class TraceError(FabricError, TypeError):
+    """A traced function did something that needs tensor values (``bool(t)``, ``t.numpy()``)."""
+
+    code = "trace_error"
+
+
+class ProtocolError(FabricError):
+    """A message did not follow the fabric wire protocol."""
+
+    code = "protocol_error"
+
+
+class DeviceNotHostable(FabricError):
+    """A worker was asked to host a device that cannot serve remote sessions."""
+
+    code = "device_not_hostable"
+
+
+class WorkerNameTaken(FabricError):
+    """A worker registered under the name of a live worker: the newcomer is refused."""
+
+    code = "worker_name_taken"
+
+
+class NotFound(FabricError):
+    """An admin command named a session or worker the broker does not have."""
+
+    code = "not_found"
+
+
+class ConfigError(FabricError):
+    """A token or key file is missing, empty or too widely readable."""
+
+    code = "config_error"
+
+
+class ClusterError(FabricError):
+    """A process of a local cluster failed to start."""
+
+    code = "cluster_error"
+
+
+class RemoteWarning(RuntimeWarning):
+    """numpy warned on the device (divide by zero, overflow, invalid value): issued through
+    Python's ``warnings`` at the next read or sync, at the line of user code that issued the
+    op, with numpy's message. Not an error: it has no code, and ``warnings`` filters decide
+    what becomes of it (``"error"`` raises it at that read)."""
+
+
+def _all_subclasses(cls: type[FabricError]) -> list[type[FabricError]]:
+    found = [cls]
+    for sub in cls.__subclasses__():
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+ERRORS_BY_CODE: dict[str, type[FabricError]] = {c.code: c for c in _all_subclasses(FabricError)}
+
+
+def error_from_wire(body: dict[str, Any]) -> FabricError:
+    """Rebuild the typed error carried by a REJECT or ERROR body (unknown codes stay generic)."""
+    cls = ERRORS_BY_CODE.get(str(body.get("code")), FabricError)
+    details = body.get("details")
+    error = cls(str(body.get("message", "")))
+    # Assigned, not passed as keywords: a peer's details may hold non-string keys or "message".
+    error.details = dict(details) if isinstance(details, dict) else {}
+    if cls is FabricError:
+        error.code = str(body.get("code"))
+    return error

@@ -1,0 +1,160 @@
+"""The op table's entries for numpy's everyday functions: linear algebra, ``np.pad``,
+``np.bincount``: their implementations, and the shape and dtype rules ``fabric.core.ops`` lists
+them with.
+
+Rule: each op runs numpy's own function on the worker (``np.linalg``'s LAPACK calls, never a
+hand-written algorithm), and its rules restate only what numpy's function would check before
+computing: square matrices, matching core dimensions, pad widths. A function with several
+results (``eig``, ``eigh``, ``svd``) is one op whose result packs them along its last axes
+(``packed_parts`` says where each lies), so the decomposition runs once; the client hands the
+user views of the parts. This module needs only numpy (the table's module imports it).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+def _shape(arg: Any) -> Shape:
+    # a tensor's (a Spec's) shape, or a scalar's ()
+    return tuple(getattr(arg, "shape", ()))
+
+
+def _square(op: Any, shape: Shape) -> None:
+    """numpy.linalg's checks of a stack of square matrices, with its errors."""
+    if len(shape) < 2:
+        raise np.linalg.LinAlgError(f"{len(shape)}-dimensional array given. Array must be at "
+                                    "least two-dimensional")
+    if op.name != "svd" and shape[-1] != shape[-2]:
+        raise np.linalg.LinAlgError("Last 2 dimensions of the array must be square")
+
+
+def square_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """inv: the matrices' own shape."""
+    _square(op, _shape(args[0]))
+    return _shape(args[0])
+
+
+def det_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """det: one value per matrix."""
+    _square(op, _shape(args[0]))
+    return _shape(args[0])[:-2]
+
+
+def solve_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """solve(a, b): numpy 2's rule, b a vector only when it is 1-d, else a stack of
+    matrices of right-hand sides."""
+    a, b = _shape(args[0]), _shape(args[1])
+    _square(op, a)
+    vector = len(b) == 1
+    if not b or b[-1 if vector else -2] != a[-1]:
+        raise ValueError(f"solve: Input operand 1 has a mismatch in its core dimension 0, with "
+                         f"gufunc signature (m,m),(m{'' if vector else ',n'})->"
+                         f"(m{'' if vector else ',n'}) (size {b[-1 if vector else -2] if b else 0}"
+                         f" is different from {a[-1]})")
+    if vector:
+        return a[:-2] + b
+    return np.broadcast_shapes(a[:-2], b[:-2]) + b[-2:]
+
+
+def packed_parts(name: str, shape: Shape, params: dict[str, Any]) -> list[tuple[int, Shape]]:
+    """Where each result of decomposition ``name`` of matrices of ``shape`` lies in its
+    packed op's result: (length along the packed result's last axis, the part's shape), in
+    numpy's order of results. eig and eigh pack the eigenvalues as the first row above the
+    eigenvectors; svd packs U, S and Vh, each flattened, side by side."""
+    batch, m, n = shape[:-2], shape[-2], shape[-1]
+    if name in ("eig", "eigh"):
+        return [(1, batch + (n,)), (m, batch + (m, n))]
+    k = min(m, n)
+    if not params.get("compute_uv", True):
+        return [(k, batch + (k,))]
+    u, vh = ((m, m), (n, n)) if params.get("full_matrices", True) else ((m, k), (k, n))
+    return [(math.prod(u), batch + u), (k, batch + (k,)), (math.prod(vh), batch + vh)]
+
+
+def packed_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """eig, eigh, svd: the packed result (``packed_parts``)."""
+    shape = _shape(args[0])
+    _square(op, shape)
+    parts = packed_parts(op.name, shape, params)
+    if op.name == "svd":
+        return shape[:-2] + (sum(length for length, _ in parts),)
+    return shape[:-2] + (shape[-2] + 1, shape[-1])
+
+
+def ones_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    """numpy's result dtype of a linear algebra op, from its function on stand-ins of ones
+    (one element per axis; zeros would be singular). eig's may still turn real or complex
+    with the data: the device says which (``fabric.core.ops.DATA_DEPENDENT_DTYPE``)."""
+    stand_ins = [np.ones((1,) * len(a.shape), a.dtype) if hasattr(a, "dtype") and
+                 hasattr(a, "shape") else a for a in args]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.asarray(op.impl(*stand_ins, **params)).dtype
+
+
+def _pack(parts: Sequence[np.ndarray], along_rows: bool) -> np.ndarray:
+    dtype = np.result_type(*parts)
+    if along_rows:  # eigenvalues (..., n) as a first row above the vectors (..., m, n)
+        return np.concatenate([parts[0][..., None, :].astype(dtype), parts[1]], axis=-2)
+    batch = parts[0].shape[:-2]
+    return np.concatenate([p.reshape(batch + (-1,)).astype(dtype) for p in parts], axis=-1)
+
+
+def eig(a: np.ndarray) -> np.ndarray:
+    """np.linalg.eig, packed: its result is real where every eigenvalue is (numpy's rule)."""
+    return _pack(np.linalg.eig(a), along_rows=True)
+
+
+def eigh(a: np.ndarray, UPLO: str = "L") -> np.ndarray:
+    """np.linalg.eigh, packed."""
+    return _pack(np.linalg.eigh(a, UPLO=UPLO), along_rows=True)
+
+
+def svd(a: np.ndarray, full_matrices: bool = True, compute_uv: bool = True,
+        hermitian: bool = False) -> np.ndarray:
+    """np.linalg.svd, packed (the singular values alone without ``compute_uv``)."""
+    result = np.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
+                           hermitian=hermitian)
+    return result if not compute_uv else _pack(result, along_rows=False)
+
+
+def pad_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """np.pad: each axis grows by its two widths (numpy's own checks ran in the dtype rule,
+    on a stand-in)."""
+    shape = _shape(args[0])
+    widths = np.broadcast_to(np.asarray(params["pad_width"]), (len(shape), 2))
+    return tuple(int(n + before + after) for n, (before, after) in zip(shape, widths.tolist()))
+
+
+def pad(array: np.ndarray, pad_width: Any, mode: str = "constant", **kwargs: Any) -> np.ndarray:
+    """np.pad."""
+    return np.pad(array, pad_width, mode, **kwargs)
+
+
+def bincount(x: np.ndarray, *weights: np.ndarray, minlength: int = 0) -> np.ndarray:
+    """np.bincount (its length depends on the data: the client asks the device)."""
+    return np.bincount(x, *weights, minlength=minlength)
+
+
+def roll(a: np.ndarray, shift: Any, axis: Any = None) -> np.ndarray:
+    """``np.roll``; its commonest form (an int shift along one int axis: a stencil's or Game of
+    Life's neighbours) as two slice copies, at a third of ``np.roll``'s general cost."""
+    a = np.asarray(a)
+    if type(shift) is not int or type(axis) is not int or not -a.ndim <= axis < a.ndim:
+        return np.roll(a, shift, axis)  # (numpy's errors too: AxisError)
+    length = a.shape[axis]
+    cut = shift % length if length else 0
+    if cut == 0:
+        return a.copy(order="K")  # (np.roll's copy, made as it makes it)
+    out = np.empty_like(a)
+    before = (slice(None),) * (axis % a.ndim)
+    out[before + (slice(cut, None),)] = a[before + (slice(None, length - cut),)]
+    out[before + (slice(None, cut),)] = a[before + (slice(length - cut, None),)]
+    return out

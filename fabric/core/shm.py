@@ -1,0 +1,451 @@
+"""Shared memory on one host, for the bulk data path: segment names, the segments themselves,
+and the pools of reused, pre-faulted segments large arrays travel through.
+
+Rule: a segment is a sealed memfd (``memfd_create``) named ``fabric-<boot>-<pid>-<n>``
+(``segment_name``): the first 8 hex digits of the kernel's boot id, the pid of the process
+that created it and owns it, and a counter. A peer maps it through the owner's
+``/proc/<pid>/fd`` (``held_segments``: only a process of the same user may), and only once
+it found the segment sealed against shrinking: a mapping of shared memory that someone
+shrinks raises SIGBUS in whoever touches the lost pages, so an unsealed segment would let a
+client kill its worker. A memfd lives as long as a descriptor or a mapping of it: nothing is
+ever left in ``/dev/shm``, and a process killed with SIGKILL leaves only its peers'
+mappings, which they drop with its session or once they see it gone (``PeerSegments``).
+
+Each pool (``SegmentPool``) is its owner's alone. A device's pool lends its slots to
+uploads and moves into the device: the client (or the sending worker) writes the array
+there, and the tensor it becomes keeps the slot until it is collected (no second copy); the
+pool's bound is the device's ``--shared-memory-limit``. A client's pool lends its slots to
+reads, which the worker writes into and whose array keeps the slot until collected (a fresh
+large array would cost more in page faults than the copy itself), and to uploads a full
+device pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names
+and the pools' rules are plain functions and objects; the only system calls are in
+``Segment`` and ``held_segments``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import mmap
+import os
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from fabric.core.errors import ConfigError, ProtocolError
+from fabric.core.parallel_copy import ParallelCopy
+
+THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
+DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
+IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
+SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
+MAX_PINS = 1024  # read-only views of device slots one session may hold (``workers.pins``)
+_NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]+)-([0-9]+)\Z")
+_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
+_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
+# Segment numbers, one count for the whole process: a worker's devices each have a pool, and
+# a peer finds a segment by its name alone. (next() on a count is atomic: threads share it.)
+_NUMBERS = itertools.count()
+_MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]+-[0-9]+) \(deleted\)\Z")
+
+
+def fits(slot_bytes: int, nbytes: int) -> bool:
+    """Whether a slot (or segment) of ``slot_bytes`` bytes is one to use for ``nbytes``: large
+    enough, and at most twice as large (twice a huge page for a smaller array), so that small
+    arrays do not tie up large slots."""
+    return nbytes <= slot_bytes <= 2 * max(nbytes, SEGMENT_ALIGN)
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """How a client uses shared memory with workers on its host (``fabric.connect``'s
+    ``shared_memory=``): arrays of at least ``threshold`` bytes travel through it, in
+    segments of at most ``limit`` bytes in all, closed after ``idle_seconds`` unused; the
+    client copies an upload of 8 MiB or more into its slot with ``copy_threads`` threads at
+    once (None: ``FABRIC_COPY_THREADS``, else the cores it may use, at most 4; 1: one
+    ``np.copyto``, ``fabric.core.parallel_copy``)."""
+
+    threshold: int = THRESHOLD_BYTES
+    limit: int = DEFAULT_POOL_BYTES
+    idle_seconds: float = IDLE_SECONDS
+    copy_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.copy_threads is not None and (type(self.copy_threads) is not int
+                                              or self.copy_threads < 1):
+            raise ConfigError(f"SharedMemory(copy_threads={self.copy_threads!r}): give a "
+                              "whole number of threads of at least 1, or None for the default.")
+
+
+def boot_id() -> str:
+    """The first 8 hex digits of this kernel's boot id ("" where there is none): two
+    processes that share it share a kernel, which is where shared memory can be shared."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            return file.read().strip().replace("-", "")[:8]
+    except OSError:
+        return ""
+
+
+class SegmentName(NamedTuple):
+    """What a segment's name says: the boot it was made in, its owner's pid, its number."""
+
+    boot: str
+    pid: int
+    number: int
+
+
+def segment_name(boot: str, pid: int, number: int) -> str:
+    """The name of segment ``number`` of process ``pid`` in boot ``boot``."""
+    return f"fabric-{boot}-{pid}-{number}"
+
+
+def parse_name(name: Any) -> SegmentName | None:
+    """What ``name`` says, or None when it is not a fabric segment's name."""
+    match = _NAME.match(name) if type(name) is str else None
+    return None if match is None else SegmentName(match[1], int(match[2]), int(match[3]))
+
+
+def held_segments(pid: int) -> dict[str, str]:
+    """The fabric segments process ``pid`` holds open (its own, and those it maps: an mmap
+    keeps a descriptor): name -> a path that opens it (``/proc/<pid>/fd/<n>``). OSError
+    where that process is gone or not this user's."""
+    folder = f"/proc/{pid}/fd"
+    held = {}
+    for fd in os.listdir(folder):
+        try:
+            match = _MEMFD_LINK.match(os.readlink(f"{folder}/{fd}"))
+        except OSError:  # closed meanwhile
+            continue
+        if match is not None:
+            held[match[1]] = f"{folder}/{fd}"
+    return held
+
+
+class UnsealedSegment(OSError):
+    """A segment its owner could shrink under a peer's mapping (which would kill the peer
+    with SIGBUS), so it is not mapped."""
+
+
+class Segment:
+    """One shared-memory segment, mapped: made by its owner (``create``, which keeps its
+    descriptor open for peers to open it by) or mapped by a peer (``open``); ``memory`` is
+    its bytes as a numpy array."""
+
+    def __init__(self, name: str, fd: int, owned: bool) -> None:
+        self.name = name
+        self.fd: int | None = fd if owned else None
+        try:
+            self.size = os.fstat(fd).st_size
+            self.map = mmap.mmap(fd, self.size) if self.size else None
+        except BaseException:
+            os.close(fd)
+            raise
+        if not owned:
+            os.close(fd)  # (the mapping keeps the memory)
+        self.memory = (np.frombuffer(self.map, np.uint8) if self.map is not None
+                       else np.empty(0, np.uint8))
+
+    @classmethod
+    def create(cls, name: str, size: int) -> "Segment":
+        """A new segment of ``size`` bytes, sealed at that size, its pages faulted in now (a
+        write into fresh shared memory runs at a tenth of a write into warm pages)."""
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:  # (allocated now: no memory left fails here, never as a SIGBUS on a write)
+            os.posix_fallocate(fd, 0, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SIZE_SEALS)
+        except BaseException:
+            os.close(fd)
+            raise
+        segment = cls(name, fd, owned=True)
+        if segment.map is not None:
+            try:  # (huge pages only where the kernel gives them to shared memory: cheap to ask)
+                segment.map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+            try:
+                segment.map.madvise(_MADV_POPULATE_WRITE)
+            except OSError:  # an older kernel: touch every page instead
+                segment.memory[::mmap.PAGESIZE] = 0
+        return segment
+
+    @classmethod
+    def open(cls, name: str, path: str) -> "Segment":
+        """Map another process's segment ``name``, opened at ``path`` (``held_segments``):
+        UnsealedSegment unless it can never shrink; OSError if it is gone."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+        except OSError:  # not shared memory at all
+            sealed = 0
+        if not sealed:
+            os.close(fd)
+            raise UnsealedSegment(f"{name} is not sealed against shrinking")
+        segment = cls(name, fd, owned=False)
+        if segment.map is not None:
+            try:  # its pages in this process's page tables now, in one call (a first
+                # transfer through a fresh mapping ran at 2.4 GB/s here, 2.8 with this)
+                segment.map.madvise(_MADV_POPULATE_WRITE)
+            except OSError:  # an older kernel: faulted in as they are used
+                pass
+        return segment
+
+    def close(self) -> None:
+        """No peer can open it any more; unmapped, unless arrays over the memory still live
+        (they keep it until collected)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.memory = np.empty(0, np.uint8)
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:
+                pass
+
+
+class PeerSegments:
+    """The segments of one peer process (``pid``) that this process maps, by name: each is
+    mapped once (mapping afresh would fault every page in again) and dropped once the peer
+    closed it. ``map`` raises ProtocolError for one it cannot map, saying why."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.maps: dict[str, Segment] = {}
+
+    def map(self, name: str) -> Segment:
+        """Segment ``name`` of the peer, mapped."""
+        segment = self.maps.get(name)
+        if segment is None:
+            segment = self.maps[name] = self._open(name)
+        return segment
+
+    def _open(self, name: str) -> Segment:
+        try:
+            held = held_segments(self.pid)
+        except OSError:
+            raise ProtocolError(f"The process that owns shared-memory segment {name} is "
+                                "gone, or not this user's.") from None
+        self.prune(held)
+        if name not in held:
+            raise ProtocolError(f"Shared-memory segment {name} does not exist: its owner "
+                                "closed it before it was used.")
+        try:
+            return Segment.open(name, held[name])
+        except UnsealedSegment:
+            raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
+                                "shrinking (F_SEAL_SHRINK): make segments with fabric's "
+                                "SegmentPool, which seals them.") from None
+        except OSError as exc:
+            raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
+                                f"{exc.strerror}.") from None
+
+    def prune(self, held: dict[str, str] | None = None) -> None:
+        """Unmap the segments the peer closed (``held``: what it holds, if known): a pool
+        closes idle segments, whose names never come back, and a mapping here would keep
+        their memory from going back to the system."""
+        if held is None:
+            try:
+                held = held_segments(self.pid)
+            except OSError:  # gone: it holds nothing
+                held = {}
+        for gone in self.maps.keys() - held.keys():
+            self.maps.pop(gone).close()
+
+    def close(self) -> None:
+        """Unmap every segment."""
+        for segment in self.maps.values():
+            segment.close()
+        self.maps.clear()
+
+
+class Slot(NamedTuple):
+    """``nbytes`` bytes at ``offset`` in ``segment``: where one array travels."""
+
+    segment: Segment
+    offset: int
+    nbytes: int
+
+    def ref(self) -> list[Any]:
+        """The slot as it travels: ``[segment name, offset, nbytes]`` (``fabric.core.wire``)."""
+        return [self.segment.name, self.offset, self.nbytes]
+
+    def array(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The slot's bytes as an array of ``dtype`` and ``shape`` (C order)."""
+        return self.segment.memory[self.offset:self.offset + self.nbytes].view(dtype) \
+            .reshape(shape)
+
+
+class SegmentPool:
+    """One owner's segments: lent out, one transfer each, and given back for the next.
+
+    ``acquire`` lends a free segment that fits (at most twice the size asked), or makes one
+    while the pool holds under ``limit`` bytes (closing idle ones to make room), or gives
+    None: the caller then takes the socket path, so a full pool never fails a transfer. A
+    segment lent to an upload comes back once its session's device has run the batch that
+    carried it (``lend_until``, checked by ``done``); one lent to a read comes back when the
+    caller says (``give_back``); one whose transfer was abandoned is closed (``discard``),
+    since a peer may still write into it. Segments idle for ``idle_seconds`` are closed.
+    ``copies`` copies large arrays into slots with ``copy_threads`` threads (its threads
+    end with the pool).
+    """
+
+    def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
+                 idle_seconds: float = IDLE_SECONDS,
+                 clock: Callable[[], float] = time.monotonic,
+                 copy_threads: int | None = None) -> None:
+        self.limit = limit
+        self.copies = ParallelCopy(copy_threads)
+        self.idle_seconds = idle_seconds
+        self._done = done  # session -> batches its device has run
+        self._clock = clock
+        self._prefix = (boot_id(), os.getpid())
+        self.free: dict[Segment, float] = {}  # -> when it was given back
+        self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
+        self.held = 0  # bytes of every segment, free or lent
+        self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
+        self._returned: deque[tuple[Slot, bool]] = deque()  # from other threads: (slot, retire)
+        self.peers: dict[int, PeerSegments] = {}  # pid -> its segments mapped here
+        self._pruned = clock()  # when the peers' closed segments were last unmapped
+        self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
+        self._thread = threading.get_ident()
+
+    def acquire(self, nbytes: int) -> Slot | None:
+        """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full."""
+        self.reclaim()
+        fitting = [s for s in self.free if fits(s.size, nbytes)]
+        if fitting:
+            segment = min(fitting, key=lambda s: s.size)
+            del self.free[segment]
+        else:
+            size = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN
+            for idle in sorted(self.free, key=self.free.get):  # the longest idle first
+                if self.held + size <= self.limit:
+                    break
+                self._remove(idle)
+            if self.held + size > self.limit:
+                return None
+            try:
+                segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
+                                         size)
+            except OSError:  # no memory left for it
+                return None
+            self.held += size
+        self.lent[segment] = None
+        self.transfers += 1
+        return Slot(segment, 0, nbytes)
+
+    def probe_segment(self, token: int) -> Segment:
+        """A one-page segment holding ``token`` (its first 8 bytes), for a peer to prove it
+        maps this process's shared memory; the caller closes it."""
+        segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
+                                 mmap.PAGESIZE)
+        segment.memory[:8].view(np.uint64)[0] = token
+        return segment
+
+    def peer(self, pid: int) -> PeerSegments:
+        """Process ``pid``'s segments, as this process maps them (a new peer's first: the
+        mappings of peers that are gone, such as a worker that was restarted, are dropped)."""
+        if pid not in self.peers:
+            self._prune_peers()
+            self.peers[pid] = PeerSegments(pid)
+        return self.peers[pid]
+
+    def _prune_peers(self) -> None:
+        self._pruned = self._clock()
+        for pid, peer in list(self.peers.items()):
+            peer.prune()
+            if not peer.maps:
+                del self.peers[pid]
+
+    def lend_until(self, slot: Slot, session: int, batch: int) -> None:
+        """``slot`` comes back once ``session``'s device has run its batch number ``batch``."""
+        self.lent[slot.segment] = (session, batch)
+
+    def give_back(self, slot: Slot) -> None:
+        """``slot`` is free for the next transfer."""
+        if self.lent.pop(slot.segment, False) is not False:
+            self.free[slot.segment] = self._clock()
+
+    def give_back_from_any_thread(self, slot: Slot, retire: bool = False) -> None:
+        """``give_back`` (or with ``retire``, ``discard``), called by an array's finalizer or
+        a closing session: at once in the thread that owns the pool, else at its next lend
+        (the pool is that thread's alone)."""
+        if threading.get_ident() != self._thread:
+            self._returned.append((slot, retire))
+        elif retire:
+            self.discard(slot)
+        else:
+            self.give_back(slot)
+
+    def discard(self, slot: Slot) -> None:
+        """Close ``slot``'s segment: its transfer was abandoned and a peer may still use it."""
+        if self.lent.pop(slot.segment, False) is not False:
+            self.held -= slot.segment.size
+            slot.segment.close()
+
+    def discard_session(self, session: int) -> None:
+        """Close the segments lent to ``session``'s uploads (it closed, or was lost), and
+        forget whether its device lends slots."""
+        self.slotless.discard(session)
+        for segment, lender in list(self.lent.items()):
+            if lender is not None and lender[0] == session:
+                self.discard(Slot(segment, 0, 0))
+
+    def reclaim(self) -> None:
+        """Take back the slots given back from other threads and those whose upload ran;
+        close the segments idle past ``idle_seconds``, and once as often unmap the peers'
+        segments they closed (``acquire`` does this first)."""
+        while self._returned:
+            slot, retire = self._returned.popleft()
+            if retire:
+                self.discard(slot)
+            else:
+                self.give_back(slot)
+        now = self._clock()
+        for segment, lender in list(self.lent.items()):
+            if lender is not None and self._done(lender[0]) >= lender[1]:
+                del self.lent[segment]
+                self.free[segment] = now
+        for segment, since in list(self.free.items()):
+            if now - since > self.idle_seconds:
+                self._remove(segment)
+        if now - self._pruned > self.idle_seconds:  # (peers close theirs as idle)
+            self._prune_peers()
+
+    def _remove(self, segment: Segment) -> None:
+        del self.free[segment]
+        self.held -= segment.size
+        segment.close()
+
+    def close(self) -> None:
+        """Close every segment (arrays still over them keep their memory until collected),
+        and end the copying threads."""
+        self.copies.close()
+        for segment in [*self.free, *self.lent]:
+            segment.close()
+        for peer in self.peers.values():
+            peer.close()
+        self.free.clear()
+        self.lent.clear()
+        self.held = 0
+
+
+class SlotMemory:
+    """A slot's values shown to numpy through an object that is collected only when the last
+    array using them is (its finalizer gives the slot back to its pool). ``lent``: the pool
+    and slot, where the values are a tensor that keeps a slot of its device's own pool (a
+    read-only view of it may pin the slot: ``workers.pins``)."""
+
+    def __init__(self, values: np.ndarray, writable: bool,
+                 lent: tuple[SegmentPool, Slot] | None = None) -> None:
+        self.values = values  # keeps the memory alive as long as any array uses it
+        self.lent = lent
+        interface: dict[str, Any] = dict(values.__array_interface__)
+        interface["data"] = (interface["data"][0], not writable)
+        self.__array_interface__ = interface

@@ -1,0 +1,96 @@
+"""What a worker's options mean where launchers must know it too: sizes and memory budgets
+(``--memory-budget``, ``--memory-limit``) and the cores a process may use (``--threads``).
+
+Rule: parsers and readings of the host only, shared by the ``fabric worker`` command, the
+worker process and the launchers that share a budget or cores among the workers they start.
+The default budget is a share of the memory this process may use when it starts: the
+machine's MemAvailable, and where the process runs in a memory cgroup (v2 ``memory.max``, or
+v1 ``memory.limit_in_bytes``, its ancestors' included) what is left below its limit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 10**6, "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30,
+          "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        return os.cpu_count() or 1
+
+
+def default_worker_threads(devices: int) -> int:
+    """A worker's thread count when it is not told one: its cores shared among its
+    ``devices``, at least one."""
+    return max(1, usable_cores() // max(devices, 1))
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``text``: ``1073741824``, ``512MiB``, ``2G`` (binary), ``2GB`` (decimal).
+    Raises ValueError, saying what is accepted."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match and _UNITS.get(match.group(2).lower())
+    if not match or unit is None:
+        raise ValueError(f"{text!r} is not a size: give bytes (1073741824), a size with a unit "
+                         "(512MiB, 2G) or a percentage of the memory available (50%).")
+    return int(float(match.group(1)) * unit)
+
+
+def budget_from_option(text: str, available: int | None = None) -> int:
+    """The budget ``--memory-budget`` asks for: a size (``parse_size``), or a percentage of
+    ``available`` (default: ``available_memory()``). Raises ValueError."""
+    if text.strip().endswith("%"):
+        try:
+            percent = float(text.strip()[:-1])
+        except ValueError:
+            percent = -1.0
+        if not 0 < percent <= 100:
+            raise ValueError(f"{text!r} is not a percentage between 0 and 100.")
+        return int((available_memory() if available is None else available) * percent / 100)
+    budget = parse_size(text)
+    if budget <= 0:
+        raise ValueError("The memory budget must be more than 0 bytes.")
+    return budget
+
+
+def available_memory(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> int:
+    """Bytes this process may still allocate: MemAvailable, or less where a memory cgroup
+    (v2 or v1, this process's or an ancestor's) has less left below its limit."""
+    meminfo = dict(line.split(":", 1) for line in (proc / "meminfo").read_text().splitlines())
+    available = int(meminfo["MemAvailable"].split()[0]) * 1024
+    for limit, usage in _cgroup_limits(proc, cgroups):
+        available = min(available, max(0, limit - usage))
+    return available
+
+
+def _cgroup_limits(proc: Path, cgroups: Path) -> list[tuple[int, int]]:
+    """(limit, usage) of each memory cgroup above this process that has a limit."""
+    found = []
+    for line in (proc / "self" / "cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: memory.max and memory.current, up to the root
+            files, root = ("memory.max", "memory.current"), cgroups
+            if not (root / "cgroup.controllers").exists():
+                root = cgroups / "unified"
+        elif "memory" in controllers.split(","):  # v1
+            files, root = ("memory.limit_in_bytes", "memory.usage_in_bytes"), cgroups / "memory"
+        else:
+            continue
+        directory = root / path.lstrip("/")
+        while directory != root.parent and directory.is_relative_to(root):
+            try:
+                limit, usage = ((directory / f).read_text().strip() for f in files)
+                if limit.isdigit() and int(limit) < 1 << 60:  # (v1 writes "no limit" as 2^63)
+                    found.append((int(limit), int(usage)))
+            except OSError:
+                pass
+            directory = directory.parent
+    return found

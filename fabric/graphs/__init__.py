@@ -1,0 +1,2 @@
+"""Traced functions (registered once, replayed) and captures.
+"""

@@ -1,0 +1,479 @@
+"""Start a broker and workers as child processes on this machine, and stop them all.
+
+Rule: every process a ``LocalCluster`` starts is ended by it, on ``stop()``, on leaving the
+``with`` block, or at interpreter exit, with SIGTERM first and SIGKILL after a deadline.
+Tokens reach the children through their environment, never their command line. While it
+``watch``es, a worker that dies is restarted, as a supervisor would, at most ``RestartLimit``
+times in a window; past that it stays down and the others go on serving.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Mapping
+
+from fabric.client.admin import Admin
+from fabric.client.session import Session, dial
+from fabric.core.addresses import advertised
+from fabric.core.config import new_token, write_admin_file, write_connection_file
+from fabric.core.device import Device
+from fabric.core.errors import ClusterError, ConnectError
+from fabric.core.security import CurveClient
+from fabric.transport.connection import list_devices
+
+_PR_SET_PDEATHSIG = 1
+# A large frame arrives in a fresh allocation, and faulting its pages in is most of what
+# receiving it costs; on a VM whose balloon takes freed pages back (free page reporting),
+# each page faults on the host too: 256 MiB uploads ran at 0.3-0.4 GB/s here. So brokers and
+# workers keep freed memory for the next large array: one heap (arena_max=1: the ZMQ I/O
+# thread's receive buffers too, which a thread's arena would map afresh each time), never
+# mmap (mmap_max=0: munmap hands the pages back), trimmed only once more than 1 GiB is free
+# at its top; and backed by transparent huge pages (one fault per 2 MiB, not per 4 KiB).
+# Bulk transfers ran 2-4x faster (bench/run.py W3, up: 0.38-0.57 GB/s before, 1.26-1.39
+# after; down: 0.43-0.65, 0.92-0.96). The price: a process's resident memory stays near its
+# high-water mark, less what passes 1 GiB free at the heap's top. (hugetlb: glibc 2.35+.)
+BULK_MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.arena_max=1",
+                        "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1073741824")
+# Set in the environment of a process that re-executed itself with them (only once: some glibc
+# cut the variable it read)
+BULK_MALLOC_STARTED = "FABRIC_BULK_MALLOC_STARTED"
+
+
+def _die_with_parent() -> None:
+    """In a child before exec: get SIGTERM when the launcher dies, however it dies (Linux)."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return  # not Linux: the children notice through heartbeats instead
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def with_bulk_malloc(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a process that moves large arrays: glibc's malloc set as
+    ``BULK_MALLOC_TUNABLES`` say (freed memory kept for reuse, on huge pages), each setting
+    only where ``env``'s GLIBC_TUNABLES does not already choose it."""
+    given = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
+    chosen = {t.split("=", 1)[0] for t in given}
+    added = [t for t in BULK_MALLOC_TUNABLES if t.split("=", 1)[0] not in chosen]
+    return {**env, "GLIBC_TUNABLES": ":".join(given + added)}
+
+
+def start_with_bulk_malloc() -> None:
+    """Make this process (``fabric broker``, ``fabric worker`` started by hand) run with
+    ``with_bulk_malloc``'s environment: where it lacks a setting, replace the process with
+    itself (same pid, arguments and open files) with the setting added. glibc reads its
+    tunables only at start, and one of them (hugetlb) has no ``mallopt`` to set it later."""
+    env = with_bulk_malloc(os.environ)
+    if env["GLIBC_TUNABLES"] != os.environ.get("GLIBC_TUNABLES") \
+            and BULK_MALLOC_STARTED not in os.environ:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+                  {**env, BULK_MALLOC_STARTED: "1"})
+
+
+def _read_line(proc: subprocess.Popen, deadline: float) -> str:
+    # The broker prints one JSON line when bound; wait for it without blocking forever.
+    line = b""
+    while not line.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or proc.poll() is not None:
+            return ""
+        ready, _, _ = select.select([proc.stdout], [], [], remaining)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                return ""
+            line += chunk
+    return line.decode()
+
+
+def _end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """End and reap one child: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class RestartLimit:
+    """At most ``count`` restarts in any ``window`` seconds (a supervisor's restart
+    intensity), sans I/O: ``allow(now)`` says whether one more may happen now, and counts it."""
+
+    def __init__(self, count: int = 5, window: float = 60.0) -> None:
+        self.count = count
+        self.window = window
+        self._times: deque[float] = deque()
+
+    def allow(self, now: float) -> bool:
+        """Whether a restart at ``now`` stays within the limit (if so, it is counted)."""
+        while self._times and now - self._times[0] >= self.window:
+            self._times.popleft()
+        if len(self._times) >= self.count:
+            return False
+        self._times.append(now)
+        return True
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class LocalCluster:
+    """A broker and ``workers`` worker processes on loopback; a context manager.
+
+    With ``curve`` (a directory written by ``fabric keys generate``) every link is
+    CURVE-encrypted and the broker accepts only that directory's client and worker keys.
+    The children log to ``log_dir`` (made if missing, appended to, kept), or else to a
+    temporary folder removed when the cluster is left. ``memory_budget`` (a size or a
+    percentage of the memory available now, as ``fabric worker --memory-budget`` takes it) is
+    shared evenly among the workers, so together they are never promised more than the
+    machine has; ValueError when it is not one. ``advertise`` is the host the connection and
+    admin files name (with the bound ports), for a broker bound to a wildcard address.
+    """
+
+    def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
+                 heartbeat: float = 1.0, liveness: int = 3, start_timeout: float = 30.0,
+                 frontend: str = "tcp://127.0.0.1:*", backend_address: str = "tcp://127.0.0.1:*",
+                 broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = (),
+                 curve: str | os.PathLike[str] | None = None,
+                 log_dir: str | os.PathLike[str] | None = None,
+                 memory_budget: str = "50%", advertise: str | None = None) -> None:
+        from fabric.core.worker_options import budget_from_option  # (measured once, here)
+
+        self.n_workers = workers
+        # CURVE: a ``fabric keys generate`` directory; broker, workers and clients use its keys.
+        self.curve_dir = os.path.abspath(curve) if curve is not None else None
+        self.curve = CurveClient.from_dir(self.curve_dir) if self.curve_dir else None
+        self._curve_args = ("--curve", self.curve_dir) if self.curve_dir else ()
+        self.frontend = frontend
+        self.backend = backend
+        self.devices_per_worker = devices_per_worker
+        self.heartbeat = heartbeat
+        self.liveness = liveness
+        self.start_timeout = start_timeout
+        self.broker_args = broker_args
+        self.advertise = advertise  # the host the files name, for a broker bound to every one
+        # Each worker's share of the budget first: a --memory-budget in worker_args wins.
+        share = max(1, budget_from_option(memory_budget) // max(workers, 1))
+        self.worker_args = ("--memory-budget", str(share), *worker_args)
+        self.token, self.worker_token, self.admin_token = new_token(), new_token(), new_token()
+        self.broker: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+        self.address = ""
+        self.backend_address = backend_address
+        self.metrics_url: str | None = None  # the broker's /metrics, with --metrics in broker_args
+        # Where write_connection_file and write_admin_file wrote, once they have.
+        self.connection_file: str | None = None
+        self.admin_file: str | None = None
+        # Where the children's logs are: ``log_dir``, kept, or a folder removed on leaving.
+        self._temporary_logs = (tempfile.TemporaryDirectory(prefix="fabric-cluster-")
+                                if log_dir is None else None)
+        self.log_dir = (self._temporary_logs.name if self._temporary_logs is not None
+                        else os.path.abspath(log_dir))
+        os.makedirs(self.log_dir, exist_ok=True)
+
+    # -- processes --------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        return {**with_bulk_malloc(os.environ), "FABRIC_TOKEN": self.token,
+                "FABRIC_WORKER_TOKEN": self.worker_token, "FABRIC_ADMIN_TOKEN": self.admin_token,
+                "PYTHONUNBUFFERED": "1"}
+
+    def _log(self, name: str) -> Any:
+        # Appended to, so a restarted process's log follows its predecessor's.
+        return open(os.path.join(self.log_dir, f"{name}.log"), "ab")
+
+    def log_tail(self, name: str, lines: int = 10) -> str:
+        """The last lines a child process logged (``broker`` or ``worker-N``)."""
+        try:
+            with open(os.path.join(self.log_dir, f"{name}.log"), "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def start_broker(self, frontend: str | None = None, backend: str | None = None) -> None:
+        """Start the broker (on free loopback ports by default) and learn its addresses."""
+        with self._log("broker") as log:
+            self.broker = subprocess.Popen(
+                [sys.executable, "-m", "fabric", "broker",
+                 "--frontend", frontend or self.frontend,
+                 "--worker-address", backend or self.backend_address,
+                 "--heartbeat", str(self.heartbeat),
+                 "--liveness", str(self.liveness), *self._curve_args, *self.broker_args],
+                stdout=subprocess.PIPE, stderr=log, env=self._env(),
+                preexec_fn=_die_with_parent)
+        line = _read_line(self.broker, time.monotonic() + self.start_timeout)
+        if not line:
+            _end(self.broker)
+            raise ClusterError("The broker did not start: " + self.log_tail("broker", 1))
+        ready = json.loads(line)
+        self.address, self.backend_address = ready["frontend"], ready["backend"]
+        self.metrics_url = ready.get("metrics")
+
+    def restart_broker(self, timeout: float = 5.0) -> None:
+        """Stop the broker and start it again on the same addresses with the same tokens.
+
+        Its sessions are lost; the workers notice and register again by themselves.
+        """
+        if self.broker is not None:
+            _end(self.broker, timeout)
+        self.start_broker(self.address, self.backend_address)
+
+    def start_worker(self, index: int) -> subprocess.Popen:
+        """Start (or restart) worker ``index``; it registers as ``worker_name(index)``.
+
+        A previous process for ``index`` is ended (and reaped) first.
+        """
+        if index < len(self.workers):
+            _end(self.workers[index])
+        with self._log(self.worker_name(index)) as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fabric", "worker", "--broker", self.backend_address,
+                 "--threads", str(self.threads_per_worker()), *self.worker_options(index)],
+                stdout=log, stderr=subprocess.STDOUT, env=self._env(),
+                preexec_fn=_die_with_parent)
+        if index < len(self.workers):
+            self.workers[index] = proc
+        else:
+            self.workers.append(proc)
+        return proc
+
+    def threads_per_worker(self) -> int:
+        """``--threads`` for a worker on this host (a ``--threads`` in worker_args wins): the
+        cores this process may run on, less one for the client and broker beside them,
+        shared among all the devices of the cluster's workers; at least one."""
+        from fabric.core.worker_options import usable_cores
+
+        return max(1, (usable_cores() - 1) // max(self.n_workers * self.devices_per_worker, 1))
+
+    def worker_name(self, index: int) -> str:
+        """The name worker ``index`` registers under (and its log file's)."""
+        return f"worker-{index}"
+
+    def worker_options(self, index: int) -> list[str]:
+        """``fabric worker``'s options for worker ``index``, all but ``--broker``."""
+        return ["--name", self.worker_name(index), *self.shared_worker_options()]
+
+    def shared_worker_options(self) -> list[str]:
+        """``fabric worker``'s options that every worker of this cluster gets."""
+        return ["--backend", self.backend, "--devices", str(self.devices_per_worker),
+                "--heartbeat", str(self.heartbeat), "--liveness", str(self.liveness),
+                *self._curve_args, *self.worker_args]
+
+    def start_workers(self, report: Callable[[str], None] | None = None) -> None:
+        """Start every worker and wait for its devices; ``report`` gets a line for each."""
+        # One at a time: the broker numbers devices in registration order, so worker-i's
+        # devices come after those of every worker before it.
+        for i in range(self.n_workers):
+            self.start_worker(i)
+            devices = self.wait_for_devices((i + 1) * self.devices_per_worker)
+            if report is not None:
+                indexes = [d.index for d in devices if d.worker == self.worker_name(i)]
+                report(f"{self.worker_name(i)} registered ({i + 1} of {self.n_workers}): "
+                       f"device(s) {', '.join(map(str, indexes))}")
+
+    def wait_for_devices(self, count: int, timeout: float | None = None) -> list[Device]:
+        """Wait until the broker lists ``count`` devices; name the worker that failed."""
+        deadline = time.monotonic() + (self.start_timeout if timeout is None else timeout)
+        found: list[Device] = []
+        while time.monotonic() < deadline:
+            for i, proc in enumerate(self.workers):
+                if proc.poll() is not None:
+                    raise ClusterError(f"{self.worker_name(i)} exited with code "
+                                       f"{proc.returncode}:\n"
+                                       + self.log_tail(self.worker_name(i)))
+            try:
+                found = list_devices(self.address, self.token, 2.0, self.curve)
+            except ConnectError:
+                found = []
+            if len(found) == count:
+                return found
+            time.sleep(0.05)
+        registered = {d.worker for d in found}
+        missing = [self.worker_name(i) for i in range(len(self.workers))
+                   if self.worker_name(i) not in registered]
+        raise ClusterError(f"{', '.join(missing) or 'a worker'} did not register in time:\n"
+                           + "\n".join(self.log_tail(m) for m in missing))
+
+    def start(self, report: Callable[[str], None] | None = None) -> "LocalCluster":
+        """Start the broker and every worker, and wait until all devices are registered;
+        ``report`` gets a line as the broker starts and as each worker registers."""
+        atexit.register(self.stop)
+        try:
+            self.start_broker()
+            if report is not None:
+                report(f"broker at {self.address}; starting {self.n_workers} worker(s)")
+            self.start_workers(report)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End every child process: SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        procs = [p for p in [*self.workers, self.broker] if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            _end(proc, max(0.0, deadline - time.monotonic()))
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *_: Any) -> None:
+        self.stop()
+        if self._temporary_logs is not None:
+            self._temporary_logs.cleanup()
+
+    # -- use --------------------------------------------------------------------------------
+
+    def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
+        """Open a session on ``device`` of this cluster."""
+        return dial(self.address, self.token, device, timeout, self.curve)
+
+    def devices(self) -> list[Device]:
+        """Every device registered with this cluster's broker."""
+        return list_devices(self.address, self.token, 10.0, self.curve)
+
+    def admin(self, timeout: float = 5.0) -> Admin:
+        """The broker's admin commands, with this cluster's admin token."""
+        return Admin(self.address, token=self.admin_token, timeout=timeout, curve=self.curve)
+
+    def _client_curve(self) -> dict[str, str] | None:
+        # The client pair: clients use it, and so does fabric admin (it connects as a client).
+        if not self.curve_dir:
+            return None
+        return {"secret_key_file": os.path.join(self.curve_dir, "client.key_secret"),
+                "server_public_key_file": os.path.join(self.curve_dir, "broker.key")}
+
+    def connection_info(self) -> dict[str, Any]:
+        """What a connection file holds, for clients: the address, the client token and the
+        client's CURVE key files (if any)."""
+        return {"address": advertised(self.address, self.advertise), "token": self.token,
+                "curve": self._client_curve()}
+
+    def admin_info(self) -> dict[str, Any]:
+        """What an admin file holds, for operators: both addresses, the admin and worker
+        tokens and the CURVE key files ``fabric admin`` connects with (if any)."""
+        return {"address": advertised(self.address, self.advertise),
+                "backend_address": advertised(self.backend_address, self.advertise),
+                "admin_token": self.admin_token, "worker_token": self.worker_token,
+                "curve": self._client_curve()}
+
+    def write_connection_file(self, path: str | os.PathLike[str]) -> str:
+        """Write the connection file to hand to users (mode 0600; no admin or worker token);
+        returns its path, also kept as ``connection_file``."""
+        self.connection_file = str(write_connection_file(path, self.connection_info()))
+        return self.connection_file
+
+    def write_admin_file(self, path: str | os.PathLike[str]) -> str:
+        """Write the admin file for operators only (mode 0600; the admin and worker tokens);
+        returns its path, also kept as ``admin_file``."""
+        self.admin_file = str(write_admin_file(path, self.admin_info()))
+        return self.admin_file
+
+    def watch(self, poll: float = 0.2, restarts: int = 5, window: float = 60.0,
+              report: Callable[[str], None] = _to_stderr) -> str:
+        """Block until SIGINT/SIGTERM, the broker dies or no worker is left; say which.
+
+        A worker that dies is restarted under its name (so its devices keep their indexes),
+        at most ``restarts`` times in ``window`` seconds; past that it stays down. Each
+        death, and what is done about it, goes to ``report`` with the end of its log."""
+        limits = [RestartLimit(restarts, window) for _ in self.workers]
+        down: set[int] = set()
+
+        def tend_workers() -> str | None:
+            for i, proc in enumerate(self.workers):
+                if i in down or proc.poll() is None:
+                    continue
+                name = self.worker_name(i)
+                death = (f"{name} exited with code {proc.returncode} "
+                         f"({self.log_tail(name, 3) or 'no log'})")
+                if limits[i].allow(time.monotonic()):
+                    report(f"{death}: restarting it")
+                    self.start_worker(i)
+                    continue
+                down.add(i)
+                report(f"{death}: it was restarted {restarts} times in {window:g} s, so it "
+                       "stays down; the other workers go on serving")
+                if len(down) == len(self.workers):
+                    return "every worker stays down after restarting too often"
+            return None
+        return self._watch_until(tend_workers, poll)
+
+    def _watch_until(self, check: Callable[[], str | None], poll: float) -> str:
+        """Block until SIGINT/SIGTERM, the broker dies, or ``check`` (called every ``poll``
+        seconds) says why to stop; say which."""
+        stopping: list[str] = []
+        previous = {sig: signal.signal(sig, lambda n, _: stopping.append(signal.Signals(n).name))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not stopping:
+                if self.broker is not None and self.broker.poll() is not None:
+                    return (f"broker exited with code {self.broker.returncode}: "
+                            + self.log_tail("broker", 3))
+                reason = check()
+                if reason is not None:
+                    return reason
+                time.sleep(poll)
+            return f"stopped by {stopping[0]}"
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+_embedded: LocalCluster | None = None
+_embedded_sessions = 0
+_embedded_lock = threading.Lock()
+
+
+def embedded_session(device: int, timeout: float) -> Session:
+    """A session on the embedded local cluster, started on first use (one worker per core).
+
+    The cluster stops when its last session closes, or at interpreter exit. Its backend is
+    numpy unless FABRIC_BACKEND says otherwise.
+    """
+    global _embedded, _embedded_sessions
+    with _embedded_lock:
+        if _embedded is None:
+            _embedded = LocalCluster(workers=os.cpu_count() or 1,
+                                     backend=os.environ.get("FABRIC_BACKEND", "numpy")).start()
+        cluster = _embedded
+        _embedded_sessions += 1
+    try:
+        session = cluster.connect(device=device, timeout=timeout)
+    except BaseException:
+        _release_embedded()
+        raise
+    session.on_close = _release_embedded
+    return session
+
+
+def _release_embedded() -> None:
+    global _embedded, _embedded_sessions
+    with _embedded_lock:
+        _embedded_sessions -= 1
+        if _embedded_sessions == 0 and _embedded is not None:
+            cluster, _embedded = _embedded, None
+            cluster.__exit__()

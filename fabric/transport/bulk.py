@@ -1,0 +1,455 @@
+"""A session's shared-memory path: large uploads, reads and moves through segments
+(``fabric.core.shm``) instead of inside messages, when its worker shares this host.
+
+Rule: a session asks its worker once, at its first array of at least the threshold
+(``shm_probe``, ``fabric.core.wire``: ``Probe``); until the worker agrees, and whenever no slot is
+free, the session is off or the op stream is being captured, every array takes the socket path as
+before, so this path only ever replaces a transfer the socket path would make. An upload or
+a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
+upload, one lent ahead, whose answer has already come: ``fabric.transport.slots_ahead``), else into
+one of the connection's pool; a read into one of the connection's pool, or, for a read-only
+view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
+the worker until the view is collected (``workers.pins``; the unpin goes with the session's
+next message: ``send_unpins``). Small arrays never come here: the caller tests the size
+first. An upload buffer (``upload_buffer``) is a slot the device lent, handed to the caller
+to write in; ``seal`` makes it the tensor, as an upload into a lent slot, without the copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import secrets
+import weakref
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
+
+from fabric.arrays.indexing import as_shape
+from fabric.arrays.origins import issued_at
+from fabric.arrays.tensor import Tensor
+from fabric.core.errors import ProtocolError, RequestTimeout
+from fabric.core.protocol import Kind, Message, request_message
+from fabric.core.shm import SegmentPool, Slot, SlotMemory, boot_id
+from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
+from fabric.transport.connection import expect_reply
+
+# (A session is typed Any here: fabric.client.session imports this module.)
+
+
+PROBE_SECONDS = 2.0  # an upload's wait for the probe's answer; then it takes the sockets
+
+
+def pool_of(session: Any) -> SegmentPool | None:
+    """The pool ``session`` moves arrays through, or None where its worker cannot share its
+    memory, or has not said so yet (asked once per session: ``Probe``)."""
+    if session.shares_memory is None:
+        if session.probe is None:
+            session.probe = Probe.send(session)
+        session.shares_memory = session.probe.answer(session)
+    return session.connection.segments if session.shares_memory else None
+
+
+class Probe:
+    """A session's ``shm_probe``, sent: its request, and the segment its worker must map.
+
+    The answer comes after the device's queued work (a probe is one of the session's
+    requests), so the first upload waits for it ``PROBE_SECONDS`` at most, then takes the
+    socket path; later ones take the answer once it has come, without waiting. An upload
+    never fails because its device is busy, on either path."""
+
+    def __init__(self, request: int | None, segment: Any) -> None:
+        self.request = request  # None: not sent (no shared memory here: the answer is no)
+        self.segment = segment
+        self.waited = False
+
+    @classmethod
+    def send(cls, session: Any) -> "Probe":
+        """Ask ``session``'s worker whether it maps this process's shared memory."""
+        connection = session.connection
+        if connection.shared_memory is None or not boot_id():
+            return cls(None, None)
+        if connection.segments is None:
+            options = connection.shared_memory
+            connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
+                                              options.limit, options.idle_seconds,
+                                              copy_threads=options.copy_threads)
+        token = secrets.randbits(63)
+        try:
+            segment = connection.segments.probe_segment(token)
+        except OSError:  # no memory left for it
+            return cls(None, None)
+        try:
+            return cls(session._send_request({"op": "shm_probe", "boot": boot_id(),
+                                              "segment": segment.name, "token": token}),
+                       segment)
+        except BaseException:
+            segment.close()
+            raise
+
+    def answer(self, session: Any) -> bool | None:
+        """Whether the worker agreed; None while it has not answered."""
+        if self.request is None:
+            return False
+        connection = session.connection
+        wait, self.waited = 0.0 if self.waited else PROBE_SECONDS, True
+        connection.receive_arrived()
+        try:
+            reply = connection.wait_for_reply(self.request, wait, session=session.id,
+                                              keep_on_timeout=True)
+            agreed = expect_reply(reply, Kind.REPLY).body.get("shared_memory") is True
+        except RequestTimeout:
+            return None
+        except ProtocolError:  # a worker that predates shared memory
+            agreed = False
+        self.close()
+        return agreed
+
+    def close(self) -> None:
+        """The worker answered, or the session ends: no one maps the segment any more."""
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+
+
+def upload(session: Any, array: np.ndarray) -> Tensor | None:
+    """``array`` uploaded through shared memory, as a new tensor (its put sent at once):
+    written into a slot the device lent ahead (which the tensor then keeps: one copy in
+    all), or else into a slot of this process's pool (which the worker copies out); None,
+    sending nothing, where it must take the socket path. Nothing here waits for the device:
+    the slot for a later upload is asked for now, its answer taken then
+    (``fabric.transport.slots_ahead``)."""
+    if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
+            or array.nbytes > session.max_upload_bytes:
+        return None  # (a capture keeps the put to replay; too large: the socket path says so)
+    dtype = device_dtype(array.dtype).newbyteorder("=")
+    pool = pool_of(session)
+    if pool is None:
+        return None
+    lent = _lent_ahead(session, pool, array.nbytes)
+    values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
+    _ask_ahead(session, pool, array.nbytes)  # (before the put: answered the sooner)
+    slot = None if values is not None else pool.acquire(array.nbytes)
+    if slot is not None:
+        values, ref = slot.array(np.uint8, (slot.nbytes,)), slot.ref()
+    elif values is None:
+        return None
+    else:
+        ref = [lent.name, lent.offset, array.nbytes]  # (the slot's start: it may be larger)
+        pool.transfers += 1  # (an own slot counts itself when lent)
+    pool.copies.copy(values.view(dtype).reshape(array.shape), array)  # (any layout and
+    # byte order)
+    tensor = _put(session, array.shape, dtype, ref)
+    stream = session.stream
+    if slot is None:
+        session.in_device_slots[tensor.id] = tensor
+    try:
+        session.flush()  # (an own slot is held until the put ran: send it now)
+    finally:  # its batch, sent, or the next if this one waits for credit
+        if slot is not None:
+            pool.lend_until(slot, session.id,
+                            stream.counts["batches_sent"] + (1 if stream.batch else 0))
+    return tensor
+
+
+def _put(session: Any, shape: tuple[int, ...], dtype: np.dtype, ref: list[Any]) -> Tensor:
+    """A new tensor of ``session``, its put queued: ``shape`` and ``dtype``, its bytes
+    already in the slot ``ref`` (``[segment name, offset, nbytes]``)."""
+    stream = session.stream
+    tensor = stream.new_tensor(shape, dtype, issued_at())
+    stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(shape),
+                                           "shm": ref}], None, tensor)
+    return tensor
+
+
+class UploadBuffer:
+    """The memory of an array ``upload_buffer`` made: ``ref``, a slot that ``session``'s
+    device lent it, mapped here. Unsealed, it is writable, and the slot goes back to the
+    device once the array and its views are collected (with the session's next slot
+    request, or its close). Sealed (``seal``), it is read-only and holds the tensor that
+    keeps the slot (so no one is lent it while the array lives)."""
+
+    def __init__(self, values: np.ndarray, session: Any, ref: SegmentRef) -> None:
+        self.values = values  # keeps the mapping alive as long as any array uses it
+        self.session = weakref.ref(session)
+        self.tensor: Tensor | None = None  # once sealed
+        self.unsealed = [ref]  # (taken by ``seal``; its finalizer must not hold ``self``)
+        self.__array_interface__ = values.__array_interface__
+        weakref.finalize(self, _unused_back, self.session, self.unsealed)
+
+
+def _unused_back(session: weakref.ref, unsealed: list[SegmentRef]) -> None:
+    """An upload buffer was collected (in any thread): an unsealed one's slot goes back to
+    its device with the session's next slot request (none once it closed: its device took
+    back what it lent)."""
+    live = session()
+    if unsealed and live is not None and not live.closed:
+        live.slots_ahead.returning.append(unsealed[0])
+
+
+def upload_buffer(session: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """A writable array of ``shape`` and ``dtype`` (C order, zeros or a slot's old bytes)
+    for ``seal`` to make a tensor of without a copy: a slot of ``session``'s device's own
+    pool, lent ahead or else asked for now (a round trip); an ordinary ``np.empty`` where
+    none can be (small, no shared memory, the pool full, a capture), which an upload then
+    copies as any other array."""
+    shape, dtype = as_shape(shape), device_dtype(dtype).newbyteorder("=")
+    if min(shape, default=0) < 0:
+        raise ValueError(f"An upload buffer's shape {shape} has a negative dimension.")
+    nbytes = math.prod(shape) * dtype.itemsize
+    pool = None if session.connection.shared_memory is None or session.stream.sinks \
+        or nbytes < session.connection.shared_memory.threshold else pool_of(session)
+    lent = None if pool is None else _lent_ahead(session, pool, nbytes)
+    if pool is not None:
+        _ask_ahead(session, pool, nbytes)
+        if lent is None:
+            device = _lend_from_device(session, pool, nbytes)
+            lent = None if device is None else decode_segment_ref(device.reference)
+    values = None if lent is None else _device_memory(session, pool, lent, nbytes)
+    if values is None:
+        return np.empty(shape, dtype)
+    buffer = UploadBuffer(values.view(dtype).reshape(shape), session,
+                          lent._replace(nbytes=nbytes))
+    array = np.asarray(buffer)
+    session.upload_buffers[lent.name, lent.offset] = array  # (slots share segments)
+    return array
+
+
+def close_buffers(session: Any) -> None:
+    """``session`` closed: the upload buffers it lent turn read-only (their slots are the
+    device's again, to lend to anyone: a write there could land in another's tensor)."""
+    for array in list(session.upload_buffers.values()):
+        array.flags.writeable = False
+    session.upload_buffers.clear()
+
+
+def seal(session: Any, array: np.ndarray) -> Tensor | None:
+    """``array``, a whole unsealed ``upload_buffer`` of ``session``, as a new tensor that
+    keeps its slot (its put sent at once, naming the slot: no copy), the array made
+    read-only; None for any other array (uploaded as usual: copied)."""
+    buffer = array.base
+    if type(buffer) is not UploadBuffer or not buffer.unsealed \
+            or buffer.session() is not session or session.stream.sinks \
+            or array.__array_interface__ != buffer.__array_interface__:
+        return None
+    tensor = _put(session, array.shape, array.dtype, list(buffer.unsealed.pop()[:3]))
+    session.in_device_slots[tensor.id] = tensor
+    buffer.tensor = tensor
+    array.flags.writeable = False
+    session.connection.segments.transfers += 1
+    session.flush()
+    return tensor
+
+
+def _lent_ahead(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | None:
+    """A slot for ``nbytes`` bytes that ``session``'s device lent ahead and whose answer has
+    come (the answers that came are taken first, without waiting); None where none has. A
+    worker that lends none (one that predates it, or answers with something this process
+    cannot use) is asked for none again."""
+    if session.id in pool.slotless:
+        return None
+    ahead = session.slots_ahead
+    if ahead.asked:
+        session.connection.receive_arrived()
+        for request in list(ahead.asked):
+            reply = session.connection.pending.take(request)
+            if reply is not None:
+                ahead.on_answer(request, _lent_slot(session, pool, reply))
+    return None if session.id in pool.slotless else ahead.take(nbytes)
+
+
+def _lent_slot(session: Any, pool: SegmentPool, reply: Message) -> SegmentRef | None:
+    """The slot a ``shm_slot`` answer lends; None where it lends none (its device's pool is
+    full, or the device lends none: then it is asked for none again)."""
+    if reply.kind is not Kind.REPLY:
+        return None  # (the session is lost: its next message says so)
+    if "error" in reply.body:  # (a worker that predates it)
+        pool.slotless.add(session.id)
+        return None
+    try:
+        return None if reply.body.get("slot") is None else decode_segment_ref(reply.body["slot"])
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+
+
+def _ask_ahead(session: Any, pool: SegmentPool, nbytes: int) -> None:
+    """Ask ``session``'s device for a slot of ``nbytes`` bytes for a later upload, without
+    waiting for the answer, where the bounds allow (``SlotsAhead.wanted``)."""
+    ahead = session.slots_ahead
+    if session.id in pool.slotless or not ahead.wanted(nbytes, pool.idle_seconds):
+        return
+    connection = session.connection
+    # (alone, never with the batched ops: it need not wait for them)
+    ahead.ask(connection.send_request(request_message(session.id, ahead.request(nbytes))),
+              nbytes)
+
+
+class DeviceSlot(NamedTuple):
+    """A slot a device lent from its own pool (``shm_slot``): the tensor written there
+    keeps it, on that device, so it is never the client's to give back."""
+
+    reference: list[Any]
+
+    def ref(self) -> list[Any]:
+        """The slot as it travels (``fabric.core.wire``)."""
+        return self.reference
+
+
+def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlot | None:
+    """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool, for a
+    move; None where it has none free, or lends none (a worker that predates it, or one
+    whose memory this process cannot map: ``_device_memory``). A round trip: with ops
+    batched before it, after the device ran them; alone, after the op it is running."""
+    if session.id in pool.slotless:
+        return None
+    try:
+        ref = session._call({"op": "shm_slot", "nbytes": nbytes}).body.get("slot")
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+    return None if ref is None else DeviceSlot(ref)  # (None: full for now)
+
+
+def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
+                   nbytes: int) -> np.ndarray | None:
+    """The first ``nbytes`` bytes of ``slot``, mapped here; None, and the device asked for
+    none again, where they cannot be."""
+    try:
+        segment = pool.peer(slot.owner.pid).map(slot.name)
+        if slot.nbytes < nbytes or slot.offset + slot.nbytes > segment.size:
+            raise ProtocolError(f"The device lent a slot of {slot.nbytes} bytes at "
+                                f"{slot.offset} in {segment.size} for {nbytes}.")
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None
+    return segment.memory[slot.offset:slot.offset + nbytes]
+
+
+def start_read(session: Any, tensor: Tensor,
+               view: bool = False) -> tuple[int, Slot | None] | None:
+    """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
+    slot; None, sending nothing, where it must take the socket path. ``view``: the device
+    may answer with its own slot instead, pinned (``take``); for a tensor written into one
+    (``Session.in_device_slots``), no slot is lent for the read (should the device not pin
+    it after all, the read is made again, as a copy)."""
+    nbytes = tensor.size * tensor.dtype.itemsize
+    if nbytes < session.connection.shared_memory.threshold:
+        return None
+    pool = pool_of(session)
+    if pool is None:
+        return None
+    body = {"op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
+            "shape": tensor.shape}
+    if view and session.id not in pool.slotless:
+        body["view"] = True
+        if session.in_device_slots.get(tensor.id) is tensor:
+            return session._send_request(body), None
+    slot = pool.acquire(nbytes)
+    if slot is None:
+        return None
+    try:
+        request = session._send_request({**body, "into": slot.ref()})
+    except BaseException:
+        pool.discard(slot)
+        raise
+    return request, slot
+
+
+def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceSlot | None:
+    """A slot of shared memory for ``source`` (a tensor of another session of this process)
+    to move to ``session`` through (``t.to()``), which ``source``'s worker writes into: one
+    ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come, or
+    else asked for now (a round trip); or else one of this process's pool (``session``'s
+    worker copies it out). None where either worker cannot share memory with this process,
+    or neither has a slot free. The next move's (or upload's) slot is asked for ahead.
+    ``moved``: the tensor ``source`` becomes in ``session``."""
+    shared = session.connection.shared_memory
+    nbytes = source.size * source.dtype.itemsize
+    if shared is None or nbytes < shared.threshold \
+            or source.session.connection.shared_memory is None:
+        return None
+    pool = pool_of(session)
+    if pool is None or pool_of(source.session) is None:
+        return None
+    ahead = _lent_ahead(session, pool, nbytes)
+    _ask_ahead(session, pool, nbytes)
+    lent = DeviceSlot([ahead.name, ahead.offset, nbytes]) if ahead is not None \
+        else _lend_from_device(session, pool, nbytes)
+    if lent is None:
+        return pool.acquire(nbytes)
+    pool.transfers += 1  # (an own slot counts itself when lent)
+    session.in_device_slots[moved.id] = moved
+    return lent
+
+
+@contextlib.contextmanager
+def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[None]:
+    """Inside: ``slot`` (if any) is in use; after, one of ``pool``'s is given back, or
+    closed if what was inside failed (a worker may still write into it). A device's slot
+    stays with the tensor moved into it (or, unused, with its session)."""
+    own = slot if isinstance(slot, Slot) else None
+    try:
+        yield
+    except BaseException:
+        if own is not None:
+            pool.discard(own)
+        raise
+    if own is not None:
+        pool.give_back(own)
+
+
+def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
+         reply: Message) -> np.ndarray | None:
+    """The values a read wrote into ``slot``, as an array over the slot itself, which stays
+    lent to it until it and every array made from it are gone: no one else writes there, so
+    it is the caller's own (writable), or with ``copy`` False read-only. Where the device
+    pinned its own slot instead (``"pinned"``), a read-only view of that, which unpins it
+    once collected. None where the device pinned none for a read that lent it no slot, or
+    this process cannot map it (then unpinned, and the device asked for no view again): the
+    read is then to be made again, as a copy."""
+    pool = session.connection.segments
+    if "pinned" not in reply.body:
+        holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
+        weakref.finalize(holder, pool.give_back_from_any_thread, slot)
+        return np.asarray(holder)
+    if slot is not None:
+        pool.give_back(slot)  # (not written into; it counted the transfer)
+    elif reply.body["pinned"] is None:
+        return None
+    else:
+        pool.transfers += 1
+    nbytes = tensor.size * tensor.dtype.itemsize
+    try:
+        pinned = decode_segment_ref(reply.body["pinned"])
+    except ProtocolError:
+        pool.slotless.add(session.id)
+        return None  # (then unknown to the device: nothing to unpin)
+    values = _device_memory(session, pool, pinned, nbytes) \
+        if pinned.nbytes == nbytes else None
+    if values is None:
+        pool.slotless.add(session.id)
+        session.unpinning.append(pinned.name)
+        return None
+    holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=False)
+    weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
+    return np.asarray(holder)
+
+
+def _unpin_later(session: weakref.ref, name: str) -> None:
+    """A view of pinned slot ``name`` was collected (in any thread): unpin it with the
+    session's next message (none once it closed: its device retired its pins)."""
+    live = session()
+    if live is not None and not live.closed:
+        live.unpinning.append(name)
+
+
+def send_unpins(session: Any) -> None:
+    """Unpin the slots of ``session``'s collected views (``_unpin_later``), in one request
+    sent alone, whose answer no one waits for."""
+    names = []
+    while session.unpinning:
+        names.append(session.unpinning.popleft())
+    connection = session.connection
+    connection.pending.forget(connection.send_request(
+        request_message(session.id, {"op": "unpin", "slots": names})))
