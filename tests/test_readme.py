@@ -24,7 +24,8 @@ rendered Markdown does not show:
 
 Every shell a block runs in is fresh: ``bash -c`` with a clean environment (PATH, a scratch
 HOME, LANG) and no activation beyond what the page shows. Each section of each page is one
-test.
+test. The README's test command is the one ``.ci/run`` runs, and no page links outside the
+repository (``../shared/``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 # Every page whose commands run as written: the README, CONTRIBUTING.md and docs/.
 PAGES = [README, REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+README_MOST_LINES = 200  # a front door: the rest is in docs/
 INSTALL = "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'"
+TEST_COMMAND = f"{INSTALL} && .venv/bin/python -m pytest"  # .ci/run's last line
 RUN_TIMEOUT = 120.0  # seconds one block may take (the demo is the longest, a few seconds)
 READY_TIMEOUT = 60.0  # seconds a background command may take to be ready
 STOP_TIMEOUT = 15.0  # seconds a background command may take to stop on Ctrl-C
@@ -86,6 +89,37 @@ def test_every_command_block_of_every_page_is_marked(page):
     """A new command block cannot escape this test unnoticed: run it or say why not."""
     fences = re.findall(r"^```(sh|python)$", page.read_text(), re.M)
     assert len(page_blocks(page)) == len(fences)
+
+
+def test_the_readme_is_a_front_door_with_the_set_up_commands_at_its_top():
+    """At most README_MOST_LINES lines; its first two commands run the demo and the tests, and
+    the test command is the one CI runs."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= README_MOST_LINES
+    first_two = [m.group(4) for m in MARKER.finditer(text.split("\n## ", 1)[0])][:2]
+    assert first_two == [f"{INSTALL} && .venv/bin/fabric demo", TEST_COMMAND]
+    assert TEST_COMMAND in (REPO / ".ci" / "run").read_text().splitlines()
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors a Markdown renderer gives the page's headings, as GitHub spells them."""
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.*)$", page.read_text(), re.M)}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_every_link_of_every_page_stays_in_the_repository_and_finds_its_place(page):
+    """A relative link names a file of this repository (../shared/ is outside any clone), and a
+    heading there if it names one."""
+    text = page.read_text()
+    assert "../shared" not in text
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+        if "://" in target:
+            continue
+        path = (page.parent / target).resolve() if target else page  # (#anchor: this page)
+        assert path.is_relative_to(REPO) and path.exists(), f"{page.name} links {target}"
+        if anchor:
+            assert anchor in _anchors(path), f"{page.name} links {target}#{anchor}"
 
 
 @pytest.fixture
