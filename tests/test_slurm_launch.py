@@ -1,10 +1,10 @@
 """Workers in Slurm jobs (issue 24 section 3), against a real single-node Slurm that
 ``tests/simslurm.py`` configures and starts for this module: ``fabric cluster slurm`` as the
-README writes it, ended by ``scancel`` and by Ctrl-C, a job Slurm refuses, and the README's
-own batch script running ``fabric worker --admin-file``; and the usage errors, which need no
-Slurm.
+operator's guide (docs/operations.md) writes it, ended by ``scancel`` and by Ctrl-C, a job
+Slurm refuses, and the guide's own batch script running ``fabric worker --admin-file``; and
+the usage errors, which need no Slurm.
 
-The README's commands name a real cluster (two nodes, ``login1.example.org``, ``/shared``);
+The guide's commands name a real cluster (two nodes, ``login1.example.org``, ``/shared``);
 they run here as written but for those names, which ``_here`` replaces with this node, this
 machine's loopback and a temporary folder. Skipped, naming the packages, without Slurm or
 root.
@@ -30,7 +30,7 @@ import fabric
 
 pytestmark = pytest.mark.timeout(180)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OPERATIONS_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 FABRIC = str(Path(sys.executable).parent / "fabric")  # the venv's, as .venv/bin/fabric is
 HOST = socket.gethostname()
 WAIT = 60.0  # seconds for a launcher to write its files, or to end
@@ -46,8 +46,8 @@ def slurm(tmp_path_factory):
 
 
 def _slurm_blocks() -> list[str]:
-    """The README's Slurm commands: the launcher, the cluster for your own script, the script."""
-    section = README.read_text().split("### Slurm\n", 1)[1].split("\n## ", 1)[0]
+    """The operator's guide's Slurm commands (docs/operations.md): the launcher, the cluster for your own script, the script."""
+    section = OPERATIONS_GUIDE.read_text().split("### Slurm\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```sh\n(.*?)\n```", section, re.S)
 
 
