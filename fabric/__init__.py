@@ -13,7 +13,7 @@ from typing import Any
 from fabric.core.version import __version__
 
 # Each public name and the module that defines it.
-_ERRORS = (  # every class of fabric.core.errors (tests/test_errors.py checks it)
+_ERRORS = (  # every class of fabric.core.errors (tests/unit/test_errors.py checks it)
     "AuthenticationError", "ClusterError", "ConfigError", "ConnectError", "DeviceDraining",
     "DeviceNotHostable", "DeviceOffline", "DuplicateSession", "EncryptionError", "FabricError",
     "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoSuchDevice",

@@ -1,8 +1,16 @@
-"""Shared fixtures: real broker and worker processes on loopback, and leak checks."""
+"""Shared fixtures: real broker and worker processes on loopback, and leak checks.
+
+The suite has two folders: ``unit/`` (sans I/O: state machines on a fake clock, codecs, the
+op table; ``pytest tests/unit`` is the loop to run while editing) and ``cluster/`` (tests that
+start broker, worker and launcher processes, or open sockets). Test modules of either folder
+may import another's builders (a registry with sessions open, an executor's messages), so both
+folders are on the import path whichever one pytest is given.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +20,9 @@ import pytest
 import fabric
 from fabric import LocalCluster
 from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
+
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TESTS / "unit"), str(TESTS / "cluster")]
 
 # Short heartbeats keep fault tests fast; the code paths are the same as the defaults.
 HEARTBEAT = 0.2

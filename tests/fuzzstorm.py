@@ -31,8 +31,9 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # as a script, too
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# (as a script, too: the helpers, the test modules it borrows from, the repository)
+_TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(_TESTS), str(_TESTS / "unit"), str(_TESTS / "cluster"), str(_TESTS.parent)]
 
 from rawpeers import RawDealer, frames_of  # noqa: E402
 from test_bad_input import BACKEND_GARBAGE, FRONTEND_GARBAGE  # noqa: E402

@@ -22,7 +22,7 @@ from fabric.core.errors import AuthenticationError
 from fabric.core.protocol import Kind, Message
 from conftest import HEARTBEAT
 from rawpeers import RawDealer, frames_of
-from test_admin_unit import busy_registry
+from test_admin_commands import busy_registry
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 _spec = importlib.util.spec_from_file_location(
-    "bench_programs", Path(__file__).resolve().parent.parent / "bench" / "programs.py")
+    "bench_programs", Path(__file__).resolve().parents[2] / "bench" / "programs.py")
 programs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(programs)
 

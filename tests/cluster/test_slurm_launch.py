@@ -30,7 +30,7 @@ import fabric
 
 pytestmark = pytest.mark.timeout(180)
 
-OPERATIONS_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+OPERATIONS_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 FABRIC = str(Path(sys.executable).parent / "fabric")  # the venv's, as .venv/bin/fabric is
 HOST = socket.gethostname()
 WAIT = 60.0  # seconds for a launcher to write its files, or to end

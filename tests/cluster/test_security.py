@@ -38,7 +38,7 @@ from fabric.core import protocol
 from fabric.core.errors import AuthenticationError, ConfigError, error_from_wire
 from fabric.core.protocol import Kind
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 AUTH_DELAY = 0.5  # the plain cluster's --auth-delay: long enough to tell from a prompt answer
 WRONG_TOKEN = "not-a-token-of-this-cluster-5e1d"
 

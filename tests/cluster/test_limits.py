@@ -48,7 +48,7 @@ from fabric.core.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_B
                          largest_frame, size_and_limit_text, size_text)
 from fabric.core.protocol import Kind, Message
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
 
 

@@ -19,7 +19,7 @@ import pytest
 import fabric
 from fabric.core.errors import ConnectError, WrongPort
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOWHERE = "tcp://127.0.0.1:1"  # nothing listens on port 1
 UNRESOLVABLE = "tcp://no-such-host.invalid:25555"
 

@@ -30,7 +30,7 @@ from fabric.core.flow import SUBMIT_WINDOW
 from fabric.core.protocol import Header, Kind, Message
 from fabric.workers.control_io import _STOP_WAIT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WRONG_WORKER_TOKEN = "not-the-worker-token-3f9a1c"
 WRONG_CLIENT_TOKEN = "not-the-client-token-77b2e0"
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LAYERS = ("core", "arrays", "transport", "mesh", "graphs", "client", "launch", "cli")
 SERVERS = ("broker", "workers")
 

@@ -6,7 +6,7 @@ refused in the handshake; an unreachable endpoint falls back to the broker; CURV
 link cut mid-send is retried through the broker; a link between IPv6 addresses works (on a
 second network that the hosts and this side join, ``simhosts.SecondNetwork``, which can be
 slowed and cut while the broker stays reachable).
-The rules themselves are tested sans I/O in ``test_links_unit.py``.
+The rules themselves are tested sans I/O in ``unit/test_direct_link_rules.py``.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 # Every page whose commands run as written: the README, CONTRIBUTING.md and docs/.
 PAGES = [README, REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]

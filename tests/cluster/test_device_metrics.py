@@ -22,7 +22,7 @@ from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Messag
 from fabric.workers.tally import DeviceTally
 from conftest import HEARTBEAT
 from rawpeers import RawDealer, frames_of
-from test_admin_unit import busy_registry
+from test_admin_commands import busy_registry
 from test_metrics import Samples, scrape, value
 from test_registry import A, B, frames, kinds, make_registry, register_frames
 

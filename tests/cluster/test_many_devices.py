@@ -43,7 +43,7 @@ def test_to_moves_identical_bytes_without_the_client(four_devices, sessions, tar
     assert sessions[0].stats()["bytes_uploaded"] == uploaded  # nothing went up again
     assert moved[0, 0].numpy() == original[0, 0]  # (it has arrived)
     # Between two devices of one worker it moves in memory, and between two workers of this
-    # host through shared memory (tests/test_shm_path.py): the broker never carries it.
+    # host through shared memory (tests/cluster/test_shm_path.py): the broker never carries it.
     with four_devices.admin() as admin:
         routed = {int(row["id"], 16): row["bytes"] for row in admin.sessions()}
     assert routed[sessions[target].id] < original.nbytes

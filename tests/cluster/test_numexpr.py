@@ -144,7 +144,7 @@ def clusters():
     """A numpy worker and a numexpr worker that fuses ops of every size (the small arrays
     of these tests included), each behind its own broker. Their memory budget is past any
     machine's, so that an op too big to allocate fails inside numpy and numexpr (a fused
-    evaluation's failure), not at the budget (tests/test_worker_memory.py)."""
+    evaluation's failure), not at the budget (tests/cluster/test_worker_memory.py)."""
     unbounded = ("--memory-budget", "1000TiB")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(MIN_SIZE_ENV, "0")  # the workers' environment is this process's

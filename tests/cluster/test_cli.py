@@ -20,7 +20,7 @@ import pytest
 import fabric
 from faultproxy import wait_for
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENS = {"FABRIC_TOKEN": "client-token", "FABRIC_WORKER_TOKEN": "worker-token"}
 
 

@@ -17,7 +17,7 @@ from fabric.core.ops import Op
 from fabric.workers.backends import BACKENDS, device_class
 from fabric.workers.backends.base import Backend
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class MinimalDevice(Backend):
