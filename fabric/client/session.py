@@ -340,8 +340,8 @@ class Session(ArrayNamespace):
 
     def foreign_tensor(self, tensor: Tensor) -> Exception:
         """The error for an op that mixes this session's tensors with another's."""
-        return ValueError(f"{tensor!r} lives on another session: move it with .to(session) "
-                          "first.")
+        return ValueError(f"{tensor._handle()} lives on another session than {self!r}: move "
+                          "it with .to(session) first.")
 
 
 class ReadInFlight:
