@@ -7,9 +7,13 @@ that created it and owns it, and a counter. A peer maps it through the owner's
 ``/proc/<pid>/fd`` (``held_segments``: only a process of the same user may), and only once
 it found the segment sealed against shrinking: a mapping of shared memory that someone
 shrinks raises SIGBUS in whoever touches the lost pages, so an unsealed segment would let a
-client kill its worker. A memfd lives as long as a descriptor or a mapping of it: nothing is
-ever left in ``/dev/shm``, and a process killed with SIGKILL leaves only its peers'
-mappings, which they drop with its session or once they see it gone (``PeerSegments``).
+client kill its worker. Where a peer cannot trust the owner (a worker mapping a client's
+segment), it also checks the segment's size against what the transfer needs, and that its
+owner allocated it in full, before it maps it; mapping faults nothing in, and a transfer
+faults in only its own slot's pages (``PeerSegments.map``). A memfd lives as long as a
+descriptor or a mapping of it: nothing is ever left in ``/dev/shm``, and a process killed
+with SIGKILL leaves only its peers' mappings, which they drop with its session or once they
+see it gone (``PeerSegments``).
 
 Each pool (``SegmentPool``) is its owner's alone. A device's pool lends its slots to
 uploads and moves into the device: the client (or the sending worker) writes the array
@@ -132,6 +136,11 @@ class UnsealedSegment(OSError):
     with SIGBUS), so it is not mapped."""
 
 
+class WrongSizeSegment(OSError):
+    """A segment not of the size its transfer needs, or not allocated in full by its owner
+    (a sparse one: whoever touches its holes allocates them), so it is not mapped."""
+
+
 class Segment:
     """One shared-memory segment, mapped: made by its owner (``create``, which keeps its
     descriptor open for peers to open it by) or mapped by a peer (``open``); ``memory`` is
@@ -175,25 +184,43 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, name: str, path: str) -> "Segment":
+    def open(cls, name: str, path: str, sizes: tuple[int, int] | None = None) -> "Segment":
         """Map another process's segment ``name``, opened at ``path`` (``held_segments``):
-        UnsealedSegment unless it can never shrink; OSError if it is gone."""
+        UnsealedSegment unless it can never shrink; with ``sizes`` (least, most),
+        WrongSizeSegment, before it is mapped, unless its size is within them and its owner
+        allocated all of it; OSError if it is gone. Nothing is faulted in (``populate``)."""
         fd = os.open(path, os.O_RDWR)
         try:
-            sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
-        except OSError:  # not shared memory at all
-            sealed = 0
-        if not sealed:
+            try:
+                sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+            except OSError:  # not shared memory at all
+                sealed = 0
+            if not sealed:
+                raise UnsealedSegment(f"{name} is not sealed against shrinking")
+            if sizes is not None:
+                found = os.fstat(fd)
+                if not sizes[0] <= found.st_size <= sizes[1] \
+                        or found.st_blocks * 512 < found.st_size:
+                    raise WrongSizeSegment(
+                        f"{name} is {found.st_size} bytes ({found.st_blocks * 512} of them "
+                        f"allocated), where {sizes[0]} to {sizes[1]} bytes, all allocated, "
+                        "were needed")
+        except BaseException:
             os.close(fd)
-            raise UnsealedSegment(f"{name} is not sealed against shrinking")
-        segment = cls(name, fd, owned=False)
-        if segment.map is not None:
-            try:  # its pages in this process's page tables now, in one call (a first
-                # transfer through a fresh mapping ran at 2.4 GB/s here, 2.8 with this)
-                segment.map.madvise(_MADV_POPULATE_WRITE)
-            except OSError:  # an older kernel: faulted in as they are used
-                pass
-        return segment
+            raise
+        return cls(name, fd, owned=False)
+
+    def populate(self, offset: int, nbytes: int) -> None:
+        """Fault the pages of ``nbytes`` bytes at ``offset`` into this process's page tables
+        now, in one call, before a transfer through them (a first transfer through a fresh
+        mapping ran at 2.4 GB/s here, 2.8 with this); nothing on an older kernel."""
+        if self.map is None or nbytes <= 0:
+            return
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self.map.madvise(_MADV_POPULATE_WRITE, start, min(offset + nbytes, self.size) - start)
+        except (OSError, ValueError):  # (faulted in as they are used)
+            pass
 
     def close(self) -> None:
         """No peer can open it any more; unmapped, unless arrays over the memory still live
@@ -212,20 +239,35 @@ class Segment:
 class PeerSegments:
     """The segments of one peer process (``pid``) that this process maps, by name: each is
     mapped once (mapping afresh would fault every page in again) and dropped once the peer
-    closed it. ``map`` raises ProtocolError for one it cannot map, saying why."""
+    closed it. ``map`` raises ProtocolError for one it cannot map, saying why.
 
-    def __init__(self, pid: int) -> None:
+    ``proved``, where the peer is not trusted (a worker's client): whether ``pid`` is still
+    the process that proved itself (a pid is reused once its process ends), asked after
+    each segment is opened; and each segment is checked against its first transfer before
+    it is mapped (``Segment.open``'s ``sizes``)."""
+
+    def __init__(self, pid: int, proved: Callable[[], bool] | None = None) -> None:
         self.pid = pid
+        self.proved = proved
         self.maps: dict[str, Segment] = {}
 
-    def map(self, name: str) -> Segment:
-        """Segment ``name`` of the peer, mapped."""
+    def map(self, name: str, offset: int = 0, nbytes: int | None = None) -> Segment:
+        """Segment ``name`` of the peer, mapped, for a transfer of ``nbytes`` bytes at
+        ``offset`` (None: no transfer yet), whose pages a new mapping faults in."""
         segment = self.maps.get(name)
         if segment is None:
-            segment = self.maps[name] = self._open(name)
+            segment = self._open(name, None if nbytes is None else offset + nbytes)
+            if self.proved is not None and not self.proved():
+                segment.close()
+                raise ProtocolError(f"The process that owns shared-memory segment {name} "
+                                    "is not the one that agreed to shared memory (it "
+                                    "ended): open a new session.")
+            self.maps[name] = segment
+            if nbytes is not None:
+                segment.populate(offset, nbytes)
         return segment
 
-    def _open(self, name: str) -> Segment:
+    def _open(self, name: str, need: int | None) -> Segment:
         try:
             held = held_segments(self.pid)
         except OSError:
@@ -235,12 +277,18 @@ class PeerSegments:
         if name not in held:
             raise ProtocolError(f"Shared-memory segment {name} does not exist: its owner "
                                 "closed it before it was used.")
+        sizes = None if self.proved is None or need is None \
+            else (need, 2 * max(need, SEGMENT_ALIGN))
         try:
-            return Segment.open(name, held[name])
+            return Segment.open(name, held[name], sizes)
         except UnsealedSegment:
             raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
                                 "shrinking (F_SEAL_SHRINK): make segments with fabric's "
                                 "SegmentPool, which seals them.") from None
+        except WrongSizeSegment as exc:
+            raise ProtocolError(f"Shared-memory segment {exc}: make segments with fabric's "
+                                "SegmentPool, which allocates them at the size of what "
+                                "travels through them (at most twice as large).") from None
         except OSError as exc:
             raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
                                 f"{exc.strerror}.") from None

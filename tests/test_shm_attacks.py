@@ -1,0 +1,137 @@
+"""The shared-memory path attacked (issue 41 section 2, findings 1 and 7), by another local
+user holding a client token, against real processes: a broker and a worker on loopback, the
+victim a client in this process, the intruder a client process of its own
+(``shm_intruder``), run as another Unix user (``nobody``).
+
+What must hold: a session names only segments its own client process made and proved (never
+the worker's own, never another process's), and the worker writes only there; a segment's
+size is checked against what the transfer needs before it is mapped, and mapping faults
+nothing in. Each refusal is a typed error with a sentence; the worker goes on serving
+everyone and logs no traceback. The leak checks of ``test_shm_path`` apply here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.shm import SharedMemory, parse_name
+
+from conftest import HEARTBEAT
+from test_shm_path import no_segments_left  # noqa: F401 (autouse: nothing left open or mapped)
+
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another user: "
+                                 "needs root")]
+
+NOBODY = 65534
+INTRUDER = Path(__file__).with_name("shm_intruder.py")
+MiB = 1 << 20
+COUNT = 300_000  # float64s: 2.4 MB, over the 1 MiB threshold
+
+
+def digest(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()
+
+
+def intrude(attack: str, args: dict[str, Any], user: int | None = NOBODY) -> subprocess.Popen:
+    """The intruder process running ``attack`` (as ``user``; None: this process's user)."""
+    return subprocess.Popen([sys.executable, str(INTRUDER), attack,
+                             json.dumps({**args, "user": user})],
+                            cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(INTRUDER.parent)})
+
+
+def findings(intruder: subprocess.Popen, timeout: float = 90) -> dict[str, Any]:
+    """The intruder's last line, once it ended (killed if it did not in ``timeout``)."""
+    try:
+        out, err = intruder.communicate(timeout=timeout)
+    finally:
+        if intruder.poll() is None:
+            intruder.kill()
+            intruder.communicate(timeout=5)
+    assert intruder.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def refused(outcome: Any) -> bool:
+    """Whether an attack's step was refused with a typed error (a fabric error's name)."""
+    return isinstance(outcome, dict) and outcome.get("error") in ("ProtocolError",
+                                                                  "QuotaExceeded")
+
+
+def no_traceback(cluster: fabric.LocalCluster) -> None:
+    for worker in range(len(cluster.workers)):
+        assert "Traceback" not in cluster.log_tail(f"worker-{worker}", 10_000)
+    assert "Traceback" not in cluster.log_tail("broker", 10_000)
+
+
+# -- finding 1 -----------------------------------------------------------------------------
+
+
+def test_a_session_names_only_segments_its_own_client_made_and_proved():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
+            fabric.connect(cluster.address, token=cluster.token,
+                           shared_memory=SharedMemory()) as victim:
+        rng = np.random.default_rng(41)
+        secret, other_secret, counted = rng.random(COUNT), rng.random(COUNT), np.arange(
+            COUNT, dtype=np.float64)
+        kept = victim.asarray(secret)  # (through this client's pool, copied out)
+        victim.sync()
+        in_slot = victim.asarray(other_secret)  # into a slot of the worker's own pool
+        victim.sync()
+        assert victim.slots_ahead.used == 1
+        result = victim.asarray(counted).numpy()  # this client's slot, starting with 0.0
+        intruder = intrude("others", {
+            "address": cluster.address, "token": cluster.token, "names": 16,
+            "worker": cluster.workers[0].pid, "victim": os.getpid(), "nbytes": COUNT * 8})
+        found = findings(intruder)
+
+        # No probe naming another process's segment was agreed to; an honest one was.
+        assert found["agreed"] == [None, None], found["agreed"]
+        worker_probes = [answer for name, answer in found["probes"]
+                         if type(name) is str and parse_name(name).pid == cluster.workers[0].pid]
+        assert all(answer["shared_memory"] is False for name, answer in found["probes"]
+                   if type(name) is int)  # (no process, init's, past any pid: a plain no)
+        assert worker_probes and all(refused(answer) for answer in worker_probes)
+        assert "its client process made" in worker_probes[0]["message"]
+        assert found["honest_probe"] == {"shared_memory": True}
+        # Nothing of the victim's was read, written or moved into.
+        secrets = {digest(secret), digest(other_secret), digest(counted)}
+        assert not secrets & {outcome for _, outcome in found["reads"]
+                              if isinstance(outcome, str)}
+        for step in ("reads", "writes", "sends"):
+            assert all(refused(outcome) for _, outcome in found[step]), (step, found[step])
+        np.testing.assert_array_equal(kept.numpy(), secret)
+        np.testing.assert_array_equal(in_slot.numpy(), other_secret)
+        np.testing.assert_array_equal(result, counted)
+        assert found["still_served"] == [6.0, 6.0, 6.0]  # the worker served the intruder
+        assert victim.arange(4).sum().numpy() == 6  # and everyone else
+        no_traceback(cluster)
+
+
+# -- finding 7 -----------------------------------------------------------------------------
+
+
+def test_a_segment_is_sized_against_its_transfer_before_it_is_mapped_and_nothing_faulted_in():
+    size = 512 * MiB  # sparse: what the worker faults in, it allocates
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster:
+        found = findings(intrude("sparse", {"address": cluster.address,
+                                            "token": cluster.token, "size": size}))
+        assert refused(found["probe"]) and "page" in found["probe"]["message"], found["probe"]
+        assert found["probe_allocated"] <= MiB
+        assert found["honest_probe"] == {"shared_memory": True}
+        assert refused(found["small_put"]) and found["small_put_allocated"] <= MiB
+        assert refused(found["hole_put"]) and found["hole_put_allocated"] <= MiB
+        assert found["still_served"] == 6.0
+        no_traceback(cluster)
