@@ -18,12 +18,14 @@ see it gone (``PeerSegments``).
 Each pool (``SegmentPool``) is its owner's alone. A device's pool lends its slots to
 uploads and moves into the device: the client (or the sending worker) writes the array
 there, and the tensor it becomes keeps the slot until it is collected (no second copy); the
-pool's bound is the device's ``--shared-memory-limit``. A client's pool lends its slots to
-reads, which the worker writes into and whose array keeps the slot until collected (a fresh
-large array would cost more in page faults than the copy itself), and to uploads a full
-device pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names
-and the pools' rules are plain functions and objects; the only system calls are in
-``Segment`` and ``held_segments``.
+pool's bound is the device's ``--shared-memory-limit``, and a segment lent to a client
+process is lent again to that process alone (``acquire``'s ``key``): a client keeps its
+mappings, which must never show another's data. A client's pool lends its slots to reads,
+which the worker writes into and whose array keeps the slot until collected (a fresh large
+array would cost more in page faults than the copy itself), and to uploads a full device
+pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names and the
+pools' rules are plain functions and objects; the only system calls are in ``Segment`` and
+``held_segments``.
 """
 
 from __future__ import annotations
@@ -355,6 +357,7 @@ class SegmentPool:
         self._prefix = (boot_id(), os.getpid())
         self.free: dict[Segment, float] = {}  # -> when it was given back
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
+        self.keys: dict[Segment, Any] = {}  # -> the borrower it is lent to alone (``acquire``)
         self.held = 0  # bytes of every segment, free or lent
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
         self._returned: deque[tuple[Slot, bool]] = deque()  # from other threads: (slot, retire)
@@ -363,10 +366,18 @@ class SegmentPool:
         self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
         self._thread = threading.get_ident()
 
-    def acquire(self, nbytes: int) -> Slot | None:
-        """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full."""
+    def acquire(self, nbytes: int, key: Any = None,
+                grow: Callable[[int], bool] | None = None) -> Slot | None:
+        """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full.
+
+        ``key`` (a borrower that maps the segment itself, whose old mapping would show what
+        the segment holds next): the segment is lent again to that borrower alone, and a
+        free one lent to another is never taken (it is closed first when room is needed).
+        ``grow``: asked before a new segment of that many bytes is made; False, and none is
+        (None is answered)."""
         self.reclaim()
-        fitting = [s for s in self.free if fits(s.size, nbytes)]
+        fitting = [s for s in self.free if fits(s.size, nbytes)
+                   and self.keys.get(s, key) == key]
         if fitting:
             segment = min(fitting, key=lambda s: s.size)
             del self.free[segment]
@@ -376,7 +387,7 @@ class SegmentPool:
                 if self.held + size <= self.limit:
                     break
                 self._remove(idle)
-            if self.held + size > self.limit:
+            if self.held + size > self.limit or grow is not None and not grow(size):
                 return None
             try:
                 segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
@@ -385,6 +396,8 @@ class SegmentPool:
                 return None
             self.held += size
         self.lent[segment] = None
+        if key is not None:
+            self.keys[segment] = key
         self.transfers += 1
         return Slot(segment, 0, nbytes)
 
@@ -435,6 +448,7 @@ class SegmentPool:
         """Close ``slot``'s segment: its transfer was abandoned and a peer may still use it."""
         if self.lent.pop(slot.segment, False) is not False:
             self.held -= slot.segment.size
+            self.keys.pop(slot.segment, None)
             slot.segment.close()
 
     def discard_session(self, session: int) -> None:
@@ -469,6 +483,7 @@ class SegmentPool:
     def _remove(self, segment: Segment) -> None:
         del self.free[segment]
         self.held -= segment.size
+        self.keys.pop(segment, None)
         segment.close()
 
     def close(self) -> None:
@@ -481,6 +496,7 @@ class SegmentPool:
             peer.close()
         self.free.clear()
         self.lent.clear()
+        self.keys.clear()
         self.held = 0
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import fabric
 import fabric.bulk  # noqa: F401 (imported before this process gives up root)
 from fabric.errors import FabricError
-from fabric.shm import boot_id, segment_name
+from fabric.shm import SharedMemory, boot_id, segment_name
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _PR_SET_DUMPABLE = 4
@@ -182,8 +182,30 @@ def sparse(args: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def spy(args: dict[str, Any]) -> dict[str, Any]:
+    """Finding 13: upload twice (the second into a slot the device lent), keep this
+    client's mappings of the device's segments, let the tensors and the session go, and once
+    told (a line on standard input) say what those mappings hold now."""
+    values = np.random.default_rng(args["seed"]).random(args["count"])
+    with fabric.connect(args["address"], token=args["token"],
+                        shared_memory=SharedMemory()) as session:
+        first = session.asarray(values)
+        session.sync()
+        second = session.asarray(values * 2)  # into the slot lent ahead
+        session.sync()
+        kept = [segment.memory for peer in session.connection.segments.peers.values()
+                for segment in peer.maps.values()]  # (arrays over the mappings keep them)
+        lent = session.slots_ahead.used
+        del first, second
+        session.sync()
+    print(json.dumps({"ready": lent, "mapped": len(kept)}), flush=True)
+    sys.stdin.readline()
+    nbytes = args["count"] * 8
+    return {"digests": [_digest(memory[:nbytes]) for memory in kept if memory.size >= nbytes]}
+
+
 if __name__ == "__main__":
-    attack, arguments = {"others": others, "sparse": sparse}[sys.argv[1]], \
+    attack, arguments = {"others": others, "sparse": sparse, "spy": spy}[sys.argv[1]], \
         json.loads(sys.argv[2])
     if arguments.get("user") is not None:
         become(arguments["user"])

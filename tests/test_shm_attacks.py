@@ -1,13 +1,14 @@
-"""The shared-memory path attacked (issue 41 section 2, findings 1 and 7), by another local
-user holding a client token, against real processes: a broker and a worker on loopback, the
-victim a client in this process, the intruder a client process of its own
-(``shm_intruder``), run as another Unix user (``nobody``).
+"""The shared-memory path attacked (issue 41 section 2, findings 1, 7 and 13), by another local
+user holding a client token or by an insider, against real processes: a broker and a worker
+on loopback, the victim a client in this process, the intruder a client process of its own
+(``shm_intruder``), run as another Unix user (``nobody``) where it must be one.
 
 What must hold: a session names only segments its own client process made and proved (never
 the worker's own, never another process's), and the worker writes only there; a segment's
 size is checked against what the transfer needs before it is mapped, and mapping faults
-nothing in. Each refusal is a typed error with a sentence; the worker goes on serving
-everyone and logs no traceback. The leak checks of ``test_shm_path`` apply here too.
+nothing in; a client's old mapping of a device's slot never shows another client's data.
+Each refusal is a typed error with a sentence; the worker goes on serving everyone and logs no
+traceback. The leak checks of ``test_shm_path`` apply here too.
 """
 
 from __future__ import annotations
@@ -135,3 +136,54 @@ def test_a_segment_is_sized_against_its_transfer_before_it_is_mapped_and_nothing
         assert refused(found["hole_put"]) and found["hole_put_allocated"] <= MiB
         assert found["still_served"] == 6.0
         no_traceback(cluster)
+
+
+# -- finding 13 ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_tokens(tmp_path: Path):
+    """A cluster of one worker whose broker takes two client tokens: the cluster's own (the
+    spy's) and ``victim_token``."""
+    tokens = tmp_path / "client-tokens"
+    cluster = fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                                  broker_args=("--token-file", str(tokens)))
+    cluster.victim_token = "victim-token-4113"
+    tokens.write_text(f"{cluster.token}\n{cluster.victim_token}\n")
+    tokens.chmod(0o600)
+    with cluster as running:
+        yield running
+
+
+def test_an_old_mapping_of_a_device_slot_never_shows_another_clients_upload(two_tokens):
+    spy = intrude("spy", {"address": two_tokens.address, "token": two_tokens.token,
+                          "seed": 5, "count": COUNT}, user=None)
+    try:
+        ready = json.loads(spy.stdout.readline())
+        assert ready["ready"] == 1 and ready["mapped"] >= 1, ready  # it mapped a device slot
+        spied = np.random.default_rng(5).random(COUNT)
+        secret = np.random.default_rng(6).random(COUNT)
+        with fabric.connect(two_tokens.address, token=two_tokens.victim_token,
+                            shared_memory=SharedMemory()) as victim:
+            kept = [victim.asarray(secret)]
+            victim.sync()
+            buffer = victim.upload_buffer((COUNT,))  # a slot the device lends: never the
+            # spy's old bytes
+            assert not np.array_equal(buffer, spied) and not np.array_equal(buffer, spied * 2)
+            buffer[...] = secret
+            kept.append(victim.asarray(buffer))
+            for _ in range(2):
+                kept.append(victim.asarray(secret))
+                victim.sync()
+            assert victim.slots_ahead.used >= 2
+            spy.stdin.write("go\n")
+            spy.stdin.flush()
+            seen = findings(spy)
+            assert digest(secret) not in seen["digests"]
+            for tensor in kept:
+                np.testing.assert_array_equal(tensor.numpy(), secret)
+        no_traceback(two_tokens)
+    finally:
+        if spy.poll() is None:
+            spy.kill()
+            spy.communicate(timeout=5)

@@ -12,10 +12,12 @@ checked against its transfer before it is mapped (``fabric.shm.PeerSegments``); 
 device's own slots offered to that session (``offer``); and, for a moved tensor, a slot of
 another process of the client's user (its real user, from ``/proc/PID/status``), or of a
 device of this worker that offered it to the same client process. So the worker writes only
-where its client could itself. A worker maps others' segments only when sealed; each mapping
-is kept while its owner holds the segment (mapping afresh would fault every page in again)
-and dropped with the session (a client killed with SIGKILL leaves nothing once the broker
-closes its sessions). ``--no-shared-memory`` (``ENABLED``) answers every probe no.
+where its client could itself. A slot of the device's own pool, once offered to a client
+process, is lent again to that process alone (a client keeps its mappings): no client sees
+another's data through it. A worker maps others' segments only when sealed; each mapping is
+kept while its owner holds the segment (mapping afresh would fault every page in again) and
+dropped with the session (a client killed with SIGKILL leaves nothing once the broker closes
+its sessions). ``--no-shared-memory`` (``ENABLED``) answers every probe no.
 """
 
 from __future__ import annotations
@@ -317,7 +319,7 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
         segments.give_back(name)
     if executor.slots is None:  # (made in the device's thread, which owns it)
         executor.slots = SegmentPool(lambda _session: 0, POOL_BYTES, IDLE)
-    slot = executor.slots.acquire(nbytes)
+    slot = executor.slots.acquire(nbytes, segments.process.key)
     if slot is None:
         return [reply_to(message, {"slot": None})]
     segments.lend(executor.slots, slot)
