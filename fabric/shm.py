@@ -19,8 +19,9 @@ Each pool (``SegmentPool``) is its owner's alone. A device's pool lends its slot
 uploads and moves into the device: the client (or the sending worker) writes the array
 there, and the tensor it becomes keeps the slot until it is collected (no second copy); the
 pool's bound is the device's ``--shared-memory-limit``, and a segment lent to a client
-process is lent again to that process alone (``acquire``'s ``key``): a client keeps its
-mappings, which must never show another's data. A client's pool lends its slots to reads,
+process is lent again to that process alone (``acquire``'s ``key``), its pages given back as
+the pool closes it, whoever maps it still: a client keeps its mappings, which must never show
+another's data nor keep memory no one counts. A client's pool lends its slots to reads,
 which the worker writes into and whose array keeps the slot until collected (a fresh large
 array would cost more in page faults than the copy itself), and to uploads a full device
 pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names and the
@@ -224,6 +225,16 @@ class Segment:
         except (OSError, ValueError):  # (faulted in as they are used)
             pass
 
+    def empty(self) -> None:
+        """Give its pages back to the system now, whoever maps it (a peer's mapping reads
+        zeros after, each page it touches its own): a segment's memory is charged to the
+        process that made it, and a peer's old mapping must not keep it, uncounted."""
+        if self.map is not None:
+            try:
+                self.map.madvise(mmap.MADV_REMOVE)
+            except (OSError, ValueError):  # (closed meanwhile: its pages went with it)
+                pass
+
     def close(self) -> None:
         """No peer can open it any more; unmapped, unless arrays over the memory still live
         (they keep it until collected)."""
@@ -371,8 +382,9 @@ class SegmentPool:
         """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full.
 
         ``key`` (a borrower that maps the segment itself, whose old mapping would show what
-        the segment holds next): the segment is lent again to that borrower alone, and a
-        free one lent to another is never taken (it is closed first when room is needed).
+        the segment holds next): the segment is lent again to that borrower alone, a free one
+        lent to another is never taken (it is closed first when room is needed), and once
+        closed free, its pages go at once (``Segment.empty``), whoever still maps it.
         ``grow``: asked before a new segment of that many bytes is made; False, and none is
         (None is answered)."""
         self.reclaim()
@@ -483,7 +495,8 @@ class SegmentPool:
     def _remove(self, segment: Segment) -> None:
         del self.free[segment]
         self.held -= segment.size
-        self.keys.pop(segment, None)
+        if self.keys.pop(segment, None) is not None:  # (its borrower may keep its mapping)
+            segment.empty()
         segment.close()
 
     def close(self) -> None:
