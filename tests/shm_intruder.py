@@ -163,7 +163,7 @@ def sparse(args: dict[str, Any]) -> dict[str, Any]:
     slots of sparse segments named in puts: how much of them the worker made real."""
     found: dict[str, Any] = {}
     me = os.getpid()
-    big, size = _memfd(segment_name(boot_id(), me, 9000), args["size"], 77), args["size"]
+    big = _memfd(segment_name(boot_id(), me, 9000), args["size"], 77)
     with fabric.connect(args["address"], token=args["token"], shared_memory=False) as session:
         found["probe"] = _probe(session, segment_name(boot_id(), me, 9000), 77)
         found["probe_allocated"] = _allocated(big)

@@ -9,7 +9,8 @@ size is checked against what the transfer needs before it is mapped, and mapping
 nothing in; upload slots asked for and never used count against --memory-limit and
 --memory-budget; a client's old mapping of a device's slot never shows another client's data.
 Each refusal is a typed error with a sentence; the worker goes on serving everyone and logs no
-traceback. The leak checks of ``test_shm_path`` apply here too.
+traceback. The budget's rule for a device's free shared memory is also checked on its own,
+sans I/O. The leak checks of ``test_shm_path`` apply here too.
 """
 
 from __future__ import annotations
@@ -57,8 +58,7 @@ def intrude(attack: str, args: dict[str, Any], user: int | None = NOBODY) -> sub
     return subprocess.Popen([sys.executable, str(INTRUDER), attack,
                              json.dumps({**args, "user": user})],
                             cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(INTRUDER.parent)})
+                            stderr=subprocess.PIPE, text=True)
 
 
 def findings(intruder: subprocess.Popen, timeout: float = 90) -> dict[str, Any]:
