@@ -108,7 +108,7 @@ class Executor(GraphOps, Admission):
 
     def _close(self, message: Message) -> list[Message]:
         session = self.sessions.pop(message.session)
-        shared_memory.closed(session)
+        shared_memory.closed(self, session)
         self.allowance.held -= session.resident
         self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
@@ -136,9 +136,14 @@ class Executor(GraphOps, Admission):
             session.warnings_dropped += 1
 
     def close_all(self) -> None:
-        """Forget every session (the broker that knew them is gone)."""
+        """Forget every session (the broker that knew them is gone); the device's own shared
+        memory still counts (``shared_memory.DevicePool``)."""
+        for session in self.sessions.values():
+            shared_memory.closed(self, session)
         self.sessions.clear()
         self.allowance.held = 0
+        if self.slots is not None:
+            self.slots.recount()
         self.allowance.settle()
 
     # -- ops ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -121,20 +121,26 @@ class MemoryBudget:
 
 
 class Allowance:
-    """One device's part of a ``MemoryBudget``: ``held`` bytes of its sessions' tensors,
-    within ``granted`` bytes drawn from the budget. Used by that device's thread only."""
+    """One device's part of a ``MemoryBudget``: ``held`` bytes of its sessions' tensors (and
+    of its own shared memory: ``workers.shared_memory.DevicePool``), within ``granted``
+    bytes drawn from the budget. Used by that device's thread only. ``reclaim``, where set:
+    frees what the device holds only to reuse it (its free shared memory) when the budget is
+    short; whether it freed any."""
 
-    __slots__ = ("budget", "held", "granted")
+    __slots__ = ("budget", "held", "granted", "reclaim")
 
     def __init__(self, budget: MemoryBudget) -> None:
         self.budget = budget
         self.held = 0
         self.granted = 0 if budget.limit is not None else math.inf
+        self.reclaim: Callable[[], bool] | None = None
 
     def fits(self, amount: int) -> bool:
         """Whether ``amount`` more bytes may be allocated now (drawing on the budget if the
-        grant is short); they count as held once stored."""
-        return self.held + amount <= self.granted or self.budget._grow(self, amount)
+        grant is short, and reclaiming if it is short still); they count as held once
+        stored."""
+        return self.held + amount <= self.granted or self.budget._grow(self, amount) or (
+            self.reclaim is not None and self.reclaim() and self.budget._grow(self, amount))
 
     def settle(self) -> None:
         """Give back what is granted past ``chunk`` more than held (after each message)."""
