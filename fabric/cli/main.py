@@ -136,7 +136,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
                    "[default: the cores it may run on, shared among its devices].")
 @click.option("--name", default=None, help="Worker name, unique in the cluster [default: "
               "HOST/SLOT, the lowest slot no other live unnamed worker of this host holds for "
-              "this broker, so a restarted worker takes back its name and device indexes].")
+              "this broker (a lock file in $FABRIC_HOST_SLOTS, else ~/.cache/fabric/host-slots), "
+              "so a restarted worker takes back its name and device indexes].")
 @click.option("--memory-limit", type=int, default=None,
               help="Most bytes one session may keep resident on a device; an op that would "
                    "pass it fails with QuotaExceeded and the worker goes on [default: none].")
