@@ -17,7 +17,8 @@ devices of this worker does; a client's admitted read goes to its device too, an
 comes back here, to go out on the link it came by. The endpoint's socket monitor reports
 the handshakes libzmq refuses before any ZAP request (a peer without credentials): counted
 with the rest, and logged at most once an interval (``RateLimitedLog``: any peer can cause
-them).
+them); so are the messages an admitted peer sends past the one its ticket allows, and the
+replies to reads whose client left.
 """
 
 from __future__ import annotations
@@ -158,12 +159,8 @@ class BulkLinks:
         elif sock is self.monitor:
             event = recv_monitor_event(sock)
             if self.admissions.refuses(event["event"]):
-                line = self._refusal_log.note(
-                    logging.WARNING, "direct link: a handshake refused before any ticket was "
-                    "shown (no credentials, or another mechanism)", "not named by libzmq", now,
-                    f"{self.admissions.refused} refused in all")
-                if line is not None:
-                    log.log(*line)
+                self._log_peer("direct link: a handshake refused before any ticket was shown "
+                               "(no credentials, or another mechanism)", now)
         elif sock is self.endpoint:
             routing, *frames = recv_frames(sock)
             try:  # (an admitted peer's message always has a header, and a User-Id)
@@ -172,8 +169,8 @@ class BulkLinks:
             except (FabricError, zmq.ZMQError):
                 header = user = None
             if not self.admissions.take(user, header):
-                log.warning("direct link: dropped a message its ticket does not allow "
-                            "(%d refused in all)", self.admissions.refused)
+                self._log_peer("direct link: dropped a message its ticket does not allow",
+                               now)
             elif header.kind == Kind.REQUEST:  # a client's read, answered on its link
                 self._read(routing, frames)
             else:
@@ -201,7 +198,8 @@ class BulkLinks:
     def reply(self, routing: bytes, frames: list[zmq.Frame]) -> None:
         """Answer a read that came on a link, on that link."""
         if not try_send(self.endpoint, [routing, *frames]):
-            log.warning("direct link: a read's reply was dropped (its client is gone)")
+            self._log_peer("direct link: a read's reply was dropped (its client is gone)",
+                           time.monotonic(), refusal=False)
 
     def tick(self) -> list[Fallback]:
         """Refuse handshakes that waited too long; the TRANSFERs that fall back."""
@@ -245,6 +243,15 @@ class BulkLinks:
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
+
+    def _log_peer(self, kind: str, now: float, refusal: bool = True) -> None:
+        """Log a line any peer can cause at will (``kind``: fixed words; a ``refusal`` says
+        how many were refused), through the rate limit: the first of an interval at once, the
+        next ones summed up by ``tick``."""
+        detail = f"{self.admissions.refused} refused in all" if refusal else ""
+        line = self._refusal_log.note(logging.WARNING, kind, "not named by libzmq", now, detail)
+        if line is not None:
+            log.log(*line)
 
     def _answer(self, answers: list[ZapAnswer]) -> None:
         for answer in answers:
