@@ -27,6 +27,7 @@ from .config import load_admin_file, resolve_secret
 from .errors import ConfigError, DeviceNotHostable, FabricError
 from .host_slot import claim_slot
 from .parallel_copy import ParallelCopy
+from .protocol import MAX_LABEL_CHARS
 from .security import CurveClient, CurveServer, generate_keys
 from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
 
@@ -216,6 +217,9 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
         budget = budget_from_option(memory_budget)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
+    if name is not None and len(name) > MAX_LABEL_CHARS:  # (a broker refuses it in REGISTER)
+        raise click.BadParameter(f"a worker name has at most {MAX_LABEL_CHARS} characters, "
+                                 f"not {len(name)}: choose a shorter one.", param_hint="--name")
     try:
         device_class(backend)  # a backend that can never be hosted is refused before the token
         cluster_info = load_admin_file(admin_file) if admin_file else {}

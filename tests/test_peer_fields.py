@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 
 import fabric
-from fabric.errors import FabricError, ProtocolError
+from fabric.errors import FabricError, ProtocolError, error_from_wire
+from fabric.protocol import MAX_LABEL_CHARS, Kind
 from fabric.shm import boot_id
 from fabric.wire import dtype_name
 
 from conftest import HEARTBEAT
+from rawpeers import RawDealer, frames_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,3 +52,43 @@ def test_a_segment_whose_pid_has_5000_digits_is_refused_without_a_traceback(one_
 
 
 MiB_ELEMENTS = (1 << 20) // 8
+
+
+def resident(pid: int) -> int:
+    """A process's resident bytes now."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status
+                    if line.startswith("VmRSS:"))
+
+
+def test_a_hello_whose_client_label_is_huge_is_refused_and_nothing_keeps_it(one_worker):
+    # Finding 4: HELLOs whose optional ``client`` label was 256 MiB each were admitted, and
+    # the worker kept each label for its session's life (7 of them: worker OOM). Scaled to
+    # 8 labels of 16 MiB.
+    worker = one_worker.workers[0].pid
+    before = resident(worker)
+    with RawDealer(one_worker.address, one_worker.token) as peer:
+        for request in range(1, 9):
+            peer.send(frames_of(Kind.HELLO, {"token": one_worker.token, "device": 0,
+                                             "client": "x" * (16 << 20)},
+                                session=0x4E110 + request, request=request))
+            answer = peer.recv_message(timeout=10)
+            assert answer.kind in (Kind.ERROR, Kind.REJECT), answer.kind
+            error = error_from_wire(answer.body)
+            assert type(error) is ProtocolError and "client" in error.message, error
+            assert "shorten" in error.message or "at most" in error.message, error.message
+        for request, label in ((9, "x" * 1000), (10, "y" * 255)):  # past the label bound
+            peer.send(frames_of(Kind.HELLO, {"token": one_worker.token, "device": 0,
+                                             "client": label},
+                                session=0x4E110 + request, request=request))
+            answer = peer.recv_message(timeout=10)
+            if len(label) > MAX_LABEL_CHARS:
+                error = error_from_wire(answer.body)
+                assert type(error) is ProtocolError and error.details["field"] == "client"
+                assert "1000 characters long, more than the 255" in error.message
+            else:  # (one within the bound opens its session)
+                assert answer.kind is Kind.WELCOME, answer
+    assert resident(worker) - before < 8 << 20
+    with one_worker.connect() as bystander:
+        assert bystander.arange(5).sum().numpy() == 10
+    assert one_worker.broker.poll() is None and one_worker.workers[0].poll() is None
