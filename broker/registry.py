@@ -512,6 +512,16 @@ class Registry:
             return self._endings.lose_worker(worker, "disconnected") if worker else []
         return self._endings.lose_client(identity, "the client disconnected", now)
 
+    def connection_cut(self, side: Side, peer: str, held: int, limit: int, now: float) -> None:
+        """The I/O loop cut a connection on ``side`` that held ``held`` bytes unread, past
+        ``limit`` (a message in progress bigger than any fabric peer sends: ``fabric.intake``);
+        counted, and logged through the rate limit. Its peer's sessions end as a vanished
+        client's do, when the loop finds it unroutable."""
+        self.counters["connections_cut"] += 1
+        self._log_peer(logging.WARNING, f"a connection on the {side.value} held more than "
+                       f"{limit} bytes unread (a message bigger than fabric sends): cut",
+                       peer, now, f"{held} bytes held")
+
     def cut_client(self, identity: bytes, queued: int, now: float | None = None) -> list[Send]:
         """End every session of a client that left ``queued`` messages unread (see
         ``Endings.cut_client``; said through the rate limit at ``now``, if given); nothing
