@@ -3,6 +3,9 @@ error for its sender, never a traceback in a log (issue 41, section 2, findings 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -92,3 +95,20 @@ def test_a_hello_whose_client_label_is_huge_is_refused_and_nothing_keeps_it(one_
     with one_worker.connect() as bystander:
         assert bystander.arange(5).sum().numpy() == 10
     assert one_worker.broker.poll() is None and one_worker.workers[0].poll() is None
+
+
+def test_a_worker_name_past_the_label_bound_is_refused_by_the_broker_and_the_cli(one_worker):
+    # The same bound on what a worker chooses (a name the broker keeps and shows): a raw
+    # peer holding the worker token is refused, and `fabric worker --name` says so at once.
+    with RawDealer(one_worker.backend_address, one_worker.worker_token) as peer:
+        peer.send(frames_of(Kind.REGISTER, {
+            "token": one_worker.worker_token, "name": "w" * 1000, "backend": "numpy",
+            "devices": [{}]}, request=1))
+        answer = peer.recv_message(timeout=10)
+        error = error_from_wire(answer.body)
+        assert type(error) is ProtocolError and error.details["field"] == "name", error
+    assert [d.worker for d in one_worker.devices()] == ["worker-0"]  # nothing registered
+    done = subprocess.run([sys.executable, "-m", "fabric", "worker", "--name", "w" * 300,
+                           "--broker", "tcp://127.0.0.1:1"], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "at most 255 characters" in done.stderr, done.stderr
