@@ -25,8 +25,9 @@ delivered messages, each kept only once it proves to be a connection accepted by
 never taken for the old connection.
 
 Checks run every ``INTERVAL`` seconds (longer with many connections, so that they cost the
-loop at most ``CHECK_SHARE`` of its time), and every ``WATCH_INTERVAL`` for connections past
-a quarter of the bound: the bound holds within what a peer sends in one interval. Sans I/O
+loop at most ``CHECK_SHARE`` of its time), at once for a connection just accepted (it alone),
+and every ``WATCH_INTERVAL`` for connections past a quarter of the bound: the bound holds
+within what a peer sends in one interval. Sans I/O
 but for ``Intake``'s probe and cut of a descriptor; the owner feeds it monitor events,
 delivered messages and the clock. Only ``tcp://`` connections are measured (a Unix socket
 has no such count: an ``ipc://`` endpoint is reached only by local users the file's mode
