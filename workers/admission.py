@@ -4,8 +4,10 @@
 Rule: an op is admitted before it allocates, against its session's ``--memory-limit`` and its
 device's part of the worker's ``MemoryBudget`` (``workers.memory``): a bound from its inputs'
 sizes where that suffices (``SAME_SIZE_OPS``), else the op table's shape and dtype rules
-(``inferred_need``). A refusal is a ``QuotaExceeded`` that names the op, the bytes and what to
-do; the executor poisons the op's output with it.
+(``inferred_need``); where the result's size depends on the data (bincount, argwhere,
+unique), a look at the data that allocates nothing (``data_need``). A refusal is a
+``QuotaExceeded`` that names the op, the bytes and what to do; the executor poisons the op's
+output with it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from fabric.core.errors import QuotaExceeded
-from fabric.core.ops import OPS
+from fabric.core.ops import DATA_DEPENDENT_OPS, OPS
 
+from .backends.base import DeferredValue
 from .device_session import DeviceSession
-from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, Allowance, inferred_need
+from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, Allowance, data_need, inferred_need
 
 
 class Admission:
@@ -37,6 +40,11 @@ class Admission:
             return
         if name not in OPS:
             return  # an upload (checked in _compute) or an unknown op (which fails there)
+        if name in DATA_DEPENDENT_OPS:  # (its shape rule knows no size: the data tells it)
+            inputs = [self.device.materialize(v) if isinstance(v, DeferredValue) else v
+                      for v in inputs]
+            self._require(session, name, *data_need(name, inputs, params))
+            return
         self._require(session, name, *inferred_need(name, inputs, params))
 
     def _require(self, session: DeviceSession, what: str, result_bytes: int,

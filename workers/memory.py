@@ -2,10 +2,12 @@
 
 Rule: a byte is admitted before it is allocated, against one budget for the whole worker (all
 its devices, all their sessions). What an op needs is its result and room for one temporary:
-``need`` says how much, from shapes and dtypes alone. Each device thread draws grants from
-the budget under a lock and spends them without one (its held bytes are its own, written by
-its thread only); a device gives back what it holds past ``chunk`` after each message, so an
-idle device keeps at most that much of the budget from the others.
+``need`` says how much, from shapes and dtypes alone; for an op whose result's size depends on
+its data (``DATA_DEPENDENT_OPS``), from a look at the data that allocates nothing
+(``data_need``: a bincount's largest value, an argwhere's count of non-zeros). Each device
+thread draws grants from the budget under a lock and spends them without one (its held bytes
+are its own, written by its thread only); a device gives back what it holds past ``chunk``
+after each message, so an idle device keeps at most that much of the budget from the others.
 
 The default budget (``fabric.core.worker_options.budget_from_option``) is a share of the
 memory this process may use when it starts.
@@ -89,6 +91,29 @@ def inferred_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> t
             _remembered.clear()
         _remembered[key] = known
     return known
+
+
+def data_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> tuple[int, int]:
+    """The bytes op ``name`` of ``DATA_DEPENDENT_OPS`` makes on ``inputs`` (arrays, and
+    scalars) with wire ``params``, and what it needs, from its data: read, never copied (the
+    largest value, a count of non-zeros). Inputs numpy refuses need nothing here: the op
+    raises numpy's error when it runs."""
+    array = inputs[0] if inputs else None
+    if not isinstance(array, np.ndarray):
+        return 0, 0
+    count = array.size
+    if name == "bincount":  # max(x) + 1 counts (minlength at least), of intp or float64
+        minlength = params.get("minlength", 0)
+        minlength = minlength if type(minlength) is int and minlength >= 0 else 0
+        if array.ndim != 1 or array.dtype.kind not in "iub":
+            return 0, 0
+        largest = int(array.max()) if count else -1
+        result = 8 * max(largest + 1, minlength)
+    elif name == "argwhere":  # one row of intp indexes per non-zero element
+        result = 8 * max(array.ndim, 1) * int(np.count_nonzero(array))
+    else:  # unique, or one of its parts: at most one element (or one intp) per element
+        result = count * max(array.dtype.itemsize, 8)
+    return result, need(result, count)
 
 
 class MemoryBudget:

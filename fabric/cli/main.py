@@ -20,13 +20,14 @@ from click.core import ParameterSource
 
 from fabric.cli.admin_commands import admin
 from fabric.cli.options import (as_usage_error, curve_client_options, curve_server_options,
-                          limit_options, metrics_option, renamed_option, required_secret,
-                          timing_options, token_options, with_options)
+                                limit_options, metrics_option, renamed_option, required_secret,
+                                timing_options, token_options, with_options)
 from fabric.cli.top_command import top
 from fabric.core.config import load_admin_file, resolve_secret
 from fabric.core.errors import ConfigError, DeviceNotHostable, FabricError
 from fabric.core.host_slot import claim_slot
 from fabric.core.parallel_copy import ParallelCopy
+from fabric.core.protocol import MAX_LABEL_CHARS
 from fabric.core.security import CurveClient, CurveServer, generate_keys
 from fabric.core.shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
 
@@ -217,6 +218,9 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
         budget = budget_from_option(memory_budget)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
+    if name is not None and len(name) > MAX_LABEL_CHARS:  # (a broker refuses it in REGISTER)
+        raise click.BadParameter(f"a worker name has at most {MAX_LABEL_CHARS} characters, "
+                                 f"not {len(name)}: choose a shorter one.", param_hint="--name")
     try:
         device_class(backend)  # a backend that can never be hosted is refused before the token
         cluster_info = load_admin_file(admin_file) if admin_file else {}

@@ -21,7 +21,9 @@ lane goes unread while it computes, and towards clients libzmq 4.3.5 can abort o
 ``MAXMSGSIZE`` in libzmq limits each frame, not the sum of a message's frames, and a peer
 that sends a bigger frame is disconnected without a word; so every sender checks the frames
 it makes (an uploaded or read array is one frame) against the limit of every socket on the
-way, and raises ``MessageTooLarge`` instead.
+way, and raises ``MessageTooLarge`` instead. What a message holds in all, before its server
+reads it, is bounded per connection (``connection_bytes_limit``, enforced by
+``fabric.core.intake``): libzmq holds a message whole before its first frame can be read.
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ def message_bytes_limit(max_message_bytes: int) -> int:
     a body, and a batch's uploads (under MAX_BATCH_BYTES before its last, which may be one
     frame's worth)."""
     return 2 * max_message_bytes + MAX_BATCH_BYTES
+
+
+def connection_bytes_limit(max_message_bytes: int) -> int:
+    """The most bytes a server lets one connection hold that it has not read yet, when each
+    frame may carry ``max_message_bytes``: the largest message (``message_bytes_limit``) in
+    progress, behind a client's credit window of batches waiting (SUBMIT_WINDOW batches of
+    MAX_BATCH_BYTES), which a server that pauses its reading (backpressure) lets queue. Past
+    it the connection is cut (``fabric.core.intake``)."""
+    return message_bytes_limit(max_message_bytes) + SUBMIT_WINDOW * MAX_BATCH_BYTES
 
 
 # Credit: a client has at most SUBMIT_WINDOW of a session's SUBMITs sent and not yet run by

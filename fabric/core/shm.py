@@ -52,13 +52,16 @@ DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection hol
 IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
 SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
 MAX_PINS = 1024  # read-only views of device slots one session may hold (``workers.pins``)
-_NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]+)-([0-9]+)\Z")
+# A pid has at most 7 digits (Linux caps pid_max at 2**22) and a segment number at most 19:
+# a name a peer sends is matched within those bounds, so that no digit string past what
+# int() takes (4,300 digits) is ever converted (finding 10 of issue 41).
+_NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]{1,7})-([0-9]{1,19})\Z")
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
 _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
 # Segment numbers, one count for the whole process: a worker's devices each have a pool, and
 # a peer finds a segment by its name alone. (next() on a count is atomic: threads share it.)
 _NUMBERS = itertools.count()
-_MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]+-[0-9]+) \(deleted\)\Z")
+_MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]{1,7}-[0-9]{1,19}) \(deleted\)\Z")
 
 
 def fits(slot_bytes: int, nbytes: int) -> bool:

@@ -18,7 +18,7 @@ import pytest
 import fabric
 from fabric.core.errors import FabricError, ProtocolError
 from fabric.core.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, UnsealedSegment,
-                        boot_id, held_segments, parse_name, segment_name)
+                             boot_id, held_segments, parse_name, segment_name)
 from fabric.core.wire import decode_segment_ref
 
 from conftest import HEARTBEAT, children_of

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
-                           MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
+                                  MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
 from fabric.core.errors import FabricError, ProtocolError, SessionLost
 from fabric.core.flow import SUBMIT_WINDOW
 from fabric.core.protocol import Kind
