@@ -582,8 +582,7 @@ class Registry:
                                           Message(Kind.PING, session.id)))
         return sends
 
-    # -- administration (the commands are in broker.admin_service)
-    # -----------------------------------
+    # -- administration (the commands are in broker.admin_service) ----------------------
 
     def close_session(self, session_id: int) -> list[Send]:
         """End a session for an administrator: closed on its worker, its client told.
