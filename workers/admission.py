@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from fabric.core.errors import QuotaExceeded
+from fabric.core.flow import bytes_text
 from fabric.core.ops import DATA_DEPENDENT_OPS, OPS
 
 from .backends.base import DeferredValue
@@ -54,15 +55,17 @@ class Admission:
         limit = self.memory_limit
         if limit is not None and session.resident + result_bytes > limit:
             raise QuotaExceeded(
-                f"{what} needs {result_bytes} more bytes but the session already holds "
-                f"{session.resident} of its {limit}-byte --memory-limit: free tensors "
-                "(del them), work in smaller pieces, or ask for a larger --memory-limit.",
-                limit=limit, resident=session.resident, requested=result_bytes)
+                f"{what} needs {bytes_text(result_bytes)} more but the session already holds "
+                f"{bytes_text(session.resident)} of its --memory-limit of {bytes_text(limit)}: "
+                "free tensors (del them), work in smaller pieces, or ask for a larger "
+                "--memory-limit.", limit=limit, resident=session.resident,
+                requested=result_bytes)
         if not self.allowance.fits(amount):
             budget = self.allowance.budget
+            held = budget.held()
             raise QuotaExceeded(
-                f"{what} needs {amount} bytes (its {result_bytes}-byte result and room to "
-                f"compute it) but this worker's devices hold {budget.held()} of its "
-                f"{budget.limit}-byte memory budget: free tensors (del them), work in smaller "
-                "pieces, or start the worker with a larger --memory-budget. The worker goes "
-                "on serving.", budget=budget.limit, requested=amount, held=budget.held())
+                f"{what} needs {bytes_text(amount)} (its result of {bytes_text(result_bytes)} "
+                f"and room to compute it) but this worker's devices hold {bytes_text(held)} of "
+                f"its memory budget of {bytes_text(budget.limit)}: free tensors (del them), "
+                "work in smaller pieces, or start the worker with a larger --memory-budget. "
+                "The worker goes on serving.", budget=budget.limit, requested=amount, held=held)

@@ -81,13 +81,20 @@ def largest_frame(frames: Sequence[Any]) -> int:
 
 
 def size_text(count: int) -> str:
-    """A byte count for a sentence: ``1.0 GiB``, ``512 KiB``, ``10 bytes``."""
+    """A byte count for a sentence: ``1.0 GiB``, ``512.0 KiB``, ``10 bytes``."""
     value = float(count)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
             return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def bytes_text(count: int) -> str:
+    """A byte count for a sentence that people read and programs may parse: in binary units
+    with the exact count beside it (``5.7 GiB (6,123,456,789 bytes)``; ``10 bytes``)."""
+    words = size_text(count)
+    return words if words.endswith(" bytes") else f"{words} ({count:,} bytes)"
 
 
 def size_and_limit_text(size: int, limit: int) -> tuple[str, str]:

@@ -27,3 +27,24 @@ def test_an_error_about_another_sessions_tensor_names_both_and_reads_nothing(clu
             assert "move it with .to(session)" in message
         # (the advice works)
         assert float((mine + theirs.to(first)).numpy()[0, 0]) == TELLTALE + 1
+
+
+def test_an_upload_counts_its_bytes_whichever_way_they_went(cluster):
+    # (a 12.8 MB upload through shared memory once said bytes_uploaded: 120)
+    with fabric.connect(cluster.address, token=cluster.token, timeout=10) as session:
+        big, small = np.ones(1_600_000), np.ones(10)
+        session.asarray(big), session.asarray(small)
+        stats = session.stats()
+    assert stats["bytes_uploaded"] == big.nbytes + small.nbytes
+    assert stats["bytes_uploaded_by_socket"] == small.nbytes
+    assert stats["bytes_uploaded_by_shared_memory"] == big.nbytes
+
+
+def test_a_quota_error_gives_its_sizes_in_binary_units_beside_the_exact_count():
+    with fabric.LocalCluster(workers=1, worker_args=("--memory-limit", str(3 << 20))) as small:
+        with fabric.connect(small.address, token=small.token, timeout=10) as session:
+            t = session.zeros((1024, 1024))  # 8 MiB: past the limit
+            with pytest.raises(fabric.QuotaExceeded) as refused:
+                t.numpy()
+    message = refused.value.message
+    assert "8.0 MiB (8,388,608 bytes)" in message and "3.0 MiB (3,145,728 bytes)" in message

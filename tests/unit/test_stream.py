@@ -119,14 +119,16 @@ def test_a_batch_that_cannot_be_sent_is_kept_whole_and_goes_with_the_next():
     owner.failing = True
     with pytest.raises(ConnectionError):
         owner.flush()
-    assert owner.stream.counts == {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
+    assert owner.stream.counts == {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0,
+                                   "bytes_uploaded_by_socket": 0}
     kept.append(add(owner.stream))
     owner.failing = False
     owner.flush()
     (message,) = owner.sent
     assert [parse_op(op).out for op in message.body["ops"]] == [t.id for t in kept]
     assert len(message.buffers) == 1
-    assert owner.stream.counts == {"ops_sent": 3, "batches_sent": 1, "bytes_uploaded": 80}
+    assert owner.stream.counts == {"ops_sent": 3, "batches_sent": 1, "bytes_uploaded": 80,
+                                   "bytes_uploaded_by_socket": 80}
 
 
 def test_credit_holds_back_a_batch_past_the_submit_window():
