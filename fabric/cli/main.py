@@ -19,10 +19,12 @@ import zmq
 from click.core import ParameterSource
 
 from fabric.cli.admin_commands import admin
-from fabric.cli.options import (as_usage_error, curve_client_options, curve_server_options,
-                                limit_options, metrics_option, renamed_option, required_secret,
-                                timing_options, token_options, with_options)
+from fabric.cli.options import (as_usage_error, checked, curve_client_options,
+                                curve_server_options, limit_options, metrics_option,
+                                renamed_option, required_secret, timing_options, token_options,
+                                with_options)
 from fabric.cli.top_command import top
+from fabric.core.addresses import advertise_host, check_endpoint
 from fabric.core.config import load_admin_file, resolve_secret
 from fabric.core.errors import ConfigError, DeviceNotHostable, FabricError
 from fabric.core.host_slot import claim_slot
@@ -68,7 +70,7 @@ def main() -> None:
               show_default=True,
               help="Seconds a peer has to finish the ZeroMQ handshake (with its token) before "
                    "its connection is closed.")
-@click.option("--advertise", default=None, metavar="HOST",
+@click.option("--advertise", default=None, metavar="HOST", callback=checked(advertise_host),
               help="The host name or address clients and workers reach this broker by, where "
                    "it names its ports to a peer at the wrong one (for a broker bound to every "
                    "interface) [default: the bound address].")
@@ -126,6 +128,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 
 @main.command()
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
+              callback=checked(check_endpoint),
               help="The broker's address for workers (fabric broker --worker-address).")
 @click.option("--backend", default="numpy", show_default=True,
               help="Device backend to host: numpy or numexpr. (capture and remote devices "
@@ -294,7 +297,7 @@ _cluster_options = [
                  help="Most bytes the workers' sessions may hold in all, shared evenly among "
                       "the workers: a size (2G, 512MiB) or a percentage of the memory available "
                       "(see fabric worker --help)."),
-    click.option("--advertise", default=None, metavar="HOST",
+    click.option("--advertise", default=None, metavar="HOST", callback=checked(advertise_host),
                  help="The host name or address clients and workers reach the broker by, written "
                       "into both files with the bound ports; needed when --frontend or "
                       "--worker-address binds every interface (tcp://0.0.0.0:PORT)."),

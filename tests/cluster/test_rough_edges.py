@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -48,3 +52,22 @@ def test_a_quota_error_gives_its_sizes_in_binary_units_beside_the_exact_count():
                 t.numpy()
     message = refused.value.message
     assert "8.0 MiB (8,388,608 bytes)" in message and "3.0 MiB (3,145,728 bytes)" in message
+
+
+@pytest.mark.parametrize("command", [
+    ["broker", "--advertise", "tcp://10.0.0.1:5555"],
+    ["broker", "--advertise", "10.0.0.1:5555"],
+    ["broker", "--advertise", "0.0.0.0"],
+    ["cluster", "up", "--advertise", "tcp://10.0.0.1:5555"],
+    ["cluster", "up", "--advertise", "::"],
+    ["worker", "--broker", "tcp://tcp://10.0.0.1:5555:5556"],
+    ["worker", "--broker", "10.0.0.1:5556"],
+])
+def test_an_unusable_address_stops_the_command_at_once_with_a_sentence(command):
+    # (cluster up --advertise tcp://... started workers that died dialling tcp://tcp://...)
+    done = subprocess.run([sys.executable, "-m", "fabric", *command], capture_output=True,
+                          text=True, timeout=30,
+                          env={**os.environ, "FABRIC_TOKEN": "t", "FABRIC_WORKER_TOKEN": "t"})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "give a host name or address" in done.stderr or "give tcp://HOST:PORT" in done.stderr
