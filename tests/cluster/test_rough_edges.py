@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import fabric
+from fabric.launch.local import ended_how
 
 # A value that shows in any message that printed the tensor's elements.
 TELLTALE = 7777.25
@@ -71,3 +73,22 @@ def test_an_unusable_address_stops_the_command_at_once_with_a_sentence(command):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     assert "give a host name or address" in done.stderr or "give tcp://HOST:PORT" in done.stderr
+
+
+def test_a_port_in_use_is_said_once_with_a_hint():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "fabric", "cluster", "up", "--frontend",
+                               f"tcp://127.0.0.1:{port}", "--workers", "1"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "FABRIC_TOKEN": "t"})
+    assert done.returncode == 1
+    assert done.stderr.count("Error:") == 1, done.stderr
+    assert "tcp://127.0.0.1:* picks a free one" in done.stderr
+
+
+def test_how_a_process_ended_names_the_signal_that_killed_it():
+    assert ended_how(1) == "exited with code 1"
+    assert ended_how(-9) == "was killed by SIGKILL (exit code -9)"
+    assert ended_how(-15) == "was killed by SIGTERM (exit code -15)"
