@@ -3,9 +3,11 @@
 Rule: this is the only broker module that knows about zmq. It receives frames without
 copying, hands them to ``Registry`` and sends what it returns; data frames pass through as
 the same ``zmq.Frame`` objects. Unroutable peers (``ROUTER_MANDATORY``) are reported back to
-the registry as vanished. What a full peer cannot take yet goes to the flow control
-(``broker.flow``), which decides when to cut a client, pause the frontend or lose a worker;
-the loop retries its queues and reads the frontend only while it allows. Answers with a
+the registry as vanished, and a socket monitor on the workers' port tells the registry when
+any of its connections closes, so that it asks the workers then. What a full peer cannot take
+yet goes to the flow control (``broker.flow``), which decides when to cut a client, pause the
+frontend or lose a worker; the loop retries its queues and reads the frontend only while it
+allows. Answers with a
 not-before time (refused tokens) wait in a small timer queue (``broker.held``) that the poll
 timeout respects. Peers authenticate in the ZeroMQ handshake (PLAIN with a token as the
 password, or CURVE with an allowed key; ``fabric.security``): libzmq asks this loop over ZAP
@@ -97,7 +99,9 @@ def _router(context: zmq.Context, endpoint: str, limits: Limits,
         # reset while the broker was not reading it (a client that sent more than RCVHWM
         # while the frontend was paused, then closed with replies unread; libzmq #4364 and
         # #4767), and drops connections merely paused by backpressure (#3937). Not towards
-        # workers either: a worker's own heartbeats tell whether it is there.
+        # workers either: a worker's control socket runs them itself and asks (TTL) this end
+        # to close its connection after heartbeat x liveness without a word, which libzmq
+        # does here without heartbeating anything (``workers.control.zmtp_heartbeats``).
         interval = max(1, round(limits.heartbeat))  # (whole seconds, for the kernel)
         for option, value in ((zmq.TCP_KEEPALIVE, 1), (zmq.TCP_KEEPALIVE_IDLE, interval),
                               (zmq.TCP_KEEPALIVE_INTVL, interval),
@@ -124,6 +128,9 @@ class Broker:
         self.frontend = _router(self.context, frontend, limits, curve, FRONTEND_DOMAIN)
         self.backend = _router(self.context, backend, limits, curve, BACKEND_DOMAIN,
                                workers=True)
+        # A worker's connection that closes (its process ended, or libzmq found its link
+        # silent) is asked about at once (``Registry.connection_closed``).
+        self._closed = self.backend.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._held = HeldSends()  # answers to refused tokens, until their not_before
         server = f"fabric-broker {socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self.registry = Registry(client_token=client_token, worker_token=worker_token,
@@ -194,8 +201,10 @@ class Broker:
         """Serve until ``stop()`` (or SIGINT/SIGTERM when installed by ``main``)."""
         # What the loop polls, for zmq.zmq_poll itself (a Poller adds a Python call per pass).
         # Handshakes are answered (ZAP) even while the frontend is paused.
-        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN), (self.zap, POLLIN)]
-        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN)]  # a worker's queue is full
+        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN), (self.zap, POLLIN),
+                      (self._closed, POLLIN)]
+        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN),  # a worker's queue is full
+                        (self._closed, POLLIN)]
         registry = self.registry
         blocking = self._flow.blocking  # while not empty, the frontend is not read
         # Per socket: the registry's handler, and whether another message waits there.
@@ -220,6 +229,13 @@ class Broker:
                     timeout_ms = min(timeout_ms, RETRY_MS)
                 for sock, _ in zmq.zmq_poll(backend_only if blocking else both_sides,
                                             int(timeout_ms)):
+                    if sock is self._closed:  # (a bounded batch of events: one probe)
+                        for _ in range(256):
+                            self._closed.recv_multipart()
+                            if not self._closed.poll(0):
+                                break
+                        registry.connection_closed(time.monotonic())
+                        continue
                     # Drain a bounded batch per socket so one side cannot starve the other;
                     # a batch takes milliseconds at most, so it shares one reading of the clock.
                     handle, more = from_side[sock]
@@ -241,6 +257,8 @@ class Broker:
         if self.metrics is not None:
             self.metrics.close()
         self.frontend.close(linger=200)
+        self.backend.disable_monitor()
+        self._closed.close(linger=0)
         self.backend.close(linger=0)
         self.zap.close()
         self.context.term()
