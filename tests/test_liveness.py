@@ -152,11 +152,12 @@ def _ip(*args: str) -> None:
 
 @contextlib.contextmanager
 def network_namespace() -> Iterator[tuple[str, str, str]]:
-    """A network namespace joined to this one by a veth pair on a /30 of its own (from this
-    process's id, so tests run side by side never share one); yields (namespace, the host
-    end's interface, the host end's address). Deleted afterwards, its link with it."""
+    """A network namespace joined to this one by a veth pair on a /30 of its own, in the
+    range set aside for network tests (198.18.0.0/15, RFC 2544), chosen from this process's
+    id so that tests run side by side do not share one; yields (namespace, the host end's
+    interface, the host end's address). Deleted afterwards, its link with it."""
     pid = os.getpid()
-    base = ipaddress.IPv4Address("10.0.0.0") + (pid << 2) % (1 << 24)
+    base = ipaddress.IPv4Address("198.18.0.0") + ((pid << 2) % (1 << 17))
     namespace, host, inside = f"fabric-part-{pid}", f"fph{pid}", f"fpn{pid}"
     try:
         _ip("netns", "add", namespace)
