@@ -127,7 +127,7 @@ class Registry:
         self._find_worker = self.worker_table.find
         self._next_heartbeat = now
         self._next_scan = now
-        # A connection on the workers' port closed: each worker's own socket is asked then
+        # A connection on the workers' port closed: each worker's beacon is asked then
         # (``connection_closed``), at most once a scan interval.
         self._next_probe = float("inf")
         self._probed = float("-inf")

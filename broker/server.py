@@ -7,12 +7,11 @@ the registry as vanished, and a socket monitor on the workers' port tells the re
 any of its connections closes, so that it asks the workers then. What a full peer cannot take
 yet goes to the flow control (``broker.flow``), which decides when to cut a client, pause the
 frontend or lose a worker; the loop retries its queues and reads the frontend only while it
-allows. Answers with a
-not-before time (refused tokens) wait in a small timer queue (``broker.held``) that the poll
-timeout respects. Peers authenticate in the ZeroMQ handshake (PLAIN with a token as the
-password, or CURVE with an allowed key; ``fabric.security``): libzmq asks this loop over ZAP
-(a third ROUTER, ``broker.zap``) and the registry answers, so a peer without a token is never
-attached to either ROUTER.
+allows. Answers with a not-before time (refused tokens) wait in a small timer queue
+(``broker.held``) that the poll timeout respects. Peers authenticate in the ZeroMQ
+handshake (PLAIN with a token as the password, or CURVE with an allowed key;
+``fabric.security``): libzmq asks this loop over ZAP (a third ROUTER, ``broker.zap``) and the
+registry answers, so a peer without a token is never attached to either ROUTER.
 """
 
 from __future__ import annotations
@@ -99,9 +98,9 @@ def _router(context: zmq.Context, endpoint: str, limits: Limits,
         # reset while the broker was not reading it (a client that sent more than RCVHWM
         # while the frontend was paused, then closed with replies unread; libzmq #4364 and
         # #4767), and drops connections merely paused by backpressure (#3937). Not towards
-        # workers either: a worker's control socket runs them itself and asks (TTL) this end
-        # to close its connection after heartbeat x liveness without a word, which libzmq
-        # does here without heartbeating anything (``workers.control.zmtp_heartbeats``).
+        # workers either: a worker's beacon runs them itself and asks (TTL) this end to close
+        # its connection after heartbeat x liveness without a word, which libzmq does here
+        # without heartbeating anything (``workers.control.zmtp_heartbeats``).
         interval = max(1, round(limits.heartbeat))  # (whole seconds, for the kernel)
         for option, value in ((zmq.TCP_KEEPALIVE, 1), (zmq.TCP_KEEPALIVE_IDLE, interval),
                               (zmq.TCP_KEEPALIVE_INTVL, interval),
