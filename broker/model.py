@@ -125,6 +125,7 @@ class Worker:
     draining: bool = False  # set by an administrator: no new sessions, existing ones go on
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest frame it takes
     lanes: list[bytes] = field(default_factory=list)  # each device's own socket, if any
+    beacon: bytes = b""  # its link's beacon: ZMTP heartbeats only (``broker.registry``)
     attached: set[bytes] = field(default_factory=set)  # lanes heard from since REGISTER
     instance: bytes = b""  # the worker process's random id: its reconnections carry it too
     host: str = ""  # the host name it reports in REGISTER
@@ -181,7 +182,7 @@ class Limits:
     """Timing rules and resource limits; the defaults suit a LAN, tests shorten them."""
 
     heartbeat: float = 1.0  # seconds between heartbeats to workers
-    liveness: int = 3  # heartbeats missed before a worker is declared lost
+    liveness: int = 3  # heartbeats a link may miss: past them a silent connection is closed
     open_timeout: float = 5.0  # how long a worker may take to open (or close) a session
     lease: float = 10.0  # idle time after which the broker checks a client is still there
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # MAXMSGSIZE of both sockets

@@ -21,6 +21,16 @@ with more frames or bytes in all than fabric ever sends is refused too (``fabric
 Heartbeats to a worker list the sessions the broker holds on it (to a lane, its device's),
 and the worker closes any other: a lost CLOSE cannot leak a session's memory.
 
+Liveness: busy is not dead. A worker is lost when its link is: a heartbeat (or any send) to
+its own socket, a lane or its beacon is unroutable. The beacon is a socket of the worker that
+carries only libzmq's ZMTP heartbeats, sent from libzmq's I/O thread without the GIL, each
+asking this end's libzmq to close the connection after ``heartbeat * liveness`` seconds
+without another (``workers.control``); so libzmq closes it when the worker's process ends (at
+once) and when the worker is stopped or cut off (after that bound). Every heartbeat round
+asks each beacon, and so does a probe as soon as the I/O loop's monitor says a connection on
+the workers' port closed. A worker whose Python says nothing for a while (a device holding
+the GIL, a process starved of a core) is waited for.
+
 A refused token (client, admin or worker) is counted and its answer held ``Limits.auth_delay``
 by the I/O loop: this object never sleeps and the loop never blocks. What a peer can make the
 broker log at will (refusals, bad messages) goes through ``broker.log_limit``: one line per
@@ -117,6 +127,10 @@ class Registry:
         self._find_worker = self.worker_table.find
         self._next_heartbeat = now
         self._next_scan = now
+        # A connection on the workers' port closed: each worker's beacon is asked then
+        # (``connection_closed``), at most once a scan interval.
+        self._next_probe = float("inf")
+        self._probed = float("-inf")
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
         self.stopping = False  # set by the admin ``shutdown``: the I/O loop stops
@@ -428,8 +442,12 @@ class Registry:
             return [send_error(Side.BACKEND, identity, refused, kind=Kind.REJECT,
                                request=message.request)]
         lanes = body.get("lanes", [])
+        beacon = body.get("beacon", b"")  # optional: a worker without one is lost only when
+        # a send to it finds its connection closed
         refused = self.worker_table.lanes_refused(identity, body["name"], lanes,
-                                                  len(body["devices"]))
+                                                  len(body["devices"])) or (
+            self.worker_table.beacon_refused(identity, body["name"], beacon, lanes)
+            if beacon else None)
         if refused is not None:
             return self._bad_input(Side.BACKEND, identity, refused, now, message.header)
         sends: list[Send] = []
@@ -438,8 +456,8 @@ class Registry:
         self.worker_table.add(Worker(
             identity, body["name"], body["backend"], list(body["devices"]), registered=now,
             last_seen=now, max_message_bytes=size_limit(body, self.limits.max_message_bytes),
-            lanes=list(lanes), instance=instance, host=reported_host(body), address=address,
-            bulk=link_grants.reported_bulk(body)))
+            lanes=list(lanes), beacon=beacon, instance=instance, host=reported_host(body),
+            address=address, bulk=link_grants.reported_bulk(body)))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
         sends.append(send_message(Side.BACKEND, identity, Message(
@@ -508,8 +526,11 @@ class Registry:
     def unroutable(self, side: Side, identity: bytes, now: float) -> list[Send]:
         """The I/O loop could not deliver to this peer: it has disconnected."""
         if side == Side.BACKEND:
-            worker = self._find_worker(identity)
-            return self._endings.lose_worker(worker, "disconnected") if worker else []
+            worker = self._find_worker(identity) or self.workers.get(
+                self.worker_table.beacon_owner.get(identity))
+            return self._endings.lose_worker(worker, (
+                "disconnected (its process ended, or its link was silent for "
+                f"{self.limits.heartbeat * self.limits.liveness:g} s)")) if worker else []
         return self._endings.lose_client(identity, "the client disconnected", now)
 
     def connection_cut(self, side: Side, peer: str, held: int, limit: int, now: float) -> None:
@@ -544,12 +565,27 @@ class Registry:
 
     def next_deadline(self) -> float:
         """When ``tick`` next has work to do: the next heartbeat, or the next scan of
-        deadlines (four per heartbeat interval, so no message pays for a scan)."""
-        return min(self._next_heartbeat, self._next_scan)
+        deadlines (four per heartbeat interval, so no message pays for a scan), or a probe of
+        the workers after a connection closed."""
+        return min(self._next_heartbeat, self._next_scan, self._next_probe)
+
+    def connection_closed(self, now: float) -> None:
+        """A connection on the workers' port closed (the I/O loop's socket monitor says so,
+        not whose): the next ``tick`` asks each worker's beacon, so that a worker whose link
+        it was is found unroutable then, not a heartbeat later. At most once a scan interval,
+        however many connections close."""
+        self._next_probe = min(self._next_probe,
+                               max(now, self._probed + self.limits.heartbeat / 4))
 
     def _heartbeat(self, identity: bytes, sessions: Any) -> Send:
         return send_message(Side.BACKEND, identity, Message(
             Kind.HEARTBEAT, body={"sessions": sorted(sessions)}))
+
+    def _ask_beacons(self) -> list[Send]:
+        """A HEARTBEAT to each worker's beacon: unroutable, its link is gone (the worker
+        reads and drops it)."""
+        return [send_message(Side.BACKEND, worker.beacon, Message(Kind.HEARTBEAT))
+                for worker in self.workers.values() if worker.beacon]
 
     def tick(self, now: float) -> list[Send]:
         """Heartbeats, lost workers, handshake and close deadlines, idle-client probes, and
@@ -561,16 +597,20 @@ class Registry:
         self._next_scan = now + limits.heartbeat / 4
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + limits.heartbeat
+            self._next_probe, self._probed = float("inf"), now  # (this asks every worker)
             # Each lists the sessions here: the worker closes any other (a lost CLOSE).
             for worker in self.workers.values():
                 sends.append(self._heartbeat(worker.identity, worker.sessions))
                 for local, lane in enumerate(worker.lanes if worker.ready else ()):
                     sends.append(self._heartbeat(lane, [
                         s for s in worker.sessions if self.sessions[s].local == local]))
-        for worker in list(self.workers.values()):
-            if now - worker.last_seen > limits.heartbeat * limits.liveness:
-                sends += self._endings.lose_worker(
-                    worker, f"sent nothing for {now - worker.last_seen:.1f} s")
+            sends += self._ask_beacons()
+        elif now >= self._next_probe:
+            self._next_probe, self._probed = float("inf"), now
+            sends += self._ask_beacons()
+        # A worker is never lost for saying nothing: busy is not dead. It is lost when its
+        # link is gone (a send to it is unroutable): closed by its end, or by libzmq when its
+        # beacon's ZMTP heartbeats stopped for heartbeat x liveness (see the module's rule).
         for session in list(self.sessions.values()):
             if now > session.deadline:
                 sends += self._endings.expire(session, now)

@@ -3,18 +3,19 @@
 Rule: this is the only broker module that knows about zmq. It receives frames without
 copying, hands them to ``Registry`` and sends what it returns; data frames pass through as
 the same ``zmq.Frame`` objects. Unroutable peers (``ROUTER_MANDATORY``) are reported back to
-the registry as vanished. What a full peer cannot take yet goes to the flow control
-(``broker.backpressure``), which decides when to cut a client, pause the frontend or lose a worker;
-the loop retries its queues and reads the frontend only while it allows. Answers with a
-not-before time (refused tokens) wait in a small timer queue (``broker.held``) that the poll
-timeout respects. Peers authenticate in the ZeroMQ handshake (PLAIN with a token as the
-password, or CURVE with an allowed key; ``fabric.core.security``): libzmq asks this loop over ZAP
-(a third ROUTER, ``broker.zap_gate``) and the registry answers, so a peer without a token is never
-attached to either ROUTER. A peer with one is still bounded in what it makes libzmq hold
-before this loop reads it (``fabric.core.intake``: libzmq holds a multipart message whole, and
-bounds only its frames): each ROUTER's socket monitor names its connections, every message
-read is credited to its connection, and one that holds more than
-``fabric.core.flow.connection_bytes_limit`` unread is cut (the registry counts and logs it).
+the registry as vanished, and a socket monitor on the workers' port tells the registry when
+any of its connections closes, so that it asks the workers then. What a full peer cannot take
+yet goes to the flow control (``broker.backpressure``), which decides when to cut a client, pause
+the frontend or lose a worker; the loop retries its queues and reads the frontend only while it
+allows. Answers with a not-before time (refused tokens) wait in a small timer queue
+(``broker.held``) that the poll timeout respects. Peers authenticate in the ZeroMQ
+handshake (PLAIN with a token as the password, or CURVE with an allowed key;
+``fabric.core.security``): libzmq asks this loop over ZAP (a third ROUTER, ``broker.zap_gate``) and
+the registry answers, so a peer without a token is never attached to either ROUTER. A peer with one
+is still bounded in what it makes libzmq hold before this loop reads it (``fabric.core.intake``:
+libzmq holds a multipart message whole, and bounds only its frames): each ROUTER's socket monitor
+names its connections, every message read is credited to its connection, and one that holds more
+than ``fabric.core.flow.connection_bytes_limit`` unread is cut (the registry counts and logs it).
 """
 
 from __future__ import annotations
@@ -104,7 +105,9 @@ def _router(context: zmq.Context, endpoint: str, limits: Limits,
         # reset while the broker was not reading it (a client that sent more than RCVHWM
         # while the frontend was paused, then closed with replies unread; libzmq #4364 and
         # #4767), and drops connections merely paused by backpressure (#3937). Not towards
-        # workers either: a worker's own heartbeats tell whether it is there.
+        # workers either: a worker's beacon runs them itself and asks (TTL) this end to close
+        # its connection after heartbeat x liveness without a word, which libzmq does here
+        # without heartbeating anything (``workers.control.zmtp_heartbeats``).
         interval = max(1, round(limits.heartbeat))  # (whole seconds, for the kernel)
         for option, value in ((zmq.TCP_KEEPALIVE, 1), (zmq.TCP_KEEPALIVE_IDLE, interval),
                               (zmq.TCP_KEEPALIVE_INTVL, interval),
@@ -204,11 +207,17 @@ class Broker:
             raise
 
     def _drain_monitor(self, monitor: zmq.Socket) -> None:
-        """Feed a ROUTER's monitor events to its intake (connections accepted and gone)."""
-        intake = self._intakes[self._monitors[monitor]]
+        """Feed a ROUTER's monitor events to its intake (connections accepted and gone); a
+        worker's connection that closed (its process ended, or libzmq found its link silent)
+        is asked about at once (``Registry.connection_closed``), once a batch."""
+        side = self._monitors[monitor]
+        intake, closed = self._intakes[side], False
         while monitor.poll(0):
             event = recv_monitor_event(monitor)
             intake.on_event(event["event"], event["value"])
+            closed |= event["event"] == zmq.EVENT_DISCONNECTED
+        if closed and side == Side.BACKEND:
+            self.registry.connection_closed(time.monotonic())
 
     def _check_intakes(self, now: float) -> float:
         """Cut the connections that hold too much unread; when the next check is due."""
@@ -227,7 +236,8 @@ class Broker:
         monitors = [(monitor, POLLIN) for monitor in self._monitors]
         both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN), (self.zap, POLLIN),
                       *monitors]
-        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN), *monitors]
+        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN),  # a worker's queue is full
+                        *monitors]
         registry = self.registry
         blocking = self._flow.blocking  # while not empty, the frontend is not read
         # Per socket: the registry's handler, whether another message waits there, and
@@ -286,6 +296,7 @@ class Broker:
             self._sockets[side].disable_monitor()
             monitor.close(linger=0)
         self.frontend.close(linger=200)
+        self.backend.disable_monitor()
         self.backend.close(linger=0)
         self.zap.close()
         self.context.term()

@@ -6,13 +6,17 @@ a lost worker keeps its indexes, so no device ever moves, and gets them back whe
 registers again under its name (one that comes back with more devices gets new indexes for
 the extra ones, after the highest). A name held by a live worker is not taken over by
 another process (``name_held``): only the same worker process reconnecting (its REGISTER
-carries the random instance id of its first), or a worker whose old connection is gone or
-silent past the liveness bound, replaces the registration of its name.
+carries the random instance id of its first), or a worker whose old connection is gone,
+replaces the registration of its name. A holder that is only quiet (busy) keeps it: its
+connection goes when its process ends, or when its link is silent past the liveness bound
+(``broker.registry``), and the newcomer retries that long.
 
 Lanes: a worker may give each device its own socket (its "lane", a routing identity listed in
 REGISTER), so that a device's traffic skips the worker's control thread. A lane is routable
 once it has said HEARTBEAT (sent after REGISTERED), so a worker's devices come online only
-when all its lanes have.
+when all its lanes have. Its beacon (one more routing identity in REGISTER, a socket that
+carries only libzmq's heartbeats) is not a lane: nothing it sends is the worker's traffic,
+and it is there only to be found unroutable when the worker's link is gone.
 
 An offline worker's last registration (host, address, when last heard from) is kept while its
 indexes are, for ``fabric admin workers``.
@@ -54,6 +58,7 @@ class WorkerTable:
     def __init__(self) -> None:
         self.workers: dict[bytes, Worker] = {}
         self.lane_owner: dict[bytes, bytes] = {}  # lane identity -> its worker's identity
+        self.beacon_owner: dict[bytes, bytes] = {}  # beacon identity -> its worker's identity
         self.devices: list[dict[str, Any]] = []  # the online devices, by global index
         self._device_info: dict[int, dict[str, Any]] = {}  # global index -> description
         self._device_owner: dict[int, tuple[bytes, int]] = {}  # global index -> (worker, local)
@@ -95,18 +100,19 @@ class WorkerTable:
     def name_held(self, identity: bytes, name: str, instance: bytes, now: float,
                   alive_for: float) -> WorkerNameTaken | None:
         """The refusal of a registration as ``name`` from ``identity`` (of worker process
-        ``instance``) while another process registered under that name was heard from within
-        ``alive_for`` seconds; None when the name is free, is this connection's or this
-        process's own (the instance ids match), or its holder fell silent."""
+        ``instance``) while another process registered under that name is connected; None
+        when the name is free, or is this connection's or this process's own (the instance
+        ids match). ``alive_for``: the liveness bound, past which a holder whose link fell
+        silent has lost its connection (the newcomer retries that long)."""
         for worker in self.workers.values():
             if (worker.name == name and worker.identity != identity
-                    and now - worker.last_seen <= alive_for
                     and not (instance and hmac.compare_digest(instance, worker.instance))):
                 return WorkerNameTaken(
                     f"Worker name {name!r} belongs to a live worker connected to this broker "
                     f"(heard from {now - worker.last_seen:.1f} s ago): give this worker "
-                    f"another --name, or stop the other one first (a worker silent for "
-                    f"{alive_for:g} s is replaced).", worker=name, alive_for=alive_for)
+                    f"another --name, or stop the other one first (a worker whose process "
+                    f"ended, or whose link is silent for {alive_for:g} s, is replaced).",
+                    worker=name, alive_for=alive_for)
         return None
 
     def lanes_refused(self, identity: bytes, name: str, lanes: Any,
@@ -123,16 +129,34 @@ class WorkerTable:
                                  "(1-255 bytes, not starting with a zero byte).")
         own = {w.identity for w in self.replaced_by(identity, name)} | {identity}
         taken = [lane for lane in lanes if lane == identity or lane in self.workers
-                 or self.lane_owner.get(lane, identity) not in own]
+                 or self.lane_owner.get(lane, identity) not in own
+                 or self.beacon_owner.get(lane, identity) not in own]
         if taken or len(set(lanes)) != len(lanes):
             return ProtocolError("REGISTER lanes must be distinct and not another peer's "
                                  "routing identity: choose fresh random ones.")
+        return None
+
+    def beacon_refused(self, identity: bytes, name: str, beacon: Any,
+                       lanes: list[bytes]) -> ProtocolError | None:
+        """Why REGISTER's ``beacon`` cannot be used, or None: a routing identity of its own,
+        not another peer's (a worker re-registering may reuse its own)."""
+        if not (isinstance(beacon, bytes) and 0 < len(beacon) < 256 and beacon[0] != 0):
+            return ProtocolError("REGISTER beacon must be a routing identity (1-255 bytes, "
+                                 "not starting with a zero byte).")
+        own = {w.identity for w in self.replaced_by(identity, name)} | {identity}
+        if (beacon == identity or beacon in lanes or beacon in self.workers
+                or beacon in self.lane_owner
+                or self.beacon_owner.get(beacon, identity) not in own):
+            return ProtocolError("REGISTER beacon must be distinct and not another peer's "
+                                 "routing identity: choose a fresh random one.")
         return None
 
     def add(self, worker: Worker) -> None:
         """A worker registered (whatever it replaces already removed)."""
         self.workers[worker.identity] = worker
         self.lane_owner.update(dict.fromkeys(worker.lanes, worker.identity))
+        if worker.beacon:
+            self.beacon_owner[worker.beacon] = worker.identity
         # Re-inserted last: the newest is forgotten last. Indexes only ever grow.
         self.lost.pop(worker.name, None)
         indexes = self._known.pop(worker.name, [])
@@ -204,6 +228,7 @@ class WorkerTable:
         self.lost[worker.name] = worker  # (replaced at once when it re-registers)
         for lane in worker.lanes:
             del self.lane_owner[lane]
+        self.beacon_owner.pop(worker.beacon, None)
         self._list_online()
 
     def retire(self, session: Session) -> None:

@@ -8,6 +8,11 @@ fabric: the proxy forwards real frames between a real broker and a real worker p
 - ``FaultProxy``: a ZeroMQ-level proxy, a ROUTER the worker connects to and, per worker
   socket, a DEALER to the broker's backend, forwarding frames with knobs to drop every Nth
   message, delay every message, hold everything (a pause), or lose everything (a partition).
+  The worker's link stays alive through it meanwhile (libzmq's heartbeats end at the proxy):
+  to the broker the worker is busy, not gone. What ends is passed on: a worker socket the
+  proxy can no longer reach (its process ended, or stopped past the liveness bound, which
+  the worker's beacon asks the proxy's libzmq to keep) has its DEALER closed, so the broker
+  finds its beacon gone as it would without the proxy.
 - ``stopped(process)``: SIGSTOP for the ``with`` block, SIGCONT after, whatever happens.
 - ``ClientLoop``: a thread with its own sessions that makes calls whose right answer is known
   and records each outcome: right, a typed ``FabricError``, or a violation (a wrong value,
@@ -125,14 +130,18 @@ class FaultProxy(ServerThread):
                     frames = sock.recv_multipart()
                     if sock is worker_side:
                         peer, frames, direction = frames[0], frames[1:], TO_BROKER
-                        if peer not in upstream:
-                            dealer = upstream[peer] = context.socket(zmq.DEALER)
-                            dealer.setsockopt(zmq.LINGER, 0)
-                            dealer.setsockopt(zmq.ROUTING_ID, peer)
-                            present_token(dealer, "worker", self.worker_token)
-                            dealer.connect(self.upstream)
-                            peer_of[dealer] = peer
-                            poller.register(dealer, zmq.POLLIN)
+                        # A worker socket gets its DEALER when it first speaks; its beacon,
+                        # which never does, when REGISTER names it.
+                        for socket_id in (peer, _beacon(frames)):
+                            if socket_id and socket_id not in upstream:
+                                dealer = upstream[socket_id] = context.socket(zmq.DEALER)
+                                dealer.setsockopt(zmq.LINGER, 0)
+                                dealer.setsockopt(zmq.ROUTING_ID, socket_id)
+                                present_token(dealer, "worker", self.worker_token)
+                                dealer.connect(self.upstream)
+                                peer_of[dealer] = socket_id
+                                last_heard[socket_id] = time.monotonic()
+                                poller.register(dealer, zmq.POLLIN)
                     else:
                         peer, direction = peer_of[sock], TO_WORKER
                     last_heard[peer] = time.monotonic()
@@ -144,6 +153,7 @@ class FaultProxy(ServerThread):
                 held = self._held
             if held:
                 continue
+            gone: set[bytes] = set()  # worker sockets found unreachable
             for direction, queue in queues.items():
                 while queue and queue[0][0] <= now:
                     peer, frames = queue[0][1]
@@ -160,9 +170,16 @@ class FaultProxy(ServerThread):
                         if exc.errno != zmq.EHOSTUNREACH:
                             raise
                         self.counts[f"{direction}_unroutable"] += 1
+                        if direction == TO_WORKER:
+                            gone.add(peer)
                     else:
                         self.counts[f"{direction}_forwarded"] += 1
                     queue.popleft()
+            for peer in gone & set(upstream):  # closed towards the broker too
+                dealer = upstream.pop(peer)
+                poller.unregister(dealer)
+                del peer_of[dealer], last_heard[peer]
+                dealer.close(linger=0)
 
     def _take(self, queue: collections.deque, direction: str, number: int,
               message: tuple[bytes, list[bytes]]) -> None:
@@ -173,6 +190,17 @@ class FaultProxy(ServerThread):
             self.counts[f"{direction}_dropped"] += 1
             return
         queue.append((time.monotonic() + delay, message))
+
+
+def _beacon(frames: list[bytes]) -> bytes | None:
+    """The beacon a worker's REGISTER names (None: another message, or none named)."""
+    if _kind(frames) != protocol.Kind.REGISTER:
+        return None
+    try:
+        beacon = protocol.decode(frames).body.get("beacon")
+    except fabric.ProtocolError:
+        return None
+    return beacon if isinstance(beacon, bytes) and beacon else None
 
 
 def _kind(frames: list[bytes]) -> protocol.Kind | None:

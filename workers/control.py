@@ -2,13 +2,13 @@
 and registering again, and what a failed security handshake means.
 
 Rule: every decision about the worker's own connection to the broker lives here, as answers
-to events (``start``, ``on_message``, ``on_handshake_failed``, ``on_probe``, ``tick``) that
-return the actions the I/O loop (``workers.control_io``) performs: connect afresh under new
-identities, send a message, attach the devices' lanes, probe the broker's mechanism. What
-going on cannot fix raises a ``WorkerStops``: a refusal (``RegistrationRefused``), the
-broker's client port reached instead of its workers' (``ClientPortReached``), or a broker
-silent past ``give_up_after`` (``BrokerSilent``). No sockets, no threads, no
-clock: the loop passes ``now``.
+to events (``start``, ``on_message``, ``on_beacon_up``, ``on_disconnected``,
+``on_handshake_failed``, ``on_probe``, ``tick``) that return the actions the I/O loop
+(``workers.control_io``) performs: connect afresh under new identities, send a message, attach
+the devices' lanes, probe the broker's mechanism. What going on cannot fix raises a
+``WorkerStops``: a refusal (``RegistrationRefused``), the broker's client port reached
+instead of its workers' (``ClientPortReached``), or a broker silent past ``give_up_after``
+(``BrokerSilent``). No sockets, no threads, no clock: the loop passes ``now``.
 
 Every REGISTER carries this process's random instance id, so that the broker lets the same
 process, reconnected under new identities, replace its own registration at once (a broker
@@ -19,11 +19,25 @@ the broker's liveness bound and one heartbeat more: the holder may be this worke
 previous process, whose end the broker has not noticed yet. Refused still, the name is
 really another worker's, and the worker stops with the broker's sentence.
 
-Timing: the worker says HEARTBEAT every ``heartbeat`` seconds; a broker silent for more than
-``heartbeat * liveness`` seconds is gone, and the worker connects again (its sessions died
-with the connection that knew them). A REGISTER is sent once per connection, and again when
-the broker answers that it does not know the worker (it restarted behind the same address).
-The silent broker is named in the log line, with a note when its host name does not resolve.
+Liveness: busy is not dead. The worker says HEARTBEAT every ``heartbeat`` seconds (what its
+devices did, for the broker's metrics), but whether the link lives is the transport's call
+once the worker is registered. Each connection has a *beacon*, one more socket (listed in
+REGISTER) that carries nothing but libzmq's own ZMTP heartbeats (``zmtp_heartbeats``), which
+libzmq's I/O thread sends and answers without the GIL: a device thread holding the GIL, or a
+process starved of a core, never stops them. libzmq closes the beacon's connection, at both
+ends, when it heard nothing on it for ``heartbeat * liveness`` seconds (a process stopped, the
+network between cut), and at once when the other end closes it (its process ended). (Its
+own socket, because libzmq arms that bound at each PING and disarms it at any message: on a
+socket that also carried data, a peer stopped after a message and before its next PING would
+never be found out.) The loop's socket monitor reports the end as ``on_disconnected``, and
+the worker connects again under new identities (its sessions died with the connection that
+knew them). A broker that is only slow to say HEARTBEAT is waited for. Before REGISTERED,
+when no session can be lost, a broker silent for ``heartbeat * liveness`` seconds is left for
+a new connection as well, and named in the log line, with a note when its host name does not
+resolve. A REGISTER is sent once per connection, as soon as its beacon is up and has had time
+for two PINGs (``on_beacon_up``: the broker's libzmq counts the bound from the first PING it
+got, so a worker stopped before it would never be found out, and must not hold a session
+before), and again when the broker answers that it does not know the worker.
 """
 
 from __future__ import annotations
@@ -51,6 +65,7 @@ from fabric.core.sockets import new_routing_id
 
 log = logging.getLogger("fabric.worker")
 
+_PING_AT_LEAST_EVERY = 0.1  # seconds: the beacon's ZMTP heartbeats' longest interval
 _QUIET = frozenset({Kind.HEARTBEAT, Kind.PONG})  # the lanes' heartbeats list the sessions
 _CONTROL = frozenset({Kind.REGISTERED, Kind.REJECT, Kind.ERROR})  # with session 0
 _LINKS = frozenset({Kind.LINK_GRANT, Kind.LINK_EXPECT})  # for the direct links (a session's)
@@ -81,10 +96,11 @@ class BrokerSilent(WorkerStops):
 @dataclass(frozen=True)
 class Connect:
     """Drop the connection (if any) and its sessions; connect again as ``identity``, each
-    device's lane as its identity in ``lanes``."""
+    device's lane as its identity in ``lanes``, and the link's beacon as ``beacon``."""
 
     identity: bytes
     lanes: tuple[bytes, ...]
+    beacon: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,25 @@ class Link:
 Action = Union[Connect, Send, Attach, Probe, Link]
 
 
+def ping_interval(heartbeat: float) -> float:
+    """Seconds between two of the beacon's ZMTP PINGs: ``heartbeat``, a tenth of a second at
+    most (a PING costs the peers nothing but a few bytes, and the first one gates REGISTER)."""
+    return min(heartbeat, _PING_AT_LEAST_EVERY)
+
+
+def zmtp_heartbeats(heartbeat: float, liveness: int) -> dict[int, int]:
+    """The socket options of the worker's beacon that make libzmq keep the link's liveness: a
+    PING every ``ping_interval``, the broker's libzmq asked (TTL) to close the connection
+    after ``heartbeat * liveness`` seconds without a word from this one, and this one closing
+    it after as long without an answer. (Never on a device's lane: libzmq 4.3.5 aborts a
+    process whose heartbeating socket is not read, as a busy device's lane is not, when its
+    peer resets the connection; the beacon is always read, by the control thread.)"""
+    bound_ms = max(100, round(heartbeat * liveness * 1000))
+    return {zmq.HEARTBEAT_IVL: max(1, round(ping_interval(heartbeat) * 1000)),
+            zmq.HEARTBEAT_TTL: min(bound_ms, 6_553_500),  # (sent in deciseconds, 16 bits)
+            zmq.HEARTBEAT_TIMEOUT: bound_ms}
+
+
 class Control:
     """The worker's control machine; see the module's rule.
 
@@ -146,9 +181,13 @@ class Control:
         self.liveness = liveness
         self.new_identity = new_identity
         self.lanes: tuple[bytes, ...] = ()
+        self.beacon = b""  # the link's beacon (see the module's rule)
         self.last_heard = self.last_sent = 0.0  # (last_heard: moved on at each reconnection)
         self.answered = 0.0  # when the broker last said anything
         self.warned = False  # about a failed handshake, once per connection
+        self.registered = False  # REGISTERED on this connection (and not forgotten since)
+        self.register_sent = False  # REGISTER sent on this connection
+        self.register_due: float | None = None  # when it goes (its beacon is up)
         self.name_refused_since: float | None = None  # first WorkerNameTaken since registered
         self.instance = os.urandom(16)  # this process, over all its connections
 
@@ -169,14 +208,26 @@ class Control:
                 f"The broker at {self.broker} has said nothing for {now - self.answered:.1f} "
                 f"s (--give-up-after {self.give_up_after:g}): stopping."
                 + self._unresolved())
-        if now - self.last_heard > self.heartbeat * self.liveness:
+        if not self.registered and now - self.last_heard > self.heartbeat * self.liveness:
             log.warning("the broker at %s has been silent for %.1f s; reconnecting.%s",
                         self.broker, now - self.last_heard, self._unresolved())
             self.last_heard = now
             return self._connect()
+        if not self.register_sent:  # (no HEARTBEAT before it: the broker would not know it)
+            if self.register_due is None or now < self.register_due:
+                return []
+            self.register_sent, self.last_sent = True, now  # (HEARTBEATs count from here)
+            return [self._register()]
         if now - self.last_sent >= self.heartbeat:
             self.last_sent = now
             return [Send(Message(Kind.HEARTBEAT, body=self.report()))]
+        return []
+
+    def on_beacon_up(self, now: float) -> list[Action]:
+        """The socket monitor reported the beacon's handshake done: REGISTER goes two PINGs
+        later (at a ``tick``), once the broker's libzmq counts the link's liveness bound."""
+        if self.register_due is None:
+            self.register_due = now + 2 * ping_interval(self.heartbeat)
         return []
 
     def on_message(self, frames: Sequence[Any], now: float) -> list[Action]:
@@ -201,6 +252,19 @@ class Control:
                     "device's lane: dropped", header.kind.name)
         log.debug("the session of that %s message: %#x", header.kind.name, header.session)
         return []
+
+    def on_disconnected(self, now: float) -> list[Action]:
+        """The socket monitor reported the beacon's connection closed: by the broker's end, or
+        by libzmq after ``heartbeat * liveness`` seconds of silence on it. Registered, the
+        worker connects afresh (the broker forgets what that connection held); before, libzmq
+        connects again by itself."""
+        if not self.registered:
+            return []
+        log.warning("the connection to the broker at %s closed (the broker ended, or its link "
+                    "was silent for %g s); reconnecting.%s", self.broker,
+                    self.heartbeat * self.liveness, self._unresolved())
+        self.last_heard = now
+        return self._connect()
 
     def on_handshake_failed(self, event: int, value: int) -> list[Action]:
         """The socket monitor reported a failed security handshake (libzmq goes on retrying
@@ -234,17 +298,22 @@ class Control:
         # Sessions die with the connection that knew them; every socket starts afresh, under
         # a new identity (the broker may not yet have dropped the old ones).
         self.lanes = tuple(self.new_identity() for _ in self.registration["devices"])
-        self.warned = False
-        return [Connect(self.new_identity(), self.lanes), self._register()]
+        self.warned = self.registered = self.register_sent = False
+        self.register_due = None
+        identity = self.new_identity()
+        self.beacon = self.new_identity()
+        return [Connect(identity, self.lanes, self.beacon)]  # (REGISTER: see on_beacon_up)
 
     def _register(self) -> Send:
         return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes),
+                                                 "beacon": self.beacon,
                                                  "instance": self.instance}))
 
     def _from_broker(self, message: Message, now: float) -> list[Action]:
         if message.kind == Kind.REGISTERED:
             log.info("registered with %s", message.body["server"])
             self.name_refused_since = None
+            self.registered = True
             limit = message.body.get("max_message_bytes")
             ours = self.registration["max_message_bytes"]
             return [Attach(limit if type(limit) is int and limit > 0 else ours)]
@@ -257,6 +326,7 @@ class Control:
             return self._name_taken(error, now)
         if error.details.get("reason") == "not_registered":
             log.warning("the broker does not know this worker (it restarted?): registering")
+            self.registered = False
             return [self._register()]
         log.warning("the broker reported: %s", error.message)
         return []

@@ -27,6 +27,12 @@ keeps silent: a token or CURVE key the broker refuses, or encryption on at one e
 stops the worker (``RegistrationRefused``) as a refused REGISTER does. Where the event alone
 does not say, the control machine asks for a probe of the broker's address, which this loop
 makes.
+
+The control thread also owns the link's *beacon* (``workers.control``), a DEALER that carries
+nothing but libzmq's ZMTP heartbeats (sent and answered by libzmq's I/O thread, without the
+GIL, so a device thread holding the GIL never silences the link): its monitor reports the
+link's end, a broker that ended, stopped or was cut off, and what the broker sends it to
+find out whether it is still there is read and dropped.
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from fabric.core.version import __version__
 
 from . import shared_memory
 from .backends import device_class
-from .control import Action, Attach, Connect, Control, Link, Probe, RegistrationRefused, Send
+from .control import (Action, Attach, Connect, Control, Link, Probe, RegistrationRefused, Send,
+                      zmtp_heartbeats)
 from .direct_links import LINK_THRESHOLD, Fallback
 from .direct_links_io import BulkLinks, reachable_host
 from .executor import Executor
@@ -73,13 +80,17 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
-def _dealer(worker: "Worker", identity: bytes) -> zmq.Socket:
+def _dealer(worker: "Worker", identity: bytes, heartbeats: bool = False) -> zmq.Socket:
     """A DEALER to the broker's backend, not yet connected: it authenticates in the ZeroMQ
-    handshake with the worker token (or with CURVE, the worker's key)."""
+    handshake with the worker token (or with CURVE, the worker's key). With ``heartbeats``
+    (the beacon's), libzmq keeps the link's liveness (``control.zmtp_heartbeats``)."""
     sock = worker.context.socket(zmq.DEALER)
     for option, value in ((zmq.LINGER, 0), (zmq.ROUTING_ID, identity), (zmq.SNDHWM, worker.hwm),
                           (zmq.RCVHWM, worker.hwm), (zmq.MAXMSGSIZE, worker.max_message_bytes)):
         sock.setsockopt(option, value)
+    if heartbeats:
+        for option, value in zmtp_heartbeats(worker.heartbeat, worker.liveness).items():
+            sock.setsockopt(option, value)
     if worker.curve is not None:
         worker.curve.apply(sock)
     else:
@@ -307,6 +318,8 @@ class Worker:
         self._reading_devices = True
         self.dealer: zmq.Socket | None = None
         self._monitor: zmq.Socket | None = None
+        self.beacon: zmq.Socket | None = None  # the link's liveness (``workers.control``)
+        self._beacon_monitor: zmq.Socket | None = None
         self.abandoned: list[int] = []  # devices still computing when close() gave up
 
     def stop(self, *_: Any) -> None:
@@ -360,8 +373,15 @@ class Worker:
         # A refused key or mismatched encryption is only ever a monitor event.
         self._monitor = self.dealer.get_monitor_socket(_HANDSHAKE_FAILED)
         self.dealer.connect(self.broker)
+        # The link's end (the broker's, or libzmq's after its heartbeats went unanswered) is
+        # the beacon's monitor's event.
+        self.beacon = _dealer(self, connect.beacon, heartbeats=True)
+        self._beacon_monitor = self.beacon.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        self.beacon.connect(self.broker)
         self._poller = zmq.Poller()
-        for sock in (self.dealer, self._monitor, *self._pairs):
+        for sock in (self.dealer, self._monitor, self.beacon, self._beacon_monitor,
+                     *self._pairs):
             self._poller.register(sock, zmq.POLLIN)
         if self.links is not None:
             self.links.watch(self._poller)
@@ -369,10 +389,11 @@ class Worker:
     def _close_dealer(self) -> None:
         if self.dealer is None:
             return
-        self.dealer.disable_monitor()
-        self._monitor.close(linger=0)
-        self.dealer.close(linger=0)
-        self.dealer = self._monitor = None
+        for sock, monitor in ((self.dealer, self._monitor), (self.beacon, self._beacon_monitor)):
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+        self.dealer = self._monitor = self.beacon = self._beacon_monitor = None
 
     def _send(self, message: protocol.Message) -> None:
         # Only registration and heartbeats use this socket: when the broker takes nothing,
@@ -461,6 +482,15 @@ class Worker:
                         event = recv_monitor_event(self._monitor)
                         self._perform(control.on_handshake_failed(event["event"],
                                                                   event["value"]))
+                    elif sock is self.beacon:  # the broker asking whether it is there
+                        self._drop_beacon_messages()
+                    elif sock is self._beacon_monitor:
+                        event = recv_monitor_event(self._beacon_monitor)
+                        if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                            self._perform(control.on_beacon_up(time.monotonic()))
+                            continue
+                        self._perform(control.on_disconnected(time.monotonic()))
+                        break  # (what this poll saw may be of sockets closed since)
                     else:
                         self._transfer(recv_frames(sock))
                 if self._to_devices:
@@ -470,6 +500,14 @@ class Worker:
                 self._perform(control.tick(time.monotonic()))
         finally:
             self.close()
+
+    def _drop_beacon_messages(self) -> None:
+        """Read and drop what the broker sent the beacon (a bounded batch)."""
+        for _ in range(100):
+            try:
+                self.beacon.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
 
     def close(self) -> None:
         """Stop the device threads and close every socket. A device thread still busy with

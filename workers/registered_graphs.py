@@ -15,6 +15,11 @@ What a session's cache holds is decided by the client (``fabric.graphs.function`
 it and says ``graph_free`` before it registers past the bound; the bound here is the same size
 and evicts the least recently used graph only for a client that does not.
 
+A graph holds at most ``MAX_GRAPH_OPS`` ops (``fabric.core.wire``): compiling its plan is one call
+of Python's ``compile`` that holds the GIL throughout, so its size bounds how long the device
+thread keeps the worker's other threads waiting; a longer registration is refused with a
+``GraphError`` naming the bound before anything is built from it.
+
 A graph compiles to a plan, ``plan(inputs, rng) -> outputs`` (arrays in, arrays out; ``rng``
 is the session's generator, for random ops), once per signature: a graph is traced for one,
 so its registration gives every input's shape and dtype, and the op table's rules give every
@@ -39,8 +44,8 @@ import numpy as np
 
 from fabric.core.errors import GraphError, ProtocolError
 from fabric.core.ops import OPS, RANDOM_OPS, Spec
-from fabric.core.wire import (GRAPH_CACHE_SIZE, decode_params, decode_scalar, is_wire_scalar,
-                              parse_op)
+from fabric.core.wire import (GRAPH_CACHE_SIZE, MAX_GRAPH_OPS, decode_params, decode_scalar,
+                              is_wire_scalar, parse_op)
 
 from .backends.base import Backend, Constant, GraphOp, GraphOpError, GraphPlan, GraphStep
 from .memory import need
@@ -94,6 +99,11 @@ def register(params: dict[str, Any], device: Backend) -> RegisteredGraph:
     _check(isinstance(ops, list) and isinstance(inputs, list) and isinstance(outputs, list)
            and outputs, graph_id, "'ops', 'inputs' and 'outputs' must be lists, with at least "
            "one output")
+    if len(ops) > MAX_GRAPH_OPS:  # checked before anything is built from them
+        raise GraphError(f"graph #{graph_id} has {len(ops)} ops, more than the {MAX_GRAPH_OPS} "
+                         "a graph may hold (compiling it would hold the device for seconds): "
+                         "trace a smaller function, such as a loop's body called in the loop.",
+                         graph=graph_id, ops=len(ops), limit=MAX_GRAPH_OPS)
     try:
         specs = [(tuple(int(n) for n in shape), np.dtype(dtype)) for shape, dtype in inputs]
     except (TypeError, ValueError) as exc:

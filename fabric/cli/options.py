@@ -55,7 +55,8 @@ timing_options = [
     click.option("--heartbeat", type=float, default=1.0, show_default=True,
                  help="Seconds between heartbeats between broker and workers."),
     click.option("--liveness", type=int, default=3, show_default=True,
-                 help="Heartbeats missed before the peer is declared lost."),
+                 help="Heartbeats a link may miss before its peer is declared lost "
+                      "(stopped or cut off: a busy peer's link still answers)."),
     click.option("--log-level", default="info", show_default=True,
                  type=click.Choice(["debug", "info", "warning", "error"]),
                  help="How much to log to stderr (tokens are never logged)."),

@@ -106,6 +106,8 @@ KNOWN_KINDS = frozenset(_KIND_OF)
 #   worker (or, on a device's lane, on that device), which closes any other;
 # - ``lanes`` (list of routing identities, one per device) in REGISTER: each device's own
 #   socket, to which the broker sends that device's sessions' messages;
+# - ``beacon`` (a routing identity) in REGISTER: the worker's socket that carries only
+#   libzmq's ZMTP heartbeats; the broker finds the worker's link gone when it is unroutable;
 # - ``fabric_version`` (str) in REGISTER: the worker's fabric release, which must be the
 #   broker's;
 # - ``host`` (str) in REGISTER: the worker's host name, for the admin's views.

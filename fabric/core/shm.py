@@ -31,6 +31,7 @@ pools' rules are plain functions and objects; the only system calls are in ``Seg
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import itertools
 import mmap
@@ -62,6 +63,11 @@ _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for
 # a peer finds a segment by its name alone. (next() on a count is atomic: threads share it.)
 _NUMBERS = itertools.count()
 _MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]{1,7}-[0-9]{1,19}) \(deleted\)\Z")
+# The C library's madvise, called through ctypes, which lets the GIL go for the call: Python's
+# mmap.madvise holds it, and faulting a large segment in takes seconds on a loaded core,
+# during which no other thread of the process (a worker's control thread) could run.
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
 def fits(slot_bytes: int, nbytes: int) -> bool:
@@ -184,10 +190,22 @@ class Segment:
             except OSError:
                 pass
             try:
-                segment.map.madvise(_MADV_POPULATE_WRITE)
+                segment.populate()
             except OSError:  # an older kernel: touch every page instead
                 segment.memory[::mmap.PAGESIZE] = 0
         return segment
+
+    def populate(self, offset: int = 0, nbytes: int | None = None) -> None:
+        """Fault the pages of ``nbytes`` bytes at ``offset`` (by default all of it) into this
+        process's page tables now, in one call, without holding the GIL
+        (``MADV_POPULATE_WRITE``); OSError where the kernel refuses (before Linux 5.14)."""
+        end = self.size if nbytes is None else min(offset + nbytes, self.size)
+        start = offset - offset % mmap.PAGESIZE
+        if self.map is None or end <= start:
+            return
+        if _LIBC.madvise(self.memory.ctypes.data + start, end - start, _MADV_POPULATE_WRITE):
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
 
     @classmethod
     def open(cls, name: str, path: str, sizes: tuple[int, int] | None = None) -> "Segment":
@@ -215,18 +233,6 @@ class Segment:
             os.close(fd)
             raise
         return cls(name, fd, owned=False)
-
-    def populate(self, offset: int, nbytes: int) -> None:
-        """Fault the pages of ``nbytes`` bytes at ``offset`` into this process's page tables
-        now, in one call, before a transfer through them (a first transfer through a fresh
-        mapping ran at 2.4 GB/s here, 2.8 with this); nothing on an older kernel."""
-        if self.map is None or nbytes <= 0:
-            return
-        start = offset - offset % mmap.PAGESIZE
-        try:
-            self.map.madvise(_MADV_POPULATE_WRITE, start, min(offset + nbytes, self.size) - start)
-        except (OSError, ValueError):  # (faulted in as they are used)
-            pass
 
     def empty(self) -> None:
         """Give its pages back to the system now, whoever maps it (a peer's mapping reads
@@ -280,7 +286,10 @@ class PeerSegments:
                                     "ended): open a new session.")
             self.maps[name] = segment
             if nbytes is not None:
-                segment.populate(offset, nbytes)
+                try:  # (its first transfer's pages: a first transfer through a fresh mapping
+                    segment.populate(offset, nbytes)  # ran at 2.4 GB/s here, 2.8 with this)
+                except OSError:  # an older kernel: faulted in as they are used
+                    pass
         return segment
 
     def _open(self, name: str, need: int | None) -> Segment:

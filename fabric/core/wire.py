@@ -49,7 +49,7 @@ stream::
 
 Inside a graph, ids are local: ``1..len(inputs)`` are the inputs, then one id per op; a
 call's outputs are the ids ``first_out .. first_out + n - 1``. Each session holds at most
-``GRAPH_CACHE_SIZE`` graphs on its worker.
+``GRAPH_CACHE_SIZE`` graphs on its worker, each of at most ``MAX_GRAPH_OPS`` ops.
 
 A REPLY's body may carry the floating-point warnings of the session's ops since the last
 reply (``DeviceWarning``): ``"warnings": [[message, tensor, graph, graph_op], ...]``, at most
@@ -69,6 +69,11 @@ from fabric.core.ops import INDEXED_OPS, NO_PARAMS, IndexArray
 from fabric.core.shm import SegmentName, parse_name
 
 GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the client mirrors the bound)
+# Ops one graph may hold: its registration compiles them into one Python function, a call that
+# holds the GIL throughout (about 30 us an op on one quiet core here, 0.3 s for this many, and
+# several times that on a loaded one); the client refuses a longer trace, the worker a longer
+# registration, each naming the bound.
+MAX_GRAPH_OPS = 10_000
 GRAPH_OPS = ("graph_register", "graph_call", "graph_free")
 SESSION_OPS = ("seed", "send", *GRAPH_OPS)  # ops that act on the session, not the op table's
 INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (msgpack's)

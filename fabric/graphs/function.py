@@ -35,7 +35,7 @@ from fabric.arrays.tensor import Tensor
 from fabric.core.device import Device
 from fabric.core.errors import TraceError
 from fabric.core.ops import OPS, Spec
-from fabric.core.wire import GRAPH_CACHE_SIZE
+from fabric.core.wire import GRAPH_CACHE_SIZE, MAX_GRAPH_OPS
 from fabric.mesh.sharded import ShardedTensor
 from fabric.mesh.sharded_functions import call_per_shard
 
@@ -235,6 +235,12 @@ def trace_function(fn: Callable[..., Any], name: str, structure: Any,
     if not outputs:
         raise TraceError(f"{name} returned no tensor: a traced function must return a tensor "
                          "or a tuple, list or dict of tensors.", function=name)
+    if len(tracer.ops) > MAX_GRAPH_OPS:
+        raise TraceError(f"{name} traced {len(tracer.ops)} ops, more than the {MAX_GRAPH_OPS} "
+                         "a graph may hold (the worker compiles a graph in one go): trace a "
+                         "smaller function, such as a loop's body called in the loop, or call "
+                         "this one untraced.", function=name, ops=len(tracer.ops),
+                         limit=MAX_GRAPH_OPS)
     graph_id = next(_graph_ids)
     register_op = ["graph_register", 0, [], {
         "graph": graph_id, "name": name, "ops": tracer.ops,

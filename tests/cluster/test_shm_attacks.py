@@ -116,8 +116,9 @@ def test_a_session_names_only_segments_its_own_client_made_and_proved():
         assert found["agreed"] == [None, None], found["agreed"]
         worker_probes = [answer for name, answer in found["probes"]
                          if type(name) is str and parse_name(name).pid == cluster.workers[0].pid]
-        assert all(answer["shared_memory"] is False for name, answer in found["probes"]
-                   if type(name) is int)  # (no process, init's, past any pid: a plain no)
+        # (no process, init's: a plain no; a pid past any pid is a malformed name: refused)
+        assert all(answer.get("shared_memory") is False or refused(answer)
+                   for name, answer in found["probes"] if type(name) is int)
         assert worker_probes and all(refused(answer) for answer in worker_probes)
         assert "its client process made" in worker_probes[0]["message"]
         assert found["honest_probe"] == {"shared_memory": True}

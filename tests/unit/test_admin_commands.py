@@ -341,8 +341,8 @@ def test_drain_refuses_new_sessions_on_that_worker_only_and_keeps_existing_ones(
 def test_drain_ends_when_the_worker_registers_again():
     registry = make_registry()
     result(registry, "drain", worker="a")
-    silent = LIMITS.heartbeat * LIMITS.liveness + 0.5  # the old "a" is replaced, not refused
-    registry.from_worker(b"a-restarted", register_frames("a", [{}]), silent)
+    registry.unroutable(Side.BACKEND, A, 1.0)  # the old "a" is gone: replaced, not refused
+    registry.from_worker(b"a-restarted", register_frames("a", [{}]), 1.5)
     assert kinds(hello(registry, C1, session=5, device=0)) == [Kind.OPEN]
 
 

@@ -20,7 +20,7 @@ from fabric.core.errors import (AuthenticationError, ProtocolError, VersionMisma
                                 WorkerNameTaken, WrongPort)
 from fabric.core.protocol import Kind, Message
 from fabric.workers.control import (Attach, BrokerSilent, ClientPortReached, Connect, Control,
-                                    Probe, RegistrationRefused, Send)
+                                    Probe, RegistrationRefused, Send, ping_interval)
 
 HEARTBEAT, LIVENESS = 1.0, 3
 BROKER = "tcp://127.0.0.1:5555"
@@ -46,23 +46,37 @@ def sent(actions: list[Any]) -> list[Kind]:
     return [a.message.kind for a in actions if type(a) is Send]
 
 
+def registering(machine: Control, now: float) -> list[Any]:
+    """What a connection made at ``now`` does until REGISTER: [Connect, Send(REGISTER)]
+    (its beacon up at once, REGISTER two PINGs later)."""
+    connecting = machine.tick(now) if machine.lanes else machine.start(now)
+    assert [type(a) for a in connecting] == [Connect]
+    assert machine.on_beacon_up(now) == []
+    return connecting + machine.tick(now + 2 * ping_interval(HEARTBEAT))
+
+
 def test_start_connects_under_new_identities_and_registers_every_lane():
     machine = control()
-    connect, register = machine.start(0.0)
-    assert connect == Connect(b"id-3", (b"id-1", b"id-2"))
+    [connect] = machine.start(0.0)
+    assert connect == Connect(b"id-3", (b"id-1", b"id-2"), b"id-4")
+    assert machine.tick(0.05) == []  # nothing before the link's beacon is up
+    assert machine.on_beacon_up(0.1) == []
+    assert machine.tick(0.29) == []  # two of its PINGs first, 0.1 s apart
+    [register] = machine.tick(0.31)
     assert type(register) is Send and register.message.kind == Kind.REGISTER
     assert register.message.body == {**REGISTRATION, "lanes": [b"id-1", b"id-2"],
-                                     "instance": machine.instance}
+                                     "beacon": b"id-4", "instance": machine.instance}
     assert len(machine.instance) == 16
+    assert machine.on_beacon_up(0.4) == [] and machine.tick(0.9) == []  # sent once
 
 
 def test_heartbeats_are_sent_every_heartbeat_and_not_between():
     machine = control()
-    machine.start(0.0)
-    assert machine.tick(0.5) == []
-    assert sent(machine.tick(1.0)) == [Kind.HEARTBEAT]
-    assert machine.tick(1.9) == []
-    assert sent(machine.tick(2.0)) == [Kind.HEARTBEAT]
+    registering(machine, 0.0)  # REGISTER at 0.2: the heartbeats count from there
+    assert machine.tick(0.7) == []
+    assert sent(machine.tick(1.25)) == [Kind.HEARTBEAT]
+    assert machine.tick(2.2) == []
+    assert sent(machine.tick(2.25)) == [Kind.HEARTBEAT]
     assert machine.tick_every == 0.1  # the loop looks at least this often
 
 
@@ -71,12 +85,13 @@ def test_a_broker_silent_past_liveness_heartbeats_is_left_for_a_new_connection()
     machine.start(0.0)
     machine.on_message(frames(Kind.HEARTBEAT), 2.0)  # heard: alive until 2 + 3
     assert Connect not in map(type, machine.tick(5.0))
-    actions = machine.tick(5.01)
+    actions = registering(machine, 5.01)
     assert [type(a) for a in actions] == [Connect, Send]
-    assert actions[0] == Connect(b"id-6", (b"id-4", b"id-5"))  # all new
-    assert actions[1].message.body["lanes"] == [b"id-4", b"id-5"]
+    assert actions[0] == Connect(b"id-7", (b"id-5", b"id-6"), b"id-8")  # all new
+    assert actions[1].message.body["lanes"] == [b"id-5", b"id-6"]
+    assert actions[1].message.body["beacon"] == b"id-8"
     assert actions[1].message.body["instance"] == machine.instance  # the same process
-    assert machine.tick(5.02) == []  # the silence is counted again from the reconnection
+    assert Connect not in map(type, machine.tick(8.0))  # silence counts from the reconnection
 
 
 def test_anything_heard_shows_the_broker_lives_even_a_bad_or_misdirected_message(caplog):
@@ -126,7 +141,7 @@ def test_a_silent_broker_is_named_with_why_its_name_may_not_resolve(caplog):
     machine = control(host_not_resolving=lambda address: said)
     machine.start(0.0)
     with caplog.at_level(logging.WARNING, "fabric.worker"):
-        assert sent(machine.tick(3.5)) == [Kind.REGISTER]  # a new connection
+        assert [type(a) for a in machine.tick(3.5)] == [Connect]  # a new connection
     assert f"the broker at {BROKER} has been silent for 3.5 s; reconnecting. {said}" \
         in caplog.text
 
@@ -144,7 +159,7 @@ def test_give_up_after_stops_a_worker_whose_broker_stays_silent():
     machine.tick(3.5)  # reconnects meanwhile
     machine.on_message(frames(Kind.HEARTBEAT), 5.0)  # heard: the bound starts again
     machine.tick(9.0)
-    assert sent(machine.tick(15.0)) == [Kind.REGISTER]  # silent 10 s: not yet past it
+    assert [type(a) for a in machine.tick(15.0)] == [Connect]  # silent 10 s: not past it
     with pytest.raises(BrokerSilent) as info:
         machine.tick(15.01)
     assert info.value.exit_code == 1
@@ -154,7 +169,7 @@ def test_give_up_after_stops_a_worker_whose_broker_stays_silent():
 
 def test_a_broker_that_does_not_know_the_worker_gets_its_registration_again(caplog):
     machine = control()
-    _, first = machine.start(0.0)
+    _, first = registering(machine, 0.0)
     unknown = ProtocolError("This worker is not registered.", reason="not_registered")
     [again] = machine.on_message(frames(Kind.ERROR, unknown.to_wire()), 0.1)
     assert again.message.body == first.message.body  # the same lanes: no new connection
@@ -223,9 +238,10 @@ def test_a_handshake_failure_retrying_may_fix_is_explained_once_per_connection(c
 
 
 class ControlOnAFakeClock(RuleBasedStateMachine):
-    """Any interleaving of time passing, broker messages and ticks: the machine reconnects
-    exactly when the broker was silent past liveness heartbeats, says HEARTBEAT on time, and
-    each connection registers its own, new lanes."""
+    """Any interleaving of time passing, broker messages, beacons coming up and ticks: the
+    machine (never registered here) reconnects exactly when the broker was silent past
+    liveness heartbeats, registers each connection's own, new lanes and beacon two PINGs
+    after its beacon is up and not before, then says HEARTBEAT on time."""
 
     @initialize()
     def start(self) -> None:
@@ -241,13 +257,19 @@ class ControlOnAFakeClock(RuleBasedStateMachine):
         if not connecting:
             assert Connect not in kinds
             return
-        assert kinds == [Connect, Send]
-        connect, register = actions
-        fresh = {connect.identity, *connect.lanes}
-        assert len(fresh) == 3 and not fresh & self.identities  # all new
+        assert kinds == [Connect]
+        [self.connect] = actions
+        fresh = {self.connect.identity, *self.connect.lanes, self.connect.beacon}
+        assert len(fresh) == 4 and not fresh & self.identities  # all new
         self.identities |= fresh
-        assert register.message.kind == Kind.REGISTER
-        assert register.message.body["lanes"] == list(connect.lanes)
+        self.register_due: float | None = None  # its beacon is not up yet
+        self.registering = True
+
+    @rule()
+    def beacon_up(self) -> None:
+        assert self.machine.on_beacon_up(self.now) == []
+        if self.registering and self.register_due is None:
+            self.register_due = self.now + 2 * ping_interval(HEARTBEAT)
 
     @rule(dt=st.floats(0.0, 2.0 * HEARTBEAT * LIVENESS))
     def time_passes(self, dt: float) -> None:
@@ -265,6 +287,16 @@ class ControlOnAFakeClock(RuleBasedStateMachine):
         self._check(actions, connecting=silent)
         if silent:
             self.heard = self.now
+        elif self.registering:
+            if self.register_due is None or self.now < self.register_due:
+                assert actions == []
+                return
+            assert sent(actions) == [Kind.REGISTER]
+            body = actions[0].message.body
+            assert body["lanes"] == list(self.connect.lanes)
+            assert body["beacon"] == self.connect.beacon
+            self.registering = False
+            self.heartbeat_sent = self.now  # (the heartbeats count from REGISTER)
         elif self.now - self.heartbeat_sent >= HEARTBEAT:
             assert sent(actions) == [Kind.HEARTBEAT]
             self.heartbeat_sent = self.now

@@ -186,16 +186,24 @@ def test_devices_are_numbered_in_registration_order_whatever_the_names_sort_as()
         assert only(sends, Side.BACKEND, owner, Kind.OPEN).body["device"] == local
 
 
-def test_reregistering_under_the_name_of_a_silent_worker_replaces_it():
+def test_reregistering_under_the_name_of_a_worker_whose_connection_went_replaces_it():
     registry = two_workers()
     open_session(registry, C1, session=7, device=1)  # on "b"
     restarted = b"worker-b-restarted"
-    # "b" was last heard at 0.0: past heartbeat x liveness (3 s), before a tick noticed.
-    sends = registry.from_worker(restarted, register_frames("b", [{"new": True}]), 3.5)
-    # The client of the old worker learns its session is lost; the new worker is welcome.
+    # "b" was last heard at 0.0, past heartbeat x liveness (3 s), but its connection lives:
+    # quiet is not gone, and its name stays its own.
+    assert kinds(registry.from_worker(restarted, register_frames("b", [{"new": True}]),
+                                      3.5)) == [Kind.REJECT]
+    # Its connection gone (its process ended, or libzmq found its link silent), the next
+    # heartbeat to it is unroutable: its client learns the session is lost.
+    lost = registry.unroutable(Side.BACKEND, B, 3.6)
+    assert [(s.side, s.identity, decoded(s).kind) for s in lost] == [
+        (Side.FRONTEND, C1, Kind.ERROR)]
+    assert error_from_wire(decoded(lost[0]).body).code == SessionLost.code
+    # The restarted worker, trying again, is welcome.
+    sends = registry.from_worker(restarted, register_frames("b", [{"new": True}]), 4.0)
     assert [(s.side, s.identity, decoded(s).kind) for s in sends] == [
-        (Side.FRONTEND, C1, Kind.ERROR), (Side.BACKEND, restarted, Kind.REGISTERED)]
-    assert error_from_wire(decoded(sends[0]).body).code == SessionLost.code
+        (Side.BACKEND, restarted, Kind.REGISTERED)]
     assert set(registry.workers) == {A, restarted}
     assert [(d["worker"], d["settings"]) for d in registry.devices] == [
         ("a", {"n": 0}), ("b", {"new": True})]
@@ -511,14 +519,20 @@ def test_a_worker_that_keeps_talking_is_not_lost():
     assert set(registry.workers) == {A, B}
 
 
-def test_a_silent_worker_is_lost_with_its_sessions():
+def test_a_silent_worker_is_waited_for_and_lost_with_its_sessions_when_its_link_goes():
     registry = two_workers()
     hello(registry, C1, session=1, device=0, request=21)  # stays OPENING
     open_session(registry, C2, session=2, device=0)  # OPEN
     registry.from_worker(B, frames(Kind.HEARTBEAT), 3.0)  # B keeps talking
     silence = LIMITS.heartbeat * LIMITS.liveness
-    assert without_heartbeats(registry.tick(silence)) == []  # not yet: "more than"
-    sends = without_heartbeats(registry.tick(silence + 0.01))
+    # "a" says nothing past the liveness window (and before the HELLO's open deadline):
+    # busy, not dead, while its connection lives.
+    for now in (1.0, silence, silence + 0.01, LIMITS.open_timeout - 0.1):
+        assert without_heartbeats(registry.tick(now)) == []
+    assert set(registry.workers) == {A, B}
+    # Its connection closed (libzmq closes it when its ZMTP heartbeats stop): the next
+    # heartbeat to it is unroutable.
+    sends = registry.unroutable(Side.BACKEND, A, LIMITS.open_timeout - 0.05)
 
     by_client = {s.identity: decoded(s) for s in sends}
     assert [s.side for s in sends] == [Side.FRONTEND, Side.FRONTEND]
@@ -542,7 +556,8 @@ def test_a_silent_worker_is_lost_with_its_sessions():
 
 def test_a_lost_worker_stops_getting_heartbeats():
     registry = make_registry((A, "a", 1))
-    registry.tick(3.5)  # lost here
+    assert kinds(registry.tick(3.5)) == [Kind.HEARTBEAT]  # silent, not lost
+    registry.unroutable(Side.BACKEND, A, 3.6)  # lost here
     assert registry.workers == {}
     assert registry.tick(5.0) == []
 
@@ -1032,9 +1047,13 @@ def test_a_registration_under_a_live_workers_name_is_refused_and_changes_nothing
     assert set(registry.workers) == {A, B} and registry.devices == devices_before
     assert registry.sessions[7].phase is SessionPhase.OPEN
     assert registry.rejects[WorkerNameTaken.code] == 1
-    # Once "b" is silent past the bound, the same registration replaces it, as a restart does.
-    sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 5.1)
-    assert kinds(sends) == [Kind.ERROR, Kind.REGISTERED]
+    # Silent past the bound, "b" still holds its name while its connection lives (busy).
+    sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 50.0)
+    assert kinds(sends) == [Kind.REJECT]
+    # Once its connection is gone, the same registration takes its place, as a restart does.
+    assert kinds(registry.unroutable(Side.BACKEND, B, 50.1)) == [Kind.ERROR]
+    sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 50.2)
+    assert kinds(sends) == [Kind.REGISTERED]
     assert [(d["index"], d["worker"]) for d in registry.devices] == [(0, "a"), (1, "b"), (2, "b")]
 
 
