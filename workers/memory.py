@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -25,9 +25,6 @@ from fabric.core.ops import OPS, Spec
 from fabric.core.wire import decode_params
 
 from .backends.base import DeferredValue
-
-if TYPE_CHECKING:
-    from .device_session import DeviceSession
 
 _MAX_CHUNK = 64 << 20  # the most of the budget a device keeps unspent between messages
 _TEMPORARY_ITEMSIZE = 8  # the temporary an op may make: one float64 per operand element
@@ -119,6 +116,12 @@ def data_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> tuple
     return result, need(result, count)
 
 
+class Resident(Protocol):
+    """What ``Allowance.charge`` counts a tensor against: a session (``DeviceSession``)."""
+
+    resident: int  # the bytes the session's tensors hold
+
+
 class MemoryBudget:
     """``limit`` bytes (None: no limit) shared by the ``Allowance`` of each device."""
 
@@ -163,13 +166,13 @@ class Allowance:
         self.granted = 0 if budget.limit is not None else math.inf
         self.reclaim: Callable[[], bool] | None = None
 
-    def charge(self, session: DeviceSession, nbytes: int) -> None:
+    def charge(self, session: Resident, nbytes: int) -> None:
         """Count ``nbytes`` more held by ``session`` (its ``resident`` bytes) and so by this
         device: the one place the two move together, as a tensor is stored or pinned."""
         session.resident += nbytes
         self.held += nbytes
 
-    def refund(self, session: DeviceSession, nbytes: int) -> None:
+    def refund(self, session: Resident, nbytes: int) -> None:
         """Count ``nbytes`` fewer held by ``session`` and by this device (a tensor freed, a
         pin let go, the session closed)."""
         session.resident -= nbytes
