@@ -1,17 +1,21 @@
 """A client session's life without sockets: open, lost with its error, closed.
 
 ``SessionLife`` and ``ConnectionLife`` are sans I/O, so every transition of
-``fabric.core.session_life.PHASE_AFTER`` is driven here by plain calls.
+``fabric.core.session_life.PHASE_AFTER`` is driven here by plain calls, and through the op stream
+and the pending-request table that read and move them.
 """
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fabric.arrays.stream import OpStream
+from fabric.core import protocol
 from fabric.core.errors import FabricError, SessionLost
 from fabric.core.session_life import (
     CLOSED,
@@ -23,6 +27,9 @@ from fabric.core.session_life import (
     Event,
     SessionLife,
 )
+from fabric.transport.pending import PendingTable
+
+F8 = np.dtype("float64")
 
 
 def in_another_thread(call):
@@ -211,3 +218,49 @@ def test_a_closed_connection_is_final():
     assert connection.close() is OPEN
     assert connection.lose(SessionLost("lost")) is False
     assert connection.phase is CLOSED and connection.error is None
+
+
+# -- the readers: the op stream and the pending-request table ------------------------------
+
+
+class Owner:
+    """A session's stand-in, holding its stream (which never fills a batch here)."""
+
+    def __init__(self, life: SessionLife) -> None:
+        self.stream = OpStream(self, life.session_id, life)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing is sent in these tests."""
+
+
+def add(stream: OpStream):
+    return stream.push_op("add", (0, 1.0), {}, 4, (4,), F8, ("here", 0))
+
+
+def test_the_stream_reads_the_session_life():
+    connection = ConnectionLife()
+    owner = Owner(connection.new_session(0x5E55))
+    connection.lose(SessionLost("The connection to the broker was lost."))
+    kept = add(owner.stream)  # lost: still queued, its error is raised when it is sent
+    assert owner.stream.batch == [(kept.id, "add", 0, 1.0)]
+    assert owner.stream.close() is LOST
+    with pytest.raises(SessionLost, match="0x5e55 is closed"):
+        add(owner.stream)
+    assert owner.stream.batch == []
+
+
+def test_a_stream_of_its_own_belongs_to_the_thread_that_made_it():
+    owner = Owner(SessionLife(0x5E55))
+    error = in_another_thread(lambda: add(owner.stream))
+    assert type(error) is FabricError and str(error) == ONE_THREAD
+    assert owner.stream.batch == []
+
+
+def test_a_notice_of_loss_reaches_the_stream_through_the_pending_table():
+    table = PendingTable()
+    owner = Owner(table.life.new_session(7))
+    error = SessionLost("Worker w is gone.", worker="w", session=7)
+    table.on_message(protocol.error_message(error, session=7))
+    assert owner.stream.life.phase is LOST
+    assert owner.stream.life.error.details == {"worker": "w", "session": 7}
+    assert table.life.phase is OPEN  # the connection itself goes on
