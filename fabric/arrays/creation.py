@@ -29,6 +29,7 @@ from fabric.core.device import Device
 from fabric.core.errors import MessageTooLarge
 from fabric.core.flow import size_and_limit_text
 from fabric.core.ops import OPS
+from fabric.core.session_life import SessionLife
 from fabric.core.wire import device_dtype, encode_param, encode_scalar
 
 
@@ -46,9 +47,11 @@ class ArrayNamespace(ABC):
     max_upload_bytes: float = math.inf
     upload_limit_hint = "raise --max-message-bytes on the broker and workers"  # (what binds)
 
-    def __init__(self, device: Device, session_id: int = 0) -> None:
+    def __init__(self, device: Device, session_id: int = 0,
+                 life: SessionLife | None = None) -> None:
         self.device = device
-        self.stream = OpStream(self, session_id)  # every op of this namespace's tensors
+        # Every op of this namespace's tensors; ``life``: the session's (None: the stream's own)
+        self.stream = OpStream(self, session_id, life)
         self.random = Random(self)
 
     # -- what each kind declares -------------------------------------------------------------

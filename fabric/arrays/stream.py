@@ -21,10 +21,10 @@ import numpy as np
 
 from fabric.arrays.origins import Origin
 from fabric.arrays.tensor import Tensor
-from fabric.core.errors import FabricError, SessionLost
 from fabric.core.flow import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, SUBMIT_WINDOW
 from fabric.core.ops import Spec
 from fabric.core.protocol import Kind, Message
+from fabric.core.session_life import Phase, SessionLife
 from fabric.core.wire import op_entry, parse_op
 
 # Flush the op batch at this many entries: ops, and the ids of tensors freed between them
@@ -47,8 +47,6 @@ MAX_BATCH_ELEMENTS = 1 << 22
 # bigger batches than MAX_BATCH_ENTRIES pay (bench W5).
 MAX_BATCH_GRAPH_OPS = 4096
 REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
-ONE_THREAD = ("A fabric session is used only by the thread that connected it: call "
-              "fabric.connect() in each thread that issues ops.")
 
 _new_object = object.__new__
 
@@ -77,10 +75,13 @@ class OpStream:
     safe from any thread), and ``sinks`` takes and loses captures.
     """
 
-    def __init__(self, owner: StreamOwner, session_id: int = 0) -> None:
+    def __init__(self, owner: StreamOwner, session_id: int = 0,
+                 life: SessionLife | None = None) -> None:
         self.owner = owner
         self.session_id = session_id
-        self.thread: int | None = _get_ident()  # the one that issues ops; None once closed
+        # Whether ops may enter, and from which thread (``fabric.core.session_life``): the
+        # session's life, or a life of the stream's own (a graph tracer's)
+        self.life = SessionLife(session_id) if life is None else life
         self.ids = itertools.count(1)  # tensor ids (``push``)
         self.sent_through = 0  # every tensor of an id up to this was made by a batch sent
         self.batch: list[Any] = []  # ops, and ids of tensors freed
@@ -126,7 +127,7 @@ class OpStream:
         self.origins[tensor_id] = origin
         if entry is None:
             return tensor
-        if self.sinks or _get_ident() != self.thread:  # (shown to sinks, or refused)
+        if self.sinks or _get_ident() != self.life.thread:  # (shown to sinks, or refused)
             self.enqueue(parse_op(entry), None, tensor, inputs + size)
             return tensor
         # enqueue's work for an op without upload or graph, here: a call costs a twentieth
@@ -156,10 +157,10 @@ class OpStream:
         """Queue one op entry (``fabric.core.wire``'s form): ``buffer``, the bytes it uploads;
         ``result``, the tensor it makes; ``elements`` and ``graph_ops``, its work. A full
         batch is flushed by the owner before this returns."""
-        if _get_ident() != self.thread:  # another thread's op, or closed (thread None)
+        if _get_ident() != self.life.thread:  # another thread's op, or closed (thread None)
             if result is not None:  # never made on the device, so never to be freed there
                 del result.session, self.origins[result.id]
-            self.check_open()
+            self.life.check_usable()
         if self.sinks:  # a capture or a tracer: shown the op as it is queued
             for sink in self.sinks:
                 sink.record(op, buffer, result)
@@ -179,18 +180,11 @@ class OpStream:
         if len(self.batch) >= MAX_BATCH_ENTRIES or self.batch_elements >= MAX_BATCH_ELEMENTS:
             self.owner.flush()
 
-    def check_open(self) -> None:
-        """Raise why no op may be queued from here: the stream is closed, or this is not the
-        thread that owns it."""
-        if self.thread is None:
-            raise SessionLost(f"Session {self.session_id:#x} is closed: open a new session.")
-        if _get_ident() != self.thread:
-            raise FabricError(ONE_THREAD)
-
-    def close(self) -> None:
-        """Refuse every later op, and drop the batch (closing the session frees it all)."""
-        self.thread = None
+    def close(self) -> Phase:
+        """Close the session's life, so that every later op is refused, and drop the batch
+        (closing the session frees it all); the phase the life was in."""
         self.batch, self.buffers = [], []
+        return self.life.close()
 
     # -- sending -------------------------------------------------------------------------------
 

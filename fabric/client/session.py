@@ -29,6 +29,7 @@ from fabric.core.errors import (HandshakeTimeout, ProtocolError, RemoteError, Re
 from fabric.core.flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind, Message
 from fabric.core.security import CurveClient
+from fabric.core.session_life import CLOSED, OPEN
 from fabric.core.shm import SharedMemory, Slot
 from fabric.core.sockets import try_send
 from fabric.core.wire import array_from_frame, device_dtype, dtype_name
@@ -50,7 +51,11 @@ class Session(ArrayNamespace):
 
     def __init__(self, connection: Connection, session_id: int, welcome: Message,
                  timeout: float, token: str) -> None:
-        super().__init__(Device.from_wire(welcome.body["device"]), session_id)
+        super().__init__(Device.from_wire(welcome.body["device"]), session_id,
+                         connection.life.new_session(session_id))
+        # Open, lost with its error, or closed: what every check of this session reads
+        # (``fabric.core.session_life``), its stream's and its connection's too
+        self.life = self.stream.life
         self.connection = connection
         connection.users += 1
         self._token = token
@@ -67,7 +72,6 @@ class Session(ArrayNamespace):
         self.max_upload_bytes: int = min(way, own)
         if own < way:
             self.upload_limit_hint = "pass a larger max_message_bytes= to fabric.connect"
-        self.closed = False
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
         self.shares_memory: bool | None = None  # with its worker (None: not known yet, bulk)
@@ -84,6 +88,11 @@ class Session(ArrayNamespace):
             weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (its life is CLOSED)."""
+        return self.life.phase is CLOSED
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return (f"<fabric.Session {self.id:#x} {state} on device {self.device.index} "
@@ -98,7 +107,7 @@ class Session(ArrayNamespace):
     def open(self, device: int, timeout: float | None = None) -> "Session":
         """Another session, on ``device``, over this session's connection (one connection
         serves sessions on any number of devices; it closes with its last session)."""
-        self.stream.check_open()
+        self.life.check_usable()
         check_argument("device", device, (int,), "a device index (an int)")
         if timeout is not None:
             check_argument("timeout", timeout, (int, float), "seconds (an int or a float)")
@@ -109,18 +118,18 @@ class Session(ArrayNamespace):
         """A mesh of a new session on each of ``devices`` (every online device by default),
         over this session's connection, for sharded tensors (``mesh.asarray(a, axis=0)``);
         it closes with this session, or by its own ``close()``."""
-        self.stream.check_open()
+        self.life.check_usable()
         return Mesh.open(self, devices)
 
     def devices(self) -> list[Device]:
         """Every online device of the broker, asked over this session's connection."""
-        self.stream.check_open()
+        self.life.check_usable()
         return ask_devices(self.connection, self._token, self.timeout)
 
     def close(self, timeout: float | None = None) -> None:
         """Close the session and free everything it holds on the device (idempotent), and
         the meshes it opened."""
-        if self.closed:
+        if self.life.phase is CLOSED:
             return
         try:
             for mesh in list(self.meshes):
@@ -129,10 +138,10 @@ class Session(ArrayNamespace):
             self._close_own(timeout)
 
     def _close_own(self, timeout: float | None) -> None:
-        self.closed = True
-        self.stream.close()  # every later op is refused; closing frees what was batched
+        was = self.stream.close()  # every later op is refused; closing frees what was batched
+        self.connection.life.forget(self.id)  # (its CLOSE answers to the connection alone)
         try:
-            if self.connection.error is None and self.id not in self.connection.pending.lost:
+            if was is OPEN:  # (a lost session is gone on the broker: nothing to tell it)
                 if self.unpinning:  # (back to the pool: retired, were they pinned at the end)
                     bulk.send_unpins(self)
                 reply = self.connection.request(Message(Kind.CLOSE, self.id),
@@ -161,8 +170,8 @@ class Session(ArrayNamespace):
         """Send the batched ops now (reads, syncs and close do this for you). If the device
         has not yet run the session's last batches (``fabric.core.flow.SUBMIT_WINDOW`` of them),
         wait for it first, up to ``timeout`` (default: the session's)."""
-        if not self.stream.batch or self.closed:  # (closed: tensors freed since, nothing to
-            return  # send)
+        if not self.stream.batch or self.life.phase is CLOSED:  # (closed: tensors freed
+            return  # since, nothing to send)
         if self.unpinning:
             bulk.send_unpins(self)
         self._make_room(timeout)
@@ -192,7 +201,7 @@ class Session(ArrayNamespace):
         ``asarray(buffer)`` the array is read-only and shows the tensor's values. Where no
         such memory can be had (small, no shared memory, its pool full), an ordinary array,
         which ``asarray`` copies as any other."""
-        self.stream.check_open()
+        self.life.check_usable()
         return bulk.upload_buffer(self, shape, dtype)
 
     def _upload(self, array: np.ndarray) -> Tensor:
@@ -215,8 +224,8 @@ class Session(ArrayNamespace):
         message, where a flush and then a request were two: a read inside a loop waits for
         one trip to the device); its request id, for ``_reply``. A read of a tensor made by
         a batch already sent (``reads``) goes alone: it need not wait for the ops since."""
-        if self.closed:  # (every read: the call only to raise)
-            self.stream.check_open()
+        if self.life.phase is CLOSED:  # (every read: the call only to raise)
+            self.life.check_usable()
         if self.unpinning:
             bulk.send_unpins(self)
         connection = self.connection

@@ -4,6 +4,8 @@ Rule: a ``Connection`` owns one DEALER socket and its monitor and is used only f
 thread that made it; every wait on it has a deadline. During the handshake the socket
 monitor turns "nothing listening", "closed before WELCOME" and "not a ZeroMQ peer" into
 typed errors at once instead of waiting for the timeout. Sessions and admins share it.
+Whether the connection and each session it carries may still be used is their lives' to say
+(``fabric.core.session_life``): the monitor loses the connection, the pending table a session.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from typing import Any, Callable, Iterator
 
 import zmq
 
-from fabric.arrays.stream import ONE_THREAD
 from fabric.core import protocol
 from fabric.core.addresses import host_not_resolving
 from fabric.core.device import Device
@@ -36,6 +37,7 @@ from fabric.core.flow import (CLIENT_HEARTBEAT_MS, CLIENT_HEARTBEAT_TIMEOUT_MS,
                               DEFAULT_MAX_MESSAGE_BYTES)
 from fabric.core.protocol import PROTOCOL_VERSION, Kind, Message
 from fabric.core.security import CurveClient, handshake_error, present_token
+from fabric.core.session_life import CLOSED, ONE_THREAD, ConnectionLife
 from fabric.core.shm import SegmentPool, SharedMemory
 from fabric.core.sockets import (
     NOBLOCK,
@@ -54,6 +56,7 @@ ZMTP_HANDSHAKE_LIMIT = 1.5
 # Messages queued towards the broker before ``send`` waits: this, with the op batch limits,
 # bounds the client's memory for unsent work (backpressure instead of growth).
 SEND_QUEUE = 64
+_ERROR = Kind.ERROR  # (a look-up of an enum's member costs a tenth of a microsecond: every read)
 _WATCHED_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED
                    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                    | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
@@ -72,7 +75,10 @@ class Connection:
         self.segments: SegmentPool | None = None  # made at a session's first bulk transfer
         self.role = role  # whose token it shows: "client" or "admin"
         self.curve = curve  # CURVE keys: the connection is encrypted, the broker checks them
-        self.pending = PendingTable()
+        # Whether it, and each session it carries, may still be used (and why not: the first
+        # loss's error); the pending table loses a session the broker says is lost.
+        self.life = ConnectionLife()
+        self.pending = PendingTable(self.life)
         self._thread = threading.get_ident()
         self._context = zmq.Context.instance()
         self.socket = self._context.socket(zmq.DEALER)
@@ -97,8 +103,6 @@ class Connection:
         self._message_waits = message_check(self.socket)
         self.established = False  # set once a reply proves a fabric broker is there
         self.users = 0  # sessions open over this connection
-        self.closed = False
-        self.error: FabricError | None = None  # why the connection is unusable, if it is
         try:
             self.socket.connect(address)
         except zmq.ZMQError as exc:
@@ -126,10 +130,10 @@ class Connection:
         """Queue a message, or raise why the connection or its session cannot take it."""
         if threading.get_ident() != self._thread:  # (every message: the call only to raise)
             self._check_thread()
-        if self.error is not None:
-            raise self.error
-        if message.session in self.pending.lost:  # known lost: fail now, send nothing
-            raise self.pending.lost[message.session]
+        # Known lost: fail now, send nothing (``ConnectionLife.error_of``, inline: every message)
+        error = self.life.sessions.get(message.session, self.life).error
+        if error is not None:
+            raise error
         try:
             send_frames(self.socket, protocol.encode(message))
         except zmq.Again:
@@ -169,11 +173,12 @@ class Connection:
         except BaseException:
             self.pending.forget(request)
             raise
-        if (session in self.pending.lost and reply.kind == Kind.ERROR
-                and reply.body.get("code") == SessionLost.code):
-            # The broker's earlier notice says why the session ended; this answer only says
-            # it is gone.
-            raise self.pending.lost[session]
+        if reply.kind is _ERROR and reply.body.get("code") == SessionLost.code:
+            error = self.life.error_of(session)
+            if error is not None:
+                # The earlier loss says why the session ended; this answer only says it is
+                # gone.
+                raise error
         return reply
 
     def wait_for_credit(self, session: int, done: int, deadline: float,
@@ -193,10 +198,9 @@ class Connection:
             result = ready(key)
             if result is not None:
                 return result
-            if session in self.pending.lost:
-                raise self.pending.lost[session]
-            if self.error is not None:
-                raise self.error
+            error = self.life.sessions.get(session, self.life).error  # (error_of, inline)
+            if error is not None:
+                raise error
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise timeout_error(deadline)
@@ -243,31 +247,31 @@ class Connection:
             return
         if self.established:
             if kind == zmq.EVENT_DISCONNECTED:
-                self.error = SessionLost(
+                self.life.lose(SessionLost(
                     f"The connection to the broker at {self.address} was lost: its sessions "
-                    "are gone. Open a new session once the broker is back.")
+                    "are gone. Open a new session once the broker is back."))
             return
         security = handshake_error(kind, event["value"], self.address,
                                    encrypted=self.curve is not None, role=self.role)
         if security is not None:  # ZeroMQ is silent about these but for this event
-            self.error = security
+            self.life.lose(security)
         elif kind == zmq.EVENT_CONNECT_RETRIED:  # (libzmq retries an unknown host name too)
-            self.error = ConnectError(host_not_resolving(self.address) or (
+            self.life.lose(ConnectError(host_not_resolving(self.address) or (
                 f"Nothing is listening at {self.address}: start a broker there "
-                "(fabric broker --frontend ...) or check the address."))
+                "(fabric broker --frontend ...) or check the address.")))
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-            self.error = ConnectError(
+            self.life.lose(ConnectError(
                 f"The peer at {self.address} is not a fabric broker (it broke the ZeroMQ "
-                "handshake): check the address and port.")
+                "handshake): check the address and port."))
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and event["value"] == errno.EAGAIN:
-            self.error = ConnectError(
+            self.life.lose(ConnectError(
                 f"The peer at {self.address} did not complete a ZeroMQ handshake: it is not a "
-                "fabric broker (an HTTP server?). Check the address and port.")
+                "fabric broker (an HTTP server?). Check the address and port."))
         elif kind in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_DISCONNECTED):
-            self.error = ServerDisconnected(
+            self.life.lose(ServerDisconnected(
                 f"Server disconnected during initialization: {self.address} closed the "
                 "connection before the broker answered. Check that the address is a fabric "
-                "broker's frontend and read the broker's log.")
+                "broker's frontend and read the broker's log."))
 
     @property
     def shared_memory(self) -> SharedMemory | None:
@@ -281,11 +285,15 @@ class Connection:
         # is the largest): the one test a small read or upload makes.
         self.bulk_elements = math.inf if options is None else options.threshold // 16
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (its life is CLOSED)."""
+        return self.life.phase is CLOSED
+
     def close(self, linger: float = 0.0) -> None:
         """Close the socket and its monitor; safe to call twice."""
-        if self.closed:
+        if self.life.close() is CLOSED:  # (closed before)
             return
-        self.closed = True
         if self.segments is not None:
             self.segments.close()
         try:

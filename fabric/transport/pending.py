@@ -1,27 +1,29 @@
 """The client's pending-request table, sans I/O.
 
 Rule: replies are matched to requests by request id alone, in whatever order they arrive;
-a session-level ERROR (say, its worker was lost) is remembered against the session so that
-every later call on it fails at once with the same typed error; a CREDIT is remembered as
-the count of the session's SUBMITs its device has run.
+a session-level ``SessionLost`` ERROR (say, its worker was lost) loses the session's life
+(``fabric.core.session_life``), so that every later call on it fails at once with the same
+typed error; a CREDIT is remembered as the count of the session's SUBMITs its device has run.
 """
 
 from __future__ import annotations
 
 import itertools
 
-from fabric.core.errors import FabricError, SessionLost, error_from_wire
+from fabric.core.errors import SessionLost, error_from_wire
 from fabric.core.protocol import Kind, Message
+from fabric.core.session_life import ConnectionLife
 
 
 class PendingTable:
-    """Requests in flight, replies not yet taken, and sessions known to be lost."""
+    """Requests in flight, replies not yet taken, and the news of sessions' runs and losses."""
 
-    def __init__(self) -> None:
+    def __init__(self, life: ConnectionLife | None = None) -> None:
         self._ids = itertools.count(1)
         self._waiting: set[int] = set()
         self._replies: dict[int, Message] = {}
-        self.lost: dict[int, FabricError] = {}
+        # The connection's life, which carries its sessions' (None: a new one, the table's own)
+        self.life = ConnectionLife() if life is None else life
         self.done: dict[int, int] = {}  # session -> SUBMITs its device has run (CREDIT)
 
     def new_request(self) -> int:
@@ -41,9 +43,10 @@ class PendingTable:
         elif message.kind == Kind.ERROR and message.session:
             error = error_from_wire(message.body)
             if isinstance(error, SessionLost):
-                # The first notice names the cause (worker lost, closed by an administrator);
-                # later ones only say the broker no longer knows the session.
-                self.lost.setdefault(message.session, error)
+                # The first notice names the cause (worker lost, closed by an administrator):
+                # later ones, which only say the broker no longer knows the session, change
+                # nothing (``PHASE_AFTER``).
+                self.life.lose_session(message.session, error)
         # Anything else (a liveness PING, a reply to a request given up on) needs no answer.
 
     def take(self, request: int) -> Message | None:

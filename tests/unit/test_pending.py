@@ -5,6 +5,7 @@ from __future__ import annotations
 from fabric.core import protocol
 from fabric.core.errors import RemoteError, SessionLost
 from fabric.core.protocol import Kind, Message
+from fabric.core.session_life import LOST
 from fabric.transport.pending import PendingTable
 
 
@@ -14,6 +15,20 @@ def reply(request: int, session: int = 1, body: dict | None = None) -> Message:
 
 def session_error(session: int, error, request: int = 0) -> Message:
     return protocol.error_message(error, session=session, request=request)
+
+
+def carrying(*sessions: int) -> PendingTable:
+    """A table whose connection carries ``sessions`` (opened, so their lives are OPEN)."""
+    table = PendingTable()
+    for session in sessions:
+        table.life.new_session(session)
+    return table
+
+
+def lost(table: PendingTable) -> dict:
+    """The sessions of the table's connection that are lost, with their errors."""
+    return {session: life.error for session, life in table.life.sessions.items()
+            if life.phase is LOST}
 
 
 def test_request_ids_are_fresh_and_never_zero():
@@ -54,21 +69,22 @@ def test_a_duplicate_reply_is_not_filed_twice():
 
 
 def test_session_lost_error_is_recorded_against_the_session():
-    table = PendingTable()
+    table = carrying(7, 8)
     table.on_message(session_error(7, SessionLost("Worker w is gone.", worker="w", session=7)))
-    assert set(table.lost) == {7}
-    error = table.lost[7]
+    assert set(lost(table)) == {7}
+    error = lost(table)[7]
     assert isinstance(error, SessionLost)
     assert error.message == "Worker w is gone."
     assert error.details == {"worker": "w", "session": 7}
 
 
 def test_other_errors_and_session_zero_do_not_mark_a_session_lost():
-    table = PendingTable()
+    table = carrying(7)
     table.on_message(session_error(7, RemoteError("An op failed.")))
     table.on_message(session_error(0, SessionLost("No session.")))
     table.on_message(Message(Kind.PING, 7))
-    assert table.lost == {}
+    assert lost(table) == {}
+    assert table.life.error is None  # (session 0 is the connection's own: not lost either)
 
 
 def test_an_error_answering_a_waiting_request_is_its_reply():
@@ -80,14 +96,14 @@ def test_an_error_answering_a_waiting_request_is_its_reply():
 
 
 def test_late_reply_to_a_forgotten_request_is_dropped():
-    table = PendingTable()
+    table = carrying(1)
     kept, forgotten = table.new_request(), table.new_request()
     table.forget(forgotten)
     table.on_message(reply(forgotten))
     table.on_message(reply(kept))
     assert table.take(forgotten) is None
     assert table.take(kept) is not None
-    assert table.lost == {}
+    assert lost(table) == {}
 
 
 def test_forget_drops_a_reply_that_already_arrived():
