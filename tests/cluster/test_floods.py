@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zmq
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from rawpeers import RawDealer, frames_of
 
 from fabric import Admin, LocalCluster

@@ -19,7 +19,7 @@ import click
 import pytest
 import zmq
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from rawpeers import AdmittingContext, free_tcp_address
 
 import fabric
