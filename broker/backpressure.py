@@ -95,7 +95,7 @@ class FlowControl:
         """Its last words stay parked: the notices already parked (why a session ended), and
         one for each session it still had; its other messages are dropped."""
         kept = [frames for frames in self.outbox.parked(key) if is_notice(frames)]
-        sends = self._registry.cut_client(key[1], self.outbox.queued(key))
+        sends = self._registry.cut_client(key[1], self.outbox.queued(key), now)
         self.outbox.replace(key, kept + [s.frames for s in sends
                                          if (s.side, s.identity) == key], now)
         self._cut.add(key[1])

@@ -5,13 +5,16 @@ reading, its worker missed a deadline, an administrator closed it, the broker st
 session's worker gets a CLOSE if it is still there (freeing the session's memory) and its
 client one notice chosen by the phase the session was in: a REJECT answering its HELLO while
 opening, its CLOSED while closing, an ERROR (``SessionLost``, with the reason) once open.
-Each notice says what to do next. Sans I/O, like the registry that calls it.
+Each notice says what to do next. Sans I/O, like the registry that calls it. What a client
+can make happen at will (its sessions dropped as it vanishes, its sessions cut as it stops
+reading) is logged through the registry's rate limit (``log_peer``), given the time.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import Callable
 
 from fabric.core.errors import FabricError, HandshakeError, NotFound, SessionLost
 from fabric.core.log_limit import peer_label
@@ -37,12 +40,22 @@ class Endings:
     """Ends sessions for the registry; shares its tables and its counters."""
 
     def __init__(self, sessions: SessionTable, workers: WorkerTable, counters: Counter[str],
-                 rejects: Counter[str], limits: Limits) -> None:
+                 rejects: Counter[str], limits: Limits,
+                 log_peer: Callable[[int, str, str, float], None] | None = None) -> None:
         self._sessions = sessions
         self._workers = workers
         self.counters = counters
         self.rejects = rejects
         self._limits = limits
+        self._log_peer = log_peer  # (level, kind, peer, now): a line through the rate limit
+
+    def _log_client(self, level: int, text: str, now: float | None) -> None:
+        """Log a line a client can cause at will: through the rate limit where ``now`` is
+        given (naming no connection), else at once."""
+        if now is not None and self._log_peer is not None:
+            self._log_peer(level, text, "", now)
+        else:
+            log.log(level, text)
 
     @staticmethod
     def closed(session: Session) -> Send:
@@ -86,8 +99,9 @@ class Endings:
         self._workers.remove(worker)
         return sends
 
-    def lose_client(self, identity: bytes, why: str) -> list[Send]:
-        """End a vanished client's sessions: closed on their workers, nobody else told."""
+    def lose_client(self, identity: bytes, why: str, now: float | None = None) -> list[Send]:
+        """End a vanished client's sessions: closed on their workers, nobody else told (said
+        through the rate limit at ``now``, if given)."""
         sends: list[Send] = []
         for session in self._sessions.of_client(identity):
             log.debug("session %#x dropped: %s", session.id, why)  # (ids at DEBUG only)
@@ -95,10 +109,10 @@ class Endings:
             self._sessions.end(session)
             sends.append(self.close_on_worker(session))
         if sends:
-            log.info("%d session(s) dropped: %s", len(sends), why)
+            self._log_client(logging.INFO, f"{len(sends)} session(s) dropped: {why}", now)
         return sends
 
-    def cut_client(self, identity: bytes, queued: int) -> list[Send]:
+    def cut_client(self, identity: bytes, queued: int, now: float | None = None) -> list[Send]:
         """End every session of a client that left ``queued`` messages unread, the most the
         broker holds for one peer: closed on their workers (freeing their memory), and a
         notice for each, which reaches the client only if it reads again. A client with no
@@ -108,8 +122,8 @@ class Endings:
         if not sessions:
             return []
         self.counters["clients_cut"] += 1
-        log.warning("a client left %d messages unread: its %d session(s) are ended", queued,
-                    len(sessions))
+        self._log_client(logging.WARNING, f"a client left {queued} messages unread: its "
+                         f"{len(sessions)} session(s) are ended", now)
         log.debug("the client cut off is connection %s", peer_label(identity))
         sends: list[Send] = []
         for session in sessions:

@@ -13,18 +13,28 @@ sees data messages, not the ops inside them (it never decodes their bodies): ops
 memory, graph calls and queued messages are what each worker last said of its devices in a
 heartbeat (``fabric.core.protocol.WorkerReport``); a device whose worker has said nothing yet (or
 is gone) has none of those samples.
+
+Anyone who reaches the port may connect, so the server bounds what a connection costs: at
+most ``MAX_CONNECTIONS`` are served at once (a thread each; one past them is closed at once,
+unread), and each has ``READ_SECONDS`` in all to send its request and take the answer, then
+it is closed (a request begun and never finished held a thread for ever).
 """
 
 from __future__ import annotations
 
+import io
 import ipaddress
+import socket
+import threading
+import time
 from itertools import accumulate
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
-from prometheus_client.exposition import start_wsgi_server
+from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
@@ -34,6 +44,8 @@ from .admin_service import RegistryView, device_traffic
 from .model import Traffic
 
 PUBLISH_INTERVAL = 0.25  # seconds between snapshots: what a scrape sees is at most this old
+MAX_CONNECTIONS = 8  # connections served at once (a thread each); more are closed at once
+READ_SECONDS = 5.0  # a connection's time to send its request and take the answer, in all
 DEFAULT_HOST = "127.0.0.1"  # a bare port binds to loopback only
 PREFIX = "fabric_"
 
@@ -258,6 +270,86 @@ class FabricCollector(Collector):
         return iter(families(self._latest()))
 
 
+class _Deadline(io.RawIOBase):
+    """A connection's bytes as a file, each read waiting at most until ``deadline``; past it
+    a read raises ``TimeoutError`` (a timeout per read alone would let a byte every few
+    seconds hold the connection for ever)."""
+
+    def __init__(self, connection: socket.socket, deadline: float) -> None:
+        self._connection = connection
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the connection's read time is up")
+        self._connection.settimeout(left)  # (and what is left of it for the answer)
+        return self._connection.recv_into(buffer)
+
+
+class _Handler(WSGIRequestHandler):
+    """One request per connection, read and answered within ``READ_SECONDS``; logs
+    nothing."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(_Deadline(self.connection,
+                                                 time.monotonic() + READ_SECONDS))
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing (every scrape would be a line)."""
+
+
+class _BoundedServer(ThreadingWSGIServer):
+    """prometheus_client's server (a daemon thread per connection), serving at most
+    ``MAX_CONNECTIONS`` at once; a connection that times out or fails ends quietly."""
+
+    request_queue_size = 128  # (listen's backlog: a burst of connections is taken, then
+    # closed, rather than made to retry its SYN for seconds)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0  # connections closed at once: every slot was taken
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)  # (starts its thread)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that timed out or broke: closed, not logged (any peer causes it)."""
+
+
+def _serve(host: str, port: int, registry: CollectorRegistry,
+           ) -> tuple[_BoundedServer, threading.Thread]:
+    """The metrics server at (host, port), serving from a daemon thread."""
+    family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                flags=socket.AI_PASSIVE)[0]
+    address = where[0]
+    server_class = type("_Server", (_BoundedServer,), {"address_family": family})
+    server = make_server(address, port, make_wsgi_app(registry), server_class,
+                         handler_class=_Handler)
+    thread = threading.Thread(target=server.serve_forever, name="fabric-metrics", daemon=True)
+    thread.start()
+    return server, thread
+
+
 class MetricsPublisher:
     """The snapshot the I/O loop publishes and the HTTP server's threads read; and that
     server, bound where the operator said."""
@@ -268,7 +360,7 @@ class MetricsPublisher:
         self._interval = interval
         registry = CollectorRegistry(auto_describe=False)
         registry.register(FabricCollector(lambda: self.latest))
-        self._server, self._thread = start_wsgi_server(port, host, registry)
+        self._server, self._thread = _serve(host, port, registry)
 
     @property
     def url(self) -> str:

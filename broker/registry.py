@@ -123,7 +123,7 @@ class Registry:
         # The I/O loop's flow-control figures, for the admin ``status`` (``broker.backpressure``).
         self.queue_figures: Callable[[], dict[str, Any]] = dict
         self._endings = Endings(self._sessions, self.worker_table, self.counters, self.rejects,
-                                limits)
+                                limits, lambda *line: self._log_peer(*line))
         self._log_limit = RateLimitedLog()  # what peers can make the broker log, per interval
         # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
         # (``curve_keys``, per ZAP domain) an allowed key. The I/O loop feeds it ZAP requests.
@@ -510,12 +510,23 @@ class Registry:
         if side == Side.BACKEND:
             worker = self._find_worker(identity)
             return self._endings.lose_worker(worker, "disconnected") if worker else []
-        return self._endings.lose_client(identity, "the client disconnected")
+        return self._endings.lose_client(identity, "the client disconnected", now)
 
-    def cut_client(self, identity: bytes, queued: int) -> list[Send]:
+    def connection_cut(self, side: Side, peer: str, held: int, limit: int, now: float) -> None:
+        """The I/O loop cut a connection on ``side`` that held ``held`` bytes unread, past
+        ``limit`` (a message in progress bigger than any fabric peer sends:
+        ``fabric.core.intake``); counted, and logged through the rate limit. Its peer's sessions
+        end as a vanished client's do, when the loop finds it unroutable."""
+        self.counters["connections_cut"] += 1
+        self._log_peer(logging.WARNING, f"a connection on the {side.value} held more than "
+                       f"{limit} bytes unread (a message bigger than fabric sends): cut",
+                       peer, now, f"{held} bytes held")
+
+    def cut_client(self, identity: bytes, queued: int, now: float | None = None) -> list[Send]:
         """End every session of a client that left ``queued`` messages unread (see
-        ``Endings.cut_client``); nothing when it has none left."""
-        return self._endings.cut_client(identity, queued)
+        ``Endings.cut_client``; said through the rate limit at ``now``, if given); nothing
+        when it has none left."""
+        return self._endings.cut_client(identity, queued, now)
 
     def worker_name(self, identity: bytes) -> str:
         """The name of the worker that owns a routing identity (its socket or a lane), for
@@ -571,8 +582,7 @@ class Registry:
                                           Message(Kind.PING, session.id)))
         return sends
 
-    # -- administration (the commands are in broker.admin_service)
-    # -----------------------------------
+    # -- administration (the commands are in broker.admin_service) ----------------------
 
     def close_session(self, session_id: int) -> list[Send]:
         """End a session for an administrator: closed on its worker, its client told.

@@ -10,7 +10,11 @@ not-before time (refused tokens) wait in a small timer queue (``broker.held``) t
 timeout respects. Peers authenticate in the ZeroMQ handshake (PLAIN with a token as the
 password, or CURVE with an allowed key; ``fabric.core.security``): libzmq asks this loop over ZAP
 (a third ROUTER, ``broker.zap_gate``) and the registry answers, so a peer without a token is never
-attached to either ROUTER.
+attached to either ROUTER. A peer with one is still bounded in what it makes libzmq hold
+before this loop reads it (``fabric.core.intake``: libzmq holds a multipart message whole, and
+bounds only its frames): each ROUTER's socket monitor names its connections, every message
+read is credited to its connection, and one that holds more than
+``fabric.core.flow.connection_bytes_limit`` unread is cut (the registry counts and logs it).
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ from typing import Any, Callable, Sequence
 import zmq
 
 from fabric.core.addresses import advertised
+from fabric.core.flow import connection_bytes_limit
+from fabric.core.intake import MONITORED, Intake
 from fabric.core.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, CurveServer, authenticate_peers
-from fabric.core.sockets import NOBLOCK, POLLIN, message_check, recv_frames, send_frames, try_send
+from fabric.core.sockets import (NOBLOCK, POLLIN, message_check, recv_frames, recv_monitor_event,
+                                 send_frames, try_send)
 
 from .backpressure import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
@@ -134,6 +141,12 @@ class Broker:
                                  curve_keys=curve.allow_lists if curve is not None else None)
         self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend,
                          Side.ZAP: self.zap}
+        # What each ROUTER's connections hold unread, bounded; their monitors name them.
+        held = connection_bytes_limit(limits.max_message_bytes)
+        self._intakes = {side: Intake(self._sockets[side], held)
+                         for side in (Side.FRONTEND, Side.BACKEND)}
+        self._monitors = {self._sockets[side].get_monitor_socket(MONITORED): side
+                          for side in self._intakes}
         self._state = StateFile(state_file, self.registry.worker_table) if state_file else None
         if self._state is not None:
             self._state.load()
@@ -190,21 +203,45 @@ class Broker:
                 raise PeerUnreachable from exc
             raise
 
+    def _drain_monitor(self, monitor: zmq.Socket) -> None:
+        """Feed a ROUTER's monitor events to its intake (connections accepted and gone)."""
+        intake = self._intakes[self._monitors[monitor]]
+        while monitor.poll(0):
+            event = recv_monitor_event(monitor)
+            intake.on_event(event["event"], event["value"])
+
+    def _check_intakes(self, now: float) -> float:
+        """Cut the connections that hold too much unread; when the next check is due."""
+        for side, intake in self._intakes.items():
+            if now >= intake.due():
+                for cut in intake.check(now):
+                    self.registry.connection_cut(side, cut.peer, cut.held,
+                                                 intake.ledger.limit, now)
+        return min(intake.due() for intake in self._intakes.values())
+
     def run(self) -> None:
         """Serve until ``stop()`` (or SIGINT/SIGTERM when installed by ``main``)."""
         # What the loop polls, for zmq.zmq_poll itself (a Poller adds a Python call per pass).
-        # Handshakes are answered (ZAP) even while the frontend is paused.
-        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN), (self.zap, POLLIN)]
-        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN)]  # a worker's queue is full
+        # Handshakes are answered (ZAP) even while the frontend is paused; connections are
+        # counted (the monitors) all along.
+        monitors = [(monitor, POLLIN) for monitor in self._monitors]
+        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN), (self.zap, POLLIN),
+                      *monitors]
+        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN), *monitors]
         registry = self.registry
         blocking = self._flow.blocking  # while not empty, the frontend is not read
-        # Per socket: the registry's handler, and whether another message waits there.
-        from_side = {sock: (handler, message_check(sock)) for sock, handler in (
-            (self.frontend, registry.from_client), (self.backend, registry.from_worker),
-            (self.zap, registry.zap.answer))}
+        # Per socket: the registry's handler, whether another message waits there, and
+        # what credits a message read to its connection (None: the ZAP socket's are not).
+        from_side = {sock: (handler, message_check(sock), took) for sock, handler, took in (
+            (self.frontend, registry.from_client, self._intakes[Side.FRONTEND].took),
+            (self.backend, registry.from_worker, self._intakes[Side.BACKEND].took),
+            (self.zap, registry.zap.answer, None))}
+        intake_due = 0.0
         try:
             while self._running and not registry.stopping:  # admin shutdown sets it
                 now = time.monotonic()
+                if now >= intake_due:
+                    intake_due = self._check_intakes(now)
                 wake = registry.next_deadline()
                 if now >= wake:  # (not per message: tick scans all)
                     self._send(registry.tick(now))
@@ -214,18 +251,23 @@ class Broker:
                 if self._held:
                     self._send(self._held.due(now))
                     wake = min(wake, self._held.next_deadline())
-                timeout_ms = max(0.0, min(0.1, wake - now)) * 1000
+                timeout_ms = max(0.0, min(0.1, wake - now, intake_due - now)) * 1000
                 if self._outbox.messages:  # retried soon: a queue drains without telling us
                     self._send(self._flow.retry(now, self._try_send))
                     timeout_ms = min(timeout_ms, RETRY_MS)
                 for sock, _ in zmq.zmq_poll(backend_only if blocking else both_sides,
                                             int(timeout_ms)):
+                    if sock in self._monitors:
+                        self._drain_monitor(sock)
+                        continue
                     # Drain a bounded batch per socket so one side cannot starve the other;
                     # a batch takes milliseconds at most, so it shares one reading of the clock.
-                    handle, more = from_side[sock]
+                    handle, more, took = from_side[sock]
                     now = time.monotonic()
                     for _ in range(256):
                         frames = recv_frames(sock)
+                        if took is not None:
+                            took(frames)
                         self._send(handle(frames[0].bytes, frames[1:], now))
                         if blocking and sock is self.frontend:
                             break  # backpressure: a worker's queue is full
@@ -240,6 +282,9 @@ class Broker:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+        for monitor, side in self._monitors.items():
+            self._sockets[side].disable_monitor()
+            monitor.close(linger=0)
         self.frontend.close(linger=200)
         self.backend.close(linger=0)
         self.zap.close()

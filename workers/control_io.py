@@ -448,7 +448,10 @@ class Worker:
         try:
             self._perform(control.start(time.monotonic()))
             while self._running:
-                for sock, _ in self._poller.poll(5 if self._to_devices else wait_ms):
+                wait = 5 if self._to_devices else wait_ms
+                if self.links is not None:  # (its connections are checked on time)
+                    wait = min(wait, self.links.wait_ms(time.monotonic()))
+                for sock, _ in self._poller.poll(wait):
                     if sock is self.dealer:
                         self._perform(control.on_message(recv_frames(self.dealer),
                                                          time.monotonic()))

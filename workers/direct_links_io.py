@@ -12,12 +12,17 @@ deadline (``TCP_MAXRT``: ``LINK_STALL_SECONDS``) closes one whose bytes stop bei
 link that breaks mid-send is noticed in bounded time and its TRANSFER goes through the broker.
 The endpoint's heartbeat closes a connection whose one message does not complete while its
 ticket lasts, so a broken sender's partial message is freed; TCP's deadline closes one whose
-read reply stalls. An admitted TRANSFER goes to its device as one moved between two
-devices of this worker does; a client's admitted read goes to its device too, and the reply
-comes back here, to go out on the link it came by. The endpoint's socket monitor reports
-the handshakes libzmq refuses before any ZAP request (a peer without credentials): counted
-with the rest, and logged at most once an interval (``RateLimitedLog``: any peer can cause
-them).
+read reply stalls. What a connection holds before its message is whole is bounded
+(``fabric.core.intake``: libzmq holds a message whole, and bounds only its frames): one that holds
+more than the largest message (``message_bytes_limit``) is cut, and so is one that sends a
+message its ticket does not allow (after its one message, say), so it can send no more. An
+admitted TRANSFER goes to its device as one moved between two devices of this worker does; a
+client's admitted read goes to its device too, and the reply comes back here, to go out on
+the link it came by. The endpoint's socket monitor reports the handshakes libzmq refuses
+before any ZAP request (a peer without credentials): counted with the rest, and logged at
+most once an interval (``RateLimitedLog``: any peer can cause them); so are the messages an
+admitted peer sends past the one its ticket allows, and the replies to reads whose client
+left. The monitor also names the endpoint's connections, for ``fabric.core.intake``.
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ import zmq
 
 from fabric.core import protocol, zap_messages as zap
 from fabric.core.errors import FabricError
+from fabric.core.flow import message_bytes_limit
+from fabric.core.intake import MONITORED, Intake
 from fabric.core.log_limit import RateLimitedLog
 from fabric.core.protocol import Kind, Message
 from fabric.core.security import LINK_STALL_SECONDS, CurveClient, show_ticket
 from fabric.core.sockets import recv_frames, recv_monitor_event, try_send
 
 from .direct_links import (HANDSHAKE_REFUSALS, TICKET_SECONDS, Admissions, Dial, Fallback,
-                    Outgoing, ZapAnswer)
+                           Outgoing, ZapAnswer)
 
 log = logging.getLogger("fabric.worker")
 
@@ -97,10 +104,12 @@ class BulkLinks:
             self.endpoint.curve_server = True
         else:
             self.endpoint.plain_server = True
-        self.monitor = self.endpoint.get_monitor_socket(HANDSHAKE_REFUSALS)
+        self.monitor = self.endpoint.get_monitor_socket(HANDSHAKE_REFUSALS | MONITORED)
         self._refusal_log = RateLimitedLog()
         where = f"[{host}]" if ":" in host else host
         self.address = f"tcp://{where}:{self.endpoint.bind_to_random_port(f'tcp://{where}')}"
+        # What a connection holds before its one message is whole: the largest message.
+        self.intake = Intake(self.endpoint, message_bytes_limit(max_message_bytes))
         log.info("direct links at %s", self.address)
 
     def advertised(self) -> dict[str, Any]:
@@ -157,23 +166,24 @@ class BulkLinks:
                                                 list(request.credentials), now))
         elif sock is self.monitor:
             event = recv_monitor_event(sock)
-            if self.admissions.refuses(event["event"]):
-                line = self._refusal_log.note(
-                    logging.WARNING, "direct link: a handshake refused before any ticket was "
-                    "shown (no credentials, or another mechanism)", "not named by libzmq", now,
-                    f"{self.admissions.refused} refused in all")
-                if line is not None:
-                    log.log(*line)
+            if event["event"] & MONITORED:  # a connection accepted, or gone
+                self.intake.on_event(event["event"], event["value"])
+            elif self.admissions.refuses(event["event"]):
+                self._log_peer("direct link: a handshake refused before any ticket was shown "
+                               "(no credentials, or another mechanism)", now)
         elif sock is self.endpoint:
-            routing, *frames = recv_frames(sock)
+            received = recv_frames(sock)
+            self.intake.took(received)
+            routing, *frames = received
             try:  # (an admitted peer's message always has a header, and a User-Id)
                 header = protocol.decode_header(frames[0])
                 user = frames[0].get("User-Id").encode()
-            except (FabricError, zmq.ZMQError):
+            except (FabricError, zmq.ZMQError, IndexError):
                 header = user = None
             if not self.admissions.take(user, header):
-                log.warning("direct link: dropped a message its ticket does not allow "
-                            "(%d refused in all)", self.admissions.refused)
+                self.intake.cut_sender(received, now)  # (it may send nothing more)
+                self._log_peer("direct link: dropped a message its ticket does not allow, "
+                               "and cut its connection", now)
             elif header.kind == Kind.REQUEST:  # a client's read, answered on its link
                 self._read(routing, frames)
             else:
@@ -201,11 +211,22 @@ class BulkLinks:
     def reply(self, routing: bytes, frames: list[zmq.Frame]) -> None:
         """Answer a read that came on a link, on that link."""
         if not try_send(self.endpoint, [routing, *frames]):
-            log.warning("direct link: a read's reply was dropped (its client is gone)")
+            self._log_peer("direct link: a read's reply was dropped (its client is gone)",
+                           time.monotonic(), detail="")
+
+    def wait_ms(self, now: float) -> float:
+        """How long the loop may wait before ``tick`` has work (the intake's next check)."""
+        return max(0.0, self.intake.due() - now) * 1000
 
     def tick(self) -> list[Fallback]:
-        """Refuse handshakes that waited too long; the TRANSFERs that fall back."""
+        """Refuse handshakes that waited too long, cut connections that hold too much; the
+        TRANSFERs that fall back."""
         now = time.monotonic()
+        if now >= self.intake.due():
+            for cut in self.intake.check(now):
+                self._log_peer(f"direct link: a connection held more than "
+                               f"{self.intake.ledger.limit} bytes unread (a message bigger "
+                               "than a transfer): cut", now, f"{cut.held} bytes held")
         self._answer(self.admissions.tick(now))
         for line in self._refusal_log.due(now):
             log.log(*line)
@@ -245,6 +266,16 @@ class BulkLinks:
         sock.disable_monitor()
         monitor.close(linger=0)
         sock.close(linger=0)
+
+    def _log_peer(self, kind: str, now: float, detail: str | None = None) -> None:
+        """Log a line any peer can cause at will (``kind``: fixed words; ``detail`` by
+        default how many were refused), through the rate limit: the first of an interval at
+        once, the next ones summed up by ``tick``."""
+        if detail is None:
+            detail = f"{self.admissions.refused} refused in all"
+        line = self._refusal_log.note(logging.WARNING, kind, "not named by libzmq", now, detail)
+        if line is not None:
+            log.log(*line)
 
     def _answer(self, answers: list[ZapAnswer]) -> None:
         for answer in answers:

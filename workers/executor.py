@@ -114,8 +114,8 @@ class Executor(GraphOps, Admission):
 
     def _close(self, message: Message) -> list[Message]:
         session = self.sessions.pop(message.session)
-        shared_memory.closed(session)
-        self.allowance.held -= session.resident
+        shared_memory.closed(self, session)
+        self.allowance.refund(session, session.resident)
         self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
 
@@ -142,9 +142,14 @@ class Executor(GraphOps, Admission):
             session.warnings_dropped += 1
 
     def close_all(self) -> None:
-        """Forget every session (the broker that knew them is gone)."""
+        """Forget every session (the broker that knew them is gone); the device's own shared
+        memory still counts (``shared_memory.DevicePool``)."""
+        for session in self.sessions.values():
+            shared_memory.closed(self, session)
         self.sessions.clear()
         self.allowance.held = 0
+        if self.slots is not None:
+            self.slots.recount()
         self.allowance.settle()
 
     # -- ops ------------------------------------------------------------------------------
@@ -172,16 +177,14 @@ class Executor(GraphOps, Admission):
         if tensor_id in session.tensors or tensor_id in session.poisoned:  # (an id used again)
             self._drop(session, (tensor_id,))
         session.tensors[tensor_id] = array
-        session.resident += array.nbytes
-        self.allowance.held += array.nbytes
+        self.allowance.charge(session, array.nbytes)
 
     def _drop(self, session: DeviceSession, tensor_ids: Iterable[Any]) -> None:
         tensors, poisoned = session.tensors, session.poisoned
         for tensor_id in tensor_ids:
             array = tensors.pop(tensor_id, None)
             if array is not None:
-                session.resident -= array.nbytes
-                self.allowance.held -= array.nbytes
+                self.allowance.refund(session, array.nbytes)
             if poisoned:
                 poisoned.pop(tensor_id, None)
 
@@ -194,18 +197,17 @@ class Executor(GraphOps, Admission):
         tensors, poisoned, store = session.tensors, session.poisoned, self._store
         plain_impls, special_ops = self._plain_impls, self._special_ops
         admit, allowance, limit = self._admit, self.allowance, self.memory_limit
+        charge, refund = allowance.charge, allowance.refund
         same_size, plain_below, small = SAME_SIZE_OPS, self.device.plain_below, self.device.small
         ndarray = np.ndarray  # (a local: its look-up was 2% of a W1 op)
         freed = 0
         for position, op in enumerate(ops):
             if type(op) is int:  # a tensor the client let go, freed at the point it did so
                 # that the next op's result can take its memory, still in cache (inline, as
-                # _drop does it: a call here cost 8% of a W1 op)
+                # _drop does it: a call of _drop here cost 8% of a W1 op)
                 array = tensors.pop(op, None)
                 if array is not None:
-                    nbytes = array.nbytes
-                    session.resident -= nbytes
-                    allowance.held -= nbytes
+                    refund(session, array.nbytes)
                 if poisoned:
                     poisoned.pop(op, None)
                 freed += 1
@@ -272,9 +274,7 @@ class Executor(GraphOps, Admission):
                     result = np.asarray(result)
                 if out not in tensors and out not in poisoned:
                     tensors[out] = result  # _store's common case, inline
-                    nbytes = result.nbytes
-                    session.resident += nbytes
-                    allowance.held += nbytes
+                    charge(session, result.nbytes)
                 else:
                     store(session, out, result)
             except Exception as exc:  # any failure of the op becomes the poison of its output

@@ -7,17 +7,21 @@ ending the device, closes the sessions a broker heartbeat no longer lists, and k
 message-size policy: a REPLY or TRANSFER bigger than the way ahead takes is replaced by the
 same message carrying ``MessageTooLarge`` (a frame too big would cost the connection). The
 device thread (``workers.control_io``) owns the sockets: it feeds messages in and sends what
-comes out.
+comes out. A failure that is a bug is logged with its traceback at most once an interval
+(``RateLimitedLog``), its repeats counted: a client can send the message that fails as often
+as it likes.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 from fabric.core import protocol
 from fabric.core.errors import FabricError, MessageTooLarge, RemoteError
 from fabric.core.flow import largest_frame, size_and_limit_text
+from fabric.core.log_limit import RateLimitedLog
 from fabric.core.protocol import Header, Kind, Message
 
 from . import shared_memory
@@ -65,11 +69,14 @@ class Lane:
     """
 
     def __init__(self, index: int, executor: Executor, broker_limit: int,
-                 session_device: Callable[[int], int | None]) -> None:
+                 session_device: Callable[[int], int | None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.index = index
         self.executor = executor
         self.broker_limit = broker_limit
         self.session_device = session_device
+        self._clock = clock  # read only when a message fails with a bug
+        self._failures = RateLimitedLog()  # their tracebacks, one an interval
 
     def attach(self, broker_limit: int) -> Message:
         """Registered with a broker that takes ``broker_limit`` bytes: the HEARTBEAT that
@@ -88,17 +95,33 @@ class Lane:
             return self.executor.handle(protocol.decode(frames, header))
         except Exception as exc:  # (the header was read when the message came: it decodes)
             if not isinstance(exc, FabricError):  # a bug, which must not end the device
-                log.exception("device %d failed on a message", self.index)
+                self._log_failure(exc)
                 exc = RemoteError(f"Device {self.index} failed on this message "
                                   f"({type(exc).__name__}: {exc}); it goes on serving.")
             header = protocol.decode_header(frames[0])
             return [protocol.error_message(exc, session=header.session,
                                            request=header.request)]
 
+    def _log_failure(self, exc: Exception) -> None:
+        """Log a bug met on a message: the first of an interval with its traceback, the
+        next ones counted for the summary line (``flush_log``)."""
+        line = self._failures.note(logging.ERROR, f"device {self.index} failed on a message",
+                                   "a session's client", self._clock(),
+                                   f"{type(exc).__name__}: {exc}")
+        if line is not None:
+            log.log(*line, exc_info=exc)
+
+    def flush_log(self) -> None:
+        """Log the summary of failures held back, once their interval is over."""
+        for line in self._failures.due(self._clock()):
+            log.log(*line)
+
     def reconcile(self, header: Header, frames: Sequence[Any]) -> None:
         """A broker heartbeat on the lane: close every session it does not list. The broker
         forgot it (its CLOSE may have been lost), so nothing will ever close it otherwise.
-        (And a time to give back the device's idle shared memory.)"""
+        (And a time to give back the device's idle shared memory, and to log the summary of
+        failures held back.)"""
+        self.flush_log()
         shared_memory.trim(self.executor)
         listed = message_body(header, frames).get("sessions")
         if not isinstance(listed, list):

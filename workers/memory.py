@@ -2,10 +2,12 @@
 
 Rule: a byte is admitted before it is allocated, against one budget for the whole worker (all
 its devices, all their sessions). What an op needs is its result and room for one temporary:
-``need`` says how much, from shapes and dtypes alone. Each device thread draws grants from
-the budget under a lock and spends them without one (its held bytes are its own, written by
-its thread only); a device gives back what it holds past ``chunk`` after each message, so an
-idle device keeps at most that much of the budget from the others.
+``need`` says how much, from shapes and dtypes alone; for an op whose result's size depends on
+its data (``DATA_DEPENDENT_OPS``), from a look at the data that allocates nothing
+(``data_need``: a bincount's largest value, an argwhere's count of non-zeros). Each device
+thread draws grants from the budget under a lock and spends them without one (its held bytes
+are its own, written by its thread only); a device gives back what it holds past ``chunk``
+after each message, so an idle device keeps at most that much of the budget from the others.
 
 The default budget (``fabric.core.worker_options.budget_from_option``) is a share of the
 memory this process may use when it starts.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -23,6 +25,9 @@ from fabric.core.ops import OPS, Spec
 from fabric.core.wire import decode_params
 
 from .backends.base import DeferredValue
+
+if TYPE_CHECKING:
+    from .device_session import DeviceSession
 
 _MAX_CHUNK = 64 << 20  # the most of the budget a device keeps unspent between messages
 _TEMPORARY_ITEMSIZE = 8  # the temporary an op may make: one float64 per operand element
@@ -91,6 +96,29 @@ def inferred_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> t
     return known
 
 
+def data_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> tuple[int, int]:
+    """The bytes op ``name`` of ``DATA_DEPENDENT_OPS`` makes on ``inputs`` (arrays, and
+    scalars) with wire ``params``, and what it needs, from its data: read, never copied (the
+    largest value, a count of non-zeros). Inputs numpy refuses need nothing here: the op
+    raises numpy's error when it runs."""
+    array = inputs[0] if inputs else None
+    if not isinstance(array, np.ndarray):
+        return 0, 0
+    count = array.size
+    if name == "bincount":  # max(x) + 1 counts (minlength at least), of intp or float64
+        minlength = params.get("minlength", 0)
+        minlength = minlength if type(minlength) is int and minlength >= 0 else 0
+        if array.ndim != 1 or array.dtype.kind not in "iub":
+            return 0, 0
+        largest = int(array.max()) if count else -1
+        result = 8 * max(largest + 1, minlength)
+    elif name == "argwhere":  # one row of intp indexes per non-zero element
+        result = 8 * max(array.ndim, 1) * int(np.count_nonzero(array))
+    else:  # unique, or one of its parts: at most one element (or one intp) per element
+        result = count * max(array.dtype.itemsize, 8)
+    return result, need(result, count)
+
+
 class MemoryBudget:
     """``limit`` bytes (None: no limit) shared by the ``Allowance`` of each device."""
 
@@ -121,20 +149,38 @@ class MemoryBudget:
 
 
 class Allowance:
-    """One device's part of a ``MemoryBudget``: ``held`` bytes of its sessions' tensors,
-    within ``granted`` bytes drawn from the budget. Used by that device's thread only."""
+    """One device's part of a ``MemoryBudget``: ``held`` bytes of its sessions' tensors (and
+    of its own shared memory: ``workers.shared_memory.DevicePool``), within ``granted``
+    bytes drawn from the budget. Used by that device's thread only. ``reclaim``, where set:
+    frees what the device holds only to reuse it (its free shared memory) when the budget is
+    short; whether it freed any."""
 
-    __slots__ = ("budget", "held", "granted")
+    __slots__ = ("budget", "held", "granted", "reclaim")
 
     def __init__(self, budget: MemoryBudget) -> None:
         self.budget = budget
         self.held = 0
         self.granted = 0 if budget.limit is not None else math.inf
+        self.reclaim: Callable[[], bool] | None = None
+
+    def charge(self, session: DeviceSession, nbytes: int) -> None:
+        """Count ``nbytes`` more held by ``session`` (its ``resident`` bytes) and so by this
+        device: the one place the two move together, as a tensor is stored or pinned."""
+        session.resident += nbytes
+        self.held += nbytes
+
+    def refund(self, session: DeviceSession, nbytes: int) -> None:
+        """Count ``nbytes`` fewer held by ``session`` and by this device (a tensor freed, a
+        pin let go, the session closed)."""
+        session.resident -= nbytes
+        self.held -= nbytes
 
     def fits(self, amount: int) -> bool:
         """Whether ``amount`` more bytes may be allocated now (drawing on the budget if the
-        grant is short); they count as held once stored."""
-        return self.held + amount <= self.granted or self.budget._grow(self, amount)
+        grant is short, and reclaiming if it is short still); they count as held once
+        stored."""
+        return self.held + amount <= self.granted or self.budget._grow(self, amount) or (
+            self.reclaim is not None and self.reclaim() and self.budget._grow(self, amount))
 
     def settle(self) -> None:
         """Give back what is granted past ``chunk`` more than held (after each message)."""

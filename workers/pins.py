@@ -59,8 +59,7 @@ class SessionPins:
                 executor._require(session, "a read-only view (t.numpy(copy=False))", size, size)
             except QuotaExceeded:
                 return None
-            session.resident += size
-            executor.allowance.held += size
+            executor.allowance.charge(session, size)
             self.pinned[name] = Pin(holder, 0)
         self.pinned[name].views += 1
         self.views += 1
@@ -89,8 +88,7 @@ class SessionPins:
             if not pin.views:
                 del self.pinned[name]
                 size = pin.holder.values.nbytes
-                session.resident -= size
-                executor.allowance.held -= size
+                executor.allowance.refund(session, size)
         executor.allowance.settle()
 
     def retire(self) -> None:

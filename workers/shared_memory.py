@@ -2,20 +2,38 @@
 the device's own pool whose slots uploads and moves are written into and their tensors keep,
 uploads copied out of a client's segment, and reads and moves written into one.
 
-Rule: a session uses shared memory only after its probe succeeded here (the client's boot id
-is this worker's, and the worker mapped the segment the client named and found the token the
-client wrote there), and then only segments of the process that probed (their names carry
-its pid), the device's own slots offered to that session (``offer``), and for a moved tensor
-a slot of another process of the client's user. A worker maps others' segments only when
-sealed (``fabric.core.shm``); each mapping is kept while its owner holds the segment (mapping
-afresh would fault every page in again) and dropped with the session (a client killed with
-SIGKILL leaves nothing once the broker closes its sessions). ``--no-shared-memory``
-(``ENABLED``) answers every probe no.
+Rule: a session uses shared memory only after its probe succeeded here: the client's boot id
+is this worker's, and the segment the probe names is of one page (a probe's; every pool's
+segments are multiples of a huge page), sealed, allocated, held open by a process that is not
+this worker, and holds the token the client wrote there. That process is then the session's
+client (``ClientProcess``: watched through a pidfd, so that its pid, reused once it ended,
+proves nothing), and the session names only: its segments (their names carry its pid), each
+checked against its transfer before it is mapped (``fabric.core.shm.PeerSegments``); the
+device's own slots offered to that session (``offer``); and, for a moved tensor, a slot of
+another process of the client's user (its real user, from ``/proc/PID/status``), or of a
+device of this worker that offered it to the same client process. So the worker writes only
+where its client could itself. A slot of the device's own pool, once offered to a client
+process, is lent again to that process alone (a client keeps its mappings): no client sees
+another's data through it. A worker maps others' segments only when sealed; each mapping is
+kept while its owner holds the segment (mapping afresh would fault every page in again) and
+dropped with the session (a client killed with SIGKILL leaves nothing once the broker closes
+its sessions). ``--no-shared-memory`` (``ENABLED``) answers every probe no.
+
+Memory: the device's own pool counts against the worker's ``--memory-budget``
+(``DevicePool``): a free segment as the device's, a slot offered and not yet used, and the
+part of a slot that its tensor does not use, as its session's; and an offer is refused past
+the session's ``--memory-limit`` (counting its tensors and pins, and the slots charged to it)
+or the budget (closing the device's free segments first). The client then uploads through
+its own pool, as when the device's pool is full.
 """
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
+import select
+import threading
 import time
 import weakref
 from typing import Any
@@ -25,11 +43,13 @@ import numpy as np
 from fabric.core.errors import ProtocolError
 from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.protocol import Message, reply_to
-from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment, SegmentPool,
-                             Slot, SlotMemory, boot_id, held_segments)
+from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, SEGMENT_ALIGN, PeerSegments,
+                             Segment, SegmentPool, Slot, SlotMemory, WrongSizeSegment, boot_id,
+                             held_segments)
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype
 
 from .device_session import DeviceSession
+from .memory import Allowance
 from .pins import SessionPins
 
 ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
@@ -39,44 +59,214 @@ IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` 
 # ``fabric worker`` sets it from --copy-threads or the environment; ``workers.control_io`` joins
 # its threads as it closes).
 COPIES = ParallelCopy(threads=1, min_bytes=0)  # (until then: one thread, no setting read)
+# The slots the devices of this worker offered and are not yet used: segment name -> the
+# client process (``ClientProcess.key``) offered it, for a move between two devices of this
+# worker (``SessionSegments.target``). Each device's thread writes its own entries.
+_OFFERED: dict[str, Any] = {}
+_OFFERED_LOCK = threading.Lock()
+_worker_pid = os.getpid  # (this worker's process: a sans-I/O test plays its client in it)
+
+
+def user_of(pid: int) -> int | None:
+    """The user process ``pid`` runs as: its real, effective, saved and file-system uid, where
+    all four are one; None where they are not, or it is gone. (Not the owner of /proc/PID,
+    which reads as root for a process that made itself not dumpable.)"""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("Uid:"):
+                    uids = set(line.split()[1:])
+                    return int(uids.pop()) if len(uids) == 1 else None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot; None where it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ClientProcess:
+    """A process as it was when this worker first looked at it: ``pid``, its user ``uid``
+    (``user_of``) and ``key``, which names it among every process this boot; ``same()``
+    says whether ``pid`` is still that process (a pid is reused once its process ended),
+    through a pidfd (Linux 5.3), else its start time. OSError where it is gone."""
+
+    def __init__(self, pid: int) -> None:
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OverflowError:  # (a pid no process has)
+            raise ProcessLookupError(errno.ESRCH, f"there is no process {pid}") from None
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                raise
+            self._pidfd = None
+        self.pid = pid
+        self.uid = user_of(pid)
+        self.key = (pid, _start_time(pid))
+        if self.key[1] is None:
+            self.close()
+            raise ProcessLookupError(errno.ESRCH, f"process {pid} is gone")
+
+    def same(self) -> bool:
+        """Whether ``pid`` is still the process it was."""
+        if self._pidfd is None:
+            return _start_time(self.pid) == self.key[1]
+        watch = select.poll()
+        watch.register(self._pidfd, select.POLLIN)
+        return not watch.poll(0)  # (a pidfd turns readable once its process ended)
+
+    def close(self) -> None:
+        """Stop watching it."""
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+class DevicePool(SegmentPool):
+    """A device's own pool (``offer``), whose memory counts against the worker's budget
+    through the device's ``allowance``: each segment is charged, beyond what its tensor
+    holds (``_store`` charges that), to the session it is lent to (``charges``; a session's
+    sum is its ``SessionSegments.charged``), or while free to the device. ``why``: the
+    sentence saying why the last ``grow`` was refused."""
+
+    def __init__(self, allowance: Allowance) -> None:
+        super().__init__(lambda _session: 0, POOL_BYTES, IDLE)
+        self.allowance = allowance
+        self.charges: dict[Segment, tuple[SessionSegments | None, int]] = {}
+        self.why: str | None = None
+
+    def charge(self, segment: Segment, owner: "SessionSegments | None", amount: int) -> None:
+        """Charge ``amount`` bytes of ``segment`` to ``owner`` (None: the device), in place of
+        what it was charged."""
+        was, old = self.charges.pop(segment, (None, 0))
+        if was is not None:
+            was.charged -= old
+        if amount:
+            self.charges[segment] = (owner, amount)
+            if owner is not None:
+                owner.charged += amount
+        self.allowance.held += amount - old
+
+    def settle(self) -> None:
+        """Charge the device for its free segments, and no one for those it closed."""
+        for segment in [s for s in self.charges if s not in self.free and s not in self.lent]:
+            self.charge(segment, None, 0)
+        for segment in self.free:
+            if self.charges.get(segment) != (None, segment.size):
+                self.charge(segment, None, segment.size)
+
+    def recount(self) -> None:
+        """Charge the device afresh for what it holds, where its allowance forgot every
+        session (``Executor.close_all``): what was charged to them, as it is."""
+        self.allowance.held += sum(amount for _, amount in self.charges.values())
+
+    def room(self, size: int) -> bool:
+        """Whether the budget takes a new segment of ``size`` bytes (``acquire``'s ``grow``;
+        the allowance closes the free segments first where it is short: ``release_free``)."""
+        if self.allowance.fits(size):
+            return True
+        budget = self.allowance.budget
+        self.why = (f"A slot of {size} bytes would pass this worker's {budget.limit}-byte "
+                    f"--memory-budget ({budget.held()} bytes held): free tensors, upload "
+                    "smaller arrays, or start the worker with a larger --memory-budget.")
+        return False
+
+    def release_free(self) -> bool:
+        """Close every free segment (the budget needs the room); whether there was one."""
+        free = list(self.free)
+        for segment in free:
+            self._remove(segment)
+        self.settle()
+        return bool(free)
 
 
 class SessionSegments:
-    """The shared memory of one session: its client's segments, as this worker maps them,
-    the slots of the device's own pool offered to its uploads and not yet used, and those
-    its client's read-only views pin (``workers.pins``)."""
+    """The shared memory of one session: its client process and its segments, as this
+    worker maps them, the slots of the device's own pool offered to its uploads and not yet
+    used, those its client's read-only views pin (``workers.pins``), and the bytes of the
+    device's pool charged to it (``DevicePool``; not in its ``resident`` bytes)."""
 
-    def __init__(self, pid: int) -> None:
-        self.client = PeerSegments(pid)
+    def __init__(self, process: ClientProcess) -> None:
+        self.process = process
+        self.client = PeerSegments(process.pid, process.same)
         self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
-        self.offered: dict[str, tuple[SegmentPool, Slot]] = {}
+        self.watched: list[ClientProcess] = []  # (those processes)
+        self.offered: dict[str, tuple[DevicePool, Slot]] = {}
+        self.charged = 0
         self.pins = SessionPins()
         self.pruned = time.monotonic()  # when closed segments were last unmapped (``prune``)
 
     def slot(self, ref: Any) -> np.ndarray:
         """The bytes of the client's slot ``ref`` (``fabric.core.wire.decode_segment_ref``);
-        ProtocolError for a slot of another process, or past its segment's end."""
+        ProtocolError for a slot of another process, past its segment's end, or in a segment
+        not of the size it needs."""
         slot = decode_segment_ref(ref)
         if slot.owner.pid != self.client.pid or slot.owner.boot != boot_id():
             raise ProtocolError("A shared-memory slot must be in a segment of the process that "
-                                "agreed to shared memory for this session.")
-        return _slot_bytes(self.client.map(slot.name), slot)
+                                "agreed to shared memory for this session (its client).")
+        return _slot_bytes(self.client.map(slot.name, slot.offset, slot.nbytes), slot)
 
     def target(self, ref: Any) -> np.ndarray:
         """The bytes of slot ``ref`` for a tensor moved to another session to be written
-        into: the client's (``slot``), or one that another process of the client's user on
-        this host lent it (a device's own: the moved tensor keeps it there). ProtocolError
-        for any other: this worker writes only where its client itself could."""
+        into: the client's (``slot``); one that a device of this worker offered to the same
+        client process; or one of another process of the client's user on this host (a
+        device's own, of another worker: the moved tensor keeps it there). ProtocolError for
+        any other: this worker writes only where its client itself could."""
         slot = decode_segment_ref(ref)
-        if slot.owner.pid == self.client.pid:
+        pid = slot.owner.pid
+        if pid == self.client.pid:
             return self.slot(ref)
-        if slot.owner.boot != boot_id() or _user_of(slot.owner.pid) != _user_of(
-                self.client.pid):
-            raise ProtocolError("A tensor may be moved only into a slot of its client or of "
-                                "another process of the same user on this host.")
-        if slot.owner.pid not in self.peers:
-            self.peers[slot.owner.pid] = PeerSegments(slot.owner.pid)
-        return _slot_bytes(self.peers[slot.owner.pid].map(slot.name), slot)
+        if slot.owner.boot != boot_id():
+            raise ProtocolError("A tensor may be moved only into a slot of shared memory of "
+                                "this host.")
+        if pid == _worker_pid():
+            with _OFFERED_LOCK:
+                lent = _OFFERED.get(slot.name) == self.process.key
+            if not lent:
+                raise ProtocolError("A tensor may be moved into a slot of this worker's own "
+                                    "only where one of its devices offered it to the same "
+                                    "client (shm_slot) and it is not yet used.")
+        elif pid not in self.peers:
+            try:
+                process = ClientProcess(pid)
+            except OSError:
+                raise ProtocolError(f"The process that owns shared-memory segment "
+                                    f"{slot.name} is gone.") from None
+            if process.uid is None or process.uid != self.process.uid:
+                process.close()
+                raise ProtocolError("A tensor may be moved only into a slot of its client or "
+                                    "of another process of the same user on this host.")
+            self.watched.append(process)
+            self.peers[pid] = PeerSegments(pid, process.same)
+        if pid not in self.peers:  # (this worker's own: trusted)
+            self.peers[pid] = PeerSegments(pid)
+        return _slot_bytes(self.peers[pid].map(slot.name, slot.offset, slot.nbytes), slot)
+
+    def lend(self, pool: DevicePool, slot: Slot) -> None:
+        """``slot`` of the device's own ``pool`` is offered to this session's uploads."""
+        name = slot.segment.name
+        self.offered[name] = (pool, slot)
+        with _OFFERED_LOCK:
+            _OFFERED[name] = self.process.key
+        pool.charge(slot.segment, self, slot.segment.size)
+
+    def take(self, name: str) -> tuple[DevicePool, Slot]:
+        """The offered slot ``name``, used now (its charge stays until its user says)."""
+        pool, slot = self.offered.pop(name)
+        with _OFFERED_LOCK:
+            _OFFERED.pop(name, None)
+        return pool, slot
+
+    def give_back(self, name: str) -> None:
+        """The offered slot ``name`` was never used: back to its pool."""
+        pool, slot = self.take(name)
+        pool.give_back_from_any_thread(slot)
 
     def prune(self) -> None:
         """Unmap the segments their owners closed, at most once every ``IDLE`` seconds (a
@@ -89,14 +279,15 @@ class SessionSegments:
 
     def close(self) -> None:
         """Unmap the client's segments and the others', give the unused offered slots back,
-        and retire the pinned ones."""
+        retire the pinned ones, and stop watching the processes."""
         self.client.close()
         for peer in self.peers.values():
             peer.close()
-        for pool, slot in self.offered.values():
-            pool.give_back_from_any_thread(slot)
-        self.offered.clear()
+        for name in list(self.offered):
+            self.give_back(name)
         self.pins.retire()
+        for process in (self.process, *self.watched):
+            process.close()
 
 
 def _slot_bytes(segment: Segment, slot: SegmentRef) -> np.ndarray:
@@ -107,51 +298,68 @@ def _slot_bytes(segment: Segment, slot: SegmentRef) -> np.ndarray:
     return segment.memory[slot.offset:slot.offset + slot.nbytes]
 
 
-def _user_of(pid: int) -> int | None:
-    """The user process ``pid`` runs as (None where it is gone)."""
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
-
-
-def probe(_executor: Any, session: DeviceSession, message: Message) -> list[Message]:
+def probe(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
     """Answer a ``shm_probe`` (an ``Executor`` request): whether this session may use shared
-    memory, and why not."""
-    body = message.body
-    reason = _refusal(body)
-    if reason is not None:
-        return [reply_to(message, {"shared_memory": False, "reason": reason})]
-    session.segments = SessionSegments(decode_segment_ref([body["segment"], 0, 8]).owner.pid)
+    memory, and why not; ProtocolError for a probe no client of fabric's makes (one naming
+    a segment of this worker, or of the wrong size, or a second naming another process)."""
+    process = _proved(message.body)
+    if isinstance(process, str):
+        return [reply_to(message, {"shared_memory": False, "reason": process})]
+    if session.segments is not None:
+        again = session.segments.process.key == process.key
+        process.close()
+        if not again:
+            raise ProtocolError("This session already agreed to shared memory with another "
+                                "process: a session's client proves itself once; open a new "
+                                "session for another process.")
+    else:
+        session.segments = SessionSegments(process)
     return [reply_to(message, {"shared_memory": True})]
 
 
-def _refusal(body: dict[str, Any]) -> str | None:
-    """Why the probe in ``body`` fails here, or None when it succeeds."""
+def _proved(body: dict[str, Any]) -> ClientProcess | str:
+    """The client process the probe in ``body`` proves, or why it proves none."""
     if not ENABLED:
         return "this worker was started with --no-shared-memory"
     if body.get("boot") != boot_id() or not boot_id():
         return "the client runs under another kernel (another host or virtual machine)"
     probed = decode_segment_ref([body.get("segment"), 0, 8])
+    if probed.owner.pid == _worker_pid():
+        raise ProtocolError("A shm_probe must name a segment its client process made "
+                            "(fabric.connect(..., shared_memory=fabric.SharedMemory()) makes "
+                            "one), never one of the worker's own.")
     try:
-        segment = Segment.open(probed.name, held_segments(probed.owner.pid)[probed.name])
+        process = ClientProcess(probed.owner.pid)
+    except OSError:
+        return "this worker cannot see the client's process (another pid namespace, or gone)"
+    try:
+        segment = Segment.open(probed.name, held_segments(process.pid)[probed.name],
+                               (mmap.PAGESIZE, mmap.PAGESIZE))
+    except WrongSizeSegment as exc:
+        process.close()
+        raise ProtocolError(f"A shm_probe names a segment of one page, allocated, as fabric's "
+                            f"SharedMemory makes it; segment {exc}.") from None
     except (OSError, KeyError):
+        process.close()
         return ("this worker cannot map the client's shared memory (another pid namespace, "
                 "another user, or a segment not sealed against shrinking)")
     try:
-        token = int(segment.memory[:8].view(np.uint64)[0]) if segment.size >= 8 else None
+        token = int(segment.memory[:8].view(np.uint64)[0])
     finally:
         segment.close()
-    if token != body.get("token"):
+    if token != body.get("token") or not process.same():
+        process.close()
         return "the probe's segment does not hold the client's token"
-    return None
+    return process
 
 
-def closed(session: DeviceSession) -> None:
+def closed(executor: Any, session: DeviceSession) -> None:
     """``session`` closed (its client closed it, or the broker found the client gone): its
-    mappings go."""
+    mappings go, and the slots offered to it go back to the device's pool."""
     if session.segments is not None:
         session.segments.close()
+        if executor.slots is not None:
+            executor.slots.settle()
 
 
 def segments_of(session: DeviceSession) -> SessionSegments:
@@ -165,8 +373,10 @@ def segments_of(session: DeviceSession) -> SessionSegments:
 def offer(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
     """Answer a ``shm_slot`` (an ``Executor`` request): a slot of ``nbytes`` bytes in the
     device's own pool for the client to write an upload into (``{"slot": ref}``), whose
-    tensor then keeps it without a copy; ``{"slot": None}`` when the pool is full. The slots
-    it lists in ``give_back`` (offered to this session, unused) go back to the pool first."""
+    tensor then keeps it without a copy; ``{"slot": None, "reason": why}`` when the pool is
+    full, or the slot would pass the session's memory limit or the worker's budget. The
+    slots it lists in ``give_back`` (offered to this session, unused) go back to the pool
+    first."""
     body = message.body
     nbytes = body.get("nbytes")
     if type(nbytes) is not int or nbytes < 0:
@@ -180,15 +390,40 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
         raise ProtocolError("A shm_slot request may give back only slots offered to its "
                             "session and not yet used, as a list of slots.")
     for name in names:
-        pool, slot = segments.offered.pop(name)
-        pool.give_back_from_any_thread(slot)
+        segments.give_back(name)
     if executor.slots is None:  # (made in the device's thread, which owns it)
-        executor.slots = SegmentPool(lambda _session: 0, POOL_BYTES, IDLE)
-    slot = executor.slots.acquire(nbytes)
+        executor.slots = DevicePool(executor.allowance)
+        executor.allowance.reclaim = executor.slots.release_free
+    pool: DevicePool = executor.slots
+    pool.settle()  # (what was given back is charged to the device again)
+    limit, held = executor.memory_limit, session.resident + segments.charged
+    least = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN  # (a new segment's size)
+    pool.why = None
+    slot = None if limit is not None and held + least > limit \
+        else pool.acquire(nbytes, segments.process.key, pool.room)
+    if slot is not None and limit is not None and held + slot.segment.size > limit:
+        pool.give_back(slot)  # (a free one larger than a new one would be)
+        slot = None
+    if slot is not None:
+        segments.lend(pool, slot)
+    pool.settle()
     if slot is None:
-        return [reply_to(message, {"slot": None})]
-    segments.offered[slot.segment.name] = (executor.slots, slot)
+        return [reply_to(message, {"slot": None, "reason": pool.why or _why_not(
+            executor, session, segments, least)})]
     return [reply_to(message, {"slot": slot.ref()})]
+
+
+def _why_not(executor: Any, session: DeviceSession, segments: SessionSegments,
+             size: int) -> str:
+    """Why no slot of ``size`` bytes was offered, where the budget did not refuse it."""
+    limit = executor.memory_limit
+    if limit is not None and session.resident + segments.charged + size > limit:
+        return (f"A slot of {size} bytes would pass this session's {limit}-byte "
+                f"--memory-limit: it holds {session.resident} bytes of tensors and "
+                f"{segments.charged} of slots lent to it; free tensors or upload smaller "
+                "arrays (this one goes through the client's own shared memory).")
+    return ("The device's own shared memory is full (its --shared-memory-limit): this upload "
+            "goes through the client's own.")
 
 
 def trim(executor: Any) -> None:
@@ -197,6 +432,7 @@ def trim(executor: Any) -> None:
     device gives its shared memory back, and keeps none of theirs)."""
     if executor.slots is not None:
         executor.slots.reclaim()
+        executor.slots.settle()
     for session in executor.sessions.values():
         if session.segments is not None:
             session.segments.prune()
@@ -211,7 +447,7 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
     segments = segments_of(session)
     ref = decode_segment_ref(params["shm"])
     if ref.name in segments.offered:
-        pool, slot = segments.offered.pop(ref.name)
+        pool, slot = segments.take(ref.name)
         try:
             if ref.offset != slot.offset or ref.nbytes > slot.nbytes:
                 raise ProtocolError("A put must name the start of the slot it was offered, "
@@ -219,7 +455,10 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
             values = slot._replace(nbytes=ref.nbytes).array(dtype, params["shape"])
         except BaseException:
             pool.give_back_from_any_thread(slot)
+            pool.settle()
             raise
+        # (its tensor is charged its own bytes when stored; the session, the rest of the slot)
+        pool.charge(slot.segment, segments, slot.segment.size - values.nbytes)
         holder = SlotMemory(values, writable=False, lent=(pool, slot))
         weakref.finalize(holder, pool.give_back_from_any_thread, slot)
         return np.asarray(holder)

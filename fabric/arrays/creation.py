@@ -161,8 +161,9 @@ class ArrayNamespace(ABC):
         """
         if isinstance(array, Tensor):
             if array.session is not self:
-                raise ValueError(f"{array!r} lives on another session: read it with .numpy() "
-                                 "and upload that, or move it with .to(session).")
+                raise ValueError(f"{array._handle()} lives on another session than {self!r}: "
+                                 "move it with .to(session), or read it with .numpy() and "
+                                 "upload that.")
             return array if dtype is None else array.astype(dtype)
         if isinstance(array, (list, tuple)) and _holds_tensor(array):
             stacked = self._stack_nested(array)  # (numpy's asarray would read each tensor back)

@@ -94,7 +94,10 @@ class OpStream:
         self.freed: list[int] = []  # the freed tensors whose origins are kept, oldest first
         self._freed_counted = 0  # the length of freed after the last batch was sent
         # (batches_sent counts SUBMITs: the device's CREDIT says how many of them it ran)
-        self.counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
+        # (bytes_uploaded: by every path; the session counts those of shared memory and direct
+        # links, the stream those that travel in its batches)
+        self.counts = {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0,
+                       "bytes_uploaded_by_socket": 0}
         self.sinks: list[OpSink] = []
         self.graphs: OrderedDict[int, Any] = OrderedDict()  # registered graphs, held by the worker
 
@@ -219,4 +222,5 @@ class OpStream:
         self.counts["batches_sent"] += 1
         self.sent_through = next(self.ids)  # (an id of no tensor: the ones before were sent)
         self.counts["bytes_uploaded"] += self.batch_bytes
+        self.counts["bytes_uploaded_by_socket"] += self.batch_bytes
         self.buffers, self.batch_bytes, self.batch_elements, self.batch_graph_ops = [], 0, 0, 0

@@ -96,8 +96,9 @@ class Tensor(Spec):
         return (self[i] for i in range(self.shape[0]))
 
     def _handle(self) -> str:
+        session = self.session
         return (f"<fabric.Tensor shape={self.shape} dtype={self.dtype} id={self.id} "
-                f"device={self.session.device.index}>")
+                f"session={session.stream.session_id:#x} device={session.device.index}>")
 
     def _shown(self) -> tuple[np.ndarray, bool]:
         """What numpy's printing shows of the values, read (``fabric.arrays.printing``), and

@@ -19,14 +19,17 @@ import zmq
 from click.core import ParameterSource
 
 from fabric.cli.admin_commands import admin
-from fabric.cli.options import (as_usage_error, curve_client_options, curve_server_options,
-                          limit_options, metrics_option, renamed_option, required_secret,
-                          timing_options, token_options, with_options)
+from fabric.cli.options import (as_usage_error, checked, curve_client_options,
+                                curve_server_options, limit_options, metrics_option,
+                                renamed_option, required_secret, timing_options, token_options,
+                                with_options)
 from fabric.cli.top_command import top
+from fabric.core.addresses import advertise_host, check_endpoint
 from fabric.core.config import load_admin_file, resolve_secret
 from fabric.core.errors import ConfigError, DeviceNotHostable, FabricError
 from fabric.core.host_slot import claim_slot
 from fabric.core.parallel_copy import ParallelCopy
+from fabric.core.protocol import MAX_LABEL_CHARS
 from fabric.core.security import CurveClient, CurveServer, generate_keys
 from fabric.core.shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
 
@@ -67,7 +70,7 @@ def main() -> None:
               show_default=True,
               help="Seconds a peer has to finish the ZeroMQ handshake (with its token) before "
                    "its connection is closed.")
-@click.option("--advertise", default=None, metavar="HOST",
+@click.option("--advertise", default=None, metavar="HOST", callback=checked(advertise_host),
               help="The host name or address clients and workers reach this broker by, where "
                    "it names its ports to a peer at the wrong one (for a broker bound to every "
                    "interface) [default: the bound address].")
@@ -116,8 +119,10 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     except ConfigError as exc:  # a state file it cannot use
         raise click.ClickException(exc.message) from None
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
+        hint = (" (another broker or cluster on that port? tcp://127.0.0.1:* picks a free one)"
+                if exc.errno == zmq.EADDRINUSE else "")
         raise click.ClickException(f"cannot serve on {frontend} / {worker_address}: {exc}"
-                                   ) from None
+                                   f"{hint}") from None
     except OSError as exc:  # the metrics address: taken, or not this host's
         raise click.ClickException(f"cannot serve metrics on {metrics}: {exc.strerror}"
                                    ) from None
@@ -125,6 +130,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 
 @main.command()
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
+              callback=checked(check_endpoint),
               help="The broker's address for workers (fabric broker --worker-address).")
 @click.option("--backend", default="numpy", show_default=True,
               help="Device backend to host: numpy or numexpr. (capture and remote devices "
@@ -136,7 +142,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
                    "[default: the cores it may run on, shared among its devices].")
 @click.option("--name", default=None, help="Worker name, unique in the cluster [default: "
               "HOST/SLOT, the lowest slot no other live unnamed worker of this host holds for "
-              "this broker, so a restarted worker takes back its name and device indexes].")
+              "this broker (a lock file in $FABRIC_HOST_SLOTS, else ~/.cache/fabric/host-slots), "
+              "so a restarted worker takes back its name and device indexes].")
 @click.option("--memory-limit", type=int, default=None,
               help="Most bytes one session may keep resident on a device; an op that would "
                    "pass it fails with QuotaExceeded and the worker goes on [default: none].")
@@ -216,6 +223,9 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
         budget = budget_from_option(memory_budget)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--memory-budget") from None
+    if name is not None and len(name) > MAX_LABEL_CHARS:  # (a broker refuses it in REGISTER)
+        raise click.BadParameter(f"a worker name has at most {MAX_LABEL_CHARS} characters, "
+                                 f"not {len(name)}: choose a shorter one.", param_hint="--name")
     try:
         device_class(backend)  # a backend that can never be hosted is refused before the token
         cluster_info = load_admin_file(admin_file) if admin_file else {}
@@ -289,7 +299,7 @@ _cluster_options = [
                  help="Most bytes the workers' sessions may hold in all, shared evenly among "
                       "the workers: a size (2G, 512MiB) or a percentage of the memory available "
                       "(see fabric worker --help)."),
-    click.option("--advertise", default=None, metavar="HOST",
+    click.option("--advertise", default=None, metavar="HOST", callback=checked(advertise_host),
                  help="The host name or address clients and workers reach the broker by, written "
                       "into both files with the bound ports; needed when --frontend or "
                       "--worker-address binds every interface (tcp://0.0.0.0:PORT)."),

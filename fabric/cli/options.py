@@ -89,6 +89,19 @@ def as_usage_error(call: Callable[[], Any]) -> Any:
         raise click.UsageError(exc.message) from None
 
 
+def checked(check: Callable[[str], str]) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback that passes an option's value through ``check`` (a function of
+    ``fabric.core.addresses``): its ConfigError becomes the option's usage error (exit 2)."""
+
+    def callback(_: click.Context, parameter: click.Parameter, value: Any) -> Any:
+        try:
+            return None if value is None else check(value)
+        except FabricError as exc:
+            raise click.BadParameter(exc.message, param=parameter) from None
+
+    return callback
+
+
 def curve_server_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The broker's CURVE options, handed to ``command`` as one ``curve`` (a CurveServer or
     None). Put it right above the function, below the other options."""

@@ -196,12 +196,18 @@ class Session(ArrayNamespace):
         return bulk.upload_buffer(self, shape, dtype)
 
     def _upload(self, array: np.ndarray) -> Tensor:
-        tensor = bulk.seal(self, array)
+        tensor, path = bulk.seal(self, array), "shared_memory"
         if tensor is None and array.size >= self.connection.bulk_elements:
             tensor = bulk.upload(self, array)
         if tensor is None and array.nbytes >= direct_link.DIRECT_BYTES:  # (another host's?)
-            tensor = direct_link.upload(self, array)
-        return super()._upload(array) if tensor is None else tensor
+            tensor, path = direct_link.upload(self, array), "direct_link"
+        if tensor is None:
+            return super()._upload(array)  # (its batch counts its bytes)
+        counts = self.stream.counts
+        counts["bytes_uploaded"] += array.nbytes
+        counts[f"bytes_uploaded_by_{path}"] = counts.get(f"bytes_uploaded_by_{path}", 0) \
+            + array.nbytes
+        return tensor
 
     def _send_request(self, body: dict[str, Any], timeout: float | None = None,
                       reads: Tensor | None = None) -> int:
@@ -334,14 +340,17 @@ class Session(ArrayNamespace):
         ``ops_fused`` and ``expressions_evaluated`` (0 on numpy), and the session's graphs
         ``graphs`` held, ``graph_registrations``, ``graph_replays`` and
         ``bytes_saved_by_replay`` (the op lists replays did not send, less the calls sent).
+        ``bytes_uploaded`` counts every upload's bytes, whichever way they went:
+        ``bytes_uploaded_by_socket`` (through the broker), ``_by_shared_memory`` and
+        ``_by_direct_link`` (where any went that way) say how many took each.
         """
         device = self._call({"op": "stats"}).body  # flushes first, so counts are current
         return {**self.stream.counts, **device}
 
     def foreign_tensor(self, tensor: Tensor) -> Exception:
         """The error for an op that mixes this session's tensors with another's."""
-        return ValueError(f"{tensor!r} lives on another session: move it with .to(session) "
-                          "first.")
+        return ValueError(f"{tensor._handle()} lives on another session than {self!r}: move "
+                          "it with .to(session) first.")
 
 
 class ReadInFlight:

@@ -69,3 +69,44 @@ def only_this_host(address: str) -> bool:
         return ipaddress.ip_address(host or "").is_loopback
     except ValueError:  # a host name others may resolve, a wildcard, or malformed
         return False
+
+
+_WILDCARDS = ("0.0.0.0", "::", "*", "")
+
+
+def advertise_host(text: str) -> str:
+    """``text`` as ``--advertise`` takes it: a host name or address that others reach this
+    machine by, with no scheme and no port (the ports are the bound ones). ConfigError, with
+    a sentence, for a URL, a port, or an address that binds every interface."""
+    example = "give a host name or address, say node1.example.org or 10.0.0.1"
+    if "://" in text:
+        raise ConfigError(f"--advertise {text!r} is a URL: {example}; the ports are the "
+                          "ones --frontend and --worker-address bind.")
+    bare = text.strip("[]")
+    if ":" in bare and not _is_ipv6(bare):
+        raise ConfigError(f"--advertise {text!r} has a port: {example}; the ports are the "
+                          "ones --frontend and --worker-address bind.")
+    if bare in _WILDCARDS:
+        raise ConfigError(f"--advertise {text!r} binds every interface; it is no address to "
+                          f"connect to: {example}.")
+    return f"[{bare}]" if _is_ipv6(bare) else text
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        return ipaddress.ip_address(text).version == 6
+    except ValueError:
+        return False
+
+
+def check_endpoint(address: str) -> str:
+    """``address`` if ZeroMQ can connect to it (``tcp://HOST:PORT``, ``ipc://PATH``,
+    ``inproc://NAME``); else ConfigError, with a sentence saying what an address looks like."""
+    scheme, sep, rest = address.partition("://")
+    host, _, port = rest.rpartition(":")
+    fine = sep and (scheme in ("ipc", "inproc") and rest or scheme == "tcp" and host
+                    and "://" not in rest and port.isdigit() and 0 < int(port) < 65536)
+    if not fine:
+        raise ConfigError(f"{address!r} is not an address to connect to: give "
+                          "tcp://HOST:PORT (say tcp://10.0.0.1:5556), or ipc://PATH.")
+    return address

@@ -21,7 +21,9 @@ lane goes unread while it computes, and towards clients libzmq 4.3.5 can abort o
 ``MAXMSGSIZE`` in libzmq limits each frame, not the sum of a message's frames, and a peer
 that sends a bigger frame is disconnected without a word; so every sender checks the frames
 it makes (an uploaded or read array is one frame) against the limit of every socket on the
-way, and raises ``MessageTooLarge`` instead.
+way, and raises ``MessageTooLarge`` instead. What a message holds in all, before its server
+reads it, is bounded per connection (``connection_bytes_limit``, enforced by
+``fabric.core.intake``): libzmq holds a message whole before its first frame can be read.
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ def message_bytes_limit(max_message_bytes: int) -> int:
     return 2 * max_message_bytes + MAX_BATCH_BYTES
 
 
+def connection_bytes_limit(max_message_bytes: int) -> int:
+    """The most bytes a server lets one connection hold that it has not read yet, when each
+    frame may carry ``max_message_bytes``: the largest message (``message_bytes_limit``) in
+    progress, behind a client's credit window of batches waiting (SUBMIT_WINDOW batches of
+    MAX_BATCH_BYTES), which a server that pauses its reading (backpressure) lets queue. Past
+    it the connection is cut (``fabric.core.intake``)."""
+    return message_bytes_limit(max_message_bytes) + SUBMIT_WINDOW * MAX_BATCH_BYTES
+
+
 # Credit: a client has at most SUBMIT_WINDOW of a session's SUBMITs sent and not yet run by
 # the device, which says how many it has run (CREDIT) every CREDIT_EVERY. A client that
 # streams faster than its device computes then waits for the device, instead of filling
@@ -70,13 +81,20 @@ def largest_frame(frames: Sequence[Any]) -> int:
 
 
 def size_text(count: int) -> str:
-    """A byte count for a sentence: ``1.0 GiB``, ``512 KiB``, ``10 bytes``."""
+    """A byte count for a sentence: ``1.0 GiB``, ``512.0 KiB``, ``10 bytes``."""
     value = float(count)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
             return f"{count} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def bytes_text(count: int) -> str:
+    """A byte count for a sentence that people read and programs may parse: in binary units
+    with the exact count beside it (``5.7 GiB (6,123,456,789 bytes)``; ``10 bytes``)."""
+    words = size_text(count)
+    return words if words.endswith(" bytes") else f"{words} ({count:,} bytes)"
 
 
 def size_and_limit_text(size: int, limit: int) -> tuple[str, str]:

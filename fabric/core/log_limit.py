@@ -6,7 +6,8 @@ unregistered worker) goes through ``RateLimitedLog``: the first of its kind is l
 full; the next ones within ``interval`` seconds are only counted, with a bounded sample of the
 peers, and reported as one line when the interval ends. Sans I/O: the caller passes ``now``
 and logs the ``LogLine`` items it gets back. A kind is a fixed description written in the
-code (never a peer's bytes), so the table of kinds stays small.
+code (never a peer's bytes), so the table of kinds stays small. A line that names no peer
+(``peer`` empty) says none.
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ class RateLimitedLog:
         spell = self._spells.get(kind)
         if spell is None:
             self._spells[kind] = _Spell(level, now)
-            text = f"{kind} (peer {peer_text(peer)})"
+            text = f"{kind} (peer {peer_text(peer)})" if peer else kind
             return LogLine(level, f"{text}: {detail[:DETAIL_CHARS]}" if detail else text)
         spell.count += 1
-        if spell.more_peers:  # the sample is full and said so: a flood pays no digest
+        if spell.more_peers or not peer:  # (a full sample said so: a flood pays no digest)
             return None
         name = peer_text(peer)
         if name not in spell.peers:
@@ -93,6 +94,7 @@ class RateLimitedLog:
                 continue
             peers = ", ".join(spell.peers) + (" and others" if spell.more_peers else "")
             lines.append(LogLine(spell.level, f"{kind}: {spell.count} more in the last "
-                                              f"{now - spell.started:.0f} s (peers {peers})"))
+                                              f"{now - spell.started:.0f} s"
+                                              + (f" (peers {peers})" if peers else "")))
             self._spells[kind] = _Spell(spell.level, now)
         return lines

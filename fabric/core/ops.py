@@ -8,6 +8,10 @@ device runs the very same implementation, so the inference cannot drift from exe
 Inference reuses numpy's rules instead of restating them:
 - shapes of views (indexing, reshape, transpose, ...) come from applying the op to a
   zero-strided stand-in of the real shape, which costs nothing and raises numpy's errors;
+  an index with integer arrays (a copy, as large as its arrays say: 40,000 zeros make 3.2 GB
+  of a (1, 10000) tensor) is applied to a stand-in of zero-byte elements, its arrays shrunk
+  to one element each, and their broadcast shape put back where numpy put the one element:
+  no check ever allocates, or loops over, the result it measures (``index_shape``);
 - elementwise shapes come from ``np.broadcast_shapes``;
 - dtypes come from applying the op to tiny stand-ins (all dimensions 1) of the real dtypes,
   so type promotion, Python-scalar weak typing and unsupported dtype combinations behave
@@ -81,7 +85,50 @@ def _elementwise_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) ->
 
 
 def _view_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    if op.name == "getitem":
+        return index_shape(args[0], args[1:], params["index"])
     return _apply(op.impl, args, params, tiny=False).shape
+
+
+_NO_BYTES = np.dtype([])  # elements of zero bytes: an array of any shape holds nothing
+
+
+def _empty_stand_in(shape: Shape, dtype: Any = _NO_BYTES) -> np.ndarray:
+    """A stand-in of ``shape`` whose elements are zeros of ``dtype`` (by default of zero
+    bytes, so that what numpy makes of it holds nothing either), every stride 0."""
+    return np.ndarray(shape, dtype, _ZERO_ELEMENT, 0, (0,) * len(shape))
+
+
+def index_shape(target: Any, arrays: Sequence[Any], index: tuple[Any, ...]) -> Shape:
+    """The shape of ``target[index]`` (its ``IndexArray`` items standing for ``arrays``),
+    with numpy's errors, found without making the result or looping over it.
+
+    numpy copies what integer arrays select, and iterates over every element it selects
+    even where elements are empty; so each integer array (all of them Specs, whose values
+    are zeros) is shrunk to one element of as many dimensions as their broadcast, the index
+    applied to a stand-in of zero-byte elements, and the broadcast shape put back where the
+    selected element stands (found by a second pass with a last dimension of 2). Boolean
+    arrays (their stand-ins select nothing), arrays with real values (on the client: their
+    bounds are checked) and indexes whose arrays select nothing are applied as they are,
+    still to zero-byte elements."""
+    shape = target.shape if isinstance(target, Spec) else np.shape(target)
+    source = _empty_stand_in(shape)
+    spread = [a for a in arrays if isinstance(a, Spec) and a.dtype.kind in "iu"]
+    if not spread or len(spread) < len(arrays):
+        return _index(source, *[_stand_in(a, False) for a in arrays], index=index).shape
+    try:
+        together = np.broadcast_shapes(*[a.shape for a in spread])
+    except ValueError:  # numpy's own IndexError, from the arrays as they are (none is built)
+        return _index(source, *[_stand_in(a, False) for a in arrays], index=index).shape
+    if math.prod(together) == 0 or not together:
+        return _index(source, *[_stand_in(a, False) for a in arrays], index=index).shape
+    ones = (1,) * len(together)
+    first = _index(source, *[_empty_stand_in(ones, a.dtype) for a in arrays], index=index).shape
+    marked = _index(source, *[_empty_stand_in(ones[:-1] + (2,), a.dtype) for a in arrays],
+                    index=index).shape
+    last = next(i for i, (one, two) in enumerate(zip(first, marked)) if one != two)
+    start = last - len(together) + 1
+    return (*first[:start], *together, *first[last + 1:])
 
 
 def selects_by_data(arrays: Sequence[Any]) -> bool:
@@ -97,7 +144,7 @@ def _update_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shap
     target = args[0]
     values = 1 if op.name == "setitem" else ufunc_named(params["ufunc"]).nin - 1
     arrays = args[1 + values:]
-    region = _apply(_index, (target, *arrays), {"index": params["index"]}, tiny=False).shape
+    region = index_shape(target, arrays, params["index"])
     if not selects_by_data(arrays):
         for value in args[1:1 + values]:
             shape = np.shape(value) if not isinstance(value, Spec) else value.shape

@@ -16,6 +16,12 @@ An empty body is left out, and the header's ``NO_BODY`` flag says so: ``[header,
 Every frame costs each process on the way a send and a receive (measured about 20 µs per
 request/reply round trip through a broker), and many messages (heartbeats, OPENED, a read's
 reply) have nothing to say beyond their header and buffers.
+
+What a peer chooses is bounded here, before anything keeps it: the body of a message a
+client or worker sends a server to open or run its conversation (HELLO, DEVICES, CLOSE, PING,
+ADMIN; REGISTER) is refused past ``CONTROL_BODY_BYTES`` before it is unpacked, and a label
+(the client label a session keeps, a worker's name, backend and host) past
+``MAX_LABEL_CHARS``: a ProtocolError that says so, never a string kept as long as it came.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ NO_BODY = 0x01  # header flag: the body is the empty map and its frame is left o
 # buffers), run before it as a SUBMIT would be; the broker counts it as one without decoding
 CARRIES_BATCH = 0x02
 MAX_ID = 2**64 - 1
+MAX_LABEL_CHARS = 255  # a label a peer gives (a session's client, a worker's name), at most
 
 
 class Kind(enum.IntEnum):
@@ -125,6 +132,17 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.LINK: {"source": int, "nbytes": int},
     Kind.LINK_EXPECT: {"ticket": bytes},
 }
+
+
+# The bodies a server takes from its peers, bounded before they are unpacked: what fabric's
+# client and worker send is far smaller (a HELLO is about 100 bytes; a REGISTER some 200 per
+# device), and a peer holding a token must not make the server unpack a string of 256 MiB.
+CONTROL_BODY_BYTES = {Kind.HELLO: 64 << 10, Kind.DEVICES: 64 << 10, Kind.CLOSE: 64 << 10,
+                      Kind.PING: 64 << 10, Kind.ADMIN: 64 << 10, Kind.REGISTER: 1 << 20}
+# The labels of each kind that a peer chooses (optional or not): each is a str of at most
+# MAX_LABEL_CHARS, or a ProtocolError (one that is not a str is the schema's business).
+LABEL_FIELDS = {Kind.HELLO: ("client",), Kind.OPEN: ("client",),
+                Kind.REGISTER: ("name", "backend", "host")}
 
 
 # What a worker reports in its heartbeats, for the broker's metrics. Op time is measured per
@@ -330,6 +348,12 @@ def decode(frames: Sequence[Any], header: Header | None = None) -> Message:
     else:
         if len(frames) < 2:
             check_frames(header, frames)  # (raises)
+        limit = CONTROL_BODY_BYTES.get(kind)
+        if limit is not None and len(frames[1]) > limit:
+            raise ProtocolError(
+                f"A {kind.name} body is {len(frames[1])} bytes, more than the {limit} one may "
+                "have: fabric's client and worker send far less; shorten what it carries.",
+                size=len(frames[1]), limit=limit)
         try:
             body = msgpack.unpackb(frames[1], raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises many types for bad input; all mean the same
@@ -344,6 +368,12 @@ def decode(frames: Sequence[Any], header: Header | None = None) -> Message:
                 raise ProtocolError(
                     f"{kind.name} body field {name!r} is missing or has the wrong type.",
                     field=name)
+        for name in LABEL_FIELDS.get(kind, ()):
+            value = body.get(name)
+            if type(value) is str and len(value) > MAX_LABEL_CHARS:
+                raise ProtocolError(
+                    f"{kind.name} body field {name!r} is {len(value)} characters long, more "
+                    f"than the {MAX_LABEL_CHARS} a label may have: shorten it.", field=name)
     return _new(Message, (kind, header.session, header.request, body, buffers, header.version))
 
 

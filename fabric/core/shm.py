@@ -7,19 +7,26 @@ that created it and owns it, and a counter. A peer maps it through the owner's
 ``/proc/<pid>/fd`` (``held_segments``: only a process of the same user may), and only once
 it found the segment sealed against shrinking: a mapping of shared memory that someone
 shrinks raises SIGBUS in whoever touches the lost pages, so an unsealed segment would let a
-client kill its worker. A memfd lives as long as a descriptor or a mapping of it: nothing is
-ever left in ``/dev/shm``, and a process killed with SIGKILL leaves only its peers'
-mappings, which they drop with its session or once they see it gone (``PeerSegments``).
+client kill its worker. Where a peer cannot trust the owner (a worker mapping a client's
+segment), it also checks the segment's size against what the transfer needs, and that its
+owner allocated it in full, before it maps it; mapping faults nothing in, and a transfer
+faults in only its own slot's pages (``PeerSegments.map``). A memfd lives as long as a
+descriptor or a mapping of it: nothing is ever left in ``/dev/shm``, and a process killed
+with SIGKILL leaves only its peers' mappings, which they drop with its session or once they
+see it gone (``PeerSegments``).
 
 Each pool (``SegmentPool``) is its owner's alone. A device's pool lends its slots to
 uploads and moves into the device: the client (or the sending worker) writes the array
 there, and the tensor it becomes keeps the slot until it is collected (no second copy); the
-pool's bound is the device's ``--shared-memory-limit``. A client's pool lends its slots to
-reads, which the worker writes into and whose array keeps the slot until collected (a fresh
-large array would cost more in page faults than the copy itself), and to uploads a full
-device pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names
-and the pools' rules are plain functions and objects; the only system calls are in
-``Segment`` and ``held_segments``.
+pool's bound is the device's ``--shared-memory-limit``, and a segment lent to a client
+process is lent again to that process alone (``acquire``'s ``key``), its pages given back as
+the pool closes it, whoever maps it still: a client keeps its mappings, which must never show
+another's data nor keep memory no one counts. A client's pool lends its slots to reads,
+which the worker writes into and whose array keeps the slot until collected (a fresh large
+array would cost more in page faults than the copy itself), and to uploads a full device
+pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names and the
+pools' rules are plain functions and objects; the only system calls are in ``Segment`` and
+``held_segments``.
 """
 
 from __future__ import annotations
@@ -45,13 +52,16 @@ DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection hol
 IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
 SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
 MAX_PINS = 1024  # read-only views of device slots one session may hold (``workers.pins``)
-_NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]+)-([0-9]+)\Z")
+# A pid has at most 7 digits (Linux caps pid_max at 2**22) and a segment number at most 19:
+# a name a peer sends is matched within those bounds, so that no digit string past what
+# int() takes (4,300 digits) is ever converted (finding 10 of issue 41).
+_NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]{1,7})-([0-9]{1,19})\Z")
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
 _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
 # Segment numbers, one count for the whole process: a worker's devices each have a pool, and
 # a peer finds a segment by its name alone. (next() on a count is atomic: threads share it.)
 _NUMBERS = itertools.count()
-_MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]+-[0-9]+) \(deleted\)\Z")
+_MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]{1,7}-[0-9]{1,19}) \(deleted\)\Z")
 
 
 def fits(slot_bytes: int, nbytes: int) -> bool:
@@ -132,6 +142,11 @@ class UnsealedSegment(OSError):
     with SIGBUS), so it is not mapped."""
 
 
+class WrongSizeSegment(OSError):
+    """A segment not of the size its transfer needs, or not allocated in full by its owner
+    (a sparse one: whoever touches its holes allocates them), so it is not mapped."""
+
+
 class Segment:
     """One shared-memory segment, mapped: made by its owner (``create``, which keeps its
     descriptor open for peers to open it by) or mapped by a peer (``open``); ``memory`` is
@@ -175,25 +190,53 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, name: str, path: str) -> "Segment":
+    def open(cls, name: str, path: str, sizes: tuple[int, int] | None = None) -> "Segment":
         """Map another process's segment ``name``, opened at ``path`` (``held_segments``):
-        UnsealedSegment unless it can never shrink; OSError if it is gone."""
+        UnsealedSegment unless it can never shrink; with ``sizes`` (least, most),
+        WrongSizeSegment, before it is mapped, unless its size is within them and its owner
+        allocated all of it; OSError if it is gone. Nothing is faulted in (``populate``)."""
         fd = os.open(path, os.O_RDWR)
         try:
-            sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
-        except OSError:  # not shared memory at all
-            sealed = 0
-        if not sealed:
+            try:
+                sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
+            except OSError:  # not shared memory at all
+                sealed = 0
+            if not sealed:
+                raise UnsealedSegment(f"{name} is not sealed against shrinking")
+            if sizes is not None:
+                found = os.fstat(fd)
+                if not sizes[0] <= found.st_size <= sizes[1] \
+                        or found.st_blocks * 512 < found.st_size:
+                    raise WrongSizeSegment(
+                        f"{name} is {found.st_size} bytes ({found.st_blocks * 512} of them "
+                        f"allocated), where {sizes[0]} to {sizes[1]} bytes, all allocated, "
+                        "were needed")
+        except BaseException:
             os.close(fd)
-            raise UnsealedSegment(f"{name} is not sealed against shrinking")
-        segment = cls(name, fd, owned=False)
-        if segment.map is not None:
-            try:  # its pages in this process's page tables now, in one call (a first
-                # transfer through a fresh mapping ran at 2.4 GB/s here, 2.8 with this)
-                segment.map.madvise(_MADV_POPULATE_WRITE)
-            except OSError:  # an older kernel: faulted in as they are used
+            raise
+        return cls(name, fd, owned=False)
+
+    def populate(self, offset: int, nbytes: int) -> None:
+        """Fault the pages of ``nbytes`` bytes at ``offset`` into this process's page tables
+        now, in one call, before a transfer through them (a first transfer through a fresh
+        mapping ran at 2.4 GB/s here, 2.8 with this); nothing on an older kernel."""
+        if self.map is None or nbytes <= 0:
+            return
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            self.map.madvise(_MADV_POPULATE_WRITE, start, min(offset + nbytes, self.size) - start)
+        except (OSError, ValueError):  # (faulted in as they are used)
+            pass
+
+    def empty(self) -> None:
+        """Give its pages back to the system now, whoever maps it (a peer's mapping reads
+        zeros after, each page it touches its own): a segment's memory is charged to the
+        process that made it, and a peer's old mapping must not keep it, uncounted."""
+        if self.map is not None:
+            try:
+                self.map.madvise(mmap.MADV_REMOVE)
+            except (OSError, ValueError):  # (closed meanwhile: its pages went with it)
                 pass
-        return segment
 
     def close(self) -> None:
         """No peer can open it any more; unmapped, unless arrays over the memory still live
@@ -212,20 +255,35 @@ class Segment:
 class PeerSegments:
     """The segments of one peer process (``pid``) that this process maps, by name: each is
     mapped once (mapping afresh would fault every page in again) and dropped once the peer
-    closed it. ``map`` raises ProtocolError for one it cannot map, saying why."""
+    closed it. ``map`` raises ProtocolError for one it cannot map, saying why.
 
-    def __init__(self, pid: int) -> None:
+    ``proved``, where the peer is not trusted (a worker's client): whether ``pid`` is still
+    the process that proved itself (a pid is reused once its process ends), asked after
+    each segment is opened; and each segment is checked against its first transfer before
+    it is mapped (``Segment.open``'s ``sizes``)."""
+
+    def __init__(self, pid: int, proved: Callable[[], bool] | None = None) -> None:
         self.pid = pid
+        self.proved = proved
         self.maps: dict[str, Segment] = {}
 
-    def map(self, name: str) -> Segment:
-        """Segment ``name`` of the peer, mapped."""
+    def map(self, name: str, offset: int = 0, nbytes: int | None = None) -> Segment:
+        """Segment ``name`` of the peer, mapped, for a transfer of ``nbytes`` bytes at
+        ``offset`` (None: no transfer yet), whose pages a new mapping faults in."""
         segment = self.maps.get(name)
         if segment is None:
-            segment = self.maps[name] = self._open(name)
+            segment = self._open(name, None if nbytes is None else offset + nbytes)
+            if self.proved is not None and not self.proved():
+                segment.close()
+                raise ProtocolError(f"The process that owns shared-memory segment {name} "
+                                    "is not the one that agreed to shared memory (it "
+                                    "ended): open a new session.")
+            self.maps[name] = segment
+            if nbytes is not None:
+                segment.populate(offset, nbytes)
         return segment
 
-    def _open(self, name: str) -> Segment:
+    def _open(self, name: str, need: int | None) -> Segment:
         try:
             held = held_segments(self.pid)
         except OSError:
@@ -235,12 +293,18 @@ class PeerSegments:
         if name not in held:
             raise ProtocolError(f"Shared-memory segment {name} does not exist: its owner "
                                 "closed it before it was used.")
+        sizes = None if self.proved is None or need is None \
+            else (need, 2 * max(need, SEGMENT_ALIGN))
         try:
-            return Segment.open(name, held[name])
+            return Segment.open(name, held[name], sizes)
         except UnsealedSegment:
             raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
                                 "shrinking (F_SEAL_SHRINK): make segments with fabric's "
                                 "SegmentPool, which seals them.") from None
+        except WrongSizeSegment as exc:
+            raise ProtocolError(f"Shared-memory segment {exc}: make segments with fabric's "
+                                "SegmentPool, which allocates them at the size of what "
+                                "travels through them (at most twice as large).") from None
         except OSError as exc:
             raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
                                 f"{exc.strerror}.") from None
@@ -307,6 +371,7 @@ class SegmentPool:
         self._prefix = (boot_id(), os.getpid())
         self.free: dict[Segment, float] = {}  # -> when it was given back
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
+        self.keys: dict[Segment, Any] = {}  # -> the borrower it is lent to alone (``acquire``)
         self.held = 0  # bytes of every segment, free or lent
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
         self._returned: deque[tuple[Slot, bool]] = deque()  # from other threads: (slot, retire)
@@ -315,10 +380,19 @@ class SegmentPool:
         self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
         self._thread = threading.get_ident()
 
-    def acquire(self, nbytes: int) -> Slot | None:
-        """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full."""
+    def acquire(self, nbytes: int, key: Any = None,
+                grow: Callable[[int], bool] | None = None) -> Slot | None:
+        """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full.
+
+        ``key`` (a borrower that maps the segment itself, whose old mapping would show what
+        the segment holds next): the segment is lent again to that borrower alone, a free one
+        lent to another is never taken (it is closed first when room is needed), and once
+        closed free, its pages go at once (``Segment.empty``), whoever still maps it.
+        ``grow``: asked before a new segment of that many bytes is made; False, and none is
+        (None is answered)."""
         self.reclaim()
-        fitting = [s for s in self.free if fits(s.size, nbytes)]
+        fitting = [s for s in self.free if fits(s.size, nbytes)
+                   and self.keys.get(s, key) == key]
         if fitting:
             segment = min(fitting, key=lambda s: s.size)
             del self.free[segment]
@@ -328,7 +402,7 @@ class SegmentPool:
                 if self.held + size <= self.limit:
                     break
                 self._remove(idle)
-            if self.held + size > self.limit:
+            if self.held + size > self.limit or grow is not None and not grow(size):
                 return None
             try:
                 segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
@@ -337,6 +411,8 @@ class SegmentPool:
                 return None
             self.held += size
         self.lent[segment] = None
+        if key is not None:
+            self.keys[segment] = key
         self.transfers += 1
         return Slot(segment, 0, nbytes)
 
@@ -387,6 +463,7 @@ class SegmentPool:
         """Close ``slot``'s segment: its transfer was abandoned and a peer may still use it."""
         if self.lent.pop(slot.segment, False) is not False:
             self.held -= slot.segment.size
+            self.keys.pop(slot.segment, None)
             slot.segment.close()
 
     def discard_session(self, session: int) -> None:
@@ -421,6 +498,8 @@ class SegmentPool:
     def _remove(self, segment: Segment) -> None:
         del self.free[segment]
         self.held -= segment.size
+        if self.keys.pop(segment, None) is not None:  # (its borrower may keep its mapping)
+            segment.empty()
         segment.close()
 
     def close(self) -> None:
@@ -433,6 +512,7 @@ class SegmentPool:
             peer.close()
         self.free.clear()
         self.lent.clear()
+        self.keys.clear()
         self.held = 0
 
 

@@ -337,7 +337,7 @@ class Function:
                 if session is None or leaf.session.tracing:  # inside a trace: inlined
                     session = leaf.session
                 elif leaf.session is not session:
-                    raise ValueError(f"{leaf!r} lives on another session than the other "
+                    raise ValueError(f"{leaf._handle()} lives on another session than the other "
                                      f"arguments of {self.name}: move it with .to(session) "
                                      "first.")
             elif not isinstance(leaf, _STATIC):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -132,6 +133,21 @@ class RestartLimit:
         return True
 
 
+# A log line that tells why a process failed: logging's error levels, a traceback's last line.
+_ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|^\w+(\.\w+)*(Error|Exception): ")
+
+
+def ended_how(returncode: int) -> str:
+    """How a child process ended, for a sentence: ``exited with code 1``, or ``was killed by
+    SIGKILL (exit code -9)``."""
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name} (exit code {returncode})"
+        except ValueError:
+            pass
+    return f"exited with code {returncode}"
+
+
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -201,13 +217,17 @@ class LocalCluster:
         # Appended to, so a restarted process's log follows its predecessor's.
         return open(os.path.join(self.log_dir, f"{name}.log"), "ab")
 
-    def log_tail(self, name: str, lines: int = 10) -> str:
-        """The last lines a child process logged (``broker`` or ``worker-N``)."""
+    def log_tail(self, name: str, lines: int = 10, errors_first: bool = False) -> str:
+        """The last lines a child process logged (``broker`` or ``worker-N``); with
+        ``errors_first``, its last error lines (``ERROR``, ``CRITICAL``, a traceback's)
+        where it logged any."""
         try:
             with open(os.path.join(self.log_dir, f"{name}.log"), "rb") as f:
-                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+                logged = f.read().decode(errors="replace").splitlines()
         except OSError:
             return ""
+        errors = [line for line in logged if _ERROR_LINE.search(line)] if errors_first else []
+        return "\n".join((errors or logged)[-lines:])
 
     def start_broker(self, frontend: str | None = None, backend: str | None = None) -> None:
         """Start the broker (on free loopback ports by default) and learn its addresses."""
@@ -223,7 +243,8 @@ class LocalCluster:
         line = _read_line(self.broker, time.monotonic() + self.start_timeout)
         if not line:
             _end(self.broker)
-            raise ClusterError("The broker did not start: " + self.log_tail("broker", 1))
+            said = self.log_tail("broker", 1).removeprefix("Error: ")  # (click's, once)
+            raise ClusterError(f"The broker did not start: {said}")
         ready = json.loads(line)
         self.address, self.backend_address = ready["frontend"], ready["backend"]
         self.metrics_url = ready.get("metrics")
@@ -297,8 +318,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for i, proc in enumerate(self.workers):
                 if proc.poll() is not None:
-                    raise ClusterError(f"{self.worker_name(i)} exited with code "
-                                       f"{proc.returncode}:\n"
+                    raise ClusterError(f"{self.worker_name(i)} {ended_how(proc.returncode)}:\n"
                                        + self.log_tail(self.worker_name(i)))
             try:
                 found = list_devices(self.address, self.token, 2.0, self.curve)
@@ -408,8 +428,8 @@ class LocalCluster:
                 if i in down or proc.poll() is None:
                     continue
                 name = self.worker_name(i)
-                death = (f"{name} exited with code {proc.returncode} "
-                         f"({self.log_tail(name, 3) or 'no log'})")
+                death = (f"{name} {ended_how(proc.returncode)} "
+                         f"({self.log_tail(name, 3, errors_first=True) or 'no log'})")
                 if limits[i].allow(time.monotonic()):
                     report(f"{death}: restarting it")
                     self.start_worker(i)
@@ -431,7 +451,7 @@ class LocalCluster:
         try:
             while not stopping:
                 if self.broker is not None and self.broker.poll() is not None:
-                    return (f"broker exited with code {self.broker.returncode}: "
+                    return (f"broker {ended_how(self.broker.returncode)}: "
                             + self.log_tail("broker", 3))
                 reason = check()
                 if reason is not None:

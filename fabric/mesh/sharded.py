@@ -24,7 +24,7 @@ from fabric.arrays.tensor import Tensor, given_params
 from fabric.core.ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
 from fabric.mesh import reductions
 from fabric.mesh.sharding import (Sharding, along, block_positions, block_ranges, block_slices,
-                       split_blocks)
+                                  split_blocks)
 from fabric.transport.moves import move_all
 
 Mesh = Any  # a fabric.Mesh (which imports this module: named, not imported)

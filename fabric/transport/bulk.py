@@ -316,7 +316,7 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
     """The first ``nbytes`` bytes of ``slot``, mapped here; None, and the device asked for
     none again, where they cannot be."""
     try:
-        segment = pool.peer(slot.owner.pid).map(slot.name)
+        segment = pool.peer(slot.owner.pid).map(slot.name, slot.offset, nbytes)
         if slot.nbytes < nbytes or slot.offset + slot.nbytes > segment.size:
             raise ProtocolError(f"The device lent a slot of {slot.nbytes} bytes at "
                                 f"{slot.offset} in {segment.size} for {nbytes}.")

@@ -17,7 +17,7 @@ from fabric.broker.model import Side
 from fabric.core import protocol
 from fabric.core.errors import ProtocolError, error_from_wire
 from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Message, WorkerReport,
-                             decode_report, report_body)
+                                  decode_report, report_body)
 from fabric.workers.tally import DeviceTally
 from conftest import HEARTBEAT
 from polling import wait_for

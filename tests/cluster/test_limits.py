@@ -45,8 +45,8 @@ from conftest import HEARTBEAT
 from fabric.core import protocol
 from fabric.core.errors import MessageTooLarge, SessionLost, TooManySessions, error_from_wire
 from fabric.core.flow import (CLIENT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES,
-                         MAX_MESSAGE_FRAMES, Outbox, message_bytes_limit,
-                         largest_frame, size_and_limit_text, size_text)
+                              MAX_MESSAGE_FRAMES, Outbox, message_bytes_limit,
+                              largest_frame, size_and_limit_text, size_text)
 from fabric.core.protocol import Kind, Message
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -28,8 +28,8 @@ from fabric.core.errors import QuotaExceeded, RemoteError, error_from_wire
 from fabric.core.ops import OPS
 from fabric.core.protocol import Kind, Message
 from fabric.workers.backends.numexpr_backend import (BLOCK, MAX_LEAVES, MAX_OPS, MIN_SIZE,
-                                              MIN_SIZE_ENV, Deferred, DeferredError,
-                                              NumexprDevice, fused_ops)
+                                                     MIN_SIZE_ENV, Deferred, DeferredError,
+                                                     NumexprDevice, fused_ops)
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 

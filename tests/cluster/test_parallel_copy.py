@@ -17,8 +17,8 @@ import pytest
 import fabric
 from fabric.core.errors import ConfigError
 from fabric.core.parallel_copy import (MIN_BYTES_ENV, PIECE_ALIGN, STREAMING_BYTES, THREADS_ENV,
-                                  ParallelCopy, default_min_bytes, default_threads,
-                                  piece_count, pieces)
+                                       ParallelCopy, default_min_bytes, default_threads,
+                                       piece_count, pieces)
 from fabric.core.shm import SharedMemory
 
 from conftest import HEARTBEAT

@@ -1,7 +1,7 @@
 """End to end: each numpy program of ``bench/programs.py`` (n-body, Game of Life, a hand-
 trained MLP, PageRank, PCA, k-means, a heat stencil, Mandelbrot, and those that hand arrays
-to scipy, pandas and scikit-learn, which the test extra installs) runs unchanged on a real device, its
-only change the upload, and gives numpy's results within its stated tolerance. Small sizes;
+to scipy, pandas and scikit-learn, which the test extra installs) runs unchanged on a real device,
+its only change the upload, and gives numpy's results within its stated tolerance. Small sizes;
 no timing is asserted."""
 
 from __future__ import annotations

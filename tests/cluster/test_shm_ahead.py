@@ -59,7 +59,7 @@ def test_an_upload_returns_while_its_device_is_stopped():
         assert (session.slots_ahead.missed, session.slots_ahead.used) == (2, 1)
         for tensor, array in ((first, a), (second, b), (third, c)):
             assert tensor.numpy().tobytes() == array.tobytes()
-        assert session.stats()["bytes_uploaded"] == 0
+        assert session.stats()["bytes_uploaded_by_socket"] == 0
 
 
 @pytest.mark.timeout(90)
@@ -80,7 +80,7 @@ def test_a_first_upload_to_a_busy_device_takes_the_sockets_and_later_ones_shared
         assert first.numpy().tobytes() == a.tobytes()
         second = session.asarray(b)  # the answer came meanwhile: without waiting
         assert session.shares_memory is True and second.numpy().tobytes() == b.tobytes()
-        assert session.stats()["bytes_uploaded"] == a.nbytes  # the first one only
+        assert session.stats()["bytes_uploaded_by_socket"] == a.nbytes  # the first one only
 
 
 @pytest.mark.timeout(90)
@@ -206,7 +206,7 @@ def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slo
         assert len(device.maps) == 2 and pool.held == 2 << 20
         for i, tensor in enumerate(kept):
             np.testing.assert_array_equal(tensor.numpy(), a + i)
-        assert session.stats()["bytes_uploaded"] == 0  # (nothing took the sockets)
+        assert session.stats()["bytes_uploaded_by_socket"] == 0  # (nothing took the sockets)
         names = set(device.maps)
         del kept
         session.sync()  # the tensors are freed: their slots go back to the device's pool

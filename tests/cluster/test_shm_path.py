@@ -18,7 +18,7 @@ import pytest
 import fabric
 from fabric.core.errors import FabricError, ProtocolError
 from fabric.core.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, UnsealedSegment,
-                        boot_id, held_segments, parse_name, segment_name)
+                             boot_id, held_segments, parse_name, segment_name)
 from fabric.core.wire import decode_segment_ref
 
 from conftest import HEARTBEAT, children_of
@@ -102,7 +102,7 @@ def test_every_dtype_and_layout_goes_up_and_down_byte_identical(shm_cluster, dty
             del view
         assert session.shares_memory is True
         # Nothing went up inside a message; every transfer took a slot.
-        assert session.stats()["bytes_uploaded"] == 0
+        assert session.stats()["bytes_uploaded_by_socket"] == 0
         assert session.connection.segments.transfers == 3 * sum(1 for _ in layouts(dtype))
 
 
@@ -112,7 +112,7 @@ def test_results_computed_on_the_device_come_back_through_shared_memory(shm_clus
         a = np.arange(300_000, dtype=np.float64).reshape(600, 500)
         t = session.asarray(a)
         small = session.asarray(a[:10])  # under the threshold: inside messages, as before
-        assert session.stats()["bytes_uploaded"] == small.size * 8
+        assert session.stats()["bytes_uploaded_by_socket"] == small.size * 8
         np.testing.assert_array_equal((t * 2 + 1)[::2].numpy(), (a * 2 + 1)[::2])
         np.testing.assert_array_equal(small.numpy(), a[:10])
         assert session.connection.segments.transfers == 2  # the upload and the large read
@@ -245,7 +245,7 @@ def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
         assert pool.transfers == transfers
         np.testing.assert_array_equal(session.asarray(a * 3).numpy(), a * 3)
         assert pool.transfers == transfers + 1 and pool.held <= pool.limit
-        assert session.stats()["bytes_uploaded"] == 0
+        assert session.stats()["bytes_uploaded_by_socket"] == 0
         np.testing.assert_array_equal(held[1], a + 1)
         del held
         gc.collect()
@@ -306,7 +306,7 @@ def test_the_client_option_turns_it_off(shm_cluster):
         a = np.random.default_rng(3).random(300_000)
         np.testing.assert_array_equal(session.asarray(a).numpy(), a)
         assert session.connection.segments is None and session.shares_memory is None  # (unasked)
-        assert session.stats()["bytes_uploaded"] == a.nbytes
+        assert session.stats()["bytes_uploaded_by_socket"] == a.nbytes
     with pytest.raises(TypeError, match="shared_memory= takes"):
         connect(shm_cluster, shared_memory="yes")
 
@@ -348,7 +348,7 @@ def test_a_worker_started_without_shared_memory_serves_through_the_sockets():
         a = np.random.default_rng(4).random((300, 200))
         np.testing.assert_array_equal(session.asarray(a).numpy(), a)
         assert session.shares_memory is False
-        assert session.stats()["bytes_uploaded"] == a.nbytes
+        assert session.stats()["bytes_uploaded_by_socket"] == a.nbytes
 
 
 @pytest.mark.timeout(90)

@@ -19,6 +19,7 @@ from fabric.core.errors import ProtocolError
 from fabric.core.protocol import Kind, Message
 from fabric.core.shm import MAX_PINS, PeerSegments, SegmentPool, boot_id, held_segments, parse_name
 from fabric.core.wire import decode_segment_ref
+from fabric.workers import shared_memory
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 
@@ -285,9 +286,10 @@ def request(executor: Executor, **body) -> Message:
 
 
 @pytest.fixture
-def agreed():
+def agreed(monkeypatch):
     """An executor with a session that agreed to shared memory with this process, and this
-    process's pool (as its client's)."""
+    process's pool (as its client's: the worker takes itself for another process)."""
+    monkeypatch.setattr(shared_memory, "_worker_pid", lambda: 1)
     executor = Executor(NumpyDevice(0))
     executor.handle(Message(Kind.OPEN, SESSION, 1, {"device": 0}))
     client = SegmentPool(lambda _session: 0)

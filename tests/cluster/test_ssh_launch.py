@@ -386,7 +386,7 @@ def test_a_worker_whose_session_drops_is_started_again_on_its_host(launcher, hos
         assert session.arange(4).sum().numpy() == 6
     os.killpg(running.proc.pid, signal.SIGINT)
     _, err = running.proc.communicate(timeout=30)
-    assert f"{name} exited with code -9" in err and "restarting it" in err, err
+    assert f"{name} was killed by SIGKILL (exit code -9)" in err and "restarting it" in err, err
     running.stopped_leaving_nothing()
 
 

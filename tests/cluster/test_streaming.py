@@ -14,7 +14,7 @@ from polling import wait_for
 import fabric
 from fabric.arrays.origins import origin_line
 from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
-                           REMEMBERED_ORIGINS)
+                                  REMEMBERED_ORIGINS)
 from fabric.core.errors import QuotaExceeded, RemoteError
 from fabric.core.flow import CREDIT_EVERY, SUBMIT_WINDOW
 

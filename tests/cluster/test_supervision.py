@@ -86,7 +86,7 @@ def test_a_killed_worker_is_restarted_by_cluster_up_and_the_others_serve_on(tmp_
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(timeout=30)
-    assert "worker-0 exited with code -9" in said.read_text()
+    assert "worker-0 was killed by SIGKILL (exit code -9)" in said.read_text()
 
 
 def test_a_worker_in_a_crash_loop_stays_down_after_the_bound():

@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from fabric.core import protocol
 from fabric.core.errors import (AuthenticationError, ProtocolError, VersionMismatch,
-                           WorkerNameTaken, WrongPort)
+                                WorkerNameTaken, WrongPort)
 from fabric.core.protocol import Kind, Message
 from fabric.workers.control import (Attach, BrokerSilent, ClientPortReached, Connect, Control,
                                     Probe, RegistrationRefused, Send)

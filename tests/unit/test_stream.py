@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
-                           MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
+                                  MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
 from fabric.core.errors import FabricError, ProtocolError, SessionLost
 from fabric.core.flow import SUBMIT_WINDOW
 from fabric.core.protocol import Kind
@@ -119,14 +119,16 @@ def test_a_batch_that_cannot_be_sent_is_kept_whole_and_goes_with_the_next():
     owner.failing = True
     with pytest.raises(ConnectionError):
         owner.flush()
-    assert owner.stream.counts == {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0}
+    assert owner.stream.counts == {"ops_sent": 0, "batches_sent": 0, "bytes_uploaded": 0,
+                                   "bytes_uploaded_by_socket": 0}
     kept.append(add(owner.stream))
     owner.failing = False
     owner.flush()
     (message,) = owner.sent
     assert [parse_op(op).out for op in message.body["ops"]] == [t.id for t in kept]
     assert len(message.buffers) == 1
-    assert owner.stream.counts == {"ops_sent": 3, "batches_sent": 1, "bytes_uploaded": 80}
+    assert owner.stream.counts == {"ops_sent": 3, "batches_sent": 1, "bytes_uploaded": 80,
+                                   "bytes_uploaded_by_socket": 80}
 
 
 def test_credit_holds_back_a_batch_past_the_submit_window():

@@ -1,0 +1,94 @@
+"""Rough edges a data scientist and an operator hit (issue 47), each tried as they would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.launch.local import ended_how
+
+# A value that shows in any message that printed the tensor's elements.
+TELLTALE = 7777.25
+
+
+def test_an_error_about_another_sessions_tensor_names_both_and_reads_nothing(cluster):
+    with fabric.connect(cluster.address, token=cluster.token, timeout=10) as first, \
+            first.open(0) as second:
+        theirs = second.asarray(np.full((300, 300), TELLTALE))
+        mine = first.asarray(np.ones((300, 300)))
+        attempts = [lambda: mine + theirs, lambda: first.asarray(theirs),
+                    lambda: fabric.function(lambda a, b: a * b)(mine, theirs)]
+        for attempt in attempts:
+            with pytest.raises(ValueError) as refused:
+                attempt()
+            message = str(refused.value)
+            assert "7777" not in message and len(message) < 400, message
+            assert f"session={second.id:#x}" in message and "shape=(300, 300)" in message
+            assert "move it with .to(session)" in message
+        # (the advice works)
+        assert float((mine + theirs.to(first)).numpy()[0, 0]) == TELLTALE + 1
+
+
+def test_an_upload_counts_its_bytes_whichever_way_they_went(cluster):
+    # (a 12.8 MB upload through shared memory once said bytes_uploaded: 120)
+    with fabric.connect(cluster.address, token=cluster.token, timeout=10) as session:
+        big, small = np.ones(1_600_000), np.ones(10)
+        session.asarray(big), session.asarray(small)
+        stats = session.stats()
+    assert stats["bytes_uploaded"] == big.nbytes + small.nbytes
+    assert stats["bytes_uploaded_by_socket"] == small.nbytes
+    assert stats["bytes_uploaded_by_shared_memory"] == big.nbytes
+
+
+def test_a_quota_error_gives_its_sizes_in_binary_units_beside_the_exact_count():
+    with fabric.LocalCluster(workers=1, worker_args=("--memory-limit", str(3 << 20))) as small:
+        with fabric.connect(small.address, token=small.token, timeout=10) as session:
+            t = session.zeros((1024, 1024))  # 8 MiB: past the limit
+            with pytest.raises(fabric.QuotaExceeded) as refused:
+                t.numpy()
+    message = refused.value.message
+    assert "8.0 MiB (8,388,608 bytes)" in message and "3.0 MiB (3,145,728 bytes)" in message
+
+
+@pytest.mark.parametrize("command", [
+    ["broker", "--advertise", "tcp://10.0.0.1:5555"],
+    ["broker", "--advertise", "10.0.0.1:5555"],
+    ["broker", "--advertise", "0.0.0.0"],
+    ["cluster", "up", "--advertise", "tcp://10.0.0.1:5555"],
+    ["cluster", "up", "--advertise", "::"],
+    ["worker", "--broker", "tcp://tcp://10.0.0.1:5555:5556"],
+    ["worker", "--broker", "10.0.0.1:5556"],
+])
+def test_an_unusable_address_stops_the_command_at_once_with_a_sentence(command):
+    # (cluster up --advertise tcp://... started workers that died dialling tcp://tcp://...)
+    done = subprocess.run([sys.executable, "-m", "fabric", *command], capture_output=True,
+                          text=True, timeout=30,
+                          env={**os.environ, "FABRIC_TOKEN": "t", "FABRIC_WORKER_TOKEN": "t"})
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "give a host name or address" in done.stderr or "give tcp://HOST:PORT" in done.stderr
+
+
+def test_a_port_in_use_is_said_once_with_a_hint():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "fabric", "cluster", "up", "--frontend",
+                               f"tcp://127.0.0.1:{port}", "--workers", "1"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "FABRIC_TOKEN": "t"})
+    assert done.returncode == 1
+    assert done.stderr.count("Error:") == 1, done.stderr
+    assert "tcp://127.0.0.1:* picks a free one" in done.stderr
+
+
+def test_how_a_process_ended_names_the_signal_that_killed_it():
+    assert ended_how(1) == "exited with code 1"
+    assert ended_how(-9) == "was killed by SIGKILL (exit code -9)"
+    assert ended_how(-15) == "was killed by SIGTERM (exit code -15)"
