@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from polling import poll
 
 import fabric
 from fabric import LocalCluster
@@ -26,15 +26,6 @@ sys.path[:0] = [str(TESTS / "unit"), str(TESTS / "cluster")]
 
 # Short heartbeats keep fault tests fast; the code paths are the same as the defaults.
 HEARTBEAT = 0.2
-
-
-def wait_until(condition, timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; AssertionError naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def child_pids() -> set[int]:
@@ -69,10 +60,7 @@ def no_leaks():
     children_before = child_pids()
     threads_before = our_threads()
     yield
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (
-            child_pids() - children_before or our_threads() - threads_before):
-        time.sleep(0.05)
+    poll(lambda: not (child_pids() - children_before or our_threads() - threads_before), 5)
     assert not child_pids() - children_before, "the test left child processes running"
     assert not our_threads() - threads_before, "the test left threads running"
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import zmq
+from polling import wait_for
 from rawpeers import AdmittingContext, ServerThread
 
 import fabric
@@ -237,18 +238,6 @@ def stopped(process: subprocess.Popen) -> Iterator[None]:
 def open_fds() -> int:
     """How many file descriptors this process has open (sockets included)."""
     return len(os.listdir("/proc/self/fd"))
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until it is truthy (returned) or ``timeout`` passes (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass

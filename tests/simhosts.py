@@ -18,10 +18,11 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from polling import poll
 
 SSHD = "/usr/sbin/sshd"
 START_TIMEOUT = 10.0  # seconds an sshd may take to listen
@@ -167,9 +168,7 @@ def _end_namespace_processes(namespace: str) -> None:
         for pid in _namespace_pids(namespace):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while _namespace_pids(namespace) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        poll(lambda: not _namespace_pids(namespace), STOP_TIMEOUT)
 
 
 def _keygen(path: Path) -> str:
@@ -179,16 +178,14 @@ def _keygen(path: Path) -> str:
 
 
 def _wait_listening(address: str, sshd: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if sshd.poll() is not None:
             raise RuntimeError(f"sshd exited ({sshd.returncode}): {log.read_text()}")
         with socket.socket() as probe:
             probe.settimeout(0.5)
-            if probe.connect_ex((address, 22)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"sshd did not listen on {address}:22 in time: {log.read_text()}")
+            return probe.connect_ex((address, 22)) == 0
+    if not poll(listening, START_TIMEOUT):
+        raise RuntimeError(f"sshd did not listen on {address}:22 in time: {log.read_text()}")
 
 
 def _sshd_config(work: Path, address: str, host_key: Path) -> Path:

@@ -16,11 +16,11 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from polling import poll
 from simhosts import stop_process
 
 PACKAGES = "munge slurmctld slurmd slurm-client"
@@ -137,10 +137,7 @@ def _node_state(slurm: Slurm) -> str:
 
 
 def _wait_for(ready, what: str, folder: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not ready():
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"{path.name}: {path.read_text()[-500:]}"
-                             for path in sorted(folder.glob("*.out")))
-            raise RuntimeError(f"{what} within {START_TIMEOUT:g} s:\n{logs}")
-        time.sleep(0.2)
+    if not poll(ready, START_TIMEOUT, 0.2):
+        logs = "\n".join(f"{path.name}: {path.read_text()[-500:]}"
+                         for path in sorted(folder.glob("*.out")))
+        raise RuntimeError(f"{what} within {START_TIMEOUT:g} s:\n{logs}")

@@ -12,7 +12,10 @@ session's ops are kept per session (at most ``MAX_WARNINGS`` distinct ones, the 
 counted) and carried back in the session's next REPLY. The device thread runs in
 ``floating_point_errors()``: numpy, which checks the FPU's flags after every ufunc anyway,
 then calls ``_on_float_error`` instead of printing on the worker's stderr; nothing runs per op
-that warns nothing. The callback finds the op from the executor's own frames.
+that warns nothing. The callback finds the op from the executor's own frames: it reads
+``Executor._run``'s locals by their names (``RUN_LOCALS``), so that loop pays nothing per op
+to say which op runs; renaming one of them there means renaming it in ``RUN_LOCALS`` too
+(tests/unit/test_executor.py fails until then).
 
 The device is reached only through the ``Backend`` contract (``backends.base``). Telemetry:
 a device counts its own work (``DEVICE_COUNTERS``: ops it fused, expressions it evaluated);
@@ -50,6 +53,9 @@ from .tally import DeviceTally
 # generator.)
 MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at once
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
+# The locals of ``Executor._run`` that ``_running_op`` reads from its frame while an op runs:
+# the session, the op's name, the tensor it makes, and its params (a graph call's graph id).
+RUN_LOCALS = ("session", "name", "out", "params")
 
 
 class Executor(GraphOps, Admission):
@@ -186,7 +192,8 @@ class Executor(GraphOps, Admission):
         # A SUBMIT's ops and frees (tensor ids), in order. This loop bounds the op rate (bench
         # W1): the commonest path, an op of the table, is kept short, and runs without a Python
         # call of ours (a call per op, to run it and to store its result, cost 7% of the
-        # worker's work).
+        # worker's work). A warning's callback reads this frame's locals ``RUN_LOCALS`` (the
+        # session, and the op's name, out and params): rename one here, rename it there.
         tensors, poisoned, store = session.tensors, session.poisoned, self._store
         plain_impls, special_ops = self._plain_impls, self._special_ops
         admit, allowance, limit = self._admit, self.allowance, self.memory_limit
@@ -529,16 +536,16 @@ class Executor(GraphOps, Admission):
 def _running_op(frame: FrameType | None) -> tuple[DeviceSession, str, int, Any, Any] | None:
     """The session and op that ``frame`` (numpy's caller) runs for: the op's name, the tensor
     it makes and, inside a graph, the graph's id and the op's index there. Read from the
-    frames of ``Executor._run`` (its locals ``session``, ``name``, ``out``, ``params``) and
-    of a graph's plan; only a warning pays for this look."""
+    frames of ``Executor._run`` (its locals named in ``RUN_LOCALS``) and of a graph's plan;
+    only a warning pays for this look."""
     graph_op = None
     while frame is not None:
         if frame.f_code is _RUN_CODE:
             local = frame.f_locals
-            session, name, out = local["session"], local["name"], local["out"]
+            session, name, out, params = [local[n] for n in RUN_LOCALS]
             if name != "graph_call":
                 return session, name, out, None, None
-            graph_id = local["params"].get("graph")
+            graph_id = params.get("graph")
             graph = session.graphs.held.get(graph_id)
             if graph is not None and graph_op is not None:
                 name = graph.op_names[graph_op]

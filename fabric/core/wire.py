@@ -112,7 +112,31 @@ def parse_op(entry: Any) -> OpEntry:
 
 def op_entry(name: str, out: int, args: tuple[Any, ...], params: dict[str, Any]
              ) -> tuple[Any, ...]:
-    """Op ``name`` making tensor ``out`` as a SUBMIT's entry: compact without params."""
+    """Op ``name`` making tensor ``out`` as a SUBMIT's entry: compact without params.
+
+    This and ``parse_op`` define the two forms; for speed, these places spell an entry
+    inline, or read one by position, instead of calling them. A change to either form
+    changes each of them (tests/unit/test_op_entries.py drives every one, and fails on the
+    one left behind):
+
+    - made inline, in the compact form: ``fabric.arrays.operators``' short way,
+      ``elementwise_pair`` (``(out, name, first, second)``) and ``elementwise_single``
+      (``(out, name, operand)``), handed to ``fabric.arrays.stream.OpStream.push``;
+    - made inline, in the full form (ops with params): ``fabric.arrays.creation``
+      (``ArrayNamespace._put``: a ``put``), ``fabric.transport.bulk._put`` (a ``put`` from
+      shared memory), ``fabric.arrays.random`` (``seed``), ``fabric.transport.moves``
+      (``send``), ``fabric.graphs.capture`` (``Trace.replay``: an op without a result) and
+      ``fabric.graphs.function`` (``trace_function``: ``graph_register``; ``call``:
+      ``graph_call`` and ``graph_free``);
+    - read by position on the client: ``OpStream.push`` shows its sinks ``parse_op``'s full
+      form, which ``fabric.graphs.function`` (``Tracer.record``: ``op[0]``;
+      ``trace_function``: ``op[1]``; ``TracedGraph.op_count``: ``register_op[3]``) and
+      ``fabric.graphs.capture`` (``Trace.record``: four items) read;
+    - read on the worker: ``workers.executor.Executor._run`` unpacks either form inline,
+      with ``parse_op``'s checks; ``workers.registered_graphs.register`` reads a graph's ops
+      by position after ``parse_op``'s check, in the full form only (the tracer records no
+      other: a compact op in a ``graph_register`` fails to register, not as malformed).
+    """
     return (name, out, args, params) if params else (out, name, *args)
 
 

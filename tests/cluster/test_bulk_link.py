@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 import secrets
-import time
 
 import numpy as np
 import pytest
 import zmq
+from polling import wait_for
 
 from fabric.core import protocol
 from fabric.core.protocol import Kind, Message
@@ -68,19 +68,24 @@ def grant(sender: Side, receiver: Side, frames: list[zmq.Frame], ticket: bytes) 
         "address": receiver.links.address, "ticket": ticket})) == []
 
 
-def run_until(condition, *sides: Side, seconds: float = 2 * CONNECT_SECONDS + 2) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
+def run_until(condition, what: str, *sides: Side,
+              seconds: float = 2 * CONNECT_SECONDS + 2) -> None:
+    """Turn ``sides`` (each polls its sockets for 10 ms) until ``condition`` holds."""
+    def turned() -> bool:
+        if condition():
+            return True
         for side in sides:
             side.turn()
+        return False
+    wait_for(turned, seconds, what, interval=0)
 
 
 def test_a_granted_transfer_arrives_whole_and_its_link_closes(sides):
     sender, receiver = sides
     values = np.arange(1 << 18, dtype=np.float64)
     grant(sender, receiver, transfer(values), secrets.token_bytes(32))
-    run_until(lambda: receiver.delivered and not sender.links._dials, sender, receiver)
+    run_until(lambda: receiver.delivered and not sender.links._dials,
+              "the transfer delivered and its link closed", sender, receiver)
     [frames] = receiver.delivered
     message = protocol.decode(frames)
     assert message.session == SESSION and bytes(message.buffers[0]) == values.tobytes()
@@ -93,18 +98,18 @@ def test_a_ticket_the_receiver_never_got_falls_back_and_a_used_one_is_refused(si
     ask = sender.links.send(frames, 100)  # granted by a broker the receiver never heard from
     sender.links.from_broker(Message(Kind.LINK_GRANT, SESSION, ask.request, {
         "address": receiver.links.address, "ticket": secrets.token_bytes(32)}))
-    run_until(lambda: sender.fallbacks, sender, receiver)
+    run_until(lambda: sender.fallbacks, "the sender to fall back", sender, receiver)
     assert [f.frames for f in sender.fallbacks] == [frames] and not receiver.delivered
     assert receiver.links.admissions.refused >= 1
     ticket = secrets.token_bytes(32)
     grant(sender, receiver, transfer(np.ones(10)), ticket)
-    run_until(lambda: receiver.delivered, sender, receiver)
+    run_until(lambda: receiver.delivered, "the transfer delivered", sender, receiver)
     refused = receiver.links.admissions.refused
     sender.fallbacks.clear()
     again = sender.links.send(transfer(np.ones(10)), 100)  # the same ticket once more
     sender.links.from_broker(Message(Kind.LINK_GRANT, SESSION, again.request, {
         "address": receiver.links.address, "ticket": ticket}))
-    run_until(lambda: sender.fallbacks, sender, receiver)
+    run_until(lambda: sender.fallbacks, "the used ticket's fallback", sender, receiver)
     assert len(receiver.delivered) == 1 and receiver.links.admissions.refused > refused
 
 
@@ -138,8 +143,9 @@ def test_a_peer_without_credentials_is_refused_counted_and_a_flood_logged_once(s
     peers = _null_peers(receiver.links.address, 20)
     try:
         with caplog.at_level(logging.WARNING, "fabric.worker"):
-            run_until(lambda: receiver.links.admissions.refused >= len(peers), receiver,
-                      seconds=20)  # (each retries, at libzmq's pace: slow on a busy machine)
+            # (each retries, at libzmq's pace: slow on a busy machine)
+            run_until(lambda: receiver.links.admissions.refused >= len(peers),
+                      "every peer refused", receiver, seconds=20)
     finally:
         for peer in peers:
             peer.close()
@@ -150,7 +156,7 @@ def test_a_peer_without_credentials_is_refused_counted_and_a_flood_logged_once(s
     try:
         values = np.arange(1000.0)
         grant(sender, receiver, transfer(values), secrets.token_bytes(32))
-        run_until(lambda: receiver.delivered, sender, receiver)
+        run_until(lambda: receiver.delivered, "the transfer delivered", sender, receiver)
     finally:
         sender.close()
     assert bytes(protocol.decode(receiver.delivered[0]).buffers[0]) == values.tobytes()
@@ -161,14 +167,17 @@ def test_a_link_whose_receiver_goes_before_its_word_falls_back_through_the_broke
     try:
         frames = transfer(np.arange(1 << 20, dtype=np.float64))
         grant(sender, receiver, frames, secrets.token_bytes(32))
-        deadline = time.monotonic() + 2 * CONNECT_SECONDS
-        while not sender.links.outgoing._sent:  # (the receiver is not read once it is sent)
-            assert time.monotonic() < deadline, "not sent in time"
+
+        def sent() -> bool:  # (the receiver is not read once it is sent)
+            if sender.links.outgoing._sent:
+                return True
             sender.turn()
             if not sender.links.outgoing._sent:
                 receiver.turn()
+            return False
+        wait_for(sent, 2 * CONNECT_SECONDS, "the transfer sent", interval=0)
         receiver.close()  # as its process ends: the connection closes, the message unread
-        run_until(lambda: sender.fallbacks, sender)
+        run_until(lambda: sender.fallbacks, "the sender to fall back", sender)
         assert [f.frames for f in sender.fallbacks] == [frames] and not sender.links._dials
         assert receiver.delivered == []
     finally:

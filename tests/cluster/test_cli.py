@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import fabric
-from faultproxy import wait_for
+from polling import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENS = {"FABRIC_TOKEN": "client-token", "FABRIC_WORKER_TOKEN": "worker-token"}

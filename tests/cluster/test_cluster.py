@@ -17,7 +17,7 @@ from fabric.core.addresses import advertised
 from fabric.core.errors import ConfigError, ConnectError
 
 from conftest import child_pids, children_of
-from faultproxy import wait_for
+from polling import wait_for
 
 
 @pytest.fixture

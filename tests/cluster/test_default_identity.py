@@ -17,6 +17,7 @@ import time
 
 import pytest
 from conftest import HEARTBEAT
+from polling import wait_for
 
 from fabric import LocalCluster
 from fabric.core.host_slot import claim_slot
@@ -44,18 +45,19 @@ def _start_unnamed_workers(cluster: LocalCluster, count: int) -> list[subprocess
 def _registered(cluster: LocalCluster, workers: list[subprocess.Popen]) -> list[dict]:
     """The broker's device rows (online or not) once every one of ``workers`` registered:
     as many workers registered since this call as were started."""
-    started = time.monotonic()
-    deadline = started + 30
-    while True:
+    started, rows = time.monotonic(), []
+
+    def all_registered() -> list[dict]:
         with cluster.admin() as admin:
-            rows, registered = admin.devices(), admin.workers()
+            rows[:], registered = admin.devices(), admin.workers()
         if sum(row["registered_ago"] < time.monotonic() - started
                for row in registered) == len(workers):
-            return rows
+            return rows  # (a device each, at least: never empty)
         for worker in workers:
             assert worker.poll() is None, worker.stderr.read().decode()
-        assert time.monotonic() < deadline, rows
-        time.sleep(0.1)
+        return []
+    return wait_for(all_registered, 30, f"{len(workers)} workers to register", interval=0.1,
+                    detail=lambda: rows)
 
 
 def _end(workers: list[subprocess.Popen], how: signal.Signals) -> None:

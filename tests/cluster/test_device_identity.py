@@ -9,7 +9,7 @@ import signal
 
 import pytest
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from test_security import run_cli
 
 from fabric import LocalCluster

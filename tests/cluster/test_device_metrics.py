@@ -5,7 +5,6 @@ worker sending malformed reports, and the report's codec, tally and families san
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Messag
                                   decode_report, report_body)
 from fabric.workers.tally import DeviceTally
 from conftest import HEARTBEAT
+from polling import wait_for
 from rawpeers import RawDealer, frames_of
 from test_admin_commands import busy_registry
 from test_metrics import Samples, scrape, value
@@ -37,12 +37,13 @@ def metered():
         yield running
 
 
-def scrape_until(url: str, done) -> Samples:
+def scrape_until(url: str, done, what: str) -> Samples:
     """Scrape until ``done(samples)``: a worker's figures reach the broker with its next
-    heartbeat (bounded by the test's timeout)."""
-    while not done(samples := scrape(url)):
-        time.sleep(0.05)
-    return samples
+    heartbeat (HEARTBEAT apart; 30 s is a bound for safety, half the test's timeout)."""
+    def scraped() -> tuple[Samples] | None:
+        samples = scrape(url)
+        return (samples,) if done(samples) else None
+    return wait_for(scraped, 30, f"{what} at {url}")[0]
 
 
 def histogram(samples: Samples, **labels: str) -> list[float]:
@@ -54,7 +55,7 @@ def histogram(samples: Samples, **labels: str) -> list[float]:
 def test_ops_op_time_memory_and_graph_hits_move_by_the_workload(metered):
     url = metered.metrics_url
     before = scrape_until(url, lambda s: ("fabric_device_ops_total",
-                                          frozenset(DEVICE.items())) in s)
+                                          frozenset(DEVICE.items())) in s, "device 0's figures")
 
     def moved(samples: Samples, name: str) -> float:
         return value(samples, name, **DEVICE) - value(before, name, **DEVICE)
@@ -74,7 +75,7 @@ def test_ops_op_time_memory_and_graph_hits_move_by_the_workload(metered):
         expected_ops = 1 + 20 + 1 + 1 + 3
         assert session.stats()["ops"] == expected_ops
         during = scrape_until(url, lambda s: moved(s, "fabric_device_ops_total")
-                              >= expected_ops)
+                              >= expected_ops, f"{expected_ops} more ops")
         assert moved(during, "fabric_device_ops_total") == expected_ops
         assert moved(during, "fabric_device_op_seconds_count") == expected_ops
         assert moved(during, "fabric_device_op_seconds_sum") > 0
@@ -90,14 +91,15 @@ def test_ops_op_time_memory_and_graph_hits_move_by_the_workload(metered):
         assert value(during, "fabric_device_queued_messages", **DEVICE) == 0
         assert value(during, "fabric_worker_memory_budget_bytes", worker="worker-0") > held
     after = scrape_until(url, lambda s: value(s, "fabric_device_memory_resident_bytes",
-                                              **DEVICE) == 0)
+                                              **DEVICE) == 0, "device 0's memory released")
     assert moved(after, "fabric_device_ops_total") == expected_ops  # a close runs no op
     assert moved(after, "fabric_device_graph_replays_total") == 2  # kept past the session
 
 
 def test_labels_are_device_and_worker_only(metered):
     samples = scrape_until(metered.metrics_url, lambda s: ("fabric_device_ops_total",
-                                                           frozenset(DEVICE.items())) in s)
+                                                           frozenset(DEVICE.items())) in s,
+                           "device 0's figures")
     reported = [labels for (name, labels) in samples if name.startswith((
         "fabric_device_op", "fabric_device_memory", "fabric_device_graph",
         "fabric_device_queued", "fabric_worker_memory"))]
@@ -137,7 +139,8 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
             assert error_from_wire(answer.body).code == ProtocolError.code, case
         raw.send_message(Message(Kind.HEARTBEAT, body=report_body(good)))
         labels = {"device": "1", "worker": "raw"}
-        samples = scrape_until(url, lambda s: value(s, "fabric_device_ops_total", **labels))
+        samples = scrape_until(url, lambda s: value(s, "fabric_device_ops_total", **labels),
+                               "the raw worker's figures")
         assert value(samples, "fabric_broker_events_total", event="backend_protocol_errors") \
             == errors + len(BAD_REPORTS)
         assert value(samples, "fabric_device_ops_total", **labels) == 6

@@ -37,7 +37,8 @@ from fabric.transport.direct_link import DIRECT_BYTES
 from fabric.workers.direct_links import CONNECT_SECONDS
 
 import simhosts
-from conftest import HEARTBEAT, wait_until
+from conftest import HEARTBEAT
+from polling import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -218,8 +219,8 @@ def test_a_peer_without_the_ticket_is_refused_and_the_worker_goes_on(direct, hos
     assert not _attack(address, None, **credentials)
     # More than the one of _attack's bare TCP probe: a peer showing no credentials is refused
     # by libzmq itself (no ZAP request), seen by the endpoint's monitor, at every retry.
-    wait_until(lambda: _link_refusals(direct) > before + 1, 10,  # (at a heartbeat)
-               "the refusal in the worker's report (fabric admin workers, /metrics)")
+    wait_for(lambda: _link_refusals(direct) > before + 1, 10,  # (at a heartbeat)
+             "the refusal in the worker's report (fabric admin workers, /metrics)")
     here, there = _sessions(direct)
     with here, there:
         values = VALUES[0]
@@ -344,8 +345,8 @@ def _cut_mid_send(second: simhosts.SecondNetwork, sender: int, receiver: int,
     second.slow(sender, 40)  # (24 MiB: about 5 s)
     with ThreadPoolExecutor(1) as worker:
         working = worker.submit(work)
-        wait_until(lambda: _sending_on(second, sender, second.addresses[receiver])
-                   or working.done(), 20, "the bytes under way on the second network")
+        wait_for(lambda: _sending_on(second, sender, second.addresses[receiver])
+                 or working.done(), 20, "the bytes under way on the second network")
         (cut or (lambda: second.set_up(receiver, False)))()
         return working.result(timeout=LINK_STALL_SECONDS + 30)
 
@@ -356,7 +357,7 @@ def _held_once(cluster: SSHCluster, session: fabric.Session, nbytes: int) -> Non
         with cluster.admin() as admin:
             return next(row["resident_bytes"] for row in admin.devices()
                         if row["index"] == session.device.index)
-    wait_until(lambda: held() == nbytes, 10, f"{nbytes} bytes held on the device, once")
+    wait_for(lambda: held() == nbytes, 10, f"{nbytes} bytes held on the device, once")
 
 
 def _move_and_read(cluster: SSHCluster, elements: int) -> np.ndarray:

@@ -21,7 +21,8 @@ import signal
 import time
 
 import pytest
-from faultproxy import ClientLoop, FaultProxy, open_fds, start_worker_via, stopped, wait_for
+from faultproxy import ClientLoop, FaultProxy, open_fds, start_worker_via, stopped
+from polling import wait_for
 
 import fabric
 from conftest import HEARTBEAT

@@ -17,7 +17,7 @@ import pytest
 
 import fabric
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 
 LOST_WITHIN = 3 * HEARTBEAT + 1.0  # three heartbeat intervals, plus scheduling slack
 

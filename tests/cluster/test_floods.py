@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import zmq
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from rawpeers import RawDealer, frames_of
 
 from fabric import Admin, LocalCluster
@@ -34,8 +34,9 @@ PING_ROUNDS, PINGS_PER_ROUND = 20, 500
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    """A broker and one worker at the default log level."""
+def one_worker_cluster() -> Iterator[LocalCluster]:
+    """A broker and one worker at the default log level, for the whole module (the shared
+    ``cluster`` has two workers, started again for each test)."""
     with LocalCluster(workers=1, heartbeat=HEARTBEAT) as running:
         yield running
 
@@ -71,7 +72,9 @@ def _assert_served(cluster: LocalCluster) -> None:
         assert ((x * 2).sum()).numpy() == 90.0
 
 
-def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(cluster):
+def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(
+        one_worker_cluster):
+    cluster = one_worker_cluster
     frontend_attacks = [
         frames_of(Kind.HELLO, {"token": WRONG_TOKEN, "device": 0}, session=7, request=1),
         frames_of(Kind.DEVICES, {"token": WRONG_TOKEN}, request=2),
@@ -118,7 +121,8 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(cl
 
 
 def test_a_ping_flood_from_a_client_with_many_sessions_keeps_them_and_others_are_served(
-        cluster):
+        one_worker_cluster):
+    cluster = one_worker_cluster
     with RawDealer(cluster.address, cluster.token, {zmq.SNDTIMEO: SEND_TIMEOUT_MS}) as flooder, \
             cluster.connect(device=0, timeout=5) as other:
         for session in range(1, PING_SESSIONS + 1):

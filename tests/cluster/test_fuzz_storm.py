@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from faultproxy import ClientLoop, open_fds, wait_for
+from faultproxy import ClientLoop, open_fds
+from polling import wait_for
 from fuzzstorm import (
     ADMIN_TOKEN,
     CLIENT_TOKEN,

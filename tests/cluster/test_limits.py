@@ -17,7 +17,8 @@ import time
 import numpy as np
 import pytest
 import zmq
-from faultproxy import ClientLoop, wait_for
+from faultproxy import ClientLoop
+from polling import wait_for
 from rawpeers import RawDealer, frames_of
 from test_registry import (
     CLIENT_TOKEN,

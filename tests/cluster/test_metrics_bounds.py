@@ -14,7 +14,8 @@ import pytest
 from fabric import LocalCluster
 from fabric.broker.metrics import MAX_CONNECTIONS, READ_SECONDS
 
-from conftest import HEARTBEAT, wait_until
+from conftest import HEARTBEAT
+from polling import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,7 +50,7 @@ def test_idle_connections_to_metrics_hold_no_thread_each_and_are_closed(tmp_path
                     assert conn.recv(4096) == b""
                 except ConnectionResetError:
                     pass  # (closed with our bytes unread: a reset says the same)
-            wait_until(lambda: threads_of(pid) <= before, 5, "the metrics threads to end")
+            wait_for(lambda: threads_of(pid) <= before, 5, "the metrics threads to end")
         finally:
             for conn in idle:
                 conn.close()

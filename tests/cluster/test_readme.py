@@ -34,11 +34,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -155,12 +155,13 @@ def _start(block: Block, work: Path, env: dict[str, str], log: Path) -> subproce
     with open(log, "w") as out:
         proc = subprocess.Popen(_command(block), cwd=work, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + READY_TIMEOUT
-    while block.ready_at not in log.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
-            pytest.fail(f"{block.text}\nwas not ready ({block.ready_at!r}):\n{log.read_text()}")
-        time.sleep(0.1)
+
+    def ready() -> bool:
+        return block.ready_at in log.read_text()
+    poll(lambda: ready() or proc.poll() is not None, READY_TIMEOUT, 0.1)  # (or it ended)
+    if not ready():
+        _stop(proc)
+        pytest.fail(f"{block.text}\nwas not ready ({block.ready_at!r}):\n{log.read_text()}")
     return proc
 
 

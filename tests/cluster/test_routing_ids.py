@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from rawpeers import RawDealer, frames_of
 
 from fabric import LocalCluster

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import HEARTBEAT
+from polling import wait_for
 from rawpeers import RawDealer, frames_of
 
 import fabric
@@ -258,12 +259,14 @@ def test_a_captured_byte_stream_holds_no_plaintext_token(curve_cluster, plain_cl
              "--name", "zz-relayed", "--heartbeat", str(HEARTBEAT),  # sorts after worker-0
              *(("--curve", str(cluster.curve_dir)) if encrypted else ())],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def registered() -> bool:
+            if "zz-relayed" in [d.worker for d in cluster.devices()]:
+                return True
+            assert worker.poll() is None, "the relayed worker exited"
+            return False
         try:
-            deadline = time.monotonic() + 15
-            while "zz-relayed" not in [d.worker for d in cluster.devices()]:
-                assert time.monotonic() < deadline, "the relayed worker did not register"
-                assert worker.poll() is None, "the relayed worker exited"
-                time.sleep(0.05)
+            wait_for(registered, 15, "the relayed worker to register")
         finally:
             _end(worker)
         client_side, worker_side = frontend.captured(), backend.captured()
@@ -393,10 +396,7 @@ def test_session_and_connection_ids_never_reach_logs_at_the_default_level(info_c
                                      session=0x5EC0DE1D5E55, request=1))
             assert vanishing.recv_message(timeout=5).kind == Kind.WELCOME
             seen += admin.sessions()
-        deadline = time.monotonic() + 15
-        while admin.sessions():
-            assert time.monotonic() < deadline, "the vanished client's session stayed"
-            time.sleep(0.05)
+        wait_for(lambda: not admin.sessions(), 15, "the vanished client's session to go")
     logs = cluster.log_tail("broker", 5000) + cluster.log_tail("worker-0", 5000)
     assert len({row["id"] for row in seen}) == 2
     for row in seen:

@@ -21,7 +21,7 @@ from fabric.transport.slots_ahead import IN_ALL, PER_SIZE, SlotsAhead
 from fabric.workers.lane import jumps_the_queue
 
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F401 (fixtures)
                            shm_cluster)
 

@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from fabric.workers.executor import Executor
 from fabric.workers.memory import MemoryBudget
 
 from conftest import HEARTBEAT
+from polling import wait_for
 from test_shm_path import no_segments_left  # noqa: F401 (autouse: nothing left open or mapped)
 
 pytestmark = [pytest.mark.timeout(120),
@@ -278,9 +278,8 @@ def test_a_device_segment_it_closed_keeps_no_memory_in_a_clients_old_mapping():
         del kept
         session.sync()  # the tensors are freed; their slots close once idle (but the one
         # lent ahead for the next upload)
-        deadline = time.monotonic() + 20
-        while mapped.keys() & own_segments(worker).keys() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: not mapped.keys() & own_segments(worker).keys(), 20,
+                 "the device's idle slots to close", interval=0.1)
         assert not mapped.keys() & own_segments(worker).keys()
         still = resident_in_mappings(worker)
         assert mapped.keys() <= still.keys()  # this client maps them still

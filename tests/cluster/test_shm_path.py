@@ -22,7 +22,7 @@ from fabric.core.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, 
 from fabric.core.wire import decode_segment_ref
 
 from conftest import HEARTBEAT, children_of
-from faultproxy import wait_for
+from polling import wait_for
 
 EVERYTHING = SharedMemory(threshold=0)  # every array through shared memory, however small
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",

@@ -24,7 +24,7 @@ from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F401 (fixtures)
                            shm_cluster)
 

@@ -19,11 +19,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from polling import wait_for
 from simslurm import Slurm, single_node_slurm, unavailable
 
 import fabric
@@ -76,11 +76,12 @@ def _launch(slurm: Slurm, command: str, tmp_path: Path) -> subprocess.Popen:
 
 
 def _wait_for_file(path: Path, launcher: subprocess.Popen) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists():
+    def written() -> bool:
+        if path.exists():
+            return True
         assert launcher.poll() is None, launcher.communicate()
-        assert time.monotonic() < deadline, f"{path} was not written"
-        time.sleep(0.2)
+        return False
+    wait_for(written, WAIT, f"{path} to be written", interval=0.2)
 
 
 def _ended(launcher: subprocess.Popen) -> tuple[int, str]:
@@ -197,18 +198,15 @@ def test_the_readme_batch_script_runs_workers_that_read_the_shared_admin_file(sl
         batch.write_text(_here(script, shared) + "\n")
         job = slurm.run("sbatch", "--parsable", "--output", str(tmp_path / "job.log"),
                         str(batch)).strip()
-        deadline = time.monotonic() + WAIT
-        while len(fabric.devices(connection_file=str(shared / "cluster.json"),
-                                 timeout=5)) < 2:
-            assert time.monotonic() < deadline, (tmp_path / "job.log").read_text()
-            time.sleep(0.2)
+        wait_for(lambda: len(fabric.devices(connection_file=str(shared / "cluster.json"),
+                                            timeout=5)) >= 2,
+                 WAIT, "the job's 2 devices", interval=0.2,
+                 detail=(tmp_path / "job.log").read_text)
         assert sorted(_computes_on_every_device(shared / "cluster.json", 2)) == [
             f"{HOST}/0", f"{HOST}/1"]
         slurm.run("scancel", job)
-        deadline = time.monotonic() + WAIT
-        while slurm.active_jobs():
-            assert time.monotonic() < deadline, "the job did not end after scancel"
-            time.sleep(0.2)
+        wait_for(lambda: not slurm.active_jobs(), WAIT, "the job to end after scancel",
+                 interval=0.2)
     finally:
         cluster.send_signal(signal.SIGINT)
         code, err = _ended(cluster)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import zmq
+from polling import wait_for
 
 from fabric.core.sockets import message_check, recv_frames, send_frames, try_send
 
@@ -49,9 +49,8 @@ def test_message_check_says_whether_a_message_waits_without_taking_it(pair):
     waits = message_check(receiver)
     assert not waits()
     send_frames(sender, [b"one", b"two"])
-    deadline = time.monotonic() + 5  # (inproc delivers at once; the bound is for safety)
-    while not waits() and time.monotonic() < deadline:
-        time.sleep(0.001)
+    # (inproc delivers at once; the bound is for safety)
+    wait_for(waits, 5, "the message to wait on the socket", interval=0.001)
     assert waits() and waits()  # looking does not read it
     assert len(recv_frames(receiver)) == 2
     assert not waits()

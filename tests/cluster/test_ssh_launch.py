@@ -26,7 +26,7 @@ from fabric.launch.ssh import (CONNECT_TIMEOUT, Host, SSHCluster, budget_share, 
 
 import simhosts
 from conftest import HEARTBEAT, children_of
-from faultproxy import wait_for
+from polling import wait_for
 
 # -- the host list and the commands, sans I/O -----------------------------------------------
 

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import wait_until
+from polling import wait_for
 
 import fabric
 from fabric.arrays.origins import origin_line
@@ -369,8 +369,9 @@ def test_a_session_with_a_long_queue_does_not_hold_up_another_sessions_requests(
         # The broker has forwarded them all (in order, before anything sent after): the
         # device's queue is long.
         with shared_cluster.admin() as admin:
-            wait_until(lambda: submits_taken(admin, busy.id)
-                       == busy.stream.counts["batches_sent"], 10, "the broker to take them")
+            wait_for(lambda: submits_taken(admin, busy.id)
+                     == busy.stream.counts["batches_sent"], 10, "the broker to take them",
+                     interval=0.01)  # (looked at soon: the device works through them)
         before = big.nbytes + small.nbytes + kept[0].nbytes
         # other's request takes its turn after the message running now, not after all 40.
         done = (other.stats()["device_resident_bytes"] - before) // small.nbytes

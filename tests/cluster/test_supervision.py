@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import HEARTBEAT, children_of
+from polling import wait_for
 
 import fabric
 from fabric import LocalCluster
@@ -37,16 +38,6 @@ def _worker_pid(launcher: int, name: str) -> int | None:
         if b"worker" in argv and name.encode() in argv:
             return pid
     return None
-
-
-def _until(check, seconds: float = 30.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"not within {seconds} s: {check}")
 
 
 def _opens(connection_file: Path, device: int):
@@ -75,14 +66,16 @@ def test_a_killed_worker_is_restarted_by_cluster_up_and_the_others_serve_on(tmp_
             stdout=subprocess.DEVNULL, stderr=stderr)
     expected = "stays down" if max_restarts == 0 else "restarting it"
     try:
-        _until(client_file.exists)
+        wait_for(client_file.exists, 30, "the connection file", interval=0.1)
         before = fabric.devices(connection_file=str(client_file))
         with fabric.connect(connection_file=str(client_file), device=1) as survivor:
             kept = survivor.arange(10)
-            os.kill(_until(lambda: _worker_pid(launcher.pid, "worker-0")), signal.SIGKILL)
-            _until(lambda: expected in said.read_text())
-            if max_restarts != 0:
-                _until(_opens(client_file, 0))  # restarted, registered again, serving
+            os.kill(wait_for(lambda: _worker_pid(launcher.pid, "worker-0"), 30,
+                             "worker-0's process", interval=0.1), signal.SIGKILL)
+            wait_for(lambda: expected in said.read_text(), 30,
+                     f"the launcher to say {expected!r}", interval=0.1, detail=said.read_text)
+            if max_restarts != 0:  # restarted, registered again, serving
+                wait_for(_opens(client_file, 0), 30, "device 0 to serve again", interval=0.1)
             assert kept.sum().numpy() == 45  # worker-1's session never noticed
         after = fabric.devices(connection_file=str(client_file))
         if max_restarts == 0:  # left down (no process of it), the other worker serving

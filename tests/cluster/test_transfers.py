@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import wait_until
+from polling import wait_for
 
 import fabric
 
@@ -41,8 +41,8 @@ def test_a_move_lands_only_where_it_was_agreed_to(cluster, path):
         assert "ticket" in str(refused.value)
         assert (payload + 1).sum().numpy() == 800_000.0  # the attacker's session goes on
         # (the refused TRANSFERs reach the victim's device after the attacker's sync)
-        wait_until(lambda: victim.stats()["transfers_refused"]
-                   - before["transfers_refused"] >= 2, 5, "both refusals")
+        wait_for(lambda: victim.stats()["transfers_refused"]
+                 - before["transfers_refused"] >= 2, 5, "both refusals")
         after = victim.stats()
         assert after["transfers_refused"] - before["transfers_refused"] == 2
         assert after["tensors"] == before["tensors"]

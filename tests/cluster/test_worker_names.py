@@ -28,7 +28,9 @@ LIVENESS = 3
 
 
 @pytest.fixture
-def cluster():
+def pinned_liveness_cluster():
+    """Two workers, as the shared ``cluster``, with the broker's liveness pinned to ``LIVENESS``
+    whatever the default: a worker started under a live name retries for that bound."""
     with LocalCluster(workers=2, heartbeat=HEARTBEAT, liveness=LIVENESS) as running:
         yield running
 
@@ -48,7 +50,9 @@ def _listing(cluster: LocalCluster) -> list[tuple[int, str, int]]:
             fabric.devices(cluster.address, token=cluster.token, timeout=5)]
 
 
-def test_registering_under_a_live_workers_name_is_refused_and_its_session_goes_on(cluster):
+def test_registering_under_a_live_workers_name_is_refused_and_its_session_goes_on(
+        pinned_liveness_cluster):
+    cluster = pinned_liveness_cluster
     with cluster.connect(device=0, timeout=5) as session:
         x = session.arange(10)
         answer = _register(cluster, "worker-0")
@@ -61,7 +65,8 @@ def test_registering_under_a_live_workers_name_is_refused_and_its_session_goes_o
     assert _listing(cluster) == [(0, "worker-0", 0), (1, "worker-1", 0)]
 
 
-def test_a_worker_of_another_fabric_release_is_refused_naming_both(cluster):
+def test_a_worker_of_another_fabric_release_is_refused_naming_both(pinned_liveness_cluster):
+    cluster = pinned_liveness_cluster
     # Issue 24: hosts whose fabric drifted apart fail at once, not in subtle ways later.
     answer = _register(cluster, "elsewhere", fabric_version="0.0.1")
     assert answer.kind == Kind.REJECT
@@ -73,7 +78,9 @@ def test_a_worker_of_another_fabric_release_is_refused_naming_both(cluster):
                                                                 token=cluster.token)]
 
 
-def test_a_worker_registering_later_never_shifts_an_index_whatever_its_name(cluster):
+def test_a_worker_registering_later_never_shifts_an_index_whatever_its_name(
+        pinned_liveness_cluster):
+    cluster = pinned_liveness_cluster
     with cluster.connect(device=1, timeout=5) as session:
         # "aaa" sorts before "worker-0": by name order it would take index 0.
         assert _register(cluster, "aaa", devices=2).kind == Kind.REGISTERED
@@ -88,7 +95,8 @@ def test_a_worker_registering_later_never_shifts_an_index_whatever_its_name(clus
         (0, "worker-0"), (1, "worker-1"), (2, "aaa"), (3, "aaa")]
 
 
-def test_a_worker_process_started_under_a_live_name_says_why_and_exits(cluster):
+def test_a_worker_process_started_under_a_live_name_says_why_and_exits(pinned_liveness_cluster):
+    cluster = pinned_liveness_cluster
     env = {**os.environ, "FABRIC_WORKER_TOKEN": cluster.worker_token}
     # Bounded: it retries for the broker's liveness bound and a heartbeat, then exits.
     result = subprocess.run(

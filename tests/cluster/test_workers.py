@@ -19,7 +19,7 @@ import click
 import pytest
 import zmq
 from conftest import HEARTBEAT
-from faultproxy import wait_for
+from polling import wait_for
 from rawpeers import AdmittingContext, free_tcp_address
 
 import fabric
@@ -210,11 +210,14 @@ def test_start_worker_ends_the_process_it_replaces(cluster):
     assert cluster.workers[0] is new
     # The broker may list the old registration until it notices the old process is gone;
     # wait for the new process to be registered (both append to the same log).
-    deadline = time.monotonic() + 10
-    while _registrations(cluster, 0) < 2:
-        assert time.monotonic() < deadline, cluster.log_tail("worker-0", 50)
+
+    def registered() -> bool:
+        if _registrations(cluster, 0) >= 2:
+            return True
         assert new.poll() is None, cluster.log_tail("worker-0", 50)
-        time.sleep(0.02)
+        return False
+    wait_for(registered, 10, "the new worker-0 to register", interval=0.02,
+             detail=lambda: cluster.log_tail("worker-0", 50))
     cluster.wait_for_devices(2, timeout=10)
     with cluster.connect(device=0, timeout=5) as session:
         assert session.device.worker == "worker-0"

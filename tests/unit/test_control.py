@@ -147,10 +147,26 @@ def test_a_silent_broker_is_named_with_why_its_name_may_not_resolve(caplog):
 
 
 def test_without_give_up_after_a_silent_broker_is_retried_forever():
+    # "Forever" on the fake clock: a loop's ticks (one a second) through 10,000 silent seconds.
+    # Every time the broker has been silent past the liveness bound the worker connects again,
+    # under new identities, and registers again; the 2,500th attempt comes as the first did,
+    # 4 s after the one before (the first tick past 3 heartbeats of silence), and none raises.
     machine = control()
     machine.start(0.0)
-    for now in range(4, 10_000, 4):
-        machine.tick(float(now))  # reconnects, never raises
+    attempts, identities = [], set()
+    for now in range(1, 10_001):
+        actions = machine.tick(float(now))
+        if actions and type(actions[0]) is Connect:
+            connect, register = actions
+            assert type(register) is Send and register.message.kind == Kind.REGISTER
+            assert register.message.body["lanes"] == list(connect.lanes)
+            identities.update((connect.identity, *connect.lanes))
+            attempts.append(now)
+        else:  # between attempts: heartbeats only
+            assert sent(actions) in ([], [Kind.HEARTBEAT]), now
+    assert len(attempts) == 2_500 and attempts[-1] == 10_000
+    assert {later - earlier for earlier, later in zip([0, *attempts], attempts)} == {4}
+    assert len(identities) == 3 * len(attempts)  # (the worker's and its 2 lanes', never reused)
 
 
 def test_give_up_after_stops_a_worker_whose_broker_stays_silent():

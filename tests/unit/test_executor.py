@@ -16,7 +16,8 @@ from fabric.core.errors import FabricError, error_from_wire
 from fabric.core.flow import CREDIT_EVERY
 from fabric.core.protocol import Kind, Message, decode, encode
 from fabric.workers.backends.numpy_backend import NumpyDevice
-from fabric.workers.executor import Executor
+from fabric.workers import executor as executor_module
+from fabric.workers.executor import RUN_LOCALS, Executor
 
 SESSION = 0x5E55
 
@@ -411,3 +412,51 @@ def test_a_worker_keeps_a_bounded_number_of_packed_indexes_decoded():
     long_index = msgpack.packb([0] * wire.PACKED_INDEX_BYTES)
     assert wire.decode_index(long_index) == (0,) * wire.PACKED_INDEX_BYTES
     assert long_index not in wire._packed_indexes
+
+
+# -- the warning lookup's contract with _run -------------------------------------------------
+
+def test_the_warning_lookup_reads_only_locals_that_executor_run_has():
+    # _running_op reads these from _run's frame by name, so that _run pays nothing per op to
+    # say which op runs: renaming one of them in _run must rename it in RUN_LOCALS too.
+    assert set(RUN_LOCALS) <= set(Executor._run.__code__.co_varnames)
+    assert executor_module._RUN_CODE is Executor._run.__code__
+
+
+def test_a_numpy_warning_inside_an_op_names_that_op_and_only_its_session():
+    # Through each path of _run: the compact form (a plain call), the full form with params
+    # (the device's run), a graph's op (a generated plan, named by the graph's op), an op
+    # after a free; each after other ops of its batch.
+    executor = opened()
+    other = 0x07E4
+    executor.handle(Message(Kind.OPEN, other, 1, {"device": 0}))
+    values = np.array([1.0, 0.0, -1.0])
+    graph = {"graph": 7, "name": "g", "inputs": [[[3], "<f8"]], "outputs": [3],
+             "ops": [["add", 2, [1, 1.0], {}], ["log", 3, [1], {}]]}
+    with executor.floating_point_errors():
+        submit(executor,
+               ["put", 1, [], {"dtype": "<f8", "shape": [3], "buffer": 0}],
+               [2, "add", 1, 1.0],  # warns nothing
+               [3, "log", 1],  # the compact form: divide by zero, invalid value
+               [4, "add", 3, 1.0],
+               ["sum", 5, [1], {"axis": 0, "keepdims": False}],  # 0.0
+               ["divide", 6, [5, 0.0], {"dtype": "<f8"}],  # params: the device's run; 0 / 0
+               ["graph_register", 0, [], graph],
+               ["graph_call", 8, [1], {"graph": 7, "outputs": 1}],
+               4,  # a free, then an op
+               [9, "sqrt", 1],
+               buffers=(values.tobytes(),))
+        executor.handle(decode(encode(Message(Kind.SUBMIT, other, 0, {"ops": [
+            ["put", 1, [], {"dtype": "<f8", "shape": [3], "buffer": 0}], [2, "add", 1, 1.0]]},
+            (values.tobytes(),)))))
+        assert executor.handle(Message(Kind.REQUEST, other, 9, {"op": "sync"}))[0].body == {
+            "ok": True}  # no warning of the other session's
+        body = request(executor, op="sync").body
+    assert wire.decode_warnings(body) == ([
+        ("divide by zero encountered in log", 3, None, None),
+        ("invalid value encountered in log", 3, None, None),
+        ("invalid value encountered in divide", 6, None, None),
+        ("divide by zero encountered in log", 8, 7, 1),  # the graph's op 1, its call's tensor
+        ("invalid value encountered in log", 8, 7, 1),
+        ("invalid value encountered in sqrt", 9, None, None)], 0)
+    assert np.isnan(read(executor, 6)) and np.isnan(read(executor, 8)[2])  # (ran, unpoisoned)
