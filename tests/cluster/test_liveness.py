@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import fabric
-from conftest import HEARTBEAT, wait_until
+from conftest import HEARTBEAT
+from polling import wait_for
 from fabric.core.wire import MAX_GRAPH_OPS
 
 pytestmark = pytest.mark.timeout(240)
@@ -208,7 +209,7 @@ def test_a_partitioned_worker_is_lost_within_the_bound_and_comes_back_when_heale
                 assert bystander.arange(4).sum().numpy() == 6
                 time.sleep(LIVENESS)  # the worker's own end gives up on the link too
                 _ip("link", "set", host, "up")
-            wait_until(lambda: len(cluster.devices()) == 2, 30, "worker-1 to register again")
+            wait_for(lambda: len(cluster.devices()) == 2, 30, "worker-1 to register again")
             assert worker.poll() is None, "the partitioned worker ended"
             with cluster.connect(device=1, timeout=10) as again:
                 assert again.arange(3).sum().numpy() == 3
