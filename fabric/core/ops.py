@@ -507,6 +507,23 @@ def _unique(a: np.ndarray, part: int | None = None, **flags: Any) -> np.ndarray:
     return found if part is None else found[part]
 
 
+def _searchsorted(a: np.ndarray, v: Any, *sorter: Any, side: str = "left") -> np.ndarray:
+    # np.searchsorted, its sorter (an array of indices) a third input when given
+    return np.asarray(np.searchsorted(a, v, side=side, sorter=sorter[0] if sorter else None))
+
+
+def _searchsorted_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # one index per value; numpy's checks: a sorted 1-d array, a sorter of its length
+    a = args[0].shape
+    if len(a) != 1:
+        raise ValueError(f"searchsorted takes a 1-d sorted array, not one of shape {a}")
+    if len(args) > 2 and (not isinstance(args[2], Spec) or args[2].shape != a):
+        raise ValueError("sorter.size must equal a.size")
+    if params.get("side", "left") not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right' (got {params['side']!r})")
+    return args[1].shape if isinstance(args[1], Spec) else ()
+
+
 def _where(condition: Any, x: Any, y: Any) -> np.ndarray:
     return np.where(condition, x, y)
 
@@ -540,7 +557,7 @@ BINARY_UFUNCS = [
     np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift,
     np.logical_and, np.logical_or, np.logical_xor, np.maximum, np.minimum, np.fmax, np.fmin,
     np.arctan2, np.hypot, np.fmod, np.copysign, np.logaddexp, np.logaddexp2, np.float_power,
-    np.heaviside,
+    np.heaviside, np.nextafter,
 ]
 UNARY_UFUNCS = [
     np.negative, np.positive, np.absolute, np.invert, np.logical_not, np.exp, np.exp2,
@@ -566,6 +583,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("where", _where, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("clip", _clip, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("round", np.round, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("real", np.real, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("imag", np.imag, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("searchsorted", _searchsorted, _searchsorted_shape, _index_dtype),
     Op("isclose", np.isclose, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("nan_to_num", np.nan_to_num, _elementwise_shape, _tiny_dtype, elementwise=True),
     *[Op(name, func, _scan_shape, _tiny_dtype) for name, func in SCANS.items()],
@@ -586,6 +606,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("bincount", functions.bincount, _unknown_shape, _tiny_dtype),
     Op("pad", functions.pad, functions.pad_shape, _tiny_dtype),
     Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),
+    Op("cholesky", np.linalg.cholesky, functions.square_shape, functions.ones_dtype),
+    Op("pinv", np.linalg.pinv, functions.pinv_shape, functions.ones_dtype),
     Op("det", np.linalg.det, functions.det_shape, functions.ones_dtype),
     Op("solve", np.linalg.solve, functions.solve_shape, functions.ones_dtype),
     *[Op(name, getattr(functions, name), functions.packed_shape, functions.ones_dtype)

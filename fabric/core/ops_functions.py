@@ -41,6 +41,15 @@ def square_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
     return _shape(args[0])
 
 
+def pinv_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """pinv: each matrix's transposed shape (any matrix, square or not)."""
+    shape = _shape(args[0])
+    if len(shape) < 2:
+        raise np.linalg.LinAlgError(f"{len(shape)}-dimensional array given. Array must be at "
+                                    "least two-dimensional")
+    return shape[:-2] + (shape[-1], shape[-2])
+
+
 def det_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
     """det: one value per matrix."""
     _square(op, _shape(args[0]))

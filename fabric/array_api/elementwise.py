@@ -1,0 +1,91 @@
+"""The standard's elementwise functions (``sin``, ``add``, ``clip``, ``real``, ...): each one op
+of the table on the device, under the standard's name.
+
+Rule: a function is numpy's ufunc of the op table (``fabric.core.ops``), so its result's dtype
+is numpy 2's, which is the standard's wherever the standard defines one. Its operands are
+tensors or Python scalars (one at least a tensor): a scalar takes the tensor's dtype, as the
+standard says (``fabric.array_api.dtypes.operands``). Nothing is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fabric.array_api.dtypes import operand, operands
+from fabric.arrays.tensor import Tensor
+
+# The standard's name -> the op table's, for the functions of one array
+UNARY = {
+    "abs": "absolute", "acos": "arccos", "acosh": "arccosh", "asin": "arcsin",
+    "asinh": "arcsinh", "atan": "arctan", "atanh": "arctanh", "bitwise_invert": "invert",
+    "ceil": "ceil", "conj": "conjugate", "cos": "cos", "cosh": "cosh", "exp": "exp",
+    "expm1": "expm1", "floor": "floor", "imag": "imag", "isfinite": "isfinite",
+    "isinf": "isinf", "isnan": "isnan", "log": "log", "log1p": "log1p", "log2": "log2",
+    "log10": "log10", "logical_not": "logical_not", "negative": "negative",
+    "positive": "positive", "real": "real", "reciprocal": "reciprocal", "sign": "sign",
+    "signbit": "signbit", "sin": "sin", "sinh": "sinh", "square": "square", "sqrt": "sqrt",
+    "tan": "tan", "tanh": "tanh", "trunc": "trunc",
+}
+# ... and of two
+BINARY = {
+    "add": "add", "atan2": "arctan2", "bitwise_and": "bitwise_and",
+    "bitwise_left_shift": "left_shift", "bitwise_or": "bitwise_or",
+    "bitwise_right_shift": "right_shift", "bitwise_xor": "bitwise_xor", "copysign": "copysign",
+    "divide": "divide", "equal": "equal", "floor_divide": "floor_divide", "greater": "greater",
+    "greater_equal": "greater_equal", "hypot": "hypot", "less": "less",
+    "less_equal": "less_equal", "logaddexp": "logaddexp", "logical_and": "logical_and",
+    "logical_or": "logical_or", "logical_xor": "logical_xor", "maximum": "maximum",
+    "minimum": "minimum", "multiply": "multiply", "nextafter": "nextafter",
+    "not_equal": "not_equal", "pow": "power", "remainder": "remainder",
+    "subtract": "subtract",
+}
+
+
+def tensor_argument(x: Any, name: str) -> Tensor:
+    """``x``, which must be a fabric tensor (TypeError naming function ``name`` otherwise)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} takes a fabric tensor, not {type(x).__name__}: make one with "
+                        "the namespace's xp.asarray.")
+    return x
+
+
+def _unary(name: str, op: str) -> Callable[[Tensor], Tensor]:
+    def function(x: Tensor, /) -> Tensor:
+        x = tensor_argument(x, name)
+        return x.session.apply(op, (x,), {})
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = f"The standard's ``{name}``: numpy's ``{op}`` of each element, on the device."
+    return function
+
+
+def _binary(name: str, op: str) -> Callable[[Any, Any], Tensor]:
+    def function(x1: Tensor | complex, x2: Tensor | complex, /) -> Tensor:
+        a, b = operands(x1, x2)
+        return (a if isinstance(a, Tensor) else b).session.apply(op, (a, b), {})
+    function.__name__ = function.__qualname__ = name
+    function.__doc__ = (f"The standard's ``{name}``: numpy's ``{op}`` of each pair of elements "
+                        "(broadcast; a Python scalar takes the tensor's dtype), on the device.")
+    return function
+
+
+def round(x: Tensor, /) -> Tensor:  # noqa: A001  (the standard's name)
+    """Each element rounded to the nearest integer, halves to even (complex: both parts)."""
+    return tensor_argument(x, "round").round()
+
+
+def clip(x: Tensor, /, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+    """Each element limited to [min, max] (tensors or Python scalars, either may be None); the
+    result has ``x``'s dtype, as the standard says."""
+    x = tensor_argument(x, "clip")
+    if min is None and max is None:
+        return x.copy()
+    bounds = [bound if bound is None else operand(bound, x) for bound in (min, max)]
+    clipped = x.session.apply("clip", (x, *bounds), {})
+    return clipped if clipped.dtype == x.dtype else clipped.astype(x.dtype)
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    **{name: _unary(name, op) for name, op in UNARY.items()},
+    **{name: _binary(name, op) for name, op in BINARY.items()},
+    "round": round, "clip": clip,
+}
