@@ -22,7 +22,7 @@ UNARY = {
     "expm1": "expm1", "floor": "floor", "imag": "imag", "isfinite": "isfinite",
     "isinf": "isinf", "isnan": "isnan", "log": "log", "log1p": "log1p", "log2": "log2",
     "log10": "log10", "logical_not": "logical_not", "negative": "negative",
-    "positive": "positive", "real": "real", "reciprocal": "reciprocal", "sign": "sign",
+    "positive": "positive", "real": "real", "reciprocal": "reciprocal",
     "signbit": "signbit", "sin": "sin", "sinh": "sinh", "square": "square", "sqrt": "sqrt",
     "tan": "tan", "tanh": "tanh", "trunc": "trunc",
 }
@@ -68,6 +68,18 @@ def _binary(name: str, op: str) -> Callable[[Any, Any], Tensor]:
     return function
 
 
+def sign(x: Tensor, /) -> Tensor:
+    """-1, 0 or 1 by each element's sign; of a complex element, ``x / |x|`` as the standard
+    defines it (0 for 0), where numpy's differs on infinities and zeros' signs."""
+    x = tensor_argument(x, "sign")
+    if x.dtype.kind != "c":
+        return x.session.apply("sign", (x,), {})
+    session = x.session
+    nonzero = session.apply("not_equal", (x, 0), {})
+    magnitude = session.apply("absolute", (session.apply("where", (nonzero, x, 1.0), {}),), {})
+    return session.apply("divide", (x, magnitude), {})
+
+
 def round(x: Tensor, /) -> Tensor:  # noqa: A001  (the standard's name)
     """Each element rounded to the nearest integer, halves to even (complex: both parts)."""
     return tensor_argument(x, "round").round()
@@ -87,5 +99,5 @@ def clip(x: Tensor, /, min: Any = None, max: Any = None) -> Tensor:  # noqa: A00
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     **{name: _unary(name, op) for name, op in UNARY.items()},
     **{name: _binary(name, op) for name, op in BINARY.items()},
-    "round": round, "clip": clip,
+    "round": round, "clip": clip, "sign": sign,
 }

@@ -153,7 +153,7 @@ def broadcast_arrays(*arrays: Tensor) -> list[Tensor]:
     return [a if a.shape == shape else broadcast_to(a, shape) for a in arrays]
 
 
-def expand_dims(x: Tensor, /, *, axis: int = 0) -> Tensor:
+def expand_dims(x: Tensor, /, axis: int) -> Tensor:
     """``x`` with a new axis of length one at ``axis``: a view."""
     return tensor_argument(x, "expand_dims").view_op("expand_dims", axis=axis)
 
