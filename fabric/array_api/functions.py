@@ -191,13 +191,19 @@ def roll(x: Tensor, /, shift: int | tuple[int, ...], *, axis: Axis = None) -> Te
     return np.roll(tensor_argument(x, "roll"), shift, axis)
 
 
-def repeat(x: Tensor, repeats: int, /, *, axis: int | None = None) -> Tensor:
-    """Each element ``repeats`` times along ``axis`` (flattened first with None)."""
+def repeat(x: Tensor, repeats: int | Tensor, /, *, axis: int | None = None) -> Tensor:
+    """Each element ``repeats`` times along ``axis`` (flattened first with None): one count
+    for all, or a tensor of counts, one per element along the axis (the result's length
+    then learned from the device, one small round trip)."""
     x = tensor_argument(x, "repeat")
-    if isinstance(repeats, Tensor):
-        raise TypeError("repeat takes repeats as an int on fabric tensors (the length of the "
-                        "result would depend on a tensor's values): give one count for all.")
-    return np.repeat(x, operator.index(repeats), axis)
+    if not isinstance(repeats, Tensor):
+        return np.repeat(x, operator.index(repeats), axis)
+    if repeats.dtype.kind not in "iu" or repeats.ndim > 1:
+        raise TypeError(f"repeat takes a 0-d or 1-d integer tensor of counts, not a "
+                        f"{repeats.ndim}-d {repeats.dtype} one.")
+    repeated = x.session.apply("repeat", (x, repeats), {"axis": axis})
+    x.session.resolve_shape(repeated)
+    return repeated
 
 
 def tile(x: Tensor, repetitions: tuple[int, ...], /) -> Tensor:

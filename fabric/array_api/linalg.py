@@ -21,10 +21,11 @@ from fabric.array_api.elementwise import tensor_argument
 from fabric.array_api.functions import (broadcast_arrays, matmul, matrix_transpose, tensordot,
                                         vecdot)
 from fabric.arrays.tensor import Tensor
+from fabric.core.ops_functions import packed_parts
 
 __all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul",
            "matrix_norm", "matrix_power", "matrix_rank", "matrix_transpose", "outer", "pinv",
-           "solve", "svd", "svdvals", "tensordot", "trace", "vecdot", "vector_norm"]
+           "qr", "slogdet", "solve", "svd", "svdvals", "tensordot", "trace", "vecdot", "vector_norm"]
 
 
 def cholesky(x: Tensor, /, *, upper: builtins.bool = False) -> Tensor:
@@ -52,6 +53,33 @@ def solve(x1: Tensor, x2: Tensor, /) -> Tensor:
     return np.linalg.solve(tensor_argument(x1, "solve"), tensor_argument(x2, "solve"))
 
 
+# numpy's own result types (named tuples), which the standard's names match
+_QR, _SLOGDET = type(np.linalg.qr(np.eye(1))), type(np.linalg.slogdet(np.eye(1)))
+
+
+def _real_part(x: Tensor) -> Tensor:
+    return x.session.apply("real", (x,), {}) if x.dtype.kind == "c" else x
+
+
+def qr(x: Tensor, /, *, mode: str = "reduced") -> Any:
+    """``Q, R`` of each matrix ('reduced': Q of min(M, N) columns; 'complete': square Q), as
+    numpy's ``QRResult``: one op, its packed result viewed in two parts."""
+    x = tensor_argument(x, "qr")
+    if mode not in ("reduced", "complete"):
+        raise ValueError(f"qr's mode is 'reduced' or 'complete', not {mode!r}.")
+    packed = x.session.apply("qr", (x,), {"mode": mode})
+    (q_length, q_shape), (_, r_shape) = packed_parts("qr", x.shape, {"mode": mode})
+    return _QR(packed[..., :q_length].reshape(q_shape), packed[..., q_length:].reshape(r_shape))
+
+
+def slogdet(x: Tensor, /) -> Any:
+    """The sign and the natural log of the magnitude of each square matrix's determinant, as
+    numpy's ``SlogdetResult`` (the log real, also of a complex matrix)."""
+    x = tensor_argument(x, "slogdet")
+    packed = x.session.apply("slogdet", (x,), {})
+    return _SLOGDET(packed[..., 0], _real_part(packed[..., 1]))
+
+
 def eigh(x: Tensor, /) -> Any:
     """The eigenvalues (ascending) and eigenvectors of each Hermitian matrix, as numpy's
     ``EighResult``."""
@@ -73,13 +101,14 @@ def svdvals(x: Tensor, /) -> Tensor:
     return np.linalg.svd(tensor_argument(x, "svdvals"), compute_uv=False)
 
 
-def pinv(x: Tensor, /, *, rtol: float | None = None) -> Tensor:
-    """The pseudo-inverse of each matrix; singular values below ``rtol`` times the largest
-    count as zero (default: ``max(M, N)`` times the dtype's epsilon)."""
+def pinv(x: Tensor, /, *, rtol: float | Tensor | None = None) -> Tensor:
+    """The pseudo-inverse of each matrix; singular values below ``rtol`` (a float, or a tensor
+    broadcast against the stack) times the largest count as zero (default: ``max(M, N)``
+    times the dtype's epsilon)."""
     x = tensor_argument(x, "pinv")
     if isinstance(rtol, Tensor):
-        raise TypeError("pinv takes rtol as a Python float on fabric tensors.")
-    return x.session.apply("pinv", (x,), {} if rtol is None else {"rtol": float(rtol)})
+        return x.session.apply("pinv", (x, rtol), {})
+    return x.session.apply("pinv", (x,), {"rtol": None if rtol is None else float(rtol)})
 
 
 def _real_dtype(x: Tensor) -> np.dtype:

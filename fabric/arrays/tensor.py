@@ -186,6 +186,17 @@ class Tensor(Spec):
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """The array read back (as ``numpy()`` reads it) and exported through DLPack, for
+        ``np.from_dlpack(t)`` and other libraries' ``from_dlpack``: the read is that call."""
+        return self.numpy().__dlpack__(stream=stream, max_version=max_version,
+                                       dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """DLPack's CPU (1, 0): what ``__dlpack__`` exports is read into this host's memory."""
+        return (1, 0)
+
     def item(self) -> Any:
         """Read the tensor's one element, as a Python scalar."""
         return self.numpy().item()

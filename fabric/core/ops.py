@@ -157,10 +157,14 @@ def _update_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shap
 
 
 def _unknown_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
-    # argwhere, unique: how many rows depends on the data; the client learns it from the
+    # argwhere, unique, bincount, repeat: how many rows depends on the data; the client learns it from the
     # device (Session.resolve_shape); until then, none.
     if op.name == "argwhere":
         return (0, len(args[0].shape))
+    if op.name == "repeat" and params.get("axis") is not None:  # (the repeated axis's)
+        shape = list(args[0].shape)
+        shape[normalize_axis_index(params["axis"], len(shape))] = 0
+        return tuple(shape)
     if op.name == "unique":  # (as many axes as numpy's result for a stand-in has)
         return (0,) * _apply(op.impl, args, params, tiny=True).ndim
     return (0,)
@@ -604,14 +608,16 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("argwhere", _argwhere, _unknown_shape, _index_dtype),
     Op("unique", _unique, _unknown_shape, _tiny_dtype),
     Op("bincount", functions.bincount, _unknown_shape, _tiny_dtype),
+    Op("repeat", lambda a, repeats, axis=None: np.repeat(a, repeats, axis), _unknown_shape,
+       _same_dtype),
     Op("pad", functions.pad, functions.pad_shape, _tiny_dtype),
     Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),
     Op("cholesky", np.linalg.cholesky, functions.square_shape, functions.ones_dtype),
-    Op("pinv", np.linalg.pinv, functions.pinv_shape, functions.ones_dtype),
+    Op("pinv", functions.pinv, functions.pinv_shape, functions.ones_dtype),
     Op("det", np.linalg.det, functions.det_shape, functions.ones_dtype),
     Op("solve", np.linalg.solve, functions.solve_shape, functions.ones_dtype),
     *[Op(name, getattr(functions, name), functions.packed_shape, functions.ones_dtype)
-      for name in ("eig", "eigh", "svd")],
+      for name in ("eig", "eigh", "svd", "qr", "slogdet")],
     Op("reshape", np.reshape, _view_shape, _same_dtype),
     Op("transpose", np.transpose, _view_shape, _same_dtype),
     Op("swapaxes", np.swapaxes, _view_shape, _same_dtype),
@@ -642,7 +648,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
 # The ops the executor passes the session's generator
 RANDOM_OPS = frozenset({"uniform", "normal", "integers"})
 # The ops whose result's shape depends on the data: the client asks the device for it
-DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique", "bincount"})
+DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique", "bincount", "repeat"})
 # ... and those whose dtype does (eig's is real where every eigenvalue is)
 DATA_DEPENDENT_DTYPE = frozenset({"eig"})
 

@@ -31,7 +31,7 @@ def _square(op: Any, shape: Shape) -> None:
     if len(shape) < 2:
         raise np.linalg.LinAlgError(f"{len(shape)}-dimensional array given. Array must be at "
                                     "least two-dimensional")
-    if op.name != "svd" and shape[-1] != shape[-2]:
+    if op.name not in ("svd", "qr") and shape[-1] != shape[-2]:
         raise np.linalg.LinAlgError("Last 2 dimensions of the array must be square")
 
 
@@ -80,6 +80,11 @@ def packed_parts(name: str, shape: Shape, params: dict[str, Any]) -> list[tuple[
     batch, m, n = shape[:-2], shape[-2], shape[-1]
     if name in ("eig", "eigh"):
         return [(1, batch + (n,)), (m, batch + (m, n))]
+    if name == "qr":  # Q and R, flattened side by side
+        k = m if params.get("mode", "reduced") == "complete" else min(m, n)
+        return [(m * k, batch + (m, k)), (k * n, batch + (k, n))]
+    if name == "slogdet":  # the sign and the log of the magnitude, side by side
+        return [(1, batch), (1, batch)]
     k = min(m, n)
     if not params.get("compute_uv", True):
         return [(k, batch + (k,))]
@@ -88,11 +93,11 @@ def packed_parts(name: str, shape: Shape, params: dict[str, Any]) -> list[tuple[
 
 
 def packed_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
-    """eig, eigh, svd: the packed result (``packed_parts``)."""
+    """eig, eigh, svd, qr, slogdet: the packed result (``packed_parts``)."""
     shape = _shape(args[0])
     _square(op, shape)
     parts = packed_parts(op.name, shape, params)
-    if op.name == "svd":
+    if op.name in ("svd", "qr", "slogdet"):
         return shape[:-2] + (sum(length for length, _ in parts),)
     return shape[:-2] + (shape[-2] + 1, shape[-1])
 
@@ -113,7 +118,8 @@ def _pack(parts: Sequence[np.ndarray], along_rows: bool) -> np.ndarray:
     if along_rows:  # eigenvalues (..., n) as a first row above the vectors (..., m, n)
         return np.concatenate([parts[0][..., None, :].astype(dtype), parts[1]], axis=-2)
     batch = parts[0].shape[:-2]
-    return np.concatenate([p.reshape(batch + (-1,)).astype(dtype) for p in parts], axis=-1)
+    return np.concatenate([p.reshape(batch + (math.prod(p.shape[len(batch):]),)).astype(dtype)
+                           for p in parts], axis=-1)  # (sizes named: a batch may be empty)
 
 
 def eig(a: np.ndarray) -> np.ndarray:
@@ -132,6 +138,23 @@ def svd(a: np.ndarray, full_matrices: bool = True, compute_uv: bool = True,
     result = np.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
                            hermitian=hermitian)
     return result if not compute_uv else _pack(result, along_rows=False)
+
+
+def pinv(a: np.ndarray, *rtol: np.ndarray, **params: Any) -> np.ndarray:
+    """np.linalg.pinv, its ``rtol`` a param (None: the array API's default, ``max(M, N)``
+    times epsilon) or, as a tensor, a second input."""
+    return np.linalg.pinv(a, rtol=rtol[0] if rtol else params.get("rtol"))
+
+
+def qr(a: np.ndarray, mode: str = "reduced") -> np.ndarray:
+    """np.linalg.qr, packed (``packed_parts``)."""
+    return _pack(np.linalg.qr(a, mode=mode), along_rows=False)
+
+
+def slogdet(a: np.ndarray) -> np.ndarray:
+    """np.linalg.slogdet, packed: the sign and the log of the determinant's magnitude."""
+    sign, magnitude = np.linalg.slogdet(a)
+    return np.stack([sign, magnitude.astype(sign.dtype)], axis=-1)
 
 
 def pad_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:

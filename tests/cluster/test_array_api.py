@@ -1,6 +1,6 @@
 """The array API namespace of a session (``fabric.array_api``), against a real cluster: what
 ``t.__array_namespace__()`` returns, its info, the array attributes the standard adds
-(``device``, ``to_device``, ``mT``, ``__complex__``), creation on another device, the
+(``device``, ``to_device``, ``mT``, ``__complex__``, ``__dlpack__``), creation on another device, the
 standard's rules where numpy's differ, and that no function reads a tensor back.
 
 (``test_array_api_differential.py`` compares every function's values with array-api-strict.)
@@ -73,6 +73,10 @@ def test_array_attributes(session, xp) -> None:
     with pytest.raises(ValueError, match="2 dimensions"):
         xp.arange(3).mT
     assert complex(xp.asarray(1.5 - 2j)) == 1.5 - 2j  # (not float's)
+    exported = xp.asarray([1, 2, 3], dtype=xp.int16)
+    assert exported.__dlpack_device__() == (1, 0)  # (what it exports is read to this host)
+    assert np.from_dlpack(exported).tolist() == [1, 2, 3]
+    assert xp.from_dlpack(np.arange(2.0)).device == session.device
     assert complex(xp.asarray(3)) == 3 + 0j
 
 
@@ -125,7 +129,7 @@ def test_refusals_say_what_to_do(session, xp) -> None:
         xp.add(1, 2)
     with pytest.raises(TypeError, match="array API standard"):
         xp.zeros(2, dtype="float16")
-    with pytest.raises(TypeError, match="int"):
-        xp.repeat(xp.arange(3), xp.asarray([1, 2, 3]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        xp.repeat(xp.arange(3), xp.asarray([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="copy"):
         xp.asarray([1.0], copy=False)

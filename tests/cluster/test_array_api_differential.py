@@ -157,6 +157,13 @@ CASES: dict[str, Case] = {
                          rounding=True),
     "linalg.eigvalsh": Case(lambda ns, x: ns.linalg.eigvalsh(x + ns.matrix_transpose(x)),
                             "square", rounding=True),
+    "linalg.qr": Case(lambda ns, x, **kw: ns.linalg.qr(x, **kw), "matrix", rounding=True,
+                      keywords=lambda shape: st.fixed_dictionaries({
+                          "mode": st.sampled_from(["reduced", "complete"])})),
+    "linalg.slogdet": Case(lambda ns, x: ns.linalg.slogdet(x), "square", rounding=True),
+    "linalg.pinv": Case(lambda ns, x: ns.linalg.pinv(x), "matrix", rounding=True),
+    "repeat counts": Case(lambda ns, x, **kw: ns.repeat(x, ns.asarray([2, 0, 1, 3])[
+        :x.shape[0]], axis=0), "positive"),
     "linalg.svdvals": Case(lambda ns, x: ns.linalg.svdvals(x), "matrix", rounding=True),
     "linalg.vector_norm": Case(lambda ns, x, **kw: ns.linalg.vector_norm(x, **kw),
                                rounding=True, keywords=lambda shape: st.fixed_dictionaries({
