@@ -7,14 +7,14 @@ This package sits just above ``fabric.arrays``: every function is a remote op nu
 protocols already reach, under the standard's name, keywords and dtype rules. Its modules:
 ``dtypes`` (the dtypes, constants, promotion and dtype functions), ``elementwise``,
 ``functions`` (statistics, manipulation, searching, sorting, sets, indexing, ``astype``),
-``linalg`` (the extension, ``xp.linalg``), ``namespace`` (creation on a session's devices, and
+``linalg`` and ``fft`` (the extensions, ``xp.linalg`` and ``xp.fft``), ``namespace`` (creation on a session's devices, and
 ``__array_namespace_info__``). The functions of tensors are also this package's own names
 (``fabric.array_api.sin(t)``); creation needs a session's namespace.
 """
 
 from __future__ import annotations
 
-from fabric.array_api import linalg
+from fabric.array_api import fft, linalg
 from fabric.array_api.dtypes import (DTYPES, bool, can_cast, complex64, complex128, e, finfo,
                                      float32, float64, iinfo, inf, int8, int16, int32, int64,
                                      isdtype, nan, newaxis, pi, result_type, uint8, uint16,
@@ -29,6 +29,6 @@ globals().update(_ELEMENTWISE)
 globals().update(_OTHERS)
 ARRAY_NAMESPACE.append(namespace)  # t.__array_namespace__()
 
-__all__ = sorted({"ArrayAPINamespace", "Info", "namespace", "linalg", "DTYPES", "can_cast",
+__all__ = sorted({"ArrayAPINamespace", "Info", "namespace", "fft", "linalg", "DTYPES", "can_cast",
                   "finfo", "iinfo", "isdtype", "result_type", "e", "inf", "nan", "newaxis",
                   "pi", *DTYPES, *_ELEMENTWISE, *_OTHERS})

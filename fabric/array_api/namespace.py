@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from fabric.array_api import dtypes, linalg
+from fabric.array_api.fft import FFT
 from fabric.array_api.dtypes import DEFAULT_DTYPES, DTYPES, dtype_of, isdtype
 from fabric.array_api.elementwise import FUNCTIONS as ELEMENTWISE, tensor_argument
 from fabric.array_api.functions import FUNCTIONS as OTHERS
@@ -86,6 +87,12 @@ class ArrayAPINamespace:
 
     def __repr__(self) -> str:
         return f"<fabric.array_api namespace of {self.session!r}>"
+
+    @property
+    def fft(self) -> FFT:
+        """The ``fft`` extension: numpy's transforms on the device, and frequencies made on
+        this namespace's."""
+        return FFT(self)
 
     def __array_namespace_info__(self) -> Info:
         """The namespace's capabilities, devices and dtypes."""

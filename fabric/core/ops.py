@@ -611,6 +611,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("repeat", lambda a, repeats, axis=None: np.repeat(a, repeats, axis), _unknown_shape,
        _same_dtype),
     Op("pad", functions.pad, functions.pad_shape, _tiny_dtype),
+    *[Op(name, functions.fft(name), functions.fft_shape, functions.fft_dtype)
+      for name in functions.FFTS],
     Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),
     Op("cholesky", np.linalg.cholesky, functions.square_shape, functions.ones_dtype),
     Op("pinv", functions.pinv, functions.pinv_shape, functions.ones_dtype),

@@ -1,5 +1,5 @@
-"""The op table's entries for numpy's everyday functions: linear algebra, ``np.pad``,
-``np.bincount``: their implementations, and the shape and dtype rules ``fabric.core.ops`` lists
+"""The op table's entries for numpy's everyday functions: linear algebra, ``np.fft``'s
+transforms, ``np.pad``, ``np.bincount``: their implementations, and the shape and dtype rules ``fabric.core.ops`` lists
 them with.
 
 Rule: each op runs numpy's own function on the worker (``np.linalg``'s LAPACK calls, never a
@@ -155,6 +155,67 @@ def slogdet(a: np.ndarray) -> np.ndarray:
     """np.linalg.slogdet, packed: the sign and the log of the determinant's magnitude."""
     sign, magnitude = np.linalg.slogdet(a)
     return np.stack([sign, magnitude.astype(sign.dtype)], axis=-1)
+
+
+# np.fft's transforms: those whose result is real (the others' is complex), and those whose
+# last (or only) transformed axis is half the length of the other side's (plus one)
+FFTS = ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fftn", "ifftn", "rfftn", "irfftn")
+_REAL_RESULT = ("irfft", "hfft", "irfftn")
+_HALF_RESULT = ("rfft", "ihfft", "rfftn")
+
+
+def fft(name: str) -> Any:
+    """np.fft's transform ``name``, as an op's implementation (params as numpy takes them)."""
+    transform = getattr(np.fft, name)
+
+    def run(a: np.ndarray, **params: Any) -> np.ndarray:
+        return transform(a, **params)
+    run.__name__ = name
+    return run
+
+
+def _fft_length(name: str, length: int, n: int | None) -> int:
+    """The transformed axis's length: ``n`` points of the real or complex side (numpy's
+    defaults without it), and numpy's error for fewer than one."""
+    points = n if n is not None and n != -1 else (2 * (length - 1) if name in _REAL_RESULT
+                                                  else length)
+    if points < 1:
+        raise ValueError(f"Invalid number of FFT data points ({points}) specified.")
+    return points // 2 + 1 if name in _HALF_RESULT else points
+
+
+def fft_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """np.fft's transforms: each transformed axis's new length (``_fft_length``)."""
+    shape = list(_shape(args[0]))
+    if not op.name.endswith("n"):
+        axis = _axis_index(params.get("axis", -1), len(shape))
+        shape[axis] = _fft_length(op.name, shape[axis], params.get("n"))
+        return tuple(shape)
+    sizes, axes = params.get("s"), params.get("axes")
+    if axes is None:
+        axes = list(range(-len(sizes), 0)) if sizes is not None else list(range(len(shape)))
+    sizes = [None] * len(axes) if sizes is None else list(sizes)
+    if len(sizes) != len(axes):
+        raise ValueError("Shape and axes have different lengths.")
+    for i, (axis, n) in enumerate(zip(axes, sizes)):
+        axis = _axis_index(axis, len(shape))  # (only the last axis is the real one's)
+        shape[axis] = _fft_length(op.name if i == len(axes) - 1 else "fftn", shape[axis], n)
+    return tuple(shape)
+
+
+def _axis_index(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(axis, ndim)
+    return axis % ndim
+
+
+def fft_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    """np.fft's transforms keep the input's precision: complex64 or float32 from a 32-bit
+    input, else complex128 or float64."""
+    single = args[0].dtype in (np.float32, np.complex64)
+    if op.name in _REAL_RESULT:
+        return np.dtype(np.float32 if single else np.float64)
+    return np.dtype(np.complex64 if single else np.complex128)
 
 
 def pad_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:

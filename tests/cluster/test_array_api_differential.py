@@ -164,6 +164,22 @@ CASES: dict[str, Case] = {
     "linalg.pinv": Case(lambda ns, x: ns.linalg.pinv(x), "matrix", rounding=True),
     "repeat counts": Case(lambda ns, x, **kw: ns.repeat(x, ns.asarray([2, 0, 1, 3])[
         :x.shape[0]], axis=0), "positive"),
+    **{f"fft.{name}": Case(lambda ns, x, name=name, **kw: getattr(ns.fft, name)(x, **kw),
+                           "positive", rounding=True, keywords=lambda shape: st.fixed_dictionaries(
+                               {"norm": st.sampled_from(["backward", "ortho", "forward"])}))
+       for name in ("fft", "ifft", "fftn", "ifftn", "rfft", "rfftn", "hfft", "ihfft")},
+    **{f"fft.{name}": Case(lambda ns, x, name=name, **kw: getattr(ns.fft, name)(x, **kw),
+                           "positive", rounding=True, keywords=lambda shape: st.fixed_dictionaries(
+                               {"n": st.integers(1, 6), "axis": axis_of(shape, none=False)}),
+                           probe={"n": 2, "axis": 0})
+       for name in ("irfft", "rfft")},
+    **{f"fft.{name}": Case(lambda ns, x, name=name, **kw: getattr(ns.fft, name)(x, **kw),
+                           "nonscalar", keywords=lambda shape: st.fixed_dictionaries({"axes": st.one_of(
+                               st.none(), st.lists(axis_of(shape, none=False), unique=True,
+                                                   max_size=len(shape)))}))
+       for name in ("fftshift", "ifftshift")},
+    "fft.fftfreq": Case(lambda ns, x: ns.fft.fftfreq(x.shape[0] + 1, d=0.25)),
+    "fft.rfftfreq": Case(lambda ns, x: ns.fft.rfftfreq(x.shape[0] + 1, d=2.0)),
     "linalg.svdvals": Case(lambda ns, x: ns.linalg.svdvals(x), "matrix", rounding=True),
     "linalg.vector_norm": Case(lambda ns, x, **kw: ns.linalg.vector_norm(x, **kw),
                                rounding=True, keywords=lambda shape: st.fixed_dictionaries({
