@@ -70,14 +70,15 @@ def _binary(name: str, op: str) -> Callable[[Any, Any], Tensor]:
 
 def sign(x: Tensor, /) -> Tensor:
     """-1, 0 or 1 by each element's sign; of a complex element, ``x / |x|`` as the standard
-    defines it (0 for 0), where numpy's differs on infinities and zeros' signs."""
+    defines it (+0 + 0j for a zero of either sign), where numpy's differs on infinities and
+    zeros' signs."""
     x = tensor_argument(x, "sign")
     if x.dtype.kind != "c":
         return x.session.apply("sign", (x,), {})
     session = x.session
     nonzero = session.apply("not_equal", (x, 0), {})
     magnitude = session.apply("absolute", (session.apply("where", (nonzero, x, 1.0), {}),), {})
-    return session.apply("divide", (x, magnitude), {})
+    return session.apply("where", (nonzero, session.apply("divide", (x, magnitude), {}), 0), {})
 
 
 def round(x: Tensor, /) -> Tensor:  # noqa: A001  (the standard's name)
