@@ -50,7 +50,7 @@ def test_info_names_the_clusters_devices_and_the_defaults(shared_cluster, sessio
 def test_device_to_device_and_creation_on_another_device(session, xp) -> None:
     other = xp.__array_namespace_info__().devices()[1]
     t = xp.arange(4.0)
-    assert t.device == session.device
+    assert t.device == session.device and {t.device: 0}  # (a device is a key, too)
     there = xp.zeros(4, device=other)
     assert there.device == other and there.session is not session
     assert xp.ones(2, device=other).session is there.session  # (one session per device)
