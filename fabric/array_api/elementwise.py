@@ -19,7 +19,7 @@ UNARY = {
     "abs": "absolute", "acos": "arccos", "acosh": "arccosh", "asin": "arcsin",
     "asinh": "arcsinh", "atan": "arctan", "atanh": "arctanh", "bitwise_invert": "invert",
     "ceil": "ceil", "conj": "conjugate", "cos": "cos", "cosh": "cosh", "exp": "exp",
-    "expm1": "expm1", "floor": "floor", "imag": "imag", "isfinite": "isfinite",
+    "floor": "floor", "imag": "imag", "isfinite": "isfinite",
     "isinf": "isinf", "isnan": "isnan", "log": "log", "log1p": "log1p", "log2": "log2",
     "log10": "log10", "logical_not": "logical_not", "negative": "negative",
     "positive": "positive", "real": "real", "reciprocal": "reciprocal",
@@ -31,7 +31,7 @@ BINARY = {
     "add": "add", "atan2": "arctan2", "bitwise_and": "bitwise_and",
     "bitwise_left_shift": "left_shift", "bitwise_or": "bitwise_or",
     "bitwise_right_shift": "right_shift", "bitwise_xor": "bitwise_xor", "copysign": "copysign",
-    "divide": "divide", "equal": "equal", "floor_divide": "floor_divide", "greater": "greater",
+    "divide": "divide", "equal": "equal", "greater": "greater",
     "greater_equal": "greater_equal", "hypot": "hypot", "less": "less",
     "less_equal": "less_equal", "logaddexp": "logaddexp", "logical_and": "logical_and",
     "logical_or": "logical_or", "logical_xor": "logical_xor", "maximum": "maximum",
@@ -81,6 +81,38 @@ def sign(x: Tensor, /) -> Tensor:
     return session.apply("where", (nonzero, session.apply("divide", (x, magnitude), {}), 0), {})
 
 
+def expm1(x: Tensor, /) -> Tensor:
+    """``exp(x) - 1``, accurate near 0; of a complex infinity or NaN, ``exp(x) - 1`` with the
+    standard's special cases (numpy's expm1 gives NaNs there), and of a complex zero, +0."""
+    x = tensor_argument(x, "expm1")
+    session = x.session
+    if x.dtype.kind != "c":
+        return session.apply("expm1", (x,), {})
+    finite = session.apply("isfinite", (x,), {})
+    near = session.apply("where", (finite, session.apply("expm1", (x,), {}), session.apply(
+        "subtract", (session.apply("exp", (x,), {}), 1), {})), {})
+    return session.apply("add", (near, operand(complex(0.0, -0.0), x)), {})  # (-0 real: +0)
+
+
+def floor_divide(x1: Tensor | float, x2: Tensor | float, /) -> Tensor:
+    """The floor of ``x1 / x2``; of floats, the standard's special cases where numpy's
+    differ: an infinity by a finite number is an infinity, a finite number by an infinity a
+    zero (signed by the operands), where numpy gives NaN, 0 or -1."""
+    a, b = operands(x1, x2)
+    session = (a if isinstance(a, Tensor) else b).session
+    found = session.apply("floor_divide", (a, b), {})
+    if found.dtype.kind != "f":
+        return found
+    finite_a, finite_b = (session.apply("isfinite", (v,), {}) for v in (a, b))
+    infinite_a, infinite_b = (session.apply("isinf", (v,), {}) for v in (a, b))
+    special = session.apply("logical_or", (
+        session.apply("logical_and", (infinite_a, session.apply("logical_and", (
+            finite_b, session.apply("not_equal", (b, 0), {})), {})), {}),
+        session.apply("logical_and", (infinite_b, session.apply("logical_and", (
+            finite_a, session.apply("not_equal", (a, 0), {})), {})), {})), {})
+    return session.apply("where", (special, session.apply("divide", (a, b), {}), found), {})
+
+
 def round(x: Tensor, /) -> Tensor:  # noqa: A001  (the standard's name)
     """Each element rounded to the nearest integer, halves to even (complex: both parts)."""
     return tensor_argument(x, "round").round()
@@ -100,5 +132,5 @@ def clip(x: Tensor, /, min: Any = None, max: Any = None) -> Tensor:  # noqa: A00
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     **{name: _unary(name, op) for name, op in UNARY.items()},
     **{name: _binary(name, op) for name, op in BINARY.items()},
-    "round": round, "clip": clip, "sign": sign,
+    "round": round, "clip": clip, "sign": sign, "expm1": expm1, "floor_divide": floor_divide,
 }

@@ -87,8 +87,9 @@ def eigh(x: Tensor, /) -> Any:
 
 
 def eigvalsh(x: Tensor, /) -> Tensor:
-    """The eigenvalues (ascending) of each Hermitian matrix."""
-    return eigh(x).eigenvalues
+    """The eigenvalues (ascending) of each Hermitian matrix (numpy's eigvalsh: no vectors)."""
+    x = tensor_argument(x, "eigvalsh")
+    return x.session.apply("eigvalsh", (x,), {})
 
 
 def svd(x: Tensor, /, *, full_matrices: builtins.bool = True) -> Any:

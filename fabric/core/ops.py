@@ -614,6 +614,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     *[Op(name, functions.fft(name), functions.fft_shape, functions.fft_dtype)
       for name in functions.FFTS],
     Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),
+    Op("eigvalsh", np.linalg.eigvalsh, functions.eigenvalues_shape, functions.ones_dtype),
     Op("cholesky", np.linalg.cholesky, functions.square_shape, functions.ones_dtype),
     Op("pinv", functions.pinv, functions.pinv_shape, functions.ones_dtype),
     Op("det", np.linalg.det, functions.det_shape, functions.ones_dtype),

@@ -41,6 +41,12 @@ def square_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
     return _shape(args[0])
 
 
+def eigenvalues_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """eigvalsh: one value per row of each square matrix."""
+    _square(op, _shape(args[0]))
+    return _shape(args[0])[:-1]
+
+
 def pinv_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
     """pinv: each matrix's transposed shape (any matrix, square or not)."""
     shape = _shape(args[0])
