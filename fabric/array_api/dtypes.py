@@ -152,12 +152,10 @@ def session_of(*values: Any) -> Any:
                     "namespace's creation functions (xp.asarray, xp.zeros, ...).")
 
 
-def operand(value: Any, other: Tensor) -> Any:
-    """A scalar operand of a function of ``other`` as it may travel: a real Python scalar as
-    it is (numpy's weak scalar takes ``other``'s dtype, as the standard's does), a complex one
-    as a 0-d tensor of the dtype the standard gives it with ``other``."""
-    if isinstance(value, complex):
-        return other.session.asarray(np.asarray(value, np.result_type(other.dtype, value)))
+def operand(value: Any) -> Any:
+    """A scalar operand of a function of a tensor: a Python scalar as it is (numpy's weak
+    scalar takes the tensor's dtype, as the standard's does; a complex one travels as a 0-d
+    tensor of that dtype, ``session.apply``'s rule); numpy arrays refused."""
     if isinstance(value, (np.ndarray, np.generic)):
         raise TypeError("fabric.array_api's functions take fabric tensors and Python scalars, "
                         "not numpy arrays: upload them with xp.asarray first.")
@@ -170,8 +168,8 @@ def operands(x1: Any, x2: Any) -> tuple[Tensor | Any, Tensor | Any]:
     if isinstance(x1, Tensor):
         if isinstance(x2, Tensor):
             return x1, x2
-        return x1, operand(x2, x1)
+        return x1, operand(x2)
     if isinstance(x2, Tensor):
-        return operand(x1, x2), x2
+        return operand(x1), x2
     raise TypeError("An elementwise function of fabric.array_api takes at least one fabric "
                     "tensor: make one with xp.asarray.")

@@ -91,7 +91,7 @@ def expm1(x: Tensor, /) -> Tensor:
     finite = session.apply("isfinite", (x,), {})
     near = session.apply("where", (finite, session.apply("expm1", (x,), {}), session.apply(
         "subtract", (session.apply("exp", (x,), {}), 1), {})), {})
-    return session.apply("add", (near, operand(complex(0.0, -0.0), x)), {})  # (-0 real: +0)
+    return session.apply("add", (near, complex(0.0, -0.0)), {})  # (a -0 real part: +0)
 
 
 def floor_divide(x1: Tensor | float, x2: Tensor | float, /) -> Tensor:
@@ -124,7 +124,7 @@ def clip(x: Tensor, /, min: Any = None, max: Any = None) -> Tensor:  # noqa: A00
     x = tensor_argument(x, "clip")
     if min is None and max is None:
         return x.copy()
-    bounds = [bound if bound is None else operand(bound, x) for bound in (min, max)]
+    bounds = [bound if bound is None else operand(bound) for bound in (min, max)]
     clipped = x.session.apply("clip", (x, *bounds), {})
     return clipped if clipped.dtype == x.dtype else clipped.astype(x.dtype)
 

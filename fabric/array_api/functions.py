@@ -242,7 +242,7 @@ def searchsorted(x1: Tensor, x2: Tensor | complex, /, *, side: str = "left",
     """Where each of ``x2`` would go in the sorted 1-d ``x1`` (``sorter``: the indices that
     sort it), as numpy's ``searchsorted``."""
     x1 = tensor_argument(x1, "searchsorted")
-    inputs = (x1, operand(x2, x1)) if sorter is None else (x1, operand(x2, x1), sorter)
+    inputs = (x1, operand(x2)) if sorter is None else (x1, operand(x2), sorter)
     return x1.session.apply("searchsorted", inputs, {"side": side})
 
 

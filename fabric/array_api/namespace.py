@@ -242,16 +242,11 @@ def _or(dtype: Any, x: Tensor) -> np.dtype:
 
 
 def _full(session: Any, shape: Shape, fill_value: complex, dtype: Any) -> Tensor:
-    """``session.full``, and a complex value (which no op's params carry) broadcast from a
-    0-d upload."""
+    """``session.full``, its dtype the value's default or one of the standard's."""
     if isinstance(fill_value, Tensor):
         raise TypeError("full takes fill_value as a Python scalar: use xp.broadcast_to for a "
                         "tensor.")
-    dtype = np.asarray(fill_value).dtype if dtype is None else dtype_of(dtype)
-    if dtype.kind != "c":
-        return session.full(shape, fill_value, dtype)
-    one = session.asarray(np.asarray(fill_value, dtype))
-    return np.broadcast_to(one, (shape,) if isinstance(shape, int) else tuple(shape)).copy()
+    return session.full(shape, fill_value, None if dtype is None else dtype_of(dtype))
 
 
 # Every function and dtype of the standard's namespace, shared by every session's

@@ -287,6 +287,9 @@ class Tensor(Spec):
         the tensor (and the views of it, and the tensor it is a view of) then holds the new
         values, as numpy's does; other tensors made from its old values keep theirs."""
         check_writable(self)
+        if isinstance(value, (complex, np.complexfloating)) and self.dtype.kind == "c":
+            value = self.session.complex_operand(value, (self.dtype,))  # (no op's args carry
+            # a complex: a 0-d tensor; into a real tensor, numpy's TypeError at the call)
         key = update_key(self, index, value)
         wire = _BASIC_UPDATES.get(key)
         if wire is None:  # (once per signature in a loop: inferring it is most of the work)
