@@ -7,9 +7,10 @@ This package sits just above ``fabric.arrays``: every function is a remote op nu
 protocols already reach, under the standard's name, keywords and dtype rules. Its modules:
 ``dtypes`` (the dtypes, constants, promotion and dtype functions), ``elementwise``,
 ``functions`` (statistics, manipulation, searching, sorting, sets, indexing, ``astype``),
-``linalg`` and ``fft`` (the extensions, ``xp.linalg`` and ``xp.fft``), ``namespace`` (creation on a session's devices, and
-``__array_namespace_info__``). The functions of tensors are also this package's own names
-(``fabric.array_api.sin(t)``); creation needs a session's namespace.
+``linalg`` and ``fft`` (the extensions, ``xp.linalg`` and ``xp.fft``), ``namespace``
+(creation on a session's devices, and ``__array_namespace_info__``). The functions of
+tensors are also this package's own names (``fabric.array_api.sin(t)``); creation needs a
+session's namespace.
 """
 
 from __future__ import annotations

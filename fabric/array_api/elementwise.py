@@ -54,7 +54,8 @@ def _unary(name: str, op: str) -> Callable[[Tensor], Tensor]:
         x = tensor_argument(x, name)
         return x.session.apply(op, (x,), {})
     function.__name__ = function.__qualname__ = name
-    function.__doc__ = f"The standard's ``{name}``: numpy's ``{op}`` of each element, on the device."
+    function.__doc__ = (f"The standard's ``{name}``: numpy's ``{op}`` of each element, on "
+                        "the device.")
     return function
 
 

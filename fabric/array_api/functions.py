@@ -211,7 +211,7 @@ def tile(x: Tensor, repetitions: tuple[int, ...], /) -> Tensor:
     return np.tile(tensor_argument(x, "tile"), tuple(repetitions))
 
 
-# -- searching, sorting, sets, indexing ------------------------------------------------------------
+# -- searching, sorting, sets, indexing --------------------------------------------------------
 
 def argmax(x: Tensor, /, *, axis: int | None = None, keepdims: builtins.bool = False) -> Tensor:
     """The index of the first maximum along ``axis`` (of the flattened tensor with None)."""

@@ -157,8 +157,8 @@ def _update_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shap
 
 
 def _unknown_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
-    # argwhere, unique, bincount, repeat: how many rows depends on the data; the client learns it from the
-    # device (Session.resolve_shape); until then, none.
+    # argwhere, unique, bincount, repeat: how many rows depends on the data; the client
+    # learns it from the device (Session.resolve_shape); until then, none.
     if op.name == "argwhere":
         return (0, len(args[0].shape))
     if op.name == "repeat" and params.get("axis") is not None:  # (the repeated axis's)

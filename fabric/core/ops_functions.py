@@ -1,6 +1,6 @@
 """The op table's entries for numpy's everyday functions: linear algebra, ``np.fft``'s
-transforms, ``np.pad``, ``np.bincount``: their implementations, and the shape and dtype rules ``fabric.core.ops`` lists
-them with.
+transforms, ``np.pad``, ``np.bincount``: their implementations, and the shape and dtype rules
+``fabric.core.ops`` lists them with.
 
 Rule: each op runs numpy's own function on the worker (``np.linalg``'s LAPACK calls, never a
 hand-written algorithm), and its rules restate only what numpy's function would check before

@@ -135,8 +135,9 @@ CASES: dict[str, Case] = {
                              "axes": st.permutations(range(len(shape))).map(tuple)}),
                          probe={"axes": (1, 0)}),
     "reshape": Case(lambda ns, x: ns.reshape(x, (-1,))),
-    "tile": Case(lambda ns, x, reps: ns.tile(x, reps), keywords=lambda shape: st.fixed_dictionaries(
-        {"reps": st.lists(st.integers(0, 2), max_size=3).map(tuple)}), probe={"reps": (2,)}),
+    "tile": Case(lambda ns, x, reps: ns.tile(x, reps), probe={"reps": (2,)},
+                 keywords=lambda shape: st.fixed_dictionaries({
+                     "reps": st.lists(st.integers(0, 2), max_size=3).map(tuple)})),
     "repeat": Case(lambda ns, x, repeats, **kw: ns.repeat(x, repeats, **kw), "nonscalar",
                    keywords=lambda shape: st.fixed_dictionaries({
                        "repeats": st.integers(0, 2), "axis": axis_of(shape)}),
@@ -192,9 +193,10 @@ CASES: dict[str, Case] = {
                            probe={"n": 2, "axis": 0})
        for name in ("irfft", "rfft")},
     **{f"fft.{name}": Case(lambda ns, x, name=name, **kw: getattr(ns.fft, name)(x, **kw),
-                           "nonscalar", keywords=lambda shape: st.fixed_dictionaries({"axes": st.one_of(
-                               st.none(), st.lists(axis_of(shape, none=False), unique=True,
-                                                   max_size=len(shape)))}))
+                           "nonscalar", keywords=lambda shape: st.fixed_dictionaries({
+                               "axes": st.one_of(st.none(), st.lists(
+                                   axis_of(shape, none=False), unique=True,
+                                   max_size=len(shape)))}))
        for name in ("fftshift", "ifftshift")},
     "fft.fftfreq": Case(lambda ns, x: ns.fft.fftfreq(x.shape[0] + 1, d=0.25)),
     "fft.rfftfreq": Case(lambda ns, x: ns.fft.rfftfreq(x.shape[0] + 1, d=2.0)),
@@ -268,8 +270,9 @@ def dtypes_taken(case: Case) -> list[tuple[str, ...]]:
     taken = []
     for dtypes in (((d,) for d in DTYPES) if case.arity == 1 else
                    ((a, b) for a in DTYPES for b in DTYPES)):
-        inputs = [array_api_strict.asarray(np.eye(*s) if len(s) == 2 else np.ones(s), dtype=getattr(
-            array_api_strict, d)) for s, d in zip(shapes, dtypes)]  # (invertible, for linalg)
+        inputs = [array_api_strict.asarray(  # (invertible matrices, for linalg)
+            np.eye(*s) if len(s) == 2 else np.ones(s), dtype=getattr(array_api_strict, d))
+            for s, d in zip(shapes, dtypes)]
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
