@@ -32,7 +32,7 @@ _HOMES = {
     **{name: "core.errors" for name in _ERRORS},
 }
 # The subpackages, loaded on first use too (``fabric.core.flow.SUBMIT_WINDOW``).
-_SUBPACKAGES = ("core", "arrays", "transport", "mesh", "graphs", "client", "launch", "cli")
+_SUBPACKAGES = ("core", "arrays", "array_api", "transport", "mesh", "graphs", "client", "launch", "cli")
 
 __all__ = sorted(_HOMES)
 

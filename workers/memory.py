@@ -4,7 +4,8 @@ Rule: a byte is admitted before it is allocated, against one budget for the whol
 its devices, all their sessions). What an op needs is its result and room for one temporary:
 ``need`` says how much, from shapes and dtypes alone; for an op whose result's size depends on
 its data (``DATA_DEPENDENT_OPS``), from a look at the data that allocates nothing
-(``data_need``: a bincount's largest value, an argwhere's count of non-zeros). Each device
+(``data_need``: a bincount's largest value, an argwhere's count of non-zeros, a repeat's
+counts). Each device
 thread draws grants from the budget under a lock and spends them without one (its held bytes
 are its own, written by its thread only); a device gives back what it holds past ``chunk``
 after each message, so an idle device keeps at most that much of the budget from the others.
@@ -111,9 +112,29 @@ def data_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> tuple
         result = 8 * max(largest + 1, minlength)
     elif name == "argwhere":  # one row of intp indexes per non-zero element
         result = 8 * max(array.ndim, 1) * int(np.count_nonzero(array))
+    elif name == "repeat":  # each slice along the axis (an element, flat) as often as counted
+        result = _repeated_bytes(array, inputs[1] if len(inputs) > 1 else None,
+                                 params.get("axis"))
     else:  # unique, or one of its parts: at most one element (or one intp) per element
         result = count * max(array.dtype.itemsize, 8)
     return result, need(result, count)
+
+
+def _repeated_bytes(array: np.ndarray, counts: Any, axis: Any) -> int:
+    """The bytes ``np.repeat(array, counts, axis)`` makes (0 where numpy refuses it)."""
+    if not isinstance(counts, np.ndarray) or counts.dtype.kind not in "iu" or counts.ndim > 1:
+        return 0
+    if axis is None:
+        length, slices = array.size, array.size
+    elif type(axis) is int and -array.ndim <= axis < array.ndim:
+        length, slices = array.shape[axis], array.shape[axis]
+    else:
+        return 0
+    if counts.ndim == 1 and counts.size != length:
+        return 0
+    total = int(counts.sum()) if counts.ndim else int(counts) * length
+    per_slice = array.size // slices if slices else 0
+    return array.dtype.itemsize * per_slice * max(total, 0)
 
 
 class Resident(Protocol):

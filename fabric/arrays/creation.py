@@ -33,6 +33,11 @@ from fabric.core.session_life import SessionLife
 from fabric.core.wire import device_dtype, encode_param, encode_scalar
 
 
+# What apply uploads among an op's arguments: arrays and lists, and complex scalars
+_COMPLEX = (complex, np.complexfloating)
+_UPLOADED = (np.ndarray, list, *_COMPLEX)
+
+
 def _holds_tensor(items: Sequence[Any]) -> bool:
     return any(isinstance(item, Tensor)
                or isinstance(item, (list, tuple)) and _holds_tensor(item) for item in items)
@@ -109,17 +114,26 @@ class ArrayNamespace(ABC):
         """Op ``name`` of the op table on ``args``, queued; its result, whose shape and dtype
         are inferred here (numpy's error, before anything is sent). ``wire_params``: the
         params as they travel, when not as given (an index)."""
-        # Arrays and lists among the arguments are uploaded, as numpy would coerce them.
+        # Arrays and lists among the arguments are uploaded, as numpy would coerce them, and
+        # complex scalars, which no op's args carry, as 0-d arrays (``complex_operand``).
         # (A tensor, the commonest argument, is let through before the costlier isinstance.)
         for arg in args:
-            if type(arg) is not Tensor and isinstance(arg, (np.ndarray, list)):
-                args = [self.asarray(a) if isinstance(a, (np.ndarray, list)) else a
+            if type(arg) is not Tensor and isinstance(arg, _UPLOADED):
+                dtypes = [a.dtype for a in args if isinstance(a, Tensor)]
+                args = [self.asarray(a) if isinstance(a, (np.ndarray, list)) else
+                        self.complex_operand(a, dtypes) if isinstance(a, _COMPLEX) else a
                         for a in args]
                 break
         shape, dtype = OPS[name].infer(args, params)  # numpy's error, here, before sending
         # Whoever called this method is fabric's own, so the user is further up.
         return self.emit(name, args, shape, dtype,
                          params if wire_params is None else wire_params, issued_at(3))
+
+    def complex_operand(self, value: Any, dtypes: Sequence[np.dtype]) -> Tensor:
+        """A complex scalar operand, as a 0-d tensor of the dtype numpy's promotion gives it
+        beside tensors of ``dtypes`` (a Python complex is weak: complex64 beside complex64 or
+        float32), so that the op's result is numpy's."""
+        return self._upload(np.asarray(value, np.result_type(*dtypes, value)))
 
     def emit(self, name: str, args: Sequence[Any], shape: tuple[int, ...], dtype: np.dtype,
              params: dict[str, Any], origin: Any) -> Tensor:
@@ -220,6 +234,9 @@ class ArrayNamespace(ABC):
     def full(self, shape: Any, fill_value: Any, dtype: Any = None) -> Tensor:
         """A tensor of ``fill_value`` (its dtype by numpy's rule without ``dtype``)."""
         dtype = device_dtype(np.asarray(fill_value).dtype if dtype is None else dtype)
+        if dtype.kind == "c":  # (no op's params carry a complex: a 0-d upload, broadcast)
+            one = self._upload(np.asarray(fill_value, dtype))
+            return self.apply("broadcast_to", (one,), {"shape": as_shape(shape)}).copy()
         if np.ndim(fill_value) == 0:  # cast here, as numpy's copy casts it (an int past 64
             fill_value = dtype.type(fill_value).item()  # bits fills a float tensor)
         return self.create("full", shape, dtype, fill_value=fill_value)

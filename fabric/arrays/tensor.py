@@ -36,6 +36,10 @@ _BASIC_INDEXES, _BASIC_UPDATES = Remembered(), Remembered()
 # numpy function -> its handler on tensors; filled by fabric.arrays.numpy_functions, which the
 # module that makes every tensor's session (fabric.arrays.creation) imports.
 ARRAY_FUNCTIONS: dict[Any, Callable[..., Any]] = {}
+# The array API standard's namespace of a session, ``(session, api_version) -> namespace``
+# (``t.__array_namespace__()``): the one function fabric.array_api puts here when loaded, as
+# the client's package loads it.
+ARRAY_NAMESPACE: list[Callable[[Any, str | None], Any]] = []
 
 
 class Tensor(Spec):
@@ -83,6 +87,26 @@ class Tensor(Spec):
     def T(self) -> "Tensor":
         """The tensor with its axes reversed."""
         return self.transpose()
+
+    @property
+    def mT(self) -> "Tensor":
+        """Each matrix of the stack transposed (the last two axes swapped): a view."""
+        if len(self.shape) < 2:
+            raise ValueError(f"mT needs at least 2 dimensions; this tensor has {self.ndim}.")
+        return self.swapaxes(-1, -2)
+
+    @property
+    def device(self) -> Any:
+        """The device the tensor lives on (its session's, a ``fabric.Device``)."""
+        return self.session.device
+
+    def __array_namespace__(self, /, *, api_version: str | None = None) -> Any:
+        """The array API standard's namespace of this tensor's session
+        (``fabric.array_api``): its functions run on the device."""
+        if not ARRAY_NAMESPACE:
+            raise RuntimeError("The array API namespace is not loaded: import fabric.array_api "
+                               "(fabric.connect and LocalCluster load it).")
+        return ARRAY_NAMESPACE[0](self.session, api_version)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -139,6 +163,17 @@ class Tensor(Spec):
         both devices are on one worker), never through this client."""
         return self if session is self.session else session.receive_from(self)
 
+    def to_device(self, device: Any, /, *, stream: Any = None) -> Any:
+        """This array on ``device``: a device of the cluster (moved worker to worker, on a
+        session over this one's connection, as ``to``), or ``"cpu"``: read back, as
+        ``numpy()`` reads it (the explicit read, never an implicit one)."""
+        if stream is not None:
+            raise ValueError("to_device takes no stream= on fabric tensors: each session's "
+                             "ops already run in the order they were issued.")
+        if isinstance(device, str) and device == "cpu":
+            return self.numpy()
+        return self.to(self.__array_namespace__().session_on(device))
+
     def numpy(self, copy: bool = True, *, progress: Progress = False) -> np.ndarray:
         """Read the array back: an ordinary, writable numpy array of its own; with
         ``copy=False``, a read-only one that may share memory with the worker (a large array
@@ -150,6 +185,17 @@ class Tensor(Spec):
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()
         return array if dtype is None else array.astype(dtype, copy=False)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """The array read back (as ``numpy()`` reads it) and exported through DLPack, for
+        ``np.from_dlpack(t)`` and other libraries' ``from_dlpack``: the read is that call."""
+        return self.numpy().__dlpack__(stream=stream, max_version=max_version,
+                                       dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """DLPack's CPU (1, 0): what ``__dlpack__`` exports is read into this host's memory."""
+        return (1, 0)
 
     def item(self) -> Any:
         """Read the tensor's one element, as a Python scalar."""
@@ -172,6 +218,9 @@ class Tensor(Spec):
 
     def __int__(self) -> int:
         return int(self.numpy())
+
+    def __complex__(self) -> complex:
+        return complex(self.numpy())
 
     def __index__(self) -> int:
         if self.dtype.kind not in "iub" or self.shape:  # (numpy's words; nothing read)
@@ -238,6 +287,9 @@ class Tensor(Spec):
         the tensor (and the views of it, and the tensor it is a view of) then holds the new
         values, as numpy's does; other tensors made from its old values keep theirs."""
         check_writable(self)
+        if isinstance(value, (complex, np.complexfloating)) and self.dtype.kind == "c":
+            value = self.session.complex_operand(value, (self.dtype,))  # (no op's args carry
+            # a complex: a 0-d tensor; into a real tensor, numpy's TypeError at the call)
         key = update_key(self, index, value)
         wire = _BASIC_UPDATES.get(key)
         if wire is None:  # (once per signature in a loop: inferring it is most of the work)

@@ -19,6 +19,10 @@ class Device:
     settings: dict[str, Any]
     local: int = 0
 
+    def __hash__(self) -> int:
+        # (its settings, a dict, left out: a device is a key, as the array API's devices are)
+        return hash((self.index, self.worker, self.backend, self.local))
+
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> "Device":
         """The device a broker's message describes."""

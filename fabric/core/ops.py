@@ -157,10 +157,14 @@ def _update_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shap
 
 
 def _unknown_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
-    # argwhere, unique: how many rows depends on the data; the client learns it from the
-    # device (Session.resolve_shape); until then, none.
+    # argwhere, unique, bincount, repeat: how many rows depends on the data; the client
+    # learns it from the device (Session.resolve_shape); until then, none.
     if op.name == "argwhere":
         return (0, len(args[0].shape))
+    if op.name == "repeat" and params.get("axis") is not None:  # (the repeated axis's)
+        shape = list(args[0].shape)
+        shape[normalize_axis_index(params["axis"], len(shape))] = 0
+        return tuple(shape)
     if op.name == "unique":  # (as many axes as numpy's result for a stand-in has)
         return (0,) * _apply(op.impl, args, params, tiny=True).ndim
     return (0,)
@@ -507,6 +511,23 @@ def _unique(a: np.ndarray, part: int | None = None, **flags: Any) -> np.ndarray:
     return found if part is None else found[part]
 
 
+def _searchsorted(a: np.ndarray, v: Any, *sorter: Any, side: str = "left") -> np.ndarray:
+    # np.searchsorted, its sorter (an array of indices) a third input when given
+    return np.asarray(np.searchsorted(a, v, side=side, sorter=sorter[0] if sorter else None))
+
+
+def _searchsorted_shape(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # one index per value; numpy's checks: a sorted 1-d array, a sorter of its length
+    a = args[0].shape
+    if len(a) != 1:
+        raise ValueError(f"searchsorted takes a 1-d sorted array, not one of shape {a}")
+    if len(args) > 2 and (not isinstance(args[2], Spec) or args[2].shape != a):
+        raise ValueError("sorter.size must equal a.size")
+    if params.get("side", "left") not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right' (got {params['side']!r})")
+    return args[1].shape if isinstance(args[1], Spec) else ()
+
+
 def _where(condition: Any, x: Any, y: Any) -> np.ndarray:
     return np.where(condition, x, y)
 
@@ -540,7 +561,7 @@ BINARY_UFUNCS = [
     np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift,
     np.logical_and, np.logical_or, np.logical_xor, np.maximum, np.minimum, np.fmax, np.fmin,
     np.arctan2, np.hypot, np.fmod, np.copysign, np.logaddexp, np.logaddexp2, np.float_power,
-    np.heaviside,
+    np.heaviside, np.nextafter,
 ]
 UNARY_UFUNCS = [
     np.negative, np.positive, np.absolute, np.invert, np.logical_not, np.exp, np.exp2,
@@ -566,6 +587,9 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("where", _where, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("clip", _clip, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("round", np.round, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("real", np.real, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("imag", np.imag, _elementwise_shape, _tiny_dtype, elementwise=True),
+    Op("searchsorted", _searchsorted, _searchsorted_shape, _index_dtype),
     Op("isclose", np.isclose, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("nan_to_num", np.nan_to_num, _elementwise_shape, _tiny_dtype, elementwise=True),
     *[Op(name, func, _scan_shape, _tiny_dtype) for name, func in SCANS.items()],
@@ -584,12 +608,19 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("argwhere", _argwhere, _unknown_shape, _index_dtype),
     Op("unique", _unique, _unknown_shape, _tiny_dtype),
     Op("bincount", functions.bincount, _unknown_shape, _tiny_dtype),
+    Op("repeat", lambda a, repeats, axis=None: np.repeat(a, repeats, axis), _unknown_shape,
+       _same_dtype),
     Op("pad", functions.pad, functions.pad_shape, _tiny_dtype),
+    *[Op(name, functions.fft(name), functions.fft_shape, functions.fft_dtype)
+      for name in functions.FFTS],
     Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),
+    Op("eigvalsh", np.linalg.eigvalsh, functions.eigenvalues_shape, functions.ones_dtype),
+    Op("cholesky", np.linalg.cholesky, functions.square_shape, functions.ones_dtype),
+    Op("pinv", functions.pinv, functions.pinv_shape, functions.ones_dtype),
     Op("det", np.linalg.det, functions.det_shape, functions.ones_dtype),
     Op("solve", np.linalg.solve, functions.solve_shape, functions.ones_dtype),
     *[Op(name, getattr(functions, name), functions.packed_shape, functions.ones_dtype)
-      for name in ("eig", "eigh", "svd")],
+      for name in ("eig", "eigh", "svd", "qr", "slogdet")],
     Op("reshape", np.reshape, _view_shape, _same_dtype),
     Op("transpose", np.transpose, _view_shape, _same_dtype),
     Op("swapaxes", np.swapaxes, _view_shape, _same_dtype),
@@ -620,7 +651,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
 # The ops the executor passes the session's generator
 RANDOM_OPS = frozenset({"uniform", "normal", "integers"})
 # The ops whose result's shape depends on the data: the client asks the device for it
-DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique", "bincount"})
+DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique", "bincount", "repeat"})
 # ... and those whose dtype does (eig's is real where every eigenvalue is)
 DATA_DEPENDENT_DTYPE = frozenset({"eig"})
 

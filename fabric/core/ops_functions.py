@@ -1,6 +1,6 @@
-"""The op table's entries for numpy's everyday functions: linear algebra, ``np.pad``,
-``np.bincount``: their implementations, and the shape and dtype rules ``fabric.core.ops`` lists
-them with.
+"""The op table's entries for numpy's everyday functions: linear algebra, ``np.fft``'s
+transforms, ``np.pad``, ``np.bincount``: their implementations, and the shape and dtype rules
+``fabric.core.ops`` lists them with.
 
 Rule: each op runs numpy's own function on the worker (``np.linalg``'s LAPACK calls, never a
 hand-written algorithm), and its rules restate only what numpy's function would check before
@@ -31,7 +31,7 @@ def _square(op: Any, shape: Shape) -> None:
     if len(shape) < 2:
         raise np.linalg.LinAlgError(f"{len(shape)}-dimensional array given. Array must be at "
                                     "least two-dimensional")
-    if op.name != "svd" and shape[-1] != shape[-2]:
+    if op.name not in ("svd", "qr") and shape[-1] != shape[-2]:
         raise np.linalg.LinAlgError("Last 2 dimensions of the array must be square")
 
 
@@ -39,6 +39,21 @@ def square_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
     """inv: the matrices' own shape."""
     _square(op, _shape(args[0]))
     return _shape(args[0])
+
+
+def eigenvalues_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """eigvalsh: one value per row of each square matrix."""
+    _square(op, _shape(args[0]))
+    return _shape(args[0])[:-1]
+
+
+def pinv_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """pinv: each matrix's transposed shape (any matrix, square or not)."""
+    shape = _shape(args[0])
+    if len(shape) < 2:
+        raise np.linalg.LinAlgError(f"{len(shape)}-dimensional array given. Array must be at "
+                                    "least two-dimensional")
+    return shape[:-2] + (shape[-1], shape[-2])
 
 
 def det_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
@@ -71,6 +86,11 @@ def packed_parts(name: str, shape: Shape, params: dict[str, Any]) -> list[tuple[
     batch, m, n = shape[:-2], shape[-2], shape[-1]
     if name in ("eig", "eigh"):
         return [(1, batch + (n,)), (m, batch + (m, n))]
+    if name == "qr":  # Q and R, flattened side by side
+        k = m if params.get("mode", "reduced") == "complete" else min(m, n)
+        return [(m * k, batch + (m, k)), (k * n, batch + (k, n))]
+    if name == "slogdet":  # the sign and the log of the magnitude, side by side
+        return [(1, batch), (1, batch)]
     k = min(m, n)
     if not params.get("compute_uv", True):
         return [(k, batch + (k,))]
@@ -79,11 +99,11 @@ def packed_parts(name: str, shape: Shape, params: dict[str, Any]) -> list[tuple[
 
 
 def packed_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
-    """eig, eigh, svd: the packed result (``packed_parts``)."""
+    """eig, eigh, svd, qr, slogdet: the packed result (``packed_parts``)."""
     shape = _shape(args[0])
     _square(op, shape)
     parts = packed_parts(op.name, shape, params)
-    if op.name == "svd":
+    if op.name in ("svd", "qr", "slogdet"):
         return shape[:-2] + (sum(length for length, _ in parts),)
     return shape[:-2] + (shape[-2] + 1, shape[-1])
 
@@ -104,7 +124,8 @@ def _pack(parts: Sequence[np.ndarray], along_rows: bool) -> np.ndarray:
     if along_rows:  # eigenvalues (..., n) as a first row above the vectors (..., m, n)
         return np.concatenate([parts[0][..., None, :].astype(dtype), parts[1]], axis=-2)
     batch = parts[0].shape[:-2]
-    return np.concatenate([p.reshape(batch + (-1,)).astype(dtype) for p in parts], axis=-1)
+    return np.concatenate([p.reshape(batch + (math.prod(p.shape[len(batch):]),)).astype(dtype)
+                           for p in parts], axis=-1)  # (sizes named: a batch may be empty)
 
 
 def eig(a: np.ndarray) -> np.ndarray:
@@ -123,6 +144,84 @@ def svd(a: np.ndarray, full_matrices: bool = True, compute_uv: bool = True,
     result = np.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
                            hermitian=hermitian)
     return result if not compute_uv else _pack(result, along_rows=False)
+
+
+def pinv(a: np.ndarray, *rtol: np.ndarray, **params: Any) -> np.ndarray:
+    """np.linalg.pinv, its ``rtol`` a param (None: the array API's default, ``max(M, N)``
+    times epsilon) or, as a tensor, a second input."""
+    return np.linalg.pinv(a, rtol=rtol[0] if rtol else params.get("rtol"))
+
+
+def qr(a: np.ndarray, mode: str = "reduced") -> np.ndarray:
+    """np.linalg.qr, packed (``packed_parts``)."""
+    return _pack(np.linalg.qr(a, mode=mode), along_rows=False)
+
+
+def slogdet(a: np.ndarray) -> np.ndarray:
+    """np.linalg.slogdet, packed: the sign and the log of the determinant's magnitude."""
+    sign, magnitude = np.linalg.slogdet(a)
+    return np.stack([sign, magnitude.astype(sign.dtype)], axis=-1)
+
+
+# np.fft's transforms: those whose result is real (the others' is complex), and those whose
+# last (or only) transformed axis is half the length of the other side's (plus one)
+FFTS = ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "fftn", "ifftn", "rfftn", "irfftn")
+_REAL_RESULT = ("irfft", "hfft", "irfftn")
+_HALF_RESULT = ("rfft", "ihfft", "rfftn")
+
+
+def fft(name: str) -> Any:
+    """np.fft's transform ``name``, as an op's implementation (params as numpy takes them)."""
+    transform = getattr(np.fft, name)
+
+    def run(a: np.ndarray, **params: Any) -> np.ndarray:
+        return transform(a, **params)
+    run.__name__ = name
+    return run
+
+
+def _fft_length(name: str, length: int, n: int | None) -> int:
+    """The transformed axis's length: ``n`` points of the real or complex side (numpy's
+    defaults without it), and numpy's error for fewer than one."""
+    points = n if n is not None and n != -1 else (2 * (length - 1) if name in _REAL_RESULT
+                                                  else length)
+    if points < 1:
+        raise ValueError(f"Invalid number of FFT data points ({points}) specified.")
+    return points // 2 + 1 if name in _HALF_RESULT else points
+
+
+def fft_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """np.fft's transforms: each transformed axis's new length (``_fft_length``)."""
+    shape = list(_shape(args[0]))
+    if not op.name.endswith("n"):
+        axis = _axis_index(params.get("axis", -1), len(shape))
+        shape[axis] = _fft_length(op.name, shape[axis], params.get("n"))
+        return tuple(shape)
+    sizes, axes = params.get("s"), params.get("axes")
+    if axes is None:
+        axes = list(range(-len(sizes), 0)) if sizes is not None else list(range(len(shape)))
+    sizes = [None] * len(axes) if sizes is None else list(sizes)
+    if len(sizes) != len(axes):
+        raise ValueError("Shape and axes have different lengths.")
+    for i, (axis, n) in enumerate(zip(axes, sizes)):
+        axis = _axis_index(axis, len(shape))  # (only the last axis is the real one's)
+        shape[axis] = _fft_length(op.name if i == len(axes) - 1 else "fftn", shape[axis], n)
+    return tuple(shape)
+
+
+def _axis_index(axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise np.exceptions.AxisError(axis, ndim)
+    return axis % ndim
+
+
+def fft_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+    """np.fft's transforms keep the input's precision: complex64 or float32 from a 32-bit
+    input, else complex128 or float64."""
+    single = args[0].dtype in (np.float32, np.complex64)
+    if op.name in _REAL_RESULT:
+        return np.dtype(np.float32 if single else np.float64)
+    return np.dtype(np.complex64 if single else np.complex128)
 
 
 def pad_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:

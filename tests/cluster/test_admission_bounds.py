@@ -123,6 +123,17 @@ def test_an_argwhere_past_the_limit_is_refused_before_it_allocates(limited):
     refused_without_allocating(limited, attack)
 
 
+def test_a_repeat_by_a_tensor_of_counts_past_the_limit_is_refused_before_it_allocates(limited):
+    # The array API's repeat with a tensor of repeats: its length is the counts' sum (two
+    # counts of 20M each make 320 MB of float64).
+    def attack(session: fabric.Session) -> None:
+        x = session.asarray(np.array([1.0, 2.0]))
+        x.__array_namespace__().repeat(x, session.asarray(np.array([RESULT // 16] * 2)))
+
+    error = refused_without_allocating(limited, attack)
+    assert "repeat" in error.message and str(RESULT) in error.message
+
+
 def test_data_dependent_results_within_the_limit_are_as_numpys(limited):
     with limited.connect() as session:
         values = np.array([0, 3, 3, 7, 1])

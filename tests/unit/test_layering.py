@@ -3,7 +3,7 @@
 - ``broker/`` and ``workers/`` import, of fabric, only ``fabric.core`` and their own package
   (never each other, never the client side), at module level or inside a function alike;
 - the client's subpackages import only downwards: cli -> launch -> client -> graphs -> mesh ->
-  transport -> arrays -> core (``fabric.core`` imports no other subpackage);
+  transport -> array_api -> arrays -> core (``fabric.core`` imports no other subpackage);
 - a broker or worker process, once loaded, holds no other fabric module, and no asyncio.
 """
 
@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LAYERS = ("core", "arrays", "transport", "mesh", "graphs", "client", "launch", "cli")
+LAYERS = ("core", "arrays", "array_api", "transport", "mesh", "graphs", "client", "launch", "cli")
 SERVERS = ("broker", "workers")
 
 
@@ -91,6 +91,8 @@ def test_every_import_is_on_the_allow_list() -> None:
     ("fabric.mesh.sharded", "fabric.transport.moves", True),
     ("fabric.cli.main", "fabric.workers.control_io", True),
     ("fabric.client.session", "fabric.broker.model", False),
+    ("fabric.arrays.tensor", "fabric.array_api.namespace", False),
+    ("fabric.client.session", "fabric.array_api", True),
 ])
 def test_the_allow_list_refuses_what_it_should(importer: str, target: str, ok: bool) -> None:
     # (so that the check above cannot pass by allowing everything)
