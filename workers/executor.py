@@ -346,7 +346,7 @@ class Executor(GraphOps, Admission):
                 buffers[params["buffer"]], dtype=device_dtype(params["dtype"])
             ).reshape(params["shape"])
             self._require(session, "put (an upload)", array.nbytes, array.nbytes)
-            return shared_memory.owned(array) if shared else array
+            return self.device.from_host(shared_memory.owned(array) if shared else array)
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
@@ -369,7 +369,7 @@ class Executor(GraphOps, Admission):
             body["error"] = ProtocolError(f"Tensor {tensor_id} does not exist in the session "
                                           "it was moved from.").to_wire()
         else:
-            array = session.tensors[tensor_id]
+            array = self.device.to_host(session.tensors[tensor_id])
             body.update(dtype=array.dtype.str, shape=list(array.shape))
             if "into" in params:  # its client lent a slot of shared memory for the way
                 shared_memory.carry_in_slot(session, params["into"], array, body)
@@ -396,7 +396,8 @@ class Executor(GraphOps, Admission):
                 array = shared_memory.uploaded(session, body) if shared else np.frombuffer(
                     message.buffers[0], np.dtype(body["dtype"])).reshape(body["shape"])
                 self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
-                self._store(session, tensor_id, shared_memory.owned(array) if shared else array)
+                self._store(session, tensor_id, self.device.from_host(
+                    shared_memory.owned(array) if shared else array))
         except QuotaExceeded as exc:
             session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
         except Exception as exc:  # a malformed transfer: poison, as for an op
@@ -465,10 +466,12 @@ class Executor(GraphOps, Admission):
     def _read(self, session: DeviceSession, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
         array = session.tensors.get(tensor_id)
-        if type(array) is not np.ndarray:  # a deferred value, a poisoned or unknown tensor
+        if type(array) is not np.ndarray:  # a deferred value, a device's array that lives
+            # elsewhere, a poisoned or unknown tensor
             array = self._computed(session, message, tensor_id)
             if type(array) is Message:
                 return [array]
+            array = self.device.to_host(array)
         shape = list(array.shape)
         dtype = dtype_name(array.dtype)
         flat = np.frombuffer(np.ascontiguousarray(array), np.uint8)  # (whatever the shape)
