@@ -116,3 +116,12 @@ def numexpr_session():
         with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
                 cluster.connect() as session:
             yield session
+
+
+@pytest.fixture(scope="module")
+def jax_session():
+    """A session on a jax device (XLA on this host's CPU; jax is in the test extra), with
+    the default heartbeats: XLA compiles each new op signature on cores other tests share."""
+    with LocalCluster(workers=1, backend="jax") as cluster, \
+            cluster.connect() as session:
+        yield session

@@ -315,3 +315,17 @@ def test_random_chains_as_graphs_agree_with_numpy(session, chain):
 @given(chains(exact=True))
 def test_random_chains_as_graphs_agree_with_numpy_on_the_numexpr_device(numexpr_session, chain):
     check_graph(numexpr_session, chain)
+
+
+@pytest.mark.timeout(900)
+@EXAMPLES
+@given(chains())
+def test_random_chains_agree_with_numpy_on_the_jax_device(jax_session, chain):
+    check(jax_session, chain)
+
+
+@pytest.mark.timeout(900)
+@EXAMPLES
+@given(chains())
+def test_random_chains_as_graphs_agree_with_numpy_on_the_jax_device(jax_session, chain):
+    check_graph(jax_session, chain)

@@ -1,0 +1,82 @@
+"""The jax device in real worker processes: refused with exit 2 where jax is missing, N XLA
+CPU devices for --devices N, tensors moved between them, a dtype XLA cannot hold refused at
+the op's line, and a compile that never starves the worker's heartbeats."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric import LocalCluster
+from fabric.core.errors import DtypeNotSupported
+
+HEARTBEAT = 0.2  # (liveness 3: a worker silent for 0.6 s is lost)
+
+
+def test_a_jax_worker_without_jax_exits_2_within_seconds_naming_the_extra():
+    # jax hidden from this Python, as where it is not installed (None in sys.modules)
+    hide = ("import sys; sys.modules['jax'] = None; from fabric.cli.main import main; "
+            "main(['worker', '--backend', 'jax', '--broker', 'tcp://127.0.0.1:1'])")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "FABRIC_WORKER_TOKEN": "t" * 32})
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 15
+    assert "jax is not installed" in done.stderr and "fabric-arrays[jax]" in done.stderr
+
+
+def test_devices_n_are_n_xla_cpu_devices_and_tensors_move_between_them():
+    with LocalCluster(workers=1, backend="jax", devices_per_worker=2) as cluster:
+        listed = fabric.devices(cluster.address, token=cluster.token, timeout=10)
+        assert [(d.backend, d.settings["platform"], d.settings["device"]) for d in listed] \
+            == [("jax", "cpu", "cpu:0"), ("jax", "cpu", "cpu:1")]
+        with cluster.connect(device=0) as first, cluster.connect(device=1) as second:
+            a = first.asarray(np.arange(12.0).reshape(3, 4))
+            b = (a * 2).to(second)  # out of device 0 through host memory, into device 1
+            c = second.arange(4) + b.sum(axis=0)
+            np.testing.assert_array_equal(c.numpy(), np.arange(4) + (np.arange(12.0).reshape(
+                3, 4) * 2).sum(axis=0))
+            assert second.zeros(3).numpy().tolist() == [0, 0, 0]  # made on device 1
+
+
+def test_a_dtype_xla_cannot_hold_is_refused_at_the_ops_line():
+    with LocalCluster(workers=1, backend="jax") as cluster, cluster.connect() as session:
+        wide = session.asarray(np.ones(3, np.longdouble))
+        with pytest.raises(DtypeNotSupported, match="cannot hold float128") as raised:
+            wide.numpy()
+        assert "test_jax_device.py" in str(raised.value)
+        assert session.asarray(np.ones(3)).sum().numpy() == 3  # the session goes on
+
+
+def test_a_long_compile_never_starves_the_heartbeats():
+    with LocalCluster(workers=1, backend="jax", heartbeat=HEARTBEAT) as cluster, \
+            cluster.connect() as session:
+        @fabric.function
+        def long(x):
+            for _ in range(300):
+                x = np.tanh(x) * 0.5 + np.sin(x) * 0.25
+            return x
+        x = session.asarray(np.linspace(0, 1, 100))
+        started = time.perf_counter()
+        first = long(x).numpy()  # traced and compiled on the device's thread
+        compiled_in = time.perf_counter() - started
+        started = time.perf_counter()
+        again = long(x).numpy()
+        replayed_in = time.perf_counter() - started
+        assert compiled_in > 3 * HEARTBEAT * 3, "the compile was too short to tell"
+        assert replayed_in < compiled_in / 5
+        expected = np.linspace(0, 1, 100)
+        for _ in range(300):
+            expected = np.tanh(expected) * 0.5 + np.sin(expected) * 0.25
+        np.testing.assert_allclose(first, expected, rtol=1e-12)
+        np.testing.assert_array_equal(again, first)
+        # the broker heard the worker all along: the same session serves on
+        assert session.asarray(np.ones(2)).sum().numpy() == 2
+        assert [d.worker for d in fabric.devices(cluster.address, token=cluster.token)] \
+            == ["worker-0"]

@@ -1,0 +1,102 @@
+"""The jax device behind an executor, in this process (sans I/O): arrays on the XLA device,
+numpy's dtypes or a refusal, memory counted by ``nbytes``, and a registered graph compiled
+once (one XLA executable per signature) and replayed."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from test_executor import opened, read, request, submit
+
+from fabric.core.errors import DtypeNotSupported
+from fabric.core.ops import OPS
+from fabric.workers.backends import device_class
+from fabric.workers.backends.jax_backend import JaxDevice
+
+F8 = {"dtype": "<f8", "shape": [2, 3], "buffer": 0}
+DATA = np.arange(6.0).reshape(2, 3) * 0.75 - 1
+
+
+def _graph(graph_id: int, shape: list[int]) -> list:
+    """A graph of elementwise ops and a reduction on one float64 input of ``shape``."""
+    return ["graph_register", 0, [], {
+        "graph": graph_id, "name": "step", "inputs": [[shape, "<f8"]],
+        "ops": [["tanh", 2, [1], {}], ["multiply", 3, [2, 0.5], {}], ["add", 4, [3, 1], {}],
+                ["sum", 5, [4], {"axis": None}]],
+        "outputs": [4, 5]}]
+
+
+def test_arrays_live_on_the_xla_device_and_come_back_through_host_memory():
+    device = device_class("jax")(0)
+    executor = opened(device=device)
+    submit(executor, ["put", 1, [], F8], ["multiply", 2, [1, [3]], {}],
+           buffers=(DATA.tobytes(),))
+    held = executor.sessions[next(iter(executor.sessions))].tensors
+    assert isinstance(held[2], jax.Array) and held[2].devices() == {device.xla}
+    np.testing.assert_array_equal(read(executor, 2), DATA * 3)
+    # counted by nbytes, as a host array is
+    assert request(executor, op="stats").body["resident_bytes"] == 2 * DATA.nbytes
+
+
+@pytest.mark.parametrize("name, args, params", [
+    ("divide", [np.arange(3, dtype=np.int8), 2], {}),  # numpy: float64
+    ("sqrt", [np.array([1, 4], np.int8)], {}),  # numpy's loop: float16
+    ("add", [np.arange(3), np.ones(3, np.float32)], {}),  # int64 + float32: float64 (jax: f32)
+    ("floor_divide", [np.array([5, -5, 3]), np.array([0, 2, -2])], {}),  # by 0: 0
+    ("mean", [np.array([True, False])], {"axis": None}),
+    ("cumsum", [np.arange(3, dtype=np.int32)], {"axis": None}),
+    ("astype", [np.array([np.nan, np.inf, 3e9, -2.5])], {"dtype": "int32"}),
+    ("sign", [np.array([-0.0, np.nan, -2.0])], {}),
+])
+def test_an_op_gives_numpys_dtype_and_values(name, args, params):
+    device = device_class("jax")(0)
+    inputs = [device.from_host(a) if isinstance(a, np.ndarray) else a for a in args]
+    got = device.to_host(device.run(OPS[name], inputs, params))
+    with np.errstate(all="ignore"):
+        expected = np.asarray(OPS[name].impl(*args, **params))
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_dtype_xla_cannot_hold_is_refused_never_computed_in_another_precision():
+    device = device_class("jax")(0)
+    with pytest.raises(DtypeNotSupported, match="cannot hold float128"):
+        device.from_host(np.ones(2, np.longdouble))
+    with pytest.raises(DtypeNotSupported, match="cannot hold float128"):
+        device.run(OPS["astype"], [device.from_host(np.ones(2))], {"dtype": "float128"})
+
+
+def test_a_graph_compiles_once_per_signature_and_replays():
+    device: JaxDevice = device_class("jax")(0)
+    executor = opened(device=device)
+    submit(executor, ["put", 1, [], F8], _graph(7, [2, 3]),
+           ["graph_call", 10, [1], {"graph": 7, "outputs": 2}],
+           ["graph_call", 12, [1], {"graph": 7, "outputs": 2}],
+           buffers=(DATA.tobytes(),))
+    expected = np.tanh(DATA) * 0.5 + DATA
+    for out in (10, 12):
+        np.testing.assert_allclose(read(executor, out), expected, rtol=1e-15)
+        np.testing.assert_allclose(read(executor, out + 1), expected.sum(), rtol=1e-14)
+    assert device.compiles == 1 and device.compile_seconds > 0
+    # another signature is another registration: one more executable
+    submit(executor, ["put", 20, [], {"dtype": "<f8", "shape": [4], "buffer": 0}],
+           _graph(8, [4]), ["graph_call", 21, [20], {"graph": 8, "outputs": 2}],
+           buffers=(np.ones(4).tobytes(),))
+    np.testing.assert_allclose(read(executor, 21), np.tanh(1.0) * 0.5 + 1)
+    assert device.compiles == 2
+    assert request(executor, op="stats").body["graph_replays"] == 1
+
+
+def test_a_graph_that_reads_its_data_runs_op_by_op_with_numpys_errors():
+    device: JaxDevice = device_class("jax")(0)
+    executor = opened(device=device)
+    submit(executor, ["put", 1, [], {"dtype": "<i8", "shape": [3], "buffer": 0}],
+           ["graph_register", 0, [], {
+               "graph": 3, "name": "powers", "inputs": [[[3], "<i8"]],
+               "ops": [["power", 2, [1, 1], {}]], "outputs": [2]}],
+           ["graph_call", 5, [1], {"graph": 3, "outputs": 1}],
+           buffers=(np.array([2, -1, 3]).tobytes(),))
+    reply = request(executor, op="read", id=5)
+    assert "negative integer powers" in reply.body["error"]["message"]
+    assert device.compiles == 0
