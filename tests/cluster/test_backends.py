@@ -55,6 +55,16 @@ def test_a_backend_with_only_settings_and_run_serves_ops_and_graphs():
     np.testing.assert_array_equal(read(executor, 5), [0.0, 8.0, 16.0])  # 2x*3 + 2x
 
 
+def test_a_random_op_in_a_graph_reaches_a_backends_run_with_the_sessions_generator():
+    executor = opened(device=MinimalDevice(0))
+    draw = {"shape": [4], "low": 0.0, "high": 1.0, "dtype": "float64"}
+    submit(executor, ["seed", 0, [], {"seed": 5}],
+           ["graph_register", 0, [], {"graph": 1, "name": "draw", "inputs": [],
+                                      "ops": [["uniform", 1, [], draw]], "outputs": [1]}],
+           ["graph_call", 2, [], {"graph": 1, "outputs": 1}])
+    np.testing.assert_array_equal(read(executor, 2), np.random.default_rng(5).uniform(size=4))
+
+
 def test_unknown_and_unhostable_backends_are_refused_by_name():
     with pytest.raises(ValueError, match="choose one of jax, numexpr, numpy"):
         device_class("tpu")

@@ -203,9 +203,10 @@ class Backend:
         return plan
 
     def bind(self, op: Op, params: dict[str, Any]) -> Callable[..., Any]:
-        """``op`` with its params bound: a function of its inputs, for compiled graphs."""
-        def run(*inputs: Any) -> Value:
-            return self.run(op, list(inputs), params)
+        """``op`` with its params bound: a function of its inputs (and of the session's
+        generator, ``rng=``, for a random op), for compiled graphs."""
+        def run(*inputs: Any, **rng: Any) -> Value:
+            return self.run(op, list(inputs), {**params, **rng} if rng else params)
         return run
 
     def graph_steps(self, ops: list[GraphOp], specs: dict[int, Spec],
