@@ -38,6 +38,7 @@ from fabric.core.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_
 from . import shared_memory
 from .admission import Admission
 from .backends.base import Backend, DeferredError, DeferredValue, Value
+from .batch_graphs import BatchGraphs, BatchOps
 from .device_session import DeviceSession
 from .elision import ELIDE_FROM_ELEMENTS, run_elided
 from .in_place import write_in_place
@@ -52,7 +53,7 @@ MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at o
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
 
 
-class Executor(GraphOps, Admission):
+class Executor(GraphOps, Admission, BatchOps):
     """The sessions of one device and the messages addressed to them."""
 
     def __init__(self, device: Backend, memory_limit: int | None = None,
@@ -64,6 +65,8 @@ class Executor(GraphOps, Admission):
         self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
         self.tally = DeviceTally()  # what the device did, for the worker's heartbeats
         self.slots: Any = None  # its own shared memory for uploads (``shared_memory.offer``)
+        # batches seen again, run as one graph, on a device that compiles (``batch_graphs``)
+        self.batches = BatchGraphs() if device.compiles_batches else None
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -157,7 +160,8 @@ class Executor(GraphOps, Admission):
         if not isinstance(ops, list):
             return [_reply_error(message, ProtocolError("SUBMIT needs a list 'ops'.")), *credit]
         started, ran = perf_counter(), session.ops
-        self._run(session, ops, message.buffers)
+        if self.batches is None or not self._replayed(session, ops):
+            self._run(session, ops, message.buffers)
         self.tally.ran(session.ops - ran, perf_counter() - started)
         if session.slots_used:  # its client reuses the slots once it hears this batch ran
             session.slots_used = False
@@ -519,7 +523,7 @@ class Executor(GraphOps, Admission):
             "device_sessions": len(self.sessions),
             "device_resident_bytes": sum(s.resident for s in self.sessions.values()),
             "transfers_refused": session.transfers_refused, **session.counters,
-            **session.graphs.stats()})]
+            **session.graphs.stats(), **(self.batches.stats() if self.batches else {})})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,

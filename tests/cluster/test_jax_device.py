@@ -80,3 +80,20 @@ def test_a_long_compile_never_starves_the_heartbeats():
         assert session.asarray(np.ones(2)).sum().numpy() == 2
         assert [d.worker for d in fabric.devices(cluster.address, token=cluster.token)] \
             == ["worker-0"]
+
+
+def test_a_streamed_loop_gives_numpys_values_as_its_batches_are_compiled(jax_session):
+    def step(x, b):
+        for _ in range(4):
+            x = x * b + 0.25
+        return x
+    values = np.random.default_rng(1).random((2, 1000))
+    x, b = (jax_session.asarray(v) for v in values)
+    expected = values[0]
+    for _ in range(150):  # (batches of 256 entries: each is seen again, and replayed)
+        x = step(x, b)
+        expected = step(expected, values[1])
+    np.testing.assert_allclose(x.numpy(), expected, rtol=1e-12)
+    stats = jax_session.stats()
+    assert stats["ops"] >= 150 * 8
+    assert stats["device_batch_graphs"] >= 1 and stats["device_batch_replays"] >= 1

@@ -126,3 +126,74 @@ def test_xlas_transcendental_functions_differ_from_numpys_in_the_last_bits_only(
         ulps = np.abs(got[finite].astype(np.float64) - expected[finite]) / np.spacing(
             np.abs(expected[finite])).astype(np.float64)
         assert ulps.max() <= bound, (name, dtype)
+
+
+def _chain(x: int, first: int, rounds: int = 4) -> tuple[list, int]:
+    """A batch of ``rounds`` rounds of y = y * 2 + 0.5 on tensor ``x``, its intermediates
+    freed as a client frees them, new ids from ``first``; and the id of its result."""
+    ops: list = []
+    for i in range(rounds):
+        product, total = first + 2 * i, first + 2 * i + 1
+        ops += [[product, "multiply", x, [2]], [total, "add", product, 0.5], product]
+        if x != 1:
+            ops.append(x)
+        x = total
+    return ops, x
+
+
+def test_a_batch_seen_again_runs_as_one_compiled_graph_whatever_its_ids():
+    device: JaxDevice = device_class("jax")(0)
+    executor = opened(device=device)
+    submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [5], "buffer": 0}],
+           buffers=(np.arange(5.0).tobytes(),))
+    x, expected = 1, np.arange(5.0)
+    for first in (100, 200, 300, 400):  # the same batch each time, with new ids
+        ops, x = _chain(x, first)
+        submit(executor, *ops)
+        for _ in range(4):
+            expected = expected * 2 + 0.5
+        np.testing.assert_array_equal(read(executor, x), expected)
+    # seen once (op by op), again (registered, compiled, run), then replayed
+    assert (device.compiles, executor.batches.registered, executor.batches.replays) == (1, 1, 3)
+    # what the batch left alive is held under the client's ids, its intermediates freed
+    stats = request(executor, op="stats").body
+    assert stats["tensors"] == 2 and stats["resident_bytes"] == 2 * 5 * 8
+    assert stats["ops"] == 1 + 4 * 8
+
+
+def test_a_batch_that_cannot_be_a_graph_runs_op_by_op():
+    device: JaxDevice = device_class("jax")(0)
+    executor = opened(device=device)
+    submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [5], "buffer": 0}],
+           buffers=(np.arange(5.0).tobytes(),))
+    for first in (100, 200, 300):  # (a random draw: never in a batch's graph)
+        draw = ["uniform", first + 99, [], {"shape": [2], "low": 0.0, "high": 1.0,
+                                            "dtype": "float64"}]
+        submit(executor, draw, *_chain(1, first)[0])
+    assert executor.batches.registered == 0
+    # a batch reading a poisoned tensor: op by op, the poison flows as it always does
+    submit(executor, ["sum", 50, [1], {"axis": 3}])  # (no axis 3: poisoned)
+    for first in (500, 600, 700):
+        submit(executor, [first, "multiply", 50, [2]], [first + 1, "add", first, 0.5],
+               [first + 2, "multiply", first + 1, [2]], [first + 3, "add", first + 2, 0.5])
+        assert request(executor, op="read", id=first + 3).body["error"]["details"]["op"] \
+            == "sum"
+    assert executor.batches.registered == 0
+
+
+def test_a_batch_past_the_memory_limit_is_refused_op_by_op_naming_the_op():
+    device: JaxDevice = device_class("jax")(0)
+    executor = opened(device=device, memory_limit=2000)
+    submit(executor, ["put", 1, [], {"dtype": "<f8", "shape": [50], "buffer": 0}],
+           buffers=(np.arange(50.0).tobytes(),))
+    for first in (100, 200):  # four 400-byte tensors kept: seen, then compiled and run
+        submit(executor, *[[first + i, "multiply", 1, [2]] for i in range(4)])
+        submit(executor, *[first + i for i in range(4)])
+    assert executor.batches.registered == 1
+    submit(executor, ["put", 2, [], {"dtype": "<f8", "shape": [50], "buffer": 0}],
+           buffers=(np.arange(50.0).tobytes(),))  # now the batch does not fit
+    submit(executor, *[[300 + i, "multiply", 1, [2]] for i in range(4)])
+    error = request(executor, op="read", id=303).body["error"]
+    assert error["code"] == "quota_exceeded" and error["details"]["op"] == "multiply"
+    np.testing.assert_array_equal(read(executor, 302), np.arange(50.0) * 2)
+    assert executor.batches.replays == 1

@@ -143,6 +143,9 @@ class Backend:
     # True when the device grows its counters: the executor reads them around each message
     # only then (on every read, that costs a device that counts nothing about 5% of its work).
     counts_work: ClassVar[bool] = False
+    # True when a batch of streamed ops seen again should run as one graph, which the device
+    # compiles (``compile_plan``): the executor keeps their graphs (``workers.batch_graphs``)
+    compiles_batches: ClassVar[bool] = False
     ops_fused: int = 0
     expressions_evaluated: int = 0
 

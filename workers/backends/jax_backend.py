@@ -22,7 +22,8 @@ its first call, on the device's thread, never on the control thread that sends h
 one executable per graph, and a graph is registered for one signature, so one per signature,
 held as long as its session holds the graph (``SessionGraphs``: at most ``GRAPH_CACHE_SIZE``
 per session). A graph holding an op that reads its data to decide (a random draw, an index
-array, an integer power, linear algebra's errors: ``jax_ops.needs_data``) runs op by op.
+array, an integer power, linear algebra's errors: ``jax_ops.needs_data``) runs op by op. A
+batch of streamed ops seen again becomes such a graph too (``workers.batch_graphs``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class JaxDevice(Backend):
 
     backend = "jax"
     xp = jnp
+    compiles_batches = True
 
     def __init__(self, index: int) -> None:
         found = jax.devices()
