@@ -31,7 +31,8 @@ def test_a_jax_worker_without_jax_exits_2_within_seconds_naming_the_extra():
     assert "jax is not installed" in done.stderr and "fabric-arrays[jax]" in done.stderr
 
 
-def test_devices_n_are_n_xla_cpu_devices_and_tensors_move_between_them():
+def test_devices_n_are_n_xla_cpu_devices_and_tensors_move_between_them(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # (on a GPU host too: its CPU's devices)
     with LocalCluster(workers=1, backend="jax", devices_per_worker=2) as cluster:
         listed = fabric.devices(cluster.address, token=cluster.token, timeout=10)
         assert [(d.backend, d.settings["platform"], d.settings["device"]) for d in listed] \

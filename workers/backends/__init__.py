@@ -66,9 +66,12 @@ def device_class(backend: str) -> type[Backend]:
 def prepare(backend: str, devices: int) -> None:
     """Set, before a backend's module loads, what it reads from the environment then: a jax
     worker on a CPU host gets one XLA host device per device it hosts (XLA_FLAGS; where the
-    flag is set already, or jax is loaded, it stays as it is)."""
+    flag is set already, or jax is loaded, it stays as it is), and on a GPU takes memory as
+    its tensors need it, not three quarters of the GPU at start (the worker's budget and
+    metrics count its tensors; another process may share the GPU)."""
     if backend != "jax" or "jax" in sys.modules:
         return
     flags = os.environ.get("XLA_FLAGS", "")
     if _HOST_DEVICES not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_HOST_DEVICES}={devices}".strip()
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
