@@ -523,7 +523,8 @@ class Executor(GraphOps, Admission, BatchOps):
             "device_sessions": len(self.sessions),
             "device_resident_bytes": sum(s.resident for s in self.sessions.values()),
             "transfers_refused": session.transfers_refused, **session.counters,
-            **session.graphs.stats(), **(self.batches.stats() if self.batches else {})})]
+            **session.graphs.stats(), **(self.batches.stats() if self.batches else {}),
+            **self.device.stats()})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,

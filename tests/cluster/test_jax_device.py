@@ -72,6 +72,8 @@ def test_a_long_compile_never_starves_the_heartbeats():
         replayed_in = time.perf_counter() - started
         assert compiled_in > 3 * HEARTBEAT * 3, "the compile was too short to tell"
         assert replayed_in < compiled_in / 5
+        stats = session.stats()
+        assert stats["device_compiles"] == 1 and stats["device_compile_seconds"] > 0
         expected = np.linspace(0, 1, 100)
         for _ in range(300):
             expected = np.tanh(expected) * 0.5 + np.sin(expected) * 0.25

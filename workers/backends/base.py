@@ -200,6 +200,11 @@ class Backend:
         default."""
         return contextlib.nullcontext()
 
+    def stats(self) -> dict[str, Any]:
+        """The device's own figures, as every session's ``stats()`` shows them; none by
+        default."""
+        return {}
+
     def compile_plan(self, plan: GraphPlan, ops: list[GraphOp]) -> GraphPlan:
         """What runs a graph whose generated ``plan`` computes ``ops`` (for one signature):
         by default the plan itself, step by step in Python."""
