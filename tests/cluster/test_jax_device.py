@@ -5,6 +5,7 @@ the op's line, and a compile that never starves the worker's heartbeats."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -100,3 +101,31 @@ def test_a_streamed_loop_gives_numpys_values_as_its_batches_are_compiled(jax_ses
     stats = jax_session.stats()
     assert stats["ops"] >= 150 * 8
     assert stats["device_batch_graphs"] >= 1 and stats["device_batch_replays"] >= 1
+
+
+def test_a_worker_killed_mid_compile_fails_its_session_fast_and_typed():
+    with LocalCluster(workers=1, backend="jax", heartbeat=HEARTBEAT) as cluster, \
+            cluster.connect(timeout=30) as session:
+        @fabric.function
+        def longer(x):
+            for _ in range(900):
+                x = np.tanh(x) * 0.5 + np.sin(x) * 0.25
+            return x
+        result = longer(session.asarray(np.ones(10)))  # several seconds of trace and compile
+        session.flush()
+        time.sleep(0.5)
+        cluster.workers[0].send_signal(signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(fabric.SessionLost, match="worker-0"):
+            result.numpy()
+        assert time.monotonic() - started < 10
+
+
+def test_an_op_past_the_memory_limit_is_refused_and_the_jax_worker_goes_on():
+    with LocalCluster(workers=1, backend="jax", worker_args=("--memory-limit", "100000")) \
+            as cluster, cluster.connect() as session:
+        small = session.ones(1000)
+        big = session.ones((100, 1000))  # 800 KB past a 100 KB limit: never allocated
+        with pytest.raises(fabric.QuotaExceeded, match="--memory-limit"):
+            big.numpy()
+        assert (small * 2).sum().numpy() == 2000  # the device and the session go on
