@@ -2,6 +2,8 @@
 
     python bench/w4_numexpr.py            # medians of 9 runs, prints times and ratios
     python bench/w4_numexpr.py --numpy-device   # also the remote numpy device, for context
+    python bench/w4_numexpr.py --jax-device     # also the jax device (issue 42: at least the
+                                                # numexpr device's rate)
 
 Two expressions on resident 10M-element float64 tensors, each ending with the read of a
 scalar reduction: ``(2*a + 3*b*c - a/(b+1)).sum()`` and ``(sin(a)**2 + cos(b)**2).sum()``.
@@ -80,10 +82,14 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=ELEMENTS)
     parser.add_argument("--numpy-device", action="store_true",
                         help="also measure the remote numpy device (unfused), for context")
+    parser.add_argument("--jax-device", action="store_true",
+                        help="also measure the jax device (XLA, op by op: 10M-element ops "
+                             "travel in batches of one or two)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     arrays = [rng.random(args.elements) for _ in range(3)]
-    backends = ["numexpr"] + (["numpy"] if args.numpy_device else [])
+    others = (["numpy"] if args.numpy_device else []) + (["jax"] if args.jax_device else [])
+    backends = ["numexpr", *others]
     load = os.getloadavg()[0]
     results: dict[str, Figures] = {}
     settings: dict[str, Any] = {}
@@ -98,8 +104,7 @@ def main() -> None:
           f"numexpr {ne['version']} with {ne['threads']} threads, {os.cpu_count()} cores, "
           f"load average {load:.2f} at start")
     header = ["expression", "numexpr device ms", "local numpy ms", "speedup", "best speedup"]
-    if args.numpy_device:
-        header.insert(3, "numpy device ms")
+    header[3:3] = [f"{backend} device ms" for backend in others]
     rows = [header]
     sums = {backend: [0.0, 0.0] for backend in ["local", *backends]}  # medians, bests
     for label in [*EXPRESSIONS, "both"]:
@@ -121,8 +126,7 @@ def main() -> None:
         row = [label, f"{remote * 1e3:.1f} ({remote_best * 1e3:.1f})",
                f"{local * 1e3:.1f} ({local_best * 1e3:.1f})", f"{local / remote:.2f}x",
                f"{local_best / remote_best:.2f}x"]
-        if args.numpy_device:
-            row.insert(3, f"{figures['numpy'][0] * 1e3:.1f} ({figures['numpy'][1] * 1e3:.1f})")
+        row[3:3] = [f"{figures[b][0] * 1e3:.1f} ({figures[b][1] * 1e3:.1f})" for b in others]
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:

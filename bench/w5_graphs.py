@@ -11,15 +11,19 @@ result to the next call and ends with one read of the result. Targets: replay at
 faster than plain streaming (issue 4); on the cheap step the numexpr device's replay at most
 1.3x local numpy (issue 29).
 
-Then the cheap step's replay on the numexpr device with 1M-element tensors (``--large-calls``
-chained calls, one read), against local numpy on the same arrays (issue 29: at least 2x
-faster; the device's numexpr uses both cores where local numpy uses one).
+Then the cheap step's replay with 1M-element tensors (``--large-calls`` chained calls, one
+read) on every device (numpy, numexpr, and jax where it is installed), against local numpy
+on the same arrays, in the same run (issue 29: numexpr at least 2x faster than local numpy,
+its numexpr using both cores where local numpy uses one; issue 42: the jax device, one XLA
+executable per graph, at least 8x local numpy and 2x the numexpr device). Each device's first
+call (trace, registration and, on jax, XLA's compile) is timed apart from its replays.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -69,12 +73,23 @@ Way = tuple[Callable[..., Any], list[Any], Callable[[Any], np.ndarray]]  # call,
 
 
 def ways_on(session: fabric.Session, step: Callable[..., Any], arrays: list[np.ndarray],
-            streaming: bool = True) -> dict[str, Way]:
+            streaming: bool = True, first_calls: dict[str, float] | None = None
+            ) -> dict[str, Way]:
     """Graph replay (traced and registered here, outside the timing) and op streaming of
-    ``step`` on ``session``'s device, on ``arrays`` uploaded there."""
+    ``step`` on ``session``'s device, on ``arrays`` uploaded there. The first call's seconds
+    (its trace, registration and compile, one run and a read) go into ``first_calls``, and a
+    compiling device's compile seconds (``stats()``) under its backend's name + " compile"."""
     tensors = [session.asarray(a) for a in arrays]
+    session.sync()
     replayed = fabric.function(step)
+    compiled = session.stats().get("device_compile_seconds", 0.0)
+    started = time.perf_counter()
     replayed(*tensors).numpy()
+    if first_calls is not None:
+        backend = session.device.backend
+        first_calls[backend] = time.perf_counter() - started
+        first_calls[f"{backend} compile"] = session.stats().get(
+            "device_compile_seconds", 0.0) - compiled
     ways = {"replay": (replayed, tensors, lambda t: t.numpy())}
     if streaming:
         ways["streaming"] = (step, tensors, lambda t: t.numpy())
@@ -111,7 +126,8 @@ def main() -> None:
                         help="chained calls of the cheap step on 1M elements (0: skip)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    backends = [b for b in ("numpy", "numexpr") if b in BACKENDS]
+    backends = [b for b in ("numpy", "numexpr", "jax") if b in BACKENDS
+                and (b != "jax" or importlib.util.find_spec("jax") is not None)]
 
     def arrays_of(elements: int) -> list[np.ndarray]:
         return [rng.random(elements), rng.random(elements) * 0.5, rng.random(elements) - 0.5]
@@ -142,15 +158,26 @@ def main() -> None:
                              f"{replay / local:.2f}x local"))
             print_table(rows)
             print()
-        if args.large_calls and "numexpr" in sessions:
-            ways = {"local": (cheap_step, large, np.asarray),
-                    **ways_on(sessions["numexpr"], cheap_step, large, streaming=False)}
+        if args.large_calls:
+            first_calls: dict[str, float] = {}
+            ways = {"local": (cheap_step, large, np.asarray)}
+            for backend, session in sessions.items():
+                ways[backend] = ways_on(session, cheap_step, large, streaming=False,
+                                        first_calls=first_calls)["replay"]
             times = medians(ways, args.large_calls, args.runs)
-            print(f"W5 cheap on {LARGE_ELEMENTS:,} elements, {args.large_calls} calls, medians "
-                  f"of {args.runs} interleaved runs: local numpy {times['local'] * 1e3:.0f} ms, "
-                  f"numexpr device replay {times['replay'] * 1e3:.0f} ms: replay "
-                  f"{times['local'] / times['replay']:.2f}x faster than local numpy")
-
+            local = times["local"]
+            print(f"W5 cheap on {LARGE_ELEMENTS:,} elements, {args.large_calls} chained calls, "
+                  f"medians of {args.runs} interleaved runs: local numpy {local * 1e3:.0f} ms")
+            rows = [("device", "replay", "vs local numpy", "vs numexpr device", "first call",
+                     "its compile")]
+            for backend in sessions:
+                replay = times[backend]
+                versus = times.get("numexpr")
+                rows.append((backend, f"{replay * 1e3:.0f} ms", f"{local / replay:.2f}x faster",
+                             f"{versus / replay:.2f}x faster" if versus else "-",
+                             f"{first_calls[backend] * 1e3:.0f} ms",
+                             f"{first_calls[backend + ' compile'] * 1e3:.0f} ms"))
+            print_table(rows)
 
 if __name__ == "__main__":
     main()

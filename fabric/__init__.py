@@ -14,8 +14,9 @@ from fabric.core.version import __version__
 
 # Each public name and the module that defines it.
 _ERRORS = (  # every class of fabric.core.errors (tests/unit/test_errors.py checks it)
-    "AuthenticationError", "ClusterError", "ConfigError", "ConnectError", "DeviceDraining",
-    "DeviceNotHostable", "DeviceOffline", "DuplicateSession", "EncryptionError", "FabricError",
+    "AuthenticationError", "BackendMissing", "ClusterError", "ConfigError", "ConnectError",
+    "DeviceDraining", "DeviceNotHostable", "DeviceOffline", "DtypeNotSupported",
+    "DuplicateSession", "EncryptionError", "FabricError",
     "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoSuchDevice",
     "NotFound", "ProtocolError", "QuotaExceeded", "RemoteError", "RemoteWarning",
     "RequestTimeout", "ServerDisconnected", "SessionLost", "TooManySessions", "TraceError",

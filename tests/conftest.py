@@ -104,3 +104,18 @@ def numexpr_session():
         with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
                 cluster.connect() as session:
             yield session
+
+
+@pytest.fixture(scope="module")
+def jax_cluster():
+    """A broker and one jax worker (XLA on this host's CPU; jax is in the test extra), with
+    the default heartbeats: XLA compiles each new op signature on cores other tests share."""
+    with LocalCluster(workers=1, backend="jax") as running:
+        yield running
+
+
+@pytest.fixture
+def jax_session(jax_cluster):
+    """A fresh session on the jax device, closed after the test."""
+    with jax_cluster.connect() as opened:
+        yield opened

@@ -141,8 +141,10 @@ class _DeviceThread:
         self._pair = _pair(worker.context, worker.hwm)
         self._pair.connect(self.pair_address)
         self._poll_items = [(self._pair, POLLIN)]
-        # numpy's warnings of this device's ops go to their sessions, not to stderr
-        with self.lane.executor.floating_point_errors():
+        # numpy's warnings of this device's ops go to their sessions, not to stderr; the
+        # device's own state (where its module places new arrays) holds for its thread
+        executor = self.lane.executor
+        with executor.floating_point_errors(), executor.device.on_thread():
             self._serve()
 
     def _serve(self) -> None:

@@ -41,6 +41,7 @@ from fabric.core.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_
 from . import shared_memory
 from .admission import Admission
 from .backends.base import Backend, DeferredError, DeferredValue, Value
+from .batch_graphs import BatchGraphs, BatchOps
 from .device_session import DeviceSession
 from .elision import ELIDE_FROM_ELEMENTS, run_elided
 from .in_place import write_in_place
@@ -58,7 +59,7 @@ _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_
 RUN_LOCALS = ("session", "name", "out", "params")
 
 
-class Executor(GraphOps, Admission):
+class Executor(GraphOps, Admission, BatchOps):
     """The sessions of one device and the messages addressed to them."""
 
     def __init__(self, device: Backend, memory_limit: int | None = None,
@@ -70,6 +71,8 @@ class Executor(GraphOps, Admission):
         self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
         self.tally = DeviceTally()  # what the device did, for the worker's heartbeats
         self.slots: Any = None  # its own shared memory for uploads (``shared_memory.offer``)
+        # batches seen again, run as one graph, on a device that compiles (``batch_graphs``)
+        self.batches = BatchGraphs() if device.compiles_batches else None
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -163,7 +166,8 @@ class Executor(GraphOps, Admission):
         if not isinstance(ops, list):
             return [_reply_error(message, ProtocolError("SUBMIT needs a list 'ops'.")), *credit]
         started, ran = perf_counter(), session.ops
-        self._run(session, ops, message.buffers)
+        if self.batches is None or not self._replayed(session, ops):
+            self._run(session, ops, message.buffers)
         self.tally.ran(session.ops - ran, perf_counter() - started)
         if session.slots_used:  # its client reuses the slots once it hears this batch ran
             session.slots_used = False
@@ -353,7 +357,7 @@ class Executor(GraphOps, Admission):
                 buffers[params["buffer"]], dtype=device_dtype(params["dtype"])
             ).reshape(params["shape"])
             self._require(session, "put (an upload)", array.nbytes, array.nbytes)
-            return shared_memory.owned(array) if shared else array
+            return self.device.from_host(shared_memory.owned(array) if shared else array)
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
@@ -376,7 +380,7 @@ class Executor(GraphOps, Admission):
             body["error"] = ProtocolError(f"Tensor {tensor_id} does not exist in the session "
                                           "it was moved from.").to_wire()
         else:
-            array = session.tensors[tensor_id]
+            array = self.device.to_host(session.tensors[tensor_id])
             body.update(dtype=array.dtype.str, shape=list(array.shape))
             if "into" in params:  # its client lent a slot of shared memory for the way
                 shared_memory.carry_in_slot(session, params["into"], array, body)
@@ -403,7 +407,8 @@ class Executor(GraphOps, Admission):
                 array = shared_memory.uploaded(session, body) if shared else np.frombuffer(
                     message.buffers[0], np.dtype(body["dtype"])).reshape(body["shape"])
                 self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
-                self._store(session, tensor_id, shared_memory.owned(array) if shared else array)
+                self._store(session, tensor_id, self.device.from_host(
+                    shared_memory.owned(array) if shared else array))
         except QuotaExceeded as exc:
             session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
         except Exception as exc:  # a malformed transfer: poison, as for an op
@@ -472,10 +477,12 @@ class Executor(GraphOps, Admission):
     def _read(self, session: DeviceSession, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
         array = session.tensors.get(tensor_id)
-        if type(array) is not np.ndarray:  # a deferred value, a poisoned or unknown tensor
+        if type(array) is not np.ndarray:  # a deferred value, a device's array that lives
+            # elsewhere, a poisoned or unknown tensor
             array = self._computed(session, message, tensor_id)
             if type(array) is Message:
                 return [array]
+            array = self.device.to_host(array)
         shape = list(array.shape)
         dtype = dtype_name(array.dtype)
         flat = np.frombuffer(np.ascontiguousarray(array), np.uint8)  # (whatever the shape)
@@ -523,7 +530,8 @@ class Executor(GraphOps, Admission):
             "device_sessions": len(self.sessions),
             "device_resident_bytes": sum(s.resident for s in self.sessions.values()),
             "transfers_refused": session.transfers_refused, **session.counters,
-            **session.graphs.stats()})]
+            **session.graphs.stats(), **(self.batches.stats() if self.batches else {}),
+            **self.device.stats()})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
         "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,

@@ -25,8 +25,6 @@ import numpy as np
 from fabric.core.ops import OPS, Spec
 from fabric.core.wire import decode_params
 
-from .backends.base import DeferredValue
-
 _MAX_CHUNK = 64 << 20  # the most of the budget a device keeps unspent between messages
 _TEMPORARY_ITEMSIZE = 8  # the temporary an op may make: one float64 per operand element
 # Ops whose result has at most as many elements as the product of their tensor inputs'
@@ -39,7 +37,9 @@ SAME_SIZE_OPS = frozenset(name for name, op in OPS.items() if op.elementwise or 
 # What an op of SAME_SIZE_OPS needs at most per element of that product: a result element
 # (complex128 is the widest) and its temporary.
 BOUND_PER_ELEMENT = 16 + _TEMPORARY_ITEMSIZE
-_TENSORS = (np.ndarray, DeferredValue)  # (what else an op takes is a scalar)
+# What an op takes that is no tensor: the scalars of the wire (``decode_scalar``); anything
+# else is a device's value (a numpy array, a deferred value, another module's array).
+_SCALARS = (int, float, complex, np.generic, type(None))
 
 
 def elements(value: Any) -> int:
@@ -58,7 +58,7 @@ def exact_need(result: tuple[tuple[int, ...], np.dtype], inputs: Sequence[Any]) 
     the op table), given its inputs."""
     shape, dtype = result
     count = math.prod(shape)
-    largest = max([count, *(elements(v) for v in inputs if isinstance(v, _TENSORS))])
+    largest = max([count, *(elements(v) for v in inputs if not isinstance(v, _SCALARS))])
     return need(count * np.dtype(dtype).itemsize, largest)
 
 
@@ -75,7 +75,7 @@ def inferred_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> t
     inferring a matmul's or a mask update's shape cost more than running it on small arrays.
     Raises what the rules raise (not remembered)."""
     key: tuple[Any, ...] | None = (name, *[
-        (v.shape, v.dtype) if isinstance(v, _TENSORS) else (type(v), v) for v in inputs],
+        (v.shape, v.dtype) if not isinstance(v, _SCALARS) else (type(v), v) for v in inputs],
         *params.items())
     try:
         known = _remembered.get(key)  # type: ignore[arg-type]
@@ -83,7 +83,7 @@ def inferred_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> t
         known, key = None, None
     if known is not None:
         return known
-    specs = [Spec(v.shape, v.dtype) if isinstance(v, _TENSORS) else v for v in inputs]
+    specs = [Spec(v.shape, v.dtype) if not isinstance(v, _SCALARS) else v for v in inputs]
     shape, dtype = OPS[name].infer(specs, decode_params(name, params) if params else {})
     result = (shape, np.dtype(dtype))
     known = (math.prod(shape) * result[1].itemsize, exact_need(result, inputs))

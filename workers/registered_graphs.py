@@ -25,7 +25,9 @@ is the session's generator, for random ops), once per signature: a graph is trac
 so its registration gives every input's shape and dtype, and the op table's rules give every
 op's. The device lowers the ops to steps (``Backend.graph_steps``: by default one resolved
 numpy call per op; the numexpr device makes elementwise runs numexpr programs, compiled
-then), and ``generate`` writes the steps as straight-line Python, operands bound by position.
+then), and ``generate`` writes the steps as straight-line Python, operands bound by position;
+a device that compiles makes that plan one executable (``Backend.compile_plan``: the jax
+device traces it with ``jax.jit``).
 A step whose result is a new array (a ufunc's, a program's) writes it into the buffer of an
 argument that dies there, where shape and dtype agree (``out=``), when that buffer is an
 intermediate no one else can see: made by such a step, never an input or an output, and read
@@ -140,8 +142,9 @@ def register(params: dict[str, Any], device: Backend) -> RegisteredGraph:
                          [a if type(a) is int else Constant(decode_scalar(a)) for a in args],
                          decode_params(name, params) if params else {}, values.get(out))
                  for index, (name, out, args, params) in enumerate(ops)]
-    graph.plan = generate(graph, device.graph_steps(graph_ops, values, outputs), values,
-                          outputs)
+    graph.plan = device.compile_plan(
+        generate(graph, device.graph_steps(graph_ops, values, outputs), values, outputs),
+        graph_ops)
     return graph
 
 
@@ -316,7 +319,7 @@ class GraphOps:
             ["graph_call", out, args, params])))
         try:
             for tensor_id, array in zip(outs, self._replay(session, graph, args, count)):
-                self._store(session, tensor_id, np.asarray(array))
+                self._store(session, tensor_id, self.device.held(array))
         except _Inherited as inherited:
             self._poison(session, outs, inherited.error, report=False)
         except Exception as exc:

@@ -133,8 +133,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
               callback=checked(check_endpoint),
               help="The broker's address for workers (fabric broker --worker-address).")
 @click.option("--backend", default="numpy", show_default=True,
-              help="Device backend to host: numpy or numexpr. (capture and remote devices "
-                   "cannot host a server and are refused.)")
+              help="Device backend to host: numpy, numexpr or jax (the [jax] extra; "
+                   "--devices N on a CPU host makes N XLA CPU devices). (capture and remote "
+                   "devices cannot host a server and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
@@ -198,11 +199,12 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
 
     Exits 1 when the broker refuses it or stays silent past --give-up-after, 2 on a usage
-    error (a backend that cannot be hosted, the broker's client port given as --broker).
+    error (a backend that cannot be hosted or is not installed, the broker's client port
+    given as --broker).
     """
     from fabric.core.worker_options import budget_from_option, default_worker_threads
     from fabric.workers import shared_memory
-    from fabric.workers.backends import device_class
+    from fabric.workers.backends import device_class, prepare
     from fabric.workers.control import WorkerStops
     from fabric.workers.control_io import serve
     from fabric.workers.threads import limit_threads
@@ -227,6 +229,7 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
         raise click.BadParameter(f"a worker name has at most {MAX_LABEL_CHARS} characters, "
                                  f"not {len(name)}: choose a shorter one.", param_hint="--name")
     try:
+        prepare(backend, devices)  # (what its module reads as it loads, set before)
         device_class(backend)  # a backend that can never be hosted is refused before the token
         cluster_info = load_admin_file(admin_file) if admin_file else {}
         token = required_secret(worker_token or cluster_info.get("worker_token"),
@@ -278,7 +281,7 @@ def cluster() -> None:
 # The options every cluster command takes (cluster up, cluster slurm).
 _cluster_options = [
     click.option("--backend", default="numpy", show_default=True,
-                 help="Device backend: numpy or numexpr."),
+                 help="Device backend: numpy, numexpr or jax (the [jax] extra)."),
     click.option("--devices-per-worker", type=int, default=1, show_default=True),
     click.option("--frontend", default="tcp://127.0.0.1:5555", show_default=True,
                  help="Address for clients and admin (port * picks a free one)."),

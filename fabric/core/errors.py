@@ -19,10 +19,12 @@
     ├── RequestTimeout
     ├── RemoteError                  an op failed on the device
     │   ├── QuotaExceeded
-    │   └── GraphError
+    │   ├── GraphError
+    │   └── DtypeNotSupported
     ├── TraceError (also TypeError)
     ├── ProtocolError
     ├── DeviceNotHostable
+    │   └── BackendMissing
     ├── WorkerNameTaken
     ├── NotFound
     ├── ConfigError
@@ -184,6 +186,13 @@ class GraphError(RemoteError):
     code = "graph_error"
 
 
+class DtypeNotSupported(RemoteError):
+    """An op's operand or result has a dtype its device cannot hold (a jax device has no
+    float128): the op is refused, never computed in another precision."""
+
+    code = "dtype_not_supported"
+
+
 class TraceError(FabricError, TypeError):
     """A traced function did something that needs tensor values (``bool(t)``, ``t.numpy()``)."""
 
@@ -200,6 +209,13 @@ class DeviceNotHostable(FabricError):
     """A worker was asked to host a device that cannot serve remote sessions."""
 
     code = "device_not_hostable"
+
+
+class BackendMissing(DeviceNotHostable):
+    """A worker was asked for a backend whose package or hardware this machine lacks (jax
+    not installed, no CUDA device): it exits 2 naming what to install."""
+
+    code = "backend_missing"
 
 
 class WorkerNameTaken(FabricError):

@@ -5,6 +5,12 @@ shape and dtype follow from its inputs. The client infers every result from this
 bad shape raises numpy's own error at the call site before anything is sent; the numpy
 device runs the very same implementation, so the inference cannot drift from execution.
 
+Each implementation is written once against an array module: numpy's own function of the
+op's name (a ufunc, ``np.sum``), which another module ``xp`` spells by the same name, or a
+``build`` that makes the op's function for any module (``Op.over``); ``impl`` is numpy's. A
+device over another array module (``workers.backends``) runs ``over(xp)`` and overrides only
+what its module spells otherwise.
+
 Inference reuses numpy's rules instead of restating them:
 - shapes of views (indexing, reshape, transpose, ...) come from applying the op to a
   zero-strided stand-in of the real shape, which costs nothing and raises numpy's errors;
@@ -32,6 +38,9 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 from fabric.core import ops_functions as functions
 
 Shape = tuple[int, ...]
+# An implementation written against an array module: ``build(xp)`` is the op's function
+# with module ``xp`` (numpy's, the table's ``impl``, is ``build(np)``).
+Build = Callable[[Any], Callable[..., Any]]
 # The params of an op that takes none, shared by every such op (one dict less to make and
 # free per op): never written into, by rule.
 NO_PARAMS: dict[str, Any] = {}
@@ -362,9 +371,20 @@ def _index_dtype(op: "Op", args: Sequence[Any], params: dict[str, Any]) -> np.dt
 
 # -- the table -----------------------------------------------------------------------------
 
+def _not_in(xp: Any, name: str) -> Callable[..., Any]:
+    """The implementation of an op that array module ``xp`` does not run (yet): it refuses,
+    saying so, and its outputs are poisoned with that sentence as any failed op's are."""
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise NotImplementedError(f"{name} does not run on a device of {xp.__name__} yet: run "
+                                  "it on a numpy device (move the tensor there with .to()).")
+    return refuse
+
+
 @dataclass(frozen=True)
 class Op:
-    """One op: numpy implementation, shape rule, dtype rule, and how it may be fused."""
+    """One op: numpy implementation, shape rule, dtype rule, and how it may be fused; its
+    ``build`` where its implementation is written against an array module (else another
+    module's is that module's function of the op's name, as numpy's is)."""
 
     name: str
     impl: Callable[..., Any]
@@ -372,20 +392,31 @@ class Op:
     dtype_rule: Callable[["Op", Sequence[Any], dict[str, Any]], np.dtype]
     elementwise: bool = False
     single_axis: bool = False  # argmin/argmax take one axis, not a tuple
+    build: Build | None = None
+
+    def over(self, xp: Any) -> Callable[..., Any]:
+        """This op's implementation with array module ``xp`` (numpy's is ``impl``)."""
+        if xp is np:
+            return self.impl
+        if self.build is not None:
+            return self.build(xp)
+        return getattr(xp, self.name, None) or _not_in(xp, self.name)
 
     def infer(self, args: Sequence[Any], params: dict[str, Any]) -> tuple[Shape, np.dtype]:
         """Result shape and dtype, or numpy's own error for these arguments (a dtype error
         before a shape error, as numpy resolves types before it broadcasts)."""
+        dtype = self.result_dtype(args, params)
+        return self.shape_rule(self, args, params), dtype
+
+    def result_dtype(self, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
+        """``infer``'s result dtype alone, or numpy's own error for these arguments."""
         if self.dtype_rule is _tiny_dtype:  # the only rule worth caching
             try:
-                dtype = _cached_dtype(self.name, _signature(args),
-                                      _freeze(params) if params else ())
+                return _cached_dtype(self.name, _signature(args),
+                                     _freeze(params) if params else ())
             except Exception:  # numpy's refusal, raised again with the user's own values
-                dtype = self.dtype_rule(self, args, params)  # (the signature's stand-ins
-                # would name a stand-in, not theirs)
-        else:
-            dtype = self.dtype_rule(self, args, params)
-        return self.shape_rule(self, args, params), dtype
+                pass  # (the signature's stand-ins would name a stand-in, not theirs)
+        return self.dtype_rule(self, args, params)
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
@@ -504,11 +535,13 @@ def _argwhere(a: np.ndarray) -> np.ndarray:
     return np.argwhere(a)
 
 
-def _unique(a: np.ndarray, part: int | None = None, **flags: Any) -> np.ndarray:
+def _unique(xp: Any) -> Callable[..., Any]:
     # np.unique, or its result number ``part`` where flags ask for several (index, inverse,
     # counts): each is an op of its own, its shape learned from the device
-    found = np.unique(a, **flags)
-    return found if part is None else found[part]
+    def unique(a: Any, part: int | None = None, **flags: Any) -> Any:
+        found = xp.unique(a, **flags)
+        return found if part is None else found[part]
+    return unique
 
 
 def _searchsorted(a: np.ndarray, v: Any, *sorter: Any, side: str = "left") -> np.ndarray:
@@ -540,15 +573,15 @@ def _astype(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(dtype)
 
 
-def _copy(a: np.ndarray) -> np.ndarray:
-    return np.array(a, copy=True)
-
-
-def _reduction(func: Callable[..., Any]) -> Callable[..., Any]:
+def _reduction(name: str) -> Build:
     # a reduction's input, and its where= mask if it was given one (a second input)
-    def run(a: np.ndarray, *where: Any, **params: Any) -> Any:
-        return np.asarray(func(a, where=where[0], **params) if where else func(a, **params))
-    return run
+    def build(xp: Any) -> Callable[..., Any]:
+        func = getattr(xp, name)
+
+        def run(a: Any, *where: Any, **params: Any) -> Any:
+            return xp.asarray(func(a, where=where[0], **params) if where else func(a, **params))
+        return run
+    return build
 
 
 def _elementwise(ufunc: np.ufunc) -> Op:
@@ -578,8 +611,19 @@ REDUCTIONS = {
 }
 
 
-def _creation(name: str, impl: Callable[..., Any]) -> Op:
-    return Op(name, impl, _creation_shape, _param_dtype)
+def _written(name: str, build: Build, shape_rule: Callable[..., Shape],
+             dtype_rule: Callable[..., np.dtype], **flags: Any) -> Op:
+    """An op whose implementation is written against an array module (``build``)."""
+    return Op(name, build(np), shape_rule, dtype_rule, build=build, **flags)
+
+
+def _module_free(impl: Callable[..., Any]) -> Build:
+    """The build of an implementation that calls no module (the arrays' own methods)."""
+    return lambda xp: impl
+
+
+def _creation(name: str, build: Build) -> Op:
+    return _written(name, build, _creation_shape, _param_dtype)
 
 
 OPS: dict[str, Op] = {op.name: op for op in [
@@ -593,60 +637,68 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("isclose", np.isclose, _elementwise_shape, _tiny_dtype, elementwise=True),
     Op("nan_to_num", np.nan_to_num, _elementwise_shape, _tiny_dtype, elementwise=True),
     *[Op(name, func, _scan_shape, _tiny_dtype) for name, func in SCANS.items()],
-    *[Op(name, _reduction(func), _reduce_shape, _tiny_dtype,
-         single_axis=name.startswith("arg")) for name, func in REDUCTIONS.items()],
-    Op("median", _reduction(np.median), _reduce_shape, _tiny_dtype),
+    *[_written(name, _reduction(name), _reduce_shape, _tiny_dtype,
+               single_axis=name.startswith("arg")) for name in REDUCTIONS],
+    _written("median", _reduction("median"), _reduce_shape, _tiny_dtype),
     Op("percentile", np.percentile, _quantile_shape, _tiny_dtype),
     Op("quantile", np.quantile, _quantile_shape, _tiny_dtype),
     Op("matmul", np.matmul, _matmul_shape, _tiny_dtype),
-    Op("einsum", lambda *operands, subscripts, optimize=False:
-       np.einsum(subscripts, *operands, optimize=optimize), _einsum_shape, _tiny_dtype),
+    _written("einsum", lambda xp: lambda *operands, subscripts, optimize=False:
+             xp.einsum(subscripts, *operands, optimize=optimize), _einsum_shape, _tiny_dtype),
     Op("dot", np.dot, _dot_shape, _tiny_dtype),
-    Op("getitem", _index, _view_shape, _same_dtype),
-    Op("setitem", _setitem, _update_shape, _update_dtype),
-    Op("ufunc_at", _ufunc_at, _update_shape, _update_dtype),
+    _written("getitem", _module_free(_index), _view_shape, _same_dtype),
+    _written("setitem", _module_free(_setitem), _update_shape, _update_dtype),
+    _written("ufunc_at", _module_free(_ufunc_at), _update_shape, _update_dtype),
     Op("argwhere", _argwhere, _unknown_shape, _index_dtype),
-    Op("unique", _unique, _unknown_shape, _tiny_dtype),
+    _written("unique", _unique, _unknown_shape, _tiny_dtype),
     Op("bincount", functions.bincount, _unknown_shape, _tiny_dtype),
     Op("repeat", lambda a, repeats, axis=None: np.repeat(a, repeats, axis), _unknown_shape,
        _same_dtype),
     Op("pad", functions.pad, functions.pad_shape, _tiny_dtype),
     *[Op(name, functions.fft(name), functions.fft_shape, functions.fft_dtype)
       for name in functions.FFTS],
-    Op("inv", np.linalg.inv, functions.square_shape, functions.ones_dtype),
-    Op("eigvalsh", np.linalg.eigvalsh, functions.eigenvalues_shape, functions.ones_dtype),
-    Op("cholesky", np.linalg.cholesky, functions.square_shape, functions.ones_dtype),
+    *[_written(name, functions.linalg(name), shape, functions.ones_dtype)
+      for name, shape in (("inv", functions.square_shape), ("det", functions.det_shape),
+                          ("solve", functions.solve_shape),
+                          ("eigvalsh", functions.eigenvalues_shape),
+                          ("cholesky", functions.square_shape))],
     Op("pinv", functions.pinv, functions.pinv_shape, functions.ones_dtype),
-    Op("det", np.linalg.det, functions.det_shape, functions.ones_dtype),
-    Op("solve", np.linalg.solve, functions.solve_shape, functions.ones_dtype),
+    *[_written(name, functions.decomposition(name), functions.packed_shape,
+               functions.ones_dtype) for name in ("eig", "eigh", "svd")],
     *[Op(name, getattr(functions, name), functions.packed_shape, functions.ones_dtype)
-      for name in ("eig", "eigh", "svd", "qr", "slogdet")],
+      for name in ("qr", "slogdet")],
     Op("reshape", np.reshape, _view_shape, _same_dtype),
     Op("transpose", np.transpose, _view_shape, _same_dtype),
     Op("swapaxes", np.swapaxes, _view_shape, _same_dtype),
     Op("expand_dims", np.expand_dims, _view_shape, _same_dtype),
     Op("squeeze", np.squeeze, _view_shape, _same_dtype),
     Op("broadcast_to", np.broadcast_to, _view_shape, _same_dtype),
-    Op("astype", _astype, _elementwise_shape, _param_dtype, elementwise=True),
-    Op("copy", _copy, _elementwise_shape, _same_dtype),
+    _written("astype", _module_free(_astype), _elementwise_shape, _param_dtype,
+             elementwise=True),
+    _written("copy", lambda xp: lambda a: xp.array(a, copy=True), _elementwise_shape,
+             _same_dtype),
     Op("roll", functions.roll, _elementwise_shape, _same_dtype),
-    Op("concatenate", lambda *arrays, axis=0: np.concatenate(arrays, axis=axis),
-       _join_shape, _tiny_dtype),
-    Op("stack", lambda *arrays, axis=0: np.stack(arrays, axis=axis), _join_shape, _tiny_dtype),
-    _creation("zeros", lambda shape, dtype: np.zeros(shape, dtype)),
-    _creation("ones", lambda shape, dtype: np.ones(shape, dtype)),
-    _creation("empty", lambda shape, dtype: np.empty(shape, dtype)),
-    _creation("full", lambda shape, dtype, fill_value: np.full(shape, fill_value, dtype)),
-    _creation("arange", lambda start, stop, step, dtype: np.arange(start, stop, step, dtype)),
-    _creation("linspace", lambda start, stop, num, endpoint, dtype:
-              np.linspace(start, stop, num, endpoint=endpoint, dtype=dtype)),
-    _creation("eye", lambda n, m, k, dtype: np.eye(n, m, k, dtype)),
-    _creation("uniform", lambda rng, shape, low, high, dtype:
-              rng.uniform(low, high, shape).astype(dtype, copy=False)),
-    _creation("normal", lambda rng, shape, loc, scale, dtype:
-              rng.normal(loc, scale, shape).astype(dtype, copy=False)),
-    _creation("integers", lambda rng, shape, low, high, endpoint, dtype:
-              rng.integers(low, high, shape, dtype, endpoint=endpoint)),
+    _written("concatenate", lambda xp: lambda *arrays, axis=0: xp.concatenate(arrays, axis=axis),
+             _join_shape, _tiny_dtype),
+    _written("stack", lambda xp: lambda *arrays, axis=0: xp.stack(arrays, axis=axis),
+             _join_shape, _tiny_dtype),
+    _creation("zeros", lambda xp: lambda shape, dtype: xp.zeros(shape, dtype)),
+    _creation("ones", lambda xp: lambda shape, dtype: xp.ones(shape, dtype)),
+    _creation("empty", lambda xp: lambda shape, dtype: xp.empty(shape, dtype)),
+    _creation("full", lambda xp: lambda shape, dtype, fill_value:
+              xp.full(shape, fill_value, dtype)),
+    _creation("arange", lambda xp: lambda start, stop, step, dtype:
+              xp.arange(start, stop, step, dtype)),
+    _creation("linspace", lambda xp: lambda start, stop, num, endpoint, dtype:
+              xp.linspace(start, stop, num, endpoint=endpoint, dtype=dtype)),
+    _creation("eye", lambda xp: lambda n, m, k, dtype: xp.eye(n, m, k, dtype)),
+    # (random values are numpy's, drawn from the session's generator, on every device)
+    _creation("uniform", lambda xp: lambda rng, shape, low, high, dtype:
+              xp.asarray(rng.uniform(low, high, shape).astype(dtype, copy=False))),
+    _creation("normal", lambda xp: lambda rng, shape, loc, scale, dtype:
+              xp.asarray(rng.normal(loc, scale, shape).astype(dtype, copy=False))),
+    _creation("integers", lambda xp: lambda rng, shape, low, high, endpoint, dtype:
+              xp.asarray(rng.integers(low, high, shape, dtype, endpoint=endpoint))),
 ]}
 # The ops the executor passes the session's generator
 RANDOM_OPS = frozenset({"uniform", "normal", "integers"})

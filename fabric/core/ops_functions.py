@@ -3,8 +3,9 @@ transforms, ``np.pad``, ``np.bincount``: their implementations, and the shape an
 ``fabric.core.ops`` lists them with.
 
 Rule: each op runs numpy's own function on the worker (``np.linalg``'s LAPACK calls, never a
-hand-written algorithm), and its rules restate only what numpy's function would check before
-computing: square matrices, matching core dimensions, pad widths. A function with several
+hand-written algorithm; another array module's function of the same name on its devices),
+and its rules restate only what numpy's function would check before computing: square
+matrices, matching core dimensions, pad widths. A function with several
 results (``eig``, ``eigh``, ``svd``) is one op whose result packs them along its last axes
 (``packed_parts`` says where each lies), so the decomposition runs once; the client hands the
 user views of the parts. This module needs only numpy (the table's module imports it).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -119,31 +120,39 @@ def ones_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype
         return np.asarray(op.impl(*stand_ins, **params)).dtype
 
 
-def _pack(parts: Sequence[np.ndarray], along_rows: bool) -> np.ndarray:
-    dtype = np.result_type(*parts)
+def linalg(name: str) -> Callable[[Any], Callable[..., Any]]:
+    """The build of ``np.linalg``'s function ``name`` over an array module: ``xp.linalg``'s."""
+    return lambda xp: getattr(xp.linalg, name)
+
+
+def _pack(xp: Any, parts: Sequence[Any], along_rows: bool) -> Any:
+    dtype = xp.result_type(*parts)
     if along_rows:  # eigenvalues (..., n) as a first row above the vectors (..., m, n)
-        return np.concatenate([parts[0][..., None, :].astype(dtype), parts[1]], axis=-2)
+        return xp.concatenate([parts[0][..., None, :].astype(dtype), parts[1]], axis=-2)
     batch = parts[0].shape[:-2]
-    return np.concatenate([p.reshape(batch + (math.prod(p.shape[len(batch):]),)).astype(dtype)
+    return xp.concatenate([p.reshape(batch + (math.prod(p.shape[len(batch):]),)).astype(dtype)
                            for p in parts], axis=-1)  # (sizes named: a batch may be empty)
 
 
-def eig(a: np.ndarray) -> np.ndarray:
-    """np.linalg.eig, packed: its result is real where every eigenvalue is (numpy's rule)."""
-    return _pack(np.linalg.eig(a), along_rows=True)
+def decomposition(name: str) -> Callable[[Any], Callable[..., Any]]:
+    """The build of decomposition ``name`` (eig, eigh, svd) over an array module: its
+    function in ``xp.linalg``, its results packed (``packed_parts``). numpy's eig is real
+    where every eigenvalue is (numpy's rule)."""
+    def eig(xp: Any) -> Callable[..., Any]:
+        return lambda a: _pack(xp, xp.linalg.eig(a), along_rows=True)
 
+    def eigh(xp: Any) -> Callable[..., Any]:
+        return lambda a, UPLO="L": _pack(xp, xp.linalg.eigh(a, UPLO=UPLO), along_rows=True)
 
-def eigh(a: np.ndarray, UPLO: str = "L") -> np.ndarray:
-    """np.linalg.eigh, packed."""
-    return _pack(np.linalg.eigh(a, UPLO=UPLO), along_rows=True)
-
-
-def svd(a: np.ndarray, full_matrices: bool = True, compute_uv: bool = True,
-        hermitian: bool = False) -> np.ndarray:
-    """np.linalg.svd, packed (the singular values alone without ``compute_uv``)."""
-    result = np.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
-                           hermitian=hermitian)
-    return result if not compute_uv else _pack(result, along_rows=False)
+    def svd(xp: Any) -> Callable[..., Any]:
+        def run(a: Any, full_matrices: bool = True, compute_uv: bool = True,
+                hermitian: bool = False) -> Any:
+            """The singular values alone without ``compute_uv``."""
+            result = xp.linalg.svd(a, full_matrices=full_matrices, compute_uv=compute_uv,
+                                   hermitian=hermitian)
+            return result if not compute_uv else _pack(xp, result, along_rows=False)
+        return run
+    return {"eig": eig, "eigh": eigh, "svd": svd}[name]
 
 
 def pinv(a: np.ndarray, *rtol: np.ndarray, **params: Any) -> np.ndarray:
@@ -154,7 +163,7 @@ def pinv(a: np.ndarray, *rtol: np.ndarray, **params: Any) -> np.ndarray:
 
 def qr(a: np.ndarray, mode: str = "reduced") -> np.ndarray:
     """np.linalg.qr, packed (``packed_parts``)."""
-    return _pack(np.linalg.qr(a, mode=mode), along_rows=False)
+    return _pack(np, np.linalg.qr(a, mode=mode), along_rows=False)
 
 
 def slogdet(a: np.ndarray) -> np.ndarray:

@@ -36,8 +36,8 @@ def test_every_backend_implements_the_contract():
     for name in BACKENDS:
         cls = device_class(name)
         assert issubclass(cls, Backend) and cls.backend == name
-        device = cls(3)
-        assert device.index == 3 and device.settings()["backend"] == name
+        device = cls(0)  # (a jax device's index is one of the XLA devices this process has)
+        assert device.index == 0 and device.settings()["backend"] == name
         assert (device.ops_fused, device.expressions_evaluated) == (0, 0)
 
 
@@ -55,17 +55,27 @@ def test_a_backend_with_only_settings_and_run_serves_ops_and_graphs():
     np.testing.assert_array_equal(read(executor, 5), [0.0, 8.0, 16.0])  # 2x*3 + 2x
 
 
+def test_a_random_op_in_a_graph_reaches_a_backends_run_with_the_sessions_generator():
+    executor = opened(device=MinimalDevice(0))
+    draw = {"shape": [4], "low": 0.0, "high": 1.0, "dtype": "float64"}
+    submit(executor, ["seed", 0, [], {"seed": 5}],
+           ["graph_register", 0, [], {"graph": 1, "name": "draw", "inputs": [],
+                                      "ops": [["uniform", 1, [], draw]], "outputs": [1]}],
+           ["graph_call", 2, [], {"graph": 1, "outputs": 1}])
+    np.testing.assert_array_equal(read(executor, 2), np.random.default_rng(5).uniform(size=4))
+
+
 def test_unknown_and_unhostable_backends_are_refused_by_name():
-    with pytest.raises(ValueError, match="choose one of numexpr, numpy"):
+    with pytest.raises(ValueError, match="choose one of jax, numexpr, numpy"):
         device_class("tpu")
     with pytest.raises(DeviceNotHostable, match="--backend numpy"):
         device_class("capture")
 
 
-def test_a_numpy_worker_does_not_load_numexpr():
+def test_a_numpy_worker_does_not_load_numexpr_nor_jax():
     probe = ("import sys; from fabric.workers.control_io import Worker; "
              "from fabric.workers.backends import device_class; device_class('numpy')(0); "
-             "print(sorted(m for m in sys.modules if 'numexpr' in m))")
+             "print(sorted(m for m in sys.modules if 'numexpr' in m or 'jax' in m))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr

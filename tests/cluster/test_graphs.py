@@ -513,3 +513,36 @@ def test_worker_runs_graphs_traced_by_the_client():
     expected = step(np.arange(3.0), np.ones(3), np.ones(3))
     np.testing.assert_allclose(read(executor, 10), expected[0])
     assert read(executor, 11) == expected[1]
+
+
+# -- end to end on the jax device, where a graph is one XLA executable -------------------------
+
+@pytest.mark.parametrize("case", [
+    test_one_registration_then_replays_of_one_small_op_each,
+    test_results_keep_the_functions_structure_and_constants,
+    test_a_new_signature_traces_again_and_a_known_one_does_not,
+    test_graphs_past_the_cache_size_are_evicted_and_registered_again,
+    test_random_ops_and_creation_inside_a_graph_use_the_session,
+    test_a_traced_function_called_from_another_is_inlined,
+    test_an_op_failing_inside_a_graph_names_the_graph_and_the_line,
+    test_an_unknown_graph_and_wrong_bindings_give_typed_errors,
+], ids=lambda case: case.__name__.removeprefix("test_"))
+def test_on_the_jax_device(jax_session, case):
+    case(jax_session)
+
+
+def test_a_compiled_replay_equals_eager_execution_within_rounding_on_the_jax_device(jax_session):
+    values = arrays()
+    a, b, c = (jax_session.asarray(v) for v in values)
+    traced = fabric.function(step)
+    expected = step(*values)
+    eager_out, eager_total = step(a, b, c)
+    for _ in range(3):
+        out, total = traced(a, b, c)
+        # (XLA fuses the graph's ops, contracting a multiply and an add: the last bit may
+        # differ from the ops run one by one, each rounded)
+        for got in (out.numpy(), eager_out.numpy()):
+            np.testing.assert_allclose(got, expected[0], rtol=1e-12)
+        np.testing.assert_allclose(total.numpy(), expected[1], rtol=1e-12)
+        np.testing.assert_allclose(eager_total.numpy(), expected[1], rtol=1e-12)
+    assert (out.shape, out.dtype, total.shape) == (eager_out.shape, eager_out.dtype, ())

@@ -245,6 +245,16 @@ def test_reads_on_the_numexpr_device(numexpr_session, name):
     run(READS[name], numexpr_session)
 
 
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_updates_on_the_jax_device(jax_session, name):
+    run(PROGRAMS[name], jax_session)
+
+
+@pytest.mark.parametrize("name", list(READS))
+def test_reads_on_the_jax_device(jax_session, name):
+    run(READS[name], jax_session)
+
+
 def test_a_tensor_keeps_its_handle_and_other_tensors_their_values(session):
     t = session.asarray(BASE)
     made_before = t * 1
@@ -333,6 +343,16 @@ def test_a_write_through_a_reshape_is_refused_and_says_what_to_do(session):
 
 
 def test_an_out_of_bounds_tensor_index_fails_on_the_device_and_names_the_line(session):
+    out_of_bounds_index_fails_on_the_device(session)
+
+
+def test_an_out_of_bounds_tensor_index_fails_on_the_jax_device_too(jax_session):
+    out_of_bounds_index_fails_on_the_device(jax_session)  # (jax's own indexing clamps)
+
+
+def out_of_bounds_index_fails_on_the_device(session) -> None:
+    """A tensor index out of bounds, and a tensor mask selecting too few values, fail on the
+    device with numpy's errors, naming the line."""
     t = session.asarray(BASE)
     picked = t[session.asarray(np.array([0, 9]))]  # the client does not know the values
     with pytest.raises(RemoteError, match="out of bounds") as raised:

@@ -149,24 +149,29 @@ def test_a_silent_broker_is_named_with_why_its_name_may_not_resolve(caplog):
 def test_without_give_up_after_a_silent_broker_is_retried_forever():
     # "Forever" on the fake clock: a loop's ticks (one a second) through 10,000 silent seconds.
     # Every time the broker has been silent past the liveness bound the worker connects again,
-    # under new identities, and registers again; the 2,500th attempt comes as the first did,
-    # 4 s after the one before (the first tick past 3 heartbeats of silence), and none raises.
+    # under new identities, and registers again once its beacon is up; the last attempt comes
+    # as the first did, one period after the one before, and none raises.
     machine = control()
     machine.start(0.0)
-    attempts, identities = [], set()
+    attempts, registered, identities, lanes = [], [], set(), None
     for now in range(1, 10_001):
         actions = machine.tick(float(now))
         if actions and type(actions[0]) is Connect:
-            connect, register = actions
-            assert type(register) is Send and register.message.kind == Kind.REGISTER
-            assert register.message.body["lanes"] == list(connect.lanes)
-            identities.update((connect.identity, *connect.lanes))
+            (connect,) = actions
+            identities.update((connect.identity, connect.beacon, *connect.lanes))
             attempts.append(now)
+            lanes = list(connect.lanes)
+            assert machine.on_beacon_up(float(now)) == []  # (REGISTER follows at a tick)
+        elif sent(actions) == [Kind.REGISTER]:
+            assert actions[0].message.body["lanes"] == lanes
+            registered.append(now)
         else:  # between attempts: heartbeats only
             assert sent(actions) in ([], [Kind.HEARTBEAT]), now
-    assert len(attempts) == 2_500 and attempts[-1] == 10_000
+    # (the first tick past 3 heartbeats of silence: every 4 s, the first at 4)
     assert {later - earlier for earlier, later in zip([0, *attempts], attempts)} == {4}
-    assert len(identities) == 3 * len(attempts)  # (the worker's and its 2 lanes', never reused)
+    assert len(attempts) == 2_500 and attempts[-1] == 10_000
+    assert len(registered) >= len(attempts) - 1  # (each attempt registers again)
+    assert len(identities) == 4 * len(attempts)  # (worker, beacon, 2 lanes: never reused)
 
 
 def test_give_up_after_stops_a_worker_whose_broker_stays_silent():

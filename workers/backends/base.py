@@ -5,6 +5,15 @@ backend overrides the hooks it has and inherits the defaults for the others, so 
 ever probed with ``getattr`` or ``hasattr``. The numpy device is the reference: every other
 backend computes what it computes, op for op (dtype, shape, and values within rounding).
 
+A backend is an array module (``xp``) and a few adapters around it: the op table runs over
+``xp`` (``Op.over``), and a backend overrides ``implementation`` only for the ops its module
+spells otherwise. Its arrays may live elsewhere than in host memory: what arrives (an upload,
+a tensor moved here) enters through ``from_host`` and what leaves (a read, a move) through
+``to_host``; memory admission and metrics count a device's arrays by their ``nbytes`` as
+they count numpy's. ``on_thread`` is the state the device's thread runs in (the device a
+module places new arrays on), and ``compile_plan`` may turn a graph's plan into one
+executable.
+
 A backend may defer work (the numexpr device keeps chains of elementwise ops as one
 expression): ``run`` then returns a ``DeferredValue``, which the executor holds in a
 session's tensors as it holds arrays (it has their ``shape``, ``dtype``, ``size`` and
@@ -20,6 +29,7 @@ of ops with one step each; ``workers.registered_graphs`` turns the steps into th
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, ClassVar, NamedTuple, Union
 
@@ -133,20 +143,33 @@ class Backend:
     # True when the device grows its counters: the executor reads them around each message
     # only then (on every read, that costs a device that counts nothing about 5% of its work).
     counts_work: ClassVar[bool] = False
+    # True when a batch of streamed ops seen again should run as one graph, which the device
+    # compiles (``compile_plan``): the executor keeps their graphs (``workers.batch_graphs``)
+    compiles_batches: ClassVar[bool] = False
     ops_fused: int = 0
     expressions_evaluated: int = 0
 
+    # The array module the device's arrays are, which the op table runs over
+    xp: ClassVar[Any] = np
+
     def __init__(self, index: int) -> None:
         self.index = index
+        # every op's function over ``xp``, as ``implementation`` says
+        self.implementations = {name: self.implementation(op) for name, op in OPS.items()}
 
     def settings(self) -> dict[str, Any]:
         """What the device is, as shown in WELCOME and ``fabric.devices()``."""
         raise NotImplementedError
 
+    def implementation(self, op: Op) -> Callable[..., Any]:
+        """``op``'s function on this device: the table's, over ``xp``; a backend whose module
+        spells an op otherwise returns its own for that op."""
+        return op.over(self.xp)
+
     def run(self, op: Op, inputs: list[Any], params: dict[str, Any]) -> Value:
         """Run one op of the shared table on ``inputs`` (arrays, deferred values, scalars):
-        an array, or a deferred value."""
-        raise NotImplementedError
+        an array, or a deferred value. By default its ``implementation``, called."""
+        return self.implementations[op.name](*inputs, **params)
 
     def small(self, inputs: list[Any]) -> bool:
         """Whether ``run`` makes a plain numpy call of an op without params on ``inputs``,
@@ -157,10 +180,41 @@ class Backend:
         """The array of a value; a device that never defers has nothing to compute."""
         return value  # type: ignore[return-value]
 
+    def held(self, result: Any) -> Value:
+        """A graph's output as a tensor holds it (numpy makes a 0-d result a scalar: an
+        array of it)."""
+        return np.asarray(result)
+
+    def from_host(self, array: np.ndarray) -> Any:
+        """An array that arrived in host memory (an upload, a tensor moved here) as the
+        device holds it; a device whose arrays live elsewhere copies it there."""
+        return array
+
+    def to_host(self, value: Any) -> np.ndarray:
+        """A tensor's values in host memory, for a read or a move (a deferred value computed
+        first); a device whose arrays live elsewhere copies them out."""
+        return self.materialize(value)
+
+    def on_thread(self) -> contextlib.AbstractContextManager[Any]:
+        """The state the device's thread runs in, entered once by that thread; none by
+        default."""
+        return contextlib.nullcontext()
+
+    def stats(self) -> dict[str, Any]:
+        """The device's own figures, as every session's ``stats()`` shows them; none by
+        default."""
+        return {}
+
+    def compile_plan(self, plan: GraphPlan, ops: list[GraphOp]) -> GraphPlan:
+        """What runs a graph whose generated ``plan`` computes ``ops`` (for one signature):
+        by default the plan itself, step by step in Python."""
+        return plan
+
     def bind(self, op: Op, params: dict[str, Any]) -> Callable[..., Any]:
-        """``op`` with its params bound: a function of its inputs, for compiled graphs."""
-        def run(*inputs: Any) -> Value:
-            return self.run(op, list(inputs), params)
+        """``op`` with its params bound: a function of its inputs (and of the session's
+        generator, ``rng=``, for a random op), for compiled graphs."""
+        def run(*inputs: Any, **rng: Any) -> Value:
+            return self.run(op, list(inputs), {**params, **rng} if rng else params)
         return run
 
     def graph_steps(self, ops: list[GraphOp], specs: dict[int, Spec],

@@ -1,0 +1,243 @@
+"""The ops ``jax.numpy`` spells otherwise than numpy, written so that they compute numpy's.
+
+Rule: each function here gives numpy's result (dtype, shape, values within rounding, and
+numpy's errors) where ``Op.over(jnp)`` would not; the jax device uses the table's build for
+every other op. What numpy decides from the data (an index out of bounds, an integer to a
+negative power, a singular matrix, an eigenvalue that is real) is checked on the data, so
+those ops cannot be traced into a compiled graph: ``NEEDS_DATA`` says which, and a graph
+that holds one runs op by op.
+
+What differs and why:
+- updates (``setitem``, ``ufunc_at``): jax arrays never change, so an update is ``.at[]``'s
+  new array (a fabric device array never changes either: the client rebinds its handle);
+  the values are cast to the target's dtype as numpy's assignment casts them;
+- integer array indices: jax clamps one out of bounds, numpy raises IndexError: the index is
+  checked by numpy itself, on a stand-in of the target (no copy of its data);
+- ``astype`` from a float to an integer: numpy's loops convert through the CPU's truncating
+  conversion (nan, inf and values out of range become the most negative int32 or int64,
+  narrower integers wrap from int32), XLA's saturates: numpy's is spelled out here;
+- ``floor_divide``, ``remainder``: numpy's ``divmod`` (an integer divided by zero gives 0;
+  a float's signed zeros), ``sign`` of -0.0 is +0.0, ``power`` refuses an integer to a
+  negative power;
+- numpy's reductions and scans take axis 0 (or -1) of a 0-d array, jax's refuse it;
+- ``eig`` is real where every eigenvalue is (jax's is always complex); ``inv`` and ``solve``
+  of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fabric.core.ops import bind_index, ufunc_named
+from fabric.core.ops_functions import decomposition
+
+_INT32 = (-2.0**31, 2.0**31)
+_INT64 = (-2.0**63, 2.0**63)
+# numpy's float-to-integer conversions: through which integer the CPU truncates
+_TRUNCATED_THROUGH = {np.dtype(t): through for t, through in [
+    ("int8", np.int32), ("int16", np.int32), ("int32", np.int32), ("uint8", np.int32),
+    ("uint16", np.int32), ("int64", np.int64)]}
+# ufunc.at as jax's .at[] methods; the others run numpy's ufunc.at on a host copy
+_AT_METHODS = {"add": "add", "multiply": "multiply", "minimum": "min", "maximum": "max",
+               "divide": "divide", "power": "power"}
+
+
+def astype(a: Any, dtype: Any) -> Any:
+    """numpy's ``astype``; a float (or complex) to an integer as numpy's loops convert."""
+    dtype = np.dtype(dtype)
+    through = _TRUNCATED_THROUGH.get(dtype)
+    if through is None or a.dtype.kind not in "fc":
+        return a.astype(dtype)
+    whole = jnp.trunc(jnp.real(a).astype(np.float64))
+    low, high = _INT32 if through is np.int32 else _INT64
+    valid = (whole >= low) & (whole < high)  # (nan is neither)
+    converted = jnp.where(valid, whole, 0).astype(through)
+    return jnp.where(valid, converted, np.iinfo(through).min).astype(dtype)
+
+
+def _cast(value: Any, dtype: np.dtype) -> Any:
+    """An update's value as its target's dtype holds it (numpy's assignment casting)."""
+    if isinstance(value, jax.Array):
+        return value if value.dtype == dtype else astype(value, dtype)
+    return np.asarray(value).astype(dtype)
+
+
+def _stand_in(shape: tuple[int, ...]) -> np.ndarray:
+    """A writable array of ``shape`` that holds one byte (every stride 0)."""
+    return np.ndarray(shape, np.uint8, bytearray(1), 0, (0,) * len(shape))
+
+
+def checked_index(array: Any, index: tuple[Any, ...], arrays: tuple[Any, ...],
+                  *value: Any) -> tuple:
+    """``index`` with its arrays bound, after numpy has checked it (and the ``value`` an
+    update stores there) against ``array``'s shape on stand-ins: an integer out of bounds, a
+    mask of the wrong shape, a value that does not fit what a mask selects raise numpy's
+    own errors."""
+    if not arrays:  # (the client checked an index without arrays, and its value's shape)
+        return index
+    key = bind_index(index, [np.asarray(a) for a in arrays])
+    if value:
+        _stand_in(array.shape)[key] = _stand_in(np.shape(value[0]))
+    else:
+        _stand_in(array.shape)[key]  # (for numpy's checks alone)
+    return bind_index(index, arrays)
+
+
+def getitem(array: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
+    """``array[index]``."""
+    return array[checked_index(array, index, arrays)]
+
+
+def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
+    """A copy of ``array`` with ``array[index] = value``."""
+    return array.at[checked_index(array, index, arrays, value)].set(_cast(value, array.dtype))
+
+
+def ufunc_at(array: Any, *operands: Any, ufunc: str, index: tuple[Any, ...]) -> Any:
+    """A copy of ``array`` after ``np.<ufunc>.at(array, index, *values)``: computed in the
+    dtype numpy's loop takes, and cast back as numpy's ``at`` casts (repeated indices
+    accumulate in that dtype, where numpy rounds at each)."""
+    function = ufunc_named(ufunc)
+    values, arrays = operands[:function.nin - 1], operands[function.nin - 1:]
+    key = checked_index(array, index, arrays)
+    method = _AT_METHODS.get(ufunc)
+    if method is None or ufunc == "power" and array.dtype.kind in "iu":  # (numpy's checks)
+        host = np.array(array)  # a host copy: numpy's own ufunc.at, moved back
+        function.at(host, bind_index(index, [np.asarray(a) for a in arrays]),
+                    *[np.asarray(v) for v in values])
+        return jax.device_put(host, next(iter(array.devices())))
+    loop = function.resolve_dtypes((array.dtype, *[_descriptor(v) for v in values], None))[-1]
+    widened = array.astype(loop)
+    updated = getattr(widened.at[key], method)(*[_cast(v, loop) for v in values])
+    return updated.astype(array.dtype)
+
+
+def _descriptor(value: Any) -> Any:
+    """How numpy's promotion sees an operand: a dtype, or a Python scalar's type (weak)."""
+    if isinstance(value, (jax.Array, np.ndarray, np.generic)):
+        return value.dtype
+    return np.dtype(bool) if type(value) is bool else type(value)
+
+
+def floor_divide(a: Any, b: Any) -> Any:
+    """numpy's ``floor_divide`` (operands of one dtype, numpy's loop's)."""
+    if a.dtype.kind in "iu":
+        safe = jnp.where(b == 0, 1, b).astype(a.dtype)
+        return jnp.where(b == 0, 0, jnp.floor_divide(a, safe)).astype(a.dtype)
+    return _float_divmod(a, b)[0]
+
+
+def remainder(a: Any, b: Any) -> Any:
+    """numpy's ``remainder`` (operands of one dtype, numpy's loop's)."""
+    if a.dtype.kind in "iu":
+        return jnp.remainder(a, b)
+    return _float_divmod(a, b)[1]
+
+
+def _float_divmod(a: Any, b: Any) -> tuple[Any, Any]:
+    """numpy's ``npy_divmod`` for floats, step by step (its signed zeros included)."""
+    mod = jnp.fmod(a, b)
+    div = (a - mod) / b
+    adjust = (mod != 0) & ((b < 0) != (mod < 0))
+    mod = jnp.where(adjust, mod + b, jnp.where(mod != 0, mod, jnp.copysign(0.0, b)))
+    div = jnp.where(adjust, div - 1, div)
+    floor = jnp.floor(div)
+    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    quotient = jnp.where(div != 0, floor, jnp.copysign(0.0, a / b))
+    quotient = jnp.where(b == 0, a / b, quotient)  # (and by zero, fmod's nan: numpy's)
+    return quotient.astype(a.dtype), mod.astype(a.dtype)
+
+
+def sign(a: Any) -> Any:
+    """numpy's ``sign``: of a zero (-0.0 too) +0, of nan nan."""
+    result = jnp.sign(a)
+    return jnp.where(a == 0, jnp.zeros((), a.dtype), result) if a.dtype.kind == "f" else result
+
+
+def power(a: Any, b: Any) -> Any:
+    """numpy's ``power``: an integer to a negative integer power is refused."""
+    if a.dtype.kind == "i" and bool(jnp.any(b < 0)):
+        raise ValueError("Integers to negative integer powers are not allowed.")
+    return jnp.power(a, b)
+
+
+def bincount(x: Any, *weights: Any, minlength: int = 0) -> Any:
+    """numpy's ``bincount``: a negative value is refused (jax's would drop it)."""
+    if x.size and bool(jnp.any(x < 0)):
+        raise ValueError("'list' argument must have no negative elements")
+    return jnp.bincount(x, *weights, minlength=minlength)
+
+
+def _nonsingular(a: Any) -> None:
+    """LAPACK's test, which numpy's ``inv`` and ``solve`` raise on: an exact zero pivot."""
+    lu, _ = jax.scipy.linalg.lu_factor(a)
+    if bool(jnp.any(jnp.diagonal(lu, axis1=-2, axis2=-1) == 0)):
+        raise np.linalg.LinAlgError("Singular matrix")
+
+
+def inv(a: Any) -> Any:
+    """numpy's ``linalg.inv``."""
+    _nonsingular(a)
+    return jnp.linalg.inv(a)
+
+
+def solve(a: Any, b: Any) -> Any:
+    """numpy's ``linalg.solve``."""
+    _nonsingular(a)
+    return jnp.linalg.solve(a, b)
+
+
+_packed_eig = decomposition("eig")(jnp)
+
+
+def eig(a: Any) -> Any:
+    """numpy's ``linalg.eig``, packed: real where every eigenvalue is, as numpy's."""
+    packed = _packed_eig(a)
+    if a.dtype.kind != "c" and not bool(jnp.any(packed[..., 0, :].imag != 0)):
+        return packed.real
+    return packed
+
+
+def axis_of_0d(name: str, scan: bool) -> Callable[..., Any]:
+    """jnp's reduction or scan ``name`` with numpy's quirk: axis 0 (or -1) of a 0-d array is
+    taken (a reduction's result is then 0-d, a scan's of shape (1,))."""
+    function = getattr(jnp, name)
+
+    def run(a: Any, *where: Any, axis: Any = None, **params: Any) -> Any:
+        if a.ndim == 0 and isinstance(axis, int) and axis in (0, -1):
+            a, axis = (a.reshape(1), 0) if scan else (a, None)
+        if where:
+            params["where"] = where[0]
+        return jnp.asarray(function(a, axis=axis, **params))
+    return run
+
+
+def quantile(name: str) -> Callable[..., Any]:
+    """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only)."""
+    function = getattr(jnp, name)
+    return lambda a, q, **params: function(a, jnp.asarray(q), **params)
+
+
+# Op name -> its function on the jax device, where it is not the table's build over jnp
+SPELLED: dict[str, Callable[..., Any]] = {
+    "astype": astype, "getitem": getitem, "setitem": setitem, "ufunc_at": ufunc_at,
+    "floor_divide": floor_divide, "remainder": remainder, "sign": sign, "power": power,
+    "bincount": bincount, "inv": inv, "solve": solve, "eig": eig,
+    "percentile": quantile("percentile"), "quantile": quantile("quantile"),
+    **{name: axis_of_0d(name, scan=False) for name in (
+        "sum", "prod", "min", "max", "any", "all", "argmin", "argmax")},
+    **{name: axis_of_0d(name, scan=True) for name in ("cumsum", "cumprod", "argsort")},
+}
+# Ops that read their data to decide (numpy's errors, a data-dependent dtype): never traced
+NEEDS_DATA = frozenset({"setitem", "ufunc_at", "bincount", "inv", "solve", "eig"})
+
+
+def needs_data(name: str, args: list[Any], dtype: np.dtype | None) -> bool:
+    """Whether op ``name`` on ``args`` (a graph's local ids and constants) making ``dtype``
+    reads its data to decide: ``NEEDS_DATA``, an index holding arrays, an integer power."""
+    return (name in NEEDS_DATA or name == "getitem" and len(args) > 1
+            or name == "power" and dtype is not None and dtype.kind == "i")
