@@ -193,7 +193,7 @@ def test_every_dtype_and_layout_goes_up_down_and_across_in_pieces(cutting_cluste
             moved = tensor.to(other)  # (worker 0 writes it into worker 1's slot)
             assert moved.numpy().tobytes() == expected
         copies = session.connection.segments.copies
-        assert session.shares_memory is True and session.stats()["bytes_uploaded"] == 0
+        assert session.shares_memory is True and session.stats()["bytes_uploaded_by_socket"] == 0
         assert copies.threads == COPY_THREADS and copies.cut == len(list(layouts(dtype))) - 2
     assert not copying_threads()  # (the connection's ended with it)
 

@@ -62,7 +62,7 @@ def test_a_buffer_becomes_a_tensor_without_a_copy_and_turns_read_only(one_worker
         expected = np.arange(buffer.size, dtype=np.int32).reshape(SHAPE)
         np.testing.assert_array_equal((tensor + 1).numpy(), expected + 1)
         # Nothing went inside a message: the put named the slot, the read took another.
-        assert session.stats()["bytes_uploaded"] == 0
+        assert session.stats()["bytes_uploaded_by_socket"] == 0
         assert session.connection.segments.transfers == transfers + 2
         # A read-only view of the tensor is the buffer's memory itself.
         view = tensor.numpy(copy=False)
