@@ -201,7 +201,10 @@ def test_idle_junk_and_tokenless_connections_are_dropped_and_clients_are_served(
             dealer.setsockopt(zmq.LINGER, 0)
             present_token(dealer, "client", WRONG_TOKEN)
             dealer.connect(cluster.address)
-        assert _open_files(pid) > baseline  # the broker holds them for now
+        # the broker holds them for now (once its I/O thread has accepted them: well within
+        # the handshake timeout, which then closes them)
+        wait_for(lambda: _open_files(pid) > baseline, HANDSHAKE_TIMEOUT,
+                 "the broker to accept the connections", interval=0.01)
         _assert_served(cluster)  # meanwhile
         deadline = time.monotonic() + HANDSHAKE_TIMEOUT + 10
         assert all(_closed_by_peer(sock, deadline) for sock in raw)
