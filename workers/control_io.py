@@ -155,9 +155,10 @@ class _DeviceThread:
                 for sock, _ in zmq.zmq_poll(self._poll_items, 0 if waiting.messages else -1):
                     if sock is self._lane_socket:
                         self._read_lane()
-                        continue
-                    if not self._from_control(recv_frames(sock)):  # its STOP ends this
-                        return
+                    elif sock is self._pair:
+                        if not self._from_control(recv_frames(sock)):  # its STOP ends this
+                            return
+                    # (else the old lane, which a RESET earlier in this same poll closed)
                 if waiting.messages:
                     self._take_turns()
         finally:

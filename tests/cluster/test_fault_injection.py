@@ -158,9 +158,6 @@ def test_a_link_held_past_the_liveness_window_is_waited_for_and_heals(proxied):
     assert_nothing_left(cluster, fds)
 
 
-# (rerun once: since workers find a stopped broker by their beacon, a loop's calls after the
-# broker comes back sometimes fall short of 3 more in 15 s on a loaded machine; being found)
-@pytest.mark.flaky(reruns=1)
 def test_a_stopped_broker_fails_calls_typed_and_everything_comes_back(proxied):
     cluster, _ = proxied
     fds = open_fds()

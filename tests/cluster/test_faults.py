@@ -100,3 +100,26 @@ def test_a_vanished_clients_sessions_expire_and_free_their_memory():
             if client.poll() is None:
                 client.kill()
             client.communicate(timeout=5)
+
+
+def test_a_device_busy_when_its_broker_restarts_serves_the_new_one():
+    """The broker dies while a device runs a long op with more of its session's ops unread in
+    the lane (``--hwm 2`` bounds the read-ahead): the device thread then sees the control
+    thread's RESET and its old lane in one poll, and must serve the new broker."""
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+                             worker_args=("--hwm", "2")) as cluster:
+        session = cluster.connect(timeout=30)
+        square = session.asarray(np.ones((3000, 3000)))
+        session.sync()
+        products = [square @ square for _ in range(6)]  # about half a second each
+        session.flush()
+        time.sleep(0.3)  # the first product runs; the others wait, three unread in the lane
+        cluster.broker.kill()
+        cluster.broker.wait()
+        cluster.start_broker(cluster.address, cluster.backend_address)
+        cluster.wait_for_devices(1, timeout=20)
+        with cluster.connect(timeout=10) as fresh:
+            assert fresh.arange(3).sum().numpy() == 3
+        assert "Traceback" not in cluster.log_tail("worker-0", 200)
+        del products
+        session.close()

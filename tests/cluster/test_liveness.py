@@ -98,9 +98,6 @@ def test_w6_on_a_loaded_machine_while_a_device_holds_the_gil_loses_no_session():
         assert workers_lost(cluster) == 0, cluster.log_tail("broker", 20)
 
 
-# (rerun once: a woken worker's re-registration sometimes outlasts the wait on a loaded CI
-# machine, its device thread reading a pair socket the reconnect closed; being found)
-@pytest.mark.flaky(reruns=1)
 def test_a_stopped_worker_on_a_loaded_machine_is_lost_within_the_bound_and_comes_back():
     with fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT) as cluster, \
             cluster.connect(device=1, timeout=30) as doomed, \
