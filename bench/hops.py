@@ -63,11 +63,12 @@ def install(directory: str | None) -> None:
     import fabric.core.sockets
     import fabric.broker.server
     import fabric.workers.control_io
+    import fabric.workers.lane_io
 
     sockets = fabric.core.sockets
     sent, received = _noting(sockets.send_frames, SENT), _noting(sockets.recv_frames, RECEIVED)
     for module in (sockets, fabric.transport.connection, fabric.broker.server,
-                   fabric.workers.control_io):
+                   fabric.workers.control_io, fabric.workers.lane_io):
         # (the modules imported the functions by name: each binding is replaced)
         if hasattr(module, "send_frames"):
             module.send_frames = sent

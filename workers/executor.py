@@ -31,12 +31,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from fabric.core.errors import FabricError, ProtocolError, QuotaExceeded, RemoteError, SessionLost
+from fabric.core.errors import FabricError, ProtocolError, RemoteError, SessionLost
 from fabric.core.flow import CREDIT_EVERY
 from fabric.core.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
-from fabric.core.protocol import Kind, Message, reply_to
+from fabric.core.protocol import Kind, Message, reply_error, reply_to
 from fabric.core.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params,
-                              decode_scalar, device_dtype, dtype_name, parse_op)
+                              decode_scalar, device_dtype, dtype_name, parse_op, require_ints)
 
 from . import shared_memory
 from .admission import Admission
@@ -47,30 +47,34 @@ from .elision import ELIDE_FROM_ELEMENTS, run_elided
 from .in_place import write_in_place
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget
 from .registered_graphs import GraphOps, SessionGraphs, plan_op
+from .session_moves import SessionMoves
 from .tally import DeviceTally
 
 # For a device's ops on fewer than its ``plain_below`` elements, an op without params is this
 # call, its result made an array. (Random ops are not here: they always take the session's
 # generator.)
-MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at once
 _PLAIN_IMPLS = {name: op.impl for name, op in OPS.items() if name not in RANDOM_OPS}
 # The locals of ``Executor._run`` that ``_running_op`` reads from its frame while an op runs:
 # the session, the op's name, the tensor it makes, and its params (a graph call's graph id).
 RUN_LOCALS = ("session", "name", "out", "params")
 
 
-class Executor(GraphOps, Admission, BatchOps):
+class Executor(GraphOps, Admission, BatchOps, SessionMoves):
     """The sessions of one device and the messages addressed to them."""
 
     def __init__(self, device: Backend, memory_limit: int | None = None,
-                 budget: MemoryBudget | None = None) -> None:
+                 budget: MemoryBudget | None = None,
+                 sharing: shared_memory.HostSharing | None = None) -> None:
         self.device = device
         self.memory_limit = memory_limit  # per session; the budget is the worker's
         self.allowance = (budget or MemoryBudget(None)).allowance()
         self.sessions: dict[int, DeviceSession] = {}
         self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
         self.tally = DeviceTally()  # what the device did, for the worker's heartbeats
-        self.slots: Any = None  # its own shared memory for uploads (``shared_memory.offer``)
+        # shared memory with clients on this host: what the worker's options allow, and its
+        # own pool for uploads (``shared_memory.offer``)
+        self.sharing = sharing or shared_memory.HostSharing()
+        self.slots: Any = None
         # batches seen again, run as one graph, on a device that compiles (``batch_graphs``)
         self.batches = BatchGraphs() if device.compiles_batches else None
 
@@ -86,7 +90,7 @@ class Executor(GraphOps, Admission, BatchOps):
                 return [Message(Kind.CLOSED, message.session, message.request)]
             if message.kind in (Kind.SUBMIT, Kind.TRANSFER):
                 return []  # nothing to answer; the next request reports the lost session
-            return [_reply_error(message, SessionLost(
+            return [reply_error(message, SessionLost(
                 f"Session {message.session:#x} is not open on this worker: open a new "
                 "session.", session=message.session))]
         device = self.device
@@ -164,7 +168,7 @@ class Executor(GraphOps, Admission, BatchOps):
                   if session.submits % CREDIT_EVERY == 0 else [])
         ops = message.body.get("ops", [])
         if not isinstance(ops, list):
-            return [_reply_error(message, ProtocolError("SUBMIT needs a list 'ops'.")), *credit]
+            return [reply_error(message, ProtocolError("SUBMIT needs a list 'ops'.")), *credit]
         started, ran = perf_counter(), session.ops
         if self.batches is None or not self._replayed(session, ops):
             self._run(session, ops, message.buffers)
@@ -362,94 +366,14 @@ class Executor(GraphOps, Admission, BatchOps):
                 buffers[params["buffer"]], dtype=device_dtype(params["dtype"])
             ).reshape(params["shape"])
             self._require(session, "put (an upload)", array.nbytes, array.nbytes)
-            return self.device.from_host(shared_memory.owned(array) if shared else array)
+            if shared:
+                array = shared_memory.owned(self.sharing.copies, array)
+            return self.device.from_host(array)
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
             params = {**params, "rng": session.rng}
         return self.device.run(OPS[name], inputs, params)  # an array, or a deferred value
-
-    # -- tensors moving between sessions ----------------------------------------------------
-
-    def _transfer(self, session: DeviceSession, tensor_id: int,
-                  params: dict[str, Any]) -> Message:
-        """The TRANSFER that carries a tensor (or its poison) to another session, with the
-        ticket that session gave its client when it agreed to take it (``expect``)."""
-        _require_ints("A send op", session=params.get("session"), ticket=params.get("ticket"))
-        body: dict[str, Any] = {"ticket": params["ticket"]}
-        buffers: tuple[Any, ...] = ()
-        self._materialize(session, tensor_id)
-        if tensor_id in session.poisoned:
-            body["error"] = session.poisoned[tensor_id]
-        elif tensor_id not in session.tensors:
-            body["error"] = ProtocolError(f"Tensor {tensor_id} does not exist in the session "
-                                          "it was moved from.").to_wire()
-        else:
-            array = self.device.to_host(session.tensors[tensor_id])
-            body.update(dtype=array.dtype.str, shape=list(array.shape))
-            if "into" in params:  # its client lent a slot of shared memory for the way
-                shared_memory.carry_in_slot(session, params["into"], array, body)
-            else:
-                buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
-        return Message(Kind.TRANSFER, params["session"], session.id, body, buffers)
-
-    def _receive(self, message: Message) -> list[Message]:
-        """A tensor sent from another session arrives: stored as the tensor its ticket names,
-        and who awaits it answered. One whose ticket this session never gave (or already
-        used) is dropped and counted: no session can push tensors into another, nor replace
-        one there, whatever ids it knows."""
-        session = self.sessions[message.session]
-        body = message.body
-        tensor_id = session.expected.pop(body.get("ticket"), None)  # (a ticket is used once)
-        if tensor_id is None or tensor_id in session.tensors or tensor_id in session.poisoned:
-            session.transfers_refused += 1
-            return []
-        try:
-            if "error" in body:
-                session.poisoned[tensor_id] = body["error"]
-            else:
-                shared = "shm" in body
-                array = shared_memory.uploaded(session, body) if shared else np.frombuffer(
-                    message.buffers[0], np.dtype(body["dtype"])).reshape(body["shape"])
-                self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
-                self._store(session, tensor_id, self.device.from_host(
-                    shared_memory.owned(array) if shared else array))
-        except QuotaExceeded as exc:
-            session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
-        except Exception as exc:  # a malformed transfer: poison, as for an op
-            session.poisoned[tensor_id] = RemoteError(
-                f"The tensor moved to this session could not be stored: "
-                f"{type(exc).__name__}: {exc}", op="to", tensor=tensor_id).to_wire()
-        return [reply_to(request, {"ok": True})
-                for request in session.awaiting.pop(tensor_id, [])]
-
-    def _expect(self, session: DeviceSession, message: Message) -> list[Message]:
-        """This session's client agrees to receive a tensor from another of its sessions, as
-        new tensor ``id``, sent with ``ticket`` (a random number only that client knows)."""
-        body = message.body
-        tensor_id, ticket = body.get("id"), body.get("ticket")
-        _require_ints("An expect request", id=tensor_id, ticket=ticket)
-        if tensor_id in session.tensors or tensor_id in session.poisoned:
-            return [_reply_error(message, ProtocolError(
-                f"Tensor {tensor_id} already exists in this session: a tensor moved here "
-                "takes a new id, never an existing tensor's."))]
-        if len(session.expected) >= MAX_EXPECTED:
-            return [_reply_error(message, ProtocolError(
-                f"This session already waits for {MAX_EXPECTED} tensors moved from other "
-                "sessions: move them (t.to()) one after another."))]
-        session.expected[ticket] = tensor_id
-        return [reply_to(message, {"ok": True})]
-
-    def _await(self, session: DeviceSession, message: Message) -> list[Message]:
-        tensor_id = message.body.get("id")
-        if tensor_id in session.tensors or tensor_id in session.poisoned:
-            # (where it came otherwise than by its ticket, the ticket goes: a direct link
-            # that broke, and the upload sent again as a put)
-            for ticket in [t for t, tid in session.expected.items() if tid == tensor_id]:
-                del session.expected[ticket]
-            return [reply_to(message, {"ok": True})]
-        session.awaiting.setdefault(tensor_id, []).append(message)
-        return []  # answered when the tensor arrives
 
     # -- requests -------------------------------------------------------------------------
 
@@ -459,12 +383,12 @@ class Executor(GraphOps, Admission, BatchOps):
         handler = self._requests.get(op)
         carries = "ops" in body  # the session's batch (a client Session's SUBMIT), run first
         if handler is None or carries and type(body["ops"]) is not list:
-            return [_reply_error(message, ProtocolError(
+            return [reply_error(message, ProtocolError(
                 f"Unknown request {op!r}." if handler is None else "'ops' must be a list."))]
         carried = self._submit(message) if carries else []
         tensor_id = body.get("id", 0)
         if type(tensor_id) is not int:  # (tested here first: this is every read's path)
-            _require_ints(f"A {op} request", id=tensor_id)
+            require_ints(f"A {op} request", id=tensor_id)
         replies = handler(self, session, message)
         if session.warnings and replies:  # (an await answered later carries them then)
             _carry_warnings(session, replies[0])
@@ -497,7 +421,7 @@ class Executor(GraphOps, Admission, BatchOps):
         elif expected == (dtype, shape):  # what the client inferred is so: the bytes alone
             body = {}
         else:
-            return [_reply_error(message, RemoteError(
+            return [reply_error(message, RemoteError(
                 f"Tensor {tensor_id} is {dtype} with shape {shape} on the device, but the "
                 f"client inferred {expected[0]} with shape {expected[1]}: the client's op table "
                 "disagrees with this worker's backend. Report it as a fabric bug, with the "
@@ -516,7 +440,7 @@ class Executor(GraphOps, Admission, BatchOps):
             return reply_to(message, {"error": error})
         array = session.tensors.get(tensor_id)
         if array is None:
-            return _reply_error(message, ProtocolError(
+            return reply_error(message, ProtocolError(
                 f"Tensor {tensor_id} does not exist in this session."))
         return array
 
@@ -539,11 +463,12 @@ class Executor(GraphOps, Admission, BatchOps):
             **self.device.stats()})]
 
     _requests: dict[str, Callable[..., list[Message]]] = {
-        "sync": _sync, "read": _read, "stats": _stats, "await": _await, "expect": _expect,
+        "sync": _sync, "read": _read, "stats": _stats, "await": SessionMoves._await,
+        "expect": SessionMoves._expect,
         "shape": _shape, "shm_probe": shared_memory.probe, "read_into": shared_memory.read_into,
         "shm_slot": shared_memory.offer, "unpin": shared_memory.unpin}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
-                 Kind.REQUEST: _request, Kind.TRANSFER: _receive}
+                 Kind.REQUEST: _request, Kind.TRANSFER: SessionMoves._receive}
 
 
 def _running_op(frame: FrameType | None) -> tuple[DeviceSession, str, int, Any, Any] | None:
@@ -590,19 +515,6 @@ def _missing_input(exc: Exception, args: Any, tensors: dict[int, Any]) -> int | 
             and exc.args[0] in args and exc.args[0] not in tensors:
         return exc.args[0]
     return None
-
-
-def _require_ints(what: str, **ids: Any) -> None:
-    """Raise ProtocolError unless each of ``ids`` (tensor and session ids) is an int: any
-    other value could not even be looked up."""
-    bad = {name: value for name, value in ids.items() if type(value) is not int}
-    if bad:
-        raise ProtocolError(f"{what} names tensors and sessions by int ids; "
-                            f"{', '.join(f'{k}={v!r}' for k, v in bad.items())} is not one.")
-
-
-def _reply_error(message: Message, error: FabricError) -> Message:
-    return reply_to(message, {"error": error.to_wire()})
 
 
 _RUN_CODE = Executor._run.__code__

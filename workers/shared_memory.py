@@ -17,7 +17,7 @@ process, is lent again to that process alone (a client keeps its mappings): no c
 another's data through it. A worker maps others' segments only when sealed; each mapping is
 kept while its owner holds the segment (mapping afresh would fault every page in again) and
 dropped with the session (a client killed with SIGKILL leaves nothing once the broker closes
-its sessions). ``--no-shared-memory`` (``ENABLED``) answers every probe no.
+its sessions). ``--no-shared-memory`` (``HostSharing.enabled``) answers every probe no.
 
 Memory: the device's own pool counts against the worker's ``--memory-budget``
 (``DevicePool``): a free segment as the device's, a slot offered and not yet used, and the
@@ -36,6 +36,7 @@ import select
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,18 +48,32 @@ from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, SEGMENT_ALIGN, Pe
                              Segment, SegmentPool, Slot, SlotMemory, WrongSizeSegment, boot_id,
                              held_segments)
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype
+from fabric.core.worker_options import WorkerOptions
 
 from .device_session import DeviceSession
 from .memory import Allowance
 from .pins import SessionPins
 
-ENABLED = True  # whether this worker agrees to shared memory (``fabric worker`` sets it)
-POOL_BYTES = DEFAULT_POOL_BYTES  # each device's own pool (``fabric worker`` sets it)
-IDLE = IDLE_SECONDS  # how long a free segment of it is kept (``fabric worker`` sets it)
-# The copies into and out of shared memory, in pieces at once (``fabric.core.parallel_copy``;
-# ``fabric worker`` sets it from --copy-threads or the environment; ``workers.control_io`` joins
-# its threads as it closes).
-COPIES = ParallelCopy(threads=1, min_bytes=0)  # (until then: one thread, no setting read)
+
+@dataclass(frozen=True)
+class HostSharing:
+    """What the worker's options say of shared memory with clients on its host, and the
+    copier into and out of it (``fabric.core.parallel_copy``) that its devices share: one per
+    worker, held by each device's ``Executor`` (``workers.control_io`` joins the copier's
+    threads as it closes)."""
+
+    enabled: bool = True  # whether this worker agrees to shared memory
+    pool_bytes: int = DEFAULT_POOL_BYTES  # each device's own pool
+    idle: float = IDLE_SECONDS  # how long a free segment of it is kept
+    copies: ParallelCopy = field(default_factory=lambda: ParallelCopy(threads=1, min_bytes=0))
+
+    @classmethod
+    def of(cls, options: WorkerOptions) -> "HostSharing":
+        """The sharing ``options`` ask for."""
+        return cls(options.shared_memory, options.shared_memory_limit,
+                   options.shared_memory_idle,
+                   ParallelCopy(options.copy_threads, options.copy_min_bytes))
+
 # The slots the devices of this worker offered and are not yet used: segment name -> the
 # client process (``ClientProcess.key``) offered it, for a move between two devices of this
 # worker (``SessionSegments.target``). Each device's thread writes its own entries.
@@ -135,8 +150,8 @@ class DevicePool(SegmentPool):
     sum is its ``SessionSegments.charged``), or while free to the device. ``why``: the
     sentence saying why the last ``grow`` was refused."""
 
-    def __init__(self, allowance: Allowance) -> None:
-        super().__init__(lambda _session: 0, POOL_BYTES, IDLE)
+    def __init__(self, allowance: Allowance, sharing: HostSharing) -> None:
+        super().__init__(lambda _session: 0, sharing.pool_bytes, sharing.idle)
         self.allowance = allowance
         self.charges: dict[Segment, tuple[SessionSegments | None, int]] = {}
         self.why: str | None = None
@@ -268,11 +283,11 @@ class SessionSegments:
         pool, slot = self.take(name)
         pool.give_back_from_any_thread(slot)
 
-    def prune(self) -> None:
-        """Unmap the segments their owners closed, at most once every ``IDLE`` seconds (a
+    def prune(self, idle: float) -> None:
+        """Unmap the segments their owners closed, at most once every ``idle`` seconds (a
         look at each owner's open files)."""
         now = time.monotonic()
-        if now - self.pruned > IDLE:
+        if now - self.pruned > idle:
             self.pruned = now
             for peer in (self.client, *self.peers.values()):
                 peer.prune()
@@ -302,7 +317,7 @@ def probe(executor: Any, session: DeviceSession, message: Message) -> list[Messa
     """Answer a ``shm_probe`` (an ``Executor`` request): whether this session may use shared
     memory, and why not; ProtocolError for a probe no client of fabric's makes (one naming
     a segment of this worker, or of the wrong size, or a second naming another process)."""
-    process = _proved(message.body)
+    process = _proved(message.body, executor.sharing.enabled)
     if isinstance(process, str):
         return [reply_to(message, {"shared_memory": False, "reason": process})]
     if session.segments is not None:
@@ -317,9 +332,10 @@ def probe(executor: Any, session: DeviceSession, message: Message) -> list[Messa
     return [reply_to(message, {"shared_memory": True})]
 
 
-def _proved(body: dict[str, Any]) -> ClientProcess | str:
-    """The client process the probe in ``body`` proves, or why it proves none."""
-    if not ENABLED:
+def _proved(body: dict[str, Any], enabled: bool) -> ClientProcess | str:
+    """The client process the probe in ``body`` proves, or why it proves none (none where
+    this worker does not share memory: not ``enabled``)."""
+    if not enabled:
         return "this worker was started with --no-shared-memory"
     if body.get("boot") != boot_id() or not boot_id():
         return "the client runs under another kernel (another host or virtual machine)"
@@ -392,7 +408,7 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
     for name in names:
         segments.give_back(name)
     if executor.slots is None:  # (made in the device's thread, which owns it)
-        executor.slots = DevicePool(executor.allowance)
+        executor.slots = DevicePool(executor.allowance, executor.sharing)
         executor.allowance.reclaim = executor.slots.release_free
     pool: DevicePool = executor.slots
     pool.settle()  # (what was given back is charged to the device again)
@@ -427,7 +443,7 @@ def _why_not(executor: Any, session: DeviceSession, segments: SessionSegments,
 
 
 def trim(executor: Any) -> None:
-    """Close the segments of the device's own pool left free past ``IDLE``, and unmap those
+    """Close the segments of the device's own pool left free past its idle time, and unmap those
     the sessions' clients closed (at each broker heartbeat, in the device's thread: an idle
     device gives its shared memory back, and keeps none of theirs)."""
     if executor.slots is not None:
@@ -435,7 +451,7 @@ def trim(executor: Any) -> None:
         executor.slots.settle()
     for session in executor.sessions.values():
         if session.segments is not None:
-            session.segments.prune()
+            session.segments.prune(executor.sharing.idle)
 
 
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
@@ -466,21 +482,21 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
     return segments.slot(params["shm"]).view(dtype).reshape(params["shape"])
 
 
-def owned(array: np.ndarray) -> np.ndarray:
+def owned(copies: ParallelCopy, array: np.ndarray) -> np.ndarray:
     """``uploaded``'s array as the tensor's own: a slot it keeps as it is, a view of the
-    client's copied."""
+    client's copied (by ``copies``)."""
     if isinstance(array.base, SlotMemory):
         return array
     copied = np.empty_like(array)
-    COPIES.copy(copied, array)
+    copies.copy(copied, array)
     return copied
 
 
-def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
+def carry_in_slot(copies: ParallelCopy, session: DeviceSession, ref: Any, array: np.ndarray,
                   body: dict[str, Any]) -> None:
-    """Write ``array`` into slot ``ref`` (a ``send`` op's ``into``: a tensor moved to
-    another session through shared memory; ``SessionSegments.target``) and name the slot in
-    the TRANSFER's ``body``; or, where the slot is not one, put the error there for the
+    """Write ``array`` into slot ``ref`` by ``copies`` (a ``send`` op's ``into``: a tensor
+    moved to another session through shared memory; ``SessionSegments.target``) and name the
+    slot in the TRANSFER's ``body``; or, where the slot is not one, put the error there for the
     tensor to carry."""
     try:
         target = segments_of(session).target(ref)
@@ -490,7 +506,7 @@ def carry_in_slot(session: DeviceSession, ref: Any, array: np.ndarray,
     except ProtocolError as exc:
         body["error"] = exc.to_wire()
         return
-    COPIES.copy(target.view(array.dtype).reshape(array.shape), array)
+    copies.copy(target.view(array.dtype).reshape(array.shape), array)
     body["shm"] = ref
 
 
@@ -516,7 +532,7 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     if target.nbytes != data.nbytes:
         raise ProtocolError(f"A read_into slot of {target.nbytes} bytes cannot hold the "
                             f"tensor's {data.nbytes}.")
-    COPIES.copy(target, data)
+    executor.sharing.copies.copy(target, data)
     return [replies[0]._replace(buffers=())]
 
 

@@ -28,10 +28,11 @@ from fabric.core.addresses import advertise_host, check_endpoint
 from fabric.core.config import load_admin_file, resolve_secret
 from fabric.core.errors import ConfigError, DeviceNotHostable, FabricError
 from fabric.core.host_slot import claim_slot
-from fabric.core.parallel_copy import ParallelCopy
+from fabric.core.parallel_copy import default_min_bytes, default_threads
 from fabric.core.protocol import MAX_LABEL_CHARS
 from fabric.core.security import CurveClient, CurveServer, generate_keys
 from fabric.core.shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
+from fabric.core.worker_options import DEFAULT_MEMORY_BUDGET, WorkerOptions, budget_from_option
 
 if TYPE_CHECKING:
     from fabric.launch.local import LocalCluster
@@ -148,7 +149,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--memory-limit", type=int, default=None,
               help="Most bytes one session may keep resident on a device; an op that would "
                    "pass it fails with QuotaExceeded and the worker goes on [default: none].")
-@click.option("--memory-budget", default="50%", show_default=True, metavar="SIZE|PERCENT",
+@click.option("--memory-budget", default=DEFAULT_MEMORY_BUDGET, show_default=True,
+              metavar="SIZE|PERCENT",
               help="Most bytes all sessions on all of this worker's devices may hold: a size "
                    "(1073741824, 512MiB, 2G) or a percentage of the memory available at start "
                    "(MemAvailable, less where a memory cgroup has less left). An op or upload "
@@ -202,24 +204,18 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
     error (a backend that cannot be hosted or is not installed, the broker's client port
     given as --broker).
     """
-    from fabric.core.worker_options import budget_from_option, default_worker_threads
-    from fabric.workers import shared_memory
     from fabric.workers.backends import device_class, prepare
     from fabric.workers.control import WorkerStops
     from fabric.workers.control_io import serve
-    from fabric.workers.threads import limit_threads
 
     from fabric.launch.local import start_with_bulk_malloc
 
     start_with_bulk_malloc()
     _logging(log_level)
-    limit_threads(threads or default_worker_threads(devices))
-    shared_memory.ENABLED = not no_shared_memory
-    shared_memory.POOL_BYTES = shared_memory_limit
-    shared_memory.IDLE = shared_memory_idle
-    try:
-        shared_memory.COPIES = ParallelCopy(copy_threads)
-    except ConfigError as exc:  # (FABRIC_COPY_THREADS or FABRIC_PARALLEL_COPY_BYTES)
+    try:  # (the environment's settings of the copies, read here, once)
+        copies = {"copy_threads": copy_threads or default_threads(),
+                  "copy_min_bytes": default_min_bytes()}
+    except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     try:
         budget = budget_from_option(memory_budget)
@@ -243,11 +239,13 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
         if stop_on_stdin_close:  # (after the token, which may come first on standard input)
             _stop_when_stdin_closes()
         slot = None if name else claim_slot(broker_address)  # (held while this process lives)
-        serve(broker_address, token=token, backend=backend, devices=devices,
-              name=name or slot.name,
-              heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
-              memory_budget=budget, curve=curve, give_up_after=give_up_after,
-              bulk_host=None if bulk_host == "none" else bulk_host, **limits)
+        serve(broker_address, WorkerOptions(
+            token=token, name=name or slot.name, backend=backend, devices=devices,
+            threads=threads, heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
+            memory_budget=budget, curve=curve, give_up_after=give_up_after,
+            bulk_host=None if bulk_host == "none" else bulk_host,
+            shared_memory=not no_shared_memory, shared_memory_limit=shared_memory_limit,
+            shared_memory_idle=shared_memory_idle, **copies, **limits))
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)
@@ -298,7 +296,8 @@ _cluster_options = [
                       "connection file NAME.json]."),
     click.option("--memory-limit", type=int, default=None,
                  help="Per-session resident byte limit on each device."),
-    click.option("--memory-budget", default="50%", show_default=True, metavar="SIZE|PERCENT",
+    click.option("--memory-budget", default=DEFAULT_MEMORY_BUDGET, show_default=True,
+                 metavar="SIZE|PERCENT",
                  help="Most bytes the workers' sessions may hold in all, shared evenly among "
                       "the workers: a size (2G, 512MiB) or a percentage of the memory available "
                       "(see fabric worker --help)."),

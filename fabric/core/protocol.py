@@ -398,6 +398,12 @@ def reply_to(request: Message, body: dict[str, Any], buffers: tuple[Any, ...] = 
                           PROTOCOL_VERSION))
 
 
+def reply_error(request: Message, error: FabricError) -> Message:
+    """The REPLY to ``request`` that carries ``error`` (a request's failure, not the
+    session's: the session goes on)."""
+    return reply_to(request, {"error": error.to_wire()})
+
+
 def error_message(error: FabricError, *, kind: Kind = Kind.ERROR, session: int = 0,
                   request: int = 0) -> Message:
     """An ERROR (or REJECT) message carrying a typed error."""

@@ -381,3 +381,12 @@ def encode_param(name: str, key: str, value: Any) -> Any:
     raise TypeError(f"{name}: {key}={value!r} ({kind.__name__}) cannot be sent to a device: "
                     "use None, bools, ints of 64 bits, floats or strings (numpy's too), or "
                     "tuples of them; upload other values as arrays (session.asarray).")
+
+
+def require_ints(what: str, **ids: Any) -> None:
+    """Raise ProtocolError unless each of ``ids`` (tensor and session ids in a message's body)
+    is an int: any other value could not even be looked up. ``what`` names the message."""
+    bad = {name: value for name, value in ids.items() if type(value) is not int}
+    if bad:
+        raise ProtocolError(f"{what} names tensors and sessions by int ids; "
+                            f"{', '.join(f'{k}={v!r}' for k, v in bad.items())} is not one.")

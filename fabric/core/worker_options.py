@@ -1,8 +1,13 @@
-"""What a worker's options mean where launchers must know it too: sizes and memory budgets
+"""A worker's options: the one frozen record a worker is started with (``WorkerOptions``),
+and what its options mean where launchers must know it too: sizes and memory budgets
 (``--memory-budget``, ``--memory-limit``) and the cores a process may use (``--threads``).
 
-Rule: parsers and readings of the host only, shared by the ``fabric worker`` command, the
-worker process and the launchers that share a budget or cores among the workers they start.
+Rule: ``fabric worker`` and a caller of ``fabric.workers.control_io.serve`` build the same
+record, and the worker reads nothing else: no module setting, and no environment variable
+after the record is made (its defaults read ``FABRIC_COPY_THREADS`` and
+``FABRIC_PARALLEL_COPY_BYTES``, and the memory available, as it is made). Parsers and readings
+of the host here are shared by the ``fabric worker`` command, the worker process and the
+launchers that share a budget or cores among the workers they start.
 The default budget is a share of the memory this process may use when it starts: the
 machine's MemAvailable, and where the process runs in a memory cgroup (v2 ``memory.max``, or
 v1 ``memory.limit_in_bytes``, its ancestors' included) what is left below its limit.
@@ -12,11 +17,19 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from .flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES
+from .parallel_copy import default_min_bytes, default_threads
+from .security import CurveClient
+from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20,
           "mb": 10**6, "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30,
           "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+DEFAULT_MEMORY_BUDGET = "50%"  # of the memory available as the worker starts
 
 
 def usable_cores() -> int:
@@ -94,3 +107,33 @@ def _cgroup_limits(proc: Path, cgroups: Path) -> list[tuple[int, int]]:
                 pass
             directory = directory.parent
     return found
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker runs: each field is the ``fabric worker`` option of its name (``fabric
+    worker --help`` says what each means), with the same default. ``threads`` None: the
+    cores this process may use shared among its devices; ``memory_budget`` None: no
+    budget; ``bulk_host`` None: no direct links; ``shared_memory`` False: as
+    ``--no-shared-memory``."""
+
+    token: str
+    name: str
+    backend: str = "numpy"
+    devices: int = 1
+    threads: int | None = None
+    heartbeat: float = 1.0
+    liveness: int = 3
+    memory_limit: int | None = None
+    memory_budget: int | None = field(
+        default_factory=lambda: budget_from_option(DEFAULT_MEMORY_BUDGET))
+    curve: CurveClient | None = None
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    hwm: int = DEFAULT_HWM
+    give_up_after: float | None = None
+    bulk_host: str | None = "auto"
+    shared_memory: bool = True
+    shared_memory_limit: int = DEFAULT_POOL_BYTES
+    shared_memory_idle: float = IDLE_SECONDS
+    copy_threads: int = field(default_factory=default_threads)  # (FABRIC_COPY_THREADS)
+    copy_min_bytes: int = field(default_factory=default_min_bytes)

@@ -5,6 +5,7 @@ segment of this process is left open, nor mapped by a worker, once its sessions 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -340,10 +341,32 @@ def test_a_put_from_shared_memory_the_session_never_agreed_to_fails_alone(shm_cl
         assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
 
 
+@contextlib.contextmanager
+def worker_served_from_python(cluster: fabric.LocalCluster, **fields):
+    """A worker run by ``serve()`` called from Python (as an embedding program would), with
+    ``fields`` for its options record; ended on leaving."""
+    call = (f"from fabric.workers.control_io import serve; serve({cluster.backend_address!r}, "
+            f"token={cluster.worker_token!r}, name='from-python', heartbeat={HEARTBEAT}, "
+            + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")")
+    worker = subprocess.Popen([sys.executable, "-c", call])
+    try:
+        cluster.wait_for_devices(1)
+        yield
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
 @pytest.mark.timeout(90)
-def test_a_worker_started_without_shared_memory_serves_through_the_sockets():
-    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
+@pytest.mark.parametrize("started_by", ["fabric worker", "serve()"])
+def test_a_worker_started_without_shared_memory_serves_through_the_sockets(started_by):
+    """``fabric worker --no-shared-memory`` and ``serve(..., shared_memory=False)`` build the
+    same options record, and the worker reads nothing else."""
+    by_command = started_by == "fabric worker"
+    with fabric.LocalCluster(workers=int(by_command), heartbeat=HEARTBEAT,
                              worker_args=("--no-shared-memory",)) as cluster, \
+            (contextlib.nullcontext() if by_command
+             else worker_served_from_python(cluster, shared_memory=False)), \
             connect(cluster) as session:
         a = np.random.default_rng(4).random((300, 200))
         np.testing.assert_array_equal(session.asarray(a).numpy(), a)
