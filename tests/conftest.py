@@ -19,7 +19,7 @@ from polling import poll
 
 import fabric
 from fabric import LocalCluster
-from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
+from fabric.core.worker_options import NUMEXPR_MIN_SIZE_ENV
 
 TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS / "unit"), str(TESTS / "cluster")]
@@ -100,7 +100,7 @@ def cluster():
 def numexpr_session():
     """A session on a numexpr device that fuses chains of every size (these are small)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MIN_SIZE_ENV, "0")  # the worker's environment is this process's
+        patch.setenv(NUMEXPR_MIN_SIZE_ENV, "0")  # (the worker's environment is this process's)
         with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
                 cluster.connect() as session:
             yield session

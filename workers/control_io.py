@@ -79,7 +79,7 @@ class Worker:
         self.broker = broker
         self.options = options
         self.context = zmq.Context()
-        self.devices = [cls(i) for i in range(options.devices)]
+        self.devices = [cls.for_worker(i, options) for i in range(options.devices)]
         # Direct links (``workers.direct_links``) on the address that reaches the broker, or
         # another the worker is reached at; None: every tensor moved to another worker takes the
         # broker.

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ConfigError
 from .flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES
 from .parallel_copy import default_min_bytes, default_threads
 from .security import CurveClient
@@ -30,6 +31,9 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20
           "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
 
 DEFAULT_MEMORY_BUDGET = "50%"  # of the memory available as the worker starts
+# The fewest elements a numexpr device fuses an op on (a tuning knob, no option: unset, the
+# device's own bound; 0 fuses every size)
+NUMEXPR_MIN_SIZE_ENV = "FABRIC_NUMEXPR_MIN_SIZE"
 
 
 def usable_cores() -> int:
@@ -137,3 +141,17 @@ class WorkerOptions:
     shared_memory_idle: float = IDLE_SECONDS
     copy_threads: int = field(default_factory=default_threads)  # (FABRIC_COPY_THREADS)
     copy_min_bytes: int = field(default_factory=default_min_bytes)
+    numexpr_min_size: int | None = field(default_factory=lambda: _environment_count(
+        NUMEXPR_MIN_SIZE_ENV))
+
+
+def _environment_count(name: str) -> int | None:
+    """The whole number >= 0 the environment variable ``name`` holds (None: unset);
+    ConfigError, saying what to do, for anything else."""
+    given = os.environ.get(name)
+    if given is None:
+        return None
+    if not given.strip().isdigit():
+        raise ConfigError(f"{name}={given!r} is not a whole number of at least 0: set it to "
+                          "one, or unset it for the default.")
+    return int(given)

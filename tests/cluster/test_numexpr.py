@@ -27,9 +27,10 @@ from fabric.arrays.tensor import Tensor
 from fabric.core.errors import QuotaExceeded, RemoteError, error_from_wire
 from fabric.core.ops import OPS
 from fabric.core.protocol import Kind, Message
+from fabric.core.worker_options import NUMEXPR_MIN_SIZE_ENV
 from fabric.workers.backends.numexpr_backend import (BLOCK, MAX_LEAVES, MAX_OPS, MIN_SIZE,
-                                                     MIN_SIZE_ENV, Deferred, DeferredError,
-                                                     NumexprDevice, fused_ops)
+                                                     Deferred, DeferredError, NumexprDevice,
+                                                     fused_ops)
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 
@@ -147,7 +148,7 @@ def clusters():
     evaluation's failure), not at the budget (tests/cluster/test_worker_memory.py)."""
     unbounded = ("--memory-budget", "1000TiB")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MIN_SIZE_ENV, "0")  # the workers' environment is this process's
+        patch.setenv(NUMEXPR_MIN_SIZE_ENV, "0")  # the workers' environment is this process's
         with LocalCluster(workers=1, heartbeat=HEARTBEAT, worker_args=unbounded) as reference, \
                 LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT,
                              worker_args=unbounded) as fused:
@@ -498,8 +499,7 @@ def test_a_chain_of_elementwise_ops_is_one_evaluation():
     assert device.materialize(x) is result and device.expressions_evaluated == 1  # kept
 
 
-def test_ops_on_small_arrays_run_eagerly_by_default(monkeypatch):
-    monkeypatch.delenv(MIN_SIZE_ENV, raising=False)
+def test_ops_on_small_arrays_run_eagerly_by_default():
     device = NumexprDevice(0)
     assert device.min_size == MIN_SIZE > 0
     small, large = np.ones(MIN_SIZE - 1), np.ones(MIN_SIZE)

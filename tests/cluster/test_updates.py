@@ -16,7 +16,7 @@ from conftest import HEARTBEAT
 import fabric
 from fabric import LocalCluster, Tensor
 from fabric.core.errors import MessageTooLarge, QuotaExceeded, RemoteError, TraceError
-from fabric.workers.backends.numexpr_backend import MIN_SIZE_ENV
+from fabric.core.worker_options import NUMEXPR_MIN_SIZE_ENV
 
 BASE = np.arange(-6.0, 14.0).reshape(4, 5)
 MASK = BASE % 3 == 0
@@ -228,7 +228,7 @@ def test_mask_and_fancy_reads_as_numpys(session, name):
 def numexpr_session():
     """A session on a numexpr device that fuses chains of every size."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MIN_SIZE_ENV, "0")
+        patch.setenv(NUMEXPR_MIN_SIZE_ENV, "0")
         with LocalCluster(workers=1, backend="numexpr", heartbeat=HEARTBEAT) as cluster, \
                 cluster.connect() as opened:
             yield opened

@@ -8,8 +8,11 @@ import dataclasses
 import pytest
 
 from fabric.cli.main import worker as worker_command
+from fabric.core.errors import ConfigError
 from fabric.core.parallel_copy import MIN_BYTES_ENV, THREADS_ENV
-from fabric.core.worker_options import DEFAULT_MEMORY_BUDGET, WorkerOptions
+from fabric.core.worker_options import (DEFAULT_MEMORY_BUDGET, NUMEXPR_MIN_SIZE_ENV,
+                                        WorkerOptions)
+from fabric.workers.backends.numexpr_backend import NumexprDevice
 
 # The command's options whose default reads another way in the record: (record field, the
 # command's default as the record writes it)
@@ -31,9 +34,9 @@ def test_the_command_and_the_record_have_the_same_defaults(monkeypatch) -> None:
             assert default == DEFAULT_MEMORY_BUDGET
         elif name != "copy_threads":  # (the command's None: the record's default_threads())
             assert getattr(record, name) == default, name
-    # every field is one of the command's options, but the credentials and copy_min_bytes
-    # (FABRIC_PARALLEL_COPY_BYTES only)
-    assert compared == fields - {"token", "name", "curve", "copy_min_bytes"}
+    # every field is one of the command's options, but the credentials and the environment's
+    # tuning knobs (FABRIC_PARALLEL_COPY_BYTES, FABRIC_NUMEXPR_MIN_SIZE)
+    assert compared == fields - {"token", "name", "curve", "copy_min_bytes", "numexpr_min_size"}
 
 
 def test_the_environment_is_read_as_the_record_is_made_and_never_after(monkeypatch) -> None:
@@ -44,3 +47,11 @@ def test_the_environment_is_read_as_the_record_is_made_and_never_after(monkeypat
     assert (record.copy_threads, record.copy_min_bytes) == (3, 0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.copy_threads = 1  # type: ignore[misc]
+
+
+def test_a_numexpr_bound_that_is_no_count_is_refused_as_the_record_is_made(monkeypatch):
+    monkeypatch.setenv(NUMEXPR_MIN_SIZE_ENV, "lots")
+    with pytest.raises(ConfigError, match="FABRIC_NUMEXPR_MIN_SIZE='lots' is not a whole"):
+        WorkerOptions(token="t", name="n")
+    monkeypatch.setenv(NUMEXPR_MIN_SIZE_ENV, "0")
+    assert NumexprDevice.for_worker(0, WorkerOptions(token="t", name="n")).min_size == 0

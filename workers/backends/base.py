@@ -36,6 +36,7 @@ from typing import Any, Callable, ClassVar, NamedTuple, Union
 import numpy as np
 
 from fabric.core.ops import OPS, Op, Spec
+from fabric.core.worker_options import WorkerOptions
 
 # A compiled graph: the arrays bound to its inputs and the session's generator (for random
 # ops) in, its outputs out.
@@ -156,6 +157,12 @@ class Backend:
         self.index = index
         # every op's function over ``xp``, as ``implementation`` says
         self.implementations = {name: self.implementation(op) for name, op in OPS.items()}
+
+    @classmethod
+    def for_worker(cls, index: int, options: WorkerOptions) -> "Backend":
+        """Device ``index`` of a worker run as ``options`` say (a backend with settings of
+        its own reads them there)."""
+        return cls(index)
 
     def settings(self) -> dict[str, Any]:
         """What the device is, as shown in WELCOME and ``fabric.devices()``."""

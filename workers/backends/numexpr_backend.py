@@ -38,7 +38,6 @@ named by ``DeferredError``, which the executor turns into that op's poison.
 from __future__ import annotations
 
 import math
-import os
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -46,6 +45,7 @@ import numexpr
 import numpy as np
 
 from fabric.core.ops import Op, Spec
+from fabric.core.worker_options import WorkerOptions
 
 from ..threads import limited_to
 from .base import DeferredError, GraphOp, GraphStep
@@ -57,9 +57,9 @@ from .numpy_backend import NumpyDevice
 
 # Below this many elements numpy is faster than numexpr's call and thread overhead (a 7-op
 # chain on 4K float64: 9 us with numpy, ~100 us with numexpr; even at ~32K), so smaller ops
-# run eagerly; the environment variable sets another bound (0: fuse every size).
+# run eagerly; the environment variable (read into the worker's options) sets another bound
+# (0: fuse every size).
 MIN_SIZE = 1 << 15
-MIN_SIZE_ENV = "FABRIC_NUMEXPR_MIN_SIZE"
 # Reductions of a whole deferred value (the sum that ends a chain) evaluate it BLOCK elements
 # at a time: the result is combined from the blocks' results (sums as numpy's pairwise sum
 # does, within rounding; the others exactly) and no temporary of the value's size is made.
@@ -82,13 +82,17 @@ class NumexprDevice(NumpyDevice):
     backend = "numexpr"
     counts_work = True
 
-    def __init__(self, index: int, min_size: int | None = None) -> None:
+    @classmethod
+    def for_worker(cls, index: int, options: WorkerOptions) -> "NumexprDevice":
+        return cls(index, MIN_SIZE if options.numexpr_min_size is None
+                   else options.numexpr_min_size)
+
+    def __init__(self, index: int, min_size: int = MIN_SIZE) -> None:
         super().__init__(index)
         threads = limited_to()  # (the worker's --threads: numexpr's pool too)
         if threads:
             numexpr.set_num_threads(threads)
-        self.min_size = int(os.environ.get(MIN_SIZE_ENV, MIN_SIZE)) if min_size is None \
-            else min_size
+        self.min_size = min_size
         self.plain_below = self.min_size  # smaller ops are numpy's: the executor calls it
         self.ops_fused = 0
         self.expressions_evaluated = 0
