@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
@@ -33,9 +33,12 @@ def _rate(row: dict[str, Any], count: str) -> str:
 
 
 def _table(title: str, rows: list[dict[str, Any]], columns: list[Column], empty: str) -> Table:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", expand=False)
+    # (no rules between columns, nor edges: most tables fit in 80 columns; ``_tables`` wraps)
+    table = Table(title=title, title_justify="left", expand=False, box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, collapse_padding=True)
     for name, _ in columns:
         table.add_column(name, no_wrap=True,
                          justify="left" if name in ("WORKER", "ID", "STATE") else "right")
@@ -46,8 +49,26 @@ def _table(title: str, rows: list[dict[str, Any]], columns: list[Column], empty:
     return table
 
 
-def render(frame: dict[str, Any]) -> Group:
-    """One frame of the view, as rich renderables."""
+def _tables(title: str, rows: list[dict[str, Any]], columns: list[Column], empty: str,
+            width: int) -> list[Table]:
+    """The table, or where it is wider than ``width`` columns of text, the tables it wraps
+    into: each with the first column (the rows' key) and as many of the next as fit."""
+    from rich.console import Console
+
+    measure = Console(width=1 << 16).measure  # (a table's natural width, whatever the screen)
+    parts = [columns[:1]]
+    for column in columns[1:]:
+        wider = [*parts[-1], column]
+        if len(parts[-1]) > 1 and measure(_table(title, rows, wider, empty)).maximum > width:
+            parts.append([columns[0], column])
+        else:
+            parts[-1] = wider
+    return [_table(title if i == 0 else "", rows, part, empty) for i, part in enumerate(parts)]
+
+
+def render(frame: dict[str, Any], width: int) -> Group:
+    """One frame of the view, as rich renderables ``width`` columns wide at most (a table
+    wider wraps into several)."""
     from rich.console import Group
     from rich.text import Text
 
@@ -62,14 +83,14 @@ def render(frame: dict[str, Any]) -> Group:
         f"{_rate(broker, 'bytes')}  {_rate(broker, 'submits')} submits"
         f"  parked {queues['parked_messages']}"
         + ("  CLIENTS PAUSED" if queues["frontend_paused"] else ""))
-    workers = _table("workers", frame["workers"], [
+    workers = _tables("workers", frame["workers"], [
         ("WORKER", lambda r: r["name"]), ("BACKEND", lambda r: r["backend"]),
         ("DEVICES", lambda r: len(r["devices"])), ("SESSIONS", lambda r: r["sessions"]),
         ("STATE", lambda r: "draining" if r["draining"] else "serving"),
         ("SEEN", lambda r: duration_text(r["last_seen_ago"])),
         ("SUBMITS", lambda r: _rate(r, "submits")), ("BYTES", lambda r: _rate(r, "bytes"))],
-        "no workers are connected")
-    devices = _table("devices", frame["devices"], [
+        "no workers are connected", width)
+    devices = _tables("devices", frame["devices"], [
         ("INDEX", lambda r: r["index"]), ("WORKER", lambda r: r["worker"]),
         ("STATE", lambda r: ("draining" if r["draining"] else "online") if r["online"]
          else "offline"),
@@ -78,15 +99,15 @@ def render(frame: dict[str, Any]) -> Group:
          else size_text(r["resident_bytes"])),
         ("OPS", lambda r: _rate(r, "ops")), ("SUBMITS", lambda r: _rate(r, "submits")),
         ("MESSAGES", lambda r: _rate(r, "messages")), ("BYTES", lambda r: _rate(r, "bytes"))],
-        "no devices have registered")
-    sessions = _table("sessions", frame["sessions"], [
+        "no devices have registered", width)
+    sessions = _tables("sessions", frame["sessions"], [
         ("ID", lambda r: r["id"]), ("DEVICE", lambda r: r["device"]),
         ("STATE", lambda r: r["state"]), ("AGE", lambda r: duration_text(r["created_ago"])),
         ("IDLE", lambda r: duration_text(r["last_seen_ago"])),
         ("SUBMITS", lambda r: r["submits"]), ("BYTES", lambda r: size_text(r["bytes"])),
         ("RATE", lambda r: _rate(r, "submits"))],
-        "no sessions are open")
-    return Group(header, workers, devices, sessions)
+        "no sessions are open", width)
+    return Group(header, *workers, *devices, *sessions)
 
 
 @click.command(epilog=ADMIN_EXIT_CODES)
@@ -103,28 +124,42 @@ def top(once: bool, as_json: bool, interval: float, **options: Any) -> None:
 
     Rates are differences of two snapshots over the interval. SUBMITS counts batches of
     ops (the broker never decodes the ops); a device's MEMORY (what its sessions hold) and
-    OPS are what its worker reports in its heartbeats ("-" until it has).
+    OPS are what its worker reports in its heartbeats ("-" until it has). Tables wider than
+    the terminal wrap, their first column repeated. Written to a file or a pipe, each
+    frame follows the last.
     """
     from rich.console import Console
     from rich.live import Live
 
     if as_json and not once:
         raise click.UsageError("--json prints one frame: give --once with it.")
+    console = Console()
     with open_admin(options, "fabric top") as admin:
-        before = snapshot(admin)
-        time.sleep(interval)
-        frame = view(before, after := snapshot(admin))
+        frames = _frames(admin, interval)
         if once:
+            frame = next(frames)
             if as_json:
                 click.echo(json.dumps(frame, indent=2))
             else:
-                Console().print(render(frame))
+                console.print(render(frame, console.width))
             return
         try:
-            with Live(render(frame), auto_refresh=False) as live:
-                while True:
-                    time.sleep(max(0.0, after["at"] + interval - time.monotonic()))
-                    before, after = after, snapshot(admin)
-                    live.update(render(view(before, after)), refresh=True)
+            if not console.is_terminal:  # (a live view would draw nothing there)
+                for frame in frames:
+                    console.print(render(frame, console.width), "")
+                    console.file.flush()
+            with Live(console=console, auto_refresh=False) as live:
+                for frame in frames:
+                    live.update(render(frame, console.width), refresh=True)
         except KeyboardInterrupt:
             pass
+
+
+def _frames(admin: Any, interval: float) -> Iterator[dict[str, Any]]:
+    """The view's frames, one an ``interval`` (the first after one: a rate needs two
+    snapshots)."""
+    after = snapshot(admin)
+    while True:
+        time.sleep(max(0.0, after["at"] + interval - time.monotonic()))
+        before, after = after, snapshot(admin)
+        yield view(before, after)

@@ -4,11 +4,14 @@ rates from two snapshots sans I/O."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
+from polling import wait_for
 
 from fabric.client.top import view
 
@@ -59,6 +62,39 @@ def test_a_client_token_is_refused_like_fabric_admin(cluster, tmp_path):
                "--interval", "0.2")
     assert done.returncode == 1
     assert done.stderr.startswith("fabric top: ")
+
+
+def test_once_at_80_columns_wraps_its_tables_and_cuts_nothing(cluster, tmp_path):
+    admin_file = cluster.write_admin_file(tmp_path / "cluster-admin.json")
+    with cluster.connect(device=1) as session:
+        session.arange(10.0).sum().numpy()
+        drawn = subprocess.run(
+            [sys.executable, "-m", "fabric", "top", "--admin-file", admin_file, "--once",
+             "--interval", "0.2"], capture_output=True, text=True, timeout=30,
+            env={**os.environ, "COLUMNS": "80"})
+    assert drawn.returncode == 0, drawn.stderr
+    lines = drawn.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and "\u2026" not in drawn.stdout  # (no ellipsis)
+    for header in ("INDEX", "WORKER", "STATE", "SESSIONS", "MEMORY", "OPS", "MESSAGES",
+                   "BYTES", "BACKEND", "SEEN", "IDLE", "RATE"):
+        assert header in drawn.stdout.split(), header
+    assert f"{session.id:#018x}" in drawn.stdout
+
+
+def test_the_live_view_written_to_a_file_writes_each_frame(cluster, tmp_path):
+    admin_file = cluster.write_admin_file(tmp_path / "cluster-admin.json")
+    written = tmp_path / "top.txt"
+    with open(written, "w") as out:
+        live = subprocess.Popen([sys.executable, "-m", "fabric", "top", "--admin-file",
+                                 admin_file, "--interval", "0.2"], stdout=out,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: written.read_text().count("fabric top ") >= 2, 20,
+                     "two frames in the file")
+        finally:
+            live.send_signal(signal.SIGINT)
+            _, stderr = live.communicate(timeout=10)
+    assert live.returncode == 0, stderr
 
 
 def _snapshot(at: float, messages: int, submits: int, session_bytes: int) -> dict:
