@@ -28,7 +28,7 @@ from fabric.client.session import Session, dial
 from fabric.core.addresses import advertised
 from fabric.core.config import new_token, write_admin_file, write_connection_file
 from fabric.core.device import Device
-from fabric.core.errors import ClusterError, ConnectError
+from fabric.core.errors import ClusterError, ConnectError, FabricError
 from fabric.core.security import CurveClient
 from fabric.transport.connection import list_devices
 
@@ -419,9 +419,11 @@ class LocalCluster:
 
         A worker that dies is restarted under its name (so its devices keep their indexes),
         at most ``restarts`` times in ``window`` seconds; past that it stays down. Each
-        death, and what is done about it, goes to ``report`` with the end of its log."""
+        death, and what is done about it, goes to ``report`` with the end of its log; and
+        once a restarted worker has registered again, so does that."""
         limits = [RestartLimit(restarts, window) for _ in self.workers]
         down: set[int] = set()
+        restarted: dict[int, float] = {}  # not yet registered again: when each restarted
 
         def tend_workers() -> str | None:
             for i, proc in enumerate(self.workers):
@@ -433,14 +435,33 @@ class LocalCluster:
                 if limits[i].allow(time.monotonic()):
                     report(f"{death}: restarting it")
                     self.start_worker(i)
+                    restarted[i] = time.monotonic()
                     continue
                 down.add(i)
                 report(f"{death}: it was restarted {restarts} times in {window:g} s, so it "
                        "stays down; the other workers go on serving")
                 if len(down) == len(self.workers):
                     return "every worker stays down after restarting too often"
+            if restarted:
+                self._report_registered_again(restarted, report)
             return None
         return self._watch_until(tend_workers, poll)
+
+    def _report_registered_again(self, restarted: dict[int, float],
+                                 report: Callable[[str], None]) -> None:
+        """Report each worker of ``restarted`` (index: when) that registered since, and
+        forget it; a broker that does not answer now is asked again at the next look."""
+        try:
+            with self.admin(timeout=2.0) as admin:
+                registered = {row["name"]: row["registered_ago"] for row in admin.workers()}
+        except FabricError:
+            return
+        now = time.monotonic()
+        for i, at in list(restarted.items()):
+            if registered.get(self.worker_name(i), now - at) < now - at:
+                del restarted[i]
+                report(f"{self.worker_name(i)} registered again, {now - at:.1f} s after its "
+                       "restart")
 
     def _watch_until(self, check: Callable[[], str | None], poll: float) -> str:
         """Block until SIGINT/SIGTERM, the broker dies, or ``check`` (called every ``poll``

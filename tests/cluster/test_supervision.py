@@ -74,8 +74,11 @@ def test_a_killed_worker_is_restarted_by_cluster_up_and_the_others_serve_on(tmp_
                              "worker-0's process", interval=0.1), signal.SIGKILL)
             wait_for(lambda: expected in said.read_text(), 30,
                      f"the launcher to say {expected!r}", interval=0.1, detail=said.read_text)
-            if max_restarts != 0:  # restarted, registered again, serving
+            if max_restarts != 0:  # restarted, registered again (and says so), serving
                 wait_for(_opens(client_file, 0), 30, "device 0 to serve again", interval=0.1)
+                wait_for(lambda: "worker-0 registered again" in said.read_text(), 30,
+                         "the launcher to say worker-0 registered again", interval=0.1,
+                         detail=said.read_text)
             assert kept.sum().numpy() == 45  # worker-1's session never noticed
         after = fabric.devices(connection_file=str(client_file))
         if max_restarts == 0:  # left down (no process of it), the other worker serving
