@@ -200,6 +200,11 @@ def hello_refusal(identity: bytes, token: int, message: Message, workers: Worker
             f"Device {device} does not exist: this cluster has {workers.device_count} "
             f"device(s), numbered from 0; list them with fabric.devices().",
             device=device, device_count=workers.device_count)
+    if device not in workers.device_slots:
+        return NoSuchDevice(
+            f"Device {device} was retired: an administrator forgot its worker (fabric admin "
+            "forget), and its index is never given again. Choose another device from "
+            "fabric.devices().", device=device, device_count=workers.device_count)
     owner = workers.owner(device)
     if owner is None:
         return DeviceOffline(

@@ -12,6 +12,7 @@ from conftest import HEARTBEAT
 from polling import wait_for
 from test_security import run_cli
 
+import fabric
 from fabric import LocalCluster
 from fabric.broker.model import Worker
 from fabric.broker.worker_table import WorkerTable
@@ -101,6 +102,9 @@ def test_admin_forget_retires_an_offline_workers_indexes(kept):
     assert json.loads(done.stdout) == {"worker": "worker-1", "indexes": [1]}
     wait_for(lambda: "worker-1" not in json.loads(kept.state_file.read_text())["workers"], 5,
              "the state file to forget worker-1")
+    with pytest.raises(fabric.NoSuchDevice, match="Device 1 was retired") as retired:
+        kept.connect(device=1, timeout=5)  # never back under that index: not "offline"
+    assert "fabric admin forget" in retired.value.message
     kept.start_worker(1)  # the name again: new indexes, after the highest ever given
     wait_for(lambda: _indexes(kept) == {"worker-0": 0, "worker-1": 2}, 10, "worker-1 at 2")
     unknown = run_cli("admin", "--admin-file", path, "forget", "nobody", env=env)
