@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+from polling import wait_for
 
 import fabric
 from fabric.launch.local import ended_how
@@ -92,3 +95,21 @@ def test_how_a_process_ended_names_the_signal_that_killed_it():
     assert ended_how(1) == "exited with code 1"
     assert ended_how(-9) == "was killed by SIGKILL (exit code -9)"
     assert ended_how(-15) == "was killed by SIGTERM (exit code -15)"
+
+
+def test_a_worker_restarted_after_its_process_died_is_accepted_at_its_first_registration():
+    """Its old instance's connection closed, the broker asks that instance's beacon at once
+    and finds it gone: the new instance's REGISTER is never refused as WorkerNameTaken."""
+    with fabric.LocalCluster(workers=1, heartbeat=1.0) as cluster:
+        cluster.workers[0].send_signal(signal.SIGKILL)
+        cluster.workers[0].wait(5)
+        restarted = time.monotonic()
+        cluster.start_worker(0)
+        with cluster.admin() as admin:
+            wait_for(lambda: [w["registered_ago"] < time.monotonic() - restarted
+                              for w in admin.workers()] == [True], 30,
+                     "the new worker-0 to register")
+            assert admin.status()["rejects"].get("worker_name_taken", 0) == 0
+        assert "belongs to a live worker" not in cluster.log_tail("worker-0", 50)
+        with cluster.connect(device=0, timeout=10) as session:
+            assert session.arange(3).sum().numpy() == 3
