@@ -23,7 +23,7 @@ from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.progress import Progress, upload as upload_in_chunks, wanted as progress_wanted
 from fabric.arrays.random import Random
-from fabric.arrays.stream import OpStream
+from fabric.arrays.stream import OpStream, batch_elements_bound
 from fabric.arrays.tensor import Tensor
 from fabric.core.device import Device
 from fabric.core.errors import MessageTooLarge
@@ -57,6 +57,7 @@ class ArrayNamespace(ABC):
         self.device = device
         # Every op of this namespace's tensors; ``life``: the session's (None: the stream's own)
         self.stream = OpStream(self, session_id, life)
+        self.stream.max_batch_elements = batch_elements_bound(device.settings)
         self.random = Random(self)
 
     # -- what each kind declares -------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 
 from fabric.arrays.origins import Origin
 from fabric.arrays.tensor import Tensor
-from fabric.core.flow import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, SUBMIT_WINDOW
+from fabric.core.flow import COMPILES_BATCHES, MAX_BATCH_BYTES, MAX_BATCH_ENTRIES, SUBMIT_WINDOW
 from fabric.core.ops import Spec
 from fabric.core.protocol import Kind, Message
 from fabric.core.session_life import Phase, SessionLife
@@ -42,6 +42,15 @@ from fabric.core.wire import op_entry, parse_op
 # 256x256 int8 grid sent a message every 7 ops, and its three processes spent 180 ms of CPU
 # where numpy spent 45; at 1 << 22, 99 ms: bench/programs.py.)
 MAX_BATCH_ELEMENTS = 1 << 22
+# ... but not on a device that compiles the batches it sees again (its settings' "compiles"
+# say COMPILES_BATCHES): there a batch's ops run as one executable, the larger the faster,
+# and a batch cut by its work would be cut elsewhere in each pass of a loop whose ops touch
+# large arrays, never seen again (a 1M-element loop sent two ops a batch)
+
+
+def batch_elements_bound(settings: dict[str, Any]) -> float:
+    """The elements a batch's ops may touch before it is sent, on a device of ``settings``."""
+    return math.inf if settings.get("compiles") == COMPILES_BATCHES else MAX_BATCH_ELEMENTS
 # ... or when its graph calls run this many ops. A call costs the client one op and the
 # worker all of the graph's: the worker sets the pace, so each message's own cost counts, and
 # bigger batches than MAX_BATCH_ENTRIES pay (bench W5).
@@ -88,6 +97,7 @@ class OpStream:
         self.buffers: list[Any] = []  # the batch's uploads, by their ops' "buffer" number
         self.batch_bytes = 0
         self.batch_elements = 0  # array elements the batch's ops touch
+        self.max_batch_elements = MAX_BATCH_ELEMENTS  # (its owner's device may lift it)
         self.batch_graph_ops = 0  # ops of the batch's graph calls (fabric.graphs.function)
         # Where each tensor's op was issued: live tensors', and the last freed ones' (at least
         # REMEMBERED_ORIGINS of them), whose ops may still fail after the user let them go.
@@ -134,7 +144,7 @@ class OpStream:
         batch = self.batch
         batch.append(entry)
         self.batch_elements = elements = self.batch_elements + inputs + size
-        if len(batch) >= MAX_BATCH_ENTRIES or elements >= MAX_BATCH_ELEMENTS:
+        if len(batch) >= MAX_BATCH_ENTRIES or elements >= self.max_batch_elements:
             self.owner.flush()
         return tensor
 
@@ -177,7 +187,8 @@ class OpStream:
             if self.batch_graph_ops >= MAX_BATCH_GRAPH_OPS:
                 self.owner.flush()
                 return
-        if len(self.batch) >= MAX_BATCH_ENTRIES or self.batch_elements >= MAX_BATCH_ELEMENTS:
+        if (len(self.batch) >= MAX_BATCH_ENTRIES
+                or self.batch_elements >= self.max_batch_elements):
             self.owner.flush()
 
     def close(self) -> Phase:

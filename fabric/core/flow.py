@@ -42,6 +42,9 @@ DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
 # bounds only each frame (MAXMSGSIZE), never their count or sum. The broker refuses, with
 # MessageTooLarge, a message with more frames or bytes than a fabric peer ever sends.
 MAX_BATCH_ENTRIES = 512
+# A device's settings' "compiles" for one that runs a batch it has seen before as one compiled
+# executable (the client then sends larger batches: ``fabric.arrays.stream``)
+COMPILES_BATCHES = "graphs and batches"
 MAX_BATCH_BYTES = 4 << 20
 MAX_MESSAGE_FRAMES = 2 + MAX_BATCH_ENTRIES  # a header, a body, a buffer per entry at most
 

@@ -16,6 +16,7 @@ import pytest
 import fabric
 from fabric import LocalCluster
 from fabric.core.errors import DtypeNotSupported
+from fabric.core.flow import COMPILES_BATCHES
 
 HEARTBEAT = 0.2  # (liveness 3: a worker silent for 0.6 s is lost)
 
@@ -130,3 +131,22 @@ def test_an_op_past_the_memory_limit_is_refused_and_the_jax_worker_goes_on():
         with pytest.raises(fabric.QuotaExceeded, match="--memory-limit"):
             big.numpy()
         assert (small * 2).sum().numpy() == 2000  # the device and the session go on
+
+
+def test_a_streamed_loop_on_large_arrays_is_cut_by_entries_alone_and_replayed(jax_session):
+    """A jax device compiles the batches it sees again (its settings say so): the client cuts
+    them by entries alone, not by the elements their ops touch, so each pass of a loop on
+    large arrays sends the same batches (on a numpy device: two ops a batch at 1M elements)."""
+    assert jax_session.device.settings["compiles"] == COMPILES_BATCHES
+    values = np.random.default_rng(2).random((2, 1 << 20))
+    x, b = (jax_session.asarray(v) for v in values)
+    expected = values[0]
+    sent = jax_session.stats()["batches_sent"]
+    for _ in range(3):  # passes of 100 ops each: seen, seen again (compiled), replayed
+        for _ in range(50):
+            x = x * b + 0.25
+            expected = expected * values[1] + 0.25
+        np.testing.assert_allclose(x.numpy(), expected, rtol=1e-12)
+    stats = jax_session.stats()
+    assert stats["batches_sent"] - sent <= 3 * 2  # (under 512 entries a pass: one or two)
+    assert stats["device_batch_replays"] >= 1

@@ -6,6 +6,7 @@ so every rule is checked with plain calls (and a hypothesis state machine for th
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -15,9 +16,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
-                                  MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream)
+                                  MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream,
+                                  batch_elements_bound)
 from fabric.core.errors import FabricError, ProtocolError, SessionLost
-from fabric.core.flow import SUBMIT_WINDOW
+from fabric.core.flow import COMPILES_BATCHES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind
 from fabric.core.wire import op_entry, parse_op
 
@@ -86,6 +88,17 @@ def test_a_batch_goes_at_its_entry_bound_as_one_submit_of_the_session():
     assert (message.kind, message.session) == (Kind.SUBMIT, 0x5E55)
     assert parse_op(message.body["ops"][-1]) == ("add", kept[-1].id, [0, 1.0], {})
     assert not owner.stream.batch and owner.stream.counts["batches_sent"] == 1
+
+
+def test_a_device_that_compiles_batches_lifts_the_element_bound():
+    assert batch_elements_bound({"compiles": COMPILES_BATCHES}) == math.inf
+    assert batch_elements_bound({"compiles": "graphs"}) == MAX_BATCH_ELEMENTS
+    assert batch_elements_bound({}) == MAX_BATCH_ELEMENTS
+    owner = Owner()
+    owner.stream.max_batch_elements = math.inf
+    for _ in range(4):
+        add(owner.stream, MAX_BATCH_ELEMENTS)
+    assert owner.sent == []  # only the entries (and bytes) cut its batches now
 
 
 def test_a_batch_goes_at_its_element_byte_and_graph_op_bounds():

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fabric.core.errors import BackendMissing, DtypeNotSupported
+from fabric.core.flow import COMPILES_BATCHES
 from fabric.core.ops import RANDOM_OPS, Op, Spec
 
 from .base import Backend, GraphOp, GraphPlan
@@ -89,7 +90,7 @@ class JaxDevice(Backend):
         memory = self.xla.memory_stats()  # (None on a CPU)
         return {"backend": self.backend, "version": jax.__version__,
                 "numpy": np.__version__, "platform": self.xla.platform,
-                "device": str(self.xla), "x64": True, "fuses": [], "compiles": "graphs",
+                "device": str(self.xla), "x64": True, "fuses": [], "compiles": COMPILES_BATCHES,
                 "memory_bytes": memory.get("bytes_limit") if memory else None}
 
     def implementation(self, op: Op) -> Callable[..., Any]:
