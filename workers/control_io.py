@@ -81,7 +81,7 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
 
 
 def _dealer(worker: "Worker", identity: bytes, heartbeats: bool = False) -> zmq.Socket:
-    """A DEALER to the broker's backend, not yet connected: it authenticates in the ZeroMQ
+    """A DEALER to the broker's port for workers, not yet connected: it authenticates in the ZeroMQ
     handshake with the worker token (or with CURVE, the worker's key). With ``heartbeats``
     (the beacon's), libzmq keeps the link's liveness (``control.zmtp_heartbeats``)."""
     sock = worker.context.socket(zmq.DEALER)

@@ -246,7 +246,7 @@ class LocalCluster:
             said = self.log_tail("broker", 1).removeprefix("Error: ")  # (click's, once)
             raise ClusterError(f"The broker did not start: {said}")
         ready = json.loads(line)
-        self.address, self.backend_address = ready["frontend"], ready["backend"]
+        self.address, self.backend_address = ready["frontend"], ready["workers"]
         self.metrics_url = ready.get("metrics")
 
     def restart_broker(self, timeout: float = 5.0) -> None:

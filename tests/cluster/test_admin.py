@@ -67,7 +67,7 @@ def test_read_commands_show_the_cluster_and_its_traffic(shared_cluster, admin):
         assert (status["workers"], status["devices_online"], status["devices_total"]) == (2, 2, 2)
         assert status["sessions"] >= 1 and status["traffic"]["bytes"] >= 8000
         assert status["rates"]["messages_per_s"] > 0
-        assert set(status["protocol_errors"]) == {"frontend", "backend"}
+        assert set(status["protocol_errors"]) == {"frontend", "workers"}
         workers = admin.workers()
         assert [(w["name"], w["backend"], w["devices"]) for w in workers] == [
             ("worker-0", "numpy", [0]), ("worker-1", "numpy", [1])]

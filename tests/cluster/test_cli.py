@@ -1,9 +1,10 @@
 """The ``fabric`` commands' option names: one name per meaning across every command.
 
 ``--backend`` is a device backend (numpy, numexpr) wherever it appears; the address workers
-connect to is ``--worker-address`` on ``fabric broker`` and ``fabric cluster up``. The old
-spellings (the broker's ``--backend``, cluster up's ``--backend-address``) still work for one
-release, with a deprecation line on stderr. Real processes, on free loopback ports.
+connect to is ``--worker-address`` on ``fabric broker`` and ``fabric cluster up``, and
+``workers`` in the broker's ready line. The old spellings (the broker's ``--backend``, cluster
+up's ``--backend-address``) still work for one release, with a deprecation line on stderr.
+Real processes, on free loopback ports.
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def test_backend_names_a_device_backend_and_worker_address_the_workers_address_e
     assert "--worker-address" in worker  # --broker's help names what it is
 
 
+def test_the_brokers_ready_line_names_its_ports_frontend_and_workers():
+    broker = fabric_cli("broker", "--frontend", "tcp://127.0.0.1:*",
+                        "--worker-address", "tcp://127.0.0.1:*")
+    try:
+        ready = json.loads(first_line(broker) or "{}")
+    finally:
+        end(broker)
+    assert set(ready) == {"ready", "frontend", "workers"}, ready
+    assert ready["workers"].startswith("tcp://127.0.0.1:") and not ready["workers"].endswith("*")
+    assert ready["workers"] != ready["frontend"]
+
+
 def test_the_brokers_old_backend_flag_still_works_for_a_release_and_says_so():
     broker = fabric_cli("broker", "--frontend", "tcp://127.0.0.1:*",
                         "--backend", "tcp://127.0.0.1:*")
@@ -76,7 +89,7 @@ def test_the_brokers_old_backend_flag_still_works_for_a_release_and_says_so():
     try:
         ready = json.loads(first_line(broker) or "{}")
         assert ready.get("ready") == "broker", end(broker)
-        worker = fabric_cli("worker", "--broker", ready["backend"], "--name", "w0",
+        worker = fabric_cli("worker", "--broker", ready["workers"], "--name", "w0",
                             "--heartbeat", "0.2")
         wait_for(lambda: fabric.devices(ready["frontend"], token=TOKENS["FABRIC_TOKEN"],
                                         timeout=5) or None, 30, "the worker to register")
@@ -109,7 +122,7 @@ def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_
         assert ready.get("ready") == "broker", end(broker)
         # (the same process, re-executed in place: a supervisor's pid stays right)
         assert environment_of(broker.pid)["GLIBC_TUNABLES"] == BULK_MALLOC_TUNABLES[0]
-        worker = fabric_cli("worker", "--broker", ready["backend"], "--name", "w0",
+        worker = fabric_cli("worker", "--broker", ready["workers"], "--name", "w0",
                             "--heartbeat", "0.2",
                             env={**bare, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
         wait_for(lambda: fabric.devices(ready["frontend"], token=TOKENS["FABRIC_TOKEN"],

@@ -103,7 +103,7 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(
         sent = PEERS * ROUNDS
         _wait_for_counts(cluster, before, {
             "tokens_refused": 4 * sent, "frontend_protocol_errors": sent,
-            "backend_protocol_errors": sent, "unregistered_worker_messages": sent})
+            "workers_protocol_errors": sent, "unregistered_worker_messages": sent})
     finally:
         for dealer in dealers:
             dealer.close()

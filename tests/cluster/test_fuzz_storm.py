@@ -99,13 +99,13 @@ def test_the_broker_survives_the_storm_answers_it_and_keeps_serving(storm_cluste
         assert not loop.outcomes.typed, loop.outcomes.typed
     assert cluster.broker.poll() is None, cluster.log_tail("broker", 30)
     after = protocol_errors(cluster)
-    counted = {side: after[side] - before[side] for side in ("frontend", "backend")}
+    counted = {side: after[side] - before[side] for side in ("frontend", "workers")}
     # Every message without a readable header was counted; every counted one answered.
     assert counted["frontend"] >= storm.malformed["frontend"] > 0
-    assert counted["backend"] >= storm.malformed["stranger"] + storm.malformed["worker"] > 0
+    assert counted["workers"] >= storm.malformed["stranger"] + storm.malformed["worker"] > 0
     assert storm.protocol_errors["frontend"] >= counted["frontend"]
     assert storm.protocol_errors["stranger"] + storm.protocol_errors["worker"] \
-        >= counted["backend"]
+        >= counted["workers"]
     # The storm's sessions expire with its peers (lease); nothing is left anywhere.
     with cluster.admin() as admin:
         wait_for(lambda: admin.sessions() == [], 10, "the storm's sessions to expire")

@@ -185,7 +185,7 @@ def test_message_size_limits_are_told_to_each_side():
                                     (6, True, 1000)]:
         sends = registry.from_client(C2, frames(Kind.HELLO, session, 1, {
             "token": CLIENT_TOKEN, "device": 0, "max_message_bytes": said}), 0.0)
-        assert only(sends, Side.BACKEND, A, Kind.OPEN).body["max_message_bytes"] == expected
+        assert only(sends, Side.WORKERS, A, Kind.OPEN).body["max_message_bytes"] == expected
 
 
 def test_a_transfer_bigger_than_its_destination_takes_arrives_as_the_error():
@@ -198,7 +198,7 @@ def test_a_transfer_bigger_than_its_destination_takes_arrives_as_the_error():
     assert sends[0].identity == B and sends[0].frames == small
     sends = registry.from_worker(A, frames(Kind.TRANSFER, 2, 1, body, buffers=[b"\0" * 101]),
                                  0.0)
-    transfer = only(sends, Side.BACKEND, B, Kind.TRANSFER)
+    transfer = only(sends, Side.WORKERS, B, Kind.TRANSFER)
     assert (transfer.session, transfer.request, transfer.buffers) == (2, 1, ())
     assert transfer.body["ticket"] == 9
     error = error_from_wire(transfer.body["error"])
