@@ -229,7 +229,7 @@ def test_cli_admin_file_older_files_and_environment_give_address_and_token(
     # variable, as it did.
     combined = tmp_path / "combined.json"
     write_secret_file(combined, json.dumps({
-        "address": shared_cluster.address, "backend_address": shared_cluster.backend_address,
+        "address": shared_cluster.address, "backend_address": shared_cluster.worker_address,
         "token": shared_cluster.token, "admin_token": shared_cluster.admin_token,
         "worker_token": shared_cluster.worker_token}))
     assert fabric_admin("--connection-file", str(combined), "status", env=clean_env

@@ -15,10 +15,12 @@ import select
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import fabric
+from fabric.core.config import write_secret_file
 from polling import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -99,6 +101,27 @@ def test_the_brokers_old_backend_flag_still_works_for_a_release_and_says_so():
         _, err = end(broker)
     assert ("fabric broker: --backend is deprecated and goes in the next release: use "
             "--worker-address.") in err
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_joins_with_an_older_admin_file_that_says_backend_address(tmp_path):
+    with fabric.LocalCluster(workers=0, heartbeat=0.2) as cluster:
+        info = json.loads(Path(cluster.write_admin_file(tmp_path / "admin.json")).read_text())
+        assert info["worker_address"] == cluster.worker_address and "backend_address" not in info
+        info["backend_address"] = info.pop("worker_address")  # as an older cluster up wrote it
+        older = tmp_path / "older-admin.json"
+        write_secret_file(older, json.dumps(info))
+        # The worker token comes from the file too: none in the environment.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "fabric", "worker", "--admin-file",
+                                       str(older), "--name", "w-older", "--heartbeat", "0.2"],
+                                      cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: [d.worker for d in cluster.devices()] == ["w-older"], 30,
+                     "the worker to register", detail=(tmp_path / "worker.log").read_text)
+        finally:
+            end(worker)
 
 
 def environment_of(pid: int) -> dict[str, str]:

@@ -128,7 +128,7 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
     errors = value(scrape(url), "fabric_broker_events_total", event="workers_protocol_errors")
     good = WorkerReport(1 << 30, (DeviceReport(4096, (1, 2) + (0,) * (BUCKETS - 3) + (3,), 1.5,
                                                7, 2, 5),), link_refusals=4)
-    with RawDealer(metered.backend_address, metered.worker_token) as raw:
+    with RawDealer(metered.worker_address, metered.worker_token) as raw:
         raw.send(frames_of(Kind.REGISTER, {"token": metered.worker_token, "name": "raw",
                                            "backend": "numpy", "devices": [{}]}, request=1))
         assert raw.recv_message(5).kind is Kind.REGISTERED

@@ -90,7 +90,7 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(
     before, offset = _counters(cluster), _log_size(cluster)
     options = {zmq.SNDTIMEO: SEND_TIMEOUT_MS}
     dealers = [RawDealer(cluster.address, cluster.token, options) for _ in range(PEERS)] + [
-        RawDealer(cluster.backend_address, cluster.worker_token, options) for _ in range(PEERS)]
+        RawDealer(cluster.worker_address, cluster.worker_token, options) for _ in range(PEERS)]
     try:
         for _ in range(ROUNDS):
             for dealer in dealers[:PEERS]:

@@ -72,7 +72,7 @@ def test_the_broker_survives_the_storm_answers_it_and_keeps_serving(storm_cluste
                     pause=0.01) as first, \
             ClientLoop(lambda: cluster.connect(device=1, timeout=5), deadline=11.0, seed=2,
                        pause=0.01) as second, \
-            StormPeers(cluster.address, cluster.backend_address) as storm:
+            StormPeers(cluster.address, cluster.worker_address) as storm:
         first.wait(3, timeout=10)
         second.wait(3, timeout=10)
         served_before = first.outcomes.right + second.outcomes.right
