@@ -35,7 +35,7 @@ LIVENESS = 3 * HEARTBEAT  # the broker loses a worker it has not heard from for 
 
 @pytest.fixture
 def proxied():
-    """A broker, worker-0 on its backend, and worker-1 behind a FaultProxy."""
+    """A broker, worker-0 on its port for workers, and worker-1 behind a FaultProxy."""
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT, broker_args=(
             "--open-timeout", "1", "--lease", "1")) as cluster, \
             FaultProxy(cluster.worker_address, cluster.worker_token) as proxy:

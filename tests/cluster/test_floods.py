@@ -81,7 +81,7 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(
         frames_of(Kind.ADMIN, {"token": WRONG_TOKEN, "command": "status", "args": {}}),
         [b"junk, not a header"],
     ]
-    backend_attacks = [
+    worker_socket_attacks = [
         frames_of(Kind.REGISTER, {"token": WRONG_TOKEN, "name": "intruder",
                                   "backend": "numpy", "devices": [{}]}),
         frames_of(Kind.HEARTBEAT),  # from an unregistered worker
@@ -97,7 +97,7 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(
                 for frames in frontend_attacks:
                     dealer.send(frames)
             for dealer in dealers[PEERS:]:
-                for frames in backend_attacks:
+                for frames in worker_socket_attacks:
                     dealer.send(frames)
         _assert_served(cluster)  # while the broker works through the flood
         sent = PEERS * ROUNDS

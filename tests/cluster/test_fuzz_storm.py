@@ -1,7 +1,7 @@
 """A protocol storm against a real broker while a well-behaved client computes.
 
 Three raw peers (``fuzzstorm.StormPeers``: a client, an unregistered worker and a worker
-registered as ``zz-fuzz-worker``) send the broker's frontend and backend random and mutated
+registered as ``zz-fuzz-worker``) send the broker's frontend and workers' socket random and mutated
 frames of every kind: first the stored corpus (``tests/corpus/storm.jsonl``, regenerated
 with ``.venv/bin/python tests/fuzzstorm.py --write``) replayed in order, then a bounded
 number of fresh hypothesis batches, derandomized so every run sends the same storm.

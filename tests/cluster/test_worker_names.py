@@ -2,7 +2,7 @@
 never move (issue 30 item 8, issue 24 section 1).
 
 The attacks run against a real broker and workers (``LocalCluster``): a raw DEALER on the
-backend registers with the worker token under a live worker's name, and under a name that
+workers' socket registers with the worker token under a live worker's name, and under a name that
 sorts before every other; a real ``fabric worker`` process is started under a live name.
 """
 
