@@ -164,18 +164,19 @@ def _drive_raw(iterations: int, frontend: str) -> None:
 
 def _servers_run(workload: str, iterations: int, scratch: str, port: int) -> list[dict[str, int]]:
     """Per-thread instructions of the broker and of the worker over one run."""
-    frontend, backend = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
+    frontend, worker_address = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
     slow = ("--heartbeat", "5", "--liveness", "3")  # valgrind is slow: no false losses
     raw = workload == "w2 raw hop"
     if raw:
         starts = [["-c", f"from bench.raw import raw_broker; raw_broker({frontend!r}, "
-                         f"{backend!r})"],
-                  ["-c", f"from bench.raw import raw_worker; raw_worker({backend!r}, True)"]]
+                         f"{worker_address!r})"],
+                  ["-c", "from bench.raw import raw_worker; "
+                         f"raw_worker({worker_address!r}, True)"]]
         drive = partial(_drive_raw, iterations, frontend)
     else:
-        starts = [["-m", "fabric", "broker", "--frontend", frontend, "--worker-address", backend,
-                   *slow],
-                  ["-m", "fabric", "worker", "--broker", backend, "--name", "w0", *slow]]
+        starts = [["-m", "fabric", "broker", "--frontend", frontend,
+                   "--worker-address", worker_address, *slow],
+                  ["-m", "fabric", "worker", "--broker", worker_address, "--name", "w0", *slow]]
         drive = partial(_drive_fabric, workload, iterations, frontend)
     outs = [os.path.join(scratch, name) for name in ("broker", "worker")]
     procs = [_under_valgrind(out, start) for out, start in zip(outs, starts)]

@@ -46,29 +46,29 @@ def raw_worker(address: str, behind_broker: bool) -> None:
         context.term()
 
 
-def raw_broker(frontend: str, backend: str) -> None:
+def raw_broker(frontend: str, worker_address: str) -> None:
     """The minimal Python broker hop: one worker, frames forwarded without copying."""
     context = zmq.Context()
-    front, back = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
+    front, workers = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
     front.bind(frontend)
-    back.bind(backend)
-    worker = back.recv_multipart()[0]  # its "ready"
+    workers.bind(worker_address)
+    worker = workers.recv_multipart()[0]  # its "ready"
     poller = zmq.Poller()
     poller.register(front, zmq.POLLIN)
-    poller.register(back, zmq.POLLIN)
+    poller.register(workers, zmq.POLLIN)
     try:
         while True:
             for sock, _ in poller.poll():
                 frames = sock.recv_multipart(copy=False)
                 if sock is front:
-                    back.send_multipart([worker, *frames], copy=False)
+                    workers.send_multipart([worker, *frames], copy=False)
                     if frames[1].bytes == b"stop":
                         return
                 else:
                     front.send_multipart(frames[1:], copy=False)
     finally:
         front.close(linger=100)
-        back.close(linger=100)
+        workers.close(linger=100)
         context.term()
 
 
@@ -100,9 +100,10 @@ class RawPeers:
         self.address = f"tcp://127.0.0.1:{port}"
         self.procs: list[Any] = []
         if behind_broker:
-            backend = f"tcp://127.0.0.1:{port + 1}"
-            self.procs.append(spawn.Process(target=raw_broker, args=(self.address, backend)))
-            self.procs.append(spawn.Process(target=raw_worker, args=(backend, True)))
+            worker_address = f"tcp://127.0.0.1:{port + 1}"
+            self.procs.append(spawn.Process(target=raw_broker,
+                                            args=(self.address, worker_address)))
+            self.procs.append(spawn.Process(target=raw_worker, args=(worker_address, True)))
         else:
             self.procs.append(spawn.Process(target=raw_worker, args=(self.address, False)))
 

@@ -58,7 +58,7 @@ def main() -> None:
         over_ssh = timed(lambda: SSHCluster(
             parse_hosts(",".join(hosts.addresses)), workers_per_host=options.workers_per_host,
             remote_python=sys.executable, ssh_config=str(hosts.ssh_config),
-            backend_address="tcp://0.0.0.0:*", advertise=hosts.bridge_address),
+            worker_address="tcp://0.0.0.0:*", advertise=hosts.bridge_address),
             options.repeats)
         here = timed(lambda: LocalCluster(workers), options.repeats)
     print(f"{options.hosts} hosts x {options.workers_per_host} workers over ssh: start "

@@ -36,7 +36,7 @@ def by_hand(env: dict[str, str], array: np.ndarray, runs: int) -> tuple[float, f
     worker = None
     try:
         ready = json.loads(broker.stdout.readline())
-        worker = subprocess.Popen([*command, "worker", "--broker", ready["backend"],
+        worker = subprocess.Popen([*command, "worker", "--broker", ready["workers"],
                                    "--name", "bench"], env=env)
         token = TOKENS["FABRIC_TOKEN"]
         deadline = time.monotonic() + 30

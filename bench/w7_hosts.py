@@ -112,7 +112,7 @@ def fabric_moves(hosts: simhosts.SimulatedHosts, bulk_host: str,
     """Calls that time one ``t.to()`` from host 0's worker to host 1's, one upload to host
     1's and one read from it, on a cluster whose workers have ``--bulk-host bulk_host``."""
     with SSHCluster(parse_hosts(",".join(hosts.addresses)), remote_python=sys.executable,
-                    ssh_config=str(hosts.ssh_config), backend_address="tcp://0.0.0.0:*",
+                    ssh_config=str(hosts.ssh_config), worker_address="tcp://0.0.0.0:*",
                     advertise=hosts.bridge_address,
                     worker_args=("--bulk-host", bulk_host)) as cluster:
         devices = sorted(cluster.devices(), key=lambda d: d.worker)

@@ -106,7 +106,7 @@ def status(registry: RegistryView, now: float) -> dict[str, Any]:
                   "bytes_per_s": total.bytes / uptime if uptime else 0.0},
         "rejects": dict(registry.rejects),
         "protocol_errors": {"frontend": registry.counters["frontend_protocol_errors"],
-                            "backend": registry.counters["backend_protocol_errors"]},
+                            "workers": registry.counters["workers_protocol_errors"]},
         "counters": dict(registry.counters),
         # Flow control now (kept by the I/O loop): messages parked for peers whose queue is
         # full, and whether the frontend is paused for a worker that is not reading.

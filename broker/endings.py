@@ -66,7 +66,7 @@ class Endings:
     @staticmethod
     def close_on_worker(session: Session, request: int = 0) -> Send:
         """The CLOSE that ends a session on its worker (``request`` 0: nobody waits)."""
-        return send_message(Side.BACKEND, session.lane, Message(Kind.CLOSE, session.id, request))
+        return send_message(Side.WORKERS, session.lane, Message(Kind.CLOSE, session.id, request))
 
     def _end(self, session: Session, *, opening: FabricError, lost: FabricError) -> Send:
         """End a session on the broker's own account; what tells its client, by the phase it

@@ -45,7 +45,7 @@ from fabric.core.errors import (
     WrongPort,
 )
 from fabric.core.protocol import PROTOCOL_VERSION, Kind, Message
-from fabric.core.security import BACKEND_DOMAIN
+from fabric.core.security import WORKERS_DOMAIN
 from fabric.core.version import __version__
 
 from .model import Limits, Side
@@ -91,7 +91,7 @@ def handshake_role(domain: str, mechanism: str, credentials: Sequence[bytes],
         allowed = curve_keys.get(domain, frozenset())
         if (mechanism == "CURVE" and len(credentials) == 1 and len(credentials[0]) == 32
                 and z85.encode(credentials[0]) in allowed):
-            return "worker" if domain == BACKEND_DOMAIN else "client"
+            return "worker" if domain == WORKERS_DOMAIN else "client"
         return None
     if mechanism != "PLAIN" or len(credentials) != 2:
         return None
@@ -161,7 +161,7 @@ def misplaced(reached: Side, kind: Kind, endpoints: dict[str, str]) -> FabricErr
     clients' port): ``WrongPort`` naming the right port (its bound address when
     ``endpoints`` has it) for the first message of the other kind of peer, else a
     ``ProtocolError``."""
-    if reached is Side.BACKEND:
+    if reached is Side.WORKERS:
         if kind not in CLIENT_OPENINGS:
             return ProtocolError("This worker is not registered: send REGISTER first.",
                                  reason="not_registered")
@@ -173,7 +173,7 @@ def misplaced(reached: Side, kind: Kind, endpoints: dict[str, str]) -> FabricErr
             port="workers", client_port=bound)
     if kind not in WORKER_OPENINGS:
         return ProtocolError(f"A {kind.name} message is not accepted from a client.")
-    bound = endpoints.get("backend")
+    bound = endpoints.get("workers")
     return WrongPort(
         "This worker reached the broker's client port (fabric broker --frontend): start it "
         f"with --broker set to the broker's port for workers"

@@ -44,7 +44,7 @@ def grant(registry: Any, worker: Worker, message: Message, now: float) -> list[S
     receiver = _receiver(registry, message.session)
     if source is None or source.worker != worker.identity or receiver is worker:
         receiver = None
-    return _grant(registry, Side.BACKEND, worker.identity, receiver, message)
+    return _grant(registry, Side.WORKERS, worker.identity, receiver, message)
 
 
 def grant_to_client(registry: Any, identity: bytes, message: Message,
@@ -73,7 +73,7 @@ def _grant(registry: Any, side: Side, asker: bytes, receiver: Worker | None,
         return [send_message(side, asker, answer)]
     registry.counters["links_granted"] += 1
     ticket = secrets.token_bytes(TICKET_BYTES)
-    return [send_message(Side.BACKEND, receiver.identity, Message(
+    return [send_message(Side.WORKERS, receiver.identity, Message(
                 Kind.LINK_EXPECT, message.session, 0,
                 {"ticket": ticket, "client": side is Side.FRONTEND})),
             send_message(side, asker, answer._replace(

@@ -28,7 +28,7 @@ from fabric.core.protocol import Kind, Message
 
 class Side(str, enum.Enum):  # (a str: hashed in C; a plain Enum's __hash__ is Python code)
     FRONTEND = "frontend"  # clients and admin
-    BACKEND = "backend"  # workers
+    WORKERS = "workers"  # workers (their lanes and beacons)
     ZAP = "zap"  # libzmq asking whether a connecting peer may finish its handshake
 
 

@@ -206,7 +206,7 @@ class Registry:
     def _bad_input(self, side: Side, identity: bytes, error: FabricError, now: float,
                    header: Header | None = None) -> list[Send]:
         self.counters[f"{side.value}_protocol_errors"] += 1
-        self._log_peer(logging.WARNING, f"bad message on the {side.value}", identity, now,
+        self._log_peer(logging.WARNING, f"bad message on the {side.value} socket", identity, now,
                        str(error))
         session, request = (header.session, header.request) if header else (0, 0)
         return [send_error(side, identity, error, session=session, request=request)]
@@ -217,7 +217,8 @@ class Registry:
     def _too_large(self, side: Side, identity: bytes, header: Header, frames: Sequence[Any],
                    now: float) -> list[Send]:
         self.counters["messages_too_large"] += 1
-        self._log_peer(logging.WARNING, f"message too large on the {side.value}", identity, now)
+        self._log_peer(logging.WARNING, f"message too large on the {side.value} socket",
+                       identity, now)
         return message_too_large(side, identity, header, frames, _frames_size(frames),
                                  self._message_bytes)
 
@@ -268,7 +269,7 @@ class Registry:
         session.bytes_in += _frames_size(frames)
         if header.kind is Kind.SUBMIT or header.flags & protocol.CARRIES_BATCH:  # (batches)
             session.submits += 1
-        return [new_send(Send, (Side.BACKEND, session.lane, list(frames), 0.0))]
+        return [new_send(Send, (Side.WORKERS, session.lane, list(frames), 0.0))]
 
     def _client_token_refused(self, identity: bytes, header: Header,
                               now: float) -> list[Send]:
@@ -295,7 +296,7 @@ class Registry:
             client_max=size_limit(body, self.limits.max_message_bytes))
         self._sessions.open(session, worker, now)
         self.counters["hellos"] += 1
-        return [send_message(Side.BACKEND, session.lane, Message(
+        return [send_message(Side.WORKERS, session.lane, Message(
             Kind.OPEN, message.session, message.request,
             {"device": local, "client": str(body.get("client", "")),
              "max_message_bytes": session.client_max}))]
@@ -349,14 +350,14 @@ class Registry:
     # -- workers -----------------------------------------------------------------------
 
     def from_worker(self, identity: bytes, frames: Sequence[Any], now: float) -> list[Send]:
-        """A message from the backend (routing identity already split off)."""
+        """A message on the workers' socket (routing identity already split off)."""
         header = None  # once read, an error answer names the request it answers
         try:
             if not frames:
                 raise ProtocolError("A message needs a header frame.")
             header = protocol.decode_header(frames[0])
             if len(frames) > 2 and self._oversized(frames):
-                return self._too_large(Side.BACKEND, identity, header, frames, now)
+                return self._too_large(Side.WORKERS, identity, header, frames, now)
             worker = self._find_worker(identity)
             if (worker is not None and identity in self._lane_owner
                     and identity not in worker.attached and header.kind == Kind.HEARTBEAT):
@@ -369,7 +370,7 @@ class Registry:
             if header.kind == Kind.REGISTER:
                 if header.version != PROTOCOL_VERSION:
                     self.rejects["worker_version_mismatch"] += 1
-                    return [send_error(Side.BACKEND, identity,
+                    return [send_error(Side.WORKERS, identity,
                                        version_mismatch("worker", header.version),
                                        kind=Kind.REJECT)]
                 return self._on_register(identity, protocol.decode(frames, header), now,
@@ -378,17 +379,17 @@ class Registry:
                 self.counters["unregistered_worker_messages"] += 1
                 self._log_peer(logging.WARNING, "message from an unregistered worker",
                                identity, now)
-                return [send_error(Side.BACKEND, identity, misplaced(  # (WrongPort to a client)
-                    Side.BACKEND, header.kind, self.endpoints), session=header.session,
+                return [send_error(Side.WORKERS, identity, misplaced(  # (WrongPort to a client)
+                    Side.WORKERS, header.kind, self.endpoints), session=header.session,
                     request=header.request)]
             message = protocol.decode(frames, header)
         except ProtocolError as exc:
-            return self._bad_input(Side.BACKEND, identity, exc, now, header)
+            return self._bad_input(Side.WORKERS, identity, exc, now, header)
         if message.version != PROTOCOL_VERSION:  # its body was not validated
-            return self._other_version(Side.BACKEND, identity, message, now)
+            return self._other_version(Side.WORKERS, identity, message, now)
         handler = self._worker_handlers.get(message.kind)
         if handler is None:
-            return self._bad_input(Side.BACKEND, identity, ProtocolError(
+            return self._bad_input(Side.WORKERS, identity, ProtocolError(
                 f"A {message.kind.name} message is not accepted from a worker."), now, header)
         return handler(self, worker, message, now)
 
@@ -410,7 +411,7 @@ class Registry:
             if largest_frame(frames) > destination.max_message_bytes:
                 self.counters["transfers_too_large"] += 1
                 return transfer_too_large(destination, session.lane, header, frames)
-            return [new_send(Send, (Side.BACKEND, session.lane, list(frames), 0.0))]
+            return [new_send(Send, (Side.WORKERS, session.lane, list(frames), 0.0))]
         if session is None or session.worker != worker.identity:
             self.counters["stale_worker_data"] += 1  # the session closed meanwhile
             return []
@@ -425,11 +426,11 @@ class Registry:
             self.rejects["worker_unauthorized"] += 1
             self._log_peer(logging.WARNING, "refused a worker registration (bad worker token)",
                            identity, now)
-            return self._token_refused([send_error(Side.BACKEND, identity, AuthenticationError(
+            return self._token_refused([send_error(Side.WORKERS, identity, AuthenticationError(
                 "The broker refused the worker token: start the worker with the cluster's "
                 "worker token."), kind=Kind.REJECT)], now)
         if not all(isinstance(d, dict) for d in body["devices"]):
-            return self._bad_input(Side.BACKEND, identity, ProtocolError(
+            return self._bad_input(Side.WORKERS, identity, ProtocolError(
                 "REGISTER devices must be a list of maps."), now, message.header)
         instance = body.get("instance", b"")  # optional: a worker without one never matches
         instance = instance if isinstance(instance, bytes) and len(instance) <= 64 else b""
@@ -439,7 +440,7 @@ class Registry:
             self.rejects[refused.code] += 1
             self._log_peer(logging.WARNING, f"refused a worker registration ({refused.code})",
                            identity, now)
-            return [send_error(Side.BACKEND, identity, refused, kind=Kind.REJECT,
+            return [send_error(Side.WORKERS, identity, refused, kind=Kind.REJECT,
                                request=message.request)]
         lanes = body.get("lanes", [])
         beacon = body.get("beacon", b"")  # optional: a worker without one is lost only when
@@ -449,7 +450,7 @@ class Registry:
             self.worker_table.beacon_refused(identity, body["name"], beacon, lanes)
             if beacon else None)
         if refused is not None:
-            return self._bad_input(Side.BACKEND, identity, refused, now, message.header)
+            return self._bad_input(Side.WORKERS, identity, refused, now, message.header)
         sends: list[Send] = []
         for old in self.worker_table.replaced_by(identity, body["name"]):
             sends += self._endings.lose_worker(old, "the worker re-registered")
@@ -460,7 +461,7 @@ class Registry:
             address=address, bulk=link_grants.reported_bulk(body)))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
-        sends.append(send_message(Side.BACKEND, identity, Message(
+        sends.append(send_message(Side.WORKERS, identity, Message(
             Kind.REGISTERED, 0, message.request,
             {"server": self.server, "heartbeat": self.limits.heartbeat,
              "max_message_bytes": self.limits.max_message_bytes})))
@@ -507,7 +508,7 @@ class Registry:
         try:  # (last_seen is updated already) what the devices did, if said (lanes do not)
             report = protocol.decode_report(message.body, len(worker.devices))
         except ProtocolError as exc:  # counted; the worker and its sessions go on
-            return self._bad_input(Side.BACKEND, worker.identity, exc, now, message.header)
+            return self._bad_input(Side.WORKERS, worker.identity, exc, now, message.header)
         worker.report = report or worker.report
         return []
 
@@ -525,7 +526,7 @@ class Registry:
 
     def unroutable(self, side: Side, identity: bytes, now: float) -> list[Send]:
         """The I/O loop could not deliver to this peer: it has disconnected."""
-        if side == Side.BACKEND:
+        if side == Side.WORKERS:
             worker = self._find_worker(identity) or self.workers.get(
                 self.worker_table.beacon_owner.get(identity))
             return self._endings.lose_worker(worker, (
@@ -539,8 +540,8 @@ class Registry:
         ``fabric.core.intake``); counted, and logged through the rate limit. Its peer's sessions
         end as a vanished client's do, when the loop finds it unroutable."""
         self.counters["connections_cut"] += 1
-        self._log_peer(logging.WARNING, f"a connection on the {side.value} held more than "
-                       f"{limit} bytes unread (a message bigger than fabric sends): cut",
+        self._log_peer(logging.WARNING, f"a connection on the {side.value} socket held more "
+                       f"than {limit} bytes unread (a message bigger than fabric sends): cut",
                        peer, now, f"{held} bytes held")
 
     def cut_client(self, identity: bytes, queued: int, now: float | None = None) -> list[Send]:
@@ -578,13 +579,13 @@ class Registry:
                                max(now, self._probed + self.limits.heartbeat / 4))
 
     def _heartbeat(self, identity: bytes, sessions: Any) -> Send:
-        return send_message(Side.BACKEND, identity, Message(
+        return send_message(Side.WORKERS, identity, Message(
             Kind.HEARTBEAT, body={"sessions": sorted(sessions)}))
 
     def _ask_beacons(self) -> list[Send]:
         """A HEARTBEAT to each worker's beacon: unroutable, its link is gone (the worker
         reads and drops it)."""
-        return [send_message(Side.BACKEND, worker.beacon, Message(Kind.HEARTBEAT))
+        return [send_message(Side.WORKERS, worker.beacon, Message(Kind.HEARTBEAT))
                 for worker in self.workers.values() if worker.beacon]
 
     def tick(self, now: float) -> list[Send]:

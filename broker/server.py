@@ -38,7 +38,7 @@ import zmq
 from fabric.core.addresses import advertised
 from fabric.core.flow import connection_bytes_limit
 from fabric.core.intake import MONITORED, Intake
-from fabric.core.security import BACKEND_DOMAIN, FRONTEND_DOMAIN, CurveServer, authenticate_peers
+from fabric.core.security import FRONTEND_DOMAIN, WORKERS_DOMAIN, CurveServer, authenticate_peers
 from fabric.core.sockets import (NOBLOCK, POLLIN, message_check, recv_frames, recv_monitor_event,
                                  send_frames, try_send)
 
@@ -120,7 +120,7 @@ def _router(context: zmq.Context, endpoint: str, limits: Limits,
 class Broker:
     """A running broker: bound sockets and the registry. ``run()`` serves until ``stop()``."""
 
-    def __init__(self, frontend: str, backend: str, *, client_token: str | Sequence[str],
+    def __init__(self, frontend: str, worker_address: str, *, client_token: str | Sequence[str],
                  worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
                  curve: CurveServer | None = None, state_file: str | None = None,
                  metrics: tuple[str, int] | None = None, advertise: str | None = None) -> None:
@@ -132,7 +132,7 @@ class Broker:
         self.zap.setsockopt(zmq.LINGER, 0)
         self.zap.bind(ZAP_ENDPOINT)
         self.frontend = _router(self.context, frontend, limits, curve, FRONTEND_DOMAIN)
-        self.backend = _router(self.context, backend, limits, curve, BACKEND_DOMAIN,
+        self.workers = _router(self.context, worker_address, limits, curve, WORKERS_DOMAIN,
                                workers=True)
         self._held = HeldSends()  # answers to refused tokens, until their not_before
         server = f"fabric-broker {socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
@@ -142,12 +142,12 @@ class Broker:
                                      side: advertised(endpoint, advertise) if advertise
                                      else endpoint for side, endpoint in self.endpoints.items()},
                                  curve_keys=curve.allow_lists if curve is not None else None)
-        self._sockets = {Side.FRONTEND: self.frontend, Side.BACKEND: self.backend,
+        self._sockets = {Side.FRONTEND: self.frontend, Side.WORKERS: self.workers,
                          Side.ZAP: self.zap}
         # What each ROUTER's connections hold unread, bounded; their monitors name them.
         held = connection_bytes_limit(limits.max_message_bytes)
         self._intakes = {side: Intake(self._sockets[side], held)
-                         for side in (Side.FRONTEND, Side.BACKEND)}
+                         for side in (Side.FRONTEND, Side.WORKERS)}
         self._monitors = {self._sockets[side].get_monitor_socket(MONITORED): side
                           for side in self._intakes}
         self._state = StateFile(state_file, self.registry.worker_table) if state_file else None
@@ -164,7 +164,7 @@ class Broker:
     def endpoints(self) -> dict[str, str]:
         """The bound addresses (with the actual port when bound to ``*``)."""
         return {"frontend": self.frontend.getsockopt_string(zmq.LAST_ENDPOINT),
-                "backend": self.backend.getsockopt_string(zmq.LAST_ENDPOINT)}
+                "workers": self.workers.getsockopt_string(zmq.LAST_ENDPOINT)}
 
     def stop(self, *_: Any) -> None:
         """Ask the loop to finish; safe from a signal handler."""
@@ -216,7 +216,7 @@ class Broker:
             event = recv_monitor_event(monitor)
             intake.on_event(event["event"], event["value"])
             closed |= event["event"] == zmq.EVENT_DISCONNECTED
-        if closed and side == Side.BACKEND:
+        if closed and side == Side.WORKERS:
             self.registry.connection_closed(time.monotonic())
 
     def _check_intakes(self, now: float) -> float:
@@ -234,9 +234,9 @@ class Broker:
         # Handshakes are answered (ZAP) even while the frontend is paused; connections are
         # counted (the monitors) all along.
         monitors = [(monitor, POLLIN) for monitor in self._monitors]
-        both_sides = [(self.frontend, POLLIN), (self.backend, POLLIN), (self.zap, POLLIN),
+        both_sides = [(self.frontend, POLLIN), (self.workers, POLLIN), (self.zap, POLLIN),
                       *monitors]
-        backend_only = [(self.backend, POLLIN), (self.zap, POLLIN),  # a worker's queue is full
+        workers_only = [(self.workers, POLLIN), (self.zap, POLLIN),  # a worker's queue is full
                         *monitors]
         registry = self.registry
         blocking = self._flow.blocking  # while not empty, the frontend is not read
@@ -244,7 +244,7 @@ class Broker:
         # what credits a message read to its connection (None: the ZAP socket's are not).
         from_side = {sock: (handler, message_check(sock), took) for sock, handler, took in (
             (self.frontend, registry.from_client, self._intakes[Side.FRONTEND].took),
-            (self.backend, registry.from_worker, self._intakes[Side.BACKEND].took),
+            (self.workers, registry.from_worker, self._intakes[Side.WORKERS].took),
             (self.zap, registry.zap.answer, None))}
         intake_due = 0.0
         try:
@@ -265,7 +265,7 @@ class Broker:
                 if self._outbox.messages:  # retried soon: a queue drains without telling us
                     self._send(self._flow.retry(now, self._try_send))
                     timeout_ms = min(timeout_ms, RETRY_MS)
-                for sock, _ in zmq.zmq_poll(backend_only if blocking else both_sides,
+                for sock, _ in zmq.zmq_poll(workers_only if blocking else both_sides,
                                             int(timeout_ms)):
                     if sock in self._monitors:
                         self._drain_monitor(sock)
@@ -296,14 +296,14 @@ class Broker:
             self._sockets[side].disable_monitor()
             monitor.close(linger=0)
         self.frontend.close(linger=200)
-        self.backend.disable_monitor()
-        self.backend.close(linger=0)
+        self.workers.disable_monitor()
+        self.workers.close(linger=0)
         self.zap.close()
         self.context.term()
 
 
-def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], worker_token: str,
-          admin_token: str | None = None, limits: Limits = Limits(),
+def serve(frontend: str, worker_address: str, *, client_token: str | Sequence[str],
+          worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
           announce: Callable[[dict[str, Any]], None] | None = None,
           curve: CurveServer | None = None, state_file: str | None = None,
           metrics: tuple[str, int] | None = None, advertise: str | None = None) -> None:
@@ -312,9 +312,9 @@ def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], wor
     without, PLAIN servers that admit only the broker's tokens. With ``state_file`` its device
     numbering is read from there and kept there; with ``metrics`` (host, port), Prometheus'
     /metrics is served there too; ``advertise`` is the host it names its ports by."""
-    broker = Broker(frontend, backend, client_token=client_token, worker_token=worker_token,
-                    admin_token=admin_token, limits=limits, curve=curve, state_file=state_file,
-                    metrics=metrics, advertise=advertise)
+    broker = Broker(frontend, worker_address, client_token=client_token,
+                    worker_token=worker_token, admin_token=admin_token, limits=limits,
+                    curve=curve, state_file=state_file, metrics=metrics, advertise=advertise)
     signal.signal(signal.SIGINT, broker.stop)
     signal.signal(signal.SIGTERM, broker.stop)
     endpoints = broker.endpoints
@@ -322,7 +322,7 @@ def serve(frontend: str, backend: str, *, client_token: str | Sequence[str], wor
         endpoints["metrics"] = broker.metrics.url
         log.info("Prometheus metrics at %s", broker.metrics.url)
     log.info("broker serving clients on %s and workers on %s", endpoints["frontend"],
-             endpoints["backend"])
+             endpoints["workers"])
     if announce is not None:
         announce(endpoints)
     broker.run()

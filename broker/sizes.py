@@ -53,6 +53,6 @@ def transfer_too_large(destination: Worker, lane: bytes, header: Header,
         f"The tensor moved with .to() is {size_words}, more than the {limit_words} "
         f"worker {destination.name} takes in one message: move it in slices, or start "
         "that worker with a larger --max-message-bytes.", size=size, limit=limit)
-    return [send_message(Side.BACKEND, lane, Message(
+    return [send_message(Side.WORKERS, lane, Message(
         Kind.TRANSFER, header.session, header.request,
         {"ticket": ticket, "error": error.to_wire()}))]

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 from fabric.core.errors import AuthenticationError
-from fabric.core.security import BACKEND_DOMAIN
+from fabric.core.security import WORKERS_DOMAIN
 # (re-exported: the broker's modules and tests take them here)
 from fabric.core.zap_messages import (
     ALLOWED, FAILED, REFUSED, ZAP_ENDPOINT, ZapRequest, parse_request, reply)
@@ -53,7 +53,7 @@ class ZapGate:
                               self.tokens, self.curve_keys)
         if role is not None:
             return [Send(Side.ZAP, identity, reply(request.request_id, ALLOWED, "OK", role))]
-        peers = "worker" if request.domain == BACKEND_DOMAIN else "client"
+        peers = "worker" if request.domain == WORKERS_DOMAIN else "client"
         if self.curve_keys is None:
             reason, what = AuthenticationError.code, "no token of this broker"
         else:

@@ -6,7 +6,7 @@ SIGSTOP) when its ``with`` block ends, and every loop is bounded in time. Nothin
 fabric: the proxy forwards real frames between a real broker and a real worker process.
 
 - ``FaultProxy``: a ZeroMQ-level proxy, a ROUTER the worker connects to and, per worker
-  socket, a DEALER to the broker's backend, forwarding frames with knobs to drop every Nth
+  socket, a DEALER to the broker's workers socket, forwarding frames with knobs to drop every Nth
   message, delay every message, hold everything (a pause), or lose everything (a partition).
   The worker's link stays alive through it meanwhile (libzmq's heartbeats end at the proxy):
   to the broker the worker is busy, not gone. What ends is passed on: a worker socket the
@@ -49,7 +49,7 @@ PEER_IDLE = 3.0
 
 
 class FaultProxy(ServerThread):
-    """A lossy link between a broker's backend and one worker; a context manager.
+    """A lossy link between a broker's workers socket and one worker; a context manager.
 
     Start the worker with ``--broker proxy.address`` (see ``start_worker_via``). Knobs, safe
     to change from any thread while it runs: ``drop_every`` (drop every Nth message each
@@ -96,7 +96,7 @@ class FaultProxy(ServerThread):
             upstream: dict[bytes, zmq.Socket] = {}  # per worker socket, a DEALER to the broker
             try:
                 worker_side.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                worker_side.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as the broker's backend does
+                worker_side.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as the broker's does
                 worker_side.bind("tcp://127.0.0.1:*")
                 self.address = worker_side.getsockopt_string(zmq.LAST_ENDPOINT)
                 self.ready.set()
@@ -215,13 +215,13 @@ def _kind(frames: list[bytes]) -> protocol.Kind | None:
 def start_worker_via(cluster: fabric.LocalCluster, index: int, address: str,
                      ) -> subprocess.Popen:
     """Start (or restart) the cluster's worker ``index`` connected to ``address`` (a
-    ``FaultProxy``) instead of the broker's backend."""
-    backend = cluster.backend_address
-    cluster.backend_address = address
+    ``FaultProxy``) instead of the broker's port for workers."""
+    bound = cluster.worker_address
+    cluster.worker_address = address
     try:
         return cluster.start_worker(index)
     finally:
-        cluster.backend_address = backend
+        cluster.worker_address = bound
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ _TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(_TESTS), str(_TESTS / "unit"), str(_TESTS / "cluster"), str(_TESTS.parent)]
 
 from rawpeers import RawDealer, frames_of  # noqa: E402
-from test_bad_input import BACKEND_GARBAGE, FRONTEND_GARBAGE  # noqa: E402
+from test_bad_input import WORKERS_GARBAGE, FRONTEND_GARBAGE  # noqa: E402
 from test_protocol import (  # noqa: E402
     BYTE_MUTATIONS,
     mutate_bytes,
@@ -204,7 +204,7 @@ def defang(peer: str, frames: list[bytes]) -> list[bytes]:
 def seeds() -> list[tuple[str, list[bytes]]]:
     """Hand-made garbage from the bad-input tests, and one valid message of each kind."""
     found = [("frontend", frames) for _, frames in FRONTEND_GARBAGE]
-    found += [("stranger", frames) for _, frames in BACKEND_GARBAGE]
+    found += [("stranger", frames) for _, frames in WORKERS_GARBAGE]
     found += [("frontend", frames_of(Kind.HELLO, {"token": CLIENT_TOKEN, "device": d},
                                      session=HELLO_SESSIONS[d], request=d + 1))
               for d in range(3)]
@@ -254,12 +254,12 @@ class StormPeers:
     """The three raw peers, used by one thread; ``send`` defangs and sends, ``drain`` reads
     every answer that has come (checking it decodes), ``settle`` drains until quiet."""
 
-    def __init__(self, frontend: str, backend: str) -> None:
+    def __init__(self, frontend: str, worker_address: str) -> None:
         # (a client token on the workers' socket passes the handshake: only REGISTER with
         # the worker token makes a worker)
         self.peers = {"frontend": RawDealer(frontend, CLIENT_TOKEN),
-                      "stranger": RawDealer(backend, CLIENT_TOKEN),
-                      "worker": RawDealer(backend, WORKER_TOKEN)}
+                      "stranger": RawDealer(worker_address, CLIENT_TOKEN),
+                      "worker": RawDealer(worker_address, WORKER_TOKEN)}
         self.sent: dict[str, int] = dict.fromkeys(PEERS, 0)
         self.malformed: dict[str, int] = dict.fromkeys(PEERS, 0)  # no readable header
         self.answers: dict[str, int] = dict.fromkeys(PEERS, 0)

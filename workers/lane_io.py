@@ -46,8 +46,8 @@ _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of runnin
 
 def dealer(context: zmq.Context, options: WorkerOptions, identity: bytes,
            heartbeats: bool = False) -> zmq.Socket:
-    """A DEALER to the broker's backend, not yet connected: it authenticates in the ZeroMQ
-    handshake with the worker token (or with CURVE, the worker's key). With ``heartbeats``
+    """A DEALER to the broker's port for workers, not yet connected: it authenticates in the
+    ZeroMQ handshake with the worker token (or with CURVE, the worker's key). With ``heartbeats``
     (the beacon's), libzmq keeps the link's liveness (``control.zmtp_heartbeats``)."""
     sock = context.socket(zmq.DEALER)
     for option, value in ((zmq.LINGER, 0), (zmq.ROUTING_ID, identity),

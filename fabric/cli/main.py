@@ -232,10 +232,10 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
                                 worker_token_file, "FABRIC_WORKER_TOKEN", "worker token")
         if admin_file and click.get_current_context().get_parameter_source(
                 "broker_address") is ParameterSource.DEFAULT:
-            if "backend_address" not in cluster_info:
+            if "worker_address" not in cluster_info:
                 raise ConfigError(f"{admin_file} names no worker address: give --broker, or "
                                   "write the file again with this release's fabric cluster up.")
-            broker_address = cluster_info["backend_address"]
+            broker_address = cluster_info["worker_address"]
         if stop_on_stdin_close:  # (after the token, which may come first on standard input)
             _stop_when_stdin_closes()
         slot = None if name else claim_slot(broker_address)  # (held while this process lives)
@@ -477,7 +477,7 @@ def _run_cluster(make_cluster: Callable[..., "LocalCluster"], placement: dict[st
         running = as_usage_error(lambda: make_cluster(
             **placement, backend=backend, devices_per_worker=devices_per_worker,
             heartbeat=heartbeat, liveness=liveness, frontend=frontend,
-            backend_address=worker_address, memory_budget=memory_budget, advertise=advertise,
+            worker_address=worker_address, memory_budget=memory_budget, advertise=advertise,
             worker_args=("--memory-limit", str(memory_limit)) if memory_limit else (),
             curve=curve, log_dir=logs,
             broker_args=("--state-file", str(state_file_beside(client_path)),

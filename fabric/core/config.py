@@ -95,10 +95,12 @@ CONNECTION_FILE_ENV = "FABRIC_CONNECTION_FILE"
 ADMIN_FILE_ENV = "FABRIC_ADMIN_FILE"
 # Two files, because their readers differ: the connection file goes to every user, so it holds
 # only what a client needs; the admin file holds what steers the broker (the admin token) or
-# joins it as a worker (the worker token, the backend address), for operators alone. Both
+# joins it as a worker (the worker token, the workers' address), for operators alone. Both
 # name the client's CURVE key files (paths, never keys), under ``curve``, when there are any.
 CONNECTION_FILE_KEYS = ("address", "token")
-ADMIN_FILE_KEYS = ("address", "backend_address", "admin_token", "worker_token")
+ADMIN_FILE_KEYS = ("address", "worker_address", "admin_token", "worker_token")
+# Admin file keys that older releases wrote, read under their new names.
+RENAMED_ADMIN_FILE_KEYS = {"backend_address": "worker_address"}
 
 
 def default_connection_file() -> Path:
@@ -157,9 +159,10 @@ def write_connection_file(path: str | os.PathLike[str], info: dict[str, Any]) ->
 
 
 def write_admin_file(path: str | os.PathLike[str], info: dict[str, Any]) -> Path:
-    """Write the operators' admin file: the frontend and backend addresses, the admin and
-    worker tokens, and the CURVE key files ``fabric admin`` connects with (``curve``), as JSON,
-    mode 0600 from the start. The client token is not written. Returns the path."""
+    """Write the operators' admin file: the address for clients (``address``) and for workers
+    (``worker_address``), the admin and worker tokens, and the CURVE key files ``fabric admin``
+    connects with (``curve``), as JSON, mode 0600 from the start. The client token is not
+    written. Returns the path."""
     return _write_json_file(path, info, ADMIN_FILE_KEYS)
 
 
@@ -208,9 +211,14 @@ def load_connection_file(path: str | os.PathLike[str] | None = None) -> dict[str
 def load_admin_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The address, admin token (and CURVE key files) from an operator's admin file (or an
     older file that held every token). A client's connection file is read too, for its address
-    and keys: it has no ``admin_token``, which the caller must then find elsewhere.
+    and keys: it has no ``admin_token``, which the caller must then find elsewhere. An older
+    file's ``backend_address`` is returned as ``worker_address``, the workers' address.
 
     Raises ConfigError with a sentence that says what to do when it is missing, readable by
     others, or not a fabric file.
     """
-    return _read_json_file(path, "admin file")
+    info = _read_json_file(path, "admin file")
+    for old, new in RENAMED_ADMIN_FILE_KEYS.items():
+        if old in info:
+            info.setdefault(new, info.pop(old))
+    return info

@@ -48,7 +48,7 @@ from fabric.core.errors import AuthenticationError, ConfigError, ConnectError, E
 ROLES = ("broker", "client", "worker")
 # ZAP domains of the broker's two sockets: each has its own allow-list.
 FRONTEND_DOMAIN = "fabric-frontend"
-BACKEND_DOMAIN = "fabric-backend"
+WORKERS_DOMAIN = "fabric-workers"
 _Z85_KEY_LENGTH = 40
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -225,7 +225,7 @@ class CurveServer:
     @property
     def allow_lists(self) -> dict[str, frozenset[bytes]]:
         """The keys admitted per ZAP domain (the broker's two sockets)."""
-        return {FRONTEND_DOMAIN: self.clients, BACKEND_DOMAIN: self.workers}
+        return {FRONTEND_DOMAIN: self.clients, WORKERS_DOMAIN: self.workers}
 
 
 def authenticate_peers(socket: zmq.Socket, domain: str, curve: CurveServer | None) -> None:

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections import deque
 from typing import Any, Callable, Mapping
 
@@ -152,6 +153,20 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+_LAUNCHERS = os.path.dirname(os.path.abspath(__file__))
+_DEFAULT_WORKER_ADDRESS = "tcp://127.0.0.1:*"
+
+
+def _deprecated(message: str) -> None:
+    """A DeprecationWarning at the first caller outside the launchers (a subclass's
+    ``__init__`` passes its keywords on), so that it names the user's own line."""
+    level, frame = 3, sys._getframe(2)
+    while frame is not None and os.path.dirname(
+            os.path.abspath(frame.f_code.co_filename)) == _LAUNCHERS:
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
+
+
 class LocalCluster:
     """A broker and ``workers`` worker processes on loopback; a context manager.
 
@@ -163,16 +178,31 @@ class LocalCluster:
     shared evenly among the workers, so together they are never promised more than the
     machine has; ValueError when it is not one. ``advertise`` is the host the connection and
     admin files name (with the bound ports), for a broker bound to a wildcard address.
+
+    ``backend`` is the workers' device backend (numpy, numexpr, jax); ``frontend`` the
+    broker's address for clients and ``worker_address`` its address for workers (port ``*``:
+    a free one; ``address`` and ``worker_address`` hold the bound ones once started).
+    ``backend_address``, the old name of ``worker_address``, still works for this release,
+    with a DeprecationWarning.
     """
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
                  heartbeat: float = 1.0, liveness: int = 3, start_timeout: float = 30.0,
-                 frontend: str = "tcp://127.0.0.1:*", backend_address: str = "tcp://127.0.0.1:*",
+                 frontend: str = "tcp://127.0.0.1:*",
+                 worker_address: str = _DEFAULT_WORKER_ADDRESS,
                  broker_args: tuple[str, ...] = (), worker_args: tuple[str, ...] = (),
                  curve: str | os.PathLike[str] | None = None,
                  log_dir: str | os.PathLike[str] | None = None,
-                 memory_budget: str = "50%", advertise: str | None = None) -> None:
+                 memory_budget: str = "50%", advertise: str | None = None,
+                 backend_address: str | None = None) -> None:
         from fabric.core.worker_options import budget_from_option  # (measured once, here)
+
+        if backend_address is not None:
+            if worker_address != _DEFAULT_WORKER_ADDRESS:
+                raise TypeError("Give worker_address alone: backend_address is its old name.")
+            _deprecated("LocalCluster(backend_address=...) is deprecated and goes in the next "
+                        "release: use worker_address=..., the broker's address for workers.")
+            worker_address = backend_address
 
         self.n_workers = workers
         # CURVE: a ``fabric keys generate`` directory; broker, workers and clients use its keys.
@@ -194,7 +224,7 @@ class LocalCluster:
         self.broker: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
         self.address = ""
-        self.backend_address = backend_address
+        self.worker_address = worker_address
         self.metrics_url: str | None = None  # the broker's /metrics, with --metrics in broker_args
         # Where write_connection_file and write_admin_file wrote, once they have.
         self.connection_file: str | None = None
@@ -205,6 +235,13 @@ class LocalCluster:
         self.log_dir = (self._temporary_logs.name if self._temporary_logs is not None
                         else os.path.abspath(log_dir))
         os.makedirs(self.log_dir, exist_ok=True)
+
+    @property
+    def backend_address(self) -> str:
+        """Deprecated: the old name of ``worker_address`` (read-only), for this release."""
+        _deprecated("LocalCluster.backend_address is deprecated and goes in the next release: "
+                    "use worker_address, the broker's address for workers.")
+        return self.worker_address
 
     # -- processes --------------------------------------------------------------------------
 
@@ -229,13 +266,15 @@ class LocalCluster:
         errors = [line for line in logged if _ERROR_LINE.search(line)] if errors_first else []
         return "\n".join((errors or logged)[-lines:])
 
-    def start_broker(self, frontend: str | None = None, backend: str | None = None) -> None:
-        """Start the broker (on free loopback ports by default) and learn its addresses."""
+    def start_broker(self, frontend: str | None = None,
+                     worker_address: str | None = None) -> None:
+        """Start the broker (on ``frontend`` and ``worker_address``, by default the cluster's)
+        and learn its bound addresses."""
         with self._log("broker") as log:
             self.broker = subprocess.Popen(
                 [sys.executable, "-m", "fabric", "broker",
                  "--frontend", frontend or self.frontend,
-                 "--worker-address", backend or self.backend_address,
+                 "--worker-address", worker_address or self.worker_address,
                  "--heartbeat", str(self.heartbeat),
                  "--liveness", str(self.liveness), *self._curve_args, *self.broker_args],
                 stdout=subprocess.PIPE, stderr=log, env=self._env(),
@@ -246,7 +285,7 @@ class LocalCluster:
             said = self.log_tail("broker", 1).removeprefix("Error: ")  # (click's, once)
             raise ClusterError(f"The broker did not start: {said}")
         ready = json.loads(line)
-        self.address, self.backend_address = ready["frontend"], ready["backend"]
+        self.address, self.worker_address = ready["frontend"], ready["workers"]
         self.metrics_url = ready.get("metrics")
 
     def restart_broker(self, timeout: float = 5.0) -> None:
@@ -256,7 +295,7 @@ class LocalCluster:
         """
         if self.broker is not None:
             _end(self.broker, timeout)
-        self.start_broker(self.address, self.backend_address)
+        self.start_broker(self.address, self.worker_address)
 
     def start_worker(self, index: int) -> subprocess.Popen:
         """Start (or restart) worker ``index``; it registers as ``worker_name(index)``.
@@ -267,7 +306,7 @@ class LocalCluster:
             _end(self.workers[index])
         with self._log(self.worker_name(index)) as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fabric", "worker", "--broker", self.backend_address,
+                [sys.executable, "-m", "fabric", "worker", "--broker", self.worker_address,
                  "--threads", str(self.threads_per_worker()), *self.worker_options(index)],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env(),
                 preexec_fn=_die_with_parent)
@@ -394,10 +433,11 @@ class LocalCluster:
                 "curve": self._client_curve()}
 
     def admin_info(self) -> dict[str, Any]:
-        """What an admin file holds, for operators: both addresses, the admin and worker
-        tokens and the CURVE key files ``fabric admin`` connects with (if any)."""
+        """What an admin file holds, for operators: both addresses (``address`` for clients,
+        ``worker_address`` for workers), the admin and worker tokens and the CURVE key files
+        ``fabric admin`` connects with (if any)."""
         return {"address": advertised(self.address, self.advertise),
-                "backend_address": advertised(self.backend_address, self.advertise),
+                "worker_address": advertised(self.worker_address, self.advertise),
                 "admin_token": self.admin_token, "worker_token": self.worker_token,
                 "curve": self._client_curve()}
 

@@ -75,7 +75,7 @@ class SlurmCluster(LocalCluster):
     def batch_script(self) -> str:
         """The job's script: every task runs one ``fabric worker`` under ``srun``."""
         worker = [self.python, "-m", "fabric", "worker",
-                  "--broker", advertised(self.backend_address, self.advertise),
+                  "--broker", advertised(self.worker_address, self.advertise),
                   *self.shared_worker_options(), "--memory-budget", self._budget_share,
                   "--give-up-after", f"{GIVE_UP_AFTER:g}"]
         return ("#!/bin/sh\n"

@@ -173,7 +173,7 @@ class SSHCluster(LocalCluster):
     def worker_command(self, index: int) -> list[str]:
         """The ``ssh`` command line that starts worker ``index`` on its host."""
         host = self.host_of(index)
-        options = ["--broker", advertised(self.backend_address, self.advertise),
+        options = ["--broker", advertised(self.worker_address, self.advertise),
                    *self.worker_options(index),
                    # (after the local share worker_options gave: the last one counts)
                    "--memory-budget", self._budget_shares[host.name]]

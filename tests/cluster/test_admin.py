@@ -67,7 +67,7 @@ def test_read_commands_show_the_cluster_and_its_traffic(shared_cluster, admin):
         assert (status["workers"], status["devices_online"], status["devices_total"]) == (2, 2, 2)
         assert status["sessions"] >= 1 and status["traffic"]["bytes"] >= 8000
         assert status["rates"]["messages_per_s"] > 0
-        assert set(status["protocol_errors"]) == {"frontend", "backend"}
+        assert set(status["protocol_errors"]) == {"frontend", "workers"}
         workers = admin.workers()
         assert [(w["name"], w["backend"], w["devices"]) for w in workers] == [
             ("worker-0", "numpy", [0]), ("worker-1", "numpy", [1])]
@@ -229,7 +229,7 @@ def test_cli_admin_file_older_files_and_environment_give_address_and_token(
     # variable, as it did.
     combined = tmp_path / "combined.json"
     write_secret_file(combined, json.dumps({
-        "address": shared_cluster.address, "backend_address": shared_cluster.backend_address,
+        "address": shared_cluster.address, "backend_address": shared_cluster.worker_address,
         "token": shared_cluster.token, "admin_token": shared_cluster.admin_token,
         "worker_token": shared_cluster.worker_token}))
     assert fabric_admin("--connection-file", str(combined), "status", env=clean_env

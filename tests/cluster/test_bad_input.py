@@ -132,8 +132,8 @@ def test_a_client_cannot_reach_into_another_clients_session(cluster):
 
 _register_body = {"token": "", "name": "impostor", "backend": "numpy", "devices": [{}]}
 
-# (name, frames) sent on the backend by a peer that never registered.
-BACKEND_GARBAGE = [
+# (name, frames) sent on the workers' socket by a peer that never registered.
+WORKERS_GARBAGE = [
     ("single frame", [Header(Kind.OPENED, session=7, request=9).pack()]),
     ("garbage header", [b"\x00" * 3, GOOD_BODY]),
     ("wrong magic", [b"XX" + GOOD_HEADER[2:], GOOD_BODY]),
@@ -148,7 +148,7 @@ BACKEND_GARBAGE = [
 @pytest.mark.parametrize("kind", [Kind.HEARTBEAT, Kind.OPENED, Kind.CLOSED, Kind.REPLY,
                                   Kind.ERROR])
 def test_worker_messages_from_an_unregistered_worker_are_refused(cluster, kind):
-    with RawDealer(cluster.backend_address, cluster.worker_token) as stranger:
+    with RawDealer(cluster.worker_address, cluster.worker_token) as stranger:
         stranger.send(frames_of(kind, {}, session=0x51, request=6))
         answer = stranger.recv_message(timeout=2)
         assert answer.kind == Kind.ERROR
@@ -160,9 +160,9 @@ def test_worker_messages_from_an_unregistered_worker_are_refused(cluster, kind):
     assert_broker_serves(cluster)
 
 
-def test_malformed_backend_messages_get_protocol_errors(cluster):
-    with RawDealer(cluster.backend_address, cluster.worker_token) as stranger:
-        for name, frames in BACKEND_GARBAGE:
+def test_malformed_messages_on_the_workers_socket_get_protocol_errors(cluster):
+    with RawDealer(cluster.worker_address, cluster.worker_token) as stranger:
+        for name, frames in WORKERS_GARBAGE:
             _protocol_error_for(stranger, name, frames)
     assert_broker_serves(cluster)
 
@@ -180,7 +180,7 @@ def test_bad_registrations_are_refused(cluster, case):
     elif case == "devices not maps":
         body.update(token=cluster.worker_token, devices=[1, 2])
         expected_kind, expected_code = Kind.ERROR, "protocol_error"
-    with RawDealer(cluster.backend_address, cluster.worker_token) as impostor:
+    with RawDealer(cluster.worker_address, cluster.worker_token) as impostor:
         impostor.send(frames_of(Kind.REGISTER, body, request=3, version=version))
         answer = impostor.recv_message(timeout=2)
         assert answer.kind == expected_kind
@@ -194,10 +194,11 @@ def test_bad_registrations_are_refused(cluster, case):
     assert_broker_serves(cluster)
 
 
-def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(cluster):
-    # A HELLO sent to the backend, or a REGISTER sent to the frontend, is refused as coming
-    # to the wrong port (a client or worker given the wrong address), naming the right one.
-    with RawDealer(cluster.backend_address, cluster.token) as lost_client:
+def test_a_client_cannot_speak_on_the_workers_socket_nor_a_worker_on_the_frontend(cluster):
+    # A HELLO sent to the workers' socket, or a REGISTER sent to the frontend, is refused as
+    # coming to the wrong port (a client or worker given the wrong address), naming the right
+    # one.
+    with RawDealer(cluster.worker_address, cluster.token) as lost_client:
         lost_client.send(frames_of(Kind.HELLO, {"token": cluster.token, "device": 0},
                                    session=0x77, request=1))
         answer = lost_client.recv_message(timeout=2)
@@ -210,17 +211,17 @@ def test_a_client_cannot_speak_on_the_backend_nor_a_worker_on_the_frontend(clust
         answer = lost_worker.recv_message(timeout=2)
         assert answer.kind == Kind.ERROR and answer.request == 1
         assert error_from_wire(answer.body).code == "wrong_port"
-        assert cluster.backend_address in answer.body["message"]
+        assert cluster.worker_address in answer.body["message"]
     assert_broker_serves(cluster)
 
 
 def test_well_behaved_clients_are_served_after_a_flood_of_garbage(cluster):
     with RawDealer(cluster.address, cluster.token) as front, \
-            RawDealer(cluster.backend_address, cluster.worker_token) as back:
+            RawDealer(cluster.worker_address, cluster.worker_token) as back:
         for _ in range(20):
             for _, frames in FRONTEND_GARBAGE:
                 front.send(frames)
-            for _, frames in BACKEND_GARBAGE:
+            for _, frames in WORKERS_GARBAGE:
                 back.send(frames)
         answers = 0
         try:

@@ -1,9 +1,10 @@
 """The ``fabric`` commands' option names: one name per meaning across every command.
 
 ``--backend`` is a device backend (numpy, numexpr) wherever it appears; the address workers
-connect to is ``--worker-address`` on ``fabric broker`` and ``fabric cluster up``. The old
-spellings (the broker's ``--backend``, cluster up's ``--backend-address``) still work for one
-release, with a deprecation line on stderr. Real processes, on free loopback ports.
+connect to is ``--worker-address`` on ``fabric broker`` and ``fabric cluster up``, and
+``workers`` in the broker's ready line. The old spellings (the broker's ``--backend``, cluster
+up's ``--backend-address``) still work for one release, with a deprecation line on stderr.
+Real processes, on free loopback ports.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import select
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import fabric
+from fabric.core.config import write_secret_file
 from polling import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,6 +72,18 @@ def test_backend_names_a_device_backend_and_worker_address_the_workers_address_e
     assert "--worker-address" in worker  # --broker's help names what it is
 
 
+def test_the_brokers_ready_line_names_its_ports_frontend_and_workers():
+    broker = fabric_cli("broker", "--frontend", "tcp://127.0.0.1:*",
+                        "--worker-address", "tcp://127.0.0.1:*")
+    try:
+        ready = json.loads(first_line(broker) or "{}")
+    finally:
+        end(broker)
+    assert set(ready) == {"ready", "frontend", "workers"}, ready
+    assert ready["workers"].startswith("tcp://127.0.0.1:") and not ready["workers"].endswith("*")
+    assert ready["workers"] != ready["frontend"]
+
+
 def test_the_brokers_old_backend_flag_still_works_for_a_release_and_says_so():
     broker = fabric_cli("broker", "--frontend", "tcp://127.0.0.1:*",
                         "--backend", "tcp://127.0.0.1:*")
@@ -76,7 +91,7 @@ def test_the_brokers_old_backend_flag_still_works_for_a_release_and_says_so():
     try:
         ready = json.loads(first_line(broker) or "{}")
         assert ready.get("ready") == "broker", end(broker)
-        worker = fabric_cli("worker", "--broker", ready["backend"], "--name", "w0",
+        worker = fabric_cli("worker", "--broker", ready["workers"], "--name", "w0",
                             "--heartbeat", "0.2")
         wait_for(lambda: fabric.devices(ready["frontend"], token=TOKENS["FABRIC_TOKEN"],
                                         timeout=5) or None, 30, "the worker to register")
@@ -86,6 +101,27 @@ def test_the_brokers_old_backend_flag_still_works_for_a_release_and_says_so():
         _, err = end(broker)
     assert ("fabric broker: --backend is deprecated and goes in the next release: use "
             "--worker-address.") in err
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_joins_with_an_older_admin_file_that_says_backend_address(tmp_path):
+    with fabric.LocalCluster(workers=0, heartbeat=0.2) as cluster:
+        info = json.loads(Path(cluster.write_admin_file(tmp_path / "admin.json")).read_text())
+        assert info["worker_address"] == cluster.worker_address and "backend_address" not in info
+        info["backend_address"] = info.pop("worker_address")  # as an older cluster up wrote it
+        older = tmp_path / "older-admin.json"
+        write_secret_file(older, json.dumps(info))
+        # The worker token comes from the file too: none in the environment.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "fabric", "worker", "--admin-file",
+                                       str(older), "--name", "w-older", "--heartbeat", "0.2"],
+                                      cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: [d.worker for d in cluster.devices()] == ["w-older"], 30,
+                     "the worker to register", detail=(tmp_path / "worker.log").read_text)
+        finally:
+            end(worker)
 
 
 def environment_of(pid: int) -> dict[str, str]:
@@ -109,7 +145,7 @@ def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_
         assert ready.get("ready") == "broker", end(broker)
         # (the same process, re-executed in place: a supervisor's pid stays right)
         assert environment_of(broker.pid)["GLIBC_TUNABLES"] == BULK_MALLOC_TUNABLES[0]
-        worker = fabric_cli("worker", "--broker", ready["backend"], "--name", "w0",
+        worker = fabric_cli("worker", "--broker", ready["workers"], "--name", "w0",
                             "--heartbeat", "0.2",
                             env={**bare, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
         wait_for(lambda: fabric.devices(ready["frontend"], token=TOKENS["FABRIC_TOKEN"],

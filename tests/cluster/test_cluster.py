@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,28 @@ def test_cluster_up_bound_to_every_interface_writes_the_advertised_host(tmp_path
     finally:
         launcher.send_signal(signal.SIGINT)
         launcher.communicate(timeout=30)
+
+
+def test_local_clusters_old_backend_address_still_works_for_a_release_and_warns():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # the new name: no warning
+        assert fabric.LocalCluster(workers=0).worker_address == "tcp://127.0.0.1:*"
+    with pytest.warns(DeprecationWarning, match=r"backend_address=\.\.\.\) is deprecated.* "
+                      "use worker_address") as caught:
+        cluster = fabric.LocalCluster(workers=0, backend_address="tcp://127.0.0.1:*")
+    assert caught[0].filename == __file__  # the caller's line, not the launcher's
+    with cluster:
+        bound = cluster.worker_address
+        assert bound.startswith("tcp://127.0.0.1:") and not bound.endswith("*")
+        with pytest.warns(DeprecationWarning, match="LocalCluster.backend_address is "
+                          "deprecated.* use worker_address") as caught:
+            assert cluster.backend_address == bound
+        assert caught[0].filename == __file__
+        with pytest.raises(AttributeError):  # read-only: the cluster's own is worker_address
+            cluster.backend_address = "tcp://127.0.0.1:1"
+    with pytest.raises(TypeError, match="Give worker_address alone"):
+        fabric.LocalCluster(workers=0, worker_address="tcp://127.0.0.1:5556",
+                            backend_address="tcp://127.0.0.1:*")
 
 
 def test_workers_hold_their_thread_pools_to_a_share_of_the_cores():

@@ -37,7 +37,7 @@ def broker():
 def _start_unnamed_workers(cluster: LocalCluster, count: int) -> list[subprocess.Popen]:
     env = {**os.environ, "FABRIC_WORKER_TOKEN": cluster.worker_token}
     return [subprocess.Popen(
-        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.backend_address,
+        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.worker_address,
          "--heartbeat", str(HEARTBEAT)], env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(count)]
 

@@ -125,10 +125,10 @@ BAD_REPORTS = {
 
 def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_serving(metered):
     url = metered.metrics_url
-    errors = value(scrape(url), "fabric_broker_events_total", event="backend_protocol_errors")
+    errors = value(scrape(url), "fabric_broker_events_total", event="workers_protocol_errors")
     good = WorkerReport(1 << 30, (DeviceReport(4096, (1, 2) + (0,) * (BUCKETS - 3) + (3,), 1.5,
                                                7, 2, 5),), link_refusals=4)
-    with RawDealer(metered.backend_address, metered.worker_token) as raw:
+    with RawDealer(metered.worker_address, metered.worker_token) as raw:
         raw.send(frames_of(Kind.REGISTER, {"token": metered.worker_token, "name": "raw",
                                            "backend": "numpy", "devices": [{}]}, request=1))
         assert raw.recv_message(5).kind is Kind.REGISTERED
@@ -141,7 +141,7 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
         labels = {"device": "1", "worker": "raw"}
         samples = scrape_until(url, lambda s: value(s, "fabric_device_ops_total", **labels),
                                "the raw worker's figures")
-        assert value(samples, "fabric_broker_events_total", event="backend_protocol_errors") \
+        assert value(samples, "fabric_broker_events_total", event="workers_protocol_errors") \
             == errors + len(BAD_REPORTS)
         assert value(samples, "fabric_device_ops_total", **labels) == 6
         assert histogram(samples, **labels) == [1, 3, 3] + [3] * (BUCKETS - 4) + [6]
@@ -193,7 +193,7 @@ def test_the_registry_keeps_a_worker_s_last_good_report_and_counts_bad_ones():
     assert registry.from_worker(A, frames(Kind.HEARTBEAT, 0, 0, report_body(report)), 2.0) == []
     sends = registry.from_worker(A, frames(Kind.HEARTBEAT, 0, 0, BAD_REPORTS["not a list"]), 2.1)
     assert [protocol.decode(s.frames).kind for s in sends] == [Kind.ERROR]
-    assert registry.counters["backend_protocol_errors"] == 1
+    assert registry.counters["workers_protocol_errors"] == 1
     registry.from_worker(A, frames(Kind.HEARTBEAT, 0, 0, {}), 2.2)  # a lane's: says nothing
     samples = {(s.name, frozenset(s.labels.items())): s.value
                for family in families(figures(registry, 3.0, held=0)) for s in family.samples}
@@ -210,7 +210,7 @@ def test_the_registry_keeps_a_worker_s_last_good_report_and_counts_bad_ones():
 
 def test_a_name_back_with_fewer_devices_reports_only_those():
     registry = make_registry((A, "a", 2))  # device indexes 0 and 1
-    registry.unroutable(Side.BACKEND, A, 1.0)  # lost: its indexes are kept for its name
+    registry.unroutable(Side.WORKERS, A, 1.0)  # lost: its indexes are kept for its name
     assert kinds(registry.from_worker(B, register_frames("a", [{}]), 2.0)) == [Kind.REGISTERED]
     report = WorkerReport(None, (DeviceReport(8, (0,) * BUCKETS, 0.0, 0, 0, 0),))
     assert registry.from_worker(B, frames(Kind.HEARTBEAT, 0, 0, report_body(report)), 2.1) == []

@@ -64,7 +64,7 @@ def _cluster(hosts: simhosts.SimulatedHosts, log_dir: Path, *worker_args: str,
     return SSHCluster(parse_hosts(",".join(f"{address} python={python}" for address, python
                                            in zip(hosts.addresses, pythons))),
                       remote_python=sys.executable,
-                      ssh_config=str(hosts.ssh_config), backend_address="tcp://0.0.0.0:*",
+                      ssh_config=str(hosts.ssh_config), worker_address="tcp://0.0.0.0:*",
                       advertise=hosts.bridge_address, heartbeat=HEARTBEAT, log_dir=log_dir,
                       worker_args=("--log-level", "info", *worker_args), **options)
 
@@ -274,7 +274,7 @@ def _local_cluster(hosts: simhosts.SimulatedHosts, log_dir: Path,
     """Two workers on this side, with a broker on the bridge (not on loopback: the workers
     then make direct links by themselves, on the bridge's address)."""
     return fabric.LocalCluster(workers=2, heartbeat=HEARTBEAT, log_dir=log_dir,
-                               backend_address=f"tcp://{hosts.bridge_address}:*",
+                               worker_address=f"tcp://{hosts.bridge_address}:*",
                                worker_args=worker_args)
 
 

@@ -35,10 +35,10 @@ LIVENESS = 3 * HEARTBEAT  # the broker loses a worker it has not heard from for 
 
 @pytest.fixture
 def proxied():
-    """A broker, worker-0 on its backend, and worker-1 behind a FaultProxy."""
+    """A broker, worker-0 on its port for workers, and worker-1 behind a FaultProxy."""
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT, broker_args=(
             "--open-timeout", "1", "--lease", "1")) as cluster, \
-            FaultProxy(cluster.backend_address, cluster.worker_token) as proxy:
+            FaultProxy(cluster.worker_address, cluster.worker_token) as proxy:
         start_worker_via(cluster, 1, proxy.address)
         cluster.wait_for_devices(2)
         yield cluster, proxy

@@ -67,7 +67,7 @@ def test_a_dead_broker_fails_open_sessions_fast_and_workers_come_back(cluster):
         x.sum().numpy()
     assert time.monotonic() - started < LOST_WITHIN
     session.close()  # closing a lost session is quiet
-    cluster.start_broker(cluster.address, cluster.backend_address)
+    cluster.start_broker(cluster.address, cluster.worker_address)
     wait_for(lambda: len(cluster.devices()) == 2, 10, "the workers to register again")
     with cluster.connect(device=1) as fresh:
         assert fresh.ones(3).sum().numpy() == 3
@@ -116,7 +116,7 @@ def test_a_device_busy_when_its_broker_restarts_serves_the_new_one():
         time.sleep(0.3)  # the first product runs; the others wait, three unread in the lane
         cluster.broker.kill()
         cluster.broker.wait()
-        cluster.start_broker(cluster.address, cluster.backend_address)
+        cluster.start_broker(cluster.address, cluster.worker_address)
         cluster.wait_for_devices(1, timeout=20)
         with cluster.connect(timeout=10) as fresh:
             assert fresh.arange(3).sum().numpy() == 3

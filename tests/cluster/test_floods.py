@@ -81,7 +81,7 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(
         frames_of(Kind.ADMIN, {"token": WRONG_TOKEN, "command": "status", "args": {}}),
         [b"junk, not a header"],
     ]
-    backend_attacks = [
+    worker_socket_attacks = [
         frames_of(Kind.REGISTER, {"token": WRONG_TOKEN, "name": "intruder",
                                   "backend": "numpy", "devices": [{}]}),
         frames_of(Kind.HEARTBEAT),  # from an unregistered worker
@@ -90,20 +90,20 @@ def test_a_refusal_and_junk_flood_leaves_a_bounded_log_and_clients_are_served(
     before, offset = _counters(cluster), _log_size(cluster)
     options = {zmq.SNDTIMEO: SEND_TIMEOUT_MS}
     dealers = [RawDealer(cluster.address, cluster.token, options) for _ in range(PEERS)] + [
-        RawDealer(cluster.backend_address, cluster.worker_token, options) for _ in range(PEERS)]
+        RawDealer(cluster.worker_address, cluster.worker_token, options) for _ in range(PEERS)]
     try:
         for _ in range(ROUNDS):
             for dealer in dealers[:PEERS]:
                 for frames in frontend_attacks:
                     dealer.send(frames)
             for dealer in dealers[PEERS:]:
-                for frames in backend_attacks:
+                for frames in worker_socket_attacks:
                     dealer.send(frames)
         _assert_served(cluster)  # while the broker works through the flood
         sent = PEERS * ROUNDS
         _wait_for_counts(cluster, before, {
             "tokens_refused": 4 * sent, "frontend_protocol_errors": sent,
-            "backend_protocol_errors": sent, "unregistered_worker_messages": sent})
+            "workers_protocol_errors": sent, "unregistered_worker_messages": sent})
     finally:
         for dealer in dealers:
             dealer.close()

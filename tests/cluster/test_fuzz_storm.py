@@ -1,7 +1,7 @@
 """A protocol storm against a real broker while a well-behaved client computes.
 
 Three raw peers (``fuzzstorm.StormPeers``: a client, an unregistered worker and a worker
-registered as ``zz-fuzz-worker``) send the broker's frontend and backend random and mutated
+registered as ``zz-fuzz-worker``) send the broker's frontend and workers' socket random and mutated
 frames of every kind: first the stored corpus (``tests/corpus/storm.jsonl``, regenerated
 with ``.venv/bin/python tests/fuzzstorm.py --write``) replayed in order, then a bounded
 number of fresh hypothesis batches, derandomized so every run sends the same storm.
@@ -72,7 +72,7 @@ def test_the_broker_survives_the_storm_answers_it_and_keeps_serving(storm_cluste
                     pause=0.01) as first, \
             ClientLoop(lambda: cluster.connect(device=1, timeout=5), deadline=11.0, seed=2,
                        pause=0.01) as second, \
-            StormPeers(cluster.address, cluster.backend_address) as storm:
+            StormPeers(cluster.address, cluster.worker_address) as storm:
         first.wait(3, timeout=10)
         second.wait(3, timeout=10)
         served_before = first.outcomes.right + second.outcomes.right
@@ -99,13 +99,13 @@ def test_the_broker_survives_the_storm_answers_it_and_keeps_serving(storm_cluste
         assert not loop.outcomes.typed, loop.outcomes.typed
     assert cluster.broker.poll() is None, cluster.log_tail("broker", 30)
     after = protocol_errors(cluster)
-    counted = {side: after[side] - before[side] for side in ("frontend", "backend")}
+    counted = {side: after[side] - before[side] for side in ("frontend", "workers")}
     # Every message without a readable header was counted; every counted one answered.
     assert counted["frontend"] >= storm.malformed["frontend"] > 0
-    assert counted["backend"] >= storm.malformed["stranger"] + storm.malformed["worker"] > 0
+    assert counted["workers"] >= storm.malformed["stranger"] + storm.malformed["worker"] > 0
     assert storm.protocol_errors["frontend"] >= counted["frontend"]
     assert storm.protocol_errors["stranger"] + storm.protocol_errors["worker"] \
-        >= counted["backend"]
+        >= counted["workers"]
     # The storm's sessions expire with its peers (lease); nothing is left anywhere.
     with cluster.admin() as admin:
         wait_for(lambda: admin.sessions() == [], 10, "the storm's sessions to expire")

@@ -71,7 +71,7 @@ def squat(broker_address: str, folder: Path, slots: int) -> tuple[subprocess.Pop
 
 
 def test_another_user_holds_no_slot_of_an_unnamed_worker(broker):
-    squatter, holds = squat(broker.backend_address, slot_folder(), 16)
+    squatter, holds = squat(broker.worker_address, slot_folder(), 16)
     try:
         assert holds == {"sockets": 16, "files": 0}  # (the names it could take, it took)
         named = []
@@ -90,7 +90,7 @@ def test_another_user_holds_no_slot_of_an_unnamed_worker(broker):
         squatter.stdin.close()
         squatter.wait(timeout=10)
         squatter.stdout.close()
-    scope = hashlib.sha256(broker.backend_address.encode()).hexdigest()[:24]
+    scope = hashlib.sha256(broker.worker_address.encode()).hexdigest()[:24]
     assert not list(slot_folder().glob(f"{scope}-*"))  # (the worker that ended removed it)
 
 
@@ -107,13 +107,13 @@ def shared_tmp():
 
 def test_a_slot_folder_another_user_made_is_refused_with_a_sentence(broker, shared_tmp):
     squatted = shared_tmp / "slots"
-    squatter, holds = squat(broker.backend_address, squatted, 0)  # (makes nothing yet)
+    squatter, holds = squat(broker.worker_address, squatted, 0)  # (makes nothing yet)
     try:
         subprocess.run([sys.executable, "-c", "import os; os.setgid(65534); os.setuid(65534);"
                         f"os.mkdir({str(squatted)!r}, 0o777); os.chmod({str(squatted)!r}, 0o777)"],
                        check=True, cwd="/")
         worker = subprocess.run(
-            [sys.executable, "-m", "fabric", "worker", "--broker", broker.backend_address],
+            [sys.executable, "-m", "fabric", "worker", "--broker", broker.worker_address],
             env={**os.environ, "FABRIC_WORKER_TOKEN": broker.worker_token,
                  FOLDER_ENV: str(squatted)}, capture_output=True, text=True, timeout=30)
         assert worker.returncode == 1

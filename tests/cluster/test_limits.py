@@ -176,7 +176,7 @@ def test_message_size_limits_are_told_to_each_side():
     registry = registry_with(Limits(max_message_bytes=1000), (A, "a", 1, {}),
                              (B, "b", 1, {"max_message_bytes": 600}))
     registered = decoded(registry.from_worker(A, register_frames("a", [{}]), 0.0)[-1])
-    assert registered.body["max_message_bytes"] == 1000  # what the broker's backend takes
+    assert registered.body["max_message_bytes"] == 1000  # what the broker's workers socket takes
     # Uploads: the least of the broker's and the device's worker's limit.
     assert open_session(registry, C1, session=1, device=0).body["max_message_bytes"] == 1000
     assert open_session(registry, C1, session=2, device=1).body["max_message_bytes"] == 600
@@ -185,7 +185,7 @@ def test_message_size_limits_are_told_to_each_side():
                                     (6, True, 1000)]:
         sends = registry.from_client(C2, frames(Kind.HELLO, session, 1, {
             "token": CLIENT_TOKEN, "device": 0, "max_message_bytes": said}), 0.0)
-        assert only(sends, Side.BACKEND, A, Kind.OPEN).body["max_message_bytes"] == expected
+        assert only(sends, Side.WORKERS, A, Kind.OPEN).body["max_message_bytes"] == expected
 
 
 def test_a_transfer_bigger_than_its_destination_takes_arrives_as_the_error():
@@ -198,7 +198,7 @@ def test_a_transfer_bigger_than_its_destination_takes_arrives_as_the_error():
     assert sends[0].identity == B and sends[0].frames == small
     sends = registry.from_worker(A, frames(Kind.TRANSFER, 2, 1, body, buffers=[b"\0" * 101]),
                                  0.0)
-    transfer = only(sends, Side.BACKEND, B, Kind.TRANSFER)
+    transfer = only(sends, Side.WORKERS, B, Kind.TRANSFER)
     assert (transfer.session, transfer.request, transfer.buffers) == (2, 1, ())
     assert transfer.body["ticket"] == 9
     error = error_from_wire(transfer.body["error"])
@@ -247,13 +247,13 @@ def small_messages():
         yield running
 
 
-@pytest.mark.parametrize("side", ["frontend", "backend"])
+@pytest.mark.parametrize("side", ["frontend", "workers"])
 def test_a_message_past_the_frame_count_or_total_is_refused_with_its_request(small_messages,
                                                                            side):
     # Issue 30, high 1: libzmq bounds each frame, never their count or sum; the broker
     # refuses what no fabric peer sends, and tells the sender on its request.
     address, token = ((small_messages.address, small_messages.token) if side == "frontend"
-                      else (small_messages.backend_address, small_messages.worker_token))
+                      else (small_messages.worker_address, small_messages.worker_token))
     many = frames_of(Kind.SUBMIT, session=5, request=6) + [b"x"] * MAX_MESSAGE_FRAMES
     heavy = frames_of(Kind.SUBMIT, session=5, request=7) + [bytes(MiB)] * 7  # 7 MiB in all
     assert sum(map(len, heavy)) > message_bytes_limit(MiB)
@@ -461,7 +461,7 @@ def test_a_worker_that_stops_reading_pauses_the_frontend_until_it_is_declared_lo
             "--hwm", "4", "--peer-queue", "4")) as cluster:  # lost after 0.4 s full
         stop, opened, errors = threading.Event(), threading.Event(), []
         stalled = threading.Thread(target=_stalled_worker, args=(
-            cluster.backend_address, cluster.worker_token, stop, opened, errors))
+            cluster.worker_address, cluster.worker_token, stop, opened, errors))
         stalled.start()
         try:
             wait_for(lambda: len(cluster.devices()) == 2, 10, "the stalled worker")

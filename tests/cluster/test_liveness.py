@@ -186,11 +186,11 @@ needs_namespaces = pytest.mark.skipif(
 def test_a_partitioned_worker_is_lost_within_the_bound_and_comes_back_when_healed():
     with network_namespace() as (namespace, host, address), \
             fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
-                                backend_address=f"tcp://{address}:*") as cluster:
+                                worker_address=f"tcp://{address}:*") as cluster:
         # worker-1 runs inside the namespace: its only way to the broker is the veth pair.
         worker = subprocess.Popen(
             ["ip", "netns", "exec", namespace, sys.executable, "-m", "fabric", "worker",
-             "--broker", cluster.backend_address, "--threads", "1",
+             "--broker", cluster.worker_address, "--threads", "1",
              *cluster.worker_options(1)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "FABRIC_WORKER_TOKEN": cluster.worker_token})

@@ -129,7 +129,7 @@ def test_a_message_of_many_frames_to_the_workers_port_is_cut_before_it_is_whole(
     # The same message on the workers' port, from a peer holding the worker token.
     cluster = eight_mib
     with cluster.connect() as session:
-        mount(cluster.broker.pid, cluster.backend_address,
+        mount(cluster.broker.pid, cluster.worker_address,
               lambda sock: present_token(sock, "worker", cluster.worker_token),
               frames_of(Kind.HEARTBEAT))
         bystanders_go_on(cluster, session)

@@ -100,7 +100,7 @@ def test_a_hello_whose_client_label_is_huge_is_refused_and_nothing_keeps_it(one_
 def test_a_worker_name_past_the_label_bound_is_refused_by_the_broker_and_the_cli(one_worker):
     # The same bound on what a worker chooses (a name the broker keeps and shows): a raw
     # peer holding the worker token is refused, and `fabric worker --name` says so at once.
-    with RawDealer(one_worker.backend_address, one_worker.worker_token) as peer:
+    with RawDealer(one_worker.worker_address, one_worker.worker_token) as peer:
         peer.send(frames_of(Kind.REGISTER, {
             "token": one_worker.worker_token, "name": "w" * 1000, "backend": "numpy",
             "devices": [{}]}, request=1))

@@ -5,7 +5,7 @@ libzmq 4.3.5 numbers the connections of a ROUTER whose peers set no routing id i
 ``rand()``, so the same values in every process), one per socket made. When the number it
 hands out was already claimed by a peer as its own routing id, libzmq asserts and the whole
 process exits with SIGABRT (``src/socket_base.cpp:2113``): on the frontend, claims of the
-next numbers and then one peer without an id; on the backend (``ROUTER_HANDOVER``), claims
+next numbers and then one peer without an id; on the workers' (``ROUTER_HANDOVER``), claims
 and then two connections under one id, whose handover numbers the old one.
 
 The defence: authentication in the ZeroMQ handshake, so that a peer without a token (or,
@@ -74,13 +74,13 @@ def _attacker(context: zmq.Context, address: str, routing_id: bytes | None, how:
 
 def _trigger(side: str) -> list[bytes | None]:
     """The routing ids of the connections that make libzmq hand out its next number: a peer
-    without an id on the frontend; a handover (two under one id) on the backend."""
+    without an id on the frontend; a handover (two under one id) on the workers'."""
     return [None] if side == "frontend" else [b"duplicate", b"duplicate"]
 
 
 def _attack(cluster: LocalCluster, side: str) -> dict[str, int]:
     """The attack on one socket; the broker's refusal counts after it."""
-    address = cluster.address if side == "frontend" else cluster.backend_address
+    address = cluster.address if side == "frontend" else cluster.worker_address
     server_key = cluster.curve.server_key if cluster.curve is not None else None
     # Half speak no mechanism at all; half try the one the broker asks for, wrongly.
     schemes = ["null", "curve" if cluster.curve is not None else "plain"]
@@ -130,7 +130,7 @@ def curve_cluster(tmp_path_factory):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("side", ["frontend", "backend"])
+@pytest.mark.parametrize("side", ["frontend", "workers"])
 def test_claimed_routing_ids_without_a_token_cannot_abort_the_broker(plain_cluster, side):
     rejects = _attack(plain_cluster, side)
     assert rejects["unauthorized"] >= CLAIMS_PER_START * COUNTER_STARTS // 2
@@ -138,7 +138,7 @@ def test_claimed_routing_ids_without_a_token_cannot_abort_the_broker(plain_clust
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("side", ["frontend", "backend"])
+@pytest.mark.parametrize("side", ["frontend", "workers"])
 def test_claimed_routing_ids_without_an_allowed_key_cannot_abort_the_broker(curve_cluster,
                                                                           side):
     rejects = _attack(curve_cluster, side)
@@ -148,11 +148,11 @@ def test_claimed_routing_ids_without_an_allowed_key_cannot_abort_the_broker(curv
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("side", ["frontend", "backend"])
+@pytest.mark.parametrize("side", ["frontend", "workers"])
 def test_token_holders_cannot_predict_the_ids_libzmq_hands_out(plain_cluster, side):
     # Admitted peers still choose their ids; the broker seeds rand() so that libzmq's
     # numbers are no longer the ones every process draws.
-    address = plain_cluster.address if side == "frontend" else plain_cluster.backend_address
+    address = plain_cluster.address if side == "frontend" else plain_cluster.worker_address
     token = plain_cluster.token if side == "frontend" else plain_cluster.worker_token
     context = zmq.Context()
     try:

@@ -150,7 +150,7 @@ def test_a_worker_with_an_unknown_key_cannot_register(curve_cluster, keys, stran
                                   "--broker-public-key", str(keys / "broker.key")),
                   "no-curve": ()}[case]
     env = {**os.environ, "FABRIC_WORKER_TOKEN": curve_cluster.worker_token}
-    done = run_cli("worker", "--broker", curve_cluster.backend_address, "--name", "stranger",
+    done = run_cli("worker", "--broker", curve_cluster.worker_address, "--name", "stranger",
                    "--heartbeat", str(HEARTBEAT), *curve_args, env=env, timeout=15)
     assert done.returncode == 1, done.stderr
     assert {"unknown-key": "refused this connection's CURVE key",
@@ -245,17 +245,17 @@ def test_a_captured_byte_stream_holds_no_plaintext_token(curve_cluster, plain_cl
                                                          encrypted):
     cluster = curve_cluster if encrypted else plain_cluster
     marker = b"an-array-anyone-on-the-wire-could-read-" * 4
-    with TcpRelay(cluster.address) as frontend, TcpRelay(cluster.backend_address) as backend:
+    with TcpRelay(cluster.address) as frontend, TcpRelay(cluster.worker_address) as workers:
         with fabric.connect(frontend.address, token=cluster.token, timeout=5,
                             curve=cluster.curve) as session:
             x = session.asarray(np.frombuffer(marker, dtype=np.uint8))
             assert x.numpy().tobytes() == marker
         with Admin(frontend.address, token=cluster.admin_token, curve=cluster.curve) as admin:
             assert admin.status()["workers"] >= 1
-        # A worker registers through the backend relay, carrying the worker token.
+        # A worker registers through the workers' relay, carrying the worker token.
         env = {**os.environ, "FABRIC_WORKER_TOKEN": cluster.worker_token}
         worker = subprocess.Popen(
-            [sys.executable, "-m", "fabric", "worker", "--broker", backend.address,
+            [sys.executable, "-m", "fabric", "worker", "--broker", workers.address,
              "--name", "zz-relayed", "--heartbeat", str(HEARTBEAT),  # sorts after worker-0
              *(("--curve", str(cluster.curve_dir)) if encrypted else ())],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -269,7 +269,7 @@ def test_a_captured_byte_stream_holds_no_plaintext_token(curve_cluster, plain_cl
             wait_for(registered, 15, "the relayed worker to register")
         finally:
             _end(worker)
-        client_side, worker_side = frontend.captured(), backend.captured()
+        client_side, worker_side = frontend.captured(), workers.captured()
     assert len(client_side) > len(marker) and len(worker_side) > 100  # traffic was relayed
     for secret, stream in [(cluster.token.encode(), client_side),
                            (cluster.admin_token.encode(), client_side),
@@ -296,7 +296,7 @@ def test_refused_tokens_are_answered_after_the_delay_and_counted(plain_cluster):
         before = admin.status()
     with RawDealer(cluster.address, cluster.token) as client, \
             RawDealer(cluster.address, cluster.token) as other, \
-            RawDealer(cluster.backend_address, cluster.worker_token) as worker:
+            RawDealer(cluster.worker_address, cluster.worker_token) as worker:
         # Connected and greeted first, so that only the broker's answer is timed.
         for dealer in (client, other):
             assert _timed(dealer, frames_of(Kind.PING, request=1))[0].kind == Kind.PONG

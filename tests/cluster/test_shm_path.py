@@ -345,7 +345,7 @@ def test_a_put_from_shared_memory_the_session_never_agreed_to_fails_alone(shm_cl
 def worker_served_from_python(cluster: fabric.LocalCluster, **fields):
     """A worker run by ``serve()`` called from Python (as an embedding program would), with
     ``fields`` for its options record; ended on leaving."""
-    call = (f"from fabric.workers.control_io import serve; serve({cluster.backend_address!r}, "
+    call = (f"from fabric.workers.control_io import serve; serve({cluster.worker_address!r}, "
             f"token={cluster.worker_token!r}, name='from-python', heartbeat={HEARTBEAT}, "
             + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")")
     worker = subprocess.Popen([sys.executable, "-c", call])

@@ -107,12 +107,12 @@ def _computes_on_every_device(connection_file: Path, count: int) -> list[str]:
     return names
 
 
-def _workers_running(backend_address: str) -> list[int]:
+def _workers_running(worker_address: str) -> list[int]:
     """Processes whose command line names this broker address (its workers)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and backend_address.encode() in (
+            if entry.name.isdigit() and worker_address.encode() in (
                     entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except OSError:
@@ -134,11 +134,11 @@ def test_cluster_slurm_runs_workers_in_a_job_and_a_scancel_ends_everything(slurm
     try:
         [job] = slurm.active_jobs()
         admin_file = tmp_path / "cluster-admin.json"
-        backend_address = json.loads(admin_file.read_text())["backend_address"]
+        worker_address = json.loads(admin_file.read_text())["worker_address"]
         # Two tasks on the one node: its name and slots 0 and 1, one device each.
         assert sorted(_computes_on_every_device(connection_file, 2)) == [f"{HOST}/0",
                                                                          f"{HOST}/1"]
-        assert len(_workers_running(backend_address)) >= 2
+        assert len(_workers_running(worker_address)) >= 2
         slurm.run("scancel", job)
         code, err = _ended(launcher)
     finally:
@@ -147,7 +147,7 @@ def test_cluster_slurm_runs_workers_in_a_job_and_a_scancel_ends_everything(slurm
     assert f"stopped by scancel of Slurm job {job}" in err
     assert not connection_file.exists() and not admin_file.exists()
     assert slurm.active_jobs() == []
-    assert _workers_running(backend_address) == []
+    assert _workers_running(worker_address) == []
     # Slurm's output for the job, every worker's log, is kept in the log folder.
     [job_log] = tmp_path.glob(f"cluster-logs-*/slurm-{job}.log")
     assert f"worker {HOST}/0" in job_log.read_text()
@@ -162,8 +162,8 @@ def _killed_if_running(launcher: subprocess.Popen) -> None:
 def test_ctrl_c_cancels_the_job_and_stops_the_broker(slurm, tmp_path):
     launcher, connection_file = _start_the_readme_launcher(slurm, tmp_path)
     try:
-        backend_address = json.loads(
-            (tmp_path / "cluster-admin.json").read_text())["backend_address"]
+        worker_address = json.loads(
+            (tmp_path / "cluster-admin.json").read_text())["worker_address"]
         launcher.send_signal(signal.SIGINT)
         code, err = _ended(launcher)
     finally:
@@ -172,7 +172,7 @@ def test_ctrl_c_cancels_the_job_and_stops_the_broker(slurm, tmp_path):
     assert "stopped by SIGINT" in err
     assert not connection_file.exists()
     assert slurm.active_jobs() == []  # cancelled, and its tasks ended
-    assert _workers_running(backend_address) == []
+    assert _workers_running(worker_address) == []
 
 
 def test_a_job_slurm_refuses_is_reported_and_nothing_is_left(slurm, tmp_path):

@@ -82,7 +82,7 @@ def test_the_command_that_starts_a_remote_worker_holds_no_token(tmp_path):
     cluster = SSHCluster(parse_hosts("node1 python=/opt/py, node2"), workers_per_host=2,
                          remote_python="/usr/bin/python3", log_dir=tmp_path,
                          memory_budget="40%", advertise="head")
-    cluster.backend_address = "tcp://0.0.0.0:7001"  # (as the broker's ready line sets it)
+    cluster.worker_address = "tcp://0.0.0.0:7001"  # (as the broker's ready line sets it)
     commands = [cluster.worker_command(i) for i in range(4)]
     assert [cluster.worker_name(i) for i in range(4)] == [
         "worker-0@node1", "worker-1@node1", "worker-0@node2", "worker-1@node2"]
@@ -117,7 +117,7 @@ def test_an_address_only_this_host_reaches_is_told_apart(address, only_here):
 
 def test_a_worker_takes_its_token_on_stdin_and_stops_when_stdin_closes(cluster):
     worker = subprocess.Popen(
-        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.backend_address,
+        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.worker_address,
          "--name", "over-ssh", "--heartbeat", str(HEARTBEAT), "--worker-token-file", "-",
          "--stop-on-stdin-close"],
         stdin=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -177,7 +177,7 @@ def hosts(tmp_path_factory):
 
 def _ssh_cluster(hosts: simhosts.SimulatedHosts, entries: str, **options) -> SSHCluster:
     return SSHCluster(parse_hosts(entries), remote_python=sys.executable,
-                      ssh_config=str(hosts.ssh_config), backend_address="tcp://0.0.0.0:*",
+                      ssh_config=str(hosts.ssh_config), worker_address="tcp://0.0.0.0:*",
                       advertise=hosts.bridge_address, heartbeat=HEARTBEAT, **options)
 
 

@@ -2,7 +2,7 @@
 never move (issue 30 item 8, issue 24 section 1).
 
 The attacks run against a real broker and workers (``LocalCluster``): a raw DEALER on the
-backend registers with the worker token under a live worker's name, and under a name that
+workers' socket registers with the worker token under a live worker's name, and under a name that
 sorts before every other; a real ``fabric worker`` process is started under a live name.
 """
 
@@ -38,7 +38,7 @@ def pinned_liveness_cluster():
 def _register(cluster: LocalCluster, name: str, devices: int = 1, **more: str) -> Message:
     """REGISTER as ``name`` (and ``more`` fields) from a raw DEALER with the worker token;
     the broker's answer."""
-    with RawDealer(cluster.backend_address, cluster.worker_token) as peer:
+    with RawDealer(cluster.worker_address, cluster.worker_token) as peer:
         peer.send_message(Message(Kind.REGISTER, body={
             "token": cluster.worker_token, "name": name, "backend": "numpy",
             "devices": [{"backend": "numpy"}] * devices, **more}))
@@ -100,7 +100,7 @@ def test_a_worker_process_started_under_a_live_name_says_why_and_exits(pinned_li
     env = {**os.environ, "FABRIC_WORKER_TOKEN": cluster.worker_token}
     # Bounded: it retries for the broker's liveness bound and a heartbeat, then exits.
     result = subprocess.run(
-        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.backend_address,
+        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.worker_address,
          "--name", "worker-1", "--heartbeat", str(HEARTBEAT), "--liveness", str(LIVENESS)],
         env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 1, result.stderr

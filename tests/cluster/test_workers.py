@@ -78,7 +78,7 @@ def test_worker_with_a_wrong_token_is_refused_and_exits(cluster, which):
     token = WRONG_WORKER_TOKEN if which == "wrong" else cluster.token
     env = {**os.environ, "FABRIC_WORKER_TOKEN": token}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.backend_address,
+        [sys.executable, "-m", "fabric", "worker", "--broker", cluster.worker_address,
          "--name", "impostor", "--heartbeat", str(HEARTBEAT)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -256,14 +256,14 @@ def test_a_stopped_worker_does_not_wait_for_a_long_op_to_end(cluster):
 
 
 def test_workers_register_again_after_a_broker_restart(cluster):
-    address, backend_address = cluster.address, cluster.backend_address
+    address, worker_address = cluster.address, cluster.worker_address
     before = cluster.connect(device=0, timeout=5)
     try:
         before.sync()
         old_broker = cluster.broker
         cluster.restart_broker()
         assert old_broker.poll() is not None
-        assert (cluster.address, cluster.backend_address) == (address, backend_address)
+        assert (cluster.address, cluster.worker_address) == (address, worker_address)
         # A session of the old broker is gone, and says so.
         with pytest.raises(fabric.SessionLost):
             before.sync(timeout=5)
@@ -317,7 +317,7 @@ def test_tokens_never_reach_a_log_or_a_command_line():
             with pytest.raises(fabric.AuthenticationError):
                 fabric.devices(cluster.address, token=token, timeout=5)
         for token in (WRONG_WORKER_TOKEN, cluster.token):  # the client token is not a worker's
-            done = run_cli("worker", "--broker", cluster.backend_address, "--name", "rogue",
+            done = run_cli("worker", "--broker", cluster.worker_address, "--name", "rogue",
                            "--log-level", "debug",
                            env={**os.environ, "FABRIC_WORKER_TOKEN": token})
             assert done.returncode == 1, done.stderr

@@ -37,9 +37,9 @@ def one_line(text: str) -> str:
 
 
 def test_a_client_at_the_workers_port_is_told_so_and_given_the_client_port(shared_cluster):
-    for call in (lambda: fabric.connect(shared_cluster.backend_address,
+    for call in (lambda: fabric.connect(shared_cluster.worker_address,
                                         token=shared_cluster.token, timeout=5),
-                 lambda: fabric.devices(shared_cluster.backend_address,
+                 lambda: fabric.devices(shared_cluster.worker_address,
                                         token=shared_cluster.token, timeout=5)):
         with pytest.raises(WrongPort) as info:
             call()
@@ -55,12 +55,12 @@ def test_a_broker_bound_to_every_interface_names_its_advertised_address():
                              broker_args=("--advertise", "127.0.0.1")) as cluster:
         port = cluster.address.rpartition(":")[2]
         with pytest.raises(WrongPort) as info:
-            fabric.devices(cluster.backend_address, token=cluster.token, timeout=5)
+            fabric.devices(cluster.worker_address, token=cluster.token, timeout=5)
         assert f"bound at tcp://127.0.0.1:{port}" in info.value.message
 
 
 def test_fabric_admin_at_the_workers_port_exits_3_naming_the_client_port(shared_cluster):
-    done = fabric_cli("admin", "--address", shared_cluster.backend_address, "status",
+    done = fabric_cli("admin", "--address", shared_cluster.worker_address, "status",
                       env={"FABRIC_ADMIN_TOKEN": shared_cluster.admin_token})
     assert done.returncode == 3, done.stderr
     assert "port for workers" in done.stderr
@@ -74,7 +74,7 @@ def test_a_worker_at_the_client_port_exits_2_at_once_saying_so(shared_cluster):
     assert done.returncode == 2, done.stderr
     stderr = one_line(done.stderr)
     assert "This worker reached the broker's client port" in stderr
-    assert f"bound at {shared_cluster.backend_address}" in stderr  # where to go instead
+    assert f"bound at {shared_cluster.worker_address}" in stderr  # where to go instead
     assert "not accepted from a client" not in stderr
     assert "lost" not in {d.worker for d in shared_cluster.devices()}
 
@@ -92,7 +92,7 @@ def test_a_worker_with_nothing_at_its_address_names_it_and_gives_up_when_told():
 def test_a_worker_gives_up_on_a_broker_that_goes_away_too():
     with fabric.LocalCluster(workers=0, heartbeat=0.2) as cluster:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "fabric", "worker", "--broker", cluster.backend_address,
+            [sys.executable, "-m", "fabric", "worker", "--broker", cluster.worker_address,
              "--heartbeat", "0.2", "--give-up-after", "2"], cwd=REPO,
             env={**os.environ, "FABRIC_WORKER_TOKEN": cluster.worker_token},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

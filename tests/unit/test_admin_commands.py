@@ -183,7 +183,7 @@ def test_status_counts_peers_traffic_rejects_and_protocol_errors():
     assert status["rates"]["messages_per_s"] == pytest.approx(0.5)
     assert status["rates"]["bytes_per_s"] == pytest.approx(status["traffic"]["bytes"] / 10)
     assert status["rejects"] == {"unauthorized": 1}
-    assert status["protocol_errors"] == {"frontend": 1, "backend": 0}
+    assert status["protocol_errors"] == {"frontend": 1, "workers": 0}
     assert status["workers_draining"] == []
 
 
@@ -221,7 +221,7 @@ def test_traffic_of_ended_sessions_is_kept_per_device_and_offline_devices_are_li
     bytes_before = {d["index"]: d["bytes"] for d in listing(registry, "devices")}
     registry.from_client(C1, frames(Kind.CLOSE, 7, 4), 2.0)
     registry.from_worker(A, frames(Kind.CLOSED, 7, 4), 2.1)
-    registry.unroutable(Side.BACKEND, B, 2.2)  # worker b vanishes with session 8
+    registry.unroutable(Side.WORKERS, B, 2.2)  # worker b vanishes with session 8
     devices = listing(registry, "devices", now=3.0)
     assert [(d["index"], d["worker"], d["online"], d["backend"], d["sessions"], d["messages"])
             for d in devices] == [(0, "a", True, "numpy", 0, 4), (1, "b", False, None, 0, 0),
@@ -260,7 +260,7 @@ def test_close_session_closes_it_on_the_worker_and_tells_its_client():
     registry = busy_registry()
     sends = admin(registry, "close-session", session=7)
     assert [(s.side, s.identity, decoded(s).kind) for s in sends] == [
-        (Side.BACKEND, A, Kind.CLOSE), (Side.FRONTEND, C1, Kind.ERROR),
+        (Side.WORKERS, A, Kind.CLOSE), (Side.FRONTEND, C1, Kind.ERROR),
         (Side.FRONTEND, ADMIN, Kind.ADMIN_REPLY)]
     assert decoded(sends[0]).session == 7
     notice = decoded(sends[1])
@@ -328,7 +328,7 @@ def test_drain_refuses_new_sessions_on_that_worker_only_and_keeps_existing_ones(
     assert kinds(hello(registry, C1, session=30, device=0)) == [Kind.OPEN]  # a is fine
     # The open session on b still works both ways.
     forwarded = registry.from_client(C2, frames(Kind.REQUEST, 8, 2), 2.0)
-    assert [(s.side, s.identity) for s in forwarded] == [(Side.BACKEND, B)]
+    assert [(s.side, s.identity) for s in forwarded] == [(Side.WORKERS, B)]
     assert registry.from_worker(B, frames(Kind.REPLY, 8, 2), 2.1)[0].identity == C2
     assert [w["draining"] for w in listing(registry, "workers")] == [False, True]
     assert result(registry, "status")["workers_draining"] == ["b"]
@@ -341,7 +341,7 @@ def test_drain_refuses_new_sessions_on_that_worker_only_and_keeps_existing_ones(
 def test_drain_ends_when_the_worker_registers_again():
     registry = make_registry()
     result(registry, "drain", worker="a")
-    registry.unroutable(Side.BACKEND, A, 1.0)  # the old "a" is gone: replaced, not refused
+    registry.unroutable(Side.WORKERS, A, 1.0)  # the old "a" is gone: replaced, not refused
     registry.from_worker(b"a-restarted", register_frames("a", [{}]), 1.5)
     assert kinds(hello(registry, C1, session=5, device=0)) == [Kind.OPEN]
 
@@ -409,7 +409,7 @@ def test_workers_shows_hosts_and_the_lost_ones_with_when_they_were_last_heard():
     assert [(w["name"], w["host"], w["address"]) for w in answer["workers"]] == [
         ("a", "", ""), ("b", "node7", "")]  # (bytes frames carry no Peer-Address)
     assert answer["lost"] == []
-    registry.unroutable(Side.BACKEND, B, 4.0)  # b vanished; heard from last at 2.5
+    registry.unroutable(Side.WORKERS, B, 4.0)  # b vanished; heard from last at 2.5
     answer = result(registry, "workers", now=10.0)
     assert [w["name"] for w in answer["workers"]] == ["a"]
     assert answer["lost"] == [{"name": "b", "host": "node7", "address": "", "backend": "numpy",
@@ -417,7 +417,7 @@ def test_workers_shows_hosts_and_the_lost_ones_with_when_they_were_last_heard():
     # Back, it is no longer lost; forgotten, it is not listed at all.
     registry.from_worker(B, register_frames("b", [{}, {}]), 11.0)
     assert result(registry, "workers", now=12.0)["lost"] == []
-    registry.unroutable(Side.BACKEND, B, 13.0)
+    registry.unroutable(Side.WORKERS, B, 13.0)
     result(registry, "forget", now=14.0, worker="b")
     assert result(registry, "workers", now=15.0)["lost"] == []
 

@@ -20,7 +20,7 @@ from fabric.core.errors import SessionLost, error_from_wire
 from fabric.core.protocol import Kind
 
 LIMITS = Limits(heartbeat=1.0, peer_queue=4, slow_peer_timeout=0.5)
-WORKER_A, CLIENT_1 = (Side.BACKEND, A), (Side.FRONTEND, C1)
+WORKER_A, CLIENT_1 = (Side.WORKERS, A), (Side.FRONTEND, C1)
 
 
 class FakePeers:
@@ -63,10 +63,10 @@ def reply(session: int = 1, request: int = 1) -> list:
 
 def test_a_full_worker_queue_pauses_the_frontend_until_it_drains_to_half():
     registry, flow = setup()
-    assert flow.on_queue_full(Side.BACKEND, A, submit(), 0.0) == []
-    assert registry.counters["backend_send_queue_full"] == 1
+    assert flow.on_queue_full(Side.WORKERS, A, submit(), 0.0) == []
+    assert registry.counters["workers_send_queue_full"] == 1
     for _ in range(3):
-        assert flow.park(Side.BACKEND, A, submit(), 0.1) == []
+        assert flow.park(Side.WORKERS, A, submit(), 0.1) == []
     assert flow.blocking == {WORKER_A}
     assert registry.counters["frontend_pauses"] == 1
     assert registry.counters["messages_parked"] == 4
@@ -85,7 +85,7 @@ def test_a_full_worker_queue_pauses_the_frontend_until_it_drains_to_half():
 def test_a_worker_full_past_the_timeout_is_lost_and_its_clients_told():
     registry, flow = setup()
     for _ in range(4):
-        flow.park(Side.BACKEND, A, submit(), 1.0)
+        flow.park(Side.WORKERS, A, submit(), 1.0)
     peers = FakePeers()
     peers.room[WORKER_A] = 0
     assert flow.retry(1.5, peers) == []  # full for exactly the timeout: not yet
@@ -115,7 +115,7 @@ def test_a_client_whose_queue_fills_is_cut_and_keeps_only_its_notices():
     registry, flow = setup()
     sends = fill_client(registry, flow)
     assert [(s.side, s.identity, decoded(s).kind) for s in sends] == [
-        (Side.BACKEND, A, Kind.CLOSE)]  # closed on its worker, freeing its memory
+        (Side.WORKERS, A, Kind.CLOSE)]  # closed on its worker, freeing its memory
     assert 1 not in registry.sessions and registry.counters["clients_cut"] == 1
     [last_words] = flow.outbox.parked(CLIENT_1)
     lost = error_from_wire(decoded(Send(Side.FRONTEND, C1, last_words)).body)
@@ -179,7 +179,7 @@ def test_a_peer_that_reads_between_unreachable_spells_is_not_gone():
 
 # -- any order of events ------------------------------------------------------------------
 
-PEERS = [WORKER_A, (Side.BACKEND, B), CLIENT_1, (Side.FRONTEND, C2)]
+PEERS = [WORKER_A, (Side.WORKERS, B), CLIENT_1, (Side.FRONTEND, C2)]
 
 
 class FlowMachine(RuleBasedStateMachine):
@@ -198,9 +198,9 @@ class FlowMachine(RuleBasedStateMachine):
         side, identity = peer
         if identity in self.lost_workers:
             return  # the registry routes nothing to a worker it lost
-        if side is Side.BACKEND and self.flow.blocking:
+        if side is Side.WORKERS and self.flow.blocking:
             return  # the loop reads no client while a worker blocks: nothing to send on
-        message = submit() if side is Side.BACKEND else reply()
+        message = submit() if side is Side.WORKERS else reply()
         if full:
             self.flow.on_queue_full(side, identity, message, self.now)
         elif peer in self.flow.outbox:
@@ -234,7 +234,7 @@ class FlowMachine(RuleBasedStateMachine):
     @invariant()
     def the_rules_hold(self):
         flow, outbox = self.flow, self.flow.outbox
-        assert all(key[0] is Side.BACKEND and outbox.is_full(key) for key in flow.blocking)
+        assert all(key[0] is Side.WORKERS and outbox.is_full(key) for key in flow.blocking)
         assert flow.figures() == {
             "parked_messages": sum(outbox.queued(k) for k in outbox.keys()),
             "parked_bytes": outbox.bytes, "peers_waiting": len(outbox.keys()),
@@ -242,7 +242,7 @@ class FlowMachine(RuleBasedStateMachine):
         for key in outbox.keys():  # bounded (a cut client's last words are fewer)
             assert outbox.queued(key) <= LIMITS.peer_queue
         for identity in self.lost_workers:
-            assert (Side.BACKEND, identity) not in outbox
+            assert (Side.WORKERS, identity) not in outbox
 
 
 TestFlowMachine = FlowMachine.TestCase

@@ -22,7 +22,7 @@ from fabric.core.config import (
 from fabric.core.errors import ConfigError
 
 CURVE = {"secret_key_file": "/keys/client.key_secret", "server_public_key_file": "/keys/broker.key"}
-CLUSTER = {"address": "tcp://127.0.0.1:5555", "backend_address": "tcp://127.0.0.1:5556",
+CLUSTER = {"address": "tcp://127.0.0.1:5555", "worker_address": "tcp://127.0.0.1:5556",
            "token": "client-secret", "admin_token": "admin-secret",
            "worker_token": "worker-secret", "curve": CURVE}
 
@@ -51,12 +51,25 @@ def test_the_connection_file_holds_what_a_client_needs_and_no_other_token(tmp_pa
 def test_the_admin_file_holds_the_operators_tokens_and_not_the_clients(tmp_path):
     path = write_admin_file(tmp_path / "cluster-admin.json", CLUSTER)
     assert written(path) == {"address": CLUSTER["address"],
-                             "backend_address": CLUSTER["backend_address"],
+                             "worker_address": CLUSTER["worker_address"],
                              "admin_token": "admin-secret", "worker_token": "worker-secret",
                              "curve": CURVE}
     assert load_admin_file(path)["admin_token"] == "admin-secret"
     with pytest.raises(ConfigError, match="the operators' admin file, not a connection file"):
         load_connection_file(path)
+
+
+def test_an_admin_file_from_an_older_release_gives_its_backend_address_as_worker_address(
+        tmp_path):
+    old = {k: v for k, v in CLUSTER.items() if k not in ("token", "worker_address")}
+    path = tmp_path / "old-admin.json"
+    write_secret_file(path, json.dumps({**old, "backend_address": "tcp://127.0.0.1:5556"}))
+    info = load_admin_file(path)
+    assert info["worker_address"] == "tcp://127.0.0.1:5556" and "backend_address" not in info
+    # A file that names both (written by hand): the new name wins.
+    write_secret_file(path, json.dumps({**old, "backend_address": "tcp://old:1",
+                                        "worker_address": "tcp://new:1"}))
+    assert load_admin_file(path)["worker_address"] == "tcp://new:1"
 
 
 def test_files_without_curve_keys_name_none(tmp_path):

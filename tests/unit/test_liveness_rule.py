@@ -126,7 +126,7 @@ def test_every_heartbeat_round_asks_the_beacons_and_a_closed_connection_asks_the
     registry = registry_with_a_worker()
     assert sent_to(registry.tick(0.0)) == [(A, Kind.HEARTBEAT), (LANE_A, Kind.HEARTBEAT),
                                            (BEACON_A, Kind.HEARTBEAT)]
-    registry.connection_closed(0.1)  # the monitor: some connection on the backend closed
+    registry.connection_closed(0.1)  # the monitor: some connection on the workers socket closed
     assert registry.next_deadline() == pytest.approx(0.25)  # a scan after the last round
     assert sent_to(registry.tick(0.25)) == [(BEACON_A, Kind.HEARTBEAT)]  # the beacon alone
     registry.connection_closed(0.3)
@@ -136,7 +136,7 @@ def test_every_heartbeat_round_asks_the_beacons_and_a_closed_connection_asks_the
     assert sent_to(registry.tick(0.75)) == []
     # The probe found the beacon unroutable: the worker is lost, and says so.
     assert list(registry.workers) == [A]
-    [] = registry.unroutable(Side.BACKEND, BEACON_A, 0.76)  # (no session to tell)
+    [] = registry.unroutable(Side.WORKERS, BEACON_A, 0.76)  # (no session to tell)
     assert registry.workers == {} and registry.counters["workers_lost"] == 1
     assert registry.worker_table.beacon_owner == {}
 

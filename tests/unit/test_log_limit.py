@@ -117,7 +117,7 @@ def test_a_refusal_flood_writes_one_line_per_kind_and_the_tick_sums_it_up(caplog
     assert sorted(line.split(" (peer ")[0] for line in first) == sorted([
         "rejected handshake (unauthorized)",  # HELLO and DEVICES: one kind
         "refused an admin command (not the admin token)",
-        "bad message on the frontend", "bad message on the backend",
+        "bad message on the frontend socket", "bad message on the workers socket",
         "refused a worker registration (bad worker token)",
         "message from an unregistered worker", "rejected handshake (version_mismatch)"])
     summaries = _broker_log(caplog)[len(first):]

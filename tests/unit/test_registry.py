@@ -139,7 +139,7 @@ def check_invariants(registry: Registry) -> None:
 def test_register_with_a_valid_token():
     registry = make_registry()
     sends = registry.from_worker(A, register_frames("a", [{"threads": 2}]), 0.0)
-    registered = only(sends, Side.BACKEND, A, Kind.REGISTERED)
+    registered = only(sends, Side.WORKERS, A, Kind.REGISTERED)
     assert registered.body == {"server": SERVER, "heartbeat": LIMITS.heartbeat,
                                "max_message_bytes": LIMITS.max_message_bytes}
     assert set(registry.workers) == {A}
@@ -150,7 +150,7 @@ def test_register_with_a_valid_token():
 def test_register_with_a_bad_token_is_rejected_without_revealing_it():
     registry = make_registry()
     sends = registry.from_worker(A, register_frames("a", [{}], token="guess"), 0.0)
-    message = only(sends, Side.BACKEND, A, Kind.REJECT)
+    message = only(sends, Side.WORKERS, A, Kind.REJECT)
     assert error_from_wire(message.body).code == AuthenticationError.code
     assert WORKER_TOKEN.encode() not in b"".join(sends[0].frames)
     assert registry.workers == {} and registry.devices == []
@@ -161,7 +161,7 @@ def test_register_with_another_version_is_rejected():
     registry = make_registry()
     sends = registry.from_worker(A, register_frames("a", [{}], version=PROTOCOL_VERSION + 1),
                                  0.0)
-    error = error_from_wire(only(sends, Side.BACKEND, A, Kind.REJECT).body)
+    error = error_from_wire(only(sends, Side.WORKERS, A, Kind.REJECT).body)
     assert isinstance(error, VersionMismatch)
     assert (error.client_version, error.server_version) == (PROTOCOL_VERSION + 1,
                                                             PROTOCOL_VERSION)
@@ -171,7 +171,7 @@ def test_register_with_another_version_is_rejected():
 def test_register_with_devices_that_are_not_maps_is_a_protocol_error():
     registry = make_registry()
     sends = registry.from_worker(A, register_frames("a", [{}, "gpu"]), 0.0)
-    assert only(sends, Side.BACKEND, A, Kind.ERROR).body["code"] == ProtocolError.code
+    assert only(sends, Side.WORKERS, A, Kind.ERROR).body["code"] == ProtocolError.code
     assert registry.workers == {}
 
 
@@ -183,7 +183,7 @@ def test_devices_are_numbered_in_registration_order_whatever_the_names_sort_as()
     # A HELLO for a global index is sent to its owner, with the owner's local index.
     for device, owner, local in [(0, B, 0), (1, B, 1), (2, A, 0)]:
         sends = hello(registry, C1, session=100 + device, device=device)
-        assert only(sends, Side.BACKEND, owner, Kind.OPEN).body["device"] == local
+        assert only(sends, Side.WORKERS, owner, Kind.OPEN).body["device"] == local
 
 
 def test_reregistering_under_the_name_of_a_worker_whose_connection_went_replaces_it():
@@ -196,14 +196,14 @@ def test_reregistering_under_the_name_of_a_worker_whose_connection_went_replaces
                                       3.5)) == [Kind.REJECT]
     # Its connection gone (its process ended, or libzmq found its link silent), the next
     # heartbeat to it is unroutable: its client learns the session is lost.
-    lost = registry.unroutable(Side.BACKEND, B, 3.6)
+    lost = registry.unroutable(Side.WORKERS, B, 3.6)
     assert [(s.side, s.identity, decoded(s).kind) for s in lost] == [
         (Side.FRONTEND, C1, Kind.ERROR)]
     assert error_from_wire(decoded(lost[0]).body).code == SessionLost.code
     # The restarted worker, trying again, is welcome.
     sends = registry.from_worker(restarted, register_frames("b", [{"new": True}]), 4.0)
     assert [(s.side, s.identity, decoded(s).kind) for s in sends] == [
-        (Side.BACKEND, restarted, Kind.REGISTERED)]
+        (Side.WORKERS, restarted, Kind.REGISTERED)]
     assert set(registry.workers) == {A, restarted}
     assert [(d["worker"], d["settings"]) for d in registry.devices] == [
         ("a", {"n": 0}), ("b", {"new": True})]
@@ -302,7 +302,7 @@ def test_hello_checks_device_before_duplicate_session():
 def test_good_hello_opens_the_session_on_the_owning_worker():
     registry = two_workers()
     sends = hello(registry, C1, session=7, device=2, request=5, now=1.5)
-    open_message = only(sends, Side.BACKEND, B, Kind.OPEN)
+    open_message = only(sends, Side.WORKERS, B, Kind.OPEN)
     assert (open_message.session, open_message.request) == (7, 5)
     assert open_message.body["device"] == 1  # "b"'s second device
     session = registry.sessions[7]
@@ -367,7 +367,7 @@ def test_client_data_is_forwarded_as_the_same_frame_objects(kind):
                                              buffers=[b"\x01" * 100, b"\x02" * 5])]
     sends = registry.from_client(C1, incoming, 2.0)
     assert len(sends) == 1
-    assert (sends[0].side, sends[0].identity) == (Side.BACKEND, B)
+    assert (sends[0].side, sends[0].identity) == (Side.WORKERS, B)
     assert len(sends[0].frames) == len(incoming)
     assert all(out is inc for out, inc in zip(sends[0].frames, incoming))
     session = registry.sessions[7]
@@ -437,7 +437,7 @@ def test_worker_data_for_another_workers_session_is_dropped():
 def test_close_is_forwarded_and_answered_when_the_worker_closed():
     registry = two_workers()
     open_session(registry, C1, session=7, device=1)
-    close = only(registry.from_client(C1, frames(Kind.CLOSE, 7, 11), 1.0), Side.BACKEND, B,
+    close = only(registry.from_client(C1, frames(Kind.CLOSE, 7, 11), 1.0), Side.WORKERS, B,
                  Kind.CLOSE)
     assert (close.session, close.request) == (7, 11)
     assert registry.sessions[7].phase == SessionPhase.CLOSING
@@ -461,7 +461,7 @@ def test_close_while_opening_answers_at_once_and_closes_on_the_worker():
     hello(registry, C1, session=7, device=1)
     sends = registry.from_client(C1, frames(Kind.CLOSE, 7, 2), 0.5)
     assert [(s.side, s.identity, decoded(s).kind) for s in sends] == [
-        (Side.BACKEND, B, Kind.CLOSE), (Side.FRONTEND, C1, Kind.CLOSED)]
+        (Side.WORKERS, B, Kind.CLOSE), (Side.FRONTEND, C1, Kind.CLOSED)]
     assert decoded(sends[1]).request == 2
     assert_no_session_state(registry)
     # A late OPENED from the worker is ignored.
@@ -503,7 +503,7 @@ def test_devices_lists_every_device_with_a_good_token():
 def test_tick_sends_heartbeats_to_every_worker_once_per_interval():
     registry = two_workers()
     sends = registry.tick(0.0)
-    assert sorted((s.side, s.identity) for s in sends) == [(Side.BACKEND, A), (Side.BACKEND, B)]
+    assert sorted((s.side, s.identity) for s in sends) == [(Side.WORKERS, A), (Side.WORKERS, B)]
     assert set(kinds(sends)) == {Kind.HEARTBEAT}
     assert registry.next_deadline() == LIMITS.heartbeat / 4  # the next scan of deadlines
     assert registry.tick(0.5) == []
@@ -532,7 +532,7 @@ def test_a_silent_worker_is_waited_for_and_lost_with_its_sessions_when_its_link_
     assert set(registry.workers) == {A, B}
     # Its connection closed (libzmq closes it when its ZMTP heartbeats stop): the next
     # heartbeat to it is unroutable.
-    sends = registry.unroutable(Side.BACKEND, A, LIMITS.open_timeout - 0.05)
+    sends = registry.unroutable(Side.WORKERS, A, LIMITS.open_timeout - 0.05)
 
     by_client = {s.identity: decoded(s) for s in sends}
     assert [s.side for s in sends] == [Side.FRONTEND, Side.FRONTEND]
@@ -557,7 +557,7 @@ def test_a_silent_worker_is_waited_for_and_lost_with_its_sessions_when_its_link_
 def test_a_lost_worker_stops_getting_heartbeats():
     registry = make_registry((A, "a", 1))
     assert kinds(registry.tick(3.5)) == [Kind.HEARTBEAT]  # silent, not lost
-    registry.unroutable(Side.BACKEND, A, 3.6)  # lost here
+    registry.unroutable(Side.WORKERS, A, 3.6)  # lost here
     assert registry.workers == {}
     assert registry.tick(5.0) == []
 
@@ -566,7 +566,7 @@ def test_device_indexes_stay_put_when_workers_come_and_go():
     registry = two_workers()  # "a": device 0; "b": devices 1 and 2
     open_session(registry, C1, session=7, device=2)  # "b" local 1
     hello(registry, C2, session=8, device=1)  # "b" local 0, still opening
-    registry.unroutable(Side.BACKEND, A, 1.0)  # "a" goes: its index stays reserved for it
+    registry.unroutable(Side.WORKERS, A, 1.0)  # "a" goes: its index stays reserved for it
     assert [d["index"] for d in registry.devices] == [1, 2]
     assert registry.device_of(registry.sessions[7])["index"] == 2
     offline = error_from_wire(decoded(hello(registry, C1, session=9, device=0)[0]).body)
@@ -584,7 +584,7 @@ def test_device_indexes_stay_put_when_workers_come_and_go():
     assert (welcome.body["device"]["index"], welcome.body["device"]["worker"],
             welcome.body["device"]["local"]) == (1, "b", 0)
     # Losing "b" tells both clients, naming each session's device.
-    sends = registry.unroutable(Side.BACKEND, B, 2.0)
+    sends = registry.unroutable(Side.WORKERS, B, 2.0)
     details = {s.identity: error_from_wire(decoded(s).body).details for s in sends}
     assert details[C1]["device"] == 2 and details[C2]["device"] == 1
     assert registry.sessions == {}
@@ -592,12 +592,12 @@ def test_device_indexes_stay_put_when_workers_come_and_go():
 
 def test_a_worker_back_with_more_devices_keeps_its_indexes_and_gets_new_ones_after_all():
     registry = make_registry((B, "worker-10", 1), (A, "worker-2", 1))
-    registry.unroutable(Side.BACKEND, A, 1.0)
+    registry.unroutable(Side.WORKERS, A, 1.0)
     registry.from_worker(b"worker-2-again", register_frames("worker-2", [{}, {}]), 1.0)
     assert [(d["index"], d["worker"], d["local"]) for d in registry.devices] == [
         (0, "worker-10", 0), (1, "worker-2", 0), (2, "worker-2", 1)]
     # Back with fewer: the index of the missing device stays its, offline.
-    registry.unroutable(Side.BACKEND, b"worker-2-again", 2.0)
+    registry.unroutable(Side.WORKERS, b"worker-2-again", 2.0)
     registry.from_worker(A, register_frames("worker-2", [{}]), 2.0)
     assert [d["index"] for d in registry.devices] == [0, 1]
     assert registry.device_count == 3
@@ -613,7 +613,7 @@ def test_opening_past_the_open_timeout_is_rejected_and_closed_on_the_worker():
         registry.from_worker(A, frames(Kind.HEARTBEAT), now)
     assert without_heartbeats(registry.tick(LIMITS.open_timeout)) == []
     sends = without_heartbeats(registry.tick(LIMITS.open_timeout + 0.01))
-    assert [(s.side, s.identity) for s in sends] == [(Side.BACKEND, B), (Side.FRONTEND, C1)]
+    assert [(s.side, s.identity) for s in sends] == [(Side.WORKERS, B), (Side.FRONTEND, C1)]
     close, reject = map(decoded, sends)
     assert (close.kind, close.session) == (Kind.CLOSE, 7)
     assert (reject.kind, reject.session, reject.request) == (Kind.REJECT, 7, 6)
@@ -658,7 +658,7 @@ def test_an_unroutable_client_loses_its_sessions_and_they_are_closed_on_workers(
     open_session(registry, C2, session=3, device=2)
     sends = registry.unroutable(Side.FRONTEND, C1, 1.0)
     assert sorted((s.side, s.identity, decoded(s).kind, decoded(s).session) for s in sends) == [
-        (Side.BACKEND, A, Kind.CLOSE, 1), (Side.BACKEND, B, Kind.CLOSE, 2)]
+        (Side.WORKERS, A, Kind.CLOSE, 1), (Side.WORKERS, B, Kind.CLOSE, 2)]
     assert set(registry.sessions) == {3}
     assert registry.workers[A].sessions == set() and registry.workers[B].sessions == {3}
     check_invariants(registry)
@@ -667,7 +667,7 @@ def test_an_unroutable_client_loses_its_sessions_and_they_are_closed_on_workers(
 def test_an_unroutable_worker_is_lost():
     registry = two_workers()
     open_session(registry, C1, session=1, device=1)
-    sends = registry.unroutable(Side.BACKEND, B, 1.0)
+    sends = registry.unroutable(Side.WORKERS, B, 1.0)
     message = only(sends, Side.FRONTEND, C1, Kind.ERROR)
     assert error_from_wire(message.body).code == SessionLost.code
     assert set(registry.workers) == {A}
@@ -678,7 +678,7 @@ def test_an_unroutable_worker_is_lost():
 def test_unroutable_unknown_peers_change_nothing():
     registry = two_workers()
     open_session(registry, C1, session=1)
-    assert registry.unroutable(Side.BACKEND, b"nobody", 1.0) == []
+    assert registry.unroutable(Side.WORKERS, b"nobody", 1.0) == []
     assert registry.unroutable(Side.FRONTEND, b"nobody", 1.0) == []
     assert set(registry.workers) == {A, B} and set(registry.sessions) == {1}
 
@@ -715,19 +715,19 @@ def test_a_worker_with_lanes_is_online_only_once_every_lane_said_heartbeat():
 
 def test_a_sessions_traffic_goes_on_its_devices_lane_both_ways():
     registry = laned_worker()
-    opening = only(hello(registry, C1, session=7, device=1), Side.BACKEND, L1, Kind.OPEN)
+    opening = only(hello(registry, C1, session=7, device=1), Side.WORKERS, L1, Kind.OPEN)
     only(registry.from_worker(L1, frames(Kind.OPENED, 7, opening.request), 0.0),
          Side.FRONTEND, C1, Kind.WELCOME)
     request = frames(Kind.REQUEST, 7, 3, {"op": "read", "id": 1})
     sends = registry.from_client(C1, request, 1.0)
-    assert [(s.side, s.identity) for s in sends] == [(Side.BACKEND, L1)]
+    assert [(s.side, s.identity) for s in sends] == [(Side.WORKERS, L1)]
     assert sends[0].frames == request
     reply = frames(Kind.REPLY, 7, 3, {"dtype": "<f8", "shape": [1]}, [b"\0" * 8])
     sends = registry.from_worker(L1, reply, 1.0)
     assert [(s.side, s.identity, s.frames) for s in sends] == [(Side.FRONTEND, C1, reply)]
     assert registry.workers[A].last_seen == 1.0  # a lane's traffic is its worker's
     closing = only(registry.from_client(C1, frames(Kind.CLOSE, 7, 4), 2.0),
-                   Side.BACKEND, L1, Kind.CLOSE)
+                   Side.WORKERS, L1, Kind.CLOSE)
     only(registry.from_worker(L1, frames(Kind.CLOSED, 7, closing.request), 2.0),
          Side.FRONTEND, C1, Kind.CLOSED)
     assert_no_session_state(registry)
@@ -744,10 +744,10 @@ def test_heartbeats_list_each_lanes_sessions_on_that_lane():
 def test_an_unroutable_lane_loses_its_worker_and_tells_its_clients():
     registry = laned_worker()
     open_session(registry, C1, session=7, device=0)
-    message = only(registry.unroutable(Side.BACKEND, L1, 1.0), Side.FRONTEND, C1, Kind.ERROR)
+    message = only(registry.unroutable(Side.WORKERS, L1, 1.0), Side.FRONTEND, C1, Kind.ERROR)
     assert error_from_wire(message.body).code == SessionLost.code
     assert registry.workers == {} and registry.devices == []
-    assert registry.unroutable(Side.BACKEND, L0, 1.0) == []  # forgotten with its worker
+    assert registry.unroutable(Side.WORKERS, L0, 1.0) == []  # forgotten with its worker
 
 
 @pytest.mark.parametrize("lanes", [[L0], [L0, L0], [L0, "text"], [L0, b"\0zero"], [L0, b""],
@@ -756,7 +756,7 @@ def test_lanes_that_cannot_be_routed_are_a_protocol_error(lanes):
     registry = make_registry()
     body = protocol.decode(register_frames("a", [{}, {}])).body
     sends = registry.from_worker(A, frames(Kind.REGISTER, body={**body, "lanes": lanes}), 0.0)
-    assert only(sends, Side.BACKEND, A, Kind.ERROR).body["code"] == ProtocolError.code
+    assert only(sends, Side.WORKERS, A, Kind.ERROR).body["code"] == ProtocolError.code
     assert registry.workers == {}
 
 
@@ -764,9 +764,9 @@ def test_a_lane_is_not_taken_from_another_worker_nor_registers_itself():
     registry = laned_worker()
     body = protocol.decode(register_frames("b", [{}])).body
     sends = registry.from_worker(B, frames(Kind.REGISTER, body={**body, "lanes": [L0]}), 0.0)
-    assert only(sends, Side.BACKEND, B, Kind.ERROR).body["code"] == ProtocolError.code
+    assert only(sends, Side.WORKERS, B, Kind.ERROR).body["code"] == ProtocolError.code
     sends = registry.from_worker(L0, register_frames("c", [{}]), 0.0)
-    assert only(sends, Side.BACKEND, L0, Kind.ERROR).body["code"] == ProtocolError.code
+    assert only(sends, Side.WORKERS, L0, Kind.ERROR).body["code"] == ProtocolError.code
     assert set(registry.workers) == {A} and len(registry.devices) == 2
     # The worker itself, registering again (a broker that forgot it), keeps its lanes.
     body = protocol.decode(register_frames("a", [{}, {}])).body
@@ -811,9 +811,9 @@ def test_malformed_frames_from_a_client(bad):
 @pytest.mark.parametrize("bad", MALFORMED.values(), ids=MALFORMED.keys())
 def test_malformed_frames_from_a_registered_worker(bad):
     registry = two_workers()
-    message = only(registry.from_worker(A, bad, 1.0), Side.BACKEND, A, Kind.ERROR)
+    message = only(registry.from_worker(A, bad, 1.0), Side.WORKERS, A, Kind.ERROR)
     assert message.body["code"] == ProtocolError.code
-    assert registry.counters["backend_protocol_errors"] == 1
+    assert registry.counters["workers_protocol_errors"] == 1
     assert set(registry.workers) == {A, B}
 
 
@@ -826,13 +826,13 @@ def test_malformed_frames_from_a_registered_worker(bad):
         "register-missing-fields"])
 def test_malformed_frames_from_an_unknown_worker(bad):
     registry = make_registry()
-    message = only(registry.from_worker(A, bad, 1.0), Side.BACKEND, A, Kind.ERROR)
+    message = only(registry.from_worker(A, bad, 1.0), Side.WORKERS, A, Kind.ERROR)
     assert message.body["code"] == ProtocolError.code
-    assert registry.counters["backend_protocol_errors"] == 1
+    assert registry.counters["workers_protocol_errors"] == 1
     assert registry.workers == {}
 
 
-ENDPOINTS = {"frontend": "tcp://127.0.0.1:5555", "backend": "tcp://127.0.0.1:5556"}
+ENDPOINTS = {"frontend": "tcp://127.0.0.1:5555", "workers": "tcp://127.0.0.1:5556"}
 
 
 @pytest.mark.parametrize("kind", [Kind.REGISTER, Kind.HEARTBEAT])
@@ -856,7 +856,7 @@ def test_a_client_at_the_workers_port_is_refused_naming_the_client_port(kind):
     registry = two_workers()
     registry.endpoints = ENDPOINTS
     body = {"token": CLIENT_TOKEN, "device": 0, "command": "status", "args": {}}
-    message = only(registry.from_worker(b"lost", frames(kind, 7, 2, body), 1.0), Side.BACKEND,
+    message = only(registry.from_worker(b"lost", frames(kind, 7, 2, body), 1.0), Side.WORKERS,
                    b"lost", Kind.ERROR)
     error = error_from_wire(message.body)
     assert type(error) is WrongPort and isinstance(error, ConnectError)
@@ -870,7 +870,7 @@ def test_a_client_at_the_workers_port_is_refused_naming_the_client_port(kind):
 def test_a_wrong_port_without_known_endpoints_still_says_which_port_it_is():
     registry = two_workers()  # (a registry made without the bound addresses)
     message = only(registry.from_worker(b"lost", frames(Kind.HELLO, 7, 2, {
-        "token": CLIENT_TOKEN, "device": 0}), 1.0), Side.BACKEND, b"lost", Kind.ERROR)
+        "token": CLIENT_TOKEN, "device": 0}), 1.0), Side.WORKERS, b"lost", Kind.ERROR)
     assert "port for workers" in message.body["message"]
     assert "bound at" not in message.body["message"]
 
@@ -892,7 +892,7 @@ def test_client_sending_a_kind_it_may_not_send(kind):
 def test_worker_sending_a_kind_it_may_not_send(kind):
     registry = two_workers()
     body = {"token": CLIENT_TOKEN, "device": 0}
-    message = only(registry.from_worker(A, frames(kind, 7, 2, body), 1.0), Side.BACKEND, A,
+    message = only(registry.from_worker(A, frames(kind, 7, 2, body), 1.0), Side.WORKERS, A,
                    Kind.ERROR)
     assert message.body["code"] == ProtocolError.code
     assert_no_session_state(registry)
@@ -912,7 +912,7 @@ def test_registered_worker_speaking_another_version_gets_a_protocol_error(kind):
     hello(registry, C1, session=7, device=0)
     # Another version's body is not validated, so it must not reach the handlers.
     sends = registry.from_worker(A, frames(kind, 7, 1, {}, version=PROTOCOL_VERSION + 1), 1.0)
-    message = only(sends, Side.BACKEND, A, Kind.ERROR)
+    message = only(sends, Side.WORKERS, A, Kind.ERROR)
     assert message.body["code"] == ProtocolError.code
     assert registry.sessions[7].phase == SessionPhase.OPENING
 
@@ -921,7 +921,7 @@ def test_registered_worker_speaking_another_version_gets_a_protocol_error(kind):
 def test_unregistered_worker_must_register_first(kind):
     registry = two_workers()
     stranger = b"stranger"
-    message = only(registry.from_worker(stranger, frames(kind, 7, 3), 1.0), Side.BACKEND,
+    message = only(registry.from_worker(stranger, frames(kind, 7, 3), 1.0), Side.WORKERS,
                    stranger, Kind.ERROR)
     assert message.body["code"] == ProtocolError.code
     assert message.body["details"] == {"reason": "not_registered"}
@@ -1017,7 +1017,7 @@ def apply_events(registry: Registry, sequence: list, after_each=None) -> None:
         elif action == "worker":
             sends = registry.from_worker(identity, event_frames, now)
         elif action == "unroutable":
-            side = Side.FRONTEND if identity in (C1, C2) else Side.BACKEND
+            side = Side.FRONTEND if identity in (C1, C2) else Side.WORKERS
             sends = registry.unroutable(side, identity, now)
         else:
             sends = registry.tick(now)
@@ -1040,7 +1040,7 @@ def test_a_registration_under_a_live_workers_name_is_refused_and_changes_nothing
     registry.from_worker(B, frames(Kind.HEARTBEAT), 2.0)  # "b" lives
     devices_before = registry.devices
     sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 4.5)
-    message = only(sends, Side.BACKEND, b"impostor", Kind.REJECT)
+    message = only(sends, Side.WORKERS, b"impostor", Kind.REJECT)
     error = error_from_wire(message.body)
     assert type(error) is WorkerNameTaken and error.details["alive_for"] == 3.0
     assert "--name" in error.message
@@ -1051,7 +1051,7 @@ def test_a_registration_under_a_live_workers_name_is_refused_and_changes_nothing
     sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 50.0)
     assert kinds(sends) == [Kind.REJECT]
     # Once its connection is gone, the same registration takes its place, as a restart does.
-    assert kinds(registry.unroutable(Side.BACKEND, B, 50.1)) == [Kind.ERROR]
+    assert kinds(registry.unroutable(Side.WORKERS, B, 50.1)) == [Kind.ERROR]
     sends = registry.from_worker(b"impostor", register_frames("b", [{}, {}]), 50.2)
     assert kinds(sends) == [Kind.REGISTERED]
     assert [(d["index"], d["worker"]) for d in registry.devices] == [(0, "a"), (1, "b"), (2, "b")]

@@ -14,7 +14,7 @@ from fabric.broker import zap_gate
 from fabric.broker.handshake import handshake_role
 from fabric.broker.model import Side
 from fabric.broker.registry import Registry
-from fabric.core.security import BACKEND_DOMAIN, FRONTEND_DOMAIN
+from fabric.core.security import FRONTEND_DOMAIN, WORKERS_DOMAIN
 
 ADMIN_TOKEN = "admin-secret-token"
 TOKENS = {"client": [CLIENT_TOKEN.encode()], "worker": [WORKER_TOKEN.encode()],
@@ -66,7 +66,7 @@ def test_any_frames_parse_or_raise_value_error(frames):
 
 
 def test_every_token_of_the_broker_is_admitted_on_either_socket_with_its_role():
-    for domain in (FRONTEND_DOMAIN, BACKEND_DOMAIN):
+    for domain in (FRONTEND_DOMAIN, WORKERS_DOMAIN):
         assert role_of(plain(CLIENT_TOKEN, domain), None) == "client"
         assert role_of(plain(WORKER_TOKEN, domain), None) == "worker"
         assert role_of(plain(ADMIN_TOKEN, domain), None) == "admin"
@@ -86,16 +86,16 @@ def test_with_curve_only_the_keys_of_the_sockets_allow_list_get_in():
     client_public, _ = zmq.curve_keypair()
     worker_public, _ = zmq.curve_keypair()
     lists = {FRONTEND_DOMAIN: frozenset({client_public}),
-             BACKEND_DOMAIN: frozenset({worker_public})}
+             WORKERS_DOMAIN: frozenset({worker_public})}
 
     def curve(key: bytes, domain: str) -> zap_gate.ZapRequest:
         return zap_gate.parse_request(request_frames(b"CURVE", zmq.utils.z85.decode(key),
                                                 domain=domain))
 
     assert role_of(curve(client_public, FRONTEND_DOMAIN), lists) == "client"
-    assert role_of(curve(worker_public, BACKEND_DOMAIN), lists) == "worker"
+    assert role_of(curve(worker_public, WORKERS_DOMAIN), lists) == "worker"
     assert role_of(curve(worker_public, FRONTEND_DOMAIN), lists) is None
-    assert role_of(curve(client_public, BACKEND_DOMAIN), lists) is None
+    assert role_of(curve(client_public, WORKERS_DOMAIN), lists) is None
     assert role_of(plain(CLIENT_TOKEN), lists) is None  # a token is no key
 
 
