@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 from fabric.core.errors import FabricError, ProtocolError
 from fabric.core.log_limit import peer_label
-from fabric.core.protocol import MAX_ID, PROTOCOL_VERSION, Kind, Message
+from fabric.core.protocol import MAX_ID, PROTOCOL_VERSION, Kind, LinkReport, Message
 
 from .model import Send, Session, Side, Traffic, Worker, send_error, send_message
 from .model import reported  # (what workers report of their devices)
@@ -116,8 +116,10 @@ def status(registry: RegistryView, now: float) -> dict[str, Any]:
 
 
 def workers(registry: RegistryView, now: float) -> dict[str, Any]:
-    """Every connected worker with its host, address, devices, ages, sessions, drain state and
-    traffic; and every lost one (offline, its indexes kept) with how long ago it was last
+    """Every connected worker with its host, address, devices, ages, sessions, drain state,
+    traffic and what its direct links carried (``link_sent``, ``link_sent_bytes``,
+    ``link_received``, ``link_received_bytes``, ``link_fallbacks``: None until it reports);
+    and every lost one (offline, its indexes kept) with how long ago it was last
     heard from (None: not since this broker started, its indexes from the state file)."""
     totals = device_traffic(registry)
     rows = []
@@ -133,6 +135,8 @@ def workers(registry: RegistryView, now: float) -> dict[str, Any]:
             "sessions": len(worker.sessions), "draining": worker.draining,
             "memory_budget": worker.report and worker.report.budget_bytes,
             "link_refusals": worker.report.link_refusals if worker.report else 0,
+            **{f"link_{name}": worker.report and getattr(worker.report.links, name)
+               for name in LinkReport._fields},
             **_traffic(total)})
     rows.sort(key=lambda row: row["devices"][:1] or [registry.device_count])
     return {"workers": rows, "lost": _lost_workers(registry, now)}

@@ -38,7 +38,7 @@ from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport
+from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport, LinkReport
 
 from .admin_service import RegistryView, device_traffic
 from .model import Traffic
@@ -109,6 +109,7 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
         "budgets": {name: report.budget_bytes for name, report in reports.items()
                     if report.budget_bytes is not None},
         "link_refusals": {name: report.link_refusals for name, report in reports.items()},
+        "links": {name: report.links for name, report in reports.items()},
         "sessions": _count_by((s.phase.value for s in registry.sessions.values()),
                               "opening", "open", "closing"),
         "sessions_opened": counters["hellos"],
@@ -198,6 +199,15 @@ def _reported_families(reports: list[tuple[list[str], DeviceReport]]) -> Iterato
                              "device (traced and sent by a client).", labels=labels)
     queued = _gauge("device_queued_messages", "Messages the device has read from the broker "
                     "and not yet run.", labels=labels)
+    shm = _counter("device_shared_memory_transfers_total", "Arrays that went past the broker "
+                   "through shared memory with a client on the device's host, by direction: "
+                   "to_device (uploads, tensors moved in) or to_client (reads, tensors moved "
+                   "out).", labels=(*labels, "direction"))
+    shm_bytes = _counter("device_shared_memory_bytes_total", "Bytes of those arrays, by "
+                         "direction (as device_shared_memory_transfers_total).",
+                         labels=(*labels, "direction"))
+    pool = _gauge("device_shared_memory_pool_bytes", "Bytes of the device's own shared-memory "
+                  "pool (segments free or lent), as its worker last reported.", labels=labels)
     for key, report in reports:
         resident.add_metric(key, report.resident_bytes)
         ops.add_metric(key, report.ops)
@@ -206,7 +216,31 @@ def _reported_families(reports: list[tuple[list[str], DeviceReport]]) -> Iterato
         replays.add_metric(key, report.graph_replays)
         registrations.add_metric(key, report.graph_registrations)
         queued.add_metric(key, report.queued)
-    yield from (resident, ops, op_time, replays, registrations, queued)
+        for direction, count, size in (("to_device", report.shm_in, report.shm_in_bytes),
+                                       ("to_client", report.shm_out, report.shm_out_bytes)):
+            shm.add_metric([*key, direction], count)
+            shm_bytes.add_metric([*key, direction], size)
+        pool.add_metric(key, report.pool_bytes)
+    yield from (resident, ops, op_time, replays, registrations, queued, shm, shm_bytes, pool)
+
+
+def _link_families(links: Mapping[str, LinkReport]) -> Iterator[Metric]:
+    """The families of what workers report of their direct links."""
+    transfers = _counter("worker_link_transfers_total", "Tensors moved between workers over "
+                         "a direct link, past the broker, by direction: sent (taken by the "
+                         "receiver) or received.", labels=("worker", "direction"))
+    sizes = _counter("worker_link_bytes_total", "Bytes of those tensors, by direction (as "
+                     "worker_link_transfers_total).", labels=("worker", "direction"))
+    for name, report in sorted(links.items()):
+        for direction, count, size in (("sent", report.sent, report.sent_bytes),
+                                       ("received", report.received, report.received_bytes)):
+            transfers.add_metric([name, direction], count)
+            sizes.add_metric([name, direction], size)
+    yield from (transfers, sizes)
+    yield _by_label(_counter, "worker_link_fallbacks_total", "Tensors for a direct link that "
+                    "went through the broker instead: no grant or connection in time, or a "
+                    "link that broke before the receiver took them.", "worker",
+                    {name: report.fallbacks for name, report in links.items()})
 
 
 def families(snapshot: Mapping[str, Any]) -> list[Metric]:
@@ -231,6 +265,7 @@ def families(snapshot: Mapping[str, Any]) -> list[Metric]:
                   "endpoint refused, as it last reported: a handshake showing a ticket the "
                   "broker did not give it (or a used or late one), or a message the ticket "
                   "does not allow.", "worker", snapshot["link_refusals"]),
+        *_link_families(snapshot["links"]),
         _by_label(_gauge, "sessions", "Sessions by state: opening, open or closing.", "state",
                   snapshot["sessions"]),
         _counter("sessions_opened_total", "HELLOs accepted: sessions sent to a device to open.",

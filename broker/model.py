@@ -144,7 +144,8 @@ class Worker:
 
 
 REPORTED = ("resident_bytes", "ops", "op_seconds", "graph_replays", "graph_registrations",
-            "queued")  # what admin views show of a device's ``protocol.DeviceReport``
+            "queued", "shm_in", "shm_in_bytes", "shm_out", "shm_out_bytes",
+            "pool_bytes")  # what admin views show of a device's ``protocol.DeviceReport``
 
 
 def reported(worker: Worker | None, local: int) -> dict[str, Any]:

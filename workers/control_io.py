@@ -45,7 +45,7 @@ import zmq
 
 from fabric.core import protocol
 from fabric.core.flow import Outbox
-from fabric.core.protocol import Kind, WorkerReport, report_body
+from fabric.core.protocol import Kind, LinkReport, WorkerReport, report_body
 from fabric.core.security import announced_mechanism
 from fabric.core.sockets import recv_frames, recv_monitor_event, try_send
 from fabric.core.version import __version__
@@ -143,9 +143,11 @@ class Worker:
 
     def report(self) -> dict[str, Any]:
         """What the control thread's HEARTBEAT says of the devices: the broker's metrics."""
+        links = self.links
         return report_body(WorkerReport(
             self._budget.limit, tuple(runner.report() for runner in self._runners),
-            0 if self.links is None else self.links.admissions.refused))
+            0 if links is None else links.admissions.refused,
+            LinkReport() if links is None else links.report()))
 
     # -- what the control machine asks for ------------------------------------------------
 

@@ -189,6 +189,7 @@ class Fallback(NamedTuple):
 class _Pending:
     frames: list[Any]
     deadline: float
+    nbytes: int
     address: str = ""  # once granted
 
 
@@ -197,23 +198,28 @@ class _Sent:
     frames: list[Any]  # kept until acknowledged, to go through the broker if the link breaks
     deadline: float
     address: str
+    nbytes: int
 
 
 @dataclass
 class Outgoing:
     """A sender's TRANSFERs waiting for a grant or a connection, then for the receiver's
-    word."""
+    word; and the counts of those the receiver took (``sent``, ``sent_bytes``) and of those
+    that fell back to the broker."""
 
     _pending: dict[int, _Pending] = field(default_factory=dict)
     _sent: dict[int, _Sent] = field(default_factory=dict)
     _links: int = 0
     _told: set[str] = field(default_factory=set)  # addresses whose fallback was logged
     _told_broken: set[str] = field(default_factory=set)  # and whose broken link was
+    sent: int = 0
+    sent_bytes: int = 0
+    fallbacks: int = 0
 
     def start(self, frames: list[Any], header: Header, nbytes: int, now: float) -> Message:
         """A TRANSFER (``frames``, its ``header``) leaves: the LINK request to send."""
         self._links += 1
-        self._pending[self._links] = _Pending(frames, now + CONNECT_SECONDS)
+        self._pending[self._links] = _Pending(frames, now + CONNECT_SECONDS, nbytes)
         return Message(Kind.LINK, header.session, self._links,
                        {"source": header.request, "nbytes": nbytes})
 
@@ -227,6 +233,7 @@ class Outgoing:
         address, ticket, key = body.get("address"), body.get("ticket"), body.get("public_key")
         if type(address) is not str or type(ticket) is not bytes or len(ticket) != 32 \
                 or not (key is None or type(key) is bytes):
+            self.fallbacks += 1
             return Fallback(message.request, self._pending.pop(message.request).frames)
         pending.address = address
         return Dial(message.request, address, key, ticket)
@@ -237,12 +244,18 @@ class Outgoing:
         pending = self._pending.pop(link, None)
         if pending is None:
             return None
-        self._sent[link] = _Sent(pending.frames, now + ACK_SECONDS, pending.address)
+        self._sent[link] = _Sent(pending.frames, now + ACK_SECONDS, pending.address,
+                                 pending.nbytes)
         return pending.frames
 
     def acknowledged(self, link: int) -> bool:
         """The receiver took link ``link``'s TRANSFER; False where it was not sent on it."""
-        return self._sent.pop(link, None) is not None
+        sent = self._sent.pop(link, None)
+        if sent is None:
+            return False
+        self.sent += 1
+        self.sent_bytes += sent.nbytes
+        return True
 
     def broke(self, link: int) -> Fallback | None:
         """Link ``link`` broke before the receiver's word: its TRANSFER, to send once more
@@ -256,6 +269,7 @@ class Outgoing:
             log.warning("the direct link to %s broke before the receiver took its tensor: "
                         "sent again through the broker (so are the next that break there)",
                         sent.address)
+        self.fallbacks += 1
         return Fallback(link, sent.frames)
 
     def unacknowledged(self, now: float) -> list[int]:
@@ -279,6 +293,7 @@ class Outgoing:
                             "travel through the broker", pending.address or "the receiving "
                             "worker (no grant)", CONNECT_SECONDS)
             fallbacks.append(Fallback(link, pending.frames))
+        self.fallbacks += len(fallbacks)
         return fallbacks
 
     def clear(self) -> None:

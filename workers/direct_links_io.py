@@ -41,7 +41,7 @@ from fabric.core.errors import FabricError
 from fabric.core.flow import message_bytes_limit
 from fabric.core.intake import MONITORED, Intake
 from fabric.core.log_limit import RateLimitedLog
-from fabric.core.protocol import Kind, Message
+from fabric.core.protocol import Kind, LinkReport, Message
 from fabric.core.security import LINK_STALL_SECONDS, CurveClient, show_ticket
 from fabric.core.sockets import recv_frames, recv_monitor_event, try_send
 
@@ -87,6 +87,7 @@ class BulkLinks:
         self._dials: dict[int, tuple[zmq.Socket, zmq.Socket]] = {}  # link -> socket, monitor
         self._link_of: dict[zmq.Socket, int] = {}  # a dial's socket or monitor -> its link
         self._broken: list[Fallback] = []  # TRANSFERs of links that broke, for tick()
+        self.received = self.received_bytes = 0  # TRANSFERs taken on the endpoint
         self._poller: zmq.Poller | None = None
         self.zap = context.socket(zmq.ROUTER)
         self.zap.linger = 0
@@ -111,6 +112,12 @@ class BulkLinks:
         # What a connection holds before its one message is whole: the largest message.
         self.intake = Intake(self.endpoint, message_bytes_limit(max_message_bytes))
         log.info("direct links at %s", self.address)
+
+    def report(self) -> LinkReport:
+        """What the links carried so far, for the worker's heartbeat report."""
+        out = self.outgoing
+        return LinkReport(out.sent, out.sent_bytes, self.received, self.received_bytes,
+                          out.fallbacks)
 
     def advertised(self) -> dict[str, Any]:
         """What REGISTER says of the endpoint (``bulk``)."""
@@ -188,6 +195,8 @@ class BulkLinks:
                 self._read(routing, frames)
             else:
                 try_send(self.endpoint, [routing, b""])  # (the sender's word that it may close)
+                self.received += 1
+                self.received_bytes += sum(len(frame) for frame in frames[1:])
                 self._to_device(frames)
         else:
             link = self._link_of[sock]

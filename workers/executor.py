@@ -359,21 +359,29 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
 
     def _compute(self, session: DeviceSession, name: str, inputs: list[Any],
                  params: dict[str, Any], buffers: Any) -> Value:
-        if name == "put":  # (a view of the frame that brought it, allocating nothing; or a
-            # copy of the client's slot of shared memory, which it reuses once this ran)
-            shared = "shm" in params
-            array = shared_memory.uploaded(session, params) if shared else np.frombuffer(
-                buffers[params["buffer"]], dtype=device_dtype(params["dtype"])
-            ).reshape(params["shape"])
-            self._require(session, "put (an upload)", array.nbytes, array.nbytes)
-            if shared:
-                array = shared_memory.owned(self.sharing.copies, array)
-            return self.device.from_host(array)
+        if name == "put":
+            return self.arrived(session, "put (an upload)", params, buffers, params.get("buffer"))
         if params:
             params = decode_params(name, params)
         if name in RANDOM_OPS:
             params = {**params, "rng": session.rng}
         return self.device.run(OPS[name], inputs, params)  # an array, or a deferred value
+
+    def arrived(self, session: DeviceSession, what: str, params: dict[str, Any], buffers: Any,
+                index: Any) -> Value:
+        """The device's array of an upload or a tensor moved here (``params``: the put's or
+        the TRANSFER's; ``what`` names it in a QuotaExceeded), admitted against the session's
+        memory first: a view of the frame ``buffers[index]`` that brought it, allocating
+        nothing; or out of shared memory, counted, where the device keeps its own slot as it
+        is and copies the client's (which the client reuses once this ran)."""
+        shared = "shm" in params
+        array = shared_memory.uploaded(session, params) if shared else np.frombuffer(
+            buffers[index], dtype=device_dtype(params["dtype"])).reshape(params["shape"])
+        self._require(session, what, array.nbytes, array.nbytes)
+        if shared:
+            self.tally.came_shared(array.nbytes)
+            array = shared_memory.owned(self.sharing.copies, array)
+        return self.device.from_host(array)
 
     # -- requests -------------------------------------------------------------------------
 

@@ -117,7 +117,8 @@ class DeviceThread:
     def report(self) -> DeviceReport:
         """This device's figures, read from the control thread (``workers.tally``)."""
         executor = self.lane.executor
-        return executor.tally.report(executor.allowance.held, self._waiting.messages)
+        return executor.tally.report(executor.allowance.held, self._waiting.messages,
+                                     0 if executor.slots is None else executor.slots.held)
 
     def run(self) -> None:
         """Serve the lane and the pair until the control thread says STOP."""

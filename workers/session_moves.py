@@ -27,8 +27,8 @@ MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at o
 
 class SessionMoves:
     """The ``Executor``'s handling of tensors moved between sessions (a mixin: it uses the
-    executor's ``sessions``, ``device``, ``sharing``, ``_materialize``, ``_require``,
-    ``_store`` and ``_op_error``)."""
+    executor's ``sessions``, ``device``, ``sharing``, ``tally``, ``_materialize``,
+    ``arrived``, ``_store`` and ``_op_error``)."""
 
     def _transfer(self, session: DeviceSession, tensor_id: int,
                   params: dict[str, Any]) -> Message:
@@ -49,6 +49,8 @@ class SessionMoves:
             if "into" in params:  # its client lent a slot of shared memory for the way
                 shared_memory.carry_in_slot(self.sharing.copies, session, params["into"], array,
                                              body)
+                if "shm" in body:  # (else the slot was refused: the error goes instead)
+                    self.tally.went_shared(array.nbytes)
             else:
                 buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
         return Message(Kind.TRANSFER, params["session"], session.id, body, buffers)
@@ -68,12 +70,8 @@ class SessionMoves:
             if "error" in body:
                 session.poisoned[tensor_id] = body["error"]
             else:
-                shared = "shm" in body
-                array = shared_memory.uploaded(session, body) if shared else np.frombuffer(
-                    message.buffers[0], np.dtype(body["dtype"])).reshape(body["shape"])
-                self._require(session, "to (a tensor moved here)", array.nbytes, array.nbytes)
-                self._store(session, tensor_id, self.device.from_host(
-                    shared_memory.owned(self.sharing.copies, array) if shared else array))
+                self._store(session, tensor_id, self.arrived(
+                    session, "to (a tensor moved here)", body, message.buffers, 0))
         except QuotaExceeded as exc:
             session.poisoned[tensor_id] = self._op_error("to", tensor_id, exc)
         except Exception as exc:  # a malformed transfer: poison, as for an op

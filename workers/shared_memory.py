@@ -520,19 +520,22 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     replies = executor._read(session, message)
     if len(replies) != 1 or len(replies[0].buffers) != 1:
         return replies
+    data = replies[0].buffers[0]
     if message.body.get("view") is True:
         pinned = segments_of(session).pins.pin(executor, session,
                                                session.tensors.get(message.body.get("id")))
+        if pinned is not None:
+            executor.tally.went_shared(data.nbytes)
         if pinned is not None or "into" not in message.body:  # (None: the client, which
             # lent no slot, counted on a pin; it reads again)
             return [replies[0]._replace(body={**replies[0].body, "pinned": pinned},
                                         buffers=())]
-    data = replies[0].buffers[0]
     target = segments_of(session).slot(message.body.get("into"))
     if target.nbytes != data.nbytes:
         raise ProtocolError(f"A read_into slot of {target.nbytes} bytes cannot hold the "
                             f"tensor's {data.nbytes}.")
     executor.sharing.copies.copy(target, data)
+    executor.tally.went_shared(data.nbytes)
     return [replies[0]._replace(buffers=())]
 
 

@@ -29,7 +29,7 @@ def _rate(row: dict[str, Any], count: str) -> str:
     value = row[f"{count}_per_s"]
     if value is None:  # a device its worker has not reported yet
         return "-"
-    return f"{size_text(value)}/s" if count == "bytes" else f"{value:,.1f}/s"
+    return f"{size_text(value)}/s" if count.endswith("bytes") else f"{value:,.1f}/s"
 
 
 def _table(title: str, rows: list[dict[str, Any]], columns: list[Column], empty: str) -> Table:
@@ -88,7 +88,9 @@ def render(frame: dict[str, Any], width: int) -> Group:
         ("DEVICES", lambda r: len(r["devices"])), ("SESSIONS", lambda r: r["sessions"]),
         ("STATE", lambda r: "draining" if r["draining"] else "serving"),
         ("SEEN", lambda r: duration_text(r["last_seen_ago"])),
-        ("SUBMITS", lambda r: _rate(r, "submits")), ("BYTES", lambda r: _rate(r, "bytes"))],
+        ("SUBMITS", lambda r: _rate(r, "submits")), ("BYTES", lambda r: _rate(r, "bytes")),
+        ("LINKS OUT", lambda r: _rate(r, "link_sent_bytes")),
+        ("LINKS IN", lambda r: _rate(r, "link_received_bytes"))],
         "no workers are connected", width)
     devices = _tables("devices", frame["devices"], [
         ("INDEX", lambda r: r["index"]), ("WORKER", lambda r: r["worker"]),
@@ -98,7 +100,9 @@ def render(frame: dict[str, Any], width: int) -> Group:
         ("MEMORY", lambda r: "-" if r["resident_bytes"] is None
          else size_text(r["resident_bytes"])),
         ("OPS", lambda r: _rate(r, "ops")), ("SUBMITS", lambda r: _rate(r, "submits")),
-        ("MESSAGES", lambda r: _rate(r, "messages")), ("BYTES", lambda r: _rate(r, "bytes"))],
+        ("MESSAGES", lambda r: _rate(r, "messages")), ("BYTES", lambda r: _rate(r, "bytes")),
+        ("SHM IN", lambda r: _rate(r, "shm_in_bytes")),
+        ("SHM OUT", lambda r: _rate(r, "shm_out_bytes"))],
         "no devices have registered", width)
     sessions = _tables("sessions", frame["sessions"], [
         ("ID", lambda r: r["id"]), ("DEVICE", lambda r: r["device"]),
@@ -123,10 +127,12 @@ def top(once: bool, as_json: bool, interval: float, **options: Any) -> None:
     interval until Ctrl-C. Needs the admin token; finds the broker as fabric admin does.
 
     Rates are differences of two snapshots over the interval. SUBMITS counts batches of
-    ops (the broker never decodes the ops); a device's MEMORY (what its sessions hold) and
-    OPS are what its worker reports in its heartbeats ("-" until it has). Tables wider than
-    the terminal wrap, their first column repeated. Written to a file or a pipe, each
-    frame follows the last.
+    ops (the broker never decodes the ops); a device's MEMORY (what its sessions hold), OPS
+    and SHM IN/OUT (bytes through shared memory with clients on its host), and a worker's
+    LINKS OUT/IN (bytes over direct links), are what the worker reports in its heartbeats
+    ("-" until it has): they go past the broker, whose BYTES do not count them. Tables
+    wider than the terminal wrap, their first column repeated. Written to a file or a pipe,
+    each frame follows the last.
     """
     from rich.console import Console
     from rich.live import Live

@@ -4,8 +4,9 @@ Rule: ``snapshot`` is the only I/O (the admin commands ``status``, ``workers``, 
 and ``sessions``, read through one ``fabric.Admin``); ``view`` is a pure function of two
 snapshots, and every rate in it is a difference of their counts over the time between them.
 The broker counts data messages, bytes and SUBMITs (batches of ops: it never decodes the ops
-themselves); a device's ops and memory are what its worker last said in a heartbeat (None
-until it has), so its op rate is over the heartbeats within the interval.
+themselves); a device's ops, memory and bytes through shared memory, and a worker's bytes
+over direct links, are what its worker last said in a heartbeat (None until it has), so
+their rates are over the heartbeats within the interval.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ def snapshot(admin: Admin) -> dict[str, Any]:
 
 
 _COUNTS = ("messages", "bytes", "submits")
+# what workers report, past the broker: through shared memory, by device; over direct links
+_DEVICE_COUNTS = (*_COUNTS, "ops", "shm_in_bytes", "shm_out_bytes")
+_WORKER_COUNTS = (*_COUNTS, "link_sent_bytes", "link_received_bytes")
 
 
 def _rates(new: Mapping[str, Any], old: Mapping[str, Any] | None, seconds: float,
@@ -55,10 +59,11 @@ def view(before: Snapshot, after: Snapshot) -> dict[str, Any]:
             "sessions_ended": status["sessions_ended"], "traffic": status["traffic"],
             "rejects": sum(status["rejects"].values()), "queues": status["queues"],
             **_rates(status["traffic"], before["status"]["traffic"], seconds)},
-        "workers": [{**row, **_rates(row, old_workers.get(row["name"]), seconds)}
+        "workers": [{**row, **_rates(row, old_workers.get(row["name"]), seconds,
+                                     _WORKER_COUNTS)}
                     for row in after["workers"]],
         "devices": [{**row, **_rates(row, old_devices.get(row["index"]), seconds,
-                                     (*_COUNTS, "ops"))}
+                                     _DEVICE_COUNTS)}
                     for row in after["devices"]],
         "sessions": [{**row, **_rates(row, old_sessions.get(row["id"]), seconds)}
                      for row in after["sessions"]],

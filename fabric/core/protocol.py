@@ -165,6 +165,15 @@ class DeviceReport(NamedTuple):
     graph_replays: int  # calls of a graph already called once: the graph cache's hits
     graph_registrations: int  # graphs registered (traced and sent by a client)
     queued: int  # messages read from its lane, waiting to run
+    # Bulk traffic past the broker, through shared memory with clients on its host: uploads
+    # and moves that came in through it, reads and moves that went out through it (written
+    # into a client's slot, or a slot of the device's lent as a read-only view), each a count
+    # and its bytes; and the bytes of the device's own pool now (segments free or lent)
+    shm_in: int = 0
+    shm_in_bytes: int = 0
+    shm_out: int = 0
+    shm_out_bytes: int = 0
+    pool_bytes: int = 0
 
     @property
     def ops(self) -> int:
@@ -172,13 +181,27 @@ class DeviceReport(NamedTuple):
         return sum(self.op_buckets)
 
 
+class LinkReport(NamedTuple):
+    """What a worker's direct links carried since it started (counts only grow): tensors
+    sent and received on them, with their bytes, and those that fell back to the broker (no
+    grant or connection in time, or a link that broke before the receiver took it)."""
+
+    sent: int = 0
+    sent_bytes: int = 0
+    received: int = 0
+    received_bytes: int = 0
+    fallbacks: int = 0
+
+
 class WorkerReport(NamedTuple):
-    """A worker's report: its memory budget (None: no limit), one entry per device, and the
-    peers its direct-link endpoint refused (no ticket, a wrong or used one)."""
+    """A worker's report: its memory budget (None: no limit), one entry per device, the
+    peers its direct-link endpoint refused (no ticket, a wrong or used one), and what its
+    direct links carried."""
 
     budget_bytes: int | None
     devices: tuple[DeviceReport, ...]
     link_refusals: int = 0
+    links: LinkReport = LinkReport()
 
     def device(self, local: int) -> DeviceReport | None:
         """The report of device ``local``; None where the worker has no such device (a name
@@ -190,7 +213,7 @@ def report_body(report: WorkerReport) -> dict[str, Any]:
     """The ``report`` field of a worker's HEARTBEAT (a device as a list, in field order:
     a heartbeat stays small, a few dozen bytes per device)."""
     return {"report": [report.budget_bytes, [list(device) for device in report.devices],
-                       report.link_refusals]}
+                       report.link_refusals, list(report.links)]}
 
 
 def _count(value: Any) -> bool:
@@ -201,8 +224,8 @@ def _device_report(entry: Any) -> DeviceReport:
     if type(entry) is not list or len(entry) != len(DeviceReport._fields):
         raise ProtocolError(f"A device report is a list of {len(DeviceReport._fields)} "
                             f"figures ({', '.join(DeviceReport._fields)}).")
-    resident, buckets, seconds, replays, registrations, queued = entry
-    if not all(map(_count, (resident, replays, registrations, queued))):
+    resident, buckets, seconds, replays, registrations, queued, *bulk = entry
+    if not all(map(_count, (resident, replays, registrations, queued, *bulk))):
         raise ProtocolError("A device report's sizes and counts must be ints from 0 to 2**63-1.")
     if (type(buckets) is not list or len(buckets) != len(OP_SECONDS_BUCKETS) + 1
             or not all(map(_count, buckets)) or sum(buckets) > _MAX_COUNT):
@@ -210,7 +233,8 @@ def _device_report(entry: Any) -> DeviceReport:
                             " counts (one per bucket of OP_SECONDS_BUCKETS, and +Inf).")
     if type(seconds) not in (int, float) or not 0 <= seconds < float("inf"):
         raise ProtocolError("A device report's op_seconds must be a finite number >= 0.")
-    return DeviceReport(resident, tuple(buckets), float(seconds), replays, registrations, queued)
+    return DeviceReport(resident, tuple(buckets), float(seconds), replays, registrations, queued,
+                        *bulk)
 
 
 def decode_report(body: dict[str, Any], devices: int) -> WorkerReport | None:
@@ -219,18 +243,24 @@ def decode_report(body: dict[str, Any], devices: int) -> WorkerReport | None:
     if "report" not in body:
         return None
     report = body["report"]
-    if type(report) is not list or len(report) != 3 or type(report[1]) is not list:
+    if type(report) is not list or len(report) != 4 or type(report[1]) is not list:
         raise ProtocolError("A HEARTBEAT's report is [budget_bytes, [device report, ...], "
-                            "link_refusals]: upgrade the worker to the broker's fabric release.")
-    budget, entries, link_refusals = report
+                            "link_refusals, links]: upgrade the worker to the broker's fabric "
+                            "release.")
+    budget, entries, link_refusals, links = report
     if budget is not None and not _count(budget):
         raise ProtocolError("A report's budget_bytes must be an int from 0 to 2**63-1, or nil.")
     if not _count(link_refusals):
         raise ProtocolError("A report's link_refusals must be an int from 0 to 2**63-1.")
+    if type(links) is not list or len(links) != len(LinkReport._fields) \
+            or not all(map(_count, links)):
+        raise ProtocolError(f"A report's links are {len(LinkReport._fields)} counts "
+                            f"({', '.join(LinkReport._fields)}), ints from 0 to 2**63-1.")
     if len(entries) != devices:
         raise ProtocolError(f"A report has {len(entries)} device report(s) for a worker that "
                             f"registered {devices} device(s): one per device, in order.")
-    return WorkerReport(budget, tuple(map(_device_report, entries)), link_refusals)
+    return WorkerReport(budget, tuple(map(_device_report, entries)), link_refusals,
+                        LinkReport(*links))
 
 
 # Header and Message are named tuples, not dataclasses: every message on every hop makes

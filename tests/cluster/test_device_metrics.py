@@ -16,8 +16,8 @@ from fabric.broker.metrics import families, figures
 from fabric.broker.model import Side
 from fabric.core import protocol
 from fabric.core.errors import ProtocolError, error_from_wire
-from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, Message, WorkerReport,
-                                  decode_report, report_body)
+from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, LinkReport, Message,
+                                  WorkerReport, decode_report, report_body)
 from fabric.workers.tally import DeviceTally
 from conftest import HEARTBEAT
 from polling import wait_for
@@ -107,19 +107,36 @@ def test_labels_are_device_and_worker_only(metered):
     assert {key for labels in reported for key, _ in labels} <= {"device", "worker", "le"}
 
 
+BULK = [0] * 5  # a device report's shared-memory counts and pool bytes
+LINKS = [0] * len(LinkReport._fields)
+
+
+def device(resident=0, buckets=None, seconds=0.0, replays=0, registrations=0, queued=0,
+           bulk=BULK) -> list:
+    """A device report as a HEARTBEAT carries it (any field may be given wrong)."""
+    return [resident, [0] * BUCKETS if buckets is None else buckets, seconds, replays,
+            registrations, queued, *bulk]
+
+
 BAD_REPORTS = {
     "not a list": {"report": {"devices": []}},
-    "no devices list": {"report": [None, 7, 0]},
-    "no link_refusals": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]]]},
-    "negative link_refusals": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]], -1]},
-    "a device too many": {"report": [None, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]] * 2, 0]},
-    "a negative size": {"report": [None, [[-1, [0] * BUCKETS, 0.0, 0, 0, 0]], 0]},
-    "a bool for a count": {"report": [None, [[0, [0] * BUCKETS, 0.0, True, 0, 0]], 0]},
-    "too few buckets": {"report": [None, [[0, [0] * (BUCKETS - 1), 0.0, 0, 0, 0]], 0]},
-    "a count too large": {"report": [None, [[0, [2**64 - 1] * BUCKETS, 0.0, 0, 0, 0]], 0]},
-    "seconds not a number": {"report": [None, [[0, [0] * BUCKETS, "1", 0, 0, 0]], 0]},
-    "infinite seconds": {"report": [None, [[0, [0] * BUCKETS, math.inf, 0, 0, 0]], 0]},
-    "a bad budget": {"report": [-5, [[0, [0] * BUCKETS, 0.0, 0, 0, 0]], 0]},
+    "no devices list": {"report": [None, 7, 0, LINKS]},
+    "no link_refusals": {"report": [None, [device()]]},
+    "negative link_refusals": {"report": [None, [device()], -1, LINKS]},
+    "no links": {"report": [None, [device()], 0]},
+    "a link count short": {"report": [None, [device()], 0, LINKS[1:]]},
+    "a negative link count": {"report": [None, [device()], 0, [-1, *LINKS[1:]]]},
+    "a device too many": {"report": [None, [device()] * 2, 0, LINKS]},
+    "a device report short": {"report": [None, [device()[:6]], 0, LINKS]},
+    "a negative size": {"report": [None, [device(resident=-1)], 0, LINKS]},
+    "a bool for a count": {"report": [None, [device(replays=True)], 0, LINKS]},
+    "a negative shared-memory count": {"report": [None, [device(bulk=[0, -8, 0, 0, 0])], 0,
+                                                  LINKS]},
+    "too few buckets": {"report": [None, [device(buckets=[0] * (BUCKETS - 1))], 0, LINKS]},
+    "a count too large": {"report": [None, [device(buckets=[2**64 - 1] * BUCKETS)], 0, LINKS]},
+    "seconds not a number": {"report": [None, [device(seconds="1")], 0, LINKS]},
+    "infinite seconds": {"report": [None, [device(seconds=math.inf)], 0, LINKS]},
+    "a bad budget": {"report": [-5, [device()], 0, LINKS]},
 }
 
 
@@ -127,7 +144,8 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
     url = metered.metrics_url
     errors = value(scrape(url), "fabric_broker_events_total", event="workers_protocol_errors")
     good = WorkerReport(1 << 30, (DeviceReport(4096, (1, 2) + (0,) * (BUCKETS - 3) + (3,), 1.5,
-                                               7, 2, 5),), link_refusals=4)
+                                               7, 2, 5, 3, 300, 2, 200, 1 << 20),),
+                        link_refusals=4, links=LinkReport(5, 500, 6, 600, 1))
     with RawDealer(metered.worker_address, metered.worker_token) as raw:
         raw.send(frames_of(Kind.REGISTER, {"token": metered.worker_token, "name": "raw",
                                            "backend": "numpy", "devices": [{}]}, request=1))
@@ -152,6 +170,18 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
         assert value(samples, "fabric_device_queued_messages", **labels) == 5
         assert value(samples, "fabric_worker_memory_budget_bytes", worker="raw") == 1 << 30
         assert value(samples, "fabric_worker_link_refusals_total", worker="raw") == 4
+        for direction, count, size in (("to_device", 3, 300), ("to_client", 2, 200)):
+            assert value(samples, "fabric_device_shared_memory_transfers_total", **labels,
+                         direction=direction) == count
+            assert value(samples, "fabric_device_shared_memory_bytes_total", **labels,
+                         direction=direction) == size
+        assert value(samples, "fabric_device_shared_memory_pool_bytes", **labels) == 1 << 20
+        for direction, count, size in (("sent", 5, 500), ("received", 6, 600)):
+            assert value(samples, "fabric_worker_link_transfers_total", worker="raw",
+                         direction=direction) == count
+            assert value(samples, "fabric_worker_link_bytes_total", worker="raw",
+                         direction=direction) == size
+        assert value(samples, "fabric_worker_link_fallbacks_total", worker="raw") == 1
     assert metered.broker.poll() is None, metered.log_tail("broker", 20)
     with metered.connect(device=0) as session:
         assert session.asarray([1.0, 2.0]).sum().numpy() == 3.0
@@ -162,7 +192,9 @@ def test_a_malformed_report_is_a_counted_protocol_error_and_the_broker_keeps_ser
 
 def test_a_report_goes_through_its_codec_unchanged():
     report = WorkerReport(None, (DeviceReport(10, (0,) * BUCKETS, 0.0, 0, 0, 0),
-                                 DeviceReport(2**40, tuple(range(BUCKETS)), 12.5, 3, 1, 9)), 7)
+                                 DeviceReport(2**40, tuple(range(BUCKETS)), 12.5, 3, 1, 9,
+                                              4, 2**33, 5, 2**34, 2**31)), 7,
+                          LinkReport(1, 2**30, 2, 2**31, 3))
     body = protocol.decode(protocol.encode(Message(Kind.HEARTBEAT, body=report_body(report))))
     assert decode_report(body.body, devices=2) == report
     assert decode_report({}, devices=2) is None  # a lane's heartbeat says nothing of it
@@ -225,11 +257,11 @@ def test_a_name_back_with_fewer_devices_reports_only_those():
 
 
 def test_a_heartbeat_stays_small_whatever_the_counts():
-    largest = DeviceReport(2**63 - 1, (2**63 - 1,) + (0,) * (BUCKETS - 1), 1e300,
-                           2**63 - 1, 2**63 - 1, 2**63 - 1)
+    most = 2**63 - 1
+    largest = DeviceReport(most, (most,) + (0,) * (BUCKETS - 1), 1e300, *[most] * 8)
     for devices in (1, 8):
-        report = WorkerReport(2**63 - 1, (largest,) * devices)
+        report = WorkerReport(most, (largest,) * devices, most, LinkReport(*[most] * 5))
         size = sum(map(len, protocol.encode(Message(Kind.HEARTBEAT, body=report_body(report)))))
-        assert size < 100 + 100 * devices
+        assert size < 150 + 150 * devices  # (every count at its largest: 9 bytes each)
         assert decode_report(protocol.decode(protocol.encode(Message(
             Kind.HEARTBEAT, body=report_body(report)))).body, devices) == report

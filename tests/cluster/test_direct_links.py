@@ -105,6 +105,14 @@ def _link_refusals(cluster: SSHCluster) -> int:
         return sum(row["link_refusals"] for row in admin.workers())
 
 
+def _link_figures(cluster: SSHCluster) -> dict[str, int]:
+    """What the cluster's workers' direct links carried, summed over the workers, as last
+    reported (``link_sent``, ``link_sent_bytes``, ...)."""
+    with cluster.admin() as admin:
+        rows = admin.workers()
+    return {key: sum(row[key] or 0 for row in rows) for key in rows[0] if key.startswith("link_")}
+
+
 def _bulk_address(log_dir: Path, host: str) -> str:
     """The direct-link endpoint the worker on ``host`` logged."""
     [log] = [p for p in log_dir.iterdir() if host in p.name]
@@ -127,7 +135,7 @@ VALUES = [
 def test_large_tensors_move_between_hosts_over_a_direct_link_byte_for_byte(direct):
     here, there = _sessions(direct)
     with here, there:
-        before = _counters(direct)
+        before, carried = _counters(direct), _link_figures(direct)
         for values in VALUES:
             moved = here.asarray(values).to(there)
             got = moved.numpy()
@@ -135,6 +143,18 @@ def test_large_tensors_move_between_hosts_over_a_direct_link_byte_for_byte(direc
             assert got.tobytes() == np.ascontiguousarray(values).tobytes()
         after = _counters(direct)
     assert after.get("links_granted", 0) - before.get("links_granted", 0) == len(VALUES)
+    # ... and the workers say so in their next heartbeats: each move sent and received once
+    def reported() -> dict[str, int] | None:
+        now = _link_figures(direct)
+        return now if min(now["link_sent"] - carried["link_sent"], now["link_received"]
+                          - carried["link_received"]) >= len(VALUES) else None
+    moved = wait_for(reported, 10, "both workers to report the moves")
+    assert moved["link_sent"] - carried["link_sent"] == len(VALUES)
+    assert moved["link_received"] - carried["link_received"] == len(VALUES)
+    assert moved["link_sent_bytes"] - carried["link_sent_bytes"] \
+        == moved["link_received_bytes"] - carried["link_received_bytes"] \
+        >= sum(v.nbytes for v in VALUES)
+    assert moved["link_fallbacks"] == carried["link_fallbacks"]
     uploads_and_reads = 2 * sum(v.nbytes for v in VALUES)
     # what crossed the broker: each array up and back, and small messages; not the moves
     assert after["traffic"] - before["traffic"] < uploads_and_reads + sum(
@@ -242,6 +262,9 @@ def test_an_unreachable_endpoint_falls_back_to_the_broker_and_says_so_once(hosts
                 for _ in range(2):  # (the session asks once)
                     assert np.array_equal(there.asarray(large).numpy(), large)
             assert _counters(running)["links_granted"] == granted + 1
+            wait_for(lambda: _link_figures(running)["link_fallbacks"] == 2, 10,
+                     "the sending worker to report its two moves that fell back")
+            assert _link_figures(running)["link_sent"] == 0
         sender = [p for p in tmp_path.iterdir() if hosts.addresses[0] in p.name]
     assert [r.getMessage() for r in caplog.records] == [
         f"no direct link to {_bulk_address(tmp_path, hosts.addresses[1])} within "

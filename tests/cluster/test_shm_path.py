@@ -120,6 +120,29 @@ def test_results_computed_on_the_device_come_back_through_shared_memory(shm_clus
 
 
 @pytest.mark.timeout(60)
+def test_the_device_reports_what_went_through_shared_memory(shm_cluster):
+    """Its worker's heartbeats say how many arrays (and bytes) came in and went out through
+    shared memory, and what its own pool holds: the broker's metrics and fabric top show it."""
+    def device_1(moved_on: int = -1) -> dict | None:
+        with shm_cluster.admin() as admin:
+            row = next(row for row in admin.devices() if row["index"] == 1)
+        return row if row["shm_out"] is not None and row["shm_out"] > moved_on else None
+    before = wait_for(device_1, 10, "device 1's first report")
+    with connect(shm_cluster, SharedMemory(), device=1) as session:
+        a = np.arange(300_000.0)  # over the 1 MiB threshold
+        np.testing.assert_array_equal((session.asarray(a) + 1).numpy(), a + 1)
+        view = (session.asarray(a) * 2).numpy(copy=False)  # a slot of the device's, lent
+        np.testing.assert_array_equal(view, a * 2)
+        after = wait_for(lambda: device_1(before["shm_out"] + 1), 10, "the reads reported")
+        del view
+    assert (after["shm_in"] - before["shm_in"], after["shm_in_bytes"] - before["shm_in_bytes"]) \
+        == (2, 2 * a.nbytes)
+    assert (after["shm_out"] - before["shm_out"],
+            after["shm_out_bytes"] - before["shm_out_bytes"]) == (2, 2 * a.nbytes)
+    assert after["pool_bytes"] >= a.nbytes  # (the slots it lent for the uploads and the view)
+
+
+@pytest.mark.timeout(60)
 def test_a_read_only_view_holds_its_slot_until_collected(shm_cluster):
     with connect(shm_cluster) as session:
         t = session.asarray(np.ones(300_000))

@@ -105,8 +105,10 @@ def _snapshot(at: float, messages: int, submits: int, session_bytes: int) -> dic
                    "devices_total": 1, "sessions": 1, "sessions_ended": 0,
                    "traffic": traffic, "rejects": {"unauthorized": 2, "device_not_found": 1},
                    "queues": {"parked_messages": 0, "frontend_paused": False}},
-        "workers": [{"name": "w", **traffic}],
-        "devices": [{"index": 0, **traffic, "ops": None}],
+        "workers": [{"name": "w", **traffic, "link_sent_bytes": None,
+                     "link_received_bytes": None}],
+        "devices": [{"index": 0, **traffic, "ops": None, "shm_in_bytes": None,
+                     "shm_out_bytes": None}],
         "sessions": [{"id": "0x1", "messages": messages, "bytes": session_bytes,
                       "submits": submits}],
     }
@@ -161,3 +163,15 @@ def test_a_device_s_op_rate_is_over_its_reports_and_none_before_any():
     assert [row["ops_per_s"] for row in frame["devices"]] == [300.0, 250.0]
     after["devices"][1]["ops"] = None  # not reported yet
     assert view(before, after)["devices"][1]["ops_per_s"] is None
+
+
+def test_bytes_past_the_broker_have_rates_over_the_workers_reports():
+    before, after = _snapshot(10.0, 100, 4, 0), _snapshot(12.0, 160, 10, 0)
+    after["devices"][0].update(shm_in_bytes=4 << 20, shm_out_bytes=2 << 20)
+    before["workers"][0].update(link_sent_bytes=1 << 20, link_received_bytes=0)
+    after["workers"][0].update(link_sent_bytes=5 << 20, link_received_bytes=0)
+    frame = view(before, after)
+    device, worker = frame["devices"][0], frame["workers"][0]
+    assert (device["shm_in_bytes_per_s"], device["shm_out_bytes_per_s"]) == (2 << 20, 1 << 20)
+    assert (worker["link_sent_bytes_per_s"], worker["link_received_bytes_per_s"]) == (2 << 20, 0)
+    assert view(before, before)["devices"][0]["shm_in_bytes_per_s"] is None  # not reported
