@@ -333,8 +333,8 @@ def test_a_tensor_from_another_session_is_refused(session, shared_cluster):
 
 def test_unsupported_numpy_functions_raise_type_error_instead_of_downloading(session):
     t = session.ones(5)
-    with pytest.raises(TypeError, match="tensordot"):
-        np.tensordot(t, t, 1)
+    with pytest.raises(TypeError, match="nanmedian"):
+        np.nanmedian(t)
     with pytest.raises(TypeError, match="reduce"):
         np.add.reduce(t)
 
