@@ -40,7 +40,9 @@ _KINDS = {"bool": "b", "signed integer": "i", "unsigned integer": "u", "integral
 def dtype_of(value: Any) -> np.dtype:
     """The namespace's dtype of ``value``: a dtype of the standard's thirteen, or an array's;
     TypeError for anything else."""
-    dtype = getattr(value, "dtype", value) if not isinstance(value, np.dtype) else value
+    # (numpy's scalar types, np.float32, name their dtype as Python's float does float64;
+    # their class attribute ``dtype`` is no dtype)
+    dtype = value if isinstance(value, (np.dtype, type)) else getattr(value, "dtype", value)
     try:
         found = np.dtype(dtype) if dtype is not None else None
     except TypeError:
@@ -81,9 +83,10 @@ def result_type(*arrays_and_dtypes: Any) -> np.dtype:
     dtypes = [dtype_of(a) for a in arrays_and_dtypes
               if not isinstance(a, (builtins.bool, int, float, complex))]
     scalars = [a for a in arrays_and_dtypes if isinstance(a, (builtins.bool, int, float, complex))]
-    if not dtypes:
-        raise ValueError("result_type needs at least one array or dtype (Python scalars alone "
-                         "have no dtype in the standard).")
+    if not dtypes:  # (a TypeError, as numpy's protocols refuse operands: xarray asks of each
+        # operand alone, and takes one for "no dtype of its own")
+        raise TypeError("result_type needs at least one array or dtype (Python scalars alone "
+                        "have no dtype in the standard).")
     found = np.result_type(*dtypes)
     return np.result_type(found, *scalars) if scalars else found
 
@@ -155,8 +158,13 @@ def session_of(*values: Any) -> Any:
 def operand(value: Any) -> Any:
     """A scalar operand of a function of a tensor: a Python scalar as it is (numpy's weak
     scalar takes the tensor's dtype, as the standard's does; a complex one travels as a 0-d
-    tensor of that dtype, ``session.apply``'s rule); numpy arrays refused."""
-    if isinstance(value, (np.ndarray, np.generic)):
+    tensor of that dtype, ``session.apply``'s rule); a numpy scalar of the standard's dtypes
+    as numpy 2 takes it, its dtype promoted as an array's (xarray's fill values are such, as
+    ``result_type`` takes them); numpy arrays refused."""
+    if isinstance(value, np.generic):
+        dtype_of(value)  # (TypeError for a dtype the standard has not)
+        return value
+    if isinstance(value, np.ndarray):
         raise TypeError("fabric.array_api's functions take fabric tensors and Python scalars, "
                         "not numpy arrays: upload them with xp.asarray first.")
     return value

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import builtins
 import operator
-import string
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -22,6 +21,7 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.array_api.dtypes import dtype_of, operand, operands, session_of
 from fabric.array_api.elementwise import tensor_argument
+from fabric.arrays.numpy_linalg import contract
 from fabric.arrays.tensor import Tensor
 
 Axis = int | tuple[int, ...] | None
@@ -375,14 +375,7 @@ def tensordot(x1: Tensor, x2: Tensor, /, *,
             x1.shape[a], x2.shape[b]) for a, b in zip(first, second)):
         raise ValueError(f"tensordot: shapes {x1.shape} and {x2.shape} do not match along "
                          f"axes {first} and {second}.")
-    letters = iter(string.ascii_letters)
-    left = [next(letters) for _ in range(x1.ndim)]
-    right = [next(letters) for _ in range(x2.ndim)]
-    for a, b in zip(first, second):
-        right[b] = left[a]
-    out = [c for n, c in enumerate(left) if n not in first] + \
-        [c for n, c in enumerate(right) if n not in second]
-    return np.einsum(f"{''.join(left)},{''.join(right)}->{''.join(out)}", x1, x2)
+    return contract(x1, x2, first, second)
 
 
 def vecdot(x1: Tensor, x2: Tensor, /, *, axis: int = -1) -> Tensor:

@@ -15,8 +15,9 @@ matrix) are raised by the next read, as ``fabric.RemoteError``.
 from __future__ import annotations
 
 import operator
+import string
 import warnings
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
@@ -140,6 +141,37 @@ def _norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> 
     return result
 
 
+def contract(a: Tensor, b: Tensor, axes_a: Sequence[int], axes_b: Sequence[int]) -> Tensor:
+    """The sum of the products of ``a`` and ``b`` over the paired axes (``axes_a[i]`` of
+    ``a`` with ``axes_b[i]`` of ``b``, both counted from 0), ``a``'s other axes then ``b``'s:
+    one ``einsum`` on the device (which broadcasts a paired axis of length one)."""
+    letters = iter(string.ascii_letters)
+    left = [next(letters) for _ in range(a.ndim)]
+    right = [next(letters) for _ in range(b.ndim)]
+    for axis_a, axis_b in zip(axes_a, axes_b):
+        right[axis_b] = left[axis_a]
+    out = [c for n, c in enumerate(left) if n not in axes_a] + \
+        [c for n, c in enumerate(right) if n not in axes_b]
+    return np.einsum(f"{''.join(left)},{''.join(right)}->{''.join(out)}", a, b)
+
+
+def _tensordot(a: Any, b: Any, axes: Any = 2) -> Tensor:
+    """numpy.tensordot: the last ``axes`` axes of ``a`` with the first of ``b``, or two
+    lists (or two axes) paired, of equal lengths (numpy's errors)."""
+    a = _tensor(a, b)
+    b = _tensor(b, a)
+    if isinstance(axes, (int, np.integer)):
+        axes_a, axes_b = list(range(a.ndim - axes, a.ndim)), list(range(int(axes)))
+    else:
+        axes_a, axes_b = ([axis] if isinstance(axis, (int, np.integer)) else list(axis)
+                          for axis in axes)
+    axes_a, axes_b = normalize_axis_tuple(axes_a, a.ndim), normalize_axis_tuple(axes_b, b.ndim)
+    if len(axes_a) != len(axes_b) or any(a.shape[i] != b.shape[j]
+                                         for i, j in zip(axes_a, axes_b)):
+        raise ValueError("shape-mismatch for sum")
+    return contract(a, b, axes_a, axes_b)
+
+
 def _cov(m: Any, y: Any = None, rowvar: bool = True, bias: bool = False, ddof: Any = None,
          fweights: Any = None, aweights: Any = None, *, dtype: Any = None) -> Tensor:
     """numpy.cov's formula, on the device: each variable's deviations from its mean, their
@@ -185,4 +217,5 @@ ARRAY_FUNCTIONS.update({
     np.linalg.eigh: _eigh,
     np.linalg.svd: _svd,
     np.cov: _cov,
+    np.tensordot: _tensordot,
 })

@@ -87,6 +87,8 @@ class Session(ArrayNamespace):
         self.upload_buffers: weakref.WeakValueDictionary[tuple[str, int], np.ndarray] = \
             weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
+        # What the client waited for (stats): every request answered, the reads among them
+        self.stream.counts.update(round_trips=0, reads=0, bytes_read=0)
 
     @property
     def closed(self) -> bool:
@@ -243,6 +245,7 @@ class Session(ArrayNamespace):
         reply = self.connection.wait_for_reply(request,
                                                self.timeout if timeout is None else timeout,
                                                session=self.id)
+        self.stream.counts["round_trips"] += 1
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
             issue_warnings(reply.body, self.stream)
@@ -278,6 +281,7 @@ class Session(ArrayNamespace):
         if not copy or tensor.size >= self.connection.bulk_elements \
                 or tensor.size >= direct_link.DIRECT_ELEMENTS:
             return self.start_read(tensor, copy).result()
+        self._count_read(tensor)
         reply = self._reply(self._send_request(_read_body(tensor), reads=tensor))
         if "error" in reply.body:  # (start_read's, without an object between: every read)
             raise self._remote_error(reply.body["error"])
@@ -288,6 +292,7 @@ class Session(ArrayNamespace):
         for the values: ``.result()`` waits for them (``copy`` as ``read`` takes it). Reads of
         many sessions can so be in flight at once (a sharded tensor's ``numpy()`` gathers its
         shards so)."""
+        self._count_read(tensor)
         sent = None
         if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
             sent = bulk.start_read(self, tensor, view=not copy)
@@ -304,6 +309,11 @@ class Session(ArrayNamespace):
         if not copy:
             read.copy = False
         return read
+
+    def _count_read(self, tensor: Tensor) -> None:
+        counts = self.stream.counts
+        counts["reads"] += 1
+        counts["bytes_read"] += tensor.nbytes
 
     def resolve_shape(self, tensor: Tensor) -> None:
         """Learn ``tensor``'s shape and dtype from the device, its op sent and run first: one
@@ -352,8 +362,12 @@ class Session(ArrayNamespace):
         ``bytes_uploaded`` counts every upload's bytes, whichever way they went:
         ``bytes_uploaded_by_socket`` (through the broker), ``_by_shared_memory`` and
         ``_by_direct_link`` (where any went that way) say how many took each.
+        ``round_trips`` counts the requests whose answer the client waited for (reads, shapes
+        learned from the device, syncs, moves; not these stats), the points where a program
+        blocks; ``reads`` and ``bytes_read`` the reads of values among them, and their bytes.
         """
         device = self._call({"op": "stats"}).body  # flushes first, so counts are current
+        self.stream.counts["round_trips"] -= 1  # (this call's own is not the program's)
         return {**self.stream.counts, **device}
 
     def foreign_tensor(self, tensor: Tensor) -> Exception:

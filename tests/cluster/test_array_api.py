@@ -103,6 +103,24 @@ def test_the_standards_rules_where_numpys_differ(session, xp) -> None:
         xp.cumulative_sum(xp.ones((2, 2)))
 
 
+def test_numpys_dtypes_and_scalars_are_taken_as_numpy_2_takes_them(session, xp) -> None:
+    # (xarray passes them: its fill values are numpy scalars, da.astype(np.float32) a type)
+    single = xp.asarray([1.0, -2.0], dtype=np.float32)
+    assert single.dtype == xp.float32 and xp.astype(single, np.int8).dtype == xp.int8
+    assert xp.zeros(2, dtype=np.uint16).dtype == xp.uint16
+    assert xp.isdtype(np.float64, "real floating")
+    kept = xp.where(single > 0, single, np.float32(np.nan))
+    assert kept.dtype == xp.float32 and np.isnan(kept.numpy()[1])
+    assert xp.add(single, np.float64(1)).dtype == xp.float64  # (a numpy scalar's dtype counts)
+    assert xp.result_type(single, np.float64(1)) == xp.float64 == xp.result_type(1.0, xp.float64)
+    with pytest.raises(TypeError, match="Python scalars alone"):  # (xarray asks, and goes on)
+        xp.result_type(1.0)
+    with pytest.raises(TypeError, match="array API standard"):
+        xp.add(single, np.float16(1))
+    with pytest.raises(TypeError, match="array API standard"):
+        xp.astype(single, np.float16)
+
+
 def test_functions_of_tensors_read_nothing(session, xp, monkeypatch) -> None:
     a = xp.reshape(xp.arange(1.0, 7.0), (2, 3))
     results = []

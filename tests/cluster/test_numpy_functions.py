@@ -2,7 +2,8 @@
 (``inv``, ``solve``, ``det``, ``eig``, ``eigh``, ``svd``, ``norm`` with every ``ord``),
 ``cov``, ``median``, ``percentile``/``quantile``, ``pad``, ``meshgrid``, ``bincount``, ``take``,
 ``diag``, ``split``/``array_split``, ``append``, ``flipud``/``fliplr``, ``atleast_*d``,
-``may_share_memory``, and the reductions' ``where=``.
+``may_share_memory``, ``tensordot``, the NaN-skipping functions (``nansum``, ``nanmean``, ...)
+and the reductions' ``where=``.
 
 Each is checked against numpy over the dtypes it takes, on the numpy device and on a numexpr
 device whose inputs are deferred chains: the shape and dtype known before anything is read
@@ -101,6 +102,11 @@ APPROX_EVERYDAY = {
     "np.linalg.norm bad": lambda t, u: np.linalg.norm(t, "fro", axis=0),
     "np.linalg.norm bad matrix": lambda t, u: np.linalg.norm(t, 3),
     "np.linalg.norm 3-d": lambda t, u: np.linalg.norm(t[None], 1),
+    "np.tensordot": lambda t, u: np.tensordot(t, u),
+    "np.tensordot pairs": lambda t, u: np.tensordot(t, u[None], ([1, 0], [2, 1])),
+    "np.tensordot one axis each": lambda t, u: np.tensordot(t, u.T, (1, 0)),
+    "np.tensordot outer": lambda t, u: np.tensordot(t[0], u, 0),
+    "np.tensordot mismatch": lambda t, u: np.tensordot(t, u, 1),
 }
 
 
@@ -120,6 +126,51 @@ def test_everyday_functions_within_rounding(session, name, dtype):
     expect_same(session, APPROX_EVERYDAY[name], data(dtype, seed=72),
                 data(dtype, kind="positive", seed=73), approx=True, label=name)
     session.sync()
+
+
+# numpy's NaN-skipping functions, of a (3, 4) array holding NaNs, infinities and a row of
+# NaNs alone (the dtypes without NaN: the plain functions); the same values, not only close
+NAN_FUNCTIONS = {
+    "np.nansum": lambda t: np.nansum(t),
+    "np.nansum axis dtype": lambda t: np.nansum(t, axis=0, dtype=np.float64),
+    "np.nanprod keepdims": lambda t: np.nanprod(t, axis=1, keepdims=True),
+    "np.nancumsum": lambda t: np.nancumsum(t, axis=1),
+    "np.nancumprod flattened": lambda t: np.nancumprod(t),
+    "np.nanmean": lambda t: np.nanmean(t),
+    "np.nanmean axis": lambda t: np.nanmean(t, axis=1),
+    "np.nanvar ddof": lambda t: np.nanvar(t, axis=1, ddof=1),
+    "np.nanvar ddof past the count": lambda t: np.nanvar(t[:, :2], axis=0, ddof=2),
+    "np.nanstd keepdims": lambda t: np.nanstd(t, axis=0, keepdims=True),
+    "np.nanmin": lambda t: np.nanmin(t, axis=1),
+    "np.nanmax keepdims": lambda t: np.nanmax(t, axis=0, keepdims=True),
+    "np.nanmax of nothing": lambda t: np.nanmax(t[:0], axis=0),
+    "np.nanargmin": lambda t: np.nanargmin(t, axis=0),
+    "np.nanargmax of a row of NaNs": lambda t: np.nanargmax(t, axis=1),
+    "np.nanmean out": lambda t: np.nanmean(t, out=t),
+}
+
+
+def _with_nans(dtype):
+    t = data(dtype, kind="special", seed=76)
+    if t.dtype.kind == "c":
+        t = t + 1j * data("float64", kind="special", seed=77)[::-1]
+    if t.dtype.kind in "fc":
+        t[1] = np.nan
+    return t
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (numpy's, of slices of NaNs alone)
+@pytest.mark.parametrize("dtype", [*DTYPES, "complex128"])
+@pytest.mark.parametrize("name", list(NAN_FUNCTIONS))
+def test_nan_skipping_functions(session, name, dtype):
+    if name.endswith(" out"):
+        with pytest.raises(TypeError, match="out="):
+            NAN_FUNCTIONS[name](session.asarray(_with_nans(dtype)))
+        return
+    before = session.stats()["reads"]
+    expect_same(session, NAN_FUNCTIONS[name], _with_nans(dtype), label=name)
+    # (only nanargmin/nanargmax read: whether a slice holds NaNs alone, before the values)
+    assert session.stats()["reads"] - before <= 1 + ("arg" in name and dtype[0] in "fc")
 
 
 def _matrix(m):
