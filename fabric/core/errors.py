@@ -15,6 +15,7 @@
     │       ├── DuplicateSession
     │       └── TooManySessions
     ├── SessionLost                  an open session ended (its worker, broker or link died)
+    │   └── SessionClosed            its user closed it
     ├── MessageTooLarge
     ├── RequestTimeout
     ├── RemoteError                  an op failed on the device
@@ -147,6 +148,13 @@ class SessionLost(FabricError):
     """The session ended without being closed: its worker, the broker or the link is gone."""
 
     code = "session_lost"
+
+
+class SessionClosed(SessionLost):
+    """The session was closed by its user (``close()``, or the end of its ``with`` block):
+    open a new one. A ``SessionLost``, so that handlers of a session's end see it too."""
+
+    code = "session_closed"
 
 
 class TooManySessions(HandshakeError):

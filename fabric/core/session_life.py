@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 from threading import get_ident
 
-from fabric.core.errors import FabricError, SessionLost
+from fabric.core.errors import FabricError, SessionClosed
 
 ONE_THREAD = ("A fabric session is used only by the thread that connected it: call "
               "fabric.connect() in each thread that issues ops.")
@@ -106,7 +106,7 @@ class SessionLife(Life):
         to another thread. (A lost one may still be used: its error comes with its next
         message.)"""
         if self.phase is CLOSED:
-            raise SessionLost(f"Session {self.session_id:#x} is closed: open a new session.")
+            raise SessionClosed(f"Session {self.session_id:#x} is closed: open a new session.")
         if get_ident() != self.thread:
             raise FabricError(ONE_THREAD)
 

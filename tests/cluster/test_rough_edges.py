@@ -113,3 +113,13 @@ def test_a_worker_restarted_after_its_process_died_is_accepted_at_its_first_regi
         assert "belongs to a live worker" not in cluster.log_tail("worker-0", 50)
         with cluster.connect(device=0, timeout=10) as session:
             assert session.arange(3).sum().numpy() == 3
+
+
+def test_a_session_its_user_closed_says_closed_not_lost(cluster):
+    session = fabric.connect(cluster.address, token=cluster.token, timeout=10)
+    t = session.ones(3)
+    session.close()
+    for use in (lambda: t + 1, t.numpy, session.sync, lambda: session.zeros(2)):
+        with pytest.raises(fabric.SessionClosed, match="is closed: open a new session"):
+            use()
+    assert issubclass(fabric.SessionClosed, fabric.SessionLost)  # (handlers of a loss see it)

@@ -33,6 +33,7 @@ STABLE_CODES = {
     "TooManySessions": "too_many_sessions",
     "MessageTooLarge": "message_too_large",
     "SessionLost": "session_lost",
+    "SessionClosed": "session_closed",
     "RequestTimeout": "timeout",
     "RemoteError": "remote_error",
     "QuotaExceeded": "quota_exceeded",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fabric.arrays.stream import OpStream
 from fabric.core import protocol
-from fabric.core.errors import FabricError, SessionLost
+from fabric.core.errors import FabricError, SessionClosed, SessionLost
 from fabric.core.session_life import (
     CLOSED,
     LOST,
@@ -72,7 +72,7 @@ def test_open_then_closed_refuses_every_later_use():
     life = SessionLife(0x5E55)
     assert life.close() is OPEN
     assert life.phase is CLOSED and life.error is None and life.thread is None
-    with pytest.raises(SessionLost, match="0x5e55 is closed: open a new session"):
+    with pytest.raises(SessionClosed, match="0x5e55 is closed: open a new session"):
         life.check_usable()
 
 
@@ -244,7 +244,7 @@ def test_the_stream_reads_the_session_life():
     kept = add(owner.stream)  # lost: still queued, its error is raised when it is sent
     assert owner.stream.batch == [(kept.id, "add", 0, 1.0)]
     assert owner.stream.close() is LOST
-    with pytest.raises(SessionLost, match="0x5e55 is closed"):
+    with pytest.raises(SessionClosed, match="0x5e55 is closed"):
         add(owner.stream)
     assert owner.stream.batch == []
 

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                                   MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream,
                                   batch_elements_bound)
-from fabric.core.errors import FabricError, ProtocolError, SessionLost
+from fabric.core.errors import FabricError, ProtocolError, SessionClosed, SessionLost
 from fabric.core.flow import COMPILES_BATCHES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind
 from fabric.core.wire import op_entry, parse_op
@@ -173,7 +173,7 @@ def test_a_closed_stream_refuses_ops_and_forgets_the_tensor_it_made():
     add(owner.stream)
     owner.stream.close()
     assert not owner.stream.batch  # closing the session frees it all on the device
-    with pytest.raises(SessionLost, match="0x5e55 is closed"):
+    with pytest.raises(SessionClosed, match="0x5e55 is closed"):
         add(owner.stream)
     assert list(owner.stream.origins) == [1]
     assert not owner.stream.batch  # the refused tensor is not freed: it was never made
