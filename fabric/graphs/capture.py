@@ -67,7 +67,11 @@ class Trace:
         return "\n".join(lines)
 
     def save(self, path: str | Path) -> None:
-        """Write the trace as msgpack."""
+        """Write the trace to ``path`` as one msgpack map, ``{"version": 1, "ops": [...]}``:
+        each op a map of its name (``op``), its result's id (``out``), ``args`` (tensor ids,
+        and scalars as the wire encodes them), ``params``, the result's ``shape`` and
+        ``dtype`` (numpy's ``dtype.str``), and an upload's bytes (``data``). ``Trace.load``
+        reads it back."""
         Path(path).write_bytes(msgpack.packb({"version": 1, "ops": self.ops}, use_bin_type=True))
 
     @classmethod
@@ -81,11 +85,13 @@ class Trace:
             raise ValueError(f"{path} is not a fabric trace.")
         return cls(list(data["ops"]))
 
-    def replay(self, session: ArrayNamespace, *inputs: Tensor) -> dict[int, Tensor]:
-        """Issue the trace's ops on ``session``; returns {recorded id: new tensor}.
+    def replay(self, session: ArrayNamespace, *inputs: Tensor | np.ndarray) -> dict[int, Tensor]:
+        """Issue the trace's ops on ``session``; returns a dict from each recorded tensor's
+        id (``t.id`` when captured, the ``tN`` that printing the trace shows) to the tensor
+        that replaying made on ``session``, for the inputs too.
 
         ``inputs`` bind, in order, the tensors the trace read but did not create
-        (``trace.inputs``); they must live on ``session``.
+        (``trace.inputs``): tensors of ``session``, or numpy arrays, which are uploaded.
         """
         graphs = sorted({e["op"] for e in self.ops if e["op"].startswith("graph_")})
         if graphs:
@@ -95,7 +101,7 @@ class Trace:
         if len(inputs) != len(self.inputs):
             raise TypeError(f"This trace reads {len(self.inputs)} tensor(s) it did not "
                             f"create; pass them to replay() (got {len(inputs)}).")
-        tensors: dict[int, Tensor] = dict(zip(self.inputs, inputs))
+        tensors: dict[int, Tensor] = dict(zip(self.inputs, map(session.asarray, inputs)))
         origin = issued_at()  # errors of replayed ops name the replay's line
         for entry in self.ops:
             name, params = entry["op"], entry["params"]

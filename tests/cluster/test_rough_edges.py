@@ -123,3 +123,17 @@ def test_a_session_its_user_closed_says_closed_not_lost(cluster):
         with pytest.raises(fabric.SessionClosed, match="is closed: open a new session"):
             use()
     assert issubclass(fabric.SessionClosed, fabric.SessionLost)  # (handlers of a loss see it)
+
+
+def test_a_trace_replays_on_a_numpy_array_which_it_uploads(cluster, tmp_path):
+    with fabric.connect(cluster.address, token=cluster.token, timeout=10) as first, \
+            first.open(1) as other:
+        x = first.asarray(np.zeros(6))
+        with fabric.capture(first) as trace:
+            y = x * 2 + 1
+        trace.save(tmp_path / "trace")
+        replayed = fabric.Trace.load(tmp_path / "trace").replay(other, np.arange(6.))
+        assert replayed[x.id].session is other and replayed[y.id].session is other
+        np.testing.assert_array_equal(replayed[y.id].numpy(), np.arange(6.) * 2 + 1)
+        with pytest.raises(ValueError, match="lives on another session"):
+            trace.replay(other, x)  # (a tensor must be the session's own)
