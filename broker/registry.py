@@ -464,8 +464,7 @@ class Registry(WorkerMessages):
 
         Existing sessions go on. Raises NotFound, changing nothing, for an unknown worker.
         """
-        worker = self.worker_table.named(name)
-        worker.draining = draining
+        worker = self.worker_table.drain(name, draining)
         log.info("worker %s %s by an administrator", name,
                  "drained" if draining else "undrained")
         return worker

@@ -92,6 +92,14 @@ class WorkerTable:
                        f"(connected: {known or 'none'}): list them with fabric admin workers.",
                        worker=name)
 
+    def drain(self, name: str, draining: bool) -> Worker:
+        """Set whether the connected worker ``name`` takes new sessions (NotFound, changing
+        nothing, when there is none); its devices are listed with it."""
+        worker = self.named(name)
+        worker.draining = draining
+        self._list_online()
+        return worker
+
     def replaced_by(self, identity: bytes, name: str) -> list[Worker]:
         """The workers a registration from ``identity`` as ``name`` replaces: a worker that
         restarted (same name) or reconnected (same socket) replaces its earlier self."""
@@ -251,7 +259,8 @@ class WorkerTable:
                 continue
             for local, index in enumerate(self._known[worker.name][:len(worker.devices)]):
                 info = {"index": index, "worker": worker.name, "local": local,
-                        "backend": worker.backend, "settings": worker.devices[local]}
+                        "backend": worker.backend, "settings": worker.devices[local],
+                        "draining": worker.draining}
                 self._device_info[index] = info
                 self._device_owner[index] = (worker.identity, local)
         self.devices = [self._device_info[index] for index in sorted(self._device_info)]

@@ -117,9 +117,10 @@ class Session(ArrayNamespace):
                             self.timeout if timeout is None else timeout)
 
     def mesh(self, devices: Sequence[int] | None = None) -> Mesh:
-        """A mesh of a new session on each of ``devices`` (every online device by default),
-        over this session's connection, for sharded tensors (``mesh.asarray(a, axis=0)``);
-        it closes with this session, or by its own ``close()``."""
+        """A mesh of a new session on each of ``devices`` (by default every online device
+        but draining ones, left out with a warning), over this session's connection, for
+        sharded tensors (``mesh.asarray(a, axis=0)``); it closes with this session, or by its
+        own ``close()``."""
         self.life.check_usable()
         return Mesh.open(self, devices)
 

@@ -9,6 +9,7 @@ axis is cut into blocks is ``fabric.mesh.sharding``'s.
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -16,6 +17,7 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import Tensor
+from fabric.core.errors import DeviceDraining
 from fabric.mesh.sharded import ShardedTensor
 from fabric.mesh.sharding import along, block_ranges, split_blocks
 from fabric.transport.moves import move_all
@@ -28,19 +30,35 @@ class Mesh:
     """Sessions on several devices that hold sharded tensors (``session.mesh()``): use as a
     context manager or call ``close()``; the session that opened it closes it too."""
 
-    def __init__(self, parent: Session, sessions: list[Session]) -> None:
+    def __init__(self, parent: Session, sessions: list[Session],
+                 skipped: Sequence[int] = ()) -> None:
         self.parent = parent
         self.sessions = sessions
         self.devices: tuple[int, ...] = tuple(s.device.index for s in sessions)
+        # Devices a default mesh left out because they were draining (``open``)
+        self.skipped: tuple[int, ...] = tuple(skipped)
         self.random = MeshRandom(self)
         self.closed = False
 
     @classmethod
     def open(cls, parent: Session, devices: Sequence[int] | None = None) -> "Mesh":
-        """A mesh of a session per device of ``devices`` (every online one by default), each
-        opened over ``parent``'s connection."""
+        """A mesh of a session per device of ``devices`` (by default every online device
+        that is not draining, with a warning naming those left out), each opened over
+        ``parent``'s connection."""
+        skipped: list[int] = []
         if devices is None:
-            devices = [device.index for device in parent.devices()]
+            listed = parent.devices()
+            devices = [device.index for device in listed if not device.draining]
+            skipped = [device.index for device in listed if device.draining]
+            if skipped and not devices:
+                raise DeviceDraining(
+                    f"Every online device is draining ({', '.join(map(str, skipped))}): an "
+                    "administrator stopped their workers from taking new sessions. Ask for "
+                    "one to be undrained (fabric admin undrain WORKER), or wait for another "
+                    "worker.", devices=skipped)
+            if skipped:
+                warnings.warn(f"The mesh leaves out device(s) {', '.join(map(str, skipped))}: "
+                              "draining (their workers take no new sessions).", stacklevel=3)
         elif isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or any(
                 isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in devices):
             raise TypeError(f"devices= takes a list of device indexes (ints), not {devices!r}.")
@@ -56,12 +74,14 @@ class Mesh:
             for session in sessions:
                 session.close()
             raise
-        mesh = cls(parent, sessions)
+        mesh = cls(parent, sessions, skipped)
         parent.meshes.append(mesh)
         return mesh
 
     def __repr__(self) -> str:
-        return f"<fabric.Mesh devices={list(self.devices)}{' closed' if self.closed else ''}>"
+        skipped = f" skipped_draining={list(self.skipped)}" if self.skipped else ""
+        return (f"<fabric.Mesh devices={list(self.devices)}{skipped}"
+                f"{' closed' if self.closed else ''}>")
 
     def __enter__(self) -> "Mesh":
         return self

@@ -137,3 +137,19 @@ def test_a_trace_replays_on_a_numpy_array_which_it_uploads(cluster, tmp_path):
         np.testing.assert_array_equal(replayed[y.id].numpy(), np.arange(6.) * 2 + 1)
         with pytest.raises(ValueError, match="lives on another session"):
             trace.replay(other, x)  # (a tensor must be the session's own)
+
+
+def test_a_default_mesh_leaves_out_draining_devices_and_says_so(cluster):
+    with cluster.admin() as admin, cluster.connect() as session:
+        admin.drain("worker-1")
+        assert [d.draining for d in session.devices()] == [False, True]
+        assert "draining=True" in repr(fabric.devices(cluster.address, token=cluster.token))
+        with pytest.warns(UserWarning, match=r"leaves out device\(s\) 1: draining"):
+            mesh = session.mesh()
+        assert mesh.devices == (0,) and "skipped_draining=[1]" in repr(mesh)
+        np.testing.assert_array_equal(mesh.asarray(np.arange(4.)).numpy(), np.arange(4.))
+        admin.drain("worker-0")
+        with pytest.raises(fabric.DeviceDraining, match=r"Every online device is draining"):
+            session.mesh()
+        admin.undrain("worker-1")
+        assert [d.draining for d in session.devices()] == [True, False]

@@ -144,7 +144,7 @@ def test_register_with_a_valid_token():
                                "max_message_bytes": LIMITS.max_message_bytes}
     assert set(registry.workers) == {A}
     assert registry.devices == [{"index": 0, "worker": "a", "local": 0, "backend": "numpy",
-                                 "settings": {"threads": 2}}]
+                                 "settings": {"threads": 2}, "draining": False}]
 
 
 def test_register_with_a_bad_token_is_rejected_without_revealing_it():
@@ -319,7 +319,8 @@ def test_opened_from_the_worker_welcomes_the_client():
     welcome = only(sends, Side.FRONTEND, C1, Kind.WELCOME)
     assert (welcome.session, welcome.request) == (7, 5)
     assert welcome.body["device"] == {"index": 2, "worker": "b", "local": 1,
-                                      "backend": "numpy", "settings": {"n": 1}}
+                                      "backend": "numpy", "settings": {"n": 1},
+                                      "draining": False}
     assert welcome.body["device_count"] == 3
     assert welcome.body["server"] == SERVER
     assert welcome.body["heartbeat"] == LIMITS.heartbeat
