@@ -29,7 +29,9 @@ without another (``workers.control``); so libzmq closes it when the worker's pro
 once) and when the worker is stopped or cut off (after that bound). Every heartbeat round
 asks each beacon, and so does a probe as soon as the I/O loop's monitor says a connection on
 the workers' port closed. A worker whose Python says nothing for a while (a device holding
-the GIL, a process starved of a core) is waited for.
+the GIL, a process starved of a core) is waited for. A client is gone when a PING to it is
+unroutable: each client is asked soon after a connection on the clients' port closes
+(``SessionTable.clients_to_ask``), and each idle session once a lease.
 
 A refused token (client, admin or worker) is counted and its answer held ``Limits.auth_delay``
 by the I/O loop: this object never sleeps and the loop never blocks. What a peer can make the
@@ -129,6 +131,9 @@ class Registry(WorkerMessages):
         # (``connection_closed``), at most once a scan interval.
         self._next_probe = float("inf")
         self._probed = float("-inf")
+        # A connection on the clients' port closed: each client is asked then
+        # (``client_connection_closed``).
+        self._next_client_probe = float("inf")
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
         self.stopping = False  # set by the admin ``shutdown``: the I/O loop stops
@@ -391,7 +396,8 @@ class Registry(WorkerMessages):
         """When ``tick`` next has work to do: the next heartbeat, or the next scan of
         deadlines (four per heartbeat interval, so no message pays for a scan), or a probe of
         the workers after a connection closed."""
-        return min(self._next_heartbeat, self._next_scan, self._next_probe)
+        return min(self._next_heartbeat, self._next_scan, self._next_probe,
+                   self._next_client_probe)
 
     def connection_closed(self, now: float) -> None:
         """A connection on the workers' port closed (the I/O loop's socket monitor says so,
@@ -400,6 +406,16 @@ class Registry(WorkerMessages):
         however many connections close."""
         self._next_probe = min(self._next_probe,
                                max(now, self._probed + self.limits.heartbeat / 4))
+
+    def client_connection_closed(self, now: float) -> None:
+        """A connection on the clients' port closed (the monitor does not say whose): a
+        scan interval later, each client with sessions is asked if it is still there
+        (``SessionTable.clients_to_ask``), so that the sessions of a client whose process
+        ended or whose link broke end within a heartbeat or two, not a lease later. (Not at
+        once: libzmq may still be removing the connection from the socket, and a PING into
+        it would be taken.)"""
+        self._next_client_probe = min(self._next_client_probe,
+                                      now + self.limits.heartbeat / 4)
 
     def _heartbeat(self, identity: bytes, sessions: Any) -> Send:
         return send_message(Side.WORKERS, identity, Message(
@@ -432,6 +448,11 @@ class Registry(WorkerMessages):
         elif now >= self._next_probe:
             self._next_probe, self._probed = float("inf"), now
             sends += self._ask_beacons()
+        if now >= self._next_client_probe:  # (an unroutable PING: the client has gone)
+            asked, self._next_client_probe = self._sessions.clients_to_ask(
+                now, limits.heartbeat, limits.lease)
+            sends += [send_message(Side.FRONTEND, client, Message(Kind.PING, session))
+                      for client, session in asked]
         # A worker is never lost for saying nothing: busy is not dead. It is lost when its
         # link is gone (a send to it is unroutable): closed by its end, or by libzmq when its
         # beacon's ZMTP heartbeats stopped for heartbeat x liveness (see the module's rule).

@@ -209,7 +209,8 @@ class Broker:
     def _drain_monitor(self, monitor: zmq.Socket) -> None:
         """Feed a ROUTER's monitor events to its intake (connections accepted and gone); a
         worker's connection that closed (its process ended, or libzmq found its link silent)
-        is asked about at once (``Registry.connection_closed``), once a batch."""
+        is asked about at once (``Registry.connection_closed``), a client's soon after
+        (``Registry.client_connection_closed``), once a batch."""
         side = self._monitors[monitor]
         intake, closed = self._intakes[side], False
         while monitor.poll(0):
@@ -218,6 +219,8 @@ class Broker:
             closed |= event["event"] == zmq.EVENT_DISCONNECTED
         if closed and side == Side.WORKERS:
             self.registry.connection_closed(time.monotonic())
+        elif closed:
+            self.registry.client_connection_closed(time.monotonic())
 
     def _check_intakes(self, now: float) -> float:
         """Cut the connections that hold too much unread; when the next check is due."""
