@@ -8,9 +8,11 @@ batched. A remote error comes back naming the op and the line of user code that 
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import secrets
+import threading
 import time
 import weakref
 from collections import deque
@@ -24,8 +26,8 @@ from fabric.arrays.origins import origin_line
 from fabric.arrays.tensor import Tensor
 from fabric.core import protocol
 from fabric.core.device import Device
-from fabric.core.errors import (HandshakeTimeout, ProtocolError, RemoteError, RequestTimeout,
-                                SessionLost, error_from_wire)
+from fabric.core.errors import (FabricError, HandshakeTimeout, ProtocolError, RemoteError,
+                                RequestTimeout, SessionLost, error_from_wire)
 from fabric.core.flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind, Message
 from fabric.core.security import CurveClient
@@ -34,7 +36,7 @@ from fabric.core.shm import SharedMemory, Slot
 from fabric.core.sockets import try_send
 from fabric.core.wire import array_from_frame, device_dtype, dtype_name
 from fabric.graphs.function import Function
-from fabric.mesh.device_mesh import Mesh
+from fabric.mesh.device_mesh import Mesh, close_each
 from fabric.transport import bulk, direct_link
 from fabric.transport.connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices,
                                          check_version, expect_reply, naming_connection_file)
@@ -74,6 +76,8 @@ class Session(ArrayNamespace):
             self.upload_limit_hint = "pass a larger max_message_bytes= to fabric.connect"
         self.on_close: Callable[[], None] | None = None  # set by whoever owns the cluster
         self.meshes: list[Mesh] = []  # opened by mesh(), closed with this session
+        self.opened: list[Session] = []  # opened by open() (a mesh's too), closed with it
+        self.parent: Session | None = None  # the session whose open() opened this one
         self.shares_memory: bool | None = None  # with its worker (None: not known yet, bulk)
         self.probe: bulk.Probe | None = None  # asking it (bulk)
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
@@ -89,6 +93,11 @@ class Session(ArrayNamespace):
         connection.set_send_timeout(timeout)
         # What the client waited for (stats): every request answered, the reads among them
         self.stream.counts.update(round_trips=0, reads=0, bytes_read=0)
+        _OPEN.add(self)
+        # Registered again with each session: atexit runs the last registered first, so
+        # sessions close while the clusters started before them still serve.
+        atexit.unregister(_close_at_exit)
+        atexit.register(_close_at_exit)
 
     @property
     def closed(self) -> bool:
@@ -108,13 +117,17 @@ class Session(ArrayNamespace):
 
     def open(self, device: int, timeout: float | None = None) -> "Session":
         """Another session, on ``device``, over this session's connection (one connection
-        serves sessions on any number of devices; it closes with its last session)."""
+        serves sessions on any number of devices; it closes with its last session). It
+        closes with this session, or by its own ``close()``."""
         self.life.check_usable()
         check_argument("device", device, (int,), "a device index (an int)")
         if timeout is not None:
             check_argument("timeout", timeout, (int, float), "seconds (an int or a float)")
-        return open_session(self.connection, self._token, device,
-                            self.timeout if timeout is None else timeout)
+        child = open_session(self.connection, self._token, device,
+                             self.timeout if timeout is None else timeout)
+        child.parent = self
+        self.opened.append(child)
+        return child
 
     def mesh(self, devices: Sequence[int] | None = None) -> Mesh:
         """A mesh of a new session on each of ``devices`` (by default every online device
@@ -131,12 +144,12 @@ class Session(ArrayNamespace):
 
     def close(self, timeout: float | None = None) -> None:
         """Close the session and free everything it holds on the device (idempotent), and
-        the meshes it opened."""
+        the sessions and meshes it opened; ``timeout``: how long each may wait for its
+        device (default: the session's)."""
         if self.life.phase is CLOSED:
             return
         try:
-            for mesh in list(self.meshes):
-                mesh.close()
+            close_each([*self.meshes, *self.opened], timeout)
         finally:
             self._close_own(timeout)
 
@@ -154,6 +167,9 @@ class Session(ArrayNamespace):
         except SessionLost:
             pass  # already gone on the broker: nothing left to free
         finally:
+            _OPEN.discard(self)
+            if self.parent is not None:
+                self.parent.opened.remove(self)
             if self.probe is not None:
                 self.probe.close()
             bulk.close_buffers(self)
@@ -450,6 +466,25 @@ class SharedReadInFlight(ReadInFlight):
         if self.slot is not None:
             self.session.connection.segments.discard(self.slot)
             self.slot = None
+
+
+# Every open session of this process (weakly: one collected needs no close), and how long
+# closing them at interpreter exit may take in all.
+_OPEN: weakref.WeakSet[Session] = weakref.WeakSet()
+EXIT_CLOSE_SECONDS = 2.0
+
+
+def _close_at_exit() -> None:
+    """Close the sessions this process left open, so that their devices free them now, within
+    ``EXIT_CLOSE_SECONDS`` in all. A session of another thread, or one past the time, is left
+    to its broker, which ends the sessions of a connection that closed."""
+    deadline = time.monotonic() + EXIT_CLOSE_SECONDS
+    for session in list(_OPEN):
+        if session.life.thread == threading.get_ident():
+            try:
+                session.close(max(0.0, deadline - time.monotonic()))
+            except FabricError:  # (the broker gone or slow: nothing to tell at exit)
+                pass
 
 
 def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -> None:

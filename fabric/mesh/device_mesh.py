@@ -26,6 +26,19 @@ Shape = tuple[int, ...]
 Session = Any  # a fabric.Session (which imports this module: named, not imported)
 
 
+def close_each(closing: Sequence[Any], timeout: float | None) -> None:
+    """``close(timeout)`` each of ``closing`` (sessions, meshes), even after another's error,
+    and raise the first error."""
+    failure = None
+    for each in closing:
+        try:
+            each.close(timeout)
+        except Exception as exc:  # (the others are still closed)
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
 class Mesh:
     """Sessions on several devices that hold sharded tensors (``session.mesh()``): use as a
     context manager or call ``close()``; the session that opened it closes it too."""
@@ -89,20 +102,14 @@ class Mesh:
     def __exit__(self, *_: Any) -> None:
         self.close()
 
-    def close(self) -> None:
-        """Close the mesh's sessions, freeing what they hold (idempotent)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Close the mesh's sessions, freeing what they hold (idempotent); ``timeout``: how
+        long each may wait for its device (default: the session's)."""
         if self.closed:
             return
         self.closed = True
         self.parent.meshes.remove(self)
-        failure = None
-        for session in self.sessions:  # each one, even after another's error
-            try:
-                session.close()
-            except Exception as exc:  # (a lost device's session needs no close: not this)
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+        close_each(self.sessions, timeout)
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import HEARTBEAT
 from polling import wait_for
 
 import fabric
@@ -153,3 +154,43 @@ def test_a_default_mesh_leaves_out_draining_devices_and_says_so(cluster):
             session.mesh()
         admin.undrain("worker-1")
         assert [d.draining for d in session.devices()] == [True, False]
+
+
+# A client that opens a session on each device and one more over it, then waits (a line
+# on stdin, or its end) without closing any.
+OPENER = """
+import sys, fabric
+session = fabric.connect(sys.argv[1], token=sys.argv[2], timeout=10)
+session.open(1).open(0).ones(3)
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_sessions_end_with_the_session_that_opened_them_and_with_their_process(cluster):
+    with cluster.admin() as admin:
+        with cluster.connect() as parent:
+            child = parent.open(1)
+            grandchild = child.open(0)
+            assert len(admin.sessions()) == 3
+        assert child.closed and grandchild.closed and admin.sessions() == []
+        for ends in ("exits", "is killed"):
+            with subprocess.Popen([sys.executable, "-W", "always::ResourceWarning", "-c",
+                                   OPENER, cluster.address, cluster.token], text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE) as opener:
+                try:
+                    assert opener.stdout.readline() == "open\n", opener.stderr.read()
+                    assert len(admin.sessions()) == 3
+                    if ends == "exits":  # closed at exit: gone once it has ended
+                        _, errors = opener.communicate("\n", timeout=30)
+                        assert opener.returncode == 0 and "ResourceWarning" not in errors, \
+                            errors
+                        assert admin.sessions() == []
+                    else:  # no exit handler runs: the broker finds its connection gone
+                        opener.kill()
+                        opener.wait(timeout=30)
+                        wait_for(lambda: admin.sessions() == [], 2 * HEARTBEAT + 0.5,
+                                 "the broker to end a killed client's sessions")
+                finally:
+                    opener.kill()
