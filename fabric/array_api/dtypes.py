@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fabric.arrays.tensor import Tensor
+from fabric.core.errors import named
 
 bool = np.dtype(np.bool_)  # noqa: A001  (the standard's name)
 int8, int16, int32, int64 = (np.dtype(f"int{n}") for n in (8, 16, 32, 64))
@@ -48,7 +49,7 @@ def dtype_of(value: Any) -> np.dtype:
     except TypeError:
         found = None
     if found is None or str(found) not in DTYPES:
-        raise TypeError(f"{value!r} is not a dtype of the array API standard: use one of "
+        raise TypeError(f"{named(value)} is not a dtype of the array API standard: use one of "
                         f"fabric.array_api's ({', '.join(DTYPES)}).")
     return found
 

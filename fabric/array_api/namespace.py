@@ -26,6 +26,7 @@ from fabric.array_api.elementwise import FUNCTIONS as ELEMENTWISE, tensor_argume
 from fabric.array_api.functions import FUNCTIONS as OTHERS
 from fabric.arrays.tensor import Tensor
 from fabric.core.device import Device
+from fabric.core.errors import named
 
 API_VERSION = "2024.12"
 API_VERSIONS = ("2021.12", "2022.12", "2023.12", "2024.12")
@@ -102,12 +103,14 @@ class ArrayAPINamespace:
         """The session that makes tensors on ``device`` (None: this namespace's): this one, or
         one over its connection, opened once and closed with it."""
         session = self.session
-        if device is None or device == session.device:
+        if device is None:
             return session
-        if not isinstance(device, Device):
+        if not isinstance(device, Device):  # (first: a tensor's == would be an op)
             raise TypeError(f"device= takes a device of the cluster (t.device, or one of "
-                            f"xp.__array_namespace_info__().devices()), not {device!r}; "
+                            f"xp.__array_namespace_info__().devices()), not {named(device)}; "
                             "'cpu' only in t.to_device('cpu'), which reads the tensor.")
+        if device == session.device:
+            return session
         opener = _OPENED_BY.get(session)
         root = session if opener is None or opener() is None else opener()
         if device == root.device:

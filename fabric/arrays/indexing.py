@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fabric.core.errors import named
 from fabric.core.ops import IndexArray, Spec, selects_by_data
 
 
@@ -59,8 +60,8 @@ def as_shape(shape: Any) -> tuple[int, ...]:
     try:
         return tuple(operator.index(n) for n in shape)
     except TypeError:
-        raise TypeError(f"expected a sequence of integers or a single integer, got {shape!r}"
-                        ) from None
+        raise TypeError("expected a sequence of integers or a single integer, got "
+                        f"{named(shape)}") from None
 
 
 def describe(item: Any) -> str:

@@ -132,7 +132,8 @@ def _along(a: Tensor, axis: int, start: int | None, stop: int | None) -> Tensor:
 def _diff(a: Tensor, n: int = 1, axis: int = -1) -> Tensor:
     axis = normalize_axis_index(axis, a.ndim)
     subtract = np.not_equal if a.dtype == np.bool_ else np.subtract  # numpy's choice
-    if operator.index(n) < 0:
+    n = operator.index(n)  # (a 0-d tensor read once, as numpy reads it)
+    if n < 0:
         raise ValueError(f"order must be non-negative but got {n!r}")
     for _ in range(n):
         a = subtract(_along(a, axis, 1, None), _along(a, axis, None, -1))

@@ -27,7 +27,7 @@ from fabric.arrays.tensor import Tensor
 from fabric.core import protocol
 from fabric.core.device import Device
 from fabric.core.errors import (FabricError, HandshakeTimeout, ProtocolError, RemoteError,
-                                RequestTimeout, SessionLost, error_from_wire)
+                                RequestTimeout, SessionLost, error_from_wire, named)
 from fabric.core.flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind, Message
 from fabric.core.security import CurveClient
@@ -492,7 +492,7 @@ def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -
     ``kinds`` (a bool is not an int here): checked at the call, before a malformed request
     travels and the broker refuses it as a protocol error."""
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        raise TypeError(f"{name}= takes {takes}, not {type(value).__name__} {value!r}.")
+        raise TypeError(f"{name}= takes {takes}, not {type(value).__name__} {named(value)}.")
 
 
 def open_session(connection: Connection, token: str, device: int, timeout: float) -> Session:

@@ -34,7 +34,8 @@
 
 Rule: every error has a stable string ``code`` that also travels on the wire (in REJECT and
 ERROR bodies), so a rejection made by the broker or a worker is raised on the client as the
-same class, with the same details. Messages are sentences that say what to do.
+same class, with the same details. Messages are sentences that say what to do, and name a
+value a user gave by ``named``: no message ever reads a tensor's values from its device.
 """
 
 from __future__ import annotations
@@ -265,6 +266,14 @@ def _all_subclasses(cls: type[FabricError]) -> list[type[FabricError]]:
 
 
 ERRORS_BY_CODE: dict[str, type[FabricError]] = {c.code: c for c in _all_subclasses(FabricError)}
+
+
+def named(value: Any) -> str:
+    """``value`` as a message names it: its ``repr``, but a tensor (``fabric.Tensor``, a
+    sharded one: whatever has a ``_handle``) by its handle (shape, dtype, session, device),
+    where its ``repr`` would read its values from the device."""
+    handle = getattr(type(value), "_handle", None)
+    return handle(value) if handle is not None else repr(value)
 
 
 def error_from_wire(body: dict[str, Any]) -> FabricError:

@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from fabric.core.errors import ProtocolError
+from fabric.core.errors import ProtocolError, named
 from fabric.core.ops import INDEXED_OPS, NO_PARAMS, IndexArray
 from fabric.core.shm import SegmentName, parse_name
 
@@ -354,7 +354,7 @@ def encode_scalar(arg: Any) -> Any:
     elif isinstance(arg, int):  # (wrapped: a bare int is a tensor id)
         # Past 64 bits only a float tensor accepts it, which makes it a float.
         return [arg] if INT_RANGE[0] <= arg < INT_RANGE[1] else float(arg)
-    raise TypeError(f"Cannot use {arg!r} ({type(arg).__name__}) in a fabric op: use "
+    raise TypeError(f"Cannot use {named(arg)} ({type(arg).__name__}) in a fabric op: use "
                     "tensors, arrays, or real scalars (bool, int, float, or numpy's); "
                     "upload anything else as an array with session.asarray(...).")
 
@@ -378,9 +378,9 @@ def encode_param(name: str, key: str, value: Any) -> Any:
     for base in (int, float, str):
         if isinstance(value, base) and kind is not base:
             return encode_param(name, key, base(value))
-    raise TypeError(f"{name}: {key}={value!r} ({kind.__name__}) cannot be sent to a device: "
-                    "use None, bools, ints of 64 bits, floats or strings (numpy's too), or "
-                    "tuples of them; upload other values as arrays (session.asarray).")
+    raise TypeError(f"{name}: {key}={named(value)} ({kind.__name__}) cannot be sent to a "
+                    "device: use None, bools, ints of 64 bits, floats or strings (numpy's too), "
+                    "or tuples of them; upload other values as arrays (session.asarray).")
 
 
 def require_ints(what: str, **ids: Any) -> None:

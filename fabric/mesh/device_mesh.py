@@ -17,7 +17,7 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import Tensor
-from fabric.core.errors import DeviceDraining
+from fabric.core.errors import DeviceDraining, named
 from fabric.mesh.sharded import ShardedTensor
 from fabric.mesh.sharding import along, block_ranges, split_blocks
 from fabric.transport.moves import move_all
@@ -74,7 +74,8 @@ class Mesh:
                               "draining (their workers take no new sessions).", stacklevel=3)
         elif isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or any(
                 isinstance(d, bool) or not isinstance(d, (int, np.integer)) for d in devices):
-            raise TypeError(f"devices= takes a list of device indexes (ints), not {devices!r}.")
+            raise TypeError("devices= takes a list of device indexes (ints), not "
+                            f"{named(devices)}.")
         devices = [operator.index(d) for d in devices]
         if not devices or len(set(devices)) != len(devices):
             raise ValueError(f"devices= must name at least one device, each once, not {devices}: "

@@ -39,6 +39,30 @@ def test_an_error_about_another_sessions_tensor_names_both_and_reads_nothing(clu
         assert float((mine + theirs.to(first)).numpy()[0, 0]) == TELLTALE + 1
 
 
+def test_no_error_message_reads_a_tensor(cluster):
+    with fabric.connect(cluster.address, token=cluster.token, timeout=10) as first, \
+            first.open(1) as second, cluster.admin() as admin:
+        t, mine = first.asarray(np.arange(6.)), first.asarray(np.ones(6))
+        value, half = first.asarray(np.float64(TELLTALE)), first.asarray(np.full(3, TELLTALE,
+                                                                                 np.float16))
+        theirs = second.asarray(np.full(6, TELLTALE))
+        xp = t.__array_namespace__()
+        first.sync(), second.sync()
+        messages = {row["id"]: row["messages"] for row in admin.sessions()}
+        wrong = [  # (each a tensor where something else belongs)
+            lambda: first.open(device=value), lambda: first.zeros(value),
+            lambda: first.mesh(devices=value), lambda: xp.zeros(3, device=value),
+            lambda: xp.astype(t, half), lambda: mine + theirs, lambda: first.asarray(theirs),
+            lambda: fabric.function(lambda a, b: a * b)(mine, theirs)]
+        for call in wrong:
+            with pytest.raises((TypeError, ValueError)) as refused:
+                call()
+            assert "7777" not in str(refused.value) and "<fabric.Tensor shape=" in str(
+                refused.value), refused.value
+        # Not one message more from either session: no read
+        assert {row["id"]: row["messages"] for row in admin.sessions()} == messages
+
+
 def test_an_upload_counts_its_bytes_whichever_way_they_went(cluster):
     # (a 12.8 MB upload through shared memory once said bytes_uploaded: 120)
     with fabric.connect(cluster.address, token=cluster.token, timeout=10) as session:
