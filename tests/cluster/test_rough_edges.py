@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,24 @@ from fabric.launch.local import ended_how
 
 # A value that shows in any message that printed the tensor's elements.
 TELLTALE = 7777.25
+
+
+def test_a_clone_named_fabric_hands_a_script_above_it_the_installed_package(tmp_path):
+    # (git clone ... names the folder fabric; a script beside it found the clone's root, a
+    # namespace package, before an editable install: fabric.connect was an AttributeError)
+    (tmp_path / "fabric").symlink_to(Path(__file__).resolve().parents[2])
+    script = "import fabric; print(fabric.__file__, fabric.connect.__name__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    found = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [fabric.__file__, "connect"]
+    # With no fabric installed (-S: no site-packages), a sentence names the folder
+    bare = subprocess.run([sys.executable, "-S", "-c", script], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 1
+    assert (f"ImportError: {tmp_path / 'fabric'} is a clone of fabric's repository, not the "
+            "fabric package") in bare.stderr and "pip install fabric-arrays" in bare.stderr
 
 
 def test_an_error_about_another_sessions_tensor_names_both_and_reads_nothing(cluster):
