@@ -30,8 +30,8 @@ once) and when the worker is stopped or cut off (after that bound). Every heartb
 asks each beacon, and so does a probe as soon as the I/O loop's monitor says a connection on
 the workers' port closed. A worker whose Python says nothing for a while (a device holding
 the GIL, a process starved of a core) is waited for. A client is gone when a PING to it is
-unroutable: each client is asked soon after a connection on the clients' port closes
-(``SessionTable.clients_to_ask``), and each idle session once a lease.
+unroutable: a client is asked soon after its connection closes (the I/O loop's monitor and
+intake say whose it was), and an idle session's client once a lease.
 
 A refused token (client, admin or worker) is counted and its answer held ``Limits.auth_delay``
 by the I/O loop: this object never sleeps and the loop never blocks. What a peer can make the
@@ -131,9 +131,6 @@ class Registry(WorkerMessages):
         # (``connection_closed``), at most once a scan interval.
         self._next_probe = float("inf")
         self._probed = float("-inf")
-        # A connection on the clients' port closed: each client is asked then
-        # (``client_connection_closed``).
-        self._next_client_probe = float("inf")
         self.counters: Counter[str] = Counter()
         self.rejects: Counter[str] = Counter()
         self.stopping = False  # set by the admin ``shutdown``: the I/O loop stops
@@ -394,10 +391,10 @@ class Registry(WorkerMessages):
 
     def next_deadline(self) -> float:
         """When ``tick`` next has work to do: the next heartbeat, or the next scan of
-        deadlines (four per heartbeat interval, so no message pays for a scan), or a probe of
-        the workers after a connection closed."""
+        deadlines (four per heartbeat interval, so no message pays for a scan), a probe of
+        the workers after a connection closed, or a client to ask after its own closed."""
         return min(self._next_heartbeat, self._next_scan, self._next_probe,
-                   self._next_client_probe)
+                   self._sessions.next_ask)
 
     def connection_closed(self, now: float) -> None:
         """A connection on the workers' port closed (the I/O loop's socket monitor says so,
@@ -407,15 +404,14 @@ class Registry(WorkerMessages):
         self._next_probe = min(self._next_probe,
                                max(now, self._probed + self.limits.heartbeat / 4))
 
-    def client_connection_closed(self, now: float) -> None:
-        """A connection on the clients' port closed (the monitor does not say whose): a
-        scan interval later, each client with sessions is asked if it is still there
-        (``SessionTable.clients_to_ask``), so that the sessions of a client whose process
-        ended or whose link broke end within a heartbeat or two, not a lease later. (Not at
-        once: libzmq may still be removing the connection from the socket, and a PING into
-        it would be taken.)"""
-        self._next_client_probe = min(self._next_client_probe,
-                                      now + self.limits.heartbeat / 4)
+    def client_connection_closed(self, identity: bytes, now: float) -> None:
+        """A connection of client ``identity`` closed (its process ended, its link broke): a
+        scan interval later, if it holds sessions, it is asked whether it is still there (a
+        PING, unroutable to a client that is gone, whose sessions then end), so that they end
+        within a heartbeat, not a lease later. Asked, not ended: it may have connected again
+        under its routing id. (Not at once: libzmq may still be removing the connection from
+        the socket, and a PING into it would be taken.)"""
+        self._sessions.ask_later(identity, now + self.limits.heartbeat / 4)
 
     def _heartbeat(self, identity: bytes, sessions: Any) -> Send:
         return send_message(Side.WORKERS, identity, Message(
@@ -448,11 +444,9 @@ class Registry(WorkerMessages):
         elif now >= self._next_probe:
             self._next_probe, self._probed = float("inf"), now
             sends += self._ask_beacons()
-        if now >= self._next_client_probe:  # (an unroutable PING: the client has gone)
-            asked, self._next_client_probe = self._sessions.clients_to_ask(
-                now, limits.heartbeat, limits.lease)
+        if now >= self._sessions.next_ask:  # (an unroutable PING: the client has gone)
             sends += [send_message(Side.FRONTEND, client, Message(Kind.PING, session))
-                      for client, session in asked]
+                      for client, session in self._sessions.to_ask(now)]
         # A worker is never lost for saying nothing: busy is not dead. It is lost when its
         # link is gone (a send to it is unroutable): closed by its end, or by libzmq when its
         # beacon's ZMTP heartbeats stopped for heartbeat x liveness (see the module's rule).

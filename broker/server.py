@@ -209,18 +209,18 @@ class Broker:
     def _drain_monitor(self, monitor: zmq.Socket) -> None:
         """Feed a ROUTER's monitor events to its intake (connections accepted and gone); a
         worker's connection that closed (its process ended, or libzmq found its link silent)
-        is asked about at once (``Registry.connection_closed``), a client's soon after
-        (``Registry.client_connection_closed``), once a batch."""
+        is asked about at once (``Registry.connection_closed``), once a batch, and a client
+        whose connection closed soon after (``Registry.client_connection_closed``)."""
         side = self._monitors[monitor]
         intake, closed = self._intakes[side], False
         while monitor.poll(0):
             event = recv_monitor_event(monitor)
-            intake.on_event(event["event"], event["value"])
+            peer = intake.on_event(event["event"], event["value"])
             closed |= event["event"] == zmq.EVENT_DISCONNECTED
+            if peer is not None and side == Side.FRONTEND:
+                self.registry.client_connection_closed(peer, time.monotonic())
         if closed and side == Side.WORKERS:
             self.registry.connection_closed(time.monotonic())
-        elif closed:
-            self.registry.client_connection_closed(time.monotonic())
 
     def _check_intakes(self, now: float) -> float:
         """Cut the connections that hold too much unread; when the next check is due."""

@@ -60,9 +60,9 @@ class SessionTable:
         # Client identity -> its last PING: liveness per connection, so that a PING costs
         # the same however many sessions the client holds (kept while it holds any).
         self._client_pinged: dict[bytes, float] = {}
-        # Client identity -> when a closed connection last had it asked, and how long to
-        # wait before asking it again unheard (``clients_to_ask``)
-        self._client_asked: dict[bytes, tuple[float, float]] = {}
+        # Client identity -> when to ask it whether it is still there (its connection closed)
+        self._to_ask: dict[bytes, float] = {}
+        self.next_ask = float("inf")  # the earliest of them
         self._per_device: Counter[tuple[bytes, int]] = Counter()  # (worker, local) -> count
         # (client token, worker, local) -> count: what one token holds on one device.
         self._per_token: Counter[tuple[int, bytes, int]] = Counter()
@@ -92,26 +92,22 @@ class SessionTable:
         """When a session was last seen: its own traffic, or a PING from its client."""
         return max(session.last_seen, self._client_pinged.get(session.client, session.last_seen))
 
-    def clients_to_ask(self, now: float, wait: float,
-                       lease: float) -> tuple[list[tuple[bytes, int]], float]:
-        """A connection on the clients' port closed, whose the monitor does not say: the
-        clients to ask whether they are still there, each with one of its sessions' ids (a
-        PING to a client whose connection is gone is unroutable), and when to ask again
-        those left out. A client heard from since it was last asked is asked now; one not
-        heard from since (alive and not reading, or gone) ``wait`` seconds after that ask,
-        and twice as long after each further one, up to ``lease``: a live client that reads
-        nothing is not sent a PING for every connection that closes."""
-        asked, later = [], float("inf")
-        for identity, ids in self.by_client.items():
-            when, waited = self._client_asked.get(identity, (float("-inf"), 0.0))
-            if max(self.last_seen(self.sessions[s]) for s in ids) > when:
-                waited = wait / 2  # (heard from since: asked now, then after ``wait``)
-            elif now < when + waited:
-                later = min(later, when + waited)
-                continue
-            self._client_asked[identity] = (now, min(2 * waited, lease))
-            asked.append((identity, min(ids)))
-        return asked, later
+    def ask_later(self, identity: bytes, when: float) -> None:
+        """A client's connection closed: ask it at ``when`` whether it is still there (if it
+        holds sessions then: ``to_ask``)."""
+        if identity in self.by_client:
+            self._to_ask[identity] = when
+            self.next_ask = min(self.next_ask, when)
+
+    def to_ask(self, now: float) -> list[tuple[bytes, int]]:
+        """The clients due to be asked at ``now``, each with one of its sessions' ids (for
+        the PING), each once."""
+        due = [(client, min(self.by_client[client]))
+               for client, when in self._to_ask.items() if when <= now]
+        for client, _ in due:
+            del self._to_ask[client]
+        self.next_ask = min(self._to_ask.values(), default=float("inf"))
+        return due
 
     def count_of_client(self, identity: bytes) -> int:
         """How many sessions a client connection holds (opening and closing ones too)."""
@@ -154,7 +150,7 @@ class SessionTable:
         if not held:
             del self.by_client[session.client]
             self._client_pinged.pop(session.client, None)
-            self._client_asked.pop(session.client, None)
+            self._to_ask.pop(session.client, None)  # (next_ask may now be early: harmless)
         key = (session.worker, session.local)
         self._per_device[key] -= 1
         if self._per_device[key] <= 0:

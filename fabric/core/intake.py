@@ -24,6 +24,9 @@ delivered messages, each kept only once it proves to be a connection accepted by
 (its local port); a descriptor is known by its inode, so one libzmq closed and reused is
 never taken for the old connection.
 
+Each connection's peer is known too, by the routing id its messages came with: the owner
+learns whose connection closed from ``on_event``.
+
 Checks run every ``INTERVAL`` seconds (longer with many connections, so that they cost the
 loop at most ``CHECK_SHARE`` of its time), at once for a connection just accepted (it alone),
 and every ``WATCH_INTERVAL`` for connections past a quarter of the bound: the bound holds
@@ -96,6 +99,7 @@ class IntakeLedger:
     connections: dict[int, _Connection] = field(default_factory=dict)  # by descriptor
     credits: dict[int, int] = field(default_factory=dict)  # delivered since the last check
     found: set[int] = field(default_factory=set)  # accepted, not yet probed
+    peers: dict[int, bytes] = field(default_factory=dict)  # by descriptor: its routing id
     next_check: float = 0.0
     next_watch: float = float("inf")
     cuts: int = 0
@@ -105,14 +109,19 @@ class IntakeLedger:
         fd = frames[0].get(SRCFD)
         credits = self.credits
         credits[fd] = credits.get(fd, 0) + sum(map(len, frames)) + FRAME_CREDIT * len(frames)
+        if fd not in self.peers:  # (its first message: who sent it, until it closes)
+            self.peers[fd] = frames[0].bytes
 
-    def on_event(self, event: int, fd: int) -> None:
-        """A socket monitor event of the listening socket (``value``: a descriptor)."""
+    def on_event(self, event: int, fd: int) -> bytes | None:
+        """A socket monitor event of the listening socket (``value``: a descriptor); for a
+        connection gone, the routing id of its peer where a message of it was delivered."""
         if event == zmq.EVENT_ACCEPTED:
             self.found.add(fd)  # (probed at the next check, which is now: ``due``)
         elif event & (zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED):
             self.connections.pop(fd, None)
             self.found.discard(fd)
+            return self.peers.pop(fd, None)
+        return None
 
     def cut_sender(self, frames: Sequence[Any], now: float) -> bool:
         """Cut the connection a message (``frames``, as received) came by: its sender may

@@ -169,6 +169,10 @@ class _Frame:
         assert option == zmq.SRCFD
         return self.fd
 
+    @property
+    def bytes(self) -> bytes:  # (the routing id's frame, the first, says who sent it)
+        return f"peer of {self.fd}".encode()
+
 
 class _Kernel:
     """What the ledger's probe reads: per descriptor its socket's inode and the bytes libzmq
@@ -258,6 +262,16 @@ def test_a_descriptor_not_of_this_socket_is_never_watched_or_cut():
     accounts.took([_Frame(10)])
     assert accounts.check(0.0) == [] and accounts.connections == {} and kernel.cut == []
     assert accounts.credits == {}
+
+
+def test_a_connection_gone_names_its_peer_once():
+    accounts, kernel = ledger()
+    kernel.sockets[7] = [100, 300]
+    accounts.on_event(zmq.EVENT_ACCEPTED, 7)
+    deliver(accounts, kernel, 7, [22, 10])
+    assert accounts.on_event(zmq.EVENT_DISCONNECTED, 7) == b"peer of 7"
+    assert accounts.on_event(zmq.EVENT_CLOSED, 7) is None  # (said once)
+    assert accounts.on_event(zmq.EVENT_DISCONNECTED, 8) is None  # (sent nothing: unknown)
 
 
 def test_the_sender_of_a_message_not_allowed_is_cut():

@@ -652,47 +652,25 @@ def test_a_client_that_talks_is_not_probed():
     assert without_heartbeats(registry.tick(10.5)) == []
 
 
-def test_a_closed_client_connection_has_each_client_asked_a_scan_later():
+def test_a_client_whose_connection_closed_is_asked_a_scan_later_and_it_alone():
     registry = two_workers()
     open_session(registry, C1, session=1, device=0)
     open_session(registry, C1, session=2, device=1)
     open_session(registry, C2, session=3, device=2)
     keep_workers_alive(registry, 1.0)
     registry.tick(1.0)
-    registry.client_connection_closed(1.1)  # the monitor: some client's connection closed
-    registry.client_connection_closed(1.12)  # many closes: one round of PINGs
+    registry.client_connection_closed(C1, 1.1)  # the monitor and the intake: C1's closed
+    registry.client_connection_closed(b"no sessions", 1.1)  # (nothing to ask it about)
     assert without_heartbeats(registry.tick(1.25)) == []  # (libzmq may still be at it)
     assert registry.next_deadline() == pytest.approx(1.1 + LIMITS.heartbeat / 4)
-    asked = without_heartbeats(registry.tick(1.35))
-    assert sorted((s.identity, decoded(s).kind, decoded(s).session) for s in asked) == [
-        (C1, Kind.PING, 1), (C2, Kind.PING, 3)]  # one PING a client, whatever its sessions
-    # The PING to a client whose connection is gone is unroutable: its sessions end.
+    asked = only(without_heartbeats(registry.tick(1.35)), Side.FRONTEND, C1, Kind.PING)
+    assert asked.session == 1  # one PING, whatever its sessions
+    # The PING to a client whose connection is gone is unroutable: its sessions end. (One
+    # that connected again under its routing id takes it, and keeps them.)
     registry.unroutable(Side.FRONTEND, C1, 1.4)
     assert set(registry.sessions) == {3}
-
-
-def test_a_client_that_reads_nothing_is_asked_again_ever_later_and_at_once_once_heard():
-    registry = two_workers()
-    open_session(registry, C1, session=1, device=0)
-    open_session(registry, C2, session=2, device=1)
-
-    def asked_when_a_connection_closes(now: float) -> list[bytes]:
-        registry.client_connection_closed(now)
-        keep_workers_alive(registry, now + 0.25)
-        return sorted(s.identity for s in without_heartbeats(registry.tick(now + 0.25)))
-
-    assert asked_when_a_connection_closes(1.0) == [C1, C2]
-    registry.from_client(C2, frames(Kind.PING, 0, 1), 1.5)  # C2 talks; C1 reads nothing
-    assert asked_when_a_connection_closes(1.6) == [C2]  # C1 was asked a heartbeat ago
-    # The one left out is asked once its wait is over (a heartbeat, then twice as long
-    # after each ask it did not answer, up to a lease), however many connections close.
-    keep_workers_alive(registry, 2.2)
-    assert without_heartbeats(registry.tick(2.2)) == []
-    keep_workers_alive(registry, 2.25)
-    assert [s.identity for s in without_heartbeats(registry.tick(2.25))] == [C1]
-    asks = [now + 0.25 for now in (x / 4 for x in range(10, 39))  # (within a lease)
-            if C1 in asked_when_a_connection_closes(now)]
-    assert asks == [4.25, 8.25]
+    keep_workers_alive(registry, 2.0)
+    assert without_heartbeats(registry.tick(2.0)) == []  # asked once
 
 
 def test_an_unroutable_client_loses_its_sessions_and_they_are_closed_on_workers():
