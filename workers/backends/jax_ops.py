@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fabric.core.ops import bind_index, ufunc_named
+from fabric.core.op_indexing import bind_index
+from fabric.core.ops import ufunc_named
 from fabric.core.ops_functions import decomposition
 
 _INT32 = (-2.0**31, 2.0**31)
