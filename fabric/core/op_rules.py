@@ -115,8 +115,9 @@ def reduce_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
         axes = (normalize_axis_index(axis, len(shape)),)
     else:
         axes = normalize_axis_tuple(axis, len(shape))
-    if (op.single_axis or op.name in ("min", "max") and "initial" not in params) \
-            and any(shape[a] == 0 for a in axes):
+    no_identity = op.single_axis or op.name.removeprefix("nan") in ("min", "max", "ptp") \
+        and "initial" not in params
+    if no_identity and any(shape[a] == 0 for a in axes):
         raise ValueError(f"zero-size array to reduction operation {op.name} which has "
                          "no identity")
     if params.get("keepdims"):

@@ -27,11 +27,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fabric.core import ops_functions as functions
+from fabric.core import ops_statistics as statistics
 from fabric.core.op_indexing import bind_index, getitem, index_shape, selects_by_data, view_shape
 from fabric.core.op_rules import (Shape, Spec, creation_shape, dot_shape, einsum_shape,
                                   elementwise_shape, index_dtype, join_shape, matmul_shape,
                                   param_dtype, quantile_shape, reduce_shape, same_dtype,
-                                  scan_shape, searchsorted_shape, tiny_dtype, unknown_shape)
+                                  scan_shape, searchsorted_shape, stand_in, tiny_dtype,
+                                  unknown_shape)
 
 # An implementation written against an array module: ``build(xp)`` is the op's function
 # with module ``xp`` (numpy's, the table's ``impl``, is ``build(np)``).
@@ -205,6 +207,33 @@ def ufunc_named(name: str) -> np.ufunc:
     return function
 
 
+def _ufunc_method(method: str) -> Build:
+    # ufunc.reduce or .accumulate of a ufunc of the table (named by the param ``ufunc``),
+    # its where= mask, where given, a second input
+    def build(xp: Any) -> Callable[..., Any]:
+        def run(a: Any, *where: Any, ufunc: str, **params: Any) -> Any:
+            ufunc_named(ufunc)  # (a name of the table's, or ValueError)
+            function = getattr(getattr(xp, ufunc), method)
+            return xp.asarray(function(a, where=where[0], **params) if where
+                              else function(a, **params))
+        return run
+    return build
+
+
+def _ufunc_method_shape(op: Op, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    # ufunc.reduce and .accumulate: numpy's own checks (its axes, an empty reduction with no
+    # identity, a ufunc that is not reorderable) on a stand-in whose every length is 0 or 1,
+    # which costs nothing; the result's shape from the real one (an accumulation's is its
+    # input's)
+    target = args[0]
+    method = getattr(ufunc_named(params["ufunc"]), op.name.removeprefix("ufunc_"))
+    small = Spec(tuple(min(n, 1) for n in target.shape), target.dtype)
+    with np.errstate(all="ignore"):
+        method(stand_in(small, tiny=False), **{key: value for key, value in params.items()
+                                                if key != "ufunc"})
+    return reduce_shape(op, args, params) if op.name == "ufunc_reduce" else target.shape
+
+
 def _ufunc_at(array: np.ndarray, *operands: Any, ufunc: str, index: tuple[Any, ...]
               ) -> np.ndarray:
     return _write_ufunc_at(array.copy(), *operands, ufunc=ufunc, index=index)
@@ -285,7 +314,11 @@ REDUCTIONS = {
     "sum": np.sum, "prod": np.prod, "mean": np.mean, "std": np.std, "var": np.var,
     "min": np.min, "max": np.max, "any": np.any, "all": np.all,
     "argmin": np.argmin, "argmax": np.argmax,
+    **{f"nan{name}": getattr(np, f"nan{name}") for name in (
+        "sum", "prod", "mean", "std", "var", "min", "max", "argmin", "argmax")},
+    "ptp": np.ptp,
 }
+QUANTILES = ("percentile", "quantile", "nanpercentile", "nanquantile")
 
 
 def _written(name: str, build: Build, shape_rule: Callable[..., Shape],
@@ -315,10 +348,18 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("nan_to_num", np.nan_to_num, elementwise_shape, tiny_dtype, elementwise=True),
     *[Op(name, func, scan_shape, tiny_dtype) for name, func in SCANS.items()],
     *[_written(name, _reduction(name), reduce_shape, tiny_dtype,
-               single_axis=name.startswith("arg")) for name in REDUCTIONS],
-    _written("median", _reduction("median"), reduce_shape, tiny_dtype),
-    Op("percentile", np.percentile, quantile_shape, tiny_dtype),
-    Op("quantile", np.quantile, quantile_shape, tiny_dtype),
+               single_axis="arg" in name) for name in REDUCTIONS],
+    *[_written(name, _reduction(name), reduce_shape, tiny_dtype)
+      for name in ("median", "nanmedian")],
+    *[Op(name, getattr(np, name), quantile_shape, tiny_dtype) for name in QUANTILES],
+    _written("average", statistics.average, statistics.average_shape, functions.ones_dtype),
+    *[_written(f"ufunc_{method}", _ufunc_method(method), _ufunc_method_shape, tiny_dtype)
+      for method in ("reduce", "accumulate")],
+    *[_written(name, statistics.histogram(name), statistics.histogram_shape, tiny_dtype)
+      for name in ("histogram", "histogram_bin_edges")],
+    _written("interp", statistics.interp, statistics.interp_shape, tiny_dtype),
+    _written("convolve", statistics.convolve, statistics.convolve_shape, tiny_dtype),
+    _written("lexsort", statistics.lexsort, statistics.lexsort_shape, index_dtype),
     Op("matmul", np.matmul, matmul_shape, tiny_dtype),
     _written("einsum", lambda xp: lambda *operands, subscripts, optimize=False:
              xp.einsum(subscripts, *operands, optimize=optimize), einsum_shape, tiny_dtype),
@@ -332,18 +373,21 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("repeat", lambda a, repeats, axis=None: np.repeat(a, repeats, axis), unknown_shape,
        same_dtype),
     Op("pad", functions.pad, functions.pad_shape, tiny_dtype),
-    *[Op(name, functions.fft(name), functions.fft_shape, functions.fft_dtype)
+    *[_written(name, functions.fft(name), functions.fft_shape, functions.fft_dtype)
       for name in functions.FFTS],
     *[_written(name, functions.linalg(name), shape, functions.ones_dtype)
       for name, shape in (("inv", functions.square_shape), ("det", functions.det_shape),
                           ("solve", functions.solve_shape),
                           ("eigvalsh", functions.eigenvalues_shape),
                           ("cholesky", functions.square_shape))],
-    Op("pinv", functions.pinv, functions.pinv_shape, functions.ones_dtype),
+    _written("pinv", functions.pinv, functions.pinv_shape, functions.ones_dtype),
     *[_written(name, functions.decomposition(name), functions.packed_shape,
                functions.ones_dtype) for name in ("eig", "eigh", "svd")],
-    *[Op(name, getattr(functions, name), functions.packed_shape, functions.ones_dtype)
+    *[_written(name, getattr(functions, name), functions.packed_shape, functions.ones_dtype)
       for name in ("qr", "slogdet")],
+    _written("lstsq", functions.lstsq, functions.lstsq_shape, functions.ones_dtype),
+    Op("lstsq_residuals", functions.lstsq_residuals, functions.lstsq_shape,
+       functions.ones_dtype),
     Op("reshape", np.reshape, view_shape, same_dtype),
     Op("transpose", np.transpose, view_shape, same_dtype),
     Op("swapaxes", np.swapaxes, view_shape, same_dtype),
@@ -380,7 +424,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
 # The ops the executor passes the session's generator
 RANDOM_OPS = frozenset({"uniform", "normal", "integers"})
 # The ops whose result's shape depends on the data: the client asks the device for it
-DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique", "bincount", "repeat"})
+DATA_DEPENDENT_OPS = frozenset({"argwhere", "unique", "bincount", "repeat", "lstsq_residuals"})
 # ... and those whose dtype does (eig's is real where every eigenvalue is)
 DATA_DEPENDENT_DTYPE = frozenset({"eig"})
 
