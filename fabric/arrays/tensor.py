@@ -477,6 +477,8 @@ class Tensor(Spec):
                                 "target to be a tensor: upload it with session.asarray(...), "
                                 "or read the tensors with .numpy() to update a numpy array.")
             return ufunc_at(ufunc, *inputs)
+        if method in ("reduce", "accumulate") and out is None and ufunc.__name__ in OPS:
+            return _ufunc_method(ufunc, method, *inputs, **kwargs)
         if method != "__call__" or kwargs or not known:
             raise TypeError(f"numpy.{ufunc.__name__}"
                             f"{'' if method == '__call__' else '.' + method}"
@@ -505,7 +507,7 @@ class Tensor(Spec):
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = ARRAY_FUNCTIONS.get(func)
         if handler is None:
-            raise TypeError(f"{_numpy_name(func)} is not supported on fabric tensors; read "
+            raise TypeError(f"{numpy_name(func)} is not supported on fabric tensors; read "
                             "the tensor with .numpy() first if you mean to compute locally.")
         try:
             return handler(*args, **kwargs)
@@ -515,11 +517,11 @@ class Tensor(Spec):
             # The handler refused the arguments themselves (a keyword fabric does not take):
             # say so in numpy's terms, not the handler's name.
             reason = str(exc).split("() ", 1)[-1]
-            raise TypeError(f"{_numpy_name(func)} on fabric tensors: {reason}; read the "
+            raise TypeError(f"{numpy_name(func)} on fabric tensors: {reason}; read the "
                             "tensor with .numpy() first if you mean to compute locally.") from None
 
 
-def _numpy_name(func: Any) -> str:
+def numpy_name(func: Any) -> str:
     """A numpy function's name as users write it, with its submodule (``numpy.linalg.inv``)."""
     return f"{getattr(func, '__module__', None) or 'numpy'}.{func.__qualname__}"
 
@@ -567,6 +569,22 @@ for _dunder, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multip
                         ("lshift", np.left_shift), ("rshift", np.right_shift),
                         ("matmul", np.matmul)]:
     setattr(Tensor, f"__i{_dunder}__", _in_place(_ufunc))
+
+
+def ufunc_method_params(ufunc: np.ufunc, axis: Any = 0, dtype: Any = None,
+                        keepdims: bool = False, initial: Any = None) -> dict[str, Any]:
+    """The params of op ``ufunc_reduce`` or ``ufunc_accumulate`` from numpy's keywords."""
+    return {"ufunc": ufunc.__name__, "axis": tuple(axis) if isinstance(axis, list) else axis,
+            **given_params({"dtype": dtype, "initial": initial}),
+            **({"keepdims": True} if keepdims else {})}
+
+
+def _ufunc_method(ufunc: np.ufunc, method: str, array: Tensor, where: Any = True,
+                  **keywords: Any) -> Tensor:
+    """``np.add.reduce(t, axis=...)``, ``np.multiply.accumulate(t, axis=...)``: one op on the
+    device, numpy's keywords as numpy passes them (where=, a mask, a second input)."""
+    return array.session.apply(f"ufunc_{method}", (array,) if where is True else (array, where),
+                               ufunc_method_params(ufunc, **keywords))
 
 
 def _divmod(left: Any, right: Any) -> tuple[Tensor, Tensor]:
