@@ -68,13 +68,17 @@ class Op:
     single_axis: bool = False  # argmin/argmax take one axis, not a tuple
     build: Build | None = None
 
+    def runs_on(self, xp: Any) -> bool:
+        """Whether array module ``xp`` has this op's implementation (numpy has every one)."""
+        return xp is np or self.build is not None or callable(getattr(xp, self.name, None))
+
     def over(self, xp: Any) -> Callable[..., Any]:
         """This op's implementation with array module ``xp`` (numpy's is ``impl``)."""
         if xp is np:
             return self.impl
         if self.build is not None:
             return self.build(xp)
-        return getattr(xp, self.name, None) or _not_in(xp, self.name)
+        return getattr(xp, self.name) if self.runs_on(xp) else _not_in(xp, self.name)
 
     def infer(self, args: Sequence[Any], params: dict[str, Any]) -> tuple[Shape, np.dtype]:
         """Result shape and dtype, or numpy's own error for these arguments (a dtype error
