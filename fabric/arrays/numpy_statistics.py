@@ -22,6 +22,15 @@ from fabric.arrays.numpy_functions import session_of
 from fabric.arrays.tensor import ARRAY_FUNCTIONS, Tensor
 
 
+def placed_weights(weights: Any, axis: Any, ndim: int) -> Any:
+    """numpy's ``average``'s weights of the axes averaged (in their order) placed along them,
+    a length of one along the others (a view: of a tensor, a sharded one or an array)."""
+    axes = normalize_axis_tuple(axis, ndim)
+    order = tuple(np.argsort(axes).tolist())
+    return np.transpose(weights, order)[tuple(slice(None) if d in axes else None
+                                              for d in range(ndim))]
+
+
 def _average(a: Any, axis: Any = None, weights: Any = None, returned: bool = False, *,
              keepdims: bool = False) -> Any:
     session = session_of((a, weights))
@@ -36,9 +45,7 @@ def _average(a: Any, axis: Any = None, weights: Any = None, returned: bool = Fal
     else:  # (numpy's: the weights' sum, spread along the axes averaged)
         weights = session.asarray(weights)
         if weights.shape != a.shape:
-            axes = normalize_axis_tuple(axis, a.ndim)
-            weights = np.transpose(weights, np.argsort(axes)).reshape(
-                tuple(n if d in axes else 1 for d, n in enumerate(a.shape)))
+            weights = placed_weights(weights, axis, a.ndim)
         scale = weights.sum(axis=axis, dtype=average.dtype, keepdims=keepdims)
         if scale.shape != average.shape:
             scale = np.broadcast_to(scale, average.shape).copy()

@@ -14,9 +14,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
-from numpy.lib.array_utils import normalize_axis_tuple
 
-from fabric.arrays.numpy_statistics import array_equal
+from fabric.arrays.numpy_statistics import array_equal, placed_weights
 from fabric.core.ops import OPS, QUANTILES, REDUCTIONS, Spec
 from fabric.mesh.sharded import FUNCTIONS, ShardedTensor, elementwise, mesh_operands
 
@@ -66,10 +65,8 @@ def _average(a: Any, axis: Any = None, weights: Any = None, returned: bool = Fal
     axis = tuple(axis) if isinstance(axis, list) else axis
     shape, dtype = OPS["average"].infer((Spec(a.shape, a.dtype), Spec(
         np.shape(weights), weights.dtype)), {"axis": axis, "keepdims": keepdims})
-    if np.shape(weights) != a.shape:  # (numpy's: along the axes averaged, in their order)
-        axes = normalize_axis_tuple(axis, a.ndim)
-        weights = np.transpose(weights, tuple(np.argsort(axes).tolist()))[tuple(
-            slice(None) if d in axes else None for d in range(a.ndim))]
+    if np.shape(weights) != a.shape:
+        weights = placed_weights(weights, axis, a.ndim)
     weights = weights.astype(dtype)
     total = elementwise(np.multiply, (a.astype(dtype), weights)).sum(axis=axis,
                                                                      keepdims=keepdims)

@@ -136,6 +136,8 @@ STATISTICS = {
     "np.average returned": lambda t, u: np.average(t, axis=0, weights=u[:, 0],
                                                    returned=True)[1],
     "np.average weights of another axis": lambda t, u: np.average(t, axis=0, weights=u[0]),
+    "np.average axes in another order": lambda t, u: np.average(t, axis=(1, 0), weights=u.T,
+                                                                returned=True)[1],
     "np.histogram": lambda t, u: np.histogram(u, bins=4)[0],
     "np.histogram edges": lambda t, u: np.histogram(u, bins=4)[1],
     "np.histogram given edges": lambda t, u: np.histogram(u, bins=[0.5, 1, 2, 4.5],
