@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.arrays.indexing import as_shape
-from fabric.arrays.tensor import ARRAY_FUNCTIONS, Tensor
+from fabric.arrays.tensor import ARRAY_FUNCTIONS, UFUNC_METHODS, Tensor, given_params
 from fabric.arrays.views import link, root
 from fabric.core.ops import QUANTILES, REDUCTIONS
 
@@ -338,6 +338,23 @@ def _may_share_memory(a: Any, b: Any, max_work: Any = None) -> bool:
     return isinstance(a, Tensor) and isinstance(b, Tensor) and root(a) is root(b)
 
 
+def ufunc_method_params(ufunc: np.ufunc, axis: Any = 0, dtype: Any = None,
+                        keepdims: bool = False, initial: Any = None) -> dict[str, Any]:
+    """The params of op ``ufunc_reduce`` or ``ufunc_accumulate`` from numpy's keywords."""
+    return {"ufunc": ufunc.__name__, "axis": tuple(axis) if isinstance(axis, list) else axis,
+            **given_params({"dtype": dtype, "initial": initial}),
+            **({"keepdims": True} if keepdims else {})}
+
+
+def _ufunc_method(method: str) -> Any:
+    # np.add.reduce(t, axis=...), np.multiply.accumulate(t, axis=...): one op on the device,
+    # numpy's keywords as numpy passes them (where=, a mask, a second input)
+    def handler(ufunc: np.ufunc, array: Tensor, where: Any = True, **keywords: Any) -> Tensor:
+        return array.session.apply(f"ufunc_{method}", (array,) if where is True else (
+            array, where), ufunc_method_params(ufunc, **keywords))
+    return handler
+
+
 def _join_function(name: str) -> Any:
     def function(arrays: Sequence[Any], axis: int = 0) -> Tensor:
         return session_of(arrays).apply(name, tuple(arrays), {"axis": axis})
@@ -415,3 +432,4 @@ ARRAY_FUNCTIONS.update({
     np.ndim: lambda a: a.ndim,
     np.size: lambda a: a.size,
 })
+UFUNC_METHODS.update({method: _ufunc_method(method) for method in ("reduce", "accumulate")})

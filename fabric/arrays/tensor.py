@@ -36,6 +36,9 @@ _BASIC_INDEXES, _BASIC_UPDATES = Remembered(), Remembered()
 # numpy function -> its handler on tensors; filled by fabric.arrays.numpy_functions, which the
 # module that makes every tensor's session (fabric.arrays.creation) imports.
 ARRAY_FUNCTIONS: dict[Any, Callable[..., Any]] = {}
+# ufunc method (reduce, accumulate) -> its handler on tensors, ``handler(ufunc, *inputs,
+# **kwargs)``; filled by fabric.arrays.numpy_functions too
+UFUNC_METHODS: dict[str, Callable[..., Any]] = {}
 # The array API standard's namespace of a session, ``(session, api_version) -> namespace``
 # (``t.__array_namespace__()``): the one function fabric.array_api puts here when loaded, as
 # the client's package loads it.
@@ -477,8 +480,8 @@ class Tensor(Spec):
                                 "target to be a tensor: upload it with session.asarray(...), "
                                 "or read the tensors with .numpy() to update a numpy array.")
             return ufunc_at(ufunc, *inputs)
-        if method in ("reduce", "accumulate") and out is None and ufunc.__name__ in OPS:
-            return _ufunc_method(ufunc, method, *inputs, **kwargs)
+        if method in UFUNC_METHODS and out is None and ufunc.__name__ in OPS:
+            return UFUNC_METHODS[method](ufunc, *inputs, **kwargs)
         if method != "__call__" or kwargs or not known:
             raise TypeError(f"numpy.{ufunc.__name__}"
                             f"{'' if method == '__call__' else '.' + method}"
@@ -569,22 +572,6 @@ for _dunder, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multip
                         ("lshift", np.left_shift), ("rshift", np.right_shift),
                         ("matmul", np.matmul)]:
     setattr(Tensor, f"__i{_dunder}__", _in_place(_ufunc))
-
-
-def ufunc_method_params(ufunc: np.ufunc, axis: Any = 0, dtype: Any = None,
-                        keepdims: bool = False, initial: Any = None) -> dict[str, Any]:
-    """The params of op ``ufunc_reduce`` or ``ufunc_accumulate`` from numpy's keywords."""
-    return {"ufunc": ufunc.__name__, "axis": tuple(axis) if isinstance(axis, list) else axis,
-            **given_params({"dtype": dtype, "initial": initial}),
-            **({"keepdims": True} if keepdims else {})}
-
-
-def _ufunc_method(ufunc: np.ufunc, method: str, array: Tensor, where: Any = True,
-                  **keywords: Any) -> Tensor:
-    """``np.add.reduce(t, axis=...)``, ``np.multiply.accumulate(t, axis=...)``: one op on the
-    device, numpy's keywords as numpy passes them (where=, a mask, a second input)."""
-    return array.session.apply(f"ufunc_{method}", (array,) if where is True else (array, where),
-                               ufunc_method_params(ufunc, **keywords))
 
 
 def _divmod(left: Any, right: Any) -> tuple[Tensor, Tensor]:

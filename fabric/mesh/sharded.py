@@ -20,7 +20,8 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.arrays.printing import summary_positions
-from fabric.arrays.tensor import Tensor, given_params, numpy_name, ufunc_method_params
+from fabric.arrays.numpy_functions import ufunc_method_params
+from fabric.arrays.tensor import Tensor, given_params, numpy_name
 from fabric.core.ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
 from fabric.mesh import reductions
 from fabric.mesh.sharding import (Sharding, along, block_positions, block_ranges, block_slices,
