@@ -99,8 +99,16 @@ def getitem(array: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
 
 
 def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
-    """A copy of ``array`` with ``array[index] = value``."""
-    return array.at[checked_index(array, index, arrays, value)].set(_cast(value, array.dtype))
+    """A copy of ``array`` with ``array[index] = value`` (the value's leading lengths of one
+    beyond the selection's dimensions dropped, as numpy drops them; jax's ``.at`` refuses)."""
+    key = checked_index(array, index, arrays, value)
+    value = _cast(value, array.dtype)
+    if np.ndim(value):
+        selected = np.ndim(_stand_in(array.shape)[bind_index(index, [
+            np.asarray(a) for a in arrays])])
+        while value.ndim > selected and value.shape[0] == 1:
+            value = value[0]
+    return array.at[key].set(value)
 
 
 def ufunc_at(array: Any, *operands: Any, ufunc: str, index: tuple[Any, ...]) -> Any:
