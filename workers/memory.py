@@ -5,7 +5,7 @@ its devices, all their sessions). What an op needs is its result and room for on
 ``need`` says how much, from shapes and dtypes alone; for an op whose result's size depends on
 its data (``DATA_DEPENDENT_OPS``), from a look at the data that allocates nothing
 (``data_need``: a bincount's largest value, an argwhere's count of non-zeros, a repeat's
-counts). Each device
+counts, the columns lstsq's residuals sum). Each device
 thread draws grants from the budget under a lock and spends them without one (its held bytes
 are its own, written by its thread only); a device gives back what it holds past ``chunk``
 after each message, so an idle device keeps at most that much of the budget from the others.
@@ -115,6 +115,9 @@ def data_need(name: str, inputs: Sequence[Any], params: dict[str, Any]) -> tuple
     elif name == "repeat":  # each slice along the axis (an element, flat) as often as counted
         result = _repeated_bytes(array, inputs[1] if len(inputs) > 1 else None,
                                  params.get("axis"))
+    elif name == "lstsq_residuals":  # at most one float64 per column of b
+        b = inputs[1] if len(inputs) > 1 else None
+        result = 8 * (b.shape[-1] if isinstance(b, np.ndarray) and b.ndim == 2 else 1)
     else:  # unique, or one of its parts: at most one element (or one intp) per element
         result = count * max(array.dtype.itemsize, 8)
     return result, need(result, count)

@@ -1,6 +1,7 @@
-"""The standard's ``fft`` extension on tensors (``xp.fft``): numpy's ``np.fft`` transforms run
-on the device, one op each, ``fftshift`` and ``ifftshift`` as rolls, and ``fftfreq`` and
-``rfftfreq`` made on a session's device as numpy makes them (``arange`` times the spacing).
+"""The standard's ``fft`` extension on tensors (``xp.fft``): numpy's ``np.fft`` on tensors
+(``fabric.arrays.numpy_fft``: a transform one op, the shifts rolls) under the standard's
+signatures, and ``fftfreq`` and ``rfftfreq`` made on a session's device as numpy makes them
+(``arange`` times the spacing).
 
 Rule: a transform keeps its input's precision (complex64 from float32 or complex64), as numpy
 2's and the standard's; its result's shape is known at the call (``fabric.core.ops_functions``
@@ -18,28 +19,17 @@ from fabric.array_api.elementwise import tensor_argument
 from fabric.arrays.tensor import Tensor
 from fabric.core.ops_functions import FFTS
 
-_NORMS = ("backward", "ortho", "forward")
-
-
-def _check_norm(norm: str) -> None:
-    if norm not in _NORMS:
-        raise ValueError(f"norm is one of {', '.join(map(repr, _NORMS))}, not {norm!r}.")
-
 
 def _transform(name: str) -> Callable[..., Tensor]:
+    transform = getattr(np.fft, name)
+
     def one_axis(x: Tensor, /, *, n: int | None = None, axis: int = -1,
                  norm: str = "backward") -> Tensor:
-        x = tensor_argument(x, name)
-        _check_norm(norm)
-        return x.session.apply(name, (x,), {"n": n, "axis": axis, "norm": norm})
+        return transform(tensor_argument(x, name), n=n, axis=axis, norm=norm)
 
     def axes(x: Tensor, /, *, s: Sequence[int] | None = None,
              axes: Sequence[int] | None = None, norm: str = "backward") -> Tensor:
-        x = tensor_argument(x, name)
-        _check_norm(norm)
-        return x.session.apply(name, (x,), {"s": None if s is None else list(s),
-                                            "axes": None if axes is None else list(axes),
-                                            "norm": norm})
+        return transform(tensor_argument(x, name), s=s, axes=axes, norm=norm)
     function = axes if name.endswith("n") else one_axis
     function.__name__ = function.__qualname__ = name
     function.__doc__ = (f"numpy's ``np.fft.{name}`` of ``x`` on the device (its input's "
@@ -47,26 +37,20 @@ def _transform(name: str) -> Callable[..., Tensor]:
     return function
 
 
-def _shift(name: str, sign: int) -> Callable[..., Tensor]:
+def _shift(name: str) -> Callable[..., Tensor]:
+    shift = getattr(np.fft, name)
+
     def function(x: Tensor, /, *, axes: int | Sequence[int] | None = None) -> Tensor:
-        x = tensor_argument(x, name)
-        if axes is None:
-            axes = tuple(range(x.ndim))
-        elif isinstance(axes, int):
-            axes = (axes,)
-        if not axes:
-            return x.copy()
-        return np.roll(x, [sign * (x.shape[a] // 2) for a in axes], tuple(axes))
+        return shift(tensor_argument(x, name), axes)
     function.__name__ = function.__qualname__ = name
     function.__doc__ = (f"``x`` rolled by half its length along ``axes`` (all with None), as "
-                        f"numpy's ``np.fft.{name}``: the zero frequency "
-                        f"{'to the middle' if sign > 0 else 'back to the front'}.")
+                        f"numpy's ``np.fft.{name}``.")
     return function
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     **{name: _transform(name) for name in FFTS},
-    "fftshift": _shift("fftshift", 1), "ifftshift": _shift("ifftshift", -1),
+    "fftshift": _shift("fftshift"), "ifftshift": _shift("ifftshift"),
 }
 
 

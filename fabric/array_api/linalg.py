@@ -1,6 +1,7 @@
-"""The standard's ``linalg`` extension on tensors (``xp.linalg``): numpy's ``np.linalg`` run on
-the device, one op per decomposition or solver, and the norms, ``trace``, ``diagonal``,
-``cross``, ``outer``, ``matrix_power`` and ``matrix_rank`` as composites of tensor ops.
+"""The standard's ``linalg`` extension on tensors (``xp.linalg``): numpy's ``np.linalg`` on
+tensors (``fabric.arrays.numpy_linalg``: one op per decomposition or solver, ``matrix_rank``
+a composite) under the standard's signatures, and the norms, ``trace``, ``diagonal``,
+``cross``, ``outer`` and ``matrix_power`` as composites of tensor ops.
 
 Rule: as ``fabric.arrays.numpy_linalg``'s: errors numpy raises before computing come at the
 call, those that depend on the values (a singular matrix) from the next read, as
@@ -21,7 +22,6 @@ from fabric.array_api.elementwise import tensor_argument
 from fabric.array_api.functions import (broadcast_arrays, matmul, matrix_transpose, tensordot,
                                         vecdot)
 from fabric.arrays.tensor import Tensor
-from fabric.core.ops_functions import packed_parts
 
 __all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul",
            "matrix_norm", "matrix_power", "matrix_rank", "matrix_transpose", "outer", "pinv",
@@ -32,11 +32,7 @@ __all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "m
 def cholesky(x: Tensor, /, *, upper: builtins.bool = False) -> Tensor:
     """The Cholesky factor of each Hermitian positive-definite matrix: lower, or ``upper``
     (its conjugate transpose)."""
-    x = tensor_argument(x, "cholesky")
-    lower = x.session.apply("cholesky", (x,), {})
-    if not upper:
-        return lower
-    return matrix_transpose(np.conjugate(lower) if lower.dtype.kind == "c" else lower)
+    return np.linalg.cholesky(tensor_argument(x, "cholesky"), upper=upper)
 
 
 def det(x: Tensor, /) -> Tensor:
@@ -54,31 +50,18 @@ def solve(x1: Tensor, x2: Tensor, /) -> Tensor:
     return np.linalg.solve(tensor_argument(x1, "solve"), tensor_argument(x2, "solve"))
 
 
-# numpy's own result types (named tuples), which the standard's names match
-_QR, _SLOGDET = type(np.linalg.qr(np.eye(1))), type(np.linalg.slogdet(np.eye(1)))
-
-
-def _real_part(x: Tensor) -> Tensor:
-    return x.session.apply("real", (x,), {}) if x.dtype.kind == "c" else x
-
-
 def qr(x: Tensor, /, *, mode: str = "reduced") -> Any:
     """``Q, R`` of each matrix ('reduced': Q of min(M, N) columns; 'complete': square Q), as
-    numpy's ``QRResult``: one op, its packed result viewed in two parts."""
-    x = tensor_argument(x, "qr")
+    numpy's ``QRResult``."""
     if mode not in ("reduced", "complete"):
         raise ValueError(f"qr's mode is 'reduced' or 'complete', not {mode!r}.")
-    packed = x.session.apply("qr", (x,), {"mode": mode})
-    (q_length, q_shape), (_, r_shape) = packed_parts("qr", x.shape, {"mode": mode})
-    return _QR(packed[..., :q_length].reshape(q_shape), packed[..., q_length:].reshape(r_shape))
+    return np.linalg.qr(tensor_argument(x, "qr"), mode=mode)
 
 
 def slogdet(x: Tensor, /) -> Any:
     """The sign and the natural log of the magnitude of each square matrix's determinant, as
     numpy's ``SlogdetResult`` (the log real, also of a complex matrix)."""
-    x = tensor_argument(x, "slogdet")
-    packed = x.session.apply("slogdet", (x,), {})
-    return _SLOGDET(packed[..., 0], _real_part(packed[..., 1]))
+    return np.linalg.slogdet(tensor_argument(x, "slogdet"))
 
 
 def eigh(x: Tensor, /) -> Any:
@@ -107,10 +90,7 @@ def pinv(x: Tensor, /, *, rtol: float | Tensor | None = None) -> Tensor:
     """The pseudo-inverse of each matrix; singular values below ``rtol`` (a float, or a tensor
     broadcast against the stack) times the largest count as zero (default: ``max(M, N)``
     times the dtype's epsilon)."""
-    x = tensor_argument(x, "pinv")
-    if isinstance(rtol, Tensor):
-        return x.session.apply("pinv", (x, rtol), {})
-    return x.session.apply("pinv", (x,), {"rtol": None if rtol is None else float(rtol)})
+    return np.linalg.pinv(tensor_argument(x, "pinv"), rtol=rtol)
 
 
 def _real_dtype(x: Tensor) -> np.dtype:
@@ -120,12 +100,7 @@ def _real_dtype(x: Tensor) -> np.dtype:
 def matrix_rank(x: Tensor, /, *, rtol: float | None = None) -> Tensor:
     """How many singular values of each matrix exceed ``rtol`` times the largest (default:
     ``max(M, N)`` times the dtype's epsilon)."""
-    x = tensor_argument(x, "matrix_rank")
-    values = svdvals(x)
-    if rtol is None:
-        rtol = max(x.shape[-2:]) * float(np.finfo(_real_dtype(x)).eps)
-    largest = values.max(axis=-1, keepdims=True, initial=0)
-    return (values > largest * rtol).sum(axis=-1)
+    return np.linalg.matrix_rank(tensor_argument(x, "matrix_rank"), rtol=rtol)
 
 
 def matrix_power(x: Tensor, n: int, /) -> Tensor:

@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from fabric.arrays import numpy_functions
-from fabric.arrays import numpy_linalg, numpy_nanfunctions  # noqa: F401  (register numpy's
-# functions on tensors)
+# (imported to register numpy's functions on tensors)
+from fabric.arrays import (numpy_fft, numpy_functions, numpy_linalg,  # noqa: F401
+                           numpy_nanfunctions, numpy_statistics)
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.progress import Progress, upload as upload_in_chunks, wanted as progress_wanted

@@ -4,10 +4,10 @@ Rule: an index is whatever numpy takes (ints, slices, ``...``, None, boolean and
 arrays: numpy's, lists, tensors); ``prepare_index`` splits it into the items that travel in
 the op's params (``fabric.core.wire.encode_index``) and the arrays that travel as the op's
 arguments, each standing in the items as an ``IndexArray``. Numpy's rules decide the rest:
-the result's shape is inferred by indexing a stand-in (``fabric.core.ops``), so a bad index raises
-numpy's error at the call. An error names an index array by its shape and dtype, never by
-its values (an index may hold millions of them). A shape given to an op (``reshape``, the
-creation functions) is taken as numpy takes one, by ``as_shape``.
+the result's shape is inferred by indexing a stand-in (``fabric.core.op_indexing``), so a bad
+index raises numpy's error at the call. An error names an index array by its shape and dtype,
+never by its values (an index may hold millions of them). A shape given to an op
+(``reshape``, the creation functions) is taken as numpy takes one, by ``as_shape``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fabric.core.errors import named
-from fabric.core.ops import IndexArray, Spec, selects_by_data
+from fabric.core.op_indexing import IndexArray, selects_by_data
+from fabric.core.op_rules import Spec
 
 
 class PreparedIndex(NamedTuple):

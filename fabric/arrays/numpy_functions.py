@@ -6,7 +6,9 @@ a composite of tensor ops and numpy functions on tensors (``_roll``, ``_tile``, 
 ...), never a read; where the result's shape depends on the data (``np.nonzero``,
 ``np.unique``, ``np.bincount``), the device says it in one small round trip
 (``resolve_shape``). A form fabric does not take is refused with numpy's error type and a
-sentence that says what to do. (Linear algebra and ``np.cov``: ``fabric.arrays.numpy_linalg``.)
+sentence that says what to do. (Linear algebra and ``np.cov``: ``fabric.arrays.numpy_linalg``;
+statistics, ``np.histogram`` and the like: ``fabric.arrays.numpy_statistics``; ``np.fft``:
+``fabric.arrays.numpy_fft``.)
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.arrays.indexing import as_shape
-from fabric.arrays.tensor import ARRAY_FUNCTIONS, Tensor
+from fabric.arrays.tensor import ARRAY_FUNCTIONS, UFUNC_METHODS, Tensor, given_params
 from fabric.arrays.views import link, root
+from fabric.core.ops import QUANTILES, REDUCTIONS
 
 
-def _session_of(tensors: Iterable[Any]) -> Any:
+def session_of(tensors: Iterable[Any]) -> Any:
+    """The session of the first tensor among ``tensors`` (TypeError where none is one)."""
     for t in tensors:
         if isinstance(t, Tensor):
             return t.session
@@ -34,7 +38,7 @@ def _where(condition: Any, *xy: Any) -> Any:
         return _nonzero(condition)
     if len(xy) != 2:
         raise ValueError("either both or neither of x and y should be given")
-    return _session_of((condition, *xy)).apply("where", (condition, *xy), {})
+    return session_of((condition, *xy)).apply("where", (condition, *xy), {})
 
 
 def _nonzero(a: Any) -> tuple[Tensor, ...]:
@@ -106,7 +110,7 @@ def _moveaxis(a: Tensor, source: Any, destination: Any) -> Tensor:
 
 def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
              equal_nan: bool = False) -> Tensor:
-    return _session_of((a, b)).apply("isclose", (a, b),
+    return session_of((a, b)).apply("isclose", (a, b),
                                    {"rtol": rtol, "atol": atol, "equal_nan": equal_nan})
 
 
@@ -165,8 +169,6 @@ def _triangle(lower: bool) -> Any:
     return function
 
 
-
-
 def _repeat(a: Tensor, repeats: int, axis: int | None = None) -> Tensor:
     if axis is None or not a.shape:  # (numpy repeats a 0-d array as a 1-d one)
         a, axis = a.ravel(), 0 if axis is None else axis
@@ -192,28 +194,33 @@ def _einsum(subscripts: str, *operands: Any, optimize: Any = False) -> Tensor:
         raise TypeError("numpy.einsum on fabric tensors takes its subscripts as a string "
                         "('ij,jk->ik'), not as lists of axes.")
     params = {"subscripts": subscripts, **({"optimize": optimize} if optimize else {})}
-    return _session_of(operands).apply("einsum", operands, params)
+    return session_of(operands).apply("einsum", operands, params)
 
 
-def _no_out(name: str, out: Any) -> None:
+def no_out(name: str, out: Any) -> None:
+    """Refuse numpy function ``name``'s out= (a TypeError that says what to do)."""
     if out is not None:
         raise TypeError(f"numpy.{name} with out= is not supported on fabric tensors: the "
                         "result is a new tensor on the device; assign it where you need it "
                         "(t[...] = result).")
 
 
-def _median(a: Tensor, axis: Any = None, out: Any = None, overwrite_input: bool = False,
-            keepdims: bool = False) -> Tensor:
-    _no_out("median", out)
-    return a._reduce("median", axis, keepdims)
+def _median_function(name: str) -> Any:
+    # np.median and np.nanmedian
+    def function(a: Tensor, axis: Any = None, out: Any = None, overwrite_input: bool = False,
+                 keepdims: bool = False) -> Tensor:
+        no_out(name, out)
+        return a._reduce(name, axis, keepdims)
+    return function
 
 
 def _quantile_function(name: str) -> Any:
-    # np.percentile and np.quantile: q travels as numbers, a param of the op
+    # np.percentile, np.quantile and their nan-ignoring forms: q travels as numbers, a param
+    # of the op
     def function(a: Tensor, q: Any, axis: Any = None, out: Any = None,
                  overwrite_input: bool = False, method: str = "linear", keepdims: bool = False,
                  *, weights: Any = None) -> Tensor:
-        _no_out(name, out)
+        no_out(name, out)
         if weights is not None or not isinstance(a, Tensor) or isinstance(q, Tensor):
             raise TypeError(f"numpy.{name} on fabric tensors takes the array as a tensor and q "
                             "as numbers, without weights; read the tensors with .numpy() "
@@ -239,7 +246,7 @@ def _pad(array: Tensor, pad_width: Any, mode: Any = "constant", **kwargs: Any) -
 
 
 def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Tensor:
-    session = _session_of((x, weights))
+    session = session_of((x, weights))
     counts = session.apply("bincount", (x,) if weights is None else (x, weights),
                            {"minlength": operator.index(minlength)})
     session.resolve_shape(counts)
@@ -249,7 +256,7 @@ def _bincount(x: Any, weights: Any = None, minlength: int = 0) -> Tensor:
 def _meshgrid(*xi: Any, copy: bool = True, sparse: bool = False, indexing: str = "xy") -> Any:
     if indexing not in ("xy", "ij"):
         raise ValueError("Valid values for `indexing` are 'xy' and 'ij'.")
-    session, ndim = _session_of(xi), len(xi)
+    session, ndim = session_of(xi), len(xi)
     shapes = [(1,) * i + (-1,) + (1,) * (ndim - i - 1) for i in range(ndim)]
     if indexing == "xy" and ndim > 1:  # (the first two axes swapped, as numpy's)
         shapes[0], shapes[1] = shapes[1], shapes[0]
@@ -262,7 +269,7 @@ def _meshgrid(*xi: Any, copy: bool = True, sparse: bool = False, indexing: str =
 
 def _take(a: Tensor, indices: Any, axis: Any = None, out: Any = None,
           mode: str = "raise") -> Tensor:
-    _no_out("take", out)
+    no_out("take", out)
     if axis is None or not a.shape:  # (numpy takes from a 0-d array as from a 1-d one)
         a, axis = a.ravel(), 0 if axis is None else axis
     axis = normalize_axis_index(axis, a.ndim)
@@ -332,21 +339,38 @@ def _may_share_memory(a: Any, b: Any, max_work: Any = None) -> bool:
     return isinstance(a, Tensor) and isinstance(b, Tensor) and root(a) is root(b)
 
 
+def ufunc_method_params(ufunc: np.ufunc, axis: Any = 0, dtype: Any = None,
+                        keepdims: bool = False, initial: Any = None) -> dict[str, Any]:
+    """The params of op ``ufunc_reduce`` or ``ufunc_accumulate`` from numpy's keywords."""
+    return {"ufunc": ufunc.__name__, "axis": tuple(axis) if isinstance(axis, list) else axis,
+            **given_params({"dtype": dtype, "initial": initial}),
+            **({"keepdims": True} if keepdims else {})}
+
+
+def _ufunc_method(method: str) -> Any:
+    # np.add.reduce(t, axis=...), np.multiply.accumulate(t, axis=...): one op on the device,
+    # numpy's keywords as numpy passes them (where=, a mask, a second input)
+    def handler(ufunc: np.ufunc, array: Tensor, where: Any = True, **keywords: Any) -> Tensor:
+        return array.session.apply(f"ufunc_{method}", (array,) if where is True else (
+            array, where), ufunc_method_params(ufunc, **keywords))
+    return handler
+
+
 def _join_function(name: str) -> Any:
     def function(arrays: Sequence[Any], axis: int = 0) -> Tensor:
-        return _session_of(arrays).apply(name, tuple(arrays), {"axis": axis})
+        return session_of(arrays).apply(name, tuple(arrays), {"axis": axis})
     return function
 
 
 ARRAY_FUNCTIONS.update({
-    **{getattr(np, name): _reduction_function(name)
-       for name in ["sum", "prod", "mean", "std", "var", "min", "max", "any", "all",
-                    "argmin", "argmax"]},
+    **{getattr(np, name): _reduction_function(name) for name in REDUCTIONS},
+    **{getattr(np, name): _median_function(name) for name in ("median", "nanmedian")},
+    **{getattr(np, name): _quantile_function(name) for name in QUANTILES},
     np.amin: _reduction_function("min"),
     np.amax: _reduction_function("max"),
     np.where: _where,
     np.clip: lambda a, a_min=None, a_max=None, **bounds: a.clip(a_min, a_max, **bounds),
-    np.dot: lambda a, b: _session_of((a, b)).apply("dot", (a, b), {}),
+    np.dot: lambda a, b: session_of((a, b)).apply("dot", (a, b), {}),
     np.reshape: lambda a, shape: a.reshape(shape),
     np.transpose: lambda a, axes=None: a.transpose(*(axes or ())),
     np.swapaxes: lambda a, axis1, axis2: a.swapaxes(axis1, axis2),
@@ -390,9 +414,6 @@ ARRAY_FUNCTIONS.update({
     np.repeat: _repeat,
     np.tile: _tile,
     np.einsum: _einsum,
-    np.median: _median,
-    np.percentile: _quantile_function("percentile"),
-    np.quantile: _quantile_function("quantile"),
     np.pad: _pad,
     np.bincount: _bincount,
     np.meshgrid: _meshgrid,
@@ -412,3 +433,4 @@ ARRAY_FUNCTIONS.update({
     np.ndim: lambda a: a.ndim,
     np.size: lambda a: a.size,
 })
+UFUNC_METHODS.update({method: _ufunc_method(method) for method in ("reduce", "accumulate")})

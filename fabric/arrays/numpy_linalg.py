@@ -1,15 +1,17 @@
 """numpy's linear algebra and covariance on tensors (``np.linalg.inv``, ``solve``, ``det``,
-``eig``, ``eigh``, ``svd``, ``norm``, ``np.cov``): NEP 18 handlers, registered in
+``eig``, ``eigh``, ``svd``, ``qr``, ``cholesky``, ``slogdet``, ``lstsq``, ``pinv``,
+``matrix_rank``, ``norm``, ``np.cov``): NEP 18 handlers, registered in
 ``fabric.arrays.tensor.ARRAY_FUNCTIONS`` as ``fabric.arrays.numpy_functions``'s are.
 
 Rule: the decompositions and solvers run numpy's own ``np.linalg`` on the worker, one op
 each (``fabric.core.ops_functions``); a function with several results gets views of its op's
-packed result, in numpy's own result type (``EigResult``, ``SVDResult``, ...). ``norm`` and
-``cov`` are numpy's formulas in tensor ops. Nothing is read back, except where numpy's
-result dtype depends on the data (``eig``: real where every eigenvalue is), which the
-device says in one small round trip. Errors numpy raises before computing (not square,
-mismatched shapes) are raised at the call; those that depend on the values (a singular
-matrix) are raised by the next read, as ``fabric.RemoteError``.
+packed result, in numpy's own result type (``EigResult``, ``SVDResult``, ...). ``norm``,
+``matrix_rank`` and ``cov`` are numpy's formulas in tensor ops. Nothing is read back, except
+where numpy's result depends on the data (``eig``'s dtype: real where every eigenvalue is;
+``lstsq``'s residuals: none unless the rank is full), which the device says in one small
+round trip. Errors numpy raises before computing (not square, mismatched shapes) are raised
+at the call; those that depend on the values (a singular matrix) are raised by the next
+read, as ``fabric.RemoteError``.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from numpy.lib.array_utils import normalize_axis_tuple
 
 from fabric.arrays.tensor import ARRAY_FUNCTIONS, Tensor
 from fabric.core.ops import DATA_DEPENDENT_DTYPE
-from fabric.core.ops_functions import packed_parts
+from fabric.core.ops_functions import lstsq_parts, packed_parts
 
 # numpy's own result types of its decompositions (named tuples)
-_RESULT_TYPES = {name: type(getattr(np.linalg, name)(np.eye(1))) for name in ("eig", "eigh",
-                                                                             "svd")}
+_RESULT_TYPES = {name: type(getattr(np.linalg, name)(np.eye(1))) for name in (
+    "eig", "eigh", "svd", "qr", "slogdet")}
 
 
 def _tensor(a: Any, *others: Any) -> Tensor:
@@ -48,11 +50,7 @@ def _decomposition(name: str, a: Any, **params: Any) -> Any:
     if len(parts) == 1:  # (svd's singular values alone)
         return packed
     if name == "svd":
-        pieces, start = [], 0
-        for length, shape in parts:
-            pieces.append(packed[..., start:start + length].reshape(shape))
-            start += length
-        real = 1  # (the singular values)
+        pieces, real = _parts(packed, parts), 1  # (the singular values)
     else:  # the eigenvalues are the first row above the eigenvectors
         pieces, real = [packed[..., 0, :], packed[..., 1:, :]], 0
     if name != "eig" and packed.dtype.kind == "c":  # (numpy's are real: so they are)
@@ -74,6 +72,104 @@ def _svd(a: Any, full_matrices: bool = True, compute_uv: bool = True,
          hermitian: bool = False) -> Any:
     return _decomposition("svd", a, full_matrices=bool(full_matrices),
                           compute_uv=bool(compute_uv), hermitian=bool(hermitian))
+
+
+def _real_part(x: Tensor) -> Tensor:
+    return x.session.apply("real", (x,), {}) if x.dtype.kind == "c" else x
+
+
+def _parts(packed: Tensor, parts: list[tuple[int, tuple[int, ...]]]) -> list[Tensor]:
+    """The results packed side by side along ``packed``'s last axis, each a view in its
+    shape (``packed_parts``, ``lstsq_parts``)."""
+    pieces, start = [], 0
+    for length, shape in parts:
+        pieces.append(packed[..., start:start + length].reshape(shape))
+        start += length
+    return pieces
+
+
+def _qr(a: Any, mode: str = "reduced") -> Any:
+    """numpy's ``QRResult`` of Q and R (mode 'reduced' or 'complete'), or R alone (mode
+    'r'): one op, its packed result viewed in parts."""
+    if mode == "raw":
+        raise TypeError("numpy.linalg.qr's mode 'raw' (LAPACK's own arrays) is not supported "
+                        "on fabric tensors: take mode='reduced' or 'complete', or read the "
+                        "tensor with .numpy() first.")
+    if mode not in ("reduced", "complete", "r"):
+        raise ValueError(f"Unrecognized mode '{mode}'")
+    a = _tensor(a)
+    params = {"mode": "reduced" if mode == "r" else mode}
+    q, r = _parts(a.session.apply("qr", (a,), params), packed_parts("qr", a.shape, params))
+    return r if mode == "r" else _RESULT_TYPES["qr"](q, r)
+
+
+def _slogdet(a: Any) -> Any:
+    """numpy's ``SlogdetResult``: the sign and the natural log of the magnitude of each
+    determinant (the log real, also of a complex matrix)."""
+    a = _tensor(a)
+    packed = a.session.apply("slogdet", (a,), {})
+    return _RESULT_TYPES["slogdet"](packed[..., 0], _real_part(packed[..., 1]))
+
+
+def _cholesky(a: Any, /, *, upper: bool = False) -> Tensor:
+    """The lower Cholesky factor of each matrix, or the upper one (its conjugate
+    transpose)."""
+    a = _tensor(a)
+    lower = a.session.apply("cholesky", (a,), {})
+    if not upper:
+        return lower
+    return np.swapaxes(np.conjugate(lower) if lower.dtype.kind == "c" else lower, -1, -2)
+
+
+def _lstsq(a: Any, b: Any, rcond: Any = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """numpy's ``(x, residuals, rank, s)``: one op for the solution, the singular values and
+    the rank (its packed result viewed in parts), one for the residuals, whose length (none
+    unless the rank is full) the device says."""
+    a = _tensor(a, b)
+    session = a.session
+    b = session.asarray(b)
+    params = {} if rcond is None else {"rcond": float(rcond)}
+    solution, values, rank = _parts(session.apply("lstsq", (a, b), params),
+                                    lstsq_parts(a.shape, b.shape))
+    residuals = session.apply("lstsq_residuals", (a, b), params)
+    session.resolve_shape(residuals)
+    return solution, residuals, _real_part(rank).astype(np.int32), _real_part(values)
+
+
+def _pinv(a: Any, rcond: Any = None, hermitian: bool = False, **rtol: Any) -> Tensor:
+    """numpy's ``pinv``: singular values below ``rcond`` (or ``rtol``; by default 1e-15,
+    numpy's, and with ``rtol=None`` the array API's ``max(M, N)`` times epsilon) times the
+    largest count as zero; either may be a tensor, broadcast against the stack."""
+    if set(rtol) - {"rtol"}:
+        raise TypeError(f"pinv() got an unexpected keyword argument {next(iter(rtol))!r}")
+    if rcond is not None and rtol:
+        raise ValueError("`rtol` and `rcond` can't be both set.")
+    cut = rcond if rcond is not None else rtol.get("rtol", 1e-15)
+    a = _tensor(a, cut)
+    params = {"hermitian": bool(hermitian)}
+    if isinstance(cut, (Tensor, list, np.ndarray)):
+        return a.session.apply("pinv", (a, cut), params)
+    return a.session.apply("pinv", (a,), {**params, "rtol": None if cut is None else float(cut)})
+
+
+def _matrix_rank(A: Any, tol: Any = None, hermitian: bool = False, *,
+                 rtol: Any = None) -> Tensor:
+    """numpy's ``matrix_rank``: how many singular values of each matrix exceed ``tol``, or
+    ``rtol`` (default ``max(M, N)`` times epsilon) times the largest (a vector's rank: 1
+    unless it is all zeros, as a 0-d tensor)."""
+    A = _tensor(A)
+    if A.ndim < 2:
+        return np.any(A != 0).astype(np.intp)
+    values = _svd(A, compute_uv=False, hermitian=hermitian)
+    if tol is None:
+        if rtol is None:
+            rtol = max(A.shape[-2:]) * float(np.finfo(values.dtype).eps)
+        elif np.ndim(rtol):
+            rtol = A.session.asarray(rtol)[..., None]
+        tol = values.max(axis=-1, keepdims=True) * rtol
+    elif np.ndim(tol):
+        tol = A.session.asarray(tol)[..., None]
+    return (values > tol).sum(axis=-1)
 
 
 def _solve(a: Any, b: Any) -> Tensor:
@@ -216,6 +312,12 @@ ARRAY_FUNCTIONS.update({
     np.linalg.eig: _eig,
     np.linalg.eigh: _eigh,
     np.linalg.svd: _svd,
+    np.linalg.qr: _qr,
+    np.linalg.slogdet: _slogdet,
+    np.linalg.cholesky: _cholesky,
+    np.linalg.lstsq: _lstsq,
+    np.linalg.pinv: _pinv,
+    np.linalg.matrix_rank: _matrix_rank,
     np.cov: _cov,
     np.tensordot: _tensordot,
 })

@@ -36,6 +36,9 @@ _BASIC_INDEXES, _BASIC_UPDATES = Remembered(), Remembered()
 # numpy function -> its handler on tensors; filled by fabric.arrays.numpy_functions, which the
 # module that makes every tensor's session (fabric.arrays.creation) imports.
 ARRAY_FUNCTIONS: dict[Any, Callable[..., Any]] = {}
+# ufunc method (reduce, accumulate) -> its handler on tensors, ``handler(ufunc, *inputs,
+# **kwargs)``; filled by fabric.arrays.numpy_functions too
+UFUNC_METHODS: dict[str, Callable[..., Any]] = {}
 # The array API standard's namespace of a session, ``(session, api_version) -> namespace``
 # (``t.__array_namespace__()``): the one function fabric.array_api puts here when loaded, as
 # the client's package loads it.
@@ -477,6 +480,8 @@ class Tensor(Spec):
                                 "target to be a tensor: upload it with session.asarray(...), "
                                 "or read the tensors with .numpy() to update a numpy array.")
             return ufunc_at(ufunc, *inputs)
+        if method in UFUNC_METHODS and out is None and ufunc.__name__ in OPS:
+            return UFUNC_METHODS[method](ufunc, *inputs, **kwargs)
         if method != "__call__" or kwargs or not known:
             raise TypeError(f"numpy.{ufunc.__name__}"
                             f"{'' if method == '__call__' else '.' + method}"
@@ -505,7 +510,7 @@ class Tensor(Spec):
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         handler = ARRAY_FUNCTIONS.get(func)
         if handler is None:
-            raise TypeError(f"{_numpy_name(func)} is not supported on fabric tensors; read "
+            raise TypeError(f"{numpy_name(func)} is not supported on fabric tensors; read "
                             "the tensor with .numpy() first if you mean to compute locally.")
         try:
             return handler(*args, **kwargs)
@@ -515,11 +520,11 @@ class Tensor(Spec):
             # The handler refused the arguments themselves (a keyword fabric does not take):
             # say so in numpy's terms, not the handler's name.
             reason = str(exc).split("() ", 1)[-1]
-            raise TypeError(f"{_numpy_name(func)} on fabric tensors: {reason}; read the "
+            raise TypeError(f"{numpy_name(func)} on fabric tensors: {reason}; read the "
                             "tensor with .numpy() first if you mean to compute locally.") from None
 
 
-def _numpy_name(func: Any) -> str:
+def numpy_name(func: Any) -> str:
     """A numpy function's name as users write it, with its submodule (``numpy.linalg.inv``)."""
     return f"{getattr(func, '__module__', None) or 'numpy'}.{func.__qualname__}"
 

@@ -6,9 +6,11 @@ Rule: each op runs numpy's own function on the worker (``np.linalg``'s LAPACK ca
 hand-written algorithm; another array module's function of the same name on its devices),
 and its rules restate only what numpy's function would check before computing: square
 matrices, matching core dimensions, pad widths. A function with several
-results (``eig``, ``eigh``, ``svd``) is one op whose result packs them along its last axes
-(``packed_parts`` says where each lies), so the decomposition runs once; the client hands the
-user views of the parts. This module needs only numpy (the table's module imports it).
+results (``eig``, ``eigh``, ``svd``, ``qr``, ``slogdet``, ``lstsq``) is one op whose result
+packs them along its last axes (``packed_parts`` says where each lies), so the decomposition
+runs once; the client hands the user views of the parts (``lstsq``'s residuals, whose length
+depends on the rank, are an op of their own). This module needs only numpy (the table's
+module imports it).
 """
 
 from __future__ import annotations
@@ -109,10 +111,35 @@ def packed_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
     return shape[:-2] + (shape[-2] + 1, shape[-1])
 
 
+def lstsq_parts(a: Shape, b: Shape) -> list[tuple[int, Shape]]:
+    """Where each result of ``lstsq`` of an (M, N) matrix and ``b`` lies in its packed op's
+    result, as ``packed_parts`` says of the decompositions: the solution, the singular values
+    and the rank, flattened side by side."""
+    m, n = a
+    solution = (n,) + b[1:]
+    return [(math.prod(solution), solution), (min(m, n), (min(m, n),)), (1, ())]
+
+
+def lstsq_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
+    """lstsq(a, b): numpy's checks (one matrix; b of its rows, 1-d or 2-d); the packed
+    result (``lstsq_parts``), or (until the device says) none of the residuals."""
+    a, b = _shape(args[0]), _shape(args[1])
+    for shape in (a, b if len(b) != 1 else (0, 0)):
+        if len(shape) != 2:
+            raise np.linalg.LinAlgError(f"{len(shape)}-dimensional array given. Array must "
+                                        "be two-dimensional")
+    if not b or b[0] != a[0]:
+        raise np.linalg.LinAlgError("Incompatible dimensions")
+    if op.name == "lstsq_residuals":
+        return (0,)
+    return (sum(length for length, _ in lstsq_parts(a, b)),)
+
+
 def ones_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
-    """numpy's result dtype of a linear algebra op, from its function on stand-ins of ones
-    (one element per axis; zeros would be singular). eig's may still turn real or complex
-    with the data: the device says which (``fabric.core.ops.DATA_DEPENDENT_DTYPE``)."""
+    """numpy's result dtype of a linear algebra op (or of ``average``), from its function on
+    stand-ins of ones (one element per axis; zeros would be singular, or weights that sum to
+    zero). eig's may still turn real or complex with the data: the device says which
+    (``fabric.core.ops.DATA_DEPENDENT_DTYPE``)."""
     stand_ins = [np.ones((1,) * len(a.shape), a.dtype) if hasattr(a, "dtype") and
                  hasattr(a, "shape") else a for a in args]
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -155,21 +182,52 @@ def decomposition(name: str) -> Callable[[Any], Callable[..., Any]]:
     return {"eig": eig, "eigh": eigh, "svd": svd}[name]
 
 
-def pinv(a: np.ndarray, *rtol: np.ndarray, **params: Any) -> np.ndarray:
-    """np.linalg.pinv, its ``rtol`` a param (None: the array API's default, ``max(M, N)``
-    times epsilon) or, as a tensor, a second input."""
-    return np.linalg.pinv(a, rtol=rtol[0] if rtol else params.get("rtol"))
+def pinv(xp: Any) -> Callable[..., Any]:
+    """The build of np.linalg.pinv: its ``rtol`` a param (None: the array API's default,
+    ``max(M, N)`` times epsilon, given to every module as a number) or, as a tensor, a
+    second input."""
+    def run(a: Any, *rtol: Any, hermitian: bool = False, **params: Any) -> Any:
+        cut = rtol[0] if rtol else params.get("rtol")
+        if cut is None:  # (numpy's: of an integer matrix, finfo's ValueError)
+            cut = max(a.shape[-2:]) * float(np.finfo(a.dtype).eps)
+        return xp.linalg.pinv(a, rtol=cut, hermitian=hermitian)
+    return run
 
 
-def qr(a: np.ndarray, mode: str = "reduced") -> np.ndarray:
-    """np.linalg.qr, packed (``packed_parts``)."""
-    return _pack(np, np.linalg.qr(a, mode=mode), along_rows=False)
+def qr(xp: Any) -> Callable[..., Any]:
+    """The build of np.linalg.qr, packed (``packed_parts``)."""
+    return lambda a, mode="reduced": _pack(xp, xp.linalg.qr(a, mode=mode), along_rows=False)
 
 
-def slogdet(a: np.ndarray) -> np.ndarray:
-    """np.linalg.slogdet, packed: the sign and the log of the determinant's magnitude."""
-    sign, magnitude = np.linalg.slogdet(a)
-    return np.stack([sign, magnitude.astype(sign.dtype)], axis=-1)
+def slogdet(xp: Any) -> Callable[..., Any]:
+    """The build of np.linalg.slogdet, packed: the sign and the log of the determinant's
+    magnitude."""
+    def run(a: Any) -> Any:
+        sign, magnitude = xp.linalg.slogdet(a)
+        return xp.stack([sign, magnitude.astype(sign.dtype)], axis=-1)
+    return run
+
+
+def cut_off(a: Any, rcond: float | None) -> float:
+    """lstsq's cut-off: numpy's default where none is given (``max(M, N)`` times float64's
+    epsilon: numpy computes in double precision), as a number for every module."""
+    return max(a.shape) * float(np.finfo(np.float64).eps) if rcond is None else rcond
+
+
+def lstsq(xp: Any) -> Callable[..., Any]:
+    """The build of np.linalg.lstsq without its residuals, packed (``lstsq_parts``)."""
+    def run(a: Any, b: Any, rcond: float | None = None) -> Any:
+        solution, _, rank, values = xp.linalg.lstsq(a, b, rcond=cut_off(a, rcond))
+        dtype = solution.dtype  # (the values are real and the rank an int: both fit it)
+        return xp.concatenate([solution.reshape(-1), values.astype(dtype),
+                               xp.asarray(rank).reshape(1).astype(dtype)])
+    return run
+
+
+def lstsq_residuals(a: np.ndarray, b: np.ndarray, rcond: float | None = None) -> np.ndarray:
+    """np.linalg.lstsq's residuals: empty unless the rank is full and a has more rows than
+    columns (their length depends on the data: the client asks the device)."""
+    return np.linalg.lstsq(a, b, rcond=cut_off(a, rcond))[1]
 
 
 # np.fft's transforms: those whose result is real (the others' is complex), and those whose
@@ -179,14 +237,9 @@ _REAL_RESULT = ("irfft", "hfft", "irfftn")
 _HALF_RESULT = ("rfft", "ihfft", "rfftn")
 
 
-def fft(name: str) -> Any:
-    """np.fft's transform ``name``, as an op's implementation (params as numpy takes them)."""
-    transform = getattr(np.fft, name)
-
-    def run(a: np.ndarray, **params: Any) -> np.ndarray:
-        return transform(a, **params)
-    run.__name__ = name
-    return run
+def fft(name: str) -> Callable[[Any], Callable[..., Any]]:
+    """The build of np.fft's transform ``name``: ``xp.fft``'s (params as numpy takes them)."""
+    return lambda xp: getattr(xp.fft, name)
 
 
 def _fft_length(name: str, length: int, n: int | None) -> int:

@@ -65,7 +65,8 @@ import msgpack
 import numpy as np
 
 from fabric.core.errors import ProtocolError, named
-from fabric.core.ops import INDEXED_OPS, NO_PARAMS, IndexArray
+from fabric.core.op_indexing import IndexArray
+from fabric.core.ops import INDEXED_OPS, NO_PARAMS
 from fabric.core.shm import SegmentName, parse_name
 
 GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the client mirrors the bound)

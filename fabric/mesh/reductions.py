@@ -1,23 +1,32 @@
 """Reductions across a split axis, sans I/O: what each shard computes, and how it combines.
 
-Rule: a reduction that crosses the split axis runs on each non-empty shard as the reductions
-``partial_calls`` names (ordinary tensor methods, so on the device), and ``combine`` joins
-their values, read back together, with numpy's own functions: sums of sums, minima of minima,
-Chan's parallel formula for the variance (exact, not a mean of variances), and global
-indexes for argmin/argmax (the first occurrence wins, as numpy's).
+Rule: a reduction that crosses the split axis runs on each non-empty shard as
+``shard_partials`` says (numpy's functions, which run a tensor's on its device), and
+``combine`` joins their values, read back together, with numpy's own functions: sums of sums,
+minima of minima, Chan's parallel formula for the variance (exact, not a mean of variances),
+and global indexes for argmin/argmax (the first occurrence wins, as numpy's). The nan-ignoring
+forms count each shard's numbers, and a shard whose slice holds only nans gives a nan the
+others' numbers win over (``fmin``, ``fmax``), as numpy's nanmin ignores it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 Shape = tuple[int, ...]
-# The reductions that combine their shards' results in kind (a sum of the shards' sums).
-IN_KIND = frozenset({"sum", "prod", "min", "max", "any", "all"})
-REDUCTIONS = IN_KIND | {"mean", "var", "std", "argmin", "argmax"}
+# The reductions that combine their shards' results in kind (a sum of the shards' sums), and
+# how: each shard's partial by the first function, the partials joined by the second
+IN_KIND: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    **{name: (getattr(np, name), getattr(np, name))
+       for name in ("sum", "prod", "min", "max", "any", "all")},
+    "nansum": (np.nansum, np.sum), "nanprod": (np.nanprod, np.prod),
+    "nanmin": (np.fmin.reduce, np.fmin.reduce), "nanmax": (np.fmax.reduce, np.fmax.reduce),
+}
+SPREADS = frozenset({"var", "std", "nanvar", "nanstd"})
+REDUCTIONS = frozenset(IN_KIND) | SPREADS | {"mean", "nanmean", "argmin", "argmax", "ptp"}
 
 
 @dataclass(frozen=True)
@@ -49,20 +58,42 @@ def accumulator(dtype: np.dtype, given: Any) -> np.dtype:
     return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
-def partial_calls(name: str, axis: Any, params: dict[str, Any],
-                  dtype: np.dtype) -> list[tuple[str, dict[str, Any]]]:
-    """The tensor methods (name, keywords) each shard runs for reduction ``name`` over
-    ``axis`` with numpy's ``params`` (``dtype``: the array's)."""
+def _present(a: Any, axis: Any) -> Any:
+    """How many numbers (not nans) a shard holds in each slice."""
+    return np.sum(~np.isnan(a), axis=axis)
+
+
+def _squares(a: Any, axis: Any, dtype: np.dtype) -> Any:
+    """The sum of the squared distances of a shard's numbers from their own mean (nans
+    left out; a slice of none counts 0)."""
+    count = np.maximum(np.sum(~np.isnan(a), axis=axis, keepdims=True), 1)
+    mean = np.nansum(a, axis=axis, dtype=dtype, keepdims=True) / count
+    return np.nansum(abs(a - mean) ** 2, axis=axis, dtype=dtype)
+
+
+def shard_partials(name: str, axis: Any, params: dict[str, Any],
+                   dtype: np.dtype) -> Callable[[Any], list[Any]]:
+    """What each shard computes for reduction ``name`` over ``axis`` with numpy's ``params``
+    (``dtype``: the array's): a function of the shard, its partial results in a list."""
+    acc = accumulator(dtype, params.get("dtype"))
     if name in IN_KIND:
-        return [(name, {"axis": axis, **({"dtype": params["dtype"]}
-                                          if params.get("dtype") is not None else {})})]
+        given = {"dtype": params["dtype"]} if params.get("dtype") is not None else {}
+        reduce = IN_KIND[name][0]
+        return lambda a: [reduce(a, axis=axis, **given)]
     if name == "mean":
-        return [("sum", {"axis": axis, "dtype": accumulator(dtype, params.get("dtype"))})]
+        return lambda a: [np.sum(a, axis=axis, dtype=acc)]
     if name in ("var", "std"):
-        acc = accumulator(dtype, params.get("dtype"))
-        return [("mean", {"axis": axis, "dtype": acc}), ("var", {"axis": axis, "dtype": acc})]
-    extreme = "min" if name == "argmin" else "max"
-    return [(name, {"axis": axis}), (extreme, {"axis": axis})]
+        return lambda a: [np.mean(a, axis=axis, dtype=acc), np.var(a, axis=axis, dtype=acc)]
+    if name == "nanmean":
+        return lambda a: [np.nansum(a, axis=axis, dtype=acc), _present(a, axis)]
+    if name in ("nanvar", "nanstd"):
+        return lambda a: [np.nansum(a, axis=axis, dtype=acc), _present(a, axis),
+                          _squares(a, axis, acc)]
+    if name == "ptp":
+        return lambda a: [np.max(a, axis=axis), np.min(a, axis=axis)]
+    extreme = np.min if name == "argmin" else np.max
+    index = np.argmin if name == "argmin" else np.argmax
+    return lambda a: [index(a, axis=axis), extreme(a, axis=axis)]
 
 
 def _stacked(values: list[np.ndarray], parts: Parts, dtype: Any = None) -> np.ndarray:
@@ -74,31 +105,42 @@ def _stacked(values: list[np.ndarray], parts: Parts, dtype: Any = None) -> np.nd
 def combine(name: str, values: list[list[np.ndarray]], parts: Parts,
             params: dict[str, Any]) -> np.ndarray:
     """The result of reduction ``name`` from the shards' partial results (``values[i]``:
-    shard i's, in ``partial_calls``' order), of shape ``parts.out_shape``."""
-    first = [v[0] for v in values]
+    shard i's, in ``shard_partials``' order), of shape ``parts.out_shape``."""
+    first = _stacked([v[0] for v in values], parts)
     if name in IN_KIND:
         extra = {key: params[key] for key in ("dtype", "initial") if params.get(key) is not None}
-        return getattr(np, name)(_stacked(first, parts), axis=0, **extra)
+        return IN_KIND[name][1](first, axis=0, **extra)
     if name == "mean":
-        return _stacked(first, parts).sum(axis=0) / max(int(parts.counts().sum()), 0)
-    if name in ("var", "std"):
-        variance = _chan(_stacked(first, parts), _stacked([v[1] for v in values], parts),
-                         parts.counts() if values else np.zeros((0,) + (1,) * len(
-                             parts.out_shape), int), params.get("ddof", 0))
-        return np.sqrt(variance) if name == "std" else variance
-    return _global_index(name, values, parts, params.get("axis") is None)
+        return first.sum(axis=0) / max(int(parts.counts().sum()), 0)
+    if name == "ptp":  # (the largest maximum less the least minimum)
+        return first.max(axis=0) - _stacked([v[1] for v in values], parts).min(axis=0)
+    counts = parts.counts() if not name.startswith("nan") else _stacked(
+        [v[1] for v in values], parts, np.intp)
+    with np.errstate(invalid="ignore", divide="ignore"):  # (a slice of no numbers: nan)
+        if name == "nanmean":
+            return first.sum(axis=0) / counts.sum(axis=0)
+        if name in ("var", "std"):  # (from each shard's mean and variance)
+            sums, squares = counts * first, counts * _stacked([v[1] for v in values], parts)
+        elif name in SPREADS:
+            sums, squares = first, _stacked([v[2] for v in values], parts)
+        else:
+            return _global_index(name, values, parts, params.get("axis") is None)
+        variance = _chan(counts, sums, squares, params.get("ddof", 0), name.startswith("nan"))
+    return np.sqrt(variance) if name.endswith("std") else variance
 
 
-def _chan(means: np.ndarray, variances: np.ndarray, counts: np.ndarray,
-          ddof: int) -> np.ndarray:
+def _chan(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray, ddof: int,
+          nan_ignoring: bool) -> np.ndarray:
     """Chan, Golub and LeVeque's pairwise update, all shards at once: the sum of squared
     deviations is each shard's own plus its count times its mean's squared distance from the
-    whole mean."""
-    total = counts.sum()
-    with np.errstate(invalid="ignore", divide="ignore"):  # (an empty shard's mean is nan)
-        mean = (counts * means).sum(axis=0) / total
-        squares = (counts * variances).sum(axis=0) + (counts * abs(means - mean) ** 2).sum(axis=0)
-    return squares / max(total - ddof, 0)
+    whole mean. (numpy's variance of too few: var's is inf, or nan for none; nanvar's nan.)"""
+    total = counts.sum(axis=0)
+    means = sums / np.maximum(counts, 1)
+    mean = sums.sum(axis=0) / total
+    pooled = squares.sum(axis=0) + (counts * abs(means - mean) ** 2).sum(axis=0)
+    freedom = total - ddof
+    variance = pooled / np.maximum(freedom, 0)
+    return np.where(freedom > 0, variance, np.nan) if nan_ignoring else variance
 
 
 def _global_index(name: str, values: list[list[np.ndarray]], parts: Parts,

@@ -20,7 +20,8 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.arrays.printing import summary_positions
-from fabric.arrays.tensor import Tensor, given_params
+from fabric.arrays.numpy_functions import ufunc_method_params
+from fabric.arrays.tensor import Tensor, given_params, numpy_name
 from fabric.core.ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
 from fabric.mesh import reductions
 from fabric.mesh.sharding import (Sharding, along, block_positions, block_ranges, block_slices,
@@ -187,23 +188,36 @@ class ShardedTensor(Tensor):
         return ShardedTensor(self.mesh, [t[items[:at] + (part,) + items[at + 1:]]
                                          for t, part in zip(self._tensors(), parts)], kept)
 
-    # -- scans and sorts -----------------------------------------------------------------------
+    # -- ops along axes other than the split one -----------------------------------------------
+
+    def _each_along(self, name: str, params: dict[str, Any], run: Callable[[Tensor], Tensor],
+                    leading: int = 0, label: str | None = None) -> "ShardedTensor":
+        """Op ``name`` of the table with ``params`` (the axes it works along
+        ``params['axis']``, every one with None) on each shard by ``run``: refused along the
+        split axis, which needs every device's block, naming the move after which it runs
+        (numpy's errors first, at the call). ``leading``: the axes its result puts first (a
+        quantile's); ``label``: its name in the refusal (the op's by default)."""
+        shape, _ = OPS[name].infer((Spec(self.shape, self.dtype),), params)
+        axis = params.get("axis")
+        axes = tuple(range(self.ndim)) if axis is None else normalize_axis_tuple(axis, self.ndim)
+        if self.axis is None:
+            return self._on_each(run, None)
+        if self.axis in axes:
+            label = label or name
+            along_axis = "flattened" if axis is None else f"along axis {self.axis}"
+            others = [d for d in range(self.ndim) if d not in axes]
+            fix = f"x.reshard(axis={others[0]})" if others else "mesh.replicate(x)"
+            raise ValueError(f"{label} {along_axis} of {self._handle()} needs every device's "
+                             f"block: move it so that it lies whole on each device first "
+                             f"({fix}, worker to worker), then {label} that.")
+        kept = len(shape) - leading == self.ndim  # (a scan's, or with keepdims)
+        return self._on_each(run, leading + self.axis - (0 if kept else sum(
+            a < self.axis for a in axes)))
 
     def _scan(self, name: str, axis: int | None, **params: Any) -> "ShardedTensor":
-        """Scan or sort ``name`` along ``axis`` on each shard: refused along the split axis
-        (or flat), which needs every device's block, naming the reshard that makes it whole."""
-        OPS[name].infer((Spec(self.shape, self.dtype),),
-                        {"axis": axis, **given_params(params)})  # numpy's error, at the call
-        if self.axis is not None and (axis is None or
-                                      normalize_axis_index(axis, self.ndim) == self.axis):
-            along_axis = "flattened" if axis is None else f"along axis {self.axis}"
-            others = [d for d in range(self.ndim) if d != self.axis]
-            fix = f"x.reshard(axis={others[0]})" if axis is not None and others else \
-                "mesh.replicate(x)"
-            raise ValueError(f"{name} {along_axis} of {self._handle()} needs every device's "
-                             f"block: move it so that it lies whole on each device first "
-                             f"({fix}, worker to worker), then {name} that.")
-        return self._on_each(lambda t: getattr(np, name)(t, axis=axis, **params), self.axis)
+        """Scan or sort ``name`` along ``axis`` on each shard (``_each_along``)."""
+        return self._each_along(name, {"axis": axis, **given_params(params)},
+                                lambda t: getattr(np, name)(t, axis=axis, **params))
 
     def cumsum(self, axis: int | None = None, dtype: Any = None) -> "ShardedTensor":
         """The cumulative sum along ``axis``, on each shard (an axis other than the split one)."""
@@ -221,29 +235,28 @@ class ShardedTensor(Tensor):
 
     def _reduce(self, name: str, axis: Any = None, keepdims: bool = False,
                 **extra: Any) -> "ShardedTensor":
+        """Reduction ``name`` on each shard, where it keeps the split axis; across it, each
+        shard's partial results combined (``fabric.mesh.reductions``), or, for a reduction
+        that cannot combine, refused (``_each_along``)."""
         if extra.pop("out", None) is not None or extra.pop("where", True) is not True:
             raise TypeError(f"{name} of a sharded tensor takes neither out= nor where=: "
                             "mask with np.where(mask, x, identity) first, and assign the "
                             "result where you need it.")
         axis = tuple(axis) if isinstance(axis, list) else axis
         params = {"axis": axis, "keepdims": keepdims, **given_params(extra)}
-        shape, dtype = OPS[name].infer((Spec(self.shape, self.dtype),), params)  # numpy's error
         axes = tuple(range(self.ndim)) if axis is None else normalize_axis_tuple(axis, self.ndim)
-        if self.axis is None or self.axis not in axes:  # each shard reduces its own part
-            split = self.axis if self.axis is None or keepdims else \
-                self.axis - sum(a < self.axis for a in axes)
-            return self._on_each(lambda t: getattr(t, name)(axis=axis, keepdims=keepdims,
-                                                            **extra), split)
+        if self.axis is None or self.axis not in axes or name not in reductions.REDUCTIONS:
+            return self._each_along(name, params,
+                                    lambda t: t._reduce(name, axis, keepdims, **extra))
+        shape, dtype = OPS[name].infer((Spec(self.shape, self.dtype),), params)  # numpy's error
         live = [(t, offset) for t, offset, block in zip(
             self._tensors(), self.sharding.offsets, self.sharding.blocks) if block]
-        calls = reductions.partial_calls(name, axis, params, self.dtype)
-        partials = [[getattr(t, method)(**keywords) for method, keywords in calls]
-                    for t, _ in live]
+        partials = reductions.shard_partials(name, axis, params, self.dtype)
         parts = reductions.Parts(
             shapes=tuple(t.shape for t, _ in live), offsets=tuple(o for _, o in live),
             axis=self.axis, shape=self.shape, axes=axes,
             out_shape=tuple(n for d, n in enumerate(self.shape) if d not in axes), dtype=dtype)
-        return ShardedTensor.combined(self.mesh, shape, dtype, partials,
+        return ShardedTensor.combined(self.mesh, shape, dtype, [partials(t) for t, _ in live],
                                       lambda values: reductions.combine(name, values, parts,
                                                                         params))
 
@@ -253,6 +266,8 @@ class ShardedTensor(Tensor):
         if "out" in kwargs:
             raise TypeError("Sharded tensors are not updated in place: write x = x + y "
                             "(a new sharded tensor) instead of x += y or out=.")
+        if method in ("reduce", "accumulate") and ufunc.__name__ in _ELEMENTWISE:
+            return _ufunc_method(ufunc, method, *inputs, **kwargs)
         if method != "__call__" or kwargs or not (
                 ufunc.__name__ in _ELEMENTWISE or ufunc is np.matmul):
             raise TypeError(f"numpy.{ufunc.__name__}"
@@ -263,10 +278,14 @@ class ShardedTensor(Tensor):
         return elementwise(ufunc, inputs)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        handler = _FUNCTIONS.get(func)
+        handler = FUNCTIONS.get(func)
         if handler is None:
-            raise TypeError(f"numpy.{func.__name__} is not supported on sharded tensors: it "
-                            f"may need data from several devices; {_RESHARD}.")
+            whole = "x.shards[0][1]" if self.axis is None else \
+                "x.reshard(axis=None).shards[0][1]"
+            raise TypeError(f"{numpy_name(func)} is not supported on sharded tensors: it "
+                            "needs the whole array on one device. Call it on one device's "
+                            f"whole copy ({whole}: moved worker to worker) or on each shard "
+                            "(x.shards).")
         return handler(*args, **kwargs)
 
     def __matmul__(self, other: Any) -> "ShardedTensor":
@@ -455,12 +474,23 @@ def _matmul(left: Any, right: Any) -> ShardedTensor:
                      "alike along a batch axis.")
 
 
-def _reduction(name: str) -> Callable[..., Any]:
-    def handler(a: Any, axis: Any = None, **kwargs: Any) -> Any:
-        if not isinstance(a, ShardedTensor):
-            raise TypeError(f"numpy.{name} on sharded tensors takes one sharded tensor.")
-        return getattr(a, name)(axis=axis, **kwargs)
-    return handler
+# The ufuncs whose reduce is a reduction that combines across the split axis
+_REDUCE_AS = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min",
+              "logical_and": "all", "logical_or": "any"}
+
+
+def _ufunc_method(ufunc: np.ufunc, method: str, a: ShardedTensor, axis: Any = 0,
+                  dtype: Any = None, **kwargs: Any) -> ShardedTensor:
+    """``np.add.reduce(x, axis=...)``, ``np.maximum.accumulate(x, axis=...)``: a reduce that
+    is a combining reduction (``np.add.reduce``: ``sum``) combines across the split axis;
+    the others run on each shard along other axes (``_each_along``)."""
+    name = _REDUCE_AS.get(ufunc.__name__) if method == "reduce" else None
+    if name is not None and (dtype is None or name in ("sum", "prod")):
+        return a._reduce(name, axis, dtype=dtype, **kwargs)
+    params = ufunc_method_params(ufunc, axis=axis, dtype=dtype, **{
+        key: value for key, value in kwargs.items() if key in ("keepdims", "initial")})
+    return a._each_along(f"ufunc_{method}", params, lambda t: getattr(ufunc, method)(
+        t, axis=axis, dtype=dtype, **kwargs), label=f"numpy.{ufunc.__name__}.{method}")
 
 
 def _where(condition: Any, *values: Any) -> ShardedTensor:
@@ -471,9 +501,10 @@ def _where(condition: Any, *values: Any) -> ShardedTensor:
     return elementwise(np.where, (condition, *values))
 
 
-_FUNCTIONS: dict[Any, Callable[..., Any]] = {
-    **{getattr(np, name): _reduction(name) for name in reductions.REDUCTIONS},
-    np.amin: _reduction("min"), np.amax: _reduction("max"), np.where: _where,
+# numpy function -> its handler on sharded tensors; fabric.mesh.sharded_statistics adds
+# numpy's statistics, loaded with the mesh (fabric.mesh.device_mesh)
+FUNCTIONS: dict[Any, Callable[..., Any]] = {
+    np.where: _where,
     np.cumsum: lambda a, axis=None, dtype=None: a.cumsum(axis, dtype),
     np.cumprod: lambda a, axis=None, dtype=None: a.cumprod(axis, dtype),
     np.argsort: lambda a, axis=-1, kind=None: a.argsort(axis, kind),

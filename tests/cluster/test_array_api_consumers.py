@@ -191,7 +191,8 @@ XARRAY: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
     "min": (lambda t, w: t.min("time"), 0),
     "prod": (lambda t, w: t.prod("x"), 0),
     "cumsum": (lambda t, w: t.cumsum("time"), 0),
-    "argmax": (lambda t, w: t.argmax("time"), 1),  # (numpy's nanargmax: any slice all NaN?)
+    "argmax": (lambda t, w: t.argmax("time"), 0),  # (numpy's nanargmax, on the device)
+    "median": (lambda t, w: t.median("time"), 0),  # (numpy's nanmedian, on the device)
     "where": (lambda t, w: t.where(t > 0), 0),
     "where with other": (lambda t, w: t.where(t > 0, -1.0), 0),
     "xr.where": (lambda t, w: xr.where(t > 0, t, w), 0),
@@ -228,7 +229,6 @@ OUTSIDE_THE_STANDARD = {
     "shift": (lambda t: t.shift(time=1), "pad"),  # xp.pad
     "rolling": (lambda t: t.rolling(time=2).mean(), "pad"),
     "quantile": (lambda t: t.quantile(0.5, "time"), "transpose"),  # xp.transpose, xp.quantile
-    "median": (lambda t: t.median("time"), "nanmedian"),  # numpy's, by NEP 18: not on tensors
 }
 
 

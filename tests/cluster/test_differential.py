@@ -170,6 +170,13 @@ FUNCTIONS = {
     "det": lambda v, o: np.linalg.det(v[..., :1, :1]),
     "solve": lambda v, o: np.linalg.solve(np.ones((2, 2)) + np.eye(2), np.ones(2) * v[..., 0]),
     "svd": lambda v, o: np.linalg.svd(v, compute_uv=False),
+    "nanmean": lambda v, o: np.nanmean(v, axis=0),
+    "nanmax": lambda v, o: np.nanmax(v, axis=-1),
+    "ptp": lambda v, o: np.ptp(v, axis=0),
+    "average": lambda v, o: np.average(v, axis=-1),
+    "add.reduce": lambda v, o: np.add.reduce(v, axis=-1),
+    "maximum.accumulate": lambda v, o: np.maximum.accumulate(v, axis=0),
+    "corrcoef": lambda v, o: np.corrcoef(v),
 }
 
 

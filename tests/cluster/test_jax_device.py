@@ -105,6 +105,16 @@ def test_a_streamed_loop_gives_numpys_values_as_its_batches_are_compiled(jax_ses
     assert stats["device_batch_graphs"] >= 1 and stats["device_batch_replays"] >= 1
 
 
+def test_an_update_drops_a_values_leading_ones_as_numpy_does(jax_session):
+    # (found by test_differential's chains: jax's .at[] refuses a value of more dimensions)
+    local = np.zeros((2, 3), np.float32)
+    t = jax_session.asarray(local)
+    t[..., :1] = jax_session.asarray(np.ones((1, 2, 1)))
+    t[0] = np.full((1, 1, 3), 2.0)
+    local[..., :1], local[0] = np.ones((1, 2, 1)), np.full((1, 1, 3), 2.0)
+    np.testing.assert_array_equal(t.numpy(), local)
+
+
 def test_a_worker_killed_mid_compile_fails_its_session_fast_and_typed():
     with LocalCluster(workers=1, backend="jax", heartbeat=HEARTBEAT) as cluster, \
             cluster.connect(timeout=30) as session:

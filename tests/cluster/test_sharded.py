@@ -157,6 +157,102 @@ def test_reductions_across_the_split_axis_combine_as_numpy(meshes, split, dtype)
     _check_values(x.var(axis=split, ddof=1).numpy(), values.var(axis=split, ddof=1), "ddof")
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice", "ignore:Mean of empty slice",
+                            "ignore:Degrees of freedom")  # (numpy's, on the nan column)
+@pytest.mark.parametrize("split", [0, 1])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int16", "bool"])
+def test_nan_ignoring_reductions_and_ptp_combine_across_the_split_axis(meshes, split, dtype):
+    values = np.random.default_rng(12).integers(-5, 20, (11, 7)).astype(dtype)
+    if values.dtype.kind == "f":  # (a shard's whole slice of nans, and a column of nans only)
+        values[:3, 0] = values[:, 4] = values[5, 2] = np.nan
+    x = meshes[5].asarray(values, axis=split)
+    names = ["nansum", "nanprod", "nanmean", "nanmin", "nanmax", "nanstd", "nanvar"]
+    for name in names + (["ptp"] if dtype != "bool" else []):
+        for axis in [None, split, (0, 1)]:
+            for keepdims in [False, True]:
+                got = getattr(np, name)(x, axis=axis, keepdims=keepdims)
+                want = getattr(np, name)(values, axis=axis, keepdims=keepdims)
+                _check_values(got.numpy(), want, f"{name} axis={axis} keepdims={keepdims}")
+    _check_values(np.nanvar(x, axis=split, ddof=1).numpy(), np.nanvar(values, axis=split,
+                                                                       ddof=1), "ddof")
+    _check_values(np.nansum(x, axis=split, dtype="float32").numpy(),
+                  np.nansum(values, axis=split, dtype="float32"), "dtype")
+
+
+def test_average_combines_its_weighted_sums_and_follows_numpys_weights(meshes):
+    mesh = meshes[4]
+    values = np.random.default_rng(13).standard_normal((9, 5))
+    weights, columns = np.arange(1.0, 10.0), np.arange(1.0, 6.0)
+    x = mesh.asarray(values, axis=0)
+    for got, want in [
+            (np.average(x), np.average(values)),
+            (np.average(x, axis=0, weights=mesh.asarray(weights)),
+             np.average(values, axis=0, weights=weights)),
+            (np.average(x, axis=(0, 1), weights=mesh.asarray(values ** 2), keepdims=True),
+             np.average(values, axis=(0, 1), weights=values ** 2, keepdims=True)),
+            (np.average(x, axis=1, weights=columns), np.average(values, axis=1,
+                                                               weights=columns))]:
+        _check_values(got.numpy(), want, "average")
+    # weights along the split axis given as an array: refused, naming the call that works
+    with pytest.raises(ValueError, match=r"mesh\.asarray\(array, axis=0\)"):
+        np.average(x, axis=0, weights=weights)
+    with pytest.raises(TypeError, match="weights should|Axis must"):  # numpy's, at the call
+        np.average(x, weights=columns)
+    zero = np.average(x, axis=0, weights=mesh.asarray(weights * 0))
+    with pytest.raises(ZeroDivisionError, match="Weights sum to zero"):
+        zero.numpy()  # (as numpy's, when the sums are known: at the read)
+
+
+def test_medians_quantiles_and_ufunc_methods_run_on_each_shard_and_advise_a_reshard(meshes):
+    mesh = meshes[3]
+    values = np.random.default_rng(14).standard_normal((7, 6))
+    values[1, 2] = np.nan
+    x = mesh.asarray(values, axis=0)
+    calls = {
+        "nanmedian": lambda a, axis: np.nanmedian(a, axis=axis),
+        "median": lambda a, axis: np.median(a, axis=axis, keepdims=True),
+        "nanpercentile": lambda a, axis: np.nanpercentile(a, [10, 90], axis=axis),
+        "nanquantile": lambda a, axis: np.nanquantile(a, 0.4, axis=axis),
+        "nanargmax": lambda a, axis: np.nanargmax(a, axis=axis),
+        "subtract.reduce": lambda a, axis: np.subtract.reduce(a, axis=axis),
+        "maximum.accumulate": lambda a, axis: np.maximum.accumulate(a, axis=axis),
+    }
+    for name, call in calls.items():
+        got = call(x, 1)  # along the other axis: on each shard, still split
+        assert got.sharding.axis == (1 if "percentile" in name else 0), name
+        _check_values(got.numpy(), call(values, 1), name)
+        with pytest.raises(ValueError, match=r"needs every device's block.*x\.reshard\(axis=1"):
+            call(x, 0)
+        _check_values(call(x.reshard(axis=1), 0).numpy(), call(values, 0), name)  # (advised)
+    with pytest.raises(ValueError, match=r"mesh\.replicate\(x\)"):
+        np.nanmedian(x)
+    _check_values(np.nanmedian(mesh.replicate(x)).numpy(), np.nanmedian(values), "advised")
+    # reduce that is a combining reduction combines across the split axis
+    for ufunc in (np.add, np.multiply, np.maximum, np.minimum, np.logical_and, np.logical_or):
+        _check_values(ufunc.reduce(x, axis=0).numpy(), ufunc.reduce(values, axis=0),
+                      ufunc.__name__)
+    _check_values(np.add.reduce(x, axis=None, dtype="float32").numpy(),
+                  np.add.reduce(values, axis=None, dtype="float32"), "dtype")
+
+
+def test_a_function_that_needs_the_whole_array_advises_a_copy_that_takes_it(meshes):
+    mesh = meshes[3]
+    values = np.random.default_rng(15).standard_normal((8, 3))
+    x = mesh.asarray(values, axis=0)
+    with pytest.raises(TypeError, match=r"numpy.histogram .*x\.reshard\(axis=None\)"
+                                        r"\.shards\[0\]\[1\]"):
+        np.histogram(x)
+    whole = x.reshard(axis=None).shards[0][1]
+    _check_values(np.histogram(whole, bins=4)[0].numpy(), np.histogram(values, bins=4)[0],
+                  "advised")
+    with pytest.raises(TypeError, match=r"numpy.linalg.qr .*\(x\.shards\[0\]\[1\]"):
+        np.linalg.qr(mesh.replicate(values))
+    _check_values(np.linalg.qr(mesh.replicate(values).shards[0][1]).R.numpy(),
+                  np.linalg.qr(values).R, "advised, replicated")
+    assert np.array_equal(x, mesh.asarray(values, axis=0)) and np.array_equal(x, x.copy())
+    assert not np.array_equal(x, x + 1) and not np.array_equal(x, values[:2])
+
+
 def test_argmin_and_argmax_find_the_first_occurrence_across_shards(meshes):
     values = np.array([[3.0, 1.0, 5.0], [1.0, 7.0, 7.0], [np.nan, 0.0, 7.0], [0.0, np.nan, 2.0]])
     for split in (0, 1):

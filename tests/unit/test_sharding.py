@@ -73,17 +73,16 @@ def test_a_sharding_prints_its_axis_blocks_and_devices():
 
 def _combined(name: str, values: np.ndarray, split: int, count: int, **params):
     """Reduction ``name`` of ``values`` as a mesh computes it: each non-empty block's partial
-    results by the numpy methods partial_calls names, combined."""
+    results by shard_partials' numpy functions, combined."""
     axis = params.pop("axis", None)
     blocks = split_blocks(values.shape[split], count)
     live = [(piece, start) for piece, (start, _), block in zip(
         np.array_split(values, count, axis=split), block_ranges(blocks), blocks) if block]
     pieces = [piece for piece, _ in live]
     axes = tuple(range(values.ndim)) if axis is None else np.atleast_1d(axis).tolist()
-    calls = reductions.partial_calls(name, axis, params, values.dtype)
-    partials = [[np.asarray(getattr(piece, method)(**keywords)) for method, keywords in calls]
-                for piece in pieces]
-    want = getattr(values, name)(axis=axis, **params)
+    partials = [[np.asarray(p) for p in reductions.shard_partials(
+        name, axis, params, values.dtype)(piece)] for piece in pieces]
+    want = getattr(np, name)(values, axis=axis, **params)
     parts = reductions.Parts(
         shapes=tuple(p.shape for p in pieces), offsets=tuple(start for _, start in live),
         axis=split, shape=values.shape, axes=tuple(axes),
@@ -100,6 +99,21 @@ def test_partial_results_combine_as_numpy(name, split):
         for axis in ([None, split] if name.startswith("arg") else [None, split, (0, 1)]):
             got, want = _combined(name, values, split, count, axis=axis)
             np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=f"{count} {axis}")
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice", "ignore:Mean of empty slice",
+                            "ignore:Degrees of freedom")  # (numpy's own, on the nan column)
+@pytest.mark.parametrize("name", sorted(n for n in reductions.REDUCTIONS if "nan" in n))
+def test_nan_ignoring_reductions_count_each_shards_numbers(name):
+    values = np.random.default_rng(3).standard_normal((9, 4))
+    values[:4, 0] = np.nan  # (whole shards of nans in a column, which others' numbers beat)
+    values[:, 1] = np.nan  # (a column of nans only: numpy's nan)
+    values[7, 2] = np.nan
+    for count in (1, 2, 4, 12):
+        for axis in (None, 0, (0, 1)):
+            got, want = _combined(name, values, 0, count, axis=axis, **(
+                {"ddof": 1} if name in reductions.SPREADS else {}))
+            np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=f"{count} {axis}")
 
 
 def test_variance_takes_ddof_and_mean_accumulates_as_numpy():

@@ -38,7 +38,8 @@ import numpy as np
 
 from fabric.core.errors import BackendMissing, DtypeNotSupported
 from fabric.core.flow import COMPILES_BATCHES
-from fabric.core.ops import RANDOM_OPS, Op, Spec
+from fabric.core.ops import QUANTILES, RANDOM_OPS, Op, Spec
+from fabric.core.ops_functions import FFTS
 
 from .base import Backend, GraphOp, GraphPlan
 from .jax_ops import SPELLED, needs_data
@@ -54,11 +55,22 @@ HELD = frozenset(np.dtype(name) for name in (
 # here on), where jax's promotion differs (int64 with float32 is float32 in jax): their
 # operands are cast to numpy's result dtype first
 PROMOTING = {"where": 1, "clip": 0, "concatenate": 0, "stack": 0, "dot": 0, "einsum": 0,
-             "median": 0, "percentile": 0, "quantile": 0}
+             "median": 0, "nanmedian": 0, **{name: 0 for name in QUANTILES}, "average": 0,
+             "convolve": 0, "interp": 2}
 # Reductions and scans numpy computes in a wider dtype for integers and bools (float64 for
 # an average, where jax takes float32 for a bool; int64 for a sum of int32, where jax's
 # cumsum keeps int32): such an input is cast to the result's dtype first
-WIDENING = frozenset({"mean", "std", "var", "sum", "prod", "cumsum", "cumprod"})
+WIDENING = frozenset({"mean", "std", "var", "sum", "prod", "cumsum", "cumprod", "nanmean",
+                      "nanstd", "nanvar", "nansum", "nanprod", "ufunc_reduce",
+                      "ufunc_accumulate", "histogram_bin_edges"})
+# Ops numpy computes in double precision whatever their inputs (np.linalg's LAPACK calls; the
+# results cast back to single precision where the inputs were): their inputs are cast to
+# double first, their results to numpy's dtype (eig's, which the data decides, as it is)
+DOUBLE = frozenset({"inv", "det", "solve", "eigh", "eigvalsh", "svd", "qr", "slogdet",
+                    "cholesky", "pinv", "lstsq", "lstsq_residuals"})
+# Ops whose result jax makes in a dtype of its own choosing (int32 indexes, float counts),
+# which numpy's (intp, int64) holds exactly: cast to numpy's
+RECAST = frozenset({"searchsorted", "lexsort", "histogram"})
 
 
 class JaxDevice(Backend):
@@ -111,7 +123,11 @@ class JaxDevice(Backend):
             inputs = inputs[:first] + [_as(x, expected) for x in inputs[first:]]
         elif op.name in WIDENING and "dtype" not in params and inputs[0].dtype.kind in "biu":
             inputs = [_as(inputs[0], expected), *inputs[1:]]
+        elif op.name in DOUBLE or op.name in FFTS or op.name == "eig":
+            inputs = [_in_double(x, every=op.name in DOUBLE) for x in inputs]
         result = self.implementations[op.name](*inputs, **params)
+        if op.name in RECAST or op.name in DOUBLE:
+            result = result.astype(expected)
         if result.dtype != expected:
             raise DtypeNotSupported(
                 f"The jax device computes {op.name} of {_described(inputs)} as {result.dtype}, "
@@ -209,6 +225,14 @@ def _as(x: Any, dtype: np.dtype) -> Any:
     if x.dtype.kind == "b":
         return jax.lax.optimization_barrier(x.astype(dtype))
     return x.astype(dtype)
+
+
+def _in_double(x: Any, every: bool) -> Any:
+    """An input numpy computes in double precision (np.fft's from an integer or bool, and
+    ``every`` one, np.linalg's), as float64 or complex128."""
+    if not isinstance(x, jax.Array) or not every and x.dtype.kind not in "biu":
+        return x
+    return _as(x, np.dtype(np.complex128 if x.dtype.kind == "c" else np.float64))
 
 
 def _described(inputs: list[Any]) -> str:

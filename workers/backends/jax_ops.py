@@ -21,7 +21,11 @@ What differs and why:
   negative power;
 - numpy's reductions and scans take axis 0 (or -1) of a 0-d array, jax's refuse it;
 - ``eig`` is real where every eigenvalue is (jax's is always complex); ``inv`` and ``solve``
-  of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do.
+  of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do;
+- what numpy refuses on the values, jax computes: ``nanargmin`` of an all-nan slice,
+  ``average`` of weights that sum to zero, a histogram's edges that do not increase are
+  refused here as numpy refuses them; ``lstsq``'s residuals are numpy's (none unless the
+  rank is full).
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fabric.core.ops import bind_index, ufunc_named
-from fabric.core.ops_functions import decomposition
+from fabric.core.op_indexing import bind_index
+from fabric.core.ops import QUANTILES, ufunc_named
+from fabric.core.ops_functions import cut_off, decomposition
+from fabric.core.ops_statistics import average as average_over, histogram as histogram_of
 
 _INT32 = (-2.0**31, 2.0**31)
 _INT64 = (-2.0**63, 2.0**63)
@@ -93,8 +99,16 @@ def getitem(array: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
 
 
 def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
-    """A copy of ``array`` with ``array[index] = value``."""
-    return array.at[checked_index(array, index, arrays, value)].set(_cast(value, array.dtype))
+    """A copy of ``array`` with ``array[index] = value`` (the value's leading lengths of one
+    beyond the selection's dimensions dropped, as numpy drops them; jax's ``.at`` refuses)."""
+    key = checked_index(array, index, arrays, value)
+    value = _cast(value, array.dtype)
+    if np.ndim(value):
+        selected = np.ndim(_stand_in(array.shape)[bind_index(index, [
+            np.asarray(a) for a in arrays])])
+        while value.ndim > selected and value.shape[0] == 1:
+            value = value[0]
+    return array.at[key].set(value)
 
 
 def ufunc_at(array: Any, *operands: Any, ufunc: str, index: tuple[Any, ...]) -> Any:
@@ -216,6 +230,74 @@ def axis_of_0d(name: str, scan: bool) -> Callable[..., Any]:
     return run
 
 
+def nan_index(name: str) -> Callable[..., Any]:
+    """numpy's ``nanargmin`` or ``nanargmax``: an all-nan slice is refused (jax's gives an
+    index of a nan)."""
+    run = axis_of_0d(name, scan=False)
+
+    def checked(a: Any, axis: Any = None, **params: Any) -> Any:
+        if a.size and bool(jnp.any(jnp.all(jnp.isnan(a), axis=axis if a.ndim else None))):
+            raise ValueError("All-NaN slice encountered")
+        return run(a, axis=axis, **params)
+    return checked
+
+
+_average = average_over(jnp)
+
+
+def average(a: Any, *weights: Any, **params: Any) -> Any:
+    """numpy's ``average``: weights that sum to zero are refused."""
+    if weights and bool(jnp.any(jnp.sum(weights[0], axis=params.get("axis")
+                                        if weights[0].shape == a.shape else None) == 0)):
+        raise ZeroDivisionError("Weights sum to zero, can't be normalized")
+    return _average(a, *weights, **params)
+
+
+def histogram(part: str) -> Callable[..., Any]:
+    """numpy's ``histogram`` or ``histogram_bin_edges``: edges that do not increase are
+    refused."""
+    run = histogram_of(part)(jnp)
+
+    def checked(a: Any, *given: Any, bins: int | None = None, **params: Any) -> Any:
+        if bins is None and bool(jnp.any(jnp.diff(given[0]) < 0)):
+            raise ValueError("`bins` must increase monotonically, when an array")
+        return run(a, *given, bins=bins, **params)
+    return checked
+
+
+def lstsq_residuals(a: Any, b: Any, rcond: float | None = None) -> Any:
+    """numpy's residuals of ``lstsq``: none unless the rank is full and a has more rows than
+    columns."""
+    return jnp.linalg.lstsq(a, b, rcond=cut_off(a, rcond), numpy_resid=True)[1]
+
+
+def convolve(a: Any, v: Any, mode: str = "full") -> Any:
+    """numpy's ``convolve``: of integers, in their dtype (jax's convolution is float's)."""
+    return jnp.convolve(a, v, mode=mode,
+                        preferred_element_type=a.dtype if a.dtype.kind in "iu" else None)
+
+
+def searchsorted(a: Any, v: Any, *sorter: Any, side: str = "left") -> Any:
+    """numpy's ``searchsorted``: its sorter, where given, a third input."""
+    return jnp.searchsorted(a, v, side=side, sorter=sorter[0] if sorter else None)
+
+
+def ufunc_method(method: str) -> Callable[..., Any]:
+    """numpy's ``ufunc.reduce`` or ``.accumulate``: of jnp's ufunc of that name, or of one
+    made of jnp's function where jnp has none (``jnp.frompyfunc``, numpy's identity); axis 0
+    of a 0-d array taken, as numpy's reductions take it."""
+    def run(a: Any, *where: Any, ufunc: str, axis: Any = 0, **params: Any) -> Any:
+        own, numpys = getattr(jnp, ufunc), ufunc_named(ufunc)
+        if not isinstance(own, jnp.ufunc):
+            own = jnp.frompyfunc(own, numpys.nin, numpys.nout, identity=numpys.identity)
+        if a.ndim == 0 and isinstance(axis, int) and axis in (0, -1):
+            axis = None
+        if where:
+            params["where"] = where[0]
+        return jnp.asarray(getattr(own, method)(a, axis=axis, **params))
+    return run
+
+
 def quantile(name: str) -> Callable[..., Any]:
     """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only)."""
     function = getattr(jnp, name)
@@ -227,13 +309,21 @@ SPELLED: dict[str, Callable[..., Any]] = {
     "astype": astype, "getitem": getitem, "setitem": setitem, "ufunc_at": ufunc_at,
     "floor_divide": floor_divide, "remainder": remainder, "sign": sign, "power": power,
     "bincount": bincount, "inv": inv, "solve": solve, "eig": eig,
-    "percentile": quantile("percentile"), "quantile": quantile("quantile"),
+    "average": average, "lstsq_residuals": lstsq_residuals, "searchsorted": searchsorted,
+    "convolve": convolve,
+    **{f"ufunc_{method}": ufunc_method(method) for method in ("reduce", "accumulate")},
+    **{name: quantile(name) for name in QUANTILES},
     **{name: axis_of_0d(name, scan=False) for name in (
-        "sum", "prod", "min", "max", "any", "all", "argmin", "argmax")},
+        "sum", "prod", "min", "max", "any", "all", "argmin", "argmax", "nansum", "nanprod",
+        "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "ptp")},
+    **{name: nan_index(name) for name in ("nanargmin", "nanargmax")},
+    **{name: histogram(name) for name in ("histogram", "histogram_bin_edges")},
     **{name: axis_of_0d(name, scan=True) for name in ("cumsum", "cumprod", "argsort")},
 }
 # Ops that read their data to decide (numpy's errors, a data-dependent dtype): never traced
-NEEDS_DATA = frozenset({"setitem", "ufunc_at", "bincount", "inv", "solve", "eig"})
+NEEDS_DATA = frozenset({"setitem", "ufunc_at", "bincount", "inv", "solve", "eig", "nanargmin",
+                        "nanargmax", "average", "histogram", "histogram_bin_edges",
+                        "lstsq_residuals"})
 
 
 def needs_data(name: str, args: list[Any], dtype: np.dtype | None) -> bool:
