@@ -69,9 +69,9 @@ def test_to_the_same_session_is_the_tensor_itself(sessions):
 
 def test_the_connection_closes_with_its_last_session(four_devices):
     first = four_devices.connect(device=0)
-    second = first.open(device=2)
-    first.close()
-    assert not second.connection.closed
-    assert second.ones(2).sum().numpy() == 2
+    second = first.open(device=2)  # (on first's connection; closed with first, too)
     second.close()
-    assert second.connection.closed
+    assert not first.connection.closed
+    assert first.ones(2).sum().numpy() == 2
+    first.close()
+    assert first.connection.closed and second.connection is first.connection
