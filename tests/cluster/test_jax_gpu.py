@@ -48,14 +48,8 @@ def test_every_gpu_is_a_device_with_its_memory(gpu_cluster):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("run", [check, check_graph], ids=["streamed", "as a graph"])
 @EXAMPLES
-@given(chains())
-def test_random_chains_agree_with_numpy_on_a_gpu(gpu_session, chain):
-    check(gpu_session, chain)
-
-
-@pytest.mark.timeout(900)
-@EXAMPLES
-@given(chains())
-def test_random_chains_as_graphs_agree_with_numpy_on_a_gpu(gpu_session, chain):
-    check_graph(gpu_session, chain)
+@given(chain=chains())
+def test_random_chains_agree_with_numpy_on_a_gpu(gpu_session, run, chain):
+    run(gpu_session, chain)
