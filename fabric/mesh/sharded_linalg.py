@@ -73,7 +73,8 @@ def einsum(subscripts: Any, *operands: Any, optimize: Any = False) -> ShardedTen
     if "..." in lhs:
         raise ValueError(f"np.einsum with '...' and {split[0]._handle()}: spell its axes as "
                          f"letters, or {whole.replace(' but one', '')}.")
-    labels = {terms[j][a.axis] for j, a in enumerate(operands) if a in split}
+    labels = {terms[j][a.axis] for j, a in enumerate(operands)
+              if isinstance(a, ShardedTensor) and a.axis is not None}
     if len(labels) > 1:
         raise ValueError(f"np.einsum {subscripts!r} has operands split along different "
                          f"letters ({', '.join(sorted(labels))}): {whole}, worker to worker.")
