@@ -4,7 +4,8 @@ Rule: an op on a sharded tensor runs on each shard where it needs no data from a
 device (elementwise ops and ufuncs, ``where``, reductions along other axes, indexing that
 keeps the split axis whole or cuts it by a range, ``astype``, matmul with a replicated
 operand); a reduction across the split axis runs on each shard, and the partial results,
-read back together, combine on the client (``fabric.mesh.reductions``). An op that would
+read back together, combine on the client (``fabric.mesh.reductions``), as do the products
+of a contraction over the split axis (``Z.T @ Z``: ``along_split``). An op that would
 need data from another device is refused with the call that moves it (``reshard``, worker
 to worker): nothing is gathered to the client but by a read. Shapes and dtypes follow
 numpy's rules on the client, and its errors come at the call, as for one tensor.

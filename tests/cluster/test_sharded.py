@@ -317,7 +317,8 @@ def test_contractions_over_the_split_axis_sum_each_devices_product(meshes, count
     a, b = rng.standard_normal((11, 4)), rng.standard_normal((11, 3))
     z, y = mesh.asarray(a, axis=0), mesh.asarray(b, axis=0)
     cases = [(z.T @ z, a.T @ a), (z.T @ y, a.T @ b), (np.dot(z.T, z), a.T @ a),
-             (z.T.dot(y), a.T @ b), (z[:, 0] @ z, a[:, 0] @ a), (z[:, 1] @ y[:, 2], a[:, 1] @ b[:, 2]),
+             (z.T.dot(y), a.T @ b), (z[:, 0] @ z, a[:, 0] @ a),
+             (z[:, 1] @ y[:, 2], a[:, 1] @ b[:, 2]),
              (np.einsum("ij,ik->jk", z, z), a.T @ a), (np.einsum("ij,ij", z, z), np.sum(a * a)),
              (np.einsum("ij,ik,i->jk", z, y, b[:, 0]), np.einsum("ij,ik,i->jk", a, b, b[:, 0])),
              (z.T @ mesh.replicate(b), a.T @ b), (z.T @ b, a.T @ b),  # the other's rows cut there
