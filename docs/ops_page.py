@@ -126,9 +126,10 @@ def page() -> str:
         "the ufuncs' `.reduce`\nwhere it is one of them:",
         _listed(combined),
         "",
-        "The contractions `matmul` (`@`), `dot`, `einsum` and `cov` run on each shard where "
-        "they keep\nthe split axis; where they sum over it (`Z.T @ Z`, `np.cov(Z, rowvar=False)`"
-        " of a row split),\neach device's product of its block is summed when read.",
+        "The contractions `matmul` (`@`), `dot`, `einsum`, `tensordot` and `cov` run on each "
+        "shard where\nthey keep the split axis; where they sum over it (`Z.T @ Z`, "
+        "`np.cov(Z, rowvar=False)` of a\nrow split), each device's product of its block is "
+        "summed when read.",
         "",
         "The others run on each shard along the other axes; across the split axis they are "
         "refused,\nnaming the reshard after which they run. A function not listed names a "

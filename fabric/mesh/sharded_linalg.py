@@ -1,6 +1,6 @@
-"""Contractions on sharded tensors: ``np.dot``, ``np.einsum`` and ``np.cov``, handlers
-registered in ``fabric.mesh.sharded.FUNCTIONS``, loaded with the mesh (``@`` is the sharded
-tensor's own, ``fabric.mesh.sharded.matmul``).
+"""Contractions on sharded tensors: ``np.dot``, ``np.einsum``, ``np.tensordot`` and
+``np.cov``, handlers registered in ``fabric.mesh.sharded.FUNCTIONS``, loaded with the mesh
+(``@`` is the sharded tensor's own, ``fabric.mesh.sharded.matmul``).
 
 Rule: a contraction whose summed axis is the split one (the Gram matrix ``Z.T @ Z``, a
 covariance) runs on each device's block, the other operands' same rows cut from their copy
@@ -16,7 +16,9 @@ import warnings
 from typing import Any
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
 
+from fabric.arrays.numpy_linalg import contract
 from fabric.core.ops import OPS, Spec
 from fabric.mesh import reductions
 from fabric.mesh.sharded import (FUNCTIONS, ShardedTensor, matmul, along_split, elementwise,
@@ -90,6 +92,21 @@ def einsum(subscripts: Any, *operands: Any, optimize: Any = False) -> ShardedTen
                        rhs.index(label) if label in rhs else None)
 
 
+def tensordot(a: Any, b: Any, axes: Any = 2) -> ShardedTensor:
+    """numpy's ``tensordot`` of sharded tensors: the paired axes summed, as the ``einsum``
+    that spells it (``fabric.arrays.numpy_linalg.contract``; numpy's errors at the call)."""
+    _, (a, b) = mesh_operands((a, b))
+    np.tensordot(*(np.broadcast_to(np.zeros((), _spec(x).dtype), _spec(x).shape)
+                   for x in (a, b)), axes)  # numpy's errors, on stand-ins of no size
+    if isinstance(axes, (int, np.integer)):
+        pairs = list(range(np.ndim(a) - axes, np.ndim(a))), list(range(int(axes)))
+    else:
+        pairs = tuple([axis] if isinstance(axis, (int, np.integer)) else list(axis)
+                      for axis in axes)
+    return contract(a, b, normalize_axis_tuple(pairs[0], np.ndim(a)),
+                    normalize_axis_tuple(pairs[1], np.ndim(b)))
+
+
 def cov(m: Any, y: Any = None, rowvar: bool = True, bias: bool = False, ddof: Any = None,
         fweights: Any = None, aweights: Any = None, *, dtype: Any = None) -> ShardedTensor:
     """numpy's ``cov`` of sharded tensors split along the observations (the rows of
@@ -157,5 +174,5 @@ def cov(m: Any, y: Any = None, rowvar: bool = True, bias: bool = False, ddof: An
     return ShardedTensor.combined(mesh, shape, dtype, [partials(t) for _, t in live], combine)
 
 
-FUNCTIONS.update({np.dot: dot, np.einsum: einsum, np.cov: cov})
+FUNCTIONS.update({np.dot: dot, np.einsum: einsum, np.tensordot: tensordot, np.cov: cov})
 ShardedTensor.dot = lambda self, other: dot(self, other)  # type: ignore[method-assign]

@@ -325,7 +325,9 @@ def test_contractions_over_the_split_axis_sum_each_devices_product(meshes, count
              (np.einsum("ji,jk", mesh.replicate(a), y), a.T @ b),
              (z[4:].T @ y[4:], a[4:].T @ b[4:]),  # uneven blocks, and empty ones
              (z[9:].T @ z[9:], a[9:].T @ a[9:]), (z[:0].T @ z[:0], a[:0].T @ a[:0]),
-             (z.astype(np.float32).T @ y, a.astype(np.float32).T @ b)]
+             (z.astype(np.float32).T @ y, a.astype(np.float32).T @ b),
+             (np.tensordot(z, y, axes=(0, 0)), a.T @ b),
+             (np.tensordot(z[:, 0], b, 1), a[:, 0] @ b)]
     for got, want in cases:
         assert got.sharding.replicated and (got.shape, got.dtype) == (want.shape, want.dtype)
         _check_values(got.numpy(), want, str(want.shape))
