@@ -548,17 +548,15 @@ def matmul(left: Any, right: Any) -> ShardedTensor:
         return per_shard(mesh, np.matmul, (left, right), {
             "replicated": None, "rows": layout[0][1], "columns": len(shape) - 1}[case])
     # Advice that runs when followed: the first operand whose copy on each device makes a case
-    for name, fixed in (("right", [layout[0], (layout[1][0], None)]),
-                        ("left", [(layout[0][0], None), layout[1]])):
-        if _matmul_case(*fixed) not in (None, "batch"):
-            break
-    else:
-        name = "left"
-    which = "a" if name == "left" else "b"
+    # (both, where neither alone does)
+    fixes = [("the whole right operand", "mesh.replicate(b)", [layout[0], (layout[1][0], None)]),
+             ("the whole left operand", "mesh.replicate(a)", [(layout[0][0], None), layout[1]])]
+    whole, call = next(((whole, call) for whole, call, fixed in fixes if _matmul_case(*fixed)),
+                       ("both whole operands", "mesh.replicate(a) and mesh.replicate(b)"))
     raise ValueError(f"a @ b with a {_described(left)} and b {_described(right)} would mix "
-                     f"rows of different devices: put the whole {name} operand on each "
-                     f"device first (mesh.replicate({which}), worker to worker), or split "
-                     "both alike along the axis @ sums over (x.reshard(axis=...)).")
+                     f"rows of different devices: put {whole} on each device first ({call}, "
+                     "worker to worker), or split both alike along the axis @ sums over "
+                     "(x.reshard(axis=...)).")
 
 
 def _described(a: Any) -> str:
