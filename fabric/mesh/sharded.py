@@ -547,16 +547,23 @@ def matmul(left: Any, right: Any) -> ShardedTensor:
     if case in ("replicated", "rows", "columns"):
         return per_shard(mesh, np.matmul, (left, right), {
             "replicated": None, "rows": layout[0][1], "columns": len(shape) - 1}[case])
-    # Advice that runs when followed: the first operand whose copy on each device makes a case
-    # (both, where neither alone does)
-    fixes = [("the whole right operand", "mesh.replicate(b)", [layout[0], (layout[1][0], None)]),
-             ("the whole left operand", "mesh.replicate(a)", [(layout[0][0], None), layout[1]])]
-    whole, call = next(((whole, call) for whole, call, fixed in fixes if _matmul_case(*fixed)),
-                       ("both whole operands", "mesh.replicate(a) and mesh.replicate(b)"))
+    whole, call, _ = _matmul_fix(*layout)
     raise ValueError(f"a @ b with a {_described(left)} and b {_described(right)} would mix "
                      f"rows of different devices: put {whole} on each device first ({call}, "
                      "worker to worker), or split both alike along the axis @ sums over "
                      "(x.reshard(axis=...)).")
+
+
+def _matmul_fix(left: tuple[int, int | None], right: tuple[int, int | None]) -> tuple[
+        str, str, list[tuple[int, int | None]]]:
+    """Advice for a refused ``@`` that runs when followed: the first operand whose copy on
+    each device makes a case of ``_matmul_case`` (both, where neither alone does), as the
+    words, the call, and the layout it leads to."""
+    fixes = [("the whole right operand", "mesh.replicate(b)", [left, (right[0], None)]),
+             ("the whole left operand", "mesh.replicate(a)", [(left[0], None), right])]
+    return next((fix for fix in fixes if _matmul_case(*fix[2])), (
+        "both whole operands", "mesh.replicate(a) and mesh.replicate(b)",
+        [(left[0], None), (right[0], None)]))
 
 
 def _described(a: Any) -> str:
