@@ -126,6 +126,11 @@ def page() -> str:
         "the ufuncs' `.reduce`\nwhere it is one of them:",
         _listed(combined),
         "",
+        "The contractions `matmul` (`@`), `dot`, `einsum`, `tensordot` and `cov` run on each "
+        "shard where\nthey keep the split axis; where they sum over it (`Z.T @ Z`, "
+        "`np.cov(Z, rowvar=False)` of a\nrow split), each device's product of its block is "
+        "summed when read.",
+        "",
         "The others run on each shard along the other axes; across the split axis they are "
         "refused,\nnaming the reshard after which they run. A function not listed names a "
         "copy of the whole\narray on one device that takes it (`x.reshard(axis=None)."

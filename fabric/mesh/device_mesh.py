@@ -18,6 +18,7 @@ from numpy.lib.array_utils import normalize_axis_index
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import Tensor
 from fabric.core.errors import DeviceDraining, named
+from fabric.mesh import sharded_linalg  # noqa: F401  (register numpy's contractions)
 from fabric.mesh import sharded_statistics  # noqa: F401  (register numpy's statistics)
 from fabric.mesh.sharded import ShardedTensor
 from fabric.mesh.sharding import along, block_ranges, split_blocks

@@ -165,3 +165,16 @@ def _global_index(name: str, values: list[list[np.ndarray]], parts: Parts,
     best = extremes[pick(extremes)]
     ties = (extremes == best) | ((extremes != extremes) & (best != best))
     return np.asarray(min(np.asarray(indexes)[ties]), np.intp)
+
+
+def comoments(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray) -> np.ndarray:
+    """Chan's update of ``_chan`` for a covariance: the sum of the products of deviations
+    from the whole mean, from each shard's row count, column sums and products of deviations
+    from its own mean (``squares[i]``, a Gram matrix); each shard adds its count times the
+    outer product of its mean's deviation from the whole mean (conjugated on the right, as
+    numpy's cov)."""
+    total = counts.sum()
+    means = sums / np.maximum(counts, 1)[:, None]
+    deviations = means - sums.sum(axis=0) / max(int(total), 1)
+    return squares.sum(axis=0) + np.einsum("p,pj,pk->jk", counts, deviations,
+                                           deviations.conj())

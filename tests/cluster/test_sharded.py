@@ -308,6 +308,110 @@ def test_batched_matmul_split_along_a_batch_axis_runs_on_each_shard(meshes):
         _check_values(got.numpy(), want, str(want.shape))
 
 
+# -- contractions over the split axis -----------------------------------------------------------
+
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_contractions_over_the_split_axis_sum_each_devices_product(meshes, count):
+    mesh = meshes[count]
+    rng = np.random.default_rng(count)
+    a, b = rng.standard_normal((11, 4)), rng.standard_normal((11, 3))
+    z, y = mesh.asarray(a, axis=0), mesh.asarray(b, axis=0)
+    cases = [(z.T @ z, a.T @ a), (z.T @ y, a.T @ b), (np.dot(z.T, z), a.T @ a),
+             (z.T.dot(y), a.T @ b), (z[:, 0] @ z, a[:, 0] @ a),
+             (z[:, 1] @ y[:, 2], a[:, 1] @ b[:, 2]),
+             (np.einsum("ij,ik->jk", z, z), a.T @ a), (np.einsum("ij,ij", z, z), np.sum(a * a)),
+             (np.einsum("ij,ik,i->jk", z, y, b[:, 0]), np.einsum("ij,ik,i->jk", a, b, b[:, 0])),
+             (z.T @ mesh.replicate(b), a.T @ b), (z.T @ b, a.T @ b),  # the other's rows cut there
+             (np.einsum("ji,jk", mesh.replicate(a), y), a.T @ b),
+             (z[4:].T @ y[4:], a[4:].T @ b[4:]),  # uneven blocks, and empty ones
+             (z[9:].T @ z[9:], a[9:].T @ a[9:]), (z[:0].T @ z[:0], a[:0].T @ a[:0]),
+             (z.astype(np.float32).T @ y, a.astype(np.float32).T @ b),
+             (np.tensordot(z, y, axes=(0, 0)), a.T @ b),
+             (np.tensordot(z[:, 0], b, 1), a[:, 0] @ b)]
+    for got, want in cases:
+        assert got.sharding.replicated and (got.shape, got.dtype) == (want.shape, want.dtype)
+        _check_values(got.numpy(), want, str(want.shape))
+    gram = z.T @ z
+    _check_values((z @ gram).numpy(), a @ (a.T @ a), "used further: replicated")
+    kept = np.einsum("ij,ij->i", z, y[:, :1] * z)  # the split letter kept: on each shard
+    assert kept.sharding == z[:, 0].sharding
+    _check_values(kept.numpy(), np.einsum("ij,ij->i", a, b[:, :1] * a), "kept")
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_cov_of_row_split_data_combines_each_devices_moments_as_numpys(meshes, count):
+    mesh = meshes[count]
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((13, 4)) * [1, 10, 100, 1e4] + [0, 5, -3, 1e6]  # far from 0
+    b = rng.integers(-5, 5, (13, 2))
+    z, y = mesh.asarray(a, axis=0), mesh.asarray(b, axis=0)
+    cases = [(np.cov(z, rowvar=False), np.cov(a, rowvar=False)),
+             (np.cov(z, rowvar=False, bias=True), np.cov(a, rowvar=False, bias=True)),
+             (np.cov(z, rowvar=False, ddof=4), np.cov(a, rowvar=False, ddof=4)),
+             (np.cov(z.T), np.cov(a.T)), (np.cov(z[:, 2]), np.cov(a[:, 2])),
+             (np.cov(z[5:], rowvar=False), np.cov(a[5:], rowvar=False)),
+             (np.cov(z, y, rowvar=False), np.cov(a, b, rowvar=False)),
+             (np.cov(z, b, rowvar=False), np.cov(a, b, rowvar=False)),
+             (np.cov(y, rowvar=False, dtype=np.float32), np.cov(b, rowvar=False,
+                                                                dtype=np.float32)),
+             (np.cov(mesh.replicate(a), rowvar=False), np.cov(a, rowvar=False))]
+    for got, want in cases:
+        assert got.sharding.replicated and (got.shape, got.dtype) == (want.shape, want.dtype)
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got.numpy() / scale, want / scale, rtol=0,
+                                   atol=1e-6 if want.dtype == np.float32 else 1e-12)
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom"):
+        np.cov(z[:2], rowvar=False, ddof=2)
+
+
+def test_every_contraction_refusal_names_a_call_that_runs(meshes):
+    mesh = meshes[3]
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((8, 4)), rng.standard_normal((4, 8))
+    x, w = mesh.asarray(a, axis=0), mesh.asarray(b, axis=1)
+    with pytest.raises(ValueError, match=r"mesh\.replicate\(b\)"):
+        x @ w  # both split, neither along the axis @ sums over
+    _check_values((x @ mesh.replicate(w)).numpy(), a @ b, "replicated right")
+    columns = mesh.asarray(a, axis=1)
+    with pytest.raises(ValueError, match=r"mesh\.replicate\(b\)"):
+        columns.T @ columns  # the left split along the summed axis, the right's columns
+    _check_values((columns.T @ mesh.replicate(columns)).numpy(), a.T @ a, "summed")
+    with pytest.raises(ValueError, match=r"mesh\.replicate\(a\)"):
+        x @ mesh.replicate(np.ones((2, 4, 3)))  # rows split, a batch of weights
+    _check_values((mesh.replicate(x) @ np.ones((2, 4, 3))).numpy(), a @ np.ones((2, 4, 3)),
+                  "replicated batch")
+    with pytest.raises(ValueError, match=r"rebalance"):
+        x[2:].T @ x[2:].rebalance()  # the summed axis split in other blocks
+    _check_values((x[2:].rebalance().T @ x[2:].rebalance()).numpy(), a[2:].T @ a[2:],
+                  "rebalanced")
+    with pytest.raises(ValueError, match=r"different letters .*mesh\.replicate"):
+        np.einsum("ij,jk->ik", x, mesh.asarray(b, axis=0))
+    _check_values(np.einsum("ij,jk->ik", x, mesh.replicate(b)).numpy(), a @ b, "one split")
+    with pytest.raises(ValueError, match=r"'\.\.\.'.*mesh\.replicate"):
+        np.einsum("i...,i...", x, x)
+    _check_values(np.einsum("i...,i...", mesh.replicate(x), mesh.replicate(x)).numpy(),
+                  np.einsum("i...,i...", a, a), "ellipsis replicated")
+    with pytest.raises(ValueError, match=r"diagonal.*mesh\.replicate"):
+        np.einsum("ii->i", x[:4, :4])
+    _check_values(np.einsum("ii->i", mesh.replicate(x[:4, :4])).numpy(), np.diag(a[:4, :4]),
+                  "diagonal replicated")
+    cube = rng.standard_normal((8, 2, 4))
+    with pytest.raises(ValueError, match=r"np\.einsum.*mesh\.replicate"):
+        np.dot(mesh.asarray(cube, axis=0), b)
+    _check_values(np.dot(mesh.replicate(cube), mesh.replicate(b)).numpy(), np.dot(cube, b),
+                  "dot replicated")
+    _check_values(np.einsum("ijk,kl->ijl", mesh.asarray(cube, axis=0), b).numpy(),
+                  np.dot(cube, b), "dot as einsum")
+    with pytest.raises(ValueError, match=r"x\.reshard\(axis=0\)"):
+        np.cov(x.reshard(axis=1), rowvar=False)  # split along the variables
+    _check_values(np.cov(x.reshard(axis=1).reshard(axis=0), rowvar=False).numpy(),
+                  np.cov(a, rowvar=False), "cov resharded")
+    with pytest.raises(TypeError, match=r"\.numpy\(\)"):
+        np.cov(x, rowvar=False, aweights=np.ones(8))
+    np.testing.assert_allclose(np.cov(x.numpy(), rowvar=False, aweights=np.ones(8)),
+                               np.cov(a, rowvar=False, aweights=np.ones(8)))
+
+
 # -- fabric.function on each shard -------------------------------------------------------------
 
 @fabric.function
@@ -605,9 +709,7 @@ def test_ops_that_would_move_data_are_refused_naming_the_reshard(meshes):
         np.argsort(x[:, 0])
     with pytest.raises(TypeError, match=r"reshard"):
         x.to(mesh.sessions[0])
-    with pytest.raises(ValueError, match=r"reshard"):
-        x.T @ mesh.replicate(np.ones((6, 2)))  # split along the summed axis
-    with pytest.raises(ValueError, match="replicate one"):
+    with pytest.raises(ValueError, match=r"mesh\.replicate\(b\)"):
         x @ x.T.reshard(axis=1)
     with pytest.raises(ValueError, match="spans the split axis"):  # batches of another split
         mesh.asarray(np.ones((6, 4, 4)), axis=0) @ mesh.replicate(np.ones((6, 4, 2)))

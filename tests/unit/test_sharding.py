@@ -3,6 +3,7 @@ partial reductions (numpy arrays standing in for what the devices compute)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -123,3 +124,30 @@ def test_variance_takes_ddof_and_mean_accumulates_as_numpy():
     assert reductions.accumulator(np.dtype(np.float16), None) == np.float32
     assert reductions.accumulator(np.dtype(np.int8), None) == np.float64
     assert reductions.accumulator(np.dtype(np.float32), "float64") == np.float64
+
+
+def test_every_refused_matmul_layout_runs_once_its_advice_is_followed():
+    from fabric.mesh.sharded import _matmul_case, _matmul_fix
+    advised = set()
+    for left_ndim, right_ndim in itertools.product([1, 2, 3], repeat=2):
+        for left, right in itertools.product([None, *range(left_ndim)],
+                                             [None, *range(right_ndim)]):
+            if _matmul_case((left_ndim, left), (right_ndim, right)) is None:
+                _, call, layout = _matmul_fix((left_ndim, left), (right_ndim, right))
+                assert _matmul_case(*layout) is not None, (left_ndim, left, right_ndim, right)
+                advised.add(call)
+    assert len(advised) == 3  # the right operand, the left, both
+    assert _matmul_case((2, 1), (2, 0)) == "contracted"  # Z.T @ Z
+
+
+def test_comoments_of_blocks_are_numpys_covariance_far_from_zero():
+    rng = np.random.default_rng(2)
+    data = rng.standard_normal((17, 3)) * [1, 100, 1e4] + [1e8, -5, 3]
+    for blocks in [(17,), (9, 8), (1, 0, 10, 6)]:
+        pieces = [p for p in np.split(data, np.cumsum(blocks)[:-1]) if len(p)]
+        counts = np.asarray([len(p) for p in pieces])
+        sums = np.stack([p.sum(axis=0) for p in pieces])
+        squares = np.stack([(p - p.mean(axis=0)).T @ (p - p.mean(axis=0)) for p in pieces])
+        got = reductions.comoments(counts, sums, squares) / (len(data) - 1)
+        want = np.cov(data, rowvar=False)  # (rounding: relative to its largest entry)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())

@@ -1,0 +1,178 @@
+"""Contractions on sharded tensors: ``np.dot``, ``np.einsum``, ``np.tensordot`` and
+``np.cov``, handlers registered in ``fabric.mesh.sharded.FUNCTIONS``, loaded with the mesh
+(``@`` is the sharded tensor's own, ``fabric.mesh.sharded.matmul``).
+
+Rule: a contraction whose summed axis is the split one (the Gram matrix ``Z.T @ Z``, a
+covariance) runs on each device's block, the other operands' same rows cut from their copy
+on that device, and the small per-shard results are summed on the client when read
+(``sharded.along_split``), as a sum across the split axis is; one that keeps the split axis
+runs on each shard and stays split. What would need another device's rows is refused with a
+call after which it runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_tuple
+
+from fabric.arrays.numpy_linalg import contract
+from fabric.core.ops import OPS, Spec
+from fabric.mesh import reductions
+from fabric.mesh.sharded import (FUNCTIONS, ShardedTensor, matmul, along_split, elementwise,
+                                 mesh_operands, per_shard)
+
+
+def _spec(a: Any) -> Spec:
+    return Spec(a.shape, a.dtype) if isinstance(a, ShardedTensor) else \
+        Spec(np.shape(a), np.asarray(a).dtype)
+
+
+def _split(operands: list[Any]) -> list[ShardedTensor]:
+    return [a for a in operands if isinstance(a, ShardedTensor) and a.axis is not None]
+
+
+def dot(a: Any, b: Any) -> ShardedTensor:
+    """numpy's ``dot`` of sharded tensors: a scalar's product elementwise, vectors' and
+    matrices' as ``@`` (summed across a split axis it sums over); of more dimensions, on each
+    device where no operand is split."""
+    if np.ndim(a) == 0 or np.ndim(b) == 0:
+        return elementwise(np.multiply, (a, b))
+    if np.ndim(a) <= 2 and np.ndim(b) <= 2:
+        return matmul(a, b)
+    mesh, operands = mesh_operands((a, b))
+    OPS["dot"].infer([_spec(x) for x in operands], {})  # numpy's error, at the call
+    if not _split(operands):
+        return per_shard(mesh, np.dot, operands, None)
+    raise ValueError(f"np.dot of a {len(np.shape(a))}-d and a {len(np.shape(b))}-d array with "
+                     f"{_split(operands)[0]._handle()}: write it as np.einsum, whose subscripts "
+                     "say which axes it sums over, or put the whole of each operand on every "
+                     "device first (mesh.replicate(x), worker to worker).")
+
+
+def einsum(subscripts: Any, *operands: Any, optimize: Any = False) -> ShardedTensor:
+    """numpy's ``einsum`` of sharded tensors, where the split operands are split along one
+    letter, alike: kept in the output, it runs on each shard (split there); summed over
+    (``"ij,ik->jk"``), each device's block's result is summed on the client. Replicated
+    operands and arrays that have that letter take the same rows, cut on each device."""
+    if not isinstance(subscripts, str):
+        raise TypeError("numpy.einsum on sharded tensors takes its subscripts as a string "
+                        "('ij,ik->jk'), not as lists of axes.")
+    mesh, operands = mesh_operands(operands)
+    params = {"subscripts": subscripts, **({"optimize": optimize} if optimize else {})}
+    shape, dtype = OPS["einsum"].infer([_spec(a) for a in operands], params)  # numpy's error
+
+    def run(*each: Any) -> Any:
+        return np.einsum(subscripts, *each, optimize=optimize)
+    split = _split(operands)
+    if not split:
+        return per_shard(mesh, run, operands, None)
+    lhs, arrow, rhs = subscripts.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    whole = "put the whole of each split operand but one on every device (mesh.replicate(x))"
+    if "..." in lhs:
+        raise ValueError(f"np.einsum with '...' and {split[0]._handle()}: spell its axes as "
+                         f"letters, or {whole.replace(' but one', '')}.")
+    labels = {terms[j][a.axis] for j, a in enumerate(operands)
+              if isinstance(a, ShardedTensor) and a.axis is not None}
+    if len(labels) > 1:
+        raise ValueError(f"np.einsum {subscripts!r} has operands split along different "
+                         f"letters ({', '.join(sorted(labels))}): {whole}, worker to worker.")
+    label = labels.pop()
+    if any(term.count(label) > 1 for term in terms):
+        raise ValueError(f"np.einsum {subscripts!r} takes a diagonal along the split axis "
+                         f"{label!r} of {split[0]._handle()}: {whole.replace(' but one', '')}, "
+                         "or split it along another axis (x.reshard(axis=...)).")
+    if not arrow:  # numpy's implicit output: the letters used once, in order
+        rhs = "".join(sorted(c for c in set(lhs) if c.isalpha() and lhs.count(c) == 1))
+    return along_split(mesh, run, operands, [term.find(label) if label in term else None
+                                             for term in terms], shape, dtype,
+                       rhs.index(label) if label in rhs else None)
+
+
+def tensordot(a: Any, b: Any, axes: Any = 2) -> ShardedTensor:
+    """numpy's ``tensordot`` of sharded tensors: the paired axes summed, as the ``einsum``
+    that spells it (``fabric.arrays.numpy_linalg.contract``; numpy's errors at the call)."""
+    _, (a, b) = mesh_operands((a, b))
+    np.tensordot(*(np.broadcast_to(np.zeros((), _spec(x).dtype), _spec(x).shape)
+                   for x in (a, b)), axes)  # numpy's errors, on stand-ins of no size
+    if isinstance(axes, (int, np.integer)):
+        pairs = list(range(np.ndim(a) - axes, np.ndim(a))), list(range(int(axes)))
+    else:
+        pairs = tuple([axis] if isinstance(axis, (int, np.integer)) else list(axis)
+                      for axis in axes)
+    return contract(a, b, normalize_axis_tuple(pairs[0], np.ndim(a)),
+                    normalize_axis_tuple(pairs[1], np.ndim(b)))
+
+
+def cov(m: Any, y: Any = None, rowvar: bool = True, bias: bool = False, ddof: Any = None,
+        fweights: Any = None, aweights: Any = None, *, dtype: Any = None) -> ShardedTensor:
+    """numpy's ``cov`` of sharded tensors split along the observations (the rows of
+    ``rowvar=False`` data): each device's row count, column sums and the Gram matrix of its
+    rows less their own mean, combined by Chan's pairwise formula (``reductions.comoments``)
+    and divided by the count less ``ddof`` on the client. Replicated, on each device."""
+    if fweights is not None or aweights is not None:
+        raise TypeError("numpy.cov on sharded tensors takes no fweights or aweights: read "
+                        "the data with .numpy() first to weigh the observations.")
+    if ddof is not None and ddof != int(ddof):
+        raise ValueError("ddof must be integer")
+    for name, given in (("m", m), ("y", y)):
+        if np.ndim(given) > 2:
+            raise ValueError(f"{name} has more than 2 dimensions")
+    mesh, operands = mesh_operands([m] if y is None else [m, y])
+    dtype = np.result_type(*[_spec(a).dtype for a in operands], np.float64) \
+        if dtype is None else np.dtype(dtype)
+
+    def observations(a: Any) -> Any:  # numpy's variables-by-observations, transposed
+        a = a[None] if np.ndim(a) == 1 else a
+        return a.T if rowvar or a.shape[0] == 1 else a
+    rows = [observations(a) for a in operands]
+    count = rows[0].shape[0]
+    for other in rows[1:]:
+        if other.shape[0] != count:
+            raise ValueError("all the input array dimensions except for the concatenation "
+                             f"axis must match exactly, but along dimension 1, the array at "
+                             f"index 0 has size {count} and the array at index 1 has size "
+                             f"{other.shape[0]}")
+    split = _split(rows)
+    if split and any(a.axis != 0 for a in split):
+        given = next(a for a in _split(operands))
+        raise ValueError(f"np.cov of {given._handle()} would need every device's variables: "
+                         "split it along its observations first (x.reshard(axis="
+                         f"{1 if rowvar and given.ndim == 2 else 0}), worker to worker).")
+    if ddof is None:
+        ddof = 0 if bias else 1
+    if not split:
+        return per_shard(mesh, lambda *each: np.cov(*each, rowvar=rowvar, bias=bias, ddof=ddof,
+                                                     dtype=dtype), operands, None)
+    if len(rows) == 2:  # the variables of both, side by side, on each device
+        rows = [along_split(mesh, lambda a, b: np.concatenate((a, b), axis=1), rows, (0, 0),
+                            (), dtype, kept=0)]
+    data = rows[0].astype(dtype)
+    variables = data.shape[1]
+    freedom = count - ddof
+    if freedom <= 0:
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+        freedom = 0
+
+    def partials(z: Any) -> list[Any]:
+        centered = z - z.mean(axis=0)
+        return [z.sum(axis=0), centered.T @ (np.conj(centered) if dtype.kind == "c"
+                                             else centered)]
+    live = [(n, t) for n, t in zip(data.sharding.blocks, data._tensors()) if n]
+    counts = np.asarray([n for n, _ in live])
+
+    def combine(values: list[list[np.ndarray]]) -> np.ndarray:
+        if not values:
+            return np.full((variables, variables), np.nan, dtype)
+        sums, squares = (np.stack([v[at] for v in values]) for at in (0, 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return reductions.comoments(counts, sums, squares) / freedom
+    shape = tuple(n for n in (variables, variables) if n != 1)  # (numpy's squeeze)
+    return ShardedTensor.combined(mesh, shape, dtype, [partials(t) for _, t in live], combine)
+
+
+FUNCTIONS.update({np.dot: dot, np.einsum: einsum, np.tensordot: tensordot, np.cov: cov})
+ShardedTensor.dot = lambda self, other: dot(self, other)  # type: ignore[method-assign]
