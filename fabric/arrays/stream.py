@@ -11,6 +11,7 @@ plain calls.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from collections import OrderedDict, deque
@@ -196,6 +197,21 @@ class OpStream:
         (closing the session frees it all); the phase the life was in."""
         self.batch, self.buffers = [], []
         return self.life.close()
+
+    def held(self) -> tuple[int, int]:
+        """The tensors of this stream the client still holds, and their bytes on the device
+        (a view's left out of the bytes: it shares its base's), from their handles alone.
+
+        Found among the objects that refer to the stream's owner (each tensor's ``session``),
+        when asked: keeping a count on each op and free would cost the hot path
+        (``push``) for the sake of a display."""
+        owner, count, size = self.owner, 0, 0
+        for found in gc.get_referrers(owner):
+            if type(found) is Tensor and found.session is owner:
+                count += 1
+                if getattr(found, "_view_of", None) is None:
+                    size += found.nbytes
+        return count, size
 
     # -- sending -------------------------------------------------------------------------------
 

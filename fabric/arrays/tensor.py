@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from fabric.arrays.html_repr import byte_text, one_line, table
 from fabric.arrays.indexing import (PreparedIndex, Remembered, as_shape, basic_index_key,
                                     prepare_index, update_key)
 from fabric.arrays.operators import elementwise_pair, elementwise_single
@@ -126,6 +127,27 @@ class Tensor(Spec):
         session = self.session
         return (f"<fabric.Tensor shape={self.shape} dtype={self.dtype} id={self.id} "
                 f"session={session.stream.session_id:#x} device={session.device.index}>")
+
+    def _fields(self) -> list[tuple[str, Any]]:
+        """What the client knows of the tensor without a read (``fabric.arrays.html_repr``)."""
+        session, device = self.session, self.device
+        return [("shape", self.shape), ("dtype", self.dtype),
+                ("device", f"{device.index} ({device.backend})"),
+                ("bytes", byte_text(self.nbytes)),
+                ("session", f"{session.stream.session_id:#x}")]
+
+    def describe(self) -> str:
+        """One line of what the notebook shows (``_repr_html_``): the handle, never the
+        values, so no read (``repr`` prints the values, read, as numpy's does)."""
+        return one_line(type(self).__name__, self._fields())
+
+    def _repr_html_(self) -> str:
+        """The notebook's view: the handle as a table, and no values (values are on the
+        client only once read, and a display never reads; ``repr(t)`` shows them)."""
+        return table(type(self).__name__, self._fields(), self._picture())
+
+    def _picture(self) -> str:
+        return ""  # (a sharded tensor draws its blocks)
 
     def _shown(self) -> tuple[np.ndarray, bool]:
         """What numpy's printing shows of the values, read (``fabric.arrays.printing``), and

@@ -22,6 +22,7 @@ import numpy as np
 
 from fabric.arrays.creation import ArrayNamespace
 from fabric.arrays.device_warnings import issue_warnings
+from fabric.arrays.html_repr import byte_text, one_line, table
 from fabric.arrays.origins import origin_line
 from fabric.arrays.tensor import Tensor
 from fabric.core import protocol
@@ -104,10 +105,22 @@ class Session(ArrayNamespace):
         """Whether ``close`` was called (its life is CLOSED)."""
         return self.life.phase is CLOSED
 
+    def _fields(self) -> list[tuple[str, Any]]:
+        """What the client knows of the session (``fabric.arrays.html_repr``): the tensors it
+        holds from their handles, never asking the device."""
+        count, size = self.stream.held()
+        return [("id", f"{self.id:#x}"), ("address", self.connection.address),
+                ("device", self.device.index), ("backend", self.device.backend),
+                ("worker", self.device.worker), ("state", self.life.phase.value),
+                ("tensors", count), ("bytes", byte_text(size))]
+
     def __repr__(self) -> str:
-        state = "closed" if self.closed else "open"
-        return (f"<fabric.Session {self.id:#x} {state} on device {self.device.index} "
-                f"({self.device.backend}, worker {self.device.worker})>")
+        return one_line("Session", self._fields())
+
+    def _repr_html_(self) -> str:
+        """The notebook's view: address, device, backend, worker, state, and the tensors the
+        client holds here with their bytes (no read, no question to the device)."""
+        return table("Session", self._fields())
 
     def __enter__(self) -> "Session":
         return self

@@ -24,6 +24,7 @@ import warnings
 from collections import deque
 from typing import Any, Callable, Mapping
 
+from fabric.arrays.html_repr import one_line, table
 from fabric.client.admin import Admin
 from fabric.client.session import Session, dial
 from fabric.core.addresses import advertised
@@ -404,6 +405,28 @@ class LocalCluster:
         self.stop()
         if self._temporary_logs is not None:
             self._temporary_logs.cleanup()
+
+    def _fields(self) -> list[tuple[str, Any]]:
+        """What the cluster object knows of its processes (``fabric.arrays.html_repr``),
+        asking no one; no token."""
+        running = self.broker is not None and self.broker.poll() is None
+        alive = sum(worker.poll() is None for worker in self.workers)
+        fields: list[tuple[str, Any]] = [
+            ("address", self.address or "not started"),
+            ("state", "running" if running else "stopped"),
+            ("workers", f"{alive} of {self.n_workers} running"),
+            ("devices", f"{self.n_workers * self.devices_per_worker} {self.backend} "
+                        f"({self.devices_per_worker} per worker)")]
+        if self.metrics_url:
+            fields.append(("metrics", self.metrics_url))
+        return fields
+
+    def __repr__(self) -> str:
+        return one_line("LocalCluster", self._fields())
+
+    def _repr_html_(self) -> str:
+        """The notebook's view: address, state, workers, devices and their backend."""
+        return table("LocalCluster", self._fields())
 
     # -- use --------------------------------------------------------------------------------
 

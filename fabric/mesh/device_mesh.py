@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
+from fabric.arrays.html_repr import devices_svg, one_line, table
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import Tensor
 from fabric.core.errors import DeviceDraining, named
@@ -94,10 +95,23 @@ class Mesh:
         parent.meshes.append(mesh)
         return mesh
 
+    def _fields(self) -> list[tuple[str, Any]]:
+        """What the client knows of the mesh (``fabric.arrays.html_repr``): no device asked."""
+        fields: list[tuple[str, Any]] = [
+            ("devices", list(self.devices)),
+            ("backends", [session.device.backend for session in self.sessions]),
+            ("state", "closed" if self.closed else "open")]
+        if self.skipped:
+            fields.append(("skipped draining", list(self.skipped)))
+        return fields
+
     def __repr__(self) -> str:
-        skipped = f" skipped_draining={list(self.skipped)}" if self.skipped else ""
-        return (f"<fabric.Mesh devices={list(self.devices)}{skipped}"
-                f"{' closed' if self.closed else ''}>")
+        return one_line("Mesh", self._fields())
+
+    def _repr_html_(self) -> str:
+        """The notebook's view: the mesh's fields, and its devices drawn in a row."""
+        return table("Mesh", self._fields(), devices_svg(
+            [f"device {s.device.index} ({s.device.backend})" for s in self.sessions]))
 
     def __enter__(self) -> "Mesh":
         return self

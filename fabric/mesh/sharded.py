@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
+from fabric.arrays.html_repr import blocks_svg, byte_text
 from fabric.arrays.printing import summary_positions
 from fabric.arrays.numpy_functions import ufunc_method_params
 from fabric.arrays.tensor import Tensor, given_params, numpy_name
@@ -93,6 +94,20 @@ class ShardedTensor(Tensor):
             values = self.numpy()
             self._shards = [session.asarray(values) for session in self.mesh.sessions]
         return self._shards
+
+    def _fields(self) -> list[tuple[str, Any]]:
+        # (no shard is made here: a combined reduction's would be read first, _tensors)
+        if self._shards is None:
+            held = "partial results on each device, combined on the client when read"
+        else:
+            held = str(self.sharding)
+        return [("shape", self.shape), ("dtype", self.dtype), ("bytes", byte_text(self.nbytes)),
+                ("devices", list(self.mesh.devices)), ("sharding", held)]
+
+    def _picture(self) -> str:
+        if self._shards is None:
+            return ""  # (on no device yet as one array: nothing to draw)
+        return blocks_svg(self.shape, self.axis, self.sharding.blocks, self.mesh.devices)
 
     def _handle(self) -> str:
         return (f"<fabric.ShardedTensor shape={self.shape} dtype={self.dtype} "
