@@ -106,21 +106,23 @@ class Session(ArrayNamespace):
         return self.life.phase is CLOSED
 
     def _fields(self) -> list[tuple[str, Any]]:
-        """What the client knows of the session (``fabric.arrays.html_repr``): the tensors it
-        holds from their handles, never asking the device."""
-        count, size = self.stream.held()
+        """What the client knows of the session (``fabric.arrays.html_repr``), never asking
+        the device."""
         return [("id", f"{self.id:#x}"), ("address", self.connection.address),
                 ("device", self.device.index), ("backend", self.device.backend),
-                ("worker", self.device.worker), ("state", self.life.phase.value),
-                ("tensors", count), ("bytes", byte_text(size))]
+                ("worker", self.device.worker), ("state", self.life.phase.value)]
 
     def __repr__(self) -> str:
+        # (without the tensors held: a repr lands in errors and logs, and finding them walks
+        # the objects that refer to the session)
         return one_line("Session", self._fields())
 
     def _repr_html_(self) -> str:
         """The notebook's view: address, device, backend, worker, state, and the tensors the
         client holds here with their bytes (no read, no question to the device)."""
-        return table("Session", self._fields())
+        count, size = self.stream.held()
+        return table("Session", [*self._fields(), ("tensors", count),
+                                 ("bytes", byte_text(size))])
 
     def __enter__(self) -> "Session":
         return self
