@@ -68,7 +68,8 @@ class Op:
     single_axis: bool = False  # argmin/argmax take one axis, not a tuple
     build: Build | None = None
     # numpy's function refuses an empty axis before it resolves types (ptp's max before its
-    # subtract, a quantile's take, pad's edges): its dtype's stand-ins keep the zero lengths
+    # subtract, a quantile's take, pad's edges, average's 0/0): its dtype's stand-ins keep
+    # the zero lengths
     empty_first: bool = False
 
     def runs_on(self, xp: Any) -> bool:
@@ -363,7 +364,8 @@ OPS: dict[str, Op] = {op.name: op for op in [
       for name in ("median", "nanmedian")],
     *[Op(name, getattr(np, name), quantile_shape, tiny_dtype, empty_first=True)
       for name in QUANTILES],
-    _written("average", statistics.average, statistics.average_shape, functions.ones_dtype),
+    _written("average", statistics.average, statistics.average_shape, functions.ones_dtype,
+             empty_first=True),
     *[_written(f"ufunc_{method}", _ufunc_method(method), _ufunc_method_shape, tiny_dtype)
       for method in ("reduce", "accumulate")],
     *[_written(name, statistics.histogram(name), statistics.histogram_shape, tiny_dtype)

@@ -109,6 +109,9 @@ EMPTY_CASES = {
     **{f"pad {mode} {label}": ("pad", [a], {"pad_width": 1, "mode": mode})
        for mode in ("edge", "constant", "reflect", "wrap", "empty")
        for label, a in EMPTY.items()},
+    **{f"average {label} axis={axis}{' weighted' if weighted else ''}": (
+        "average", [a, np.ones(a.shape[axis])] if weighted else [a], {"axis": axis})
+       for label, a in EMPTY.items() for axis in (0, -1) for weighted in (False, True)},
     "pad edge, the empty axis not padded": ("pad", [EMPTY["(0, 3)"]],
                                             {"pad_width": [[0, 0], [1, 2]], "mode": "edge"}),
 }
