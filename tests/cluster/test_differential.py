@@ -11,8 +11,9 @@ refuse at the call with the same exception type; at the end the values read back
 numpy's. An error that depends on the values (numpy refuses these, not others of the same
 shapes and dtypes: ``svd`` of NaNs does not converge) cannot be known at the call without
 reading them: fabric may raise it there, or else at the read, as the device's
-``RemoteError`` that names numpy's exception type. Seeded (derandomized), so CI is repeatable; ``FABRIC_DIFFERENTIAL_EXAMPLES=N`` runs
-N random examples instead.
+``RemoteError`` that names numpy's exception type. Seeded (derandomized), so CI is
+repeatable; ``FABRIC_DIFFERENTIAL_EXAMPLES=N`` runs N random examples instead; the chains
+once found to disagree run first on every draw.
 
 The jax device is held to numpy's own tolerances: XLA's transcendental functions differ from
 numpy's in the last bits only (at most 16 ulp in float64, 129 for arctanh near +-1, and 10
