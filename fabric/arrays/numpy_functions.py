@@ -273,6 +273,9 @@ def _take(a: Tensor, indices: Any, axis: Any = None, out: Any = None,
     if axis is None or not a.shape:  # (numpy takes from a 0-d array as from a 1-d one)
         a, axis = a.ravel(), 0 if axis is None else axis
     axis = normalize_axis_index(axis, a.ndim)
+    size = indices.size if isinstance(indices, Tensor) else np.size(indices)
+    if a.shape[axis] == 0 and size:  # (numpy's check, before any mode's)
+        raise IndexError("cannot do a non-empty take from an empty axes.")
     if mode != "raise":
         length = a.shape[axis]
         indices = np.mod(indices, length) if mode == "wrap" else np.clip(indices, 0, length - 1)

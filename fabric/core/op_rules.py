@@ -6,7 +6,9 @@ Rule: inference restates none of numpy's rules that numpy can apply itself:
 - elementwise shapes come from ``np.broadcast_shapes``;
 - dtypes come from applying the op to tiny stand-ins (all dimensions 1) of the real dtypes,
   so type promotion, Python-scalar weak typing and unsupported dtype combinations behave
-  exactly as numpy's do (``fabric.core.ops`` caches them per signature).
+  exactly as numpy's do (``fabric.core.ops`` caches them per signature); an op whose numpy
+  function refuses an empty axis before it resolves types (``Op.empty_first``: a quantile,
+  ``ptp``, ``pad``) keeps the real zero lengths in them, so numpy's own check raises first.
 Where a rule must restate numpy (a reduction's axes, matmul's core dimensions), it raises
 numpy's own error type and words. Each rule is ``rule(op, args, params)``: ``op`` an
 ``fabric.core.ops.Op`` (its ``name``, ``impl``, ``single_axis``), ``args`` Specs and scalars.
@@ -42,21 +44,28 @@ class Spec:
 _ZERO_ELEMENT = bytes(32)
 
 
-def stand_in(arg: Any, tiny: bool) -> Any:
-    """A zero-cost numpy stand-in for a Spec (tiny: every dimension 1); scalars as they are.
-    (Read-only zeros, every stride 0, as ``np.broadcast_to`` makes, at a seventh of its cost.)"""
+def small_shape(shape: Shape) -> Shape:
+    """``shape`` with every length past 1 made 1: what numpy's checks of empty axes see of
+    it, at no cost."""
+    return tuple(min(n, 1) for n in shape)
+
+
+def stand_in(arg: Any, tiny: bool, keep_empty: bool = False) -> Any:
+    """A zero-cost numpy stand-in for a Spec (tiny: every dimension 1, or with
+    ``keep_empty`` 0 where the real one is 0); scalars as they are. (Read-only zeros, every
+    stride 0, as ``np.broadcast_to`` makes, at a seventh of its cost.)"""
     if not isinstance(arg, Spec):
         return arg
     ndim = len(arg.shape)
-    return np.ndarray((1,) * ndim if tiny else arg.shape, arg.dtype, _ZERO_ELEMENT, 0,
-                      (0,) * ndim)
+    shape = arg.shape if not tiny else small_shape(arg.shape) if keep_empty else (1,) * ndim
+    return np.ndarray(shape, arg.dtype, _ZERO_ELEMENT, 0, (0,) * ndim)
 
 
 def apply_to_stand_ins(impl: Callable[..., Any], args: Sequence[Any], params: dict[str, Any],
-                       tiny: bool) -> np.ndarray:
+                       tiny: bool, keep_empty: bool = False) -> np.ndarray:
     """``impl`` applied to stand-ins of ``args`` (``stand_in``), numpy's warnings silenced."""
     with np.errstate(all="ignore"):
-        return np.asarray(impl(*[stand_in(a, tiny) for a in args], **params))
+        return np.asarray(impl(*[stand_in(a, tiny, keep_empty) for a in args], **params))
 
 
 _NO_BYTES = np.dtype([])  # elements of zero bytes: an array of any shape holds nothing
@@ -265,7 +274,8 @@ def searchsorted_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> 
 def tiny_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
     with warnings.catch_warnings():  # size-1 stand-ins warn where real data may not
         warnings.simplefilter("ignore")  # (std with ddof=1: "Degrees of freedom <= 0")
-        return apply_to_stand_ins(op.impl, args, params, tiny=True).dtype
+        return apply_to_stand_ins(op.impl, args, params, tiny=True,
+                                  keep_empty=op.empty_first).dtype
 
 
 def same_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:

@@ -32,8 +32,8 @@ from fabric.core.op_indexing import bind_index, getitem, index_shape, selects_by
 from fabric.core.op_rules import (Shape, Spec, creation_shape, dot_shape, einsum_shape,
                                   elementwise_shape, index_dtype, join_shape, matmul_shape,
                                   param_dtype, quantile_shape, reduce_shape, same_dtype,
-                                  scan_shape, searchsorted_shape, stand_in, tiny_dtype,
-                                  unknown_shape)
+                                  scan_shape, searchsorted_shape, small_shape, stand_in,
+                                  tiny_dtype, unknown_shape)
 
 # An implementation written against an array module: ``build(xp)`` is the op's function
 # with module ``xp`` (numpy's, the table's ``impl``, is ``build(np)``).
@@ -67,6 +67,10 @@ class Op:
     elementwise: bool = False
     single_axis: bool = False  # argmin/argmax take one axis, not a tuple
     build: Build | None = None
+    # numpy's function refuses an empty axis before it resolves types (ptp's max before its
+    # subtract, a quantile's take, pad's edges, average's 0/0): its dtype's stand-ins keep
+    # the zero lengths
+    empty_first: bool = False
 
     def runs_on(self, xp: Any) -> bool:
         """Whether array module ``xp`` has this op's implementation (numpy has every one)."""
@@ -98,8 +102,9 @@ class Op:
 
 
 def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
-    # Tensors count by dtype and ndim; scalars by their type (Python scalars are weak in
-    # numpy's promotion, numpy scalars are not), Python ints also by their range and sign.
+    # Tensors count by dtype and ndim (an empty one by which lengths are 0: ``empty_first``);
+    # scalars by their type (Python scalars are weak in numpy's promotion, numpy scalars are
+    # not), Python ints also by their range and sign.
     # (A loop, the commonest kinds first: this runs once per op.)
     signature = []
     for arg in args:
@@ -109,7 +114,8 @@ def _signature(args: Sequence[Any]) -> tuple[Any, ...]:
         elif kind is int:
             signature.append((int, weak_int(arg)))
         elif isinstance(arg, Spec):
-            signature.append((len(arg.shape), arg.dtype))
+            shape = arg.shape
+            signature.append((small_shape(shape) if 0 in shape else len(shape), arg.dtype))
         else:
             signature.append((kind, arg if isinstance(arg, np.generic) else None))
     return tuple(signature)
@@ -142,6 +148,7 @@ def _cached_dtype(name: str, signature: tuple[Any, ...],
                   params: tuple[tuple[str, Any], ...]) -> np.dtype:
     op = OPS[name]
     args = [Spec((1,) * ndim_or_type, dtype) if isinstance(ndim_or_type, int)
+            else Spec(ndim_or_type, dtype) if isinstance(ndim_or_type, tuple)
             else _example_scalar(ndim_or_type, dtype) for ndim_or_type, dtype in signature]
     return op.dtype_rule(op, args, dict(params))
 
@@ -231,7 +238,7 @@ def _ufunc_method_shape(op: Op, args: Sequence[Any], params: dict[str, Any]) -> 
     # input's)
     target = args[0]
     method = getattr(ufunc_named(params["ufunc"]), op.name.removeprefix("ufunc_"))
-    small = Spec(tuple(min(n, 1) for n in target.shape), target.dtype)
+    small = Spec(small_shape(target.shape), target.dtype)
     with np.errstate(all="ignore"):
         method(stand_in(small, tiny=False), **{key: value for key, value in params.items()
                                                 if key != "ufunc"})
@@ -352,11 +359,13 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("nan_to_num", np.nan_to_num, elementwise_shape, tiny_dtype, elementwise=True),
     *[Op(name, func, scan_shape, tiny_dtype) for name, func in SCANS.items()],
     *[_written(name, _reduction(name), reduce_shape, tiny_dtype,
-               single_axis="arg" in name) for name in REDUCTIONS],
-    *[_written(name, _reduction(name), reduce_shape, tiny_dtype)
+               single_axis="arg" in name, empty_first=True) for name in REDUCTIONS],
+    *[_written(name, _reduction(name), reduce_shape, tiny_dtype, empty_first=True)
       for name in ("median", "nanmedian")],
-    *[Op(name, getattr(np, name), quantile_shape, tiny_dtype) for name in QUANTILES],
-    _written("average", statistics.average, statistics.average_shape, functions.ones_dtype),
+    *[Op(name, getattr(np, name), quantile_shape, tiny_dtype, empty_first=True)
+      for name in QUANTILES],
+    _written("average", statistics.average, statistics.average_shape, functions.ones_dtype,
+             empty_first=True),
     *[_written(f"ufunc_{method}", _ufunc_method(method), _ufunc_method_shape, tiny_dtype)
       for method in ("reduce", "accumulate")],
     *[_written(name, statistics.histogram(name), statistics.histogram_shape, tiny_dtype)
@@ -376,7 +385,7 @@ OPS: dict[str, Op] = {op.name: op for op in [
     Op("bincount", functions.bincount, unknown_shape, tiny_dtype),
     Op("repeat", lambda a, repeats, axis=None: np.repeat(a, repeats, axis), unknown_shape,
        same_dtype),
-    Op("pad", functions.pad, functions.pad_shape, tiny_dtype),
+    Op("pad", functions.pad, functions.pad_shape, tiny_dtype, empty_first=True),
     *[_written(name, functions.fft(name), functions.fft_shape, functions.fft_dtype)
       for name in functions.FFTS],
     *[_written(name, functions.linalg(name), shape, functions.ones_dtype)

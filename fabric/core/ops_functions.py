@@ -9,8 +9,8 @@ matrices, matching core dimensions, pad widths. A function with several
 results (``eig``, ``eigh``, ``svd``, ``qr``, ``slogdet``, ``lstsq``) is one op whose result
 packs them along its last axes (``packed_parts`` says where each lies), so the decomposition
 runs once; the client hands the user views of the parts (``lstsq``'s residuals, whose length
-depends on the rank, are an op of their own). This module needs only numpy (the table's
-module imports it).
+depends on the rank, are an op of their own). This module needs only numpy and the rules'
+module (the table's module imports it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-Shape = tuple[int, ...]
+from fabric.core.op_rules import Shape, small_shape
 
 
 def _shape(arg: Any) -> Shape:
@@ -138,10 +138,13 @@ def lstsq_shape(op: Any, args: Sequence[Any], params: dict[str, Any]) -> Shape:
 def ones_dtype(op: Any, args: Sequence[Any], params: dict[str, Any]) -> np.dtype:
     """numpy's result dtype of a linear algebra op (or of ``average``), from its function on
     stand-ins of ones (one element per axis; zeros would be singular, or weights that sum to
-    zero). eig's may still turn real or complex with the data: the device says which
+    zero), or 0 where the real one is 0 for an op that checks empty axes first
+    (``Op.empty_first``: average's 0/0 of an empty mean, its empty weights' zero sum). eig's
+    may still turn real or complex with the data: the device says which
     (``fabric.core.ops.DATA_DEPENDENT_DTYPE``)."""
-    stand_ins = [np.ones((1,) * len(a.shape), a.dtype) if hasattr(a, "dtype") and
-                 hasattr(a, "shape") else a for a in args]
+    stand_ins = [np.ones(small_shape(a.shape) if op.empty_first else (1,) * len(a.shape),
+                         a.dtype) if hasattr(a, "dtype") and hasattr(a, "shape") else a
+                 for a in args]
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return np.asarray(op.impl(*stand_ins, **params)).dtype

@@ -450,6 +450,28 @@ def test_forms_fabric_does_not_take_are_refused_at_the_call_saying_what_to_do(se
         call(t)
 
 
+# numpy's functions that check an empty axis before anything else, on a (0, 3) array
+EMPTY_AXES = {
+    "np.take": lambda t: np.take(t, [0, -1], axis=0),
+    "np.take wrap": lambda t: np.take(t, 1, axis=0, mode="wrap"),
+    "np.quantile lower": lambda t: np.quantile(t, 0.5, axis=0, method="lower"),
+    "np.percentile": lambda t: np.percentile(t, [25, 50]),
+    "np.ptp": lambda t: np.ptp(t, axis=0),
+    "np.pad edge": lambda t: np.pad(t, 1, mode="edge"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bool", "float64"])
+@pytest.mark.parametrize("name", list(EMPTY_AXES))
+def test_an_empty_axis_is_refused_at_the_call_with_numpys_words(session, name, dtype):
+    empty = np.empty((0, 3), dtype)
+    with pytest.raises(Exception) as numpys:
+        EMPTY_AXES[name](empty)
+    with pytest.raises(type(numpys.value)) as refused:
+        EMPTY_AXES[name](session.asarray(empty))
+    assert str(refused.value) == str(numpys.value)
+
+
 @pytest.mark.filterwarnings("ignore:Mean of empty slice")  # (numpy's, of the where= of none)
 @pytest.mark.parametrize("table", [EVERYDAY, APPROX_EVERYDAY, LINALG, STATISTICS,
                                    APPROX_STATISTICS],

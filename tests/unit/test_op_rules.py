@@ -93,20 +93,65 @@ CASES = {
 }
 
 
+# Empty axes, which numpy's functions check before their types (a quantile's take, ptp's
+# max before its subtract, pad's edges): inference refuses with numpy's type and words.
+EMPTY = {"(0, 3)": np.empty((0, 3)), "(3, 0)": np.empty((3, 0)), "(0,)": np.empty(0),
+         "(2, 0, 3)": np.empty((2, 0, 3))}
+EMPTY_CASES = {
+    **{f"{name} {dtype} {label} axis={axis}": (name, [a.astype(dtype)], {"axis": axis})
+       for name in ("ptp", "min", "argmin", "nanargmax", "median", "sum")
+       for dtype in ("float32", "bool") for label, a in EMPTY.items() for axis in (None, 0, -1)},
+    **{f"{name} {dtype} {label} method={method}": (
+        name, [a.astype(dtype)], {"q": q, "axis": 0, "method": method})
+       for name, q in (("quantile", 0.5), ("percentile", [25, 50]), ("nanquantile", 0.5))
+       for dtype in ("float64", "int32", "bool") for label, a in EMPTY.items()
+       for method in ("linear", "lower")},
+    **{f"pad {mode} {label}": ("pad", [a], {"pad_width": 1, "mode": mode})
+       for mode in ("edge", "constant", "reflect", "wrap", "empty")
+       for label, a in EMPTY.items()},
+    **{f"average {label} axis={axis}{' weighted' if weighted else ''}": (
+        "average", [a, np.ones(a.shape[axis])] if weighted else [a], {"axis": axis})
+       for label, a in EMPTY.items() for axis in (0, -1) for weighted in (False, True)},
+    "pad edge, the empty axis not padded": ("pad", [EMPTY["(0, 3)"]],
+                                            {"pad_width": [[0, 0], [1, 2]], "mode": "edge"}),
+}
+
+
+def _numpys(name: str, arrays: list[np.ndarray], params: dict) -> np.ndarray | Exception:
+    """What numpy's own implementation of op ``name`` makes of ``arrays``, or its error."""
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (numpy's, of a slice of nans or of nothing)
+            return np.asarray(OPS[name].impl(*arrays, **params))
+    except Exception as exc:
+        return exc
+
+
 @pytest.mark.parametrize("label", list(CASES))
 def test_inferred_shape_and_dtype_are_numpys(label):
     name, arrays, params = CASES[label]
     op = OPS[name]
     specs = [Spec(a.shape, a.dtype) for a in arrays]
-    try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (numpy's, of a slice of nans or of nothing)
-            made = np.asarray(op.impl(*arrays, **params))
-    except Exception as exc:  # numpy refuses: inference refuses alike, with nothing made
-        with pytest.raises(type(exc)):
+    made = _numpys(name, arrays, params)
+    if isinstance(made, Exception):  # numpy refuses: inference refuses alike, nothing made
+        with pytest.raises(type(made)):
             op.infer(specs, params)
         return
     assert op.infer(specs, params) == (made.shape, made.dtype)
+
+
+@pytest.mark.parametrize("label", list(EMPTY_CASES))
+def test_empty_axes_are_refused_as_numpy_refuses_them(label):
+    name, arrays, params = EMPTY_CASES[label]
+    made = _numpys(name, arrays, params)
+    for _ in range(2):  # (the second time from the cache of dtypes per signature)
+        specs = [Spec(a.shape, a.dtype) for a in arrays]
+        if isinstance(made, Exception):
+            with pytest.raises(type(made)) as refused:
+                OPS[name].infer(specs, params)
+            assert str(refused.value) == str(made)
+        else:
+            assert OPS[name].infer(specs, params) == (made.shape, made.dtype)
 
 
 def test_lstsq_residuals_are_learned_from_the_device_and_checked_at_the_call():
