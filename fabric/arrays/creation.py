@@ -26,7 +26,7 @@ from fabric.arrays.random import Random
 from fabric.arrays.stream import OpStream, batch_elements_bound
 from fabric.arrays.tensor import Tensor
 from fabric.core.device import Device
-from fabric.core.errors import MessageTooLarge
+from fabric.core.errors import DtypeNotSupported, MessageTooLarge
 from fabric.core.flow import size_and_limit_text
 from fabric.core.ops import OPS
 from fabric.core.session_life import SessionLife
@@ -58,6 +58,10 @@ class ArrayNamespace(ABC):
         # Every op of this namespace's tensors; ``life``: the session's (None: the stream's own)
         self.stream = OpStream(self, session_id, life)
         self.stream.max_batch_elements = batch_elements_bound(device.settings)
+        # The dtypes the device holds, where it says (a jax device has no float128): an op or
+        # upload of another is refused at the call (None: every dtype numpy has)
+        held = device.settings.get("dtypes")
+        self.held_dtypes = None if held is None else frozenset(map(np.dtype, held))
         self.random = Random(self)
 
     # -- what each kind declares -------------------------------------------------------------
@@ -145,6 +149,8 @@ class ArrayNamespace(ABC):
         # garbage collector stops tracking once it has seen them: the ops waiting in a batch
         # would otherwise reach its oldest generation, and bring on its full collections
         # (milliseconds each) every few thousand ops.
+        if self.held_dtypes is not None and dtype not in self.held_dtypes:
+            self.refuse_dtype(f"{name}'s result", dtype)
         if params:  # (what the user gave, checked here: a value msgpack cannot carry would
             # stop the whole batch when it is sent, and every batch after it)
             params = {key: encode_param(name, key, value) for key, value in params.items()}
@@ -191,6 +197,15 @@ class ArrayNamespace(ABC):
             return upload_in_chunks(self, array, progress)
         return self._upload(array)
 
+    def refuse_dtype(self, what: str, dtype: np.dtype) -> None:
+        """Raise DtypeNotSupported: the device holds no ``dtype`` (``what`` has it)."""
+        device = self.device
+        raise DtypeNotSupported(
+            f"Device {device.index} ({device.backend}) cannot hold {dtype}: {what} is refused "
+            f"rather than computed in another precision. Run it on a numpy device, or astype "
+            f"to one of {', '.join(sorted(d.name for d in self.held_dtypes))} first.",
+            backend=device.backend, dtype=str(dtype))
+
     def _upload(self, array: np.ndarray) -> Tensor:
         if array.nbytes > self.max_upload_bytes:
             size, limit = size_and_limit_text(array.nbytes, self.max_upload_bytes)
@@ -200,6 +215,9 @@ class ArrayNamespace(ABC):
                 f"the device with np.concatenate, or {self.upload_limit_hint}.",
                 size=array.nbytes, limit=self.max_upload_bytes)
         device_dtype(array.dtype)
+        held = self.held_dtypes
+        if held is not None and array.dtype.newbyteorder("=") not in held:
+            self.refuse_dtype("an upload", array.dtype)
         if not array.dtype.isnative:
             array = array.astype(array.dtype.newbyteorder("="))
         array = np.ascontiguousarray(array).reshape(array.shape)  # (keeps 0-d arrays 0-d)

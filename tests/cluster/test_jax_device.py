@@ -48,13 +48,21 @@ def test_devices_n_are_n_xla_cpu_devices_and_tensors_move_between_them(monkeypat
             assert second.zeros(3).numpy().tolist() == [0, 0, 0]  # made on device 1
 
 
-def test_a_dtype_xla_cannot_hold_is_refused_at_the_ops_line():
+def test_a_dtype_xla_cannot_hold_is_refused_at_the_call():
+    """The device says which dtypes it holds: an upload, a cast or a creation of another is
+    refused by the client before anything is sent."""
     with LocalCluster(workers=1, backend="jax") as cluster, cluster.connect() as session:
-        wide = session.asarray(np.ones(3, np.longdouble))
-        with pytest.raises(DtypeNotSupported, match="cannot hold float128") as raised:
-            wide.numpy()
-        assert "test_jax_device.py" in str(raised.value)
-        assert session.asarray(np.ones(3)).sum().numpy() == 3  # the session goes on
+        assert "float128" not in session.device.settings["dtypes"]
+        x = session.asarray(np.ones(3))
+        for refused in (lambda: session.asarray(np.ones(3, np.longdouble)),
+                        lambda: x.astype(np.longdouble),
+                        lambda: session.zeros(3, dtype=np.clongdouble)):
+            sent = session.stats()["batches_sent"]
+            with pytest.raises(DtypeNotSupported, match="cannot hold (float|complex)") as raised:
+                refused()
+            assert "astype to one of" in raised.value.message
+            assert session.stats()["batches_sent"] == sent
+        assert (x + 1).sum().numpy() == 6  # the session goes on
 
 
 def test_a_long_compile_never_starves_the_heartbeats():

@@ -103,6 +103,7 @@ class JaxDevice(Backend):
         return {"backend": self.backend, "version": jax.__version__,
                 "numpy": np.__version__, "platform": self.xla.platform,
                 "device": str(self.xla), "x64": True, "fuses": [], "compiles": COMPILES_BATCHES,
+                "dtypes": sorted(dtype.name for dtype in HELD),
                 "memory_bytes": memory.get("bytes_limit") if memory else None}
 
     def implementation(self, op: Op) -> Callable[..., Any]:
