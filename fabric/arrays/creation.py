@@ -149,10 +149,11 @@ class ArrayNamespace(ABC):
         # garbage collector stops tracking once it has seen them: the ops waiting in a batch
         # would otherwise reach its oldest generation, and bring on its full collections
         # (milliseconds each) every few thousand ops.
-        if self.held_dtypes is not None and dtype not in self.held_dtypes:
-            self.refuse_dtype(f"{name}'s result", dtype)
         if params:  # (what the user gave, checked here: a value msgpack cannot carry would
-            # stop the whole batch when it is sent, and every batch after it)
+            # stop the whole batch when it is sent, and every batch after it; and a dtype the
+            # device cannot hold, which only a param brings: its operands' dtypes were held)
+            if self.held_dtypes is not None and dtype not in self.held_dtypes:
+                self.refuse_dtype(f"{name}'s result", dtype)
             params = {key: encode_param(name, key, value) for key, value in params.items()}
         wire_args = []
         inputs = 0  # the elements the op reads
