@@ -10,9 +10,12 @@ for the whole array; only the ``shape=`` numpy's repr adds to a summary is the t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+from fabric.arrays.html_repr import one_line, table
+from fabric.core.errors import FabricError
 
 
 def summary_index(shape: tuple[int, ...]) -> tuple[np.ndarray, ...] | None:
@@ -69,3 +72,55 @@ def _dtype_shown(dtype: np.dtype) -> str | None:
     # How numpy's repr names dtype, where it names it (not for the ones its text implies)
     text = repr(np.zeros(1, dtype))
     return text[text.index("dtype=") + len("dtype="):-1] if "dtype=" in text else None
+
+
+class Printed:
+    """How a tensor shows itself: its values as numpy prints them (a read), and its handle
+    in a notebook or one line (no read). The class gives ``_handle`` (the handle named in
+    errors), ``_fields`` (what the client knows without a read) and ``_shown`` (the values
+    printing reads, and whether they are a summary's part)."""
+
+    _handle: Callable[[], str]
+    _fields: Callable[[], list[tuple[str, Any]]]
+    _shown: Callable[[], tuple[np.ndarray, bool]]
+    shape: tuple[int, ...]
+
+    def describe(self) -> str:
+        """One line of what the notebook shows (``_repr_html_``): the handle, never the
+        values, so no read (``repr`` prints the values, read, as numpy's does)."""
+        return one_line(type(self).__name__, self._fields())
+
+    def _repr_html_(self) -> str:
+        """The notebook's view: the handle as a table, and no values (values are on the
+        client only once read, and a display never reads; ``repr(t)`` shows them)."""
+        return table(type(self).__name__, self._fields(), self._picture())
+
+    def _picture(self) -> str:
+        return ""  # (a sharded tensor draws its blocks)
+
+    def _printed(self, show: Callable[[np.ndarray, bool], str]) -> str:
+        try:
+            values, summarised = self._shown()
+        except FabricError as exc:  # (a failed op, a closed session, a trace: still shown)
+            return f"{self._handle()[:-1]} unreadable: {type(exc).__name__}>"
+        return show(values, summarised)
+
+    def __repr__(self) -> str:
+        """numpy's repr of the values, as ``tensor(...)``: a read (of what numpy's print
+        options show of a large tensor)."""
+        return self._printed(lambda values, summarised: repr_text(
+            values, self.shape, summarised, self._repr_name))
+
+    _repr_name = "tensor"
+
+    def __str__(self) -> str:
+        """numpy's str of the values: a read (of what numpy shows)."""
+        return self._printed(lambda values, summarised: summary_text(values, summarised, str))
+
+    def __format__(self, spec: str) -> str:
+        """numpy's format of the values (``f"{loss:.4f}"`` on a 0-d tensor): a read."""
+        if not spec:
+            return str(self)
+        return self._printed(lambda values, summarised: summary_text(
+            values, summarised, lambda shown: format(shown, spec)))
+

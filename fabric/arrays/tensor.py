@@ -18,16 +18,15 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from fabric.arrays.html_repr import byte_text, one_line, table
+from fabric.arrays.html_repr import byte_text
 from fabric.arrays.indexing import (PreparedIndex, Remembered, as_shape, basic_index_key,
                                     prepare_index, update_key)
 from fabric.arrays.operators import elementwise_pair, elementwise_single
 from fabric.arrays.origins import issued_at
-from fabric.arrays.printing import repr_text, summary_index, summary_text
+from fabric.arrays.printing import Printed, summary_index
 from fabric.arrays.progress import Progress, read_showing
 from fabric.arrays.views import (assign, check_out, check_reduction_out, check_writable, link,
                                  store_into, ufunc_at)
-from fabric.core.errors import FabricError
 from fabric.core.ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
 from fabric.core.wire import device_dtype, pack_index
 
@@ -46,7 +45,7 @@ UFUNC_METHODS: dict[str, Callable[..., Any]] = {}
 ARRAY_NAMESPACE: list[Callable[[Any, str | None], Any]] = []
 
 
-class Tensor(Spec):
+class Tensor(Printed, Spec):
     """An array on a session's device. Nothing is read back until ``numpy()``.
 
     Sessions make tensors (``session.asarray``, ``session.zeros``, the ops on tensors); a
@@ -136,50 +135,11 @@ class Tensor(Spec):
                 ("bytes", byte_text(self.nbytes)),
                 ("session", f"{session.stream.session_id:#x}")]
 
-    def describe(self) -> str:
-        """One line of what the notebook shows (``_repr_html_``): the handle, never the
-        values, so no read (``repr`` prints the values, read, as numpy's does)."""
-        return one_line(type(self).__name__, self._fields())
-
-    def _repr_html_(self) -> str:
-        """The notebook's view: the handle as a table, and no values (values are on the
-        client only once read, and a display never reads; ``repr(t)`` shows them)."""
-        return table(type(self).__name__, self._fields(), self._picture())
-
-    def _picture(self) -> str:
-        return ""  # (a sharded tensor draws its blocks)
-
     def _shown(self) -> tuple[np.ndarray, bool]:
         """What numpy's printing shows of the values, read (``fabric.arrays.printing``), and
         whether that is a summary's part of them."""
         index = summary_index(self.shape)
         return (self.numpy(), False) if index is None else (self[index].numpy(), True)
-
-    def _printed(self, show: Callable[[np.ndarray, bool], str]) -> str:
-        try:
-            values, summarised = self._shown()
-        except FabricError as exc:  # (a failed op, a closed session, a trace: still shown)
-            return f"{self._handle()[:-1]} unreadable: {type(exc).__name__}>"
-        return show(values, summarised)
-
-    def __repr__(self) -> str:
-        """numpy's repr of the values, as ``tensor(...)``: a read (of what numpy's print
-        options show of a large tensor)."""
-        return self._printed(lambda values, summarised: repr_text(
-            values, self.shape, summarised, self._repr_name))
-
-    _repr_name = "tensor"
-
-    def __str__(self) -> str:
-        """numpy's str of the values: a read (of what numpy shows)."""
-        return self._printed(lambda values, summarised: summary_text(values, summarised, str))
-
-    def __format__(self, spec: str) -> str:
-        """numpy's format of the values (``f"{loss:.4f}"`` on a 0-d tensor): a read."""
-        if not spec:
-            return str(self)
-        return self._printed(lambda values, summarised: summary_text(
-            values, summarised, lambda shown: format(shown, spec)))
 
     # -- reading ---------------------------------------------------------------------------
 
