@@ -29,7 +29,7 @@ _HOMES = {
     "function": "graphs.function", "PROTOCOL_VERSION": "core.protocol",
     "CurveClient": "core.security", "CurveServer": "core.security",
     "generate_keys": "core.security", "Tensor": "arrays.tensor", "Mesh": "mesh.device_mesh",
-    "ShardedTensor": "mesh.sharded", "Sharding": "mesh.sharding", "SharedMemory": "core.shm",
+    "ShardedTensor": "mesh.sharded", "show_progress": "arrays.progress", "Sharding": "mesh.sharding", "SharedMemory": "core.shm",
     **{name: "core.errors" for name in _ERRORS},
 }
 # The subpackages, loaded on first use too (``fabric.core.flow.SUBMIT_WINDOW``).

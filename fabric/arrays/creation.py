@@ -174,12 +174,12 @@ class ArrayNamespace(ABC):
 
     # -- creation ------------------------------------------------------------------------------
 
-    def asarray(self, array: Any, dtype: Any = None, *, progress: Progress = False) -> Tensor:
+    def asarray(self, array: Any, dtype: Any = None, *, progress: Progress = None) -> Tensor:
         """Upload an array (any layout or byte order) to the device, as ``np.asarray`` makes
         one. A nested list or tuple that holds tensors is built on the device, where they
-        are, with their dtypes promoted as numpy would. ``progress=True`` shows a progress
-        bar for a large upload in an interactive terminal (``fabric.arrays.progress``: a callable
-        is told the bytes stored so far instead).
+        are, with their dtypes promoted as numpy would. A large upload shows a progress bar
+        after a second where a person watches (``progress=``: None that, True from the start,
+        False never, or a callable told the bytes stored so far; ``fabric.arrays.progress``).
 
         Raises ``MessageTooLarge``, sending nothing, when the array is bigger than the largest
         message the way to the device takes (``session.max_upload_bytes``).
@@ -194,7 +194,7 @@ class ArrayNamespace(ABC):
             stacked = self._stack_nested(array)  # (numpy's asarray would read each tensor back)
             return stacked if dtype is None else stacked.astype(dtype)
         array = np.asarray(array, dtype=dtype)
-        if progress and progress_wanted(progress, array.nbytes):
+        if progress_wanted(progress, array.nbytes):
             return upload_in_chunks(self, array, progress)
         return self._upload(array)
 

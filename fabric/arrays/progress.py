@@ -1,45 +1,75 @@
-"""Progress of a large upload or read (``s.asarray(a, progress=True)``,
-``t.numpy(progress=True)``).
+"""Progress of long waits: a large upload or read, a sync, a move or reshard
+(``s.asarray(a)``, ``t.numpy()``, ``s.sync()``, ``sharded.reshard()``).
 
-Rule: progress counts only what has really arrived. A transfer is one message, and ZeroMQ
-hands a message over whole, so nothing inside one can be watched; a transfer that shows
-progress is therefore made of pieces that each arrive whole: ``CHUNK_BYTES`` of the array's
-flat (C-order) values at a time. An upload fills a tensor made on the device (``empty``) a
-chunk at a time, each written in place (``t[a:b] = chunk``, no second copy on the device),
-and counts a chunk's bytes once the device has stored it (a sync: one round trip per
-chunk); a read reads a chunk at a time into one array, and counts a chunk's bytes once
-they are in. The values are the same as without progress, in one message or not.
+Rule: a bar shows only what has really happened, and only where a person watches: in a
+terminal (stderr is one) or a notebook (tqdm's ``auto`` picks the widget there or the text
+bar in a terminal), once a wait has lasted ``WAIT_BEFORE_BAR`` (a second); anywhere else
+(a script's output piped or logged) nothing changes. ``show_progress(False)``, or
+``FABRIC_PROGRESS=0`` in the environment, turns every bar off.
 
-``progress=True`` draws a rich progress bar on stderr, only in an interactive terminal and
-only for a transfer of at least ``MIN_BYTES``; anywhere else (a script's output piped or
-logged, a small array) it changes nothing. ``progress=callable`` is called with
+A transfer is one message, and ZeroMQ hands a message over whole, so nothing inside one can
+be watched; a large transfer (``MIN_BYTES`` or more) where a bar may show is therefore made of
+pieces that each arrive whole: ``CHUNK_BYTES`` of the array's flat (C-order) values at a
+time. An upload fills a tensor made on the device (``empty``) a chunk at a time, each written
+in place (``t[a:b] = chunk``, no second copy on the device), and counts a chunk's bytes once
+the device has stored it (a sync: one round trip per chunk); a read reads a chunk at a time
+into one array, and counts a chunk's bytes once they are in. The values are the same as
+without progress, in one message or not. Any other wait for a device's answer (a sync, a
+move) longer than a second shows how long it has waited: the device does not say how far it
+is.
+
+``progress=`` of an upload or read: None (the default) as above; True draws the bar from
+the start (where a person watches); False never; a callable is called with
 ``(done_bytes, total_bytes)`` after each chunk, for a program that shows progress its own
-way (whatever the size and the terminal). The default, ``False``, never shows anything.
+way (whatever the size and the terminal).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Union
+import os
+import sys
+import time
+from typing import Any, Callable, Iterator, TypeVar, Union
 
 import numpy as np
 
-MIN_BYTES = 64 << 20  # the smallest transfer for which progress=True draws a bar
-CHUNK_BYTES = 16 << 20  # the values in each piece of a transfer that shows progress
+from fabric.core.errors import RequestTimeout
 
-Progress = Union[bool, Callable[[int, int], Any]]
+MIN_BYTES = 64 << 20  # the smallest transfer for which a bar may show
+CHUNK_BYTES = 16 << 20  # the values in each piece of a transfer that shows progress
+WAIT_BEFORE_BAR = 1.0  # seconds a wait lasts before its bar shows (where one may)
+_TICK = 0.25  # seconds between a waiting bar's redraws
+
+Progress = Union[bool, None, Callable[[int, int], Any]]
+Result = TypeVar("Result")
+
+_bars_on = os.environ.get("FABRIC_PROGRESS", "1").strip().lower() not in ("0", "off", "false",
+                                                                        "no")
+
+
+def show_progress(on: bool = True) -> None:
+    """Turn progress bars on (the default) or off, for every session of this process."""
+    global _bars_on
+    _bars_on = bool(on)
+
+
+def watched() -> bool:
+    """Whether a person may watch a bar: stderr is a terminal, or this is a notebook's kernel
+    (where tqdm's ``auto`` draws a widget)."""
+    if "ipykernel" in sys.modules:
+        return True
+    return sys.stderr is not None and sys.stderr.isatty()
 
 
 def wanted(progress: Progress, nbytes: int) -> bool:
     """Whether a transfer of ``nbytes`` goes in chunks to show ``progress``: a callable
-    always; True for a large transfer in an interactive terminal."""
+    always; None (while bars are on) or True for a large transfer that a person watches."""
     if callable(progress):
         return True
-    if progress is not True or nbytes < MIN_BYTES:
+    if progress is False or (progress is None and not _bars_on) or nbytes < MIN_BYTES:
         return False
-    from rich.console import Console
-
-    return Console(stderr=True).is_terminal
+    return watched()
 
 
 @contextlib.contextmanager
@@ -48,15 +78,40 @@ def _reporter(progress: Progress, total: int, what: str) -> Iterator[Callable[[i
     if callable(progress):
         yield lambda done: progress(done, total)
         return
-    from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn,
-                               TimeRemainingColumn, TransferSpeedColumn)
+    from tqdm.auto import tqdm
 
-    with Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-             TransferSpeedColumn(), TimeRemainingColumn(), console=Console(stderr=True),
-             transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        yield lambda done: bar.update(task, completed=done)
+    with tqdm(total=total, desc=what, unit="B", unit_scale=True, unit_divisor=1024,
+              leave=False, delay=0 if progress else WAIT_BEFORE_BAR) as bar:
+        yield lambda done: bar.update(done - bar.n)
+
+
+def wait_showing(wait: Callable[[float, bool], Result], timeout: float,
+                 what: Callable[[], str]) -> Result:
+    """``wait(seconds, keep)``'s result, waited for up to ``timeout`` in all: a bar of the
+    time waited, named ``what()``, shows after ``WAIT_BEFORE_BAR`` where a person watches.
+    ``wait`` raises RequestTimeout when its ``seconds`` pass, keeping what it waits for where
+    ``keep`` (so that it may be waited for again)."""
+    try:  # (the common case, an answer within the second, pays only this)
+        return wait(min(timeout, WAIT_BEFORE_BAR), timeout > WAIT_BEFORE_BAR)
+    except RequestTimeout:
+        if timeout <= WAIT_BEFORE_BAR:
+            raise
+    remaining = timeout - WAIT_BEFORE_BAR
+    if not (_bars_on and watched()):
+        return wait(remaining, False)
+    from tqdm.auto import tqdm
+
+    deadline = time.monotonic() + remaining
+    with tqdm(desc=what(), bar_format="{desc}: waited {elapsed}", leave=False) as bar:
+        bar.start_t -= WAIT_BEFORE_BAR  # (the second waited before it showed)
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return wait(min(_TICK, remaining), remaining > _TICK)
+            except RequestTimeout:
+                if remaining <= _TICK:
+                    raise
+            bar.refresh()
 
 
 def _chunks(size: int, itemsize: int) -> Iterator[tuple[int, int]]:
@@ -81,11 +136,9 @@ def upload(session: Any, array: np.ndarray, progress: Progress) -> Any:
 
 
 def read_showing(tensor: Any, progress: Progress) -> np.ndarray:
-    """``tensor``'s values; where ``progress`` is ``wanted``, read a chunk at a time (see the
+    """``tensor``'s values read a chunk at a time, where ``progress`` is ``wanted`` (see the
     module's rule), the next chunk's read sent before the last one's values are waited for."""
     session = tensor.session
-    if not wanted(progress, tensor.nbytes):
-        return session.read(tensor)
     out = np.empty(tensor.size, tensor.dtype)
     flat = tensor.reshape(-1)
     chunks = list(_chunks(tensor.size, out.itemsize))

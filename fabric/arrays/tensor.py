@@ -24,7 +24,7 @@ from fabric.arrays.indexing import (PreparedIndex, Remembered, as_shape, basic_i
 from fabric.arrays.operators import elementwise_pair, elementwise_single
 from fabric.arrays.origins import issued_at
 from fabric.arrays.printing import Printed, summary_index
-from fabric.arrays.progress import Progress, read_showing
+from fabric.arrays.progress import Progress, read_showing, wanted as progress_wanted
 from fabric.arrays.views import (assign, check_out, check_reduction_out, check_writable, link,
                                  store_into, ufunc_at)
 from fabric.core.ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
@@ -159,13 +159,16 @@ class Tensor(Printed, Spec):
             return self.numpy()
         return self.to(self.__array_namespace__().session_on(device))
 
-    def numpy(self, copy: bool = True, *, progress: Progress = False) -> np.ndarray:
+    def numpy(self, copy: bool = True, *, progress: Progress = None) -> np.ndarray:
         """Read the array back: an ordinary, writable numpy array of its own; with
         ``copy=False``, a read-only one that may share memory with the worker (a large array
         read through shared memory is not copied: it keeps its slot until collected).
-        ``progress=True`` shows a bar for a large read in a terminal
-        (``fabric.arrays.progress``)."""
-        return read_showing(self, progress) if progress else self.session.read(self, copy)
+        A large read shows a progress bar after a second where a person watches
+        (``progress=``: None that, True from the start, False never, or a callable told the
+        bytes read so far; ``fabric.arrays.progress``)."""
+        if progress_wanted(progress, self.nbytes):
+            return read_showing(self, progress)
+        return self.session.read(self, copy)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()

@@ -24,6 +24,7 @@ from fabric.arrays.creation import ArrayNamespace
 from fabric.arrays.device_warnings import issue_warnings
 from fabric.arrays.html_repr import byte_text, one_line, table
 from fabric.arrays.origins import origin_line
+from fabric.arrays.progress import wait_showing
 from fabric.arrays.tensor import Tensor
 from fabric.core import protocol
 from fabric.core.device import Device
@@ -274,14 +275,17 @@ class Session(ArrayNamespace):
         return sent[0]
 
     def _reply(self, request: int, timeout: float | None = None) -> Message:
-        reply = self.connection.wait_for_reply(request,
-                                               self.timeout if timeout is None else timeout,
-                                               session=self.id)
+        reply = wait_showing(lambda seconds, keep: self.connection.wait_for_reply(
+            request, seconds, session=self.id, keep_on_timeout=keep),
+            self.timeout if timeout is None else timeout, self._waiting_for)
         self.stream.counts["round_trips"] += 1
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
             issue_warnings(reply.body, self.stream)
         return reply
+
+    def _waiting_for(self) -> str:
+        return f"waiting for device {self.device.index}"
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
         """Send a request to the device, with the batched ops (``_send_request``), and return

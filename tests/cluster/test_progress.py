@@ -1,17 +1,22 @@
-"""Progress of large uploads and reads (``fabric.arrays.progress``) on a real cluster: a callable
-is told only bytes that arrived, chunk by chunk; ``progress=True`` draws a bar in a real
-terminal (a pseudo-terminal) and changes nothing where there is none."""
+"""Progress of long waits (``fabric.arrays.progress``) on a real cluster: a callable is told only
+bytes that arrived, chunk by chunk; ``progress=True`` draws a bar in a real terminal (a
+pseudo-terminal) and changes nothing where there is none; by default a sync that waits over a
+second shows the time waited there, and ``FABRIC_PROGRESS=0`` turns that off."""
 
 from __future__ import annotations
 
+import fcntl
 import math
 import os
 import pty
 import select
+import struct
 import subprocess
 import sys
+import termios
 
 import numpy as np
+import pytest
 
 from fabric.arrays.progress import CHUNK_BYTES, MIN_BYTES
 
@@ -62,14 +67,32 @@ with fabric.connect(sys.argv[1], token=sys.argv[2]) as s:
     print("read", t.numpy(progress=True).sum())
 """
 
+# Work that keeps a sync waiting: matmuls, twice as many each time, until one sync has waited
+# long enough for its bar (or the bounded count ran out: then the test fails on the print)
+_LONG_SYNC = """
+import sys, time, numpy as np, fabric
+with fabric.connect(sys.argv[1], token=sys.argv[2]) as s:
+    x = s.random.normal(size=(600, 600))
+    for doubling in range(12):
+        for _ in range(2 ** doubling):
+            x = np.tanh(x @ x)
+        start = time.monotonic()
+        s.sync()
+        if time.monotonic() - start > 2 * fabric.arrays.progress.WAIT_BEFORE_BAR:
+            print("long sync")
+            break
+"""
 
-def test_progress_true_in_a_terminal_draws_a_bar_for_a_large_transfer(shared_cluster):
+
+def _in_a_terminal(script: str, cluster, **env_changes: str) -> str:
+    """What ``script`` (run with the cluster's address and token) wrote to a pseudo-terminal:
+    its stdout and stderr, as a person would see them."""
     leader, follower = pty.openpty()
-    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
-    env.pop("NO_COLOR", None)
-    with subprocess.Popen([sys.executable, "-c", _SCRIPT, shared_cluster.address,
-                           shared_cluster.token], stdin=follower, stdout=follower,
-                          stderr=follower, env=env) as child:
+    # (a terminal's size: a bar fits its width, and a new pseudo-terminal's is 0 by 0)
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", **env_changes}
+    with subprocess.Popen([sys.executable, "-c", script, cluster.address, cluster.token],
+                          stdin=follower, stdout=follower, stderr=follower, env=env) as child:
         os.close(follower)
         output = b""
         try:
@@ -84,6 +107,23 @@ def test_progress_true_in_a_terminal_draws_a_bar_for_a_large_transfer(shared_clu
             if child.poll() is None:
                 child.kill()
         assert child.wait(timeout=60) == 0, output[-2000:]
-    text = output.decode(errors="replace")
+    return output.decode(errors="replace")
+
+
+def test_progress_true_in_a_terminal_draws_a_bar_for_a_large_transfer(shared_cluster):
+    text = _in_a_terminal(_SCRIPT, shared_cluster)
     assert "upload to device 0" in text and "read from device 0" in text
     assert f"read {float(2 * MIN_BYTES // 8)}" in text
+
+
+@pytest.mark.timeout(120)
+def test_a_sync_that_waits_shows_the_time_waited_in_a_terminal(shared_cluster):
+    text = _in_a_terminal(_LONG_SYNC, shared_cluster)
+    assert "long sync" in text
+    assert "waiting for device 0: waited 00:0" in text
+
+
+@pytest.mark.timeout(120)
+def test_fabric_progress_0_turns_the_bars_off(shared_cluster):
+    text = _in_a_terminal(_LONG_SYNC, shared_cluster, FABRIC_PROGRESS="0")
+    assert "long sync" in text and "waiting" not in text
