@@ -163,10 +163,11 @@ class Tensor(Printed, Spec):
         """Read the array back: an ordinary, writable numpy array of its own; with
         ``copy=False``, a read-only one that may share memory with the worker (a large array
         read through shared memory is not copied: it keeps its slot until collected).
-        A large read shows a progress bar after a second where a person watches
-        (``progress=``: None that, True from the start, False never, or a callable told the
-        bytes read so far; ``fabric.arrays.progress``)."""
-        if progress_wanted(progress, self.nbytes):
+        A read that waits over a second shows the time waited where a person watches;
+        ``progress=True`` shows a large read's bytes from the start, a callable is told the
+        bytes read so far (``fabric.arrays.progress``)."""
+        # (None reads in one message: in pieces, a warm read ran at half the speed)
+        if progress is not None and progress_wanted(progress, self.nbytes):
             return read_showing(self, progress)
         return self.session.read(self, copy)
 
