@@ -134,16 +134,24 @@ def test_fabric_dashboard_finds_it_in_the_admin_file(watched, tmp_path):
     assert refused.exit_code == 1 and "refused the token" in refused.output
 
 
-def rows(driver: Any, table: str) -> list[Any]:
-    return driver.find_elements("css selector", f"#{table} tbody tr")
+# What the page shows, read in one script (the page redraws its rows every second: elements
+# found in one call may be gone by the next).
+READ_PAGE = """
+const rows = table => [...document.querySelectorAll(`#${table} tbody tr`)]
+  .map(row => row.dataset.device);
+const memory = [...document.querySelectorAll('#devices svg[data-series="memory"]')]
+  .map(plot => [plot.closest("tr").dataset.device, Number(plot.dataset.latest),
+                plot.querySelector("polyline").getAttribute("points")]);
+return {status: document.getElementById("status").textContent, devices: rows("devices"),
+        sessions: rows("sessions"), memory: Object.fromEntries(
+          memory.map(([device, latest, points]) => [device, {latest, points}]))};
+"""
 
 
-def memory_plot(driver: Any, device: int) -> tuple[float, str]:
-    """Device ``device``'s memory plot: its newest value and its line's points."""
-    plot = driver.find_element(
-        "css selector", f'#devices tr[data-device="{device}"] svg[data-series="memory"]')
-    return (float(plot.get_attribute("data-latest")),
-            plot.find_element("css selector", "polyline").get_attribute("points"))
+def shown(driver: Any) -> dict[str, Any]:
+    """The page's status line, its devices' and sessions' rows (by device) and each device's
+    memory plot (its newest value and its line's points)."""
+    return driver.execute_script(READ_PAGE)
 
 
 def test_the_page_in_a_browser(watched, tmp_path):
@@ -154,27 +162,25 @@ def test_the_page_in_a_browser(watched, tmp_path):
     with headless_chromium() as driver:
         driver.get(link)
         assert urlsplit(driver.current_url).query == ""  # (the ticket left the address)
-        wait_for(lambda: len(rows(driver, "devices")) == 2
-                 and driver.find_element("id", "status").text.startswith("live"),
-                 LIVE_SECONDS, "both devices, live",
-                 detail=lambda: driver.find_element("tag name", "body").text)
-        assert not rows(driver, "sessions")
-        before, _ = memory_plot(driver, 1)
+        wait_for(lambda: shown(driver)["devices"] == ["0", "1"]
+                 and shown(driver)["status"].startswith("live"), LIVE_SECONDS,
+                 "both devices, live", detail=lambda: shown(driver))
+        assert shown(driver)["sessions"] == []
+        before = shown(driver)["memory"]["1"]["latest"]
         with watched.connect(device=1) as session:
-            wait_for(lambda: [row.get_attribute("data-device")
-                              for row in rows(driver, "sessions")] == ["1"],
-                     LIVE_SECONDS, "the test's session on the page")
-            _, points = memory_plot(driver, 1)
+            wait_for(lambda: shown(driver)["sessions"] == ["1"], LIVE_SECONDS,
+                     "the test's session on the page", detail=lambda: shown(driver))
+            points = shown(driver)["memory"]["1"]["points"]
             held = session.asarray(UPLOAD)
             session.sync()
-            wait_for(lambda: memory_plot(driver, 1)[0] >= before + UPLOAD.nbytes,
+            wait_for(lambda: shown(driver)["memory"]["1"]["latest"] >= before + UPLOAD.nbytes,
                      LIVE_SECONDS, "device 1's memory plot to show the 64 MiB",
-                     detail=lambda: memory_plot(driver, 1))
-            assert memory_plot(driver, 1)[1] != points
+                     detail=lambda: shown(driver)["memory"])
+            assert shown(driver)["memory"]["1"]["points"] != points
             driver.save_screenshot(str(tmp_path / "dashboard.png"))
             del held
-        wait_for(lambda: not rows(driver, "sessions"), LIVE_SECONDS,
-                 "the closed session to leave the page")
+        wait_for(lambda: shown(driver)["sessions"] == [], LIVE_SECONDS,
+                 "the closed session to leave the page", detail=lambda: shown(driver))
         page = driver.page_source
         assert not any(secret.decode() in page for secret in secrets_of(watched))
         assert f"{session.id:x}" not in page
