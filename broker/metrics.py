@@ -22,13 +22,12 @@ it is closed (a request begun and never finished held a thread for ever).
 
 from __future__ import annotations
 
-import heapq
 import io
 import ipaddress
 import socket
 import threading
 import time
-from itertools import accumulate
+from itertools import accumulate, islice
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -50,7 +49,7 @@ MAX_CONNECTIONS = 8  # connections served at once (a thread each); more are clos
 READ_SECONDS = 5.0  # a connection's time to send its request and take the answer, in all
 DEFAULT_HOST = "127.0.0.1"  # a bare port binds to loopback only
 PREFIX = "fabric_"
-MAX_LISTED_SESSIONS = 200  # sessions the dashboard lists (the oldest); the rest are counted
+MAX_LISTED_SESSIONS = 200  # sessions the dashboard lists (the first); the rest are counted
 WATCH_SECONDS = 10.0  # the dashboard's detail is published this long after its last request
 
 
@@ -92,7 +91,7 @@ def figures(registry: RegistryView, now: float, held: int,
     """What the metrics show, read from the registry at ``now`` (``held``: refusal answers
     the loop holds back): fresh copies, in read-only mappings and tuples, that nothing
     changes once built. With ``detail`` (while someone watches the dashboard), also the
-    oldest sessions (``MAX_LISTED_SESSIONS`` at most, no ids) and the workers lost."""
+    first sessions (``MAX_LISTED_SESSIONS`` at most, no ids) and the workers lost."""
     online = {d["index"] for d in registry.devices}
     by_name = {w.name: w for w in registry.workers.values()}
     reports = {name: w.report for name, w in by_name.items() if w.report is not None}
@@ -143,16 +142,17 @@ def figures(registry: RegistryView, now: float, held: int,
 
 
 def _listed_sessions(registry: RegistryView, now: float) -> tuple[Mapping[str, Any], ...]:
-    """The oldest sessions (``MAX_LISTED_SESSIONS`` at most): device, worker, state, age and
-    traffic; never an id (the dashboard shows them to whoever holds the admin token, and a
-    session's id is what closes it)."""
-    oldest = heapq.nsmallest(MAX_LISTED_SESSIONS, registry.sessions.values(),
-                             key=lambda s: (s.created, s.id))
+    """The sessions the broker took first (``MAX_LISTED_SESSIONS`` at most, oldest first):
+    device, worker, state, age and traffic; never an id (the dashboard shows them to whoever
+    holds the admin token, and a session's id is what closes it). The registry holds them in
+    the order it took them, so this reads that many, whatever the count."""
+    first = sorted(islice(registry.sessions.values(), MAX_LISTED_SESSIONS),
+                   key=lambda s: (s.created, s.id))
     return tuple(MappingProxyType({
         "device": session.device, "worker": registry.workers[session.worker].name,
         "state": session.phase.value, "age": now - session.created,
         "bytes_in": session.bytes_in, "bytes_out": session.bytes_out,
-        "submits": session.submits, "errors": session.errors}) for session in oldest)
+        "submits": session.submits, "errors": session.errors}) for session in first)
 
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
