@@ -8,12 +8,13 @@ import io
 import json
 from typing import Any
 
-from test_admin_commands import ADMIN_TOKEN, busy_registry
+from test_admin_commands import ADMIN_TOKEN, B, busy_registry
 
 from fabric.broker import metrics
 from fabric.broker.dashboard import (COOKIE, MAX_BODY_BYTES, MAX_TICKETS, Dashboard, data,
                                      route)
 from fabric.broker.metrics import figures
+from fabric.broker.model import Side
 
 
 def call(app: Any, path: str, method: str = "GET", body: bytes = b"",
@@ -53,6 +54,17 @@ def test_the_data_lists_sessions_without_ids_and_only_while_watched():
     assert view["role"] is None and view["lost"] == []
     assert data(figures(registry, 2.0, 0))["sessions"] is None
     assert data({}) == {"ready": False}
+
+
+def test_a_lost_worker_is_listed_with_when_and_its_devices_offline():
+    registry = busy_registry()
+    registry.unroutable(Side.WORKERS, B, 4.0)  # the worker of devices 1 and 2 vanished
+    view = data(figures(registry, 10.0, 0, detail=True))
+    assert [(w["name"], w["devices"]) for w in view["lost"]] == [("b", [1, 2])]
+    assert 0 < view["lost"][0]["lost_ago"] <= 10.0
+    assert [(d["index"], d["online"]) for d in view["devices"]] == \
+        [(0, True), (1, False), (2, False)]
+    assert view["workers_lost"] == 1 and [s["device"] for s in view["sessions"]] == [0]
 
 
 def test_at_most_the_oldest_sessions_are_listed(monkeypatch):
