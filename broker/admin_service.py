@@ -139,10 +139,13 @@ def workers(registry: RegistryView, now: float) -> dict[str, Any]:
                for name in LinkReport._fields},
             **_traffic(total)})
     rows.sort(key=lambda row: row["devices"][:1] or [registry.device_count])
-    return {"workers": rows, "lost": _lost_workers(registry, now)}
+    return {"workers": rows, "lost": lost_workers(registry, now)}
 
 
-def _lost_workers(registry: RegistryView, now: float) -> list[dict[str, Any]]:
+def lost_workers(registry: RegistryView, now: float) -> list[dict[str, Any]]:
+    """Every worker gone offline whose device indexes are kept: name, host, address, backend,
+    those indexes, and seconds since it was last heard from (None: not since this broker
+    started)."""
     online = {worker.name for worker in registry.workers.values()}
     indexes: dict[str, list[int]] = {}
     for index, (name, _) in sorted(registry.device_slots.items()):

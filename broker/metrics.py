@@ -27,7 +27,7 @@ import ipaddress
 import socket
 import threading
 import time
-from itertools import accumulate
+from itertools import accumulate, islice
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -40,7 +40,8 @@ from prometheus_client.utils import floatToGoString
 
 from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport, LinkReport
 
-from .admin_service import RegistryView, device_traffic
+from .admin_service import RegistryView, device_traffic, lost_workers
+from .dashboard import Dashboard, route
 from .model import Traffic
 
 PUBLISH_INTERVAL = 0.25  # seconds between snapshots: what a scrape sees is at most this old
@@ -48,6 +49,8 @@ MAX_CONNECTIONS = 8  # connections served at once (a thread each); more are clos
 READ_SECONDS = 5.0  # a connection's time to send its request and take the answer, in all
 DEFAULT_HOST = "127.0.0.1"  # a bare port binds to loopback only
 PREFIX = "fabric_"
+MAX_LISTED_SESSIONS = 200  # sessions the dashboard lists (the first); the rest are counted
+WATCH_SECONDS = 10.0  # the dashboard's detail is published this long after its last request
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -83,12 +86,15 @@ def _count_by(values: Any, *states: str) -> dict[str, int]:
     return counts
 
 
-def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
+def figures(registry: RegistryView, now: float, held: int,
+            detail: bool = False) -> Mapping[str, Any]:
     """What the metrics show, read from the registry at ``now`` (``held``: refusal answers
     the loop holds back): fresh copies, in read-only mappings and tuples, that nothing
-    changes once built."""
+    changes once built. With ``detail`` (while someone watches the dashboard), also the
+    first sessions (``MAX_LISTED_SESSIONS`` at most, no ids) and the workers lost."""
     online = {d["index"] for d in registry.devices}
-    reports = {w.name: w.report for w in registry.workers.values() if w.report is not None}
+    by_name = {w.name: w for w in registry.workers.values()}
+    reports = {name: w.report for name, w in by_name.items() if w.report is not None}
     traffic = device_traffic(registry)
     sessions_on: dict[tuple[str, int], int] = {}
     for session in registry.sessions.values():
@@ -96,12 +102,18 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
         sessions_on[key] = sessions_on.get(key, 0) + 1
     devices = tuple(
         MappingProxyType({"device": str(index), "worker": name, "online": index in online,
+                          "backend": by_name[name].backend if name in by_name else None,
+                          "host": by_name[name].host if name in by_name else None,
+                          "draining": name in by_name and by_name[name].draining,
                           "sessions": sessions_on.get((name, local), 0),
                           "traffic": traffic.get((name, local), Traffic()),
                           "report": reports[name].device(local) if name in reports else None})
         for index, (name, local) in sorted(registry.device_slots.items()))
     counters = registry.counters
-    return MappingProxyType({
+    snapshot = {
+        "server": registry.server,
+        # (a broker of a failover pair says whether it is the active one; a lone one says none)
+        "role": getattr(registry, "role", None),
         "uptime": now - registry.started,
         "workers": _count_by(map(_worker_state, registry.workers.values()),
                              "ready", "attaching", "draining"),
@@ -121,7 +133,26 @@ def figures(registry: RegistryView, now: float, held: int) -> Mapping[str, Any]:
                    "frontend_paused": False, **registry.queue_figures()},
         "held_answers": held,
         "events": dict(counters),
-    })
+    }
+    if detail:
+        snapshot["listed_sessions"] = _listed_sessions(registry, now)
+        snapshot["lost"] = tuple(MappingProxyType({**row, "devices": tuple(row["devices"])})
+                                 for row in lost_workers(registry, now))
+    return MappingProxyType(snapshot)
+
+
+def _listed_sessions(registry: RegistryView, now: float) -> tuple[Mapping[str, Any], ...]:
+    """The sessions the broker took first (``MAX_LISTED_SESSIONS`` at most, oldest first):
+    device, worker, state, age and traffic; never an id (the dashboard shows them to whoever
+    holds the admin token, and a session's id is what closes it). The registry holds them in
+    the order it took them, so this reads that many, whatever the count."""
+    first = sorted(islice(registry.sessions.values(), MAX_LISTED_SESSIONS),
+                   key=lambda s: (s.created, s.id))
+    return tuple(MappingProxyType({
+        "device": session.device, "worker": registry.workers[session.worker].name,
+        "state": session.phase.value, "age": now - session.created,
+        "bytes_in": session.bytes_in, "bytes_out": session.bytes_out,
+        "submits": session.submits, "errors": session.errors}) for session in first)
 
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -371,15 +402,14 @@ class _BoundedServer(ThreadingWSGIServer):
         """A connection that timed out or broke: closed, not logged (any peer causes it)."""
 
 
-def _serve(host: str, port: int, registry: CollectorRegistry,
+def _serve(host: str, port: int, app: Callable[..., Any],
            ) -> tuple[_BoundedServer, threading.Thread]:
-    """The metrics server at (host, port), serving from a daemon thread."""
+    """The WSGI ``app`` at (host, port), serving from a daemon thread."""
     family, _, _, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                 flags=socket.AI_PASSIVE)[0]
     address = where[0]
     server_class = type("_Server", (_BoundedServer,), {"address_family": family})
-    server = make_server(address, port, make_wsgi_app(registry), server_class,
-                         handler_class=_Handler)
+    server = make_server(address, port, app, server_class, handler_class=_Handler)
     thread = threading.Thread(target=server.serve_forever, name="fabric-metrics", daemon=True)
     thread.start()
     return server, thread
@@ -387,15 +417,24 @@ def _serve(host: str, port: int, registry: CollectorRegistry,
 
 class MetricsPublisher:
     """The snapshot the I/O loop publishes and the HTTP server's threads read; and that
-    server, bound where the operator said."""
+    server, bound where the operator said: Prometheus' /metrics, and the dashboard under
+    /dashboard for whoever shows ``admin_token`` (``broker.dashboard``)."""
 
-    def __init__(self, host: str, port: int, interval: float = PUBLISH_INTERVAL) -> None:
+    def __init__(self, host: str, port: int, interval: float = PUBLISH_INTERVAL,
+                 admin_token: str | None = None) -> None:
         self.latest: Mapping[str, Any] = EMPTY
         self.due = 0.0  # when the loop publishes next
+        self.watched_until = 0.0  # the detail is published until then (monotonic clock)
         self._interval = interval
         registry = CollectorRegistry(auto_describe=False)
         registry.register(FabricCollector(lambda: self.latest))
-        self._server, self._thread = _serve(host, port, registry)
+        dashboard = Dashboard(admin_token, lambda: self.latest, self._watched)
+        self._server, self._thread = _serve(host, port,
+                                            route(dashboard, make_wsgi_app(registry)))
+
+    def _watched(self) -> None:
+        """The dashboard asked for data: publish the detail for a while (one assignment)."""
+        self.watched_until = time.monotonic() + WATCH_SECONDS
 
     @property
     def url(self) -> str:
@@ -404,8 +443,9 @@ class MetricsPublisher:
         return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
     def publish(self, registry: RegistryView, now: float, held: int) -> None:
-        """Swap in a fresh snapshot (one assignment: a scrape sees the old or the new)."""
-        self.latest = figures(registry, now, held)
+        """Swap in a fresh snapshot (one assignment: a scrape sees the old or the new); it
+        holds the dashboard's detail only while the dashboard is watched."""
+        self.latest = figures(registry, now, held, detail=now < self.watched_until)
         self.due = now + self._interval
 
     def close(self) -> None:

@@ -157,8 +157,10 @@ class Broker:
         self._flow = FlowControl(self.registry, limits)  # peers whose queue is full
         self._outbox = self._flow.outbox  # (the hot path's test: any parked for this peer?)
         self.registry.queue_figures = self._flow.figures
-        # Prometheus' /metrics at (host, port): served from its own threads (broker.metrics).
-        self.metrics = MetricsPublisher(*metrics) if metrics is not None else None
+        # Prometheus' /metrics at (host, port), and the dashboard (for the admin token) beside
+        # it: served from their own threads, off the latest snapshot (broker.metrics).
+        self.metrics = (MetricsPublisher(*metrics, admin_token=admin_token)
+                        if metrics is not None else None)
 
     @property
     def endpoints(self) -> dict[str, str]:

@@ -39,7 +39,7 @@ json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print JSON (for scripts) instead of a table.")
 
 
-def _admin_exit_code(error: FabricError) -> int:
+def admin_exit_code(error: FabricError) -> int:
     """The documented exit code for an error from ``fabric.Admin``."""
     if isinstance(error, ConfigError):
         return 2
@@ -64,7 +64,7 @@ def open_admin(options: dict[str, Any], command: str = "fabric admin") -> Iterat
             yield admin
     except FabricError as exc:
         click.echo(f"{command}: {' '.join(str(exc).splitlines())}", err=True)
-        sys.exit(_admin_exit_code(exc))
+        sys.exit(admin_exit_code(exc))
 
 
 def _admin_call(options: dict[str, Any], call: Callable[[Any], Any], as_json: bool,

@@ -19,6 +19,7 @@ import zmq
 from click.core import ParameterSource
 
 from fabric.cli.admin_commands import admin
+from fabric.cli.dashboard_command import dashboard
 from fabric.cli.options import (as_usage_error, checked, curve_client_options,
                                 curve_server_options, limit_options, metrics_option,
                                 renamed_option, required_secret, timing_options, token_options,
@@ -592,3 +593,4 @@ def demo(workers: int) -> None:
 
 main.add_command(admin)
 main.add_command(top)
+main.add_command(dashboard)

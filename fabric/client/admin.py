@@ -51,7 +51,7 @@ def parse_session_id(session: int | str) -> int:
                      "shows it, like 0x1f2e3d4c5b6a7988.")
 
 
-def _admin_source(address: str | None, admin_file: str | os.PathLike[str] | None,
+def admin_source(address: str | None, admin_file: str | os.PathLike[str] | None,
                   connection_file: str | os.PathLike[str] | None,
                   ) -> str | os.PathLike[str] | None:
     """The file an admin reads: the one named; else, with no address either, the one the
@@ -77,7 +77,7 @@ def resolve_target(address: str | None, token: str | None,
     Raises ConfigError, naming what to pass, when either is missing or the file cannot be
     used; a client's connection file holds no admin token, and the error says so.
     """
-    source = _admin_source(address, admin_file, connection_file)
+    source = admin_source(address, admin_file, connection_file)
     info = load_admin_file(source) if source is not None else {}
     address = address or info.get("address")
     if not address:

@@ -99,6 +99,9 @@ ADMIN_FILE_ENV = "FABRIC_ADMIN_FILE"
 # name the client's CURVE key files (paths, never keys), under ``curve``, when there are any.
 CONNECTION_FILE_KEYS = ("address", "token")
 ADMIN_FILE_KEYS = ("address", "worker_address", "admin_token", "worker_token")
+# Written where the cluster has them: the broker's /metrics URL, beside which its dashboard
+# is served (``fabric dashboard`` reads it).
+ADMIN_FILE_OPTIONAL_KEYS = ("metrics",)
 # Admin file keys that older releases wrote, read under their new names.
 RENAMED_ADMIN_FILE_KEYS = {"backend_address": "worker_address"}
 
@@ -141,10 +144,11 @@ def default_admin_file() -> Path:
 
 
 def _write_json_file(path: str | os.PathLike[str], info: dict[str, Any],
-                     keys: tuple[str, ...]) -> Path:
+                     keys: tuple[str, ...], optional: tuple[str, ...] = ()) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     content = {k: info[k] for k in keys}
+    content.update((k, info[k]) for k in optional if info.get(k))
     if info.get("curve"):  # the client's CURVE key files (paths, not keys)
         content["curve"] = dict(info["curve"])
     write_secret_file(path, json.dumps(content, indent=2))
@@ -160,10 +164,11 @@ def write_connection_file(path: str | os.PathLike[str], info: dict[str, Any]) ->
 
 def write_admin_file(path: str | os.PathLike[str], info: dict[str, Any]) -> Path:
     """Write the operators' admin file: the address for clients (``address``) and for workers
-    (``worker_address``), the admin and worker tokens, and the CURVE key files ``fabric admin``
-    connects with (``curve``), as JSON, mode 0600 from the start. The client token is not
-    written. Returns the path."""
-    return _write_json_file(path, info, ADMIN_FILE_KEYS)
+    (``worker_address``), the admin and worker tokens, the CURVE key files ``fabric admin``
+    connects with (``curve``) and the broker's /metrics URL (``metrics``), where there are
+    any, as JSON, mode 0600 from the start. The client token is not written. Returns the
+    path."""
+    return _write_json_file(path, info, ADMIN_FILE_KEYS, ADMIN_FILE_OPTIONAL_KEYS)
 
 
 def _read_json_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:

@@ -23,9 +23,11 @@ import time
 import warnings
 from collections import deque
 from typing import Any, Callable, Mapping
+from urllib.parse import urlsplit
 
 from fabric.arrays.html_repr import one_line, table
 from fabric.client.admin import Admin
+from fabric.client.dashboard import dashboard_address
 from fabric.client.session import Session, dial
 from fabric.core.addresses import advertised
 from fabric.core.config import new_token, write_admin_file, write_connection_file
@@ -418,7 +420,8 @@ class LocalCluster:
             ("devices", f"{self.n_workers * self.devices_per_worker} {self.backend} "
                         f"({self.devices_per_worker} per worker)")]
         if self.metrics_url:
-            fields.append(("metrics", self.metrics_url))
+            fields += [("metrics", self.metrics_url),
+                       ("dashboard", dashboard_address(self.metrics_url))]
         return fields
 
     def __repr__(self) -> str:
@@ -457,12 +460,23 @@ class LocalCluster:
 
     def admin_info(self) -> dict[str, Any]:
         """What an admin file holds, for operators: both addresses (``address`` for clients,
-        ``worker_address`` for workers), the admin and worker tokens and the CURVE key files
-        ``fabric admin`` connects with (if any)."""
+        ``worker_address`` for workers), the admin and worker tokens, the CURVE key files
+        ``fabric admin`` connects with and the broker's /metrics URL (these two if any)."""
         return {"address": advertised(self.address, self.advertise),
                 "worker_address": advertised(self.worker_address, self.advertise),
                 "admin_token": self.admin_token, "worker_token": self.worker_token,
-                "curve": self._client_curve()}
+                "curve": self._client_curve(), "metrics": self._advertised_metrics()}
+
+    def _advertised_metrics(self) -> str | None:
+        """The /metrics URL as others reach it: on the advertised host where the broker
+        serves it on every interface."""
+        if not self.metrics_url:
+            return None
+        url = urlsplit(self.metrics_url)
+        if self.advertise and url.hostname in ("0.0.0.0", "::"):
+            host = f"[{self.advertise}]" if ":" in self.advertise else self.advertise
+            return url._replace(netloc=f"{host}:{url.port}").geturl()
+        return self.metrics_url
 
     def write_connection_file(self, path: str | os.PathLike[str]) -> str:
         """Write the connection file to hand to users (mode 0600; no admin or worker token);
