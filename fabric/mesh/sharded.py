@@ -176,8 +176,12 @@ class ShardedTensor(Tensor):
     def __getitem__(self, index: Any) -> Any:
         """Basic indexing (ints, slices, None, ``...``) on each shard. The split axis kept
         whole, or cut by a slice of positive step, stays split (a slice re-shards by range,
-        moving nothing); an int there gives that row's tensor, on its device."""
+        moving nothing); an int there gives that row's tensor, on its device. A replicated
+        tensor takes every index numpy takes (replicated tensors among them), on each copy."""
         items = index if isinstance(index, tuple) else (index,)
+        if self.axis is None:  # (any index numpy takes, on each device's copy)
+            return ShardedTensor(self.mesh, [t[on_device(index, i, self.mesh)]
+                                             for i, t in enumerate(self._tensors())], None)
         if any(not (item is None or item is Ellipsis or isinstance(item, slice))
                and not _is_int(item) for item in items):
             raise TypeError("A sharded tensor takes ints, slices, None and ... as indexes: "
@@ -185,8 +189,6 @@ class ShardedTensor(Tensor):
                             f"or {_RESHARD}.")
         stand_in = np.broadcast_to(np.zeros((), self.dtype), self.shape)
         stand_in[index]  # numpy's IndexError, at the call
-        if self.axis is None:
-            return self._on_each(lambda t: t[index], None)
         items = _expanded(items, self.ndim)
         at, kept = _position(items, self.axis)
         item = items[at]
@@ -204,6 +206,17 @@ class ShardedTensor(Tensor):
         parts = block_slices(selected, self.sharding.offsets, self.sharding.blocks)
         return ShardedTensor(self.mesh, [t[items[:at] + (part,) + items[at + 1:]]
                                          for t, part in zip(self._tensors(), parts)], kept)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``x[index] = value`` of a replicated tensor: on each device's copy (a replicated
+        ``value`` or index gives each its own). A split tensor is refused."""
+        if self.axis is not None:
+            raise TypeError(f"{self._handle()} is split across devices and is not assigned "
+                            "by index: write the new array (xp.where(mask, value, x)), or "
+                            "assign on each shard (x.shards).")
+        for i, t in enumerate(self._tensors()):
+            t[on_device(index, i, self.mesh)] = on_device(value, i, self.mesh)
+        self._partials = None  # (a combined reduction now holds what its copies hold)
 
     # -- ops along axes other than the split one -----------------------------------------------
 
@@ -281,8 +294,7 @@ class ShardedTensor(Tensor):
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         if "out" in kwargs:
-            raise TypeError("Sharded tensors are not updated in place: write x = x + y "
-                            "(a new sharded tensor) instead of x += y or out=.")
+            return _in_place(ufunc, method, inputs, kwargs)
         if method in ("reduce", "accumulate") and ufunc.__name__ in _ELEMENTWISE:
             return _ufunc_method(ufunc, method, *inputs, **kwargs)
         if method != "__call__" or kwargs or not (
@@ -450,6 +462,42 @@ def per_shard(mesh: Mesh, fn: Callable[..., Tensor], operands: Sequence[Any],
     return ShardedTensor(mesh, [
         fn(*[a._tensors()[i] if isinstance(a, ShardedTensor) else a for a in operands])
         for i in range(len(mesh.sessions))], axis)
+
+
+def on_device(value: Any, i: int, mesh: Mesh) -> Any:
+    """``value`` (an operand, an index, a tuple of them) as device ``i`` of ``mesh`` holds
+    it: a replicated tensor's copy there; a tensor split or of one device refused."""
+    if isinstance(value, tuple):
+        return tuple(on_device(item, i, mesh) for item in value)
+    if isinstance(value, ShardedTensor):
+        if value.axis is not None or value.mesh is not mesh:
+            raise ValueError(f"{value._handle()} is split across devices (or on another mesh) "
+                             "and cannot meet a replicated tensor's copies: put its whole on "
+                             "each device of the one mesh first (mesh.replicate(x)).")
+        return value._tensors()[i]
+    if isinstance(value, Tensor):
+        mesh_operands((value,))  # (its TypeError: a tensor of one device)
+    return value
+
+
+def _in_place(ufunc: np.ufunc, method: str, inputs: Sequence[Any],
+              kwargs: dict[str, Any]) -> ShardedTensor:
+    """``np.add(x, y, out=x)`` (``x += y``): an elementwise ufunc into a sharded tensor, on
+    each shard in place (numpy's casting rules, on each device); ``x`` split as the operands
+    are, or replicated with them."""
+    out = kwargs.pop("out")
+    out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
+    if method != "__call__" or kwargs or ufunc.__name__ not in _ELEMENTWISE or not isinstance(
+            out, ShardedTensor):
+        raise TypeError("Sharded tensors are updated in place only by an elementwise op into "
+                        "a sharded tensor (x += y, np.add(x, y, out=x)): write x = x @ y (a "
+                        "new sharded tensor) for the others.")
+    if np.broadcast_shapes(out.shape, *[np.shape(a) for a in inputs]) != out.shape:
+        raise ValueError(f"non-broadcastable output operand with shape {out.shape} doesn't "
+                         "match the broadcast shape of the inputs")
+    elementwise(lambda *each: ufunc(*each[:-1], out=each[-1]), (*inputs, out))
+    out._partials = None  # (a combined reduction now holds what its copies hold)
+    return out
 
 
 def elementwise(fn: Callable[..., Any], args: Sequence[Any]) -> ShardedTensor:

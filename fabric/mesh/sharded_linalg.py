@@ -13,7 +13,7 @@ call after which it runs.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
@@ -306,3 +306,38 @@ def cov(m: Any, y: Any = None, rowvar: bool = True, bias: bool = False, ddof: An
 FUNCTIONS.update({np.matmul: matmul, np.dot: dot, np.einsum: einsum, np.tensordot: tensordot,
                   np.cov: cov})
 ShardedTensor.dot = lambda self, other: dot(self, other)  # type: ignore[method-assign]
+
+
+class SVDResult(NamedTuple):
+    """``U, S, Vh`` of a sharded matrix, as the array API standard names them."""
+    U: Any
+    S: Any
+    Vh: Any
+
+
+def tall_svd(x: ShardedTensor) -> SVDResult:
+    """The reduced SVD of a matrix split along its rows: each device's QR of its block
+    (``Q_i R_i``), the R factors (each at most as tall as ``x`` is wide) read once, stacked
+    on the client and put on each device, where their SVD ``U_R S Vh`` runs, and ``U`` made
+    on each device as ``Q_i`` times its rows of ``U_R``, split as ``x`` is. Nothing of ``x``
+    itself moves."""
+    if x.ndim != 2 or x.axis != 0 or not x.shape[0]:
+        raise ValueError(f"An SVD across devices takes a non-empty matrix split along its rows, "
+                         f"not {x._handle()}: reshard it (x.reshard(axis=0)).")
+    mesh, shards, blocks = x.mesh, x._tensors(), x.sharding.blocks
+    live = [i for i, n in enumerate(blocks) if n]
+    factors = {i: np.linalg.qr(shards[i]) for i in live}
+    heights = [min(blocks[i], x.shape[1]) for i in live]
+    dtype = factors[live[0]][1].dtype
+    stacked = ShardedTensor.combined(
+        mesh, (sum(heights), x.shape[1]), dtype, [[factors[i][1]] for i in live],
+        lambda values: np.concatenate([value[0] for value in values]))
+    each = [np.linalg.svd(t, full_matrices=False) for t in stacked._tensors()]
+    columns = each[0][0].shape[1]
+    starts = dict(zip(live, np.cumsum([0, *heights[:-1]]).tolist()))
+    left = [factors[i][0] @ each[i][0][starts[i]:starts[i] + min(n, x.shape[1])] if n
+            else session.zeros((0, columns), each[i][0].dtype)
+            for i, (n, session) in enumerate(zip(blocks, mesh.sessions))]
+    return SVDResult(ShardedTensor(mesh, left, 0), ShardedTensor(mesh, [s for _, s, _ in each],
+                                                                  None),
+                     ShardedTensor(mesh, [vh for _, _, vh in each], None))
