@@ -155,7 +155,7 @@ def _joined(mesh: Mesh, results: list[Any], axis: int | None) -> Any:
 
 
 class ShardedNamespace:
-    """The array API standard's namespace (2024.12) of a mesh: ``x.__array_namespace__()`` of
+    """The array API standard's namespace (2025.12) of a mesh: ``x.__array_namespace__()`` of
     a sharded tensor. Its functions run on the mesh's devices as the one-device namespace's
     do on one (``fabric.array_api``); creation makes tensors whole on each device."""
 
@@ -248,9 +248,9 @@ class MeshInfo(Info):
         """The mesh: creation makes a tensor whole on each of its devices."""
         return self._mesh
 
-    def devices(self) -> list[Mesh]:
+    def devices(self) -> tuple[Mesh]:
         """The mesh, the one device of its namespace."""
-        return [self._mesh]
+        return (self._mesh,)
 
 
 def _bound(name: str) -> Callable[..., Any]:

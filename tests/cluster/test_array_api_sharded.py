@@ -112,7 +112,7 @@ def test_the_namespace_of_a_mesh_and_its_device(mesh) -> None:
     x = mesh.asarray(VALUES, axis=0)
     xp = x.__array_namespace__()
     assert xp == mesh.replicate(VALUES).__array_namespace__()  # one namespace per mesh
-    assert x.device is mesh and xp.__array_namespace_info__().devices() == [mesh]
+    assert x.device is mesh and xp.__array_namespace_info__().devices() == (mesh,)
     assert xp.zeros(3, device=x.device).device is mesh
     assert x.to_device(mesh) is x
     assert np.array_equal(x.to_device("cpu"), VALUES)  # (the explicit read)
