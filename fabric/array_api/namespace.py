@@ -13,6 +13,7 @@ closes with it.
 from __future__ import annotations
 
 import builtins
+import operator
 import weakref
 from types import ModuleType
 from typing import Any
@@ -217,7 +218,9 @@ class ArrayAPINamespace:
     def eye(self, n_rows: int, n_cols: int | None = None, /, *, k: int = 0, dtype: Any = None,
             device: Device | None = None) -> Tensor:
         """A matrix with ones on diagonal ``k``, zeros elsewhere (float64 without
-        ``dtype``)."""
+        ``dtype``). A ``k`` past the last diagonal gives zeros (numpy's, of any int)."""
+        columns = n_rows if n_cols is None else n_cols
+        k = builtins.max(-n_rows, builtins.min(operator.index(k), columns))  # (sent as 64 bits)
         return self.session_on(device).eye(n_rows, n_cols, k, _or_default(dtype))
 
     @staticmethod

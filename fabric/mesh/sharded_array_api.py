@@ -18,6 +18,7 @@ its mesh.
 from __future__ import annotations
 
 import builtins
+import inspect
 import math
 import operator
 from typing import Any, Callable
@@ -29,7 +30,8 @@ from fabric.array_api import dtypes, linalg
 from fabric.array_api.elementwise import FUNCTIONS as ELEMENTWISE
 from fabric.array_api.fft import FUNCTIONS as TRANSFORMS
 from fabric.array_api.functions import FUNCTIONS as OTHERS
-from fabric.array_api.namespace import API_VERSION, API_VERSIONS, Info, namespace
+from fabric.array_api.namespace import (API_VERSION, API_VERSIONS, ArrayAPINamespace, Info,
+                                        namespace)
 from fabric.arrays.tensor import Tensor
 from fabric.mesh.sharded import _RESHARD, FUNCTIONS, Mesh, ShardedTensor, elementwise, \
     mesh_operands
@@ -234,6 +236,8 @@ def _method(owner: ShardedNamespace, extension: str, name: str) -> Callable[...,
         return owner.run(extension, name, args, kwargs)
     function.__name__ = function.__qualname__ = name
     function.__doc__ = f"The standard's ``{name}`` on the mesh's devices."
+    function.__signature__ = inspect.signature(  # type: ignore[attr-defined]
+        getattr(getattr(owner._per_device[0], extension), name))  # (the standard's, as one's)
     return function
 
 
@@ -258,6 +262,9 @@ def _bound(name: str) -> Callable[..., Any]:
         return self.run("", name, args, kwargs)
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"The standard's ``{name}`` on the mesh's devices."
+    one = inspect.signature(getattr(ArrayAPINamespace(None), name))  # (the standard's)
+    method.__signature__ = one.replace(parameters=[  # type: ignore[attr-defined]
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *one.parameters.values()])
     return method
 
 

@@ -182,3 +182,8 @@ def test_the_2025_12_revisions_additions(session, xp) -> None:
     assert type(xp.broadcast_arrays(xp.ones((2, 1)), xp.ones(3))) is tuple
     assert type(xp.__array_namespace_info__().devices()) is tuple
     assert session.asarray([0]).__array_namespace__(api_version="2025.12") == xp
+
+
+def test_eye_takes_any_int_diagonal(session, xp) -> None:
+    for k in (2**70, -(2**63) - 1, 3, -1):  # (past the last diagonal: zeros, as numpy's)
+        assert xp.eye(3, 2, k=k).numpy().tolist() == np.eye(3, 2, k=max(-3, min(k, 2))).tolist()

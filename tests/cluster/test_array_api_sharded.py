@@ -9,6 +9,7 @@ back from the devices counted on each of the mesh's sessions.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -122,6 +123,16 @@ def test_the_namespace_of_a_mesh_and_its_device(mesh) -> None:
         xp.zeros(3, device=mesh.sessions[0].device)
     with pytest.raises(TypeError, match=r"mesh\.replicate\(t\)"):
         xp.add(x, mesh.sessions[0].ones(4))
+
+
+def test_the_namespace_has_the_one_device_namespaces_signatures(mesh) -> None:
+    xp = mesh.replicate(VALUES).__array_namespace__()
+    one = mesh.sessions[0].asarray(VALUES).__array_namespace__()
+    for name in ("sin", "sum", "zeros", "meshgrid", "astype", "isin", "reshape"):
+        assert inspect.signature(getattr(xp, name)) == inspect.signature(getattr(one, name))
+    for extension, name in (("linalg", "svd"), ("linalg", "vector_norm"), ("fft", "fftfreq")):
+        assert inspect.signature(getattr(getattr(xp, extension), name)) == \
+            inspect.signature(getattr(getattr(one, extension), name))
 
 
 def test_in_place_updates_run_on_each_shard(mesh) -> None:
