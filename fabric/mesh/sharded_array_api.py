@@ -5,7 +5,8 @@ tensor), with which libraries written against the standard (scikit-learn's
 Rule: each function is the one-device namespace's (``fabric.array_api``), run where it needs
 no data from another device, so its dtypes and special cases are that namespace's:
 elementwise functions on each shard of operands split alike (or replicated, or scalars:
-``sharded.elementwise``); the reductions, cumulative sums, ``astype``, ``permute_dims`` and
+``sharded.elementwise``), and sorts, scans, flips and differences along other axes than the
+split one; the reductions, cumulative sums, ``astype``, ``permute_dims`` and
 ``vector_norm`` by the sharded tensor's own methods, which combine across the split axis
 where they can (``fabric.mesh.reductions``); ``matmul`` and ``tensordot`` in the layouts ``@``
 takes, and ``linalg.svd`` of a tall matrix split along its rows by each device's QR
@@ -24,7 +25,7 @@ import operator
 from typing import Any, Callable
 
 import numpy as np
-from numpy.lib.array_utils import normalize_axis_index
+from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.array_api import dtypes, linalg
 from fabric.array_api.elementwise import FUNCTIONS as ELEMENTWISE
@@ -43,6 +44,10 @@ CREATION = ("asarray", "from_dlpack", "zeros", "ones", "empty", "full", "zeros_l
             "ones_like", "empty_like", "full_like", "arange", "linspace", "eye", "meshgrid",
             "tril", "triu")
 LIKE = frozenset({"asarray", "zeros_like", "ones_like", "empty_like", "full_like"})
+# Functions of one tensor along ``axis`` that keep its dimensions: on each shard, split as it
+# is, where ``axis`` (None: every one) leaves out the split axis
+ALONG = frozenset({"sort", "argsort", "flip", "roll", "diff", "cumulative_sum",
+                   "cumulative_prod"})
 # Functions of one device made of a tensor's methods and numpy's functions only, which a
 # sharded tensor has (each combining across the split axis, or refusing, as it can)
 OWN = frozenset({"sum", "prod", "mean", "max", "min", "std", "var", "all", "any", "argmax",
@@ -208,19 +213,41 @@ class ShardedNamespace:
             return elementwise(lambda *each: function(*each[:count], **dict(
                 zip(keys, each[count:]))), (*args, *kwargs.values()))
         if not split or name in LIKE:
-            axis = split[0].axis if split else None
-            return _joined(self.mesh, [
-                getattr(getattr(xp, extension) if extension else xp, name)(
-                    *_at(args, i), **{key: _at(value, i) for key, value in kwargs.items()})
-                for i, xp in enumerate(self._per_device)], axis)
+            return self._each_shard(name, args, kwargs, split[0].axis if split else None,
+                                    extension)
         if (extension, name) in SPLIT:
             return SPLIT[extension, name](*args, **kwargs)
+        if not extension and name in ALONG and self._along_others(name, args, kwargs):
+            return self._each_shard(name, args, kwargs, split[0].axis)
         if name in OWN:
             source = getattr(linalg, name) if extension == "linalg" else OTHERS[name]
             return source(*args, **kwargs)
         where = f"xp.{extension}.{name}" if extension else f"xp.{name}"
         raise TypeError(f"{where} of {split[0]._handle()} needs data from other devices: "
                         f"{_RESHARD}.")
+
+
+    def _each_shard(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    axis: int | None, extension: str = "") -> Any:
+        """The one-device function on each device's shards, its results split along
+        ``axis`` (None: replicated)."""
+        return _joined(self.mesh, [
+            getattr(getattr(xp, extension) if extension else xp, name)(
+                *_at(args, i), **{key: _at(value, i) for key, value in kwargs.items()})
+            for i, xp in enumerate(self._per_device)], axis)
+
+    def _along_others(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether function ``name`` of one split tensor works along axes other than its
+        split one (``axis`` as given, or the function's default)."""
+        x = args[0] if args else kwargs.get("x")
+        if not isinstance(x, ShardedTensor) or len(_tensors_in((*args, *kwargs.values()))) > 1:
+            return False
+        signature = inspect.signature(getattr(self._per_device[0], name))
+        axis = signature.bind(*args, **kwargs).arguments.get(
+            "axis", signature.parameters["axis"].default)
+        if axis is None:
+            return False
+        return x.axis not in normalize_axis_tuple(axis, x.ndim)
 
 
 class _Extension:

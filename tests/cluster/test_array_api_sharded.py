@@ -67,6 +67,13 @@ CASES: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
     "reshape keeping the split axis": (lambda xp, x: xp.reshape(xp.sum(x, axis=1), (-1, 1)), 0),
     "expand_dims": (lambda xp, x: xp.expand_dims(x, axis=0), 0),
     "broadcast_to": (lambda xp, x: xp.broadcast_to(x[:, :1], (11, 4)), 0),
+    "sort along the rows": (lambda xp, x: xp.sort(x, descending=True), 0),
+    "argsort along axis 1": (lambda xp, x: xp.argsort(x, axis=1), 0),
+    "flip": (lambda xp, x: xp.flip(x, axis=-1), 0),
+    "roll": (lambda xp, x: xp.roll(x, 1, axis=1), 0),
+    "diff": (lambda xp, x: xp.diff(x, axis=1, n=2), 0),
+    "cumulative_sum with the initial": (lambda xp, x: xp.cumulative_sum(
+        x, axis=1, include_initial=True), 0),
     "zeros_like": (lambda xp, x: xp.zeros_like(x, dtype=xp.int32), 0),
     "full": (lambda xp, x: xp.full((3, 2), 1.5, device=x.device), 0),
     "asarray": (lambda xp, x: xp.asarray([1, 2, 3]), 0),
@@ -87,6 +94,11 @@ def expected_of(name: str) -> np.ndarray:
              "mT @": VALUES.T @ VALUES, "rows @ replicated": VALUES @ np.ones((4, 2)),
              "centered": VALUES - M, "reshape keeping the split axis": VALUES.sum(1)[:, None],
              "expand_dims": VALUES[None], "broadcast_to": np.broadcast_to(VALUES[:, :1], (11, 4)),
+             "sort along the rows": -np.sort(-VALUES), "argsort along axis 1": np.argsort(
+                 VALUES, axis=1, kind="stable"), "flip": VALUES[:, ::-1],
+             "roll": np.roll(VALUES, 1, axis=1), "diff": np.diff(VALUES, axis=1, n=2),
+             "cumulative_sum with the initial": np.concatenate(
+                 [np.zeros((11, 1)), np.cumsum(VALUES, axis=1)], axis=1),
              "zeros_like": np.zeros((11, 4), np.int32), "full": np.full((3, 2), 1.5),
              "asarray": np.array([1, 2, 3]),
              "eigh of a combined matrix": np.linalg.eigvalsh(VALUES.T @ VALUES),
@@ -151,6 +163,7 @@ def test_in_place_updates_run_on_each_shard(mesh) -> None:
 # (the call on a row-split x, the words its refusal says)
 REFUSED = {
     "sort along the split axis": (lambda xp, x: xp.sort(x, axis=0), r"x\.reshard"),
+    "flip of every axis": (lambda xp, x: xp.flip(x), r"x\.reshard"),
     "reshape mixing rows": (lambda xp, x: xp.reshape(x, (-1,)), r"x\.reshard"),
     "concat": (lambda xp, x: xp.concat([x, x]), r"x\.reshard"),
     "inv": (lambda xp, x: xp.linalg.inv(x), r"x\.reshard"),
