@@ -405,14 +405,15 @@ def tensordot(x1: Tensor, x2: Tensor, /, *,
 
 def vecdot(x1: Tensor, x2: Tensor, /, *, axis: int = -1) -> Tensor:
     """The dot product of the vectors along ``axis`` (the first operand conjugated),
-    the other axes broadcast."""
+    the other axes broadcast (not that one: its lengths must be equal)."""
     x1, x2 = tensor_argument(x1, "vecdot"), tensor_argument(x2, "vecdot")
     ndim = max(x1.ndim, x2.ndim)
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of bounds for vecdot of {ndim}-d tensors.")
-    x1, x2 = broadcast_arrays(x1, x2)
-    if x1.shape[axis] != x2.shape[axis]:
+    lengths = [((1,) * (ndim - x.ndim) + x.shape)[axis] for x in (x1, x2)]
+    if lengths[0] != lengths[1]:
         raise ValueError(f"vecdot: shapes {x1.shape} and {x2.shape} differ along axis {axis}.")
+    x1, x2 = broadcast_arrays(x1, x2)
     if x1.dtype.kind == "c":
         x1 = np.conjugate(x1)
     x1, x2 = np.moveaxis(x1, axis, -1), np.moveaxis(x2, axis, -1)

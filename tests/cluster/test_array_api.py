@@ -187,3 +187,9 @@ def test_the_2025_12_revisions_additions(session, xp) -> None:
 def test_eye_takes_any_int_diagonal(session, xp) -> None:
     for k in (2**70, -(2**63) - 1, 3, -1):  # (past the last diagonal: zeros, as numpy's)
         assert xp.eye(3, 2, k=k).numpy().tolist() == np.eye(3, 2, k=max(-3, min(k, 2))).tolist()
+
+
+def test_vecdot_broadcasts_every_axis_but_its_own(session, xp) -> None:
+    with pytest.raises(ValueError, match="differ along axis -1"):  # (numpy's would broadcast)
+        xp.vecdot(xp.ones((1, 0)), xp.ones(1))
+    assert xp.vecdot(xp.ones((2, 3)), xp.ones((1, 3))).numpy().tolist() == [3.0, 3.0]
