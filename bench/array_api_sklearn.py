@@ -1,18 +1,21 @@
 """scikit-learn's PCA and Ridge (``array_api_dispatch=True``) on a float64 array resident on one
-device, against scikit-learn on numpy in the same run (issue 43, "Measured").
+device, and sharded along its rows over all devices of the cluster (a mesh), against
+scikit-learn on numpy in the same run (issue 43, "Measured").
 
     python bench/array_api_sklearn.py                       # (1,000,000 x 64), 3 repeats
-    python bench/array_api_sklearn.py --rows 200000 --repeats 1
+    python bench/array_api_sklearn.py --rows 200000 --repeats 1 --workers 2
 
-For each fit: the median wall time of R fits on numpy and on the device (up to the device's
-last op: the fitted attributes stay tensors there), the ratio (above 1: the device is
-faster), and what the fit on the device waited for, from ``session.stats()``: its round trips
-(the blocking points: reads, shapes learned from the device, syncs), the reads among them and
-the bytes they read; then the largest difference between the two fits' results. Ridge runs
-the 'svd' solver on both sides, the one scikit-learn takes for an array API namespace; numpy's
-default solver (cholesky) is timed beside it. The array is uploaded before anything is timed.
-A mesh (sharded) variant needs fabric's sharded tensors to speak the namespace; the bench
-asks one, and says why it is not measured.
+For each fit: the median wall time of R fits on numpy, on one device and on the mesh (up to
+the devices' last op: the fitted attributes stay tensors there), the ratio to numpy (above 1:
+faster than numpy), and what the fit waited for, from ``session.stats()`` (on the mesh,
+summed over its sessions, one per device): its round trips (the blocking points: reads,
+shapes learned from a device, syncs; a mesh's parallel reads count one per device), the
+reads among them and the bytes they read; then the largest difference from the fit on
+numpy. Ridge runs the 'svd' solver everywhere, the one scikit-learn takes for an array API
+namespace (on the mesh: each device's QR, the small R factors combined); numpy's default
+solver (cholesky) is timed beside it. PCA's 'auto' solver takes 'covariance_eigh' for such a
+tall array (``X.T @ X``: summed across the devices on the mesh). The arrays are uploaded
+before anything is timed. The cluster has ``--workers`` workers of one device each.
 """
 
 from __future__ import annotations
@@ -52,32 +55,28 @@ FITS: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any], Any]]] = {
 }
 
 
+def counted(sessions: list[Any]) -> dict[str, int]:
+    """What ``sessions`` waited for so far, summed (each answers once its device ran the
+    ops sent before)."""
+    each = [session.stats() for session in sessions]
+    return {key: sum(stats[key] for stats in each) for key in COUNTED}
+
+
 def fits(fit: Callable[[Any, Any], Any], X: Any, y: Any, repeats: int,
-         session: Any = None) -> tuple[float, Any, dict[str, int]]:
+         sessions: list[Any] = ()) -> tuple[float, Any, dict[str, int]]:
     """The median seconds of ``repeats`` fits of ``X`` and ``y``, the last model, and what the
-    last fit waited for (on the device of ``session``; on numpy, nothing)."""
+    last fit waited for (on the devices of ``sessions``; on numpy, nothing)."""
     times, model, counts = [], None, {}
     for _ in range(repeats):
-        before = session.stats() if session is not None else {}
+        before = counted(sessions) if sessions else {}
         start = time.perf_counter()
-        with sklearn.config_context(array_api_dispatch=session is not None):
+        with sklearn.config_context(array_api_dispatch=bool(sessions)):
             model = fit(X, y)
-        if session is not None:
-            after = session.stats()  # (answered once the device ran the fit's last op)
+        if sessions:
+            after = counted(sessions)  # (answered once the devices ran the fit's last op)
             counts = {key: after[key] - before[key] for key in COUNTED}
         times.append(time.perf_counter() - start)
     return statistics.median(times), model, counts
-
-
-def sharded_refusal(session: Any) -> str | None:
-    """Why a sharded tensor of ``session``'s mesh gives no array API namespace (None where
-    it gives one)."""
-    sharded = session.mesh().asarray(np.zeros((2, 2)), axis=0)
-    try:
-        sharded.__array_namespace__()
-    except TypeError as refused:
-        return f"TypeError({str(refused)!r})"
-    return None
 
 
 def values(result: Any) -> np.ndarray:
@@ -89,36 +88,39 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="samples of the array")
     parser.add_argument("--cols", type=int, default=64, help="features of the array")
     parser.add_argument("--repeats", type=int, default=3, help="fits per figure")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="workers (one device each) of the cluster: the mesh's devices")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     X = rng.standard_normal((args.rows, args.cols))
     y = X @ rng.standard_normal(args.cols) + 0.1 * rng.standard_normal(args.rows)
     print(f"scikit-learn {sklearn.__version__} on a ({args.rows:,} x {args.cols}) float64 array "
           f"({X.nbytes / 2**20:,.0f} MiB); {os.cpu_count()} cores; median of {args.repeats}")
-    with fabric.LocalCluster(workers=1) as cluster, \
+    with fabric.LocalCluster(workers=args.workers) as cluster, \
             cluster.connect(timeout=TIMEOUT) as session:
+        mesh = session.mesh()
         start = time.perf_counter()
-        X_device, y_device = session.asarray(X), session.asarray(y)
+        on_one = session.asarray(X), session.asarray(y)
         session.sync()
-        print(f"upload to the device (not timed below): {time.perf_counter() - start:.2f} s")
-        print(f"{'fit':22} {'numpy s':>9} {'device s':>9} {'x numpy':>8} {'round trips':>12} "
+        uploaded = time.perf_counter()
+        on_mesh = mesh.asarray(X, axis=0), mesh.asarray(y, axis=0)
+        counted(mesh.sessions)
+        print(f"uploads (not timed below): one device {uploaded - start:.2f} s, the mesh of "
+              f"{len(mesh.devices)} devices {time.perf_counter() - uploaded:.2f} s")
+        print(f"{'fit':22} {'on':8} {'seconds':>8} {'x numpy':>8} {'round trips':>12} "
               f"{'reads':>6} {'bytes read':>11} {'max diff':>9}")
         for name, (fit, compared) in FITS.items():
             on_numpy, expected, _ = fits(fit, X, y, args.repeats)
-            on_device, model, counts = fits(fit, X_device, y_device, args.repeats, session)
-            difference = np.max(np.abs(values(compared(model)) - compared(expected)))
-            print(f"{name:22} {on_numpy:9.3f} {on_device:9.3f} {on_numpy / on_device:8.2f} "
-                  f"{counts['round_trips']:12} {counts['reads']:6} {counts['bytes_read']:11} "
-                  f"{difference:9.1e}")
+            print(f"{name:22} {'numpy':8} {on_numpy:8.3f}")
+            for where, (X_there, y_there), sessions in (
+                    ("device", on_one, [session]), ("mesh", on_mesh, mesh.sessions)):
+                took, model, counts = fits(fit, X_there, y_there, args.repeats, sessions)
+                difference = np.max(np.abs(values(compared(model)) - compared(expected)))
+                print(f"{'':22} {where:8} {took:8.3f} {on_numpy / took:8.2f} "
+                      f"{counts['round_trips']:12} {counts['reads']:6} "
+                      f"{counts['bytes_read']:11} {difference:9.1e}")
         cholesky = seconds(lambda: Ridge(alpha=1.0).fit(X, y))
         print(f"(numpy's own Ridge solver, cholesky: {cholesky:.3f} s)")
-        refusal = sharded_refusal(session)
-    if refusal is not None:
-        print(f"mesh (sharded over the devices): not measured: scikit-learn cannot take a "
-              f"sharded tensor, whose __array_namespace__() raises {refusal}")
-    else:
-        print("mesh (sharded): sharded tensors take the namespace now; this bench has no "
-              "mesh variant yet")
 
 
 if __name__ == "__main__":

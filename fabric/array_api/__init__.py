@@ -1,4 +1,4 @@
-"""The Python array API standard (2024.12) over fabric's sessions: ``t.__array_namespace__()``
+"""The Python array API standard (2025.12) over fabric's sessions: ``t.__array_namespace__()``
 returns the namespace of ``t``'s session (``fabric.array_api.namespace(session)``), with which
 libraries written against the standard (scikit-learn's ``array_api_dispatch``, SciPy,
 array-api-extra) compute on the device unchanged.

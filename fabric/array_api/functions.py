@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from fabric.array_api.dtypes import dtype_of, operand, operands, session_of
+from fabric.array_api.dtypes import dtype_of, operand, operands, result_type, session_of
 from fabric.array_api.elementwise import tensor_argument
 from fabric.arrays.numpy_linalg import contract
 from fabric.arrays.tensor import Tensor
@@ -146,11 +146,17 @@ def broadcast_to(x: Tensor, /, shape: tuple[int, ...]) -> Tensor:
     return np.broadcast_to(tensor_argument(x, "broadcast_to"), tuple(shape))
 
 
-def broadcast_arrays(*arrays: Tensor) -> list[Tensor]:
-    """The tensors broadcast against each other: read-only views."""
+def broadcast_arrays(*arrays: Tensor) -> tuple[Tensor, ...]:
+    """The tensors broadcast against each other: read-only views (a tuple, as 2025.12 says;
+    2024.12 said a list)."""
     arrays = _tensors(arrays, "broadcast_arrays")
     shape = np.broadcast_shapes(*[a.shape for a in arrays])
-    return [a if a.shape == shape else broadcast_to(a, shape) for a in arrays]
+    return tuple(a if a.shape == shape else broadcast_to(a, shape) for a in arrays)
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape that arrays of ``shapes`` broadcast to (2025.12), on the client."""
+    return np.broadcast_shapes(*shapes)
 
 
 def expand_dims(x: Tensor, /, axis: int) -> Tensor:
@@ -319,6 +325,25 @@ def unique_values(x: Tensor, /) -> Tensor:
     return _unique(x, "unique_values")
 
 
+def isin(x1: Tensor | int, x2: Tensor | int, /, *, invert: builtins.bool = False) -> Tensor:
+    """Whether each element of ``x1`` equals an element of ``x2`` (2025.12; either may be a
+    Python int): ``x2`` sorted flat on the device, each ``x1`` looked up in it
+    (``searchsorted``) and compared with what lies there. NaN is in nothing."""
+    x1, x2 = operands(x1, x2)
+    tensor = x1 if isinstance(x1, Tensor) else x2
+    session = tensor.session
+    x1, x2 = (x if isinstance(x, Tensor) else session.asarray(x, tensor.dtype)
+              for x in (x1, x2))
+    result_type(x1, x2)  # (TypeError for kinds the standard does not mix)
+    if not x2.size:
+        found = session.zeros(x1.shape, np.bool_)
+    else:
+        values = sort(reshape(x2, (-1,)))
+        at = session.apply("minimum", (searchsorted(values, x1), x2.size - 1), {})
+        found = np.take(values, at) == x1
+    return session.apply("logical_not", (found,), {}) if invert else found
+
+
 def take(x: Tensor, indices: Tensor, /, *, axis: int | None = None) -> Tensor:
     """The elements at ``indices`` (a 1-d integer tensor) along ``axis`` (may be left out
     for a 1-d ``x``)."""
@@ -380,14 +405,15 @@ def tensordot(x1: Tensor, x2: Tensor, /, *,
 
 def vecdot(x1: Tensor, x2: Tensor, /, *, axis: int = -1) -> Tensor:
     """The dot product of the vectors along ``axis`` (the first operand conjugated),
-    the other axes broadcast."""
+    the other axes broadcast (not that one: its lengths must be equal)."""
     x1, x2 = tensor_argument(x1, "vecdot"), tensor_argument(x2, "vecdot")
     ndim = max(x1.ndim, x2.ndim)
     if not -ndim <= axis < ndim:
         raise ValueError(f"axis {axis} is out of bounds for vecdot of {ndim}-d tensors.")
-    x1, x2 = broadcast_arrays(x1, x2)
-    if x1.shape[axis] != x2.shape[axis]:
+    lengths = [((1,) * (ndim - x.ndim) + x.shape)[axis] for x in (x1, x2)]
+    if lengths[0] != lengths[1]:
         raise ValueError(f"vecdot: shapes {x1.shape} and {x2.shape} differ along axis {axis}.")
+    x1, x2 = broadcast_arrays(x1, x2)
     if x1.dtype.kind == "c":
         x1 = np.conjugate(x1)
     x1, x2 = np.moveaxis(x1, axis, -1), np.moveaxis(x2, axis, -1)
@@ -413,7 +439,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     **{f.__name__: f for f in (
         diff, count_nonzero, concat, stack, unstack, broadcast_to, broadcast_arrays,
         expand_dims, squeeze, permute_dims, moveaxis, reshape, flip, roll, repeat, tile,
-        argmax, argmin, nonzero, where, searchsorted, sort, argsort, unique_all,
-        unique_counts, unique_inverse, unique_values, take, take_along_axis, matmul,
-        matrix_transpose, tensordot, vecdot)},
+        broadcast_shapes, argmax, argmin, nonzero, where, searchsorted, sort, argsort, isin,
+        unique_all, unique_counts, unique_inverse, unique_values, take, take_along_axis,
+        matmul, matrix_transpose, tensordot, vecdot)},
 }

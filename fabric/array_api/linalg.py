@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
@@ -23,9 +23,9 @@ from fabric.array_api.functions import (broadcast_arrays, matmul, matrix_transpo
                                         vecdot)
 from fabric.arrays.tensor import Tensor
 
-__all__ = ["cholesky", "cross", "det", "diagonal", "eigh", "eigvalsh", "inv", "matmul",
-           "matrix_norm", "matrix_power", "matrix_rank", "matrix_transpose", "outer", "pinv",
-           "qr", "slogdet", "solve", "svd", "svdvals", "tensordot", "trace", "vecdot",
+__all__ = ["cholesky", "cross", "det", "diagonal", "eig", "eigh", "eigvals", "eigvalsh", "inv",
+           "matmul", "matrix_norm", "matrix_power", "matrix_rank", "matrix_transpose", "outer",
+           "pinv", "qr", "slogdet", "solve", "svd", "svdvals", "tensordot", "trace", "vecdot",
            "vector_norm"]
 
 
@@ -68,6 +68,32 @@ def eigh(x: Tensor, /) -> Any:
     """The eigenvalues (ascending) and eigenvectors of each Hermitian matrix, as numpy's
     ``EighResult``."""
     return np.linalg.eigh(tensor_argument(x, "eigh"))
+
+
+class EigResult(NamedTuple):
+    """``eig``'s results (2025.12): complex, whatever the eigenvalues are."""
+
+    eigenvalues: Tensor
+    eigenvectors: Tensor
+
+
+def eig(x: Tensor, /) -> EigResult:
+    """The eigenvalues and right eigenvectors of each square matrix of floating point
+    (2025.12), complex of ``x``'s precision even where every eigenvalue is real (numpy's are
+    real there: which the device says, one small round trip)."""
+    x = tensor_argument(x, "eig")
+    if x.dtype.kind not in "fc":
+        raise TypeError(f"eig takes a floating-point tensor, not {x.dtype}: cast it with "
+                        "xp.astype first.")
+    wanted = np.result_type(x.dtype, np.complex64)
+    return EigResult(*(part if part.dtype == wanted else part.astype(wanted)
+                       for part in np.linalg.eig(x)))
+
+
+def eigvals(x: Tensor, /) -> Tensor:
+    """The eigenvalues of each square matrix of floating point (2025.12), complex as
+    ``eig``'s (numpy's ``eig`` on the device: its vectors computed too)."""
+    return eig(x).eigenvalues
 
 
 def eigvalsh(x: Tensor, /) -> Tensor:

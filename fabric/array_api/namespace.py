@@ -13,6 +13,7 @@ closes with it.
 from __future__ import annotations
 
 import builtins
+import operator
 import weakref
 from types import ModuleType
 from typing import Any
@@ -28,8 +29,8 @@ from fabric.arrays.tensor import Tensor
 from fabric.core.device import Device
 from fabric.core.errors import named
 
-API_VERSION = "2024.12"
-API_VERSIONS = ("2021.12", "2022.12", "2023.12", "2024.12")
+API_VERSION = "2025.12"
+API_VERSIONS = ("2021.12", "2022.12", "2023.12", "2024.12", "2025.12")
 Shape = int | tuple[int, ...]
 # The session a session opened for another device belongs to (weakly, both ways): a tensor
 # moved back from that device goes to the session it came from, not to a third one.
@@ -52,10 +53,11 @@ class Info:
         """The session's own device."""
         return self._namespace.session.device
 
-    def devices(self) -> list[Device]:
-        """Every online device of the session's cluster (asked of its broker)."""
+    def devices(self) -> tuple[Device, ...]:
+        """Every online device of the session's cluster (asked of its broker), a tuple
+        (2025.12's; 2024.12 said a list)."""
         session = self._namespace.session
-        return session.devices() if hasattr(session, "devices") else [session.device]
+        return tuple(session.devices()) if hasattr(session, "devices") else (session.device,)
 
     def default_dtypes(self, *, device: Device | None = None) -> dict[str, np.dtype]:
         """The default dtypes, the same on every device: float64, complex128, int64."""
@@ -70,7 +72,7 @@ class Info:
 
 
 class ArrayAPINamespace:
-    """The array API standard's namespace (2024.12) bound to one session: use
+    """The array API standard's namespace (2025.12) bound to one session: use
     ``t.__array_namespace__()`` or ``fabric.array_api.namespace(session)``."""
 
     __name__ = "fabric.array_api"
@@ -216,14 +218,17 @@ class ArrayAPINamespace:
     def eye(self, n_rows: int, n_cols: int | None = None, /, *, k: int = 0, dtype: Any = None,
             device: Device | None = None) -> Tensor:
         """A matrix with ones on diagonal ``k``, zeros elsewhere (float64 without
-        ``dtype``)."""
+        ``dtype``). A ``k`` past the last diagonal gives zeros (numpy's, of any int)."""
+        columns = n_rows if n_cols is None else n_cols
+        k = builtins.max(-n_rows, builtins.min(operator.index(k), columns))  # (sent as 64 bits)
         return self.session_on(device).eye(n_rows, n_cols, k, _or_default(dtype))
 
     @staticmethod
-    def meshgrid(*arrays: Tensor, indexing: str = "xy") -> list[Tensor]:
-        """Coordinate grids of 1-d tensors ('xy': the first two axes swapped, as numpy's)."""
+    def meshgrid(*arrays: Tensor, indexing: str = "xy") -> tuple[Tensor, ...]:
+        """Coordinate grids of 1-d tensors ('xy': the first two axes swapped, as numpy's), a
+        tuple (2025.12's; 2024.12 said a list)."""
         grids = [tensor_argument(a, "meshgrid") for a in arrays]
-        return list(np.meshgrid(*grids, indexing=indexing)) if grids else []
+        return tuple(np.meshgrid(*grids, indexing=indexing)) if grids else ()
 
     @staticmethod
     def tril(x: Tensor, /, *, k: int = 0) -> Tensor:
@@ -264,7 +269,8 @@ for _name, _value in {**DTYPES, "e": dtypes.e, "inf": dtypes.inf, "nan": dtypes.
 
 def namespace(session: Any, api_version: str | None = None) -> ArrayAPINamespace:
     """The standard's namespace of ``session`` (``api_version``: one of the revisions it
-    serves, 2021.12 to 2024.12; None: the latest)."""
+    serves, 2021.12 to 2025.12; None: the latest, whose functions every earlier revision's
+    callers get too, and its tuples where those said lists)."""
     if api_version is not None and api_version not in API_VERSIONS:
         raise ValueError(f"fabric.array_api serves the array API standard's revisions "
                          f"{', '.join(API_VERSIONS)}, not {api_version!r}: ask for one of "

@@ -19,6 +19,7 @@ from fabric.arrays.html_repr import devices_svg, one_line, table
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import Tensor
 from fabric.core.errors import DeviceDraining, named
+from fabric.mesh import sharded_array_api  # noqa: F401  (a sharded tensor's namespace)
 from fabric.mesh import sharded_linalg  # noqa: F401  (register numpy's contractions)
 from fabric.mesh import sharded_statistics  # noqa: F401  (register numpy's statistics)
 from fabric.mesh.sharded import ShardedTensor

@@ -5,10 +5,11 @@ device (elementwise ops and ufuncs, ``where``, reductions along other axes, inde
 keeps the split axis whole or cuts it by a range, ``astype``, matmul with a replicated
 operand); a reduction across the split axis runs on each shard, and the partial results,
 read back together, combine on the client (``fabric.mesh.reductions``), as do the products
-of a contraction over the split axis (``Z.T @ Z``: ``along_split``). An op that would
-need data from another device is refused with the call that moves it (``reshard``, worker
-to worker): nothing is gathered to the client but by a read. Shapes and dtypes follow
-numpy's rules on the client, and its errors come at the call, as for one tensor.
+of a contraction over the split axis (``Z.T @ Z``: ``fabric.mesh.sharded_linalg``). An op
+that would need data from another device is refused with the call that moves it
+(``reshard``, worker to worker): nothing is gathered to the client but by a read. Shapes and
+dtypes follow numpy's rules on the client, and its errors come at the call, as for one
+tensor.
 """
 
 from __future__ import annotations
@@ -175,8 +176,12 @@ class ShardedTensor(Tensor):
     def __getitem__(self, index: Any) -> Any:
         """Basic indexing (ints, slices, None, ``...``) on each shard. The split axis kept
         whole, or cut by a slice of positive step, stays split (a slice re-shards by range,
-        moving nothing); an int there gives that row's tensor, on its device."""
+        moving nothing); an int there gives that row's tensor, on its device. A replicated
+        tensor takes every index numpy takes (replicated tensors among them), on each copy."""
         items = index if isinstance(index, tuple) else (index,)
+        if self.axis is None:  # (any index numpy takes, on each device's copy)
+            return ShardedTensor(self.mesh, [t[on_device(index, i, self.mesh)]
+                                             for i, t in enumerate(self._tensors())], None)
         if any(not (item is None or item is Ellipsis or isinstance(item, slice))
                and not _is_int(item) for item in items):
             raise TypeError("A sharded tensor takes ints, slices, None and ... as indexes: "
@@ -184,8 +189,6 @@ class ShardedTensor(Tensor):
                             f"or {_RESHARD}.")
         stand_in = np.broadcast_to(np.zeros((), self.dtype), self.shape)
         stand_in[index]  # numpy's IndexError, at the call
-        if self.axis is None:
-            return self._on_each(lambda t: t[index], None)
         items = _expanded(items, self.ndim)
         at, kept = _position(items, self.axis)
         item = items[at]
@@ -203,6 +206,17 @@ class ShardedTensor(Tensor):
         parts = block_slices(selected, self.sharding.offsets, self.sharding.blocks)
         return ShardedTensor(self.mesh, [t[items[:at] + (part,) + items[at + 1:]]
                                          for t, part in zip(self._tensors(), parts)], kept)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``x[index] = value`` of a replicated tensor: on each device's copy (a replicated
+        ``value`` or index gives each its own). A split tensor is refused."""
+        if self.axis is not None:
+            raise TypeError(f"{self._handle()} is split across devices and is not assigned "
+                            "by index: write the new array (xp.where(mask, value, x)), or "
+                            "assign on each shard (x.shards).")
+        for i, t in enumerate(self._tensors()):
+            t[on_device(index, i, self.mesh)] = on_device(value, i, self.mesh)
+        self._partials = None  # (a combined reduction now holds what its copies hold)
 
     # -- ops along axes other than the split one -----------------------------------------------
 
@@ -280,8 +294,7 @@ class ShardedTensor(Tensor):
 
     def __array_ufunc__(self, ufunc: np.ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         if "out" in kwargs:
-            raise TypeError("Sharded tensors are not updated in place: write x = x + y "
-                            "(a new sharded tensor) instead of x += y or out=.")
+            return _in_place(ufunc, method, inputs, kwargs)
         if method in ("reduce", "accumulate") and ufunc.__name__ in _ELEMENTWISE:
             return _ufunc_method(ufunc, method, *inputs, **kwargs)
         if method != "__call__" or kwargs or not (
@@ -290,7 +303,7 @@ class ShardedTensor(Tensor):
                             f"{'' if method == '__call__' else '.' + method} is not supported "
                             f"on sharded tensors: {_RESHARD}.")
         if ufunc is np.matmul:
-            return matmul(*inputs)
+            return FUNCTIONS[np.matmul](*inputs)
         return elementwise(ufunc, inputs)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -305,10 +318,10 @@ class ShardedTensor(Tensor):
         return handler(*args, **kwargs)
 
     def __matmul__(self, other: Any) -> "ShardedTensor":
-        return matmul(self, other)
+        return FUNCTIONS[np.matmul](self, other)
 
     def __rmatmul__(self, other: Any) -> "ShardedTensor":
-        return matmul(other, self)
+        return FUNCTIONS[np.matmul](other, self)
 
     def __divmod__(self, other: Any) -> tuple["ShardedTensor", "ShardedTensor"]:
         return elementwise(np.floor_divide, (self, other)), elementwise(np.remainder,
@@ -419,7 +432,7 @@ def split_differently(first: ShardedTensor, other: ShardedTensor) -> ValueError:
                       f"{first.axis}) on each).")
 
 
-def _split_axis(operands: Sequence[Any], ndim: int, aligned: Callable[[Any], int]) -> int | None:
+def split_axis(operands: Sequence[Any], ndim: int, aligned: Callable[[Any], int]) -> int | None:
     """The result's split axis: the split operands' (each placed by ``aligned``), which must
     agree in axis and blocks; every other operand may not span it (its length there 1)."""
     split = [a for a in operands if isinstance(a, ShardedTensor) and a.axis is not None]
@@ -451,140 +464,49 @@ def per_shard(mesh: Mesh, fn: Callable[..., Tensor], operands: Sequence[Any],
         for i in range(len(mesh.sessions))], axis)
 
 
+def on_device(value: Any, i: int, mesh: Mesh) -> Any:
+    """``value`` (an operand, an index, a tuple of them) as device ``i`` of ``mesh`` holds
+    it: a replicated tensor's copy there; a tensor split or of one device refused."""
+    if isinstance(value, tuple):
+        return tuple(on_device(item, i, mesh) for item in value)
+    if isinstance(value, ShardedTensor):
+        if value.axis is not None or value.mesh is not mesh:
+            raise ValueError(f"{value._handle()} is split across devices (or on another mesh) "
+                             "and cannot meet a replicated tensor's copies: put its whole on "
+                             "each device of the one mesh first (mesh.replicate(x)).")
+        return value._tensors()[i]
+    if isinstance(value, Tensor):
+        mesh_operands((value,))  # (its TypeError: a tensor of one device)
+    return value
+
+
+def _in_place(ufunc: np.ufunc, method: str, inputs: Sequence[Any],
+              kwargs: dict[str, Any]) -> ShardedTensor:
+    """``np.add(x, y, out=x)`` (``x += y``): an elementwise ufunc into a sharded tensor, on
+    each shard in place (numpy's casting rules, on each device); ``x`` split as the operands
+    are, or replicated with them."""
+    out = kwargs.pop("out")
+    out = out[0] if isinstance(out, tuple) and len(out) == 1 else out
+    if method != "__call__" or kwargs or ufunc.__name__ not in _ELEMENTWISE or not isinstance(
+            out, ShardedTensor):
+        raise TypeError("Sharded tensors are updated in place only by an elementwise op into "
+                        "a sharded tensor (x += y, np.add(x, y, out=x)): write x = x @ y (a "
+                        "new sharded tensor) for the others.")
+    if np.broadcast_shapes(out.shape, *[np.shape(a) for a in inputs]) != out.shape:
+        raise ValueError(f"non-broadcastable output operand with shape {out.shape} doesn't "
+                         "match the broadcast shape of the inputs")
+    elementwise(lambda *each: ufunc(*each[:-1], out=each[-1]), (*inputs, out))
+    out._partials = None  # (a combined reduction now holds what its copies hold)
+    return out
+
+
 def elementwise(fn: Callable[..., Any], args: Sequence[Any]) -> ShardedTensor:
     """An elementwise op (a ufunc, ``np.where``) on sharded tensors alike, replicated ones,
     scalars and arrays that do not span the split axis: run on each shard."""
     mesh, operands = mesh_operands(args)
     shape = np.broadcast_shapes(*[np.shape(a) for a in operands])  # numpy's error, at the call
-    axis = _split_axis(operands, len(shape), lambda a: a.axis + len(shape) - a.ndim)
+    axis = split_axis(operands, len(shape), lambda a: a.axis + len(shape) - a.ndim)
     return per_shard(mesh, fn, operands, axis)
-
-
-def _cut(operand: Any, axis: int | None, whole: int, bounds: tuple[int, int]) -> Any:
-    """The part of ``operand`` (a replicated shard or an array) that meets a block
-    ``bounds`` of a split axis of length ``whole``: its own axis ``axis`` cut there (kept
-    whole where it is None, or of length 1 and so broadcast)."""
-    shape = operand.shape if isinstance(operand, Tensor) else np.shape(operand)
-    if axis is None or shape[axis] != whole:
-        return operand
-    return operand[along(axis, len(shape), slice(*bounds))]
-
-
-def along_split(mesh: Mesh, fn: Callable[..., Any], operands: Sequence[Any],
-                axes: Sequence[int | None], shape: tuple[int, ...], dtype: np.dtype,
-                kept: int | None = None) -> ShardedTensor:
-    """``fn`` on each device's block of a split axis that ``operands`` share (``axes[j]``:
-    operand j's axis along it, None where it has none): the split operands' shards, and the
-    same rows of the others, cut on each device from its replicated copy (or from an array),
-    so nothing moves. Where the result keeps that axis (``kept``: its place there), it is
-    split along it; where ``fn`` sums over it (a contraction: ``Z.T @ Z``), each non-empty
-    block's product is a partial sum, combined as a sum across the split axis is
-    (``fabric.mesh.reductions``)."""
-    split = [(a, axis) for a, axis in zip(operands, axes)
-             if isinstance(a, ShardedTensor) and a.axis is not None]
-    first = split[0][0]
-    for other, axis in split:
-        if other.axis != axis or other.sharding.blocks != first.sharding.blocks:
-            raise ValueError(f"The operands are split in different blocks ({first.sharding}; "
-                             f"{other.sharding}) along the axis they share: rebalance each "
-                             "(x.rebalance(), worker to worker), or put the whole of one on "
-                             "each device (mesh.replicate(x)).")
-    sharding = first.sharding
-    whole = first.shape[first.axis]
-
-    def block(i: int, bounds: tuple[int, int]) -> Any:
-        return fn(*[a._tensors()[i] if isinstance(a, ShardedTensor) and a.axis is not None
-                    else _cut(a._tensors()[i] if isinstance(a, ShardedTensor) else a, axis,
-                              whole, bounds)
-                    for a, axis in zip(operands, axes)])
-    ranges = block_ranges(sharding.blocks)
-    if kept is not None:
-        return ShardedTensor(mesh, [block(i, bounds) for i, bounds in enumerate(ranges)], kept)
-    live = [i for i, n in enumerate(sharding.blocks) if n]
-    parts = reductions.Parts(
-        shapes=tuple(first._tensors()[i].shape for i in live),
-        offsets=tuple(sharding.offsets[i] for i in live), axis=first.axis, shape=first.shape,
-        axes=(first.axis,), out_shape=shape, dtype=dtype)
-    return ShardedTensor.combined(mesh, shape, dtype, [[block(i, ranges[i])] for i in live],
-                                  lambda values: reductions.combine("sum", values, parts, {}))
-
-
-def _contracted(a: Any, right: bool) -> int:
-    """The axis of a matmul operand that its product sums over."""
-    return np.ndim(a) - 2 if right and np.ndim(a) >= 2 else np.ndim(a) - 1 if not right else 0
-
-
-def _matmul_case(left: tuple[int, int | None], right: tuple[int, int | None]) -> str | None:
-    """How ``@`` runs on operands of these (dimension count, split axis or None): on each
-    shard along a batch axis, the left's rows or the right's columns; as per-shard products
-    summed where the axis it sums over is split; or None: refused."""
-    (left_ndim, left_axis), (right_ndim, right_axis) = left, right
-    split = [(ndim, axis) for ndim, axis in (left, right) if axis is not None]
-    if not split:
-        return "replicated"
-    if all(axis < ndim - 2 for ndim, axis in split):
-        return "batch"
-    if (left_axis is None or left_axis == left_ndim - 1) and (
-            right_axis is None or right_axis == (right_ndim - 2 if right_ndim >= 2 else 0)):
-        return "contracted"
-    if len(split) == 2:
-        return None
-    if left_axis is not None and left_ndim >= 2 and left_axis == left_ndim - 2 \
-            and right_ndim <= 2:
-        return "rows"
-    if right_axis is not None and right_ndim >= 2 and right_axis == right_ndim - 1 \
-            and left_ndim <= 2:
-        return "columns"
-    return None
-
-
-def matmul(left: Any, right: Any) -> ShardedTensor:
-    """``left @ right`` on each shard: with one operand split along an axis that is not
-    summed over (the left's rows, the right's columns) and the other replicated or an array,
-    or with the split operands split alike along a batch axis (the other may not span it).
-    Where the axis it sums over is split (``Z.T @ Z`` of a row-split ``Z``, alike in both or
-    with the other replicated), each device multiplies its blocks and the products are summed
-    (``along_split``)."""
-    mesh, (left, right) = mesh_operands((left, right))
-    specs = [Spec(a.shape, a.dtype) if isinstance(a, ShardedTensor) else
-             Spec(np.shape(a), np.asarray(a).dtype) for a in (left, right)]
-    shape, dtype = OPS["matmul"].infer(specs, {})  # numpy's error, at the call
-    layout = [(np.ndim(a), a.axis if isinstance(a, ShardedTensor) else None)
-              for a in (left, right)]
-    case = _matmul_case(*layout)
-    batch = max(np.ndim(left), np.ndim(right), 2) - 2  # the result's batch axes
-    if case == "batch":  # along batches: each its own
-        return per_shard(mesh, np.matmul, (left, right), _split_axis(
-            (left, right), len(shape), lambda a: a.axis + batch - (a.ndim - 2)))
-    if case == "contracted":
-        return along_split(mesh, np.matmul, (left, right),
-                           (_contracted(left, False), _contracted(right, True)), shape, dtype)
-    if case in ("replicated", "rows", "columns"):
-        return per_shard(mesh, np.matmul, (left, right), {
-            "replicated": None, "rows": layout[0][1], "columns": len(shape) - 1}[case])
-    whole, call, _ = _matmul_fix(*layout)
-    raise ValueError(f"a @ b with a {_described(left)} and b {_described(right)} would mix "
-                     f"rows of different devices: put {whole} on each device first ({call}, "
-                     "worker to worker), or split both alike along the axis @ sums over "
-                     "(x.reshard(axis=...)).")
-
-
-def _matmul_fix(left: tuple[int, int | None], right: tuple[int, int | None]) -> tuple[
-        str, str, list[tuple[int, int | None]]]:
-    """Advice for a refused ``@`` that runs when followed: the first operand whose copy on
-    each device makes a case of ``_matmul_case`` (both, where neither alone does), as the
-    words, the call, and the layout it leads to."""
-    fixes = [("the whole right operand", "mesh.replicate(b)", [left, (right[0], None)]),
-             ("the whole left operand", "mesh.replicate(a)", [(left[0], None), right])]
-    return next((fix for fix in fixes if _matmul_case(*fix[2])), (
-        "both whole operands", "mesh.replicate(a) and mesh.replicate(b)",
-        [(left[0], None), (right[0], None)]))
-
-
-def _described(a: Any) -> str:
-    """An operand named by its handle, or as an array (never by its values)."""
-    return a._handle() if isinstance(a, ShardedTensor) else \
-        f"an array of shape {np.shape(a)}"
 
 
 # The ufuncs whose reduce is a reduction that combines across the split axis
@@ -614,8 +536,9 @@ def _where(condition: Any, *values: Any) -> ShardedTensor:
     return elementwise(np.where, (condition, *values))
 
 
-# numpy function -> its handler on sharded tensors; fabric.mesh.sharded_statistics adds
-# numpy's statistics, loaded with the mesh (fabric.mesh.device_mesh)
+# numpy function -> its handler on sharded tensors; fabric.mesh.sharded_linalg adds ``@`` and
+# numpy's contractions, fabric.mesh.sharded_statistics its statistics, both loaded with the
+# mesh (fabric.mesh.device_mesh)
 FUNCTIONS: dict[Any, Callable[..., Any]] = {
     np.where: _where,
     np.cumsum: lambda a, axis=None, dtype=None: a.cumsum(axis, dtype),
@@ -623,7 +546,7 @@ FUNCTIONS: dict[Any, Callable[..., Any]] = {
     np.argsort: lambda a, axis=-1, kind=None: a.argsort(axis, kind),
     np.sort: lambda a, axis=-1, kind=None: a._scan("sort", axis, kind=kind),
     np.transpose: lambda a, axes=None: a.transpose(axes) if axes is not None else a.transpose(),
-    np.matmul: matmul, np.ndim: lambda a: a.ndim, np.shape: lambda a: a.shape,
+    np.ndim: lambda a: a.ndim, np.shape: lambda a: a.shape,
     np.size: lambda a: a.size,
 }
 

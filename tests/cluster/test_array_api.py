@@ -26,7 +26,7 @@ def test_a_tensor_names_its_sessions_namespace(session, xp) -> None:
     assert t.__array_namespace__() == xp and xp.session is session
     assert t.__array_namespace__(api_version="2023.12") == xp
     assert len({xp, t.__array_namespace__()}) == 1  # (a library gathers one namespace)
-    assert xp.__array_api_version__ == "2024.12" == namespace_package.__array_api_version__
+    assert xp.__array_api_version__ == "2025.12" == namespace_package.__array_api_version__
     with pytest.raises(ValueError, match="2024.12"):
         t.__array_namespace__(api_version="2019.01")
     for name in ("float32", "complex128", "e", "pi", "nan", "inf", "newaxis", "sin", "concat",
@@ -154,3 +154,42 @@ def test_refusals_say_what_to_do(session, xp) -> None:
         xp.repeat(xp.arange(3), xp.asarray([1.0, 2.0, 3.0]))
     with pytest.raises(ValueError, match="copy"):
         xp.asarray([1.0], copy=False)
+
+
+def test_the_2025_12_revisions_additions(session, xp) -> None:
+    a, b = np.array([[3, 1, 2, 3], [5, 1, 0, 7]]), np.array([2, 7, 9])
+    before = session.stats()["reads"]
+    found = [xp.isin(xp.asarray(a), xp.asarray(b)), xp.isin(xp.asarray(a), 3, invert=True),
+             xp.isin(7, xp.asarray(b)), xp.isin(xp.asarray(a), xp.asarray(b[:0])),
+             xp.isin(xp.asarray([1.5, np.nan, -0.0]), xp.asarray([0.0, np.nan]))]
+    assert session.stats()["reads"] == before  # (sorted and searched on the device)
+    expected = [np.isin(a, b), np.isin(a, 3, invert=True), np.isin(7, b), np.zeros_like(a, bool),
+                np.array([False, False, True])]
+    for f, e in zip(found, expected):
+        assert f.dtype == np.bool_ and f.numpy().tolist() == e.tolist()
+    assert xp.broadcast_shapes((2, 1), (3,)) == (2, 3)
+    rotation = xp.asarray(np.array([[0.0, -1.0], [1.0, 0.0]], np.float32))
+    values, vectors = xp.linalg.eig(rotation)
+    assert (values.dtype, vectors.dtype) == (xp.complex64, xp.complex64)
+    real = xp.linalg.eigvals(xp.asarray([[2.0, 1.0], [0.0, 3.0]]))  # (numpy's would be real)
+    assert real.dtype == xp.complex128 and sorted(real.numpy().real.tolist()) == [2, 3]
+    assert sorted(values.numpy().tolist(), key=lambda z: z.imag) == [-1j, 1j]
+    with pytest.raises(TypeError, match="astype"):
+        xp.linalg.eig(xp.asarray([[1, 2], [3, 4]]))
+    assert int(xp.searchsorted(xp.asarray([1.0, 2.0, 3.0]), 2.5)) == 2
+    grids = xp.meshgrid(xp.arange(3.0), xp.arange(2.0))
+    assert type(grids) is tuple and [g.shape for g in grids] == [(2, 3), (2, 3)]
+    assert type(xp.broadcast_arrays(xp.ones((2, 1)), xp.ones(3))) is tuple
+    assert type(xp.__array_namespace_info__().devices()) is tuple
+    assert session.asarray([0]).__array_namespace__(api_version="2025.12") == xp
+
+
+def test_eye_takes_any_int_diagonal(session, xp) -> None:
+    for k in (2**70, -(2**63) - 1, 3, -1):  # (past the last diagonal: zeros, as numpy's)
+        assert xp.eye(3, 2, k=k).numpy().tolist() == np.eye(3, 2, k=max(-3, min(k, 2))).tolist()
+
+
+def test_vecdot_broadcasts_every_axis_but_its_own(session, xp) -> None:
+    with pytest.raises(ValueError, match="differ along axis -1"):  # (numpy's would broadcast)
+        xp.vecdot(xp.ones((1, 0)), xp.ones(1))
+    assert xp.vecdot(xp.ones((2, 3)), xp.ones((1, 3))).numpy().tolist() == [3.0, 3.0]

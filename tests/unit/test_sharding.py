@@ -127,7 +127,7 @@ def test_variance_takes_ddof_and_mean_accumulates_as_numpy():
 
 
 def test_every_refused_matmul_layout_runs_once_its_advice_is_followed():
-    from fabric.mesh.sharded import _matmul_case, _matmul_fix
+    from fabric.mesh.sharded_linalg import _matmul_case, _matmul_fix
     advised = set()
     for left_ndim, right_ndim in itertools.product([1, 2, 3], repeat=2):
         for left, right in itertools.product([None, *range(left_ndim)],

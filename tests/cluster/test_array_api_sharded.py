@@ -1,0 +1,287 @@
+"""The array API standard on sharded tensors (issue 43): ``x.__array_namespace__()`` of a
+tensor split across a mesh of real devices (a broker and two workers of two devices each)
+runs what runs on each shard and combines, compared with numpy; what needs another device's
+data is refused with the move after which it runs. Libraries take it unchanged:
+array-api-extra's functions, and scikit-learn's StandardScaler, PCA and Ridge
+(``array_api_dispatch=True``), their results within 1e-8 of the same on numpy, the bytes read
+back from the devices counted on each of the mesh's sessions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.mesh.sharded import ShardedTensor
+
+from test_array_api_consumers import EXTRA, as_numpy, assert_same, compat_numpy, inputs
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    with fabric.LocalCluster(workers=2, devices_per_worker=2) as cluster, \
+            cluster.connect() as parent:
+        yield parent.mesh()
+
+
+def bytes_read(mesh: Any) -> int:
+    return sum(session.stats()["bytes_read"] for session in mesh.sessions)
+
+
+def reads_of(mesh: Any, call: Callable[[], Any]) -> tuple[Any, int]:
+    """``call()``'s result, and the bytes the mesh's sessions read back for it."""
+    before = bytes_read(mesh)
+    result = call()
+    return result, bytes_read(mesh) - before
+
+
+VALUES = np.random.default_rng(43).normal(size=(11, 4))
+M = np.mean(VALUES, axis=0)
+# (the call on the namespace and x (VALUES split along its rows), the most bytes it reads)
+CASES: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
+    "sin": (lambda xp, x: xp.sin(x), 0),
+    "scalar operand": (lambda xp, x: xp.multiply(x, 2), 0),
+    "clip": (lambda xp, x: xp.clip(x, min=-0.5, max=0.5), 0),
+    "where": (lambda xp, x: xp.where(x > 0, x, 0.0), 0),
+    "sum across devices": (lambda xp, x: xp.sum(x, axis=0), 0),
+    "mean of everything": (lambda xp, x: xp.mean(x), 0),
+    "var": (lambda xp, x: xp.var(x, axis=0, correction=1), 0),
+    "max along rows": (lambda xp, x: xp.max(x, axis=1), 0),
+    "vector_norm": (lambda xp, x: xp.linalg.vector_norm(x, axis=1), 0),
+    "astype": (lambda xp, x: xp.astype(x, xp.float32), 0),
+    "Gram matrix": (lambda xp, x: xp.matmul(xp.matrix_transpose(x), x), 0),
+    "mT @": (lambda xp, x: x.mT @ x, 0),
+    "rows @ replicated": (lambda xp, x: x @ xp.ones((4, 2), dtype=xp.float64), 0),
+    "centered": (lambda xp, x: x - xp.mean(x, axis=0), 4 * 8 * 4),  # (the mean, to each)
+    "reshape keeping the split axis": (lambda xp, x: xp.reshape(xp.sum(x, axis=1), (-1, 1)), 0),
+    "expand_dims": (lambda xp, x: xp.expand_dims(x, axis=0), 0),
+    "broadcast_to": (lambda xp, x: xp.broadcast_to(x[:, :1], (11, 4)), 0),
+    "sort along the rows": (lambda xp, x: xp.sort(x, descending=True), 0),
+    "argsort along axis 1": (lambda xp, x: xp.argsort(x, axis=1), 0),
+    "flip": (lambda xp, x: xp.flip(x, axis=-1), 0),
+    "roll": (lambda xp, x: xp.roll(x, 1, axis=1), 0),
+    "diff": (lambda xp, x: xp.diff(x, axis=1, n=2), 0),
+    "cumulative_sum with the initial": (lambda xp, x: xp.cumulative_sum(
+        x, axis=1, include_initial=True), 0),
+    "zeros_like": (lambda xp, x: xp.zeros_like(x, dtype=xp.int32), 0),
+    "full": (lambda xp, x: xp.full((3, 2), 1.5, device=x.device), 0),
+    "asarray": (lambda xp, x: xp.asarray([1, 2, 3]), 0),
+    "eigh of a combined matrix": (lambda xp, x: xp.linalg.eigvalsh(x.mT @ x), 4 * 16 * 8),
+    "svd of a tall matrix": (lambda xp, x: xp.linalg.svd(x, full_matrices=False).S, 4 * 16 * 8),
+    # (the partial sums, once, and each device's length of the result)
+    "masked replicated": (lambda xp, x: (lambda s: s[s > 0])(xp.sum(x, axis=0)), 4 * 32 + 64),
+}
+
+
+def expected_of(name: str) -> np.ndarray:
+    numpy = {"sin": np.sin(VALUES), "scalar operand": VALUES * 2,
+             "clip": np.clip(VALUES, -0.5, 0.5), "where": np.where(VALUES > 0, VALUES, 0.0),
+             "sum across devices": VALUES.sum(0), "mean of everything": VALUES.mean(),
+             "var": VALUES.var(0, ddof=1), "max along rows": VALUES.max(1),
+             "vector_norm": np.linalg.norm(VALUES, axis=1),
+             "astype": VALUES.astype(np.float32), "Gram matrix": VALUES.T @ VALUES,
+             "mT @": VALUES.T @ VALUES, "rows @ replicated": VALUES @ np.ones((4, 2)),
+             "centered": VALUES - M, "reshape keeping the split axis": VALUES.sum(1)[:, None],
+             "expand_dims": VALUES[None], "broadcast_to": np.broadcast_to(VALUES[:, :1], (11, 4)),
+             "sort along the rows": -np.sort(-VALUES), "argsort along axis 1": np.argsort(
+                 VALUES, axis=1, kind="stable"), "flip": VALUES[:, ::-1],
+             "roll": np.roll(VALUES, 1, axis=1), "diff": np.diff(VALUES, axis=1, n=2),
+             "cumulative_sum with the initial": np.concatenate(
+                 [np.zeros((11, 1)), np.cumsum(VALUES, axis=1)], axis=1),
+             "zeros_like": np.zeros((11, 4), np.int32), "full": np.full((3, 2), 1.5),
+             "asarray": np.array([1, 2, 3]),
+             "eigh of a combined matrix": np.linalg.eigvalsh(VALUES.T @ VALUES),
+             "svd of a tall matrix": np.linalg.svd(VALUES, compute_uv=False),
+             "masked replicated": VALUES.sum(0)[VALUES.sum(0) > 0]}
+    return numpy[name]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_namespace_runs_on_each_shard_and_combines(mesh, name: str) -> None:
+    call, most_bytes = CASES[name]
+    x = mesh.asarray(VALUES, axis=0)
+    xp = x.__array_namespace__()
+    found, read = reads_of(mesh, lambda: call(xp, x))
+    assert isinstance(found, ShardedTensor), type(found)
+    assert read <= most_bytes, f"{name} read {read} bytes"
+    expected = expected_of(name)
+    values = found.numpy()
+    assert (values.dtype, values.shape) == (expected.dtype, expected.shape), name
+    np.testing.assert_allclose(values, expected, rtol=1e-8, atol=1e-8)
+
+
+def test_the_namespace_of_a_mesh_and_its_device(mesh) -> None:
+    x = mesh.asarray(VALUES, axis=0)
+    xp = x.__array_namespace__()
+    assert xp == mesh.replicate(VALUES).__array_namespace__()  # one namespace per mesh
+    assert x.device is mesh and xp.__array_namespace_info__().devices() == (mesh,)
+    assert xp.zeros(3, device=x.device).device is mesh
+    assert x.to_device(mesh) is x
+    assert np.array_equal(x.to_device("cpu"), VALUES)  # (the explicit read)
+    with pytest.raises(ValueError, match="api_version|revisions"):
+        x.__array_namespace__(api_version="2019.12")
+    with pytest.raises(ValueError, match="mesh"):
+        xp.zeros(3, device=mesh.sessions[0].device)
+    with pytest.raises(TypeError, match=r"mesh\.replicate\(t\)"):
+        xp.add(x, mesh.sessions[0].ones(4))
+
+
+def test_the_namespace_has_the_one_device_namespaces_signatures(mesh) -> None:
+    xp = mesh.replicate(VALUES).__array_namespace__()
+    one = mesh.sessions[0].asarray(VALUES).__array_namespace__()
+    for name in ("sin", "sum", "zeros", "meshgrid", "astype", "isin", "reshape"):
+        assert inspect.signature(getattr(xp, name)) == inspect.signature(getattr(one, name))
+    for extension, name in (("linalg", "svd"), ("linalg", "vector_norm"), ("fft", "fftfreq")):
+        assert inspect.signature(getattr(getattr(xp, extension), name)) == \
+            inspect.signature(getattr(getattr(one, extension), name))
+
+
+def test_in_place_updates_run_on_each_shard(mesh) -> None:
+    x = mesh.asarray(VALUES, axis=0)
+    x -= x.__array_namespace__().mean(x, axis=0)
+    x *= 2
+    np.testing.assert_allclose(x.numpy(), (VALUES - M) * 2, rtol=1e-12)
+    gram = x.mT @ x  # (partial products, combined when read)
+    gram /= 10
+    np.testing.assert_allclose(gram.numpy(), 4 * (VALUES - M).T @ (VALUES - M) / 10, rtol=1e-12)
+    copies = mesh.replicate(np.zeros(4))
+    copies[copies.__array_namespace__().asarray([True, False, True, False])] = 1.0
+    assert [t.numpy().tolist() for _, t in copies.shards] == [[1.0, 0.0, 1.0, 0.0]] * 4
+
+
+# (the call on a row-split x, the words its refusal says)
+REFUSED = {
+    "sort along the split axis": (lambda xp, x: xp.sort(x, axis=0), r"x\.reshard"),
+    "flip of every axis": (lambda xp, x: xp.flip(x), r"x\.reshard"),
+    "reshape mixing rows": (lambda xp, x: xp.reshape(x, (-1,)), r"x\.reshard"),
+    "concat": (lambda xp, x: xp.concat([x, x]), r"x\.reshard"),
+    "inv": (lambda xp, x: xp.linalg.inv(x), r"x\.reshard"),
+    "svd of all of U": (lambda xp, x: xp.linalg.svd(x), r"mesh\.replicate\(x\)"),
+    "a mask across devices": (lambda xp, x: x[x > 0], r"x\.shards"),
+    "assigning into a split tensor": (lambda xp, x: x.__setitem__(0, 1.0), r"x\.shards"),
+    "@ mixing rows": (lambda xp, x: x @ x.mT, r"mesh\.replicate"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_what_needs_other_devices_data_is_refused_before_anything_is_read(mesh,
+                                                                        name: str) -> None:
+    call, words = REFUSED[name]
+    x = mesh.asarray(VALUES, axis=0)
+    before = bytes_read(mesh)
+    with pytest.raises((TypeError, ValueError), match=words):
+        call(x.__array_namespace__(), x)
+    assert bytes_read(mesh) == before
+    assert np.array_equal(x.numpy(), VALUES)
+
+
+# array-api-extra's functions that run on tensors split along their first axis; the others
+# need another device's rows (sorting, a mask, updates by index, set functions, padding)
+EXTRA_ON_A_MESH = ["angle", "atleast_nd", "broadcast_shapes", "default_dtype", "deg2rad",
+                   "rad2deg", "diag_indices", "tril_indices", "triu_indices", "expand_dims",
+                   "lazy_apply", "nan_to_num", "nanmax", "nanmin", "nansum", "nanmean",
+                   "one_hot", "sinc", "unravel_index"]
+
+
+@pytest.mark.parametrize("name", sorted(set(EXTRA) - set(EXTRA_ON_A_MESH)))
+def test_array_api_extra_refuses_with_a_typed_error(mesh, name: str) -> None:
+    call, _ = EXTRA[name]
+    tensors = {key: mesh.asarray(value, axis=0) for key, value in inputs().items()}
+    with warnings.catch_warnings(), pytest.raises((TypeError, ValueError),
+                                                  match=r"reshard|replicate|x\.shards"):
+        warnings.simplefilter("ignore", DeprecationWarning)
+        call(tensors["a"].__array_namespace__(), tensors)
+
+
+@pytest.mark.parametrize("name", EXTRA_ON_A_MESH)
+def test_array_api_extra_runs_on_a_mesh(mesh, name: str) -> None:
+    call, most_bytes = EXTRA[name]
+    local = inputs()
+    tensors = {key: mesh.asarray(value, axis=0) for key, value in local.items()}
+    xp = tensors["a"].__array_namespace__()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # (broadcast_shapes's: 2025.12's)
+        warnings.simplefilter("ignore", RuntimeWarning)  # (numpy's, of NaNs, on both sides)
+        found, read = reads_of(mesh, lambda: call(xp, tensors))
+        expected = call(compat_numpy, local)
+    # (what it branches on, from each device that holds a part: a byte or a partial each)
+    assert read <= max(most_bytes, 1) * 64, f"{name} read back {read} bytes"
+    if name == "default_dtype":
+        assert found == expected
+        return
+    results = found if isinstance(found, tuple) else (found,)
+    assert all(isinstance(r, ShardedTensor) or not isinstance(r, np.ndarray) for r in results)
+    assert_same(as_numpy(found), as_numpy(expected), name)
+
+
+# -- scikit-learn -----------------------------------------------------------------------------
+
+# (case, the most bytes its fit may read back from the devices: X is 4000 x 8 float64,
+# 256,000 bytes, split over 4 devices)
+SKLEARN = {"standard_scaler": 2048, "pca_covariance_eigh": 4096, "pca_full": 4096,
+           "ridge": 4096}
+
+PROGRAM = r'''
+import json, sys
+import numpy as np, sklearn
+from fabric import LocalCluster
+from sklearn.decomposition import PCA
+from sklearn.linear_model import Ridge
+from sklearn.preprocessing import StandardScaler
+
+sklearn.set_config(array_api_dispatch=True)
+rng = np.random.default_rng(0)
+X = rng.normal(size=(4000, 8))
+y = X @ rng.normal(size=8) + 0.1 * rng.normal(size=4000)
+CASES = {
+    "standard_scaler": lambda X, y: StandardScaler().fit_transform(X),
+    "pca_covariance_eigh": lambda X, y: PCA(n_components=3,
+                                            svd_solver="covariance_eigh").fit_transform(X),
+    "pca_full": lambda X, y: PCA(n_components=3, svd_solver="full").fit_transform(X),
+    "ridge": lambda X, y: Ridge(alpha=1.0, solver="svd").fit(X, y).predict(X),
+}
+results = {}
+with LocalCluster(workers=2, devices_per_worker=2) as cluster, cluster.connect() as parent:
+    mesh = parent.mesh()
+    X_mesh, y_mesh = mesh.asarray(X, axis=0), mesh.asarray(y, axis=0)
+    for name in sys.argv[1:]:
+        before = sum(s.stats()["bytes_read"] for s in mesh.sessions)
+        found = CASES[name](X_mesh, y_mesh)
+        read = sum(s.stats()["bytes_read"] for s in mesh.sessions) - before
+        sharded = type(found).__name__ == "ShardedTensor" and found.axis == 0
+        found, expected = found.numpy(), np.asarray(CASES[name](X, y))
+        if name.startswith("pca"):  # (a component's sign is either)
+            found, expected = np.abs(found), np.abs(expected)
+        results[name] = {"difference": float(np.max(np.abs(found - expected))),
+                         "sharded": sharded, "bytes": read}
+print(json.dumps(results))
+'''
+
+
+@pytest.fixture(scope="module")
+def fitted() -> dict[str, dict[str, Any]]:
+    pytest.importorskip("sklearn")
+    environment = {**os.environ, "SCIPY_ARRAY_API": "1"}
+    done = subprocess.run([sys.executable, "-c", PROGRAM, *SKLEARN], capture_output=True,
+                          text=True, timeout=100, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", sorted(SKLEARN))
+def test_scikit_learn_fits_on_a_mesh(fitted: dict[str, dict[str, Any]], case: str) -> None:
+    result = fitted[case]
+    assert result["difference"] <= 1e-8, result
+    assert result["sharded"], f"{case}'s result is not split as X is: {result}"
+    assert result["bytes"] <= SKLEARN[case], f"{case} read back more than it branches on"
