@@ -14,13 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from test_differential import EXAMPLES, chains, check, check_graph
-from test_graphs import (test_a_new_signature_traces_again_and_a_known_one_does_not,
-                         test_a_traced_function_called_from_another_is_inlined,
-                         test_an_op_failing_inside_a_graph_names_the_graph_and_the_line,
-                         test_an_unknown_graph_and_wrong_bindings_give_typed_errors,
-                         test_one_registration_then_replays_of_one_small_op_each,
-                         test_random_ops_and_creation_inside_a_graph_use_the_session,
-                         test_results_keep_the_functions_structure_and_constants)
+import test_graphs as graphs  # (its cases, not collected again here)
 from test_updates import PROGRAMS, READS, run
 
 import fabric
@@ -87,13 +81,13 @@ def test_a_graphs_elementwise_chain_runs_as_one_fused_kernel(cupy_session):
 
 
 @pytest.mark.parametrize("case", [
-    test_one_registration_then_replays_of_one_small_op_each,
-    test_results_keep_the_functions_structure_and_constants,
-    test_a_new_signature_traces_again_and_a_known_one_does_not,
-    test_random_ops_and_creation_inside_a_graph_use_the_session,
-    test_a_traced_function_called_from_another_is_inlined,
-    test_an_op_failing_inside_a_graph_names_the_graph_and_the_line,
-    test_an_unknown_graph_and_wrong_bindings_give_typed_errors,
+    graphs.test_one_registration_then_replays_of_one_small_op_each,
+    graphs.test_results_keep_the_functions_structure_and_constants,
+    graphs.test_a_new_signature_traces_again_and_a_known_one_does_not,
+    graphs.test_random_ops_and_creation_inside_a_graph_use_the_session,
+    graphs.test_a_traced_function_called_from_another_is_inlined,
+    graphs.test_an_op_failing_inside_a_graph_names_the_graph_and_the_line,
+    graphs.test_an_unknown_graph_and_wrong_bindings_give_typed_errors,
 ], ids=lambda case: case.__name__.removeprefix("test_"))
 def test_graphs_on_a_gpu(cupy_session, case):
     case(cupy_session)
