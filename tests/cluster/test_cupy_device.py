@@ -45,3 +45,12 @@ def test_a_cupy_worker_where_cuda_finds_no_device_exits_2_within_seconds_saying_
     assert done.returncode == 2, done.stderr
     assert took < 15
     assert "finds no CUDA device" in done.stderr and "--backend numpy" in done.stderr
+
+
+def test_a_cupy_worker_starts_its_own_processes_with_spawn_never_fork():
+    probe = ("import multiprocessing; from fabric.workers.backends import prepare; "
+             "prepare('cupy', 1); print(multiprocessing.get_start_method())")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "spawn"

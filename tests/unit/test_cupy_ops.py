@@ -13,7 +13,7 @@ import pytest
 
 from fabric.core.ops import OPS, Spec
 from fabric.workers.backends.base import Constant, GraphOp, GraphOpError
-from fabric.workers.backends.cupy_ops import fused_steps, spelled
+from fabric.workers.backends.cupy_ops import fusable_ops, fused_steps, spelled
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.backends.staging import StagingBuffers
 
@@ -99,6 +99,12 @@ def test_an_op_that_fails_in_a_run_is_named():
     with pytest.raises(GraphOpError) as raised:
         _run(steps, {0: np.ones(3)})
     assert raised.value.index == 1
+
+
+def test_the_fusable_ops_are_the_tables_ufuncs_of_one_output():
+    names = fusable_ops(np)
+    assert {"add", "tanh", "logical_and", "power", "greater"} <= names
+    assert not names & {"divmod", "frexp", "sum", "where", "astype", "matmul"}
 
 
 def test_the_ops_cupy_lacks_are_numpys():

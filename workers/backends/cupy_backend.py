@@ -44,7 +44,7 @@ from fabric.core.ops import Op, Spec
 from fabric.core.worker_options import WorkerOptions
 
 from .base import FIXED_WIDTH_DTYPES, Backend, GraphOp, GraphStep, QueuedError
-from .cupy_ops import fused_steps, spelled
+from .cupy_ops import fusable_ops, fused_steps, spelled
 from .staging import StagingBuffers
 
 STAGING_BYTES = 8 << 20  # each of a device's two pinned buffers
@@ -114,7 +114,7 @@ class CupyDevice(Backend):
         """What the device is, as shown in WELCOME and ``fabric.devices()``."""
         return {"backend": self.backend, "version": cupy.__version__, "numpy": np.__version__,
                 "device": self.name, "cuda": cupy.cuda.runtime.runtimeGetVersion(),
-                "fuses": ["graphs", "batches"], "compiles": COMPILES_BATCHES,
+                "fuses": sorted(fusable_ops(cupy)), "compiles": COMPILES_BATCHES,
                 "dtypes": sorted(dtype.name for dtype in FIXED_WIDTH_DTYPES),
                 "memory_bytes": self.memory_bytes,
                 "staging_bytes": 2 * STAGING_BYTES, "synchronous": self.synchronous}

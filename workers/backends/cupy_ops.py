@@ -22,6 +22,7 @@ then on (``FusedRun``), naming the one that fails.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any, Callable
 
@@ -53,13 +54,20 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
             "lstsq_residuals": lstsq_residuals}
 
 
+@functools.lru_cache(maxsize=4)
+def fusable_ops(xp: Any) -> frozenset[str]:
+    """The ops a fused run on module ``xp`` may hold: the table's elementwise ufuncs of one
+    output (no gufunc: matmul) that ``xp`` has by the same name."""
+    return frozenset(name for name, op in OPS.items()
+                     if op.elementwise and type(op.impl) is np.ufunc and op.build is None
+                     and op.impl.nout == 1 and op.impl.signature is None
+                     and callable(getattr(xp, name, None)))
+
+
 def fusable(op: GraphOp, xp: Any) -> bool:
-    """Whether ``op`` may join a fused run on module ``xp``: a ufunc of the table without
-    params, which ``xp`` has, in a graph whose signature the table accepts."""
-    table = OPS[op.name]
-    return (op.spec is not None and not op.params and type(table.impl) is np.ufunc
-            and table.build is None and table.impl.nout == 1
-            and callable(getattr(xp, op.name, None)))
+    """Whether ``op`` may join a fused run on module ``xp``: one of ``fusable_ops``, without
+    params, in a graph whose signature the table accepts."""
+    return op.spec is not None and not op.params and op.name in fusable_ops(xp)
 
 
 def fused_steps(ops: list[GraphOp], specs: dict[int, Spec], outputs: list[int], xp: Any,
