@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fabric.core.op_indexing import IndexArray
 from fabric.core.ops import OPS, Spec
 from fabric.workers.backends.base import Constant, GraphOp, GraphOpError
 from fabric.workers.backends.cupy_ops import fusable_ops, fused_steps, spelled
@@ -158,3 +159,22 @@ def test_staging_copies_any_length_through_reused_buffers_waiting_before_each_re
     np.testing.assert_array_equal(back, source)
     assert made == [8] * len(made) and len(made) <= 2  # (at most two buffers, ever)
     assert staging.held_bytes() == 8 * len(made)
+
+
+def test_an_index_is_checked_as_numpy_checks_it_and_an_update_is_copy_on_write():
+    ops, first = spelled(np, np.asarray), IndexArray(0)  # (the op's first index array)
+    target = np.arange(6.0).reshape(2, 3)
+    with pytest.raises(IndexError, match="out of bounds"):  # (CuPy would wrap it around)
+        ops["getitem"](target, np.array([0, 3]), index=(slice(None), first))
+    np.testing.assert_array_equal(ops["getitem"](target, np.array([-1, 0]), index=(first,)),
+                                  target[[-1, 0]])
+    with pytest.raises(IndexError, match="out of bounds"):
+        ops["setitem"](target, 1.0, np.array([5]), index=(first,))
+    updated = ops["setitem"](target, np.full((1, 1, 3), 7.0), index=(0,))  # (leading ones)
+    expected = target.copy()
+    expected[0] = np.full((1, 1, 3), 7.0)
+    np.testing.assert_array_equal(updated, expected)
+    assert target[0, 0] == 0.0  # (the old value kept)
+    counted = ops["ufunc_at"](np.zeros(3), 1.0, np.array([0, 0, 2]), ufunc="add",
+                              index=(first,))
+    np.testing.assert_array_equal(counted, [2.0, 0.0, 1.0])

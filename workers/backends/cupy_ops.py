@@ -8,7 +8,13 @@ kernel ``cupy.fuse`` compiles, the copies) needs a GPU to be checked.
 
 - ``nanpercentile``, ``nanquantile``: CuPy has neither: numpy's own, on a host copy, moved
   back (the device's values are read; a rare op, not a fast one);
-- ``lstsq_residuals``: the table's is numpy's function of host arrays: ``xp.linalg.lstsq``'s.
+- ``lstsq_residuals``: the table's is numpy's function of host arrays: ``xp.linalg.lstsq``'s;
+- ``getitem``, ``setitem``: an integer index array out of bounds raises numpy's IndexError
+  (CuPy wraps it around), checked by numpy on stand-ins (``index_checks``; the index arrays
+  are read, not the target), and an update's value loses its leading lengths of one as
+  numpy's assignment drops them;
+- ``ufunc_at``: numpy's own ``ufunc.at`` on a host copy (repeated indices accumulate as
+  numpy's do, whatever ufunc; CuPy's covers a few, with atomics).
 
 A graph's runs of consecutive elementwise ops (numpy ufuncs CuPy has, without params) become
 one step each (``fused_steps``), whose function applies the run's ufuncs to its leaves, each
@@ -32,6 +38,7 @@ from fabric.core.ops import OPS, Op, Spec
 from fabric.core.ops_functions import cut_off
 
 from .base import Constant, GraphOp, GraphOpError, GraphStep, graph_step
+from .index_checks import checked_index, fitted_value
 
 Bind = Callable[[Op, dict[str, Any]], Callable[..., Any]]
 
@@ -50,8 +57,18 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
     def lstsq_residuals(a: Any, b: Any, rcond: float | None = None) -> Any:
         return xp.linalg.lstsq(a, b, rcond=cut_off(a, rcond))[1]
 
+    def getitem(array: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
+        return array[checked_index(array, index, arrays, to_host=to_host)]
+
+    def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
+        key = checked_index(array, index, arrays, value, to_host=to_host)
+        updated = array.copy()  # (copy on write, as the table's)
+        updated[key] = fitted_value(array, value, index, arrays, to_host=to_host)
+        return updated
+
     return {"nanpercentile": on_host("nanpercentile"), "nanquantile": on_host("nanquantile"),
-            "lstsq_residuals": lstsq_residuals}
+            "ufunc_at": on_host("ufunc_at"), "lstsq_residuals": lstsq_residuals,
+            "getitem": getitem, "setitem": setitem}
 
 
 @functools.lru_cache(maxsize=4)

@@ -47,6 +47,8 @@ from fabric.core.ops_functions import (cut_off, decomposition, lstsq as lstsq_ov
                                        pinv as pinv_over)
 from fabric.core.ops_statistics import average as average_over, histogram as histogram_of
 
+from .index_checks import checked_index, fitted_value
+
 _INT32 = (-2.0**31, 2.0**31)
 _INT64 = (-2.0**63, 2.0**63)
 # numpy's float-to-integer conversions: through which integer the CPU truncates
@@ -78,27 +80,6 @@ def _cast(value: Any, dtype: np.dtype) -> Any:
     return np.asarray(value).astype(dtype)
 
 
-def _stand_in(shape: tuple[int, ...]) -> np.ndarray:
-    """A writable array of ``shape`` that holds one byte (every stride 0)."""
-    return np.ndarray(shape, np.uint8, bytearray(1), 0, (0,) * len(shape))
-
-
-def checked_index(array: Any, index: tuple[Any, ...], arrays: tuple[Any, ...],
-                  *value: Any) -> tuple:
-    """``index`` with its arrays bound, after numpy has checked it (and the ``value`` an
-    update stores there) against ``array``'s shape on stand-ins: an integer out of bounds, a
-    mask of the wrong shape, a value that does not fit what a mask selects raise numpy's
-    own errors."""
-    if not arrays:  # (the client checked an index without arrays, and its value's shape)
-        return index
-    key = bind_index(index, [np.asarray(a) for a in arrays])
-    if value:
-        _stand_in(array.shape)[key] = _stand_in(np.shape(value[0]))
-    else:
-        _stand_in(array.shape)[key]  # (for numpy's checks alone)
-    return bind_index(index, arrays)
-
-
 def getitem(array: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
     """``array[index]``."""
     return array[checked_index(array, index, arrays)]
@@ -108,13 +89,7 @@ def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any
     """A copy of ``array`` with ``array[index] = value`` (the value's leading lengths of one
     beyond the selection's dimensions dropped, as numpy drops them; jax's ``.at`` refuses)."""
     key = checked_index(array, index, arrays, value)
-    value = _cast(value, array.dtype)
-    if np.ndim(value):
-        selected = np.ndim(_stand_in(array.shape)[bind_index(index, [
-            np.asarray(a) for a in arrays])])
-        while value.ndim > selected and value.shape[0] == 1:
-            value = value[0]
-    return array.at[key].set(value)
+    return array.at[key].set(fitted_value(array, _cast(value, array.dtype), index, arrays))
 
 
 def ufunc_at(array: Any, *operands: Any, ufunc: str, index: tuple[Any, ...]) -> Any:
