@@ -4,6 +4,8 @@
     python bench/w4_numexpr.py --numpy-device   # also the remote numpy device, for context
     python bench/w4_numexpr.py --jax-device     # also the jax device (issue 42: at least the
                                                 # numexpr device's rate)
+    python bench/w4_numexpr.py --cupy-device    # also the cupy device (a GPU: issue 42, at
+                                                # least 20x the numexpr device)
 
 Two expressions on resident 10M-element float64 tensors, each ending with the read of a
 scalar reduction: ``(2*a + 3*b*c - a/(b+1)).sum()`` and ``(sin(a)**2 + cos(b)**2).sum()``.
@@ -85,10 +87,15 @@ def main() -> None:
     parser.add_argument("--jax-device", action="store_true",
                         help="also measure the jax device (XLA, op by op: 10M-element ops "
                              "travel in batches of one or two)")
+    parser.add_argument("--cupy-device", action="store_true",
+                        help="also measure the cupy device (a GPU; its elementwise runs fused "
+                             "once a batch is seen again)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     arrays = [rng.random(args.elements) for _ in range(3)]
-    others = (["numpy"] if args.numpy_device else []) + (["jax"] if args.jax_device else [])
+    others = [backend for backend, asked in (("numpy", args.numpy_device),
+                                             ("jax", args.jax_device),
+                                             ("cupy", args.cupy_device)) if asked]
     backends = ["numexpr", *others]
     load = os.getloadavg()[0]
     results: dict[str, Figures] = {}

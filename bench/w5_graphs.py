@@ -124,10 +124,13 @@ def main() -> None:
                         help="which steps to measure on 1,000 elements")
     parser.add_argument("--large-calls", type=int, default=10,
                         help="chained calls of the cheap step on 1M elements (0: skip)")
+    parser.add_argument("--backends", nargs="+", choices=sorted(BACKENDS),
+                        help="the devices to measure (default: numpy, numexpr, and jax where "
+                             "it is installed; cupy needs a GPU)")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    backends = [b for b in ("numpy", "numexpr", "jax") if b in BACKENDS
-                and (b != "jax" or importlib.util.find_spec("jax") is not None)]
+    backends = args.backends or [b for b in ("numpy", "numexpr", "jax") if b != "jax"
+                                 or importlib.util.find_spec("jax") is not None]
 
     def arrays_of(elements: int) -> list[np.ndarray]:
         return [rng.random(elements), rng.random(elements) * 0.5, rng.random(elements) - 0.5]

@@ -40,7 +40,7 @@ from fabric.core.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_
 
 from . import shared_memory
 from .admission import Admission
-from .backends.base import Backend, DeferredError, DeferredValue, Value
+from .backends.base import Backend, DeferredError, DeferredValue, QueuedError, Value
 from .batch_graphs import BatchGraphs, BatchOps
 from .device_session import DeviceSession
 from .elision import ELIDE_FROM_ELEMENTS, run_elided
@@ -172,6 +172,8 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         started, ran = perf_counter(), session.ops
         if self.batches is None or not self._replayed(session, ops):
             self._run(session, ops, message.buffers)
+        if self.device.queues:
+            self._finish(session, ops)
         self.tally.ran(session.ops - ran, perf_counter() - started)
         if session.slots_used:  # its client reuses the slots once it hears this batch ran
             session.slots_used = False
@@ -179,6 +181,18 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         self.allowance.settle()
         outgoing, session.outgoing = session.outgoing, []
         return outgoing + credit
+
+    def _finish(self, session: DeviceSession, ops: list[Any]) -> None:
+        """Wait for what the batch's ``ops`` queued on the device. An error the device reports
+        only then (CUDA's asynchronous errors) poisons every tensor the batch made, named
+        after the op the device attributes it to (``QueuedError``)."""
+        try:
+            self.device.finish()
+        except QueuedError as exc:
+            made = [op[0] if type(op[0]) is int else op[1] for op in ops
+                    if type(op) is list and len(op) > 1]
+            if made:
+                self._poison(session, made, self._op_error(exc.ops, made[0], exc.cause))
 
     def _store(self, session: DeviceSession, tensor_id: int, array: Value) -> None:
         """Hold ``array`` (admitted already: ``_admit``, ``_require``) as ``tensor_id``."""

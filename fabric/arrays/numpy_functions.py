@@ -114,6 +114,17 @@ def _isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
                                    {"rtol": rtol, "atol": atol, "equal_nan": equal_nan})
 
 
+def _sort_kind(kind: str | None, stable: bool | None) -> str | None:
+    """numpy's sort ``kind`` from its ``kind`` or its ``stable`` (numpy 2's), as numpy
+    reads them: both given is numpy's ValueError."""
+    if stable is None:
+        return kind
+    if kind is not None:
+        raise ValueError("`kind` and keyword parameters can't be provided at the same time. "
+                         "Use only one of them.")
+    return "stable" if stable else None
+
+
 def _like(name: str) -> Any:
     # np.zeros_like and friends: a new tensor on the prototype's session
     def function(prototype: Tensor, *fill: Any, dtype: Any = None, shape: Any = None) -> Tensor:
@@ -397,9 +408,10 @@ ARRAY_FUNCTIONS.update({
         x.session.apply("nan_to_num", (x,), {"nan": nan, "posinf": posinf, "neginf": neginf}),
     np.cumsum: lambda a, axis=None, dtype=None: a.cumsum(axis, dtype),
     np.cumprod: lambda a, axis=None, dtype=None: a.cumprod(axis, dtype),
-    np.sort: lambda a, axis=-1, kind=None: a.session.apply("sort", (a,),
-                                                          {"axis": axis, "kind": kind}),
-    np.argsort: lambda a, axis=-1, kind=None: a.argsort(axis, kind),
+    np.sort: lambda a, axis=-1, kind=None, *, stable=None: a.session.apply(
+        "sort", (a,), {"axis": axis, "kind": _sort_kind(kind, stable)}),
+    np.argsort: lambda a, axis=-1, kind=None, *, stable=None: a.argsort(
+        axis, _sort_kind(kind, stable)),
     np.zeros_like: _like("zeros"),
     np.ones_like: _like("ones"),
     np.empty_like: _like("empty"),

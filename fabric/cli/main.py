@@ -135,9 +135,10 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
               callback=checked(check_endpoint),
               help="The broker's address for workers (fabric broker --worker-address).")
 @click.option("--backend", default="numpy", show_default=True,
-              help="Device backend to host: numpy, numexpr or jax (the [jax] extra; "
-                   "--devices N on a CPU host makes N XLA CPU devices). (capture and remote "
-                   "devices cannot host a server and are refused.)")
+              help="Device backend to host: numpy, numexpr, jax (the [jax] extra; "
+                   "--devices N on a CPU host makes N XLA CPU devices) or cupy (the [cupy] "
+                   "extra; NVIDIA GPUs). (capture and remote devices cannot host a server "
+                   "and are refused.)")
 @click.option("--devices", type=int, default=1, show_default=True,
               help="How many devices this worker hosts.")
 @click.option("--threads", type=click.IntRange(min=1), default=None,

@@ -168,3 +168,16 @@ def test_a_streamed_loop_on_large_arrays_is_cut_by_entries_alone_and_replayed(ja
     stats = jax_session.stats()
     assert stats["batches_sent"] - sent <= 3 * 2  # (under 512 entries a pass: one or two)
     assert stats["device_batch_replays"] >= 1
+
+
+def test_sort_and_argsort_take_kind_and_stable_giving_numpys_stable_order_of_ties(jax_session):
+    # (found by test_differential's chains: jax's sorts refused numpy's kind, and the client
+    # numpy 2's stable)
+    local = np.array([[1.0, 0.0, 1.0, 0.0, -0.0], [0.0, 0.0, 1.0, 1.0, 0.0]])
+    t = jax_session.asarray(local)
+    for how in ({"kind": "stable"}, {"stable": True}, {"kind": "quicksort"}, {}):
+        np.testing.assert_array_equal(np.argsort(t, axis=None, **how).numpy(),
+                                      np.argsort(local, axis=None, kind="stable"))
+        np.testing.assert_array_equal(np.sort(t, axis=0, **how).numpy(), np.sort(local, axis=0))
+    with pytest.raises(ValueError, match="can't be provided at the same time"):
+        np.argsort(t, kind="stable", stable=True)

@@ -5,13 +5,15 @@ when a worker asks for it (a numpy worker never loads numexpr, nor jax). Devices
 host a remote server (a capture device records a client's ops; a remote device is itself a
 client) are refused with ``DeviceNotHostable`` and a sentence naming what to use instead; a
 backend whose package is not installed is refused with ``BackendMissing``, naming the extra
-that installs it. What a backend reads from the environment as its module loads is set by
-``prepare``, before.
+that installs it, and one whose hardware this host lacks (``Backend.check_host``: a cupy
+device without a CUDA device) alike, naming what is missing. What a backend reads from the
+environment as its module loads is set by ``prepare``, before.
 """
 
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 import sys
 
@@ -22,10 +24,11 @@ from .base import Backend
 # Backend name -> (module of this package, device class in it).
 BACKENDS = {"numpy": ("numpy_backend", "NumpyDevice"),
             "numexpr": ("numexpr_backend", "NumexprDevice"),
-            "jax": ("jax_backend", "JaxDevice")}
+            "jax": ("jax_backend", "JaxDevice"),
+            "cupy": ("cupy_backend", "CupyDevice")}
 # The backends that need a package fabric does not install by itself -> that package, and
 # the extra of fabric-arrays that installs it
-EXTRAS = {"jax": ("jax", "jax")}
+EXTRAS = {"jax": ("jax", "jax"), "cupy": ("cupy", "cupy")}
 _HOST_DEVICES = "--xla_force_host_platform_device_count"
 
 NOT_HOSTABLE = {
@@ -60,7 +63,9 @@ def device_class(backend: str) -> type[Backend]:
             f"({sys.executable}). Install fabric's [{extra}] extra there "
             f"(pip install 'fabric-arrays[{extra}]'), or run the worker with --backend numpy.",
             backend=backend) from None
-    return getattr(loaded, name)
+    device = getattr(loaded, name)
+    device.check_host()
+    return device
 
 
 def prepare(backend: str, devices: int) -> None:
@@ -68,7 +73,11 @@ def prepare(backend: str, devices: int) -> None:
     worker on a CPU host gets one XLA host device per device it hosts (XLA_FLAGS; where the
     flag is set already, or jax is loaded, it stays as it is), and on a GPU takes memory as
     its tensors need it, not three quarters of the GPU at start (the worker's budget and
-    metrics count its tensors; another process may share the GPU)."""
+    metrics count its tensors; another process may share the GPU). A GPU worker starts any
+    process of its own with spawn, never fork (a forked child of a process holding a CUDA
+    context cannot use it)."""
+    if backend == "cupy":
+        multiprocessing.set_start_method("spawn", force=True)
     if backend != "jax" or "jax" in sys.modules:
         return
     flags = os.environ.get("XLA_FLAGS", "")

@@ -38,6 +38,11 @@ import numpy as np
 from fabric.core.ops import OPS, Op, Spec
 from fabric.core.worker_options import WorkerOptions
 
+# The dtypes of fixed width, which an accelerator's module holds (every device dtype but
+# numpy's extended precision, float128 and complex256)
+FIXED_WIDTH_DTYPES = frozenset(np.dtype(name) for name in (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128"))
 # A compiled graph: the arrays bound to its inputs and the session's generator (for random
 # ops) in, its outputs out.
 GraphPlan = Callable[[list[np.ndarray], np.random.Generator], list[Any]]
@@ -126,6 +131,16 @@ class DeferredError(Exception):
         self.cause = cause
 
 
+class QueuedError(Exception):
+    """An error a device reported only when its queued work was waited for (``finish``):
+    ``ops`` names the ops it is attributed to, ``cause`` is the error."""
+
+    def __init__(self, ops: str, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.ops = ops
+        self.cause = cause
+
+
 class Backend:
     """One device of a worker; ``index`` is its local index on that worker.
 
@@ -147,6 +162,9 @@ class Backend:
     # True when a batch of streamed ops seen again should run as one graph, which the device
     # compiles (``compile_plan``): the executor keeps their graphs (``workers.batch_graphs``)
     compiles_batches: ClassVar[bool] = False
+    # True when the device queues its work and may report an error of it later (a GPU's
+    # kernels run asynchronously): the executor calls ``finish`` at the end of each batch
+    queues: ClassVar[bool] = False
     ops_fused: int = 0
     expressions_evaluated: int = 0
 
@@ -157,6 +175,12 @@ class Backend:
         self.index = index
         # every op's function over ``xp``, as ``implementation`` says
         self.implementations = {name: self.implementation(op) for name, op in OPS.items()}
+
+    @classmethod
+    def check_host(cls) -> None:
+        """Raise ``BackendMissing``, with a sentence naming what is missing, where this host
+        cannot hold such a device (a GPU backend on a machine without one); every host can
+        hold one by default. Asked before a worker starts."""
 
     @classmethod
     def for_worker(cls, index: int, options: WorkerOptions) -> "Backend":
@@ -201,6 +225,11 @@ class Backend:
         """A tensor's values in host memory, for a read or a move (a deferred value computed
         first); a device whose arrays live elsewhere copies them out."""
         return self.materialize(value)
+
+    def finish(self) -> None:
+        """Wait for the work the device has queued (where ``queues``): an error the device
+        reports only then is raised here, naming the ops it may come from. Nothing is queued
+        by default."""
 
     def on_thread(self) -> contextlib.AbstractContextManager[Any]:
         """The state the device's thread runs in, entered once by that thread; none by

@@ -41,15 +41,12 @@ from fabric.core.flow import COMPILES_BATCHES
 from fabric.core.ops import QUANTILES, RANDOM_OPS, Op, Spec
 from fabric.core.ops_functions import FFTS
 
-from .base import Backend, GraphOp, GraphPlan
+from .base import FIXED_WIDTH_DTYPES, Backend, GraphOp, GraphPlan
 from .jax_ops import SPELLED, needs_data
 
 jax.config.update("jax_enable_x64", True)
 
-# The dtypes XLA holds: every device dtype but numpy's extended precision
-HELD = frozenset(np.dtype(name) for name in (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128"))
+HELD = FIXED_WIDTH_DTYPES  # (the dtypes XLA holds)
 
 # Ops whose result's dtype is numpy's promotion of their operands (from the one numbered
 # here on), where jax's promotion differs (int64 with float32 is float32 in jax): their

@@ -21,7 +21,12 @@ What differs and why:
   negative power;
 - numpy's reductions and scans take axis 0 (or -1) of a 0-d array, jax's refuse it;
 - ``eig`` is real where every eigenvalue is (jax's is always complex); ``inv`` and ``solve``
-  of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do;
+  of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do,
+  and ``svd``, ``pinv`` and ``lstsq`` of a matrix holding a nan as LAPACK's SVD, which does
+  not converge then, makes numpy do (XLA's gives nans);
+- ``sort`` and ``argsort`` take numpy's ``kind`` (jax's refuse it): a stable sort for each;
+- a quantile's methods that pick a value (lower, higher, nearest) keep the input's dtype (a
+  bool's too) and round nearest's ties to even, as numpy's (jax's compute in a float);
 - what numpy refuses on the values, jax computes: ``nanargmin`` of an all-nan slice,
   ``average`` of weights that sum to zero, a histogram's edges that do not increase are
   refused here as numpy refuses them; ``lstsq``'s residuals are numpy's (none unless the
@@ -38,8 +43,11 @@ import numpy as np
 
 from fabric.core.op_indexing import bind_index
 from fabric.core.ops import QUANTILES, ufunc_named
-from fabric.core.ops_functions import cut_off, decomposition
+from fabric.core.ops_functions import (cut_off, decomposition, lstsq as lstsq_over,
+                                       pinv as pinv_over)
 from fabric.core.ops_statistics import average as average_over, histogram as histogram_of
+
+from .index_checks import checked_index, fitted_value
 
 _INT32 = (-2.0**31, 2.0**31)
 _INT64 = (-2.0**63, 2.0**63)
@@ -72,27 +80,6 @@ def _cast(value: Any, dtype: np.dtype) -> Any:
     return np.asarray(value).astype(dtype)
 
 
-def _stand_in(shape: tuple[int, ...]) -> np.ndarray:
-    """A writable array of ``shape`` that holds one byte (every stride 0)."""
-    return np.ndarray(shape, np.uint8, bytearray(1), 0, (0,) * len(shape))
-
-
-def checked_index(array: Any, index: tuple[Any, ...], arrays: tuple[Any, ...],
-                  *value: Any) -> tuple:
-    """``index`` with its arrays bound, after numpy has checked it (and the ``value`` an
-    update stores there) against ``array``'s shape on stand-ins: an integer out of bounds, a
-    mask of the wrong shape, a value that does not fit what a mask selects raise numpy's
-    own errors."""
-    if not arrays:  # (the client checked an index without arrays, and its value's shape)
-        return index
-    key = bind_index(index, [np.asarray(a) for a in arrays])
-    if value:
-        _stand_in(array.shape)[key] = _stand_in(np.shape(value[0]))
-    else:
-        _stand_in(array.shape)[key]  # (for numpy's checks alone)
-    return bind_index(index, arrays)
-
-
 def getitem(array: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
     """``array[index]``."""
     return array[checked_index(array, index, arrays)]
@@ -102,13 +89,7 @@ def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any
     """A copy of ``array`` with ``array[index] = value`` (the value's leading lengths of one
     beyond the selection's dimensions dropped, as numpy drops them; jax's ``.at`` refuses)."""
     key = checked_index(array, index, arrays, value)
-    value = _cast(value, array.dtype)
-    if np.ndim(value):
-        selected = np.ndim(_stand_in(array.shape)[bind_index(index, [
-            np.asarray(a) for a in arrays])])
-        while value.ndim > selected and value.shape[0] == 1:
-            value = value[0]
-    return array.at[key].set(value)
+    return array.at[key].set(fitted_value(array, _cast(value, array.dtype), index, arrays))
 
 
 def ufunc_at(array: Any, *operands: Any, ufunc: str, index: tuple[Any, ...]) -> Any:
@@ -265,9 +246,44 @@ def histogram(part: str) -> Callable[..., Any]:
     return checked
 
 
+def _converging(a: Any, message: str) -> None:
+    """LAPACK's SVD does not converge on a nan, and numpy raises: ``LinAlgError`` with
+    numpy's ``message`` where ``a`` holds one (XLA's SVD gives nans)."""
+    if a.dtype.kind in "fc" and bool(jnp.any(jnp.isnan(a))):
+        raise np.linalg.LinAlgError(message)
+
+
+_svd, _pinv, _lstsq = decomposition("svd")(jnp), pinv_over(jnp), lstsq_over(jnp)
+
+
+def svd(a: Any, full_matrices: bool = True, compute_uv: bool = True,
+        hermitian: bool = False) -> Any:
+    """numpy's ``linalg.svd``, packed: of a matrix holding a nan, numpy's ``LinAlgError``
+    (a hermitian one's goes through eigh, whose convergence on nans numpy's data decides:
+    computed as it is)."""
+    if not hermitian:
+        _converging(a, "SVD did not converge")
+    return _svd(a, full_matrices=full_matrices, compute_uv=compute_uv, hermitian=hermitian)
+
+
+def pinv(a: Any, *rtol: Any, hermitian: bool = False, **params: Any) -> Any:
+    """numpy's ``linalg.pinv`` (through an SVD: nans refused as ``svd`` refuses them)."""
+    if not hermitian:
+        _converging(a, "SVD did not converge")
+    return _pinv(a, *rtol, hermitian=hermitian, **params)
+
+
+def lstsq(a: Any, b: Any, rcond: float | None = None) -> Any:
+    """numpy's ``linalg.lstsq`` without its residuals, packed: ``a`` holding a nan refused
+    as numpy's SVD refuses it (a nan in ``b`` alone is computed)."""
+    _converging(a, "SVD did not converge in Linear Least Squares")
+    return _lstsq(a, b, rcond=rcond)
+
+
 def lstsq_residuals(a: Any, b: Any, rcond: float | None = None) -> Any:
     """numpy's residuals of ``lstsq``: none unless the rank is full and a has more rows than
     columns."""
+    _converging(a, "SVD did not converge in Linear Least Squares")
     return jnp.linalg.lstsq(a, b, rcond=cut_off(a, rcond), numpy_resid=True)[1]
 
 
@@ -298,17 +314,68 @@ def ufunc_method(method: str) -> Callable[..., Any]:
     return run
 
 
+# numpy's quantile methods that pick one of the sorted values: how each rounds the virtual
+# index ``q * (n - 1)`` (numpy's ``around`` rounds half to even, as ``jnp.round``)
+_PICKING = {"lower": jnp.floor, "higher": jnp.ceil, "nearest": jnp.round}
+
+
 def quantile(name: str) -> Callable[..., Any]:
-    """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only)."""
+    """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only); a
+    method that picks a value (lower, higher, nearest) as numpy picks it, in the input's
+    dtype (jax's computes in a float, refusing a bool's, and rounds nearest's ties down)."""
     function = getattr(jnp, name)
-    return lambda a, q, **params: function(a, jnp.asarray(q), **params)
+    skip_nan, percent = name.startswith("nan"), name.endswith("percentile")
+
+    def run(a: Any, q: Any, axis: Any = None, method: str = "linear", keepdims: bool = False,
+            **params: Any) -> Any:
+        q = jnp.asarray(q)
+        if method not in _PICKING:
+            return function(a, q, axis=axis, method=method, keepdims=keepdims, **params)
+        q = q.astype(np.float64) / 100 if percent else q.astype(np.float64)
+        return _picked(a, q, axis, _PICKING[method], keepdims, skip_nan)
+    return run
+
+
+def _picked(a: Any, q: Any, axis: Any, rounding: Callable[[Any], Any], keepdims: bool,
+            skip_nan: bool) -> Any:
+    """The values a picking quantile method takes along ``axis`` (None, an int, a tuple) at
+    each ``q``: ``q``'s axes first, as numpy's. A slice holding a nan gives nan (a nan one's:
+    its other values, and nan where all are nan)."""
+    reduced = tuple(range(a.ndim)) if axis is None else tuple(
+        sorted(x % a.ndim for x in np.atleast_1d(axis)))
+    kept = [d for d in range(a.ndim) if d not in reduced]
+    rows = jnp.transpose(a, kept + list(reduced)).reshape(
+        *[a.shape[d] for d in kept], -1)  # (each reduced slice one row)
+    nan = jnp.isnan(rows) if a.dtype.kind == "f" else jnp.zeros(rows.shape, bool)
+    count = (~nan).sum(-1) if skip_nan else jnp.full(rows.shape[:-1], rows.shape[-1])
+    at = q.reshape(q.shape + (1,) * (rows.ndim - 1))
+    index = jnp.clip(rounding((count - 1) * at), 0, rows.shape[-1] - 1).astype(np.int64)
+    ordered = jnp.broadcast_to(jnp.sort(rows, axis=-1), q.shape + rows.shape)  # (nans last)
+    values = jnp.take_along_axis(ordered, index[..., None], axis=-1)[..., 0]
+    undefined = (count == 0) if skip_nan else nan.any(-1)
+    if a.dtype.kind == "f":
+        values = jnp.where(undefined, jnp.nan, values).astype(a.dtype)
+    if keepdims:
+        values = values.reshape(q.shape + tuple(
+            1 if d in reduced else a.shape[d] for d in range(a.ndim)))
+    return values
+
+
+def sorting(name: str) -> Callable[..., Any]:
+    """numpy's ``sort`` or ``argsort``, numpy's ``kind`` taken (jax's refuses it): every kind
+    as jax's stable sort. numpy's 'stable' and 'mergesort' are stable; the order its other
+    kinds give ties is unspecified and differs between CPUs (AVX-512's quicksort reorders
+    them), and the stable order is one of numpy's."""
+    run = axis_of_0d(name, scan=True) if name == "argsort" else getattr(jnp, name)
+    return lambda a, axis=-1, kind=None: run(a, axis=axis, stable=True)
 
 
 # Op name -> its function on the jax device, where it is not the table's build over jnp
 SPELLED: dict[str, Callable[..., Any]] = {
     "astype": astype, "getitem": getitem, "setitem": setitem, "ufunc_at": ufunc_at,
     "floor_divide": floor_divide, "remainder": remainder, "sign": sign, "power": power,
-    "bincount": bincount, "inv": inv, "solve": solve, "eig": eig,
+    "bincount": bincount, "inv": inv, "solve": solve, "eig": eig, "svd": svd, "pinv": pinv,
+    "lstsq": lstsq,
     "average": average, "lstsq_residuals": lstsq_residuals, "searchsorted": searchsorted,
     "convolve": convolve,
     **{f"ufunc_{method}": ufunc_method(method) for method in ("reduce", "accumulate")},
@@ -318,12 +385,13 @@ SPELLED: dict[str, Callable[..., Any]] = {
         "nanmean", "nanstd", "nanvar", "nanmin", "nanmax", "ptp")},
     **{name: nan_index(name) for name in ("nanargmin", "nanargmax")},
     **{name: histogram(name) for name in ("histogram", "histogram_bin_edges")},
-    **{name: axis_of_0d(name, scan=True) for name in ("cumsum", "cumprod", "argsort")},
+    **{name: axis_of_0d(name, scan=True) for name in ("cumsum", "cumprod")},
+    **{name: sorting(name) for name in ("sort", "argsort")},
 }
 # Ops that read their data to decide (numpy's errors, a data-dependent dtype): never traced
 NEEDS_DATA = frozenset({"setitem", "ufunc_at", "bincount", "inv", "solve", "eig", "nanargmin",
-                        "nanargmax", "average", "histogram", "histogram_bin_edges",
-                        "lstsq_residuals"})
+                        "nanargmax", "average", "histogram", "histogram_bin_edges", "svd",
+                        "pinv", "lstsq", "lstsq_residuals"})
 
 
 def needs_data(name: str, args: list[Any], dtype: np.dtype | None) -> bool:
