@@ -143,16 +143,26 @@ def figures(registry: RegistryView, now: float, held: int,
 
 def _listed_sessions(registry: RegistryView, now: float) -> tuple[Mapping[str, Any], ...]:
     """The sessions the broker took first (``MAX_LISTED_SESSIONS`` at most, oldest first):
-    device, worker, state, age and traffic; never an id (the dashboard shows them to whoever
+    device, worker, state, age, traffic, and the bytes they hold and ops they ran as their
+    worker last reported (None before it has); never an id (the dashboard shows them to whoever
     holds the admin token, and a session's id is what closes it). The registry holds them in
     the order it took them, so this reads that many, whatever the count."""
     first = sorted(islice(registry.sessions.values(), MAX_LISTED_SESSIONS),
                    key=lambda s: (s.created, s.id))
-    return tuple(MappingProxyType({
-        "device": session.device, "worker": registry.workers[session.worker].name,
-        "state": session.phase.value, "age": now - session.created,
-        "bytes_in": session.bytes_in, "bytes_out": session.bytes_out,
-        "submits": session.submits, "errors": session.errors}) for session in first)
+    # what each worker's last heartbeat said its devices hold and ran for these sessions
+    held = {(worker, entry.session): entry for worker, w in registry.workers.items()
+            if w.report is not None for entry in w.report.sessions}
+    rows = []
+    for session in first:
+        entry = held.get((session.worker, session.id))
+        rows.append(MappingProxyType({
+            "device": session.device, "worker": registry.workers[session.worker].name,
+            "state": session.phase.value, "age": now - session.created,
+            "resident_bytes": None if entry is None else entry.resident_bytes,
+            "ops": None if entry is None else entry.ops,
+            "bytes_in": session.bytes_in, "bytes_out": session.bytes_out,
+            "submits": session.submits, "errors": session.errors}))
+    return tuple(rows)
 
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})

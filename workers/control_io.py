@@ -33,6 +33,7 @@ find out whether it is still there is read and dropped.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -45,7 +46,8 @@ import zmq
 
 from fabric.core import protocol
 from fabric.core.flow import Outbox
-from fabric.core.protocol import Kind, LinkReport, WorkerReport, report_body
+from fabric.core.protocol import (MAX_REPORTED_SESSIONS, Kind, LinkReport, WorkerReport,
+                                  report_body)
 from fabric.core.security import announced_mechanism
 from fabric.core.sockets import recv_frames, recv_monitor_event, try_send
 from fabric.core.version import __version__
@@ -144,10 +146,12 @@ class Worker:
     def report(self) -> dict[str, Any]:
         """What the control thread's HEARTBEAT says of the devices: the broker's metrics."""
         links = self.links
+        sessions = itertools.chain.from_iterable(runner.sessions() for runner in self._runners)
         return report_body(WorkerReport(
             self._budget.limit, tuple(runner.report() for runner in self._runners),
             0 if links is None else links.admissions.refused,
-            LinkReport() if links is None else links.report()))
+            LinkReport() if links is None else links.report(),
+            tuple(itertools.islice(sessions, MAX_REPORTED_SESSIONS))))
 
     # -- what the control machine asks for ------------------------------------------------
 

@@ -25,7 +25,7 @@ import zmq
 from fabric.core import protocol
 from fabric.core.errors import FabricError
 from fabric.core.flow import Outbox
-from fabric.core.protocol import DeviceReport, Kind
+from fabric.core.protocol import DeviceReport, Kind, SessionReport
 from fabric.core.security import present_token
 from fabric.core.sockets import POLLIN, message_check, recv_frames, try_send
 from fabric.core.worker_options import WorkerOptions
@@ -119,6 +119,12 @@ class DeviceThread:
         executor = self.lane.executor
         return executor.tally.report(executor.allowance.held, self._waiting.messages,
                                      0 if executor.slots is None else executor.slots.held)
+
+    def sessions(self) -> list[SessionReport]:
+        """What this device holds and ran for each of its sessions, read from the control
+        thread (the copy of the table is one C call, which the device thread cannot split)."""
+        return [SessionReport(session_id, session.resident, session.ops)
+                for session_id, session in list(self.lane.executor.sessions.items())]
 
     def run(self) -> None:
         """Serve the lane and the pair until the control thread says STOP."""

@@ -154,6 +154,7 @@ LABEL_FIELDS = {Kind.HELLO: ("client",), Kind.OPEN: ("client",),
 # decades, as every bucket is a sample each scrape renders, for each device.
 OP_SECONDS_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0)
 _MAX_COUNT = 2**63 - 1  # what a reported count or size may be at most
+_MAX_SESSION_ID = 2**64 - 1  # (a header's unsigned 64 bits)
 
 
 class DeviceReport(NamedTuple):
@@ -193,15 +194,29 @@ class LinkReport(NamedTuple):
     fallbacks: int = 0
 
 
+class SessionReport(NamedTuple):
+    """What a device holds and ran for one session, now: the dashboard's session rows."""
+
+    session: int
+    resident_bytes: int  # its tensors' bytes
+    ops: int  # ops its batches carried
+
+
+# A heartbeat names at most this many sessions (a worker's first ones, in the order its
+# devices took them): enough for the dashboard's rows, and a heartbeat stays small
+MAX_REPORTED_SESSIONS = 256
+
+
 class WorkerReport(NamedTuple):
     """A worker's report: its memory budget (None: no limit), one entry per device, the
-    peers its direct-link endpoint refused (no ticket, a wrong or used one), and what its
-    direct links carried."""
+    peers its direct-link endpoint refused (no ticket, a wrong or used one), what its
+    direct links carried, and its sessions (``MAX_REPORTED_SESSIONS`` at most)."""
 
     budget_bytes: int | None
     devices: tuple[DeviceReport, ...]
     link_refusals: int = 0
     links: LinkReport = LinkReport()
+    sessions: tuple[SessionReport, ...] = ()
 
     def device(self, local: int) -> DeviceReport | None:
         """The report of device ``local``; None where the worker has no such device (a name
@@ -213,7 +228,8 @@ def report_body(report: WorkerReport) -> dict[str, Any]:
     """The ``report`` field of a worker's HEARTBEAT (a device as a list, in field order:
     a heartbeat stays small, a few dozen bytes per device)."""
     return {"report": [report.budget_bytes, [list(device) for device in report.devices],
-                       report.link_refusals, list(report.links)]}
+                       report.link_refusals, list(report.links),
+                       [list(session) for session in report.sessions]]}
 
 
 def _count(value: Any) -> bool:
@@ -243,11 +259,11 @@ def decode_report(body: dict[str, Any], devices: int) -> WorkerReport | None:
     if "report" not in body:
         return None
     report = body["report"]
-    if type(report) is not list or len(report) != 4 or type(report[1]) is not list:
+    if type(report) is not list or len(report) != 5 or type(report[1]) is not list:
         raise ProtocolError("A HEARTBEAT's report is [budget_bytes, [device report, ...], "
-                            "link_refusals, links]: upgrade the worker to the broker's fabric "
-                            "release.")
-    budget, entries, link_refusals, links = report
+                            "link_refusals, links, [session report, ...]]: upgrade the worker "
+                            "to the broker's fabric release.")
+    budget, entries, link_refusals, links, sessions = report
     if budget is not None and not _count(budget):
         raise ProtocolError("A report's budget_bytes must be an int from 0 to 2**63-1, or nil.")
     if not _count(link_refusals):
@@ -259,8 +275,15 @@ def decode_report(body: dict[str, Any], devices: int) -> WorkerReport | None:
     if len(entries) != devices:
         raise ProtocolError(f"A report has {len(entries)} device report(s) for a worker that "
                             f"registered {devices} device(s): one per device, in order.")
+    if type(sessions) is not list or len(sessions) > MAX_REPORTED_SESSIONS or not all(
+            type(entry) is list and len(entry) == len(SessionReport._fields)
+            and type(entry[0]) is int and 0 <= entry[0] <= _MAX_SESSION_ID
+            and _count(entry[1]) and _count(entry[2]) for entry in sessions):
+        raise ProtocolError(f"A report's sessions are at most {MAX_REPORTED_SESSIONS} lists "
+                            f"of {len(SessionReport._fields)} ints: a session id (its header's"
+                            ", 0 to 2**64-1), and a size and a count from 0 to 2**63-1.")
     return WorkerReport(budget, tuple(map(_device_report, entries)), link_refusals,
-                        LinkReport(*links))
+                        LinkReport(*links), tuple(SessionReport(*entry) for entry in sessions))
 
 
 # Header and Message are named tuples, not dataclasses: every message on every hop makes

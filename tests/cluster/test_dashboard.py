@@ -89,15 +89,20 @@ def test_the_token_signs_in_and_no_answer_holds_an_id_or_a_token(watched):
     signed_in = {"Cookie": cookie.split(";")[0]}
     assert signed_in["Cookie"].startswith(COOKIE + "=")
     with watched.connect(device=1) as session:
-        session.asarray(np.arange(10.0)).sum().numpy()
+        held = session.asarray(np.arange(1000.0))
+        held.sum().numpy()
 
-        def listed() -> Any:
+        def listed() -> Any:  # (once the worker's heartbeat has said what the session holds)
             view = json.loads(ask(page + "/data", headers=signed_in)[2])
-            return view.get("sessions") and view
+            return view.get("sessions") and view["sessions"][0]["resident_bytes"] and view
 
         view = wait_for(listed, 10, "the session in the dashboard's data")
         assert [(row["device"], row["worker"], row["state"]) for row in view["sessions"]] == \
             [(1, "worker-1", "open")]
+        # what the device holds for it: the upload (and the sum's 0-d result, if not freed
+        # yet), and the ops it ran
+        assert held.nbytes <= view["sessions"][0]["resident_bytes"] <= held.nbytes + 8
+        assert view["sessions"][0]["ops"] >= 2
         assert [d["worker"] for d in view["devices"]] == ["worker-0", "worker-1"]
         answers = [ask(page + path, headers=signed_in)[2] for path in ("", "/data")]
         answers.append(ask(page + "/data", headers=bearer(watched.admin_token))[2])

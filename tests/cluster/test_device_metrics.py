@@ -16,8 +16,9 @@ from fabric.broker.metrics import families, figures
 from fabric.broker.model import Side
 from fabric.core import protocol
 from fabric.core.errors import ProtocolError, error_from_wire
-from fabric.core.protocol import (OP_SECONDS_BUCKETS, DeviceReport, Kind, LinkReport, Message,
-                                  WorkerReport, decode_report, report_body)
+from fabric.core.protocol import (MAX_REPORTED_SESSIONS, OP_SECONDS_BUCKETS, DeviceReport, Kind,
+                                  LinkReport, Message, SessionReport, WorkerReport,
+                                  decode_report, report_body)
 from fabric.workers.tally import DeviceTally
 from conftest import HEARTBEAT
 from polling import wait_for
@@ -120,23 +121,30 @@ def device(resident=0, buckets=None, seconds=0.0, replays=0, registrations=0, qu
 
 BAD_REPORTS = {
     "not a list": {"report": {"devices": []}},
-    "no devices list": {"report": [None, 7, 0, LINKS]},
+    "no devices list": {"report": [None, 7, 0, LINKS, []]},
     "no link_refusals": {"report": [None, [device()]]},
-    "negative link_refusals": {"report": [None, [device()], -1, LINKS]},
+    "negative link_refusals": {"report": [None, [device()], -1, LINKS, []]},
     "no links": {"report": [None, [device()], 0]},
-    "a link count short": {"report": [None, [device()], 0, LINKS[1:]]},
-    "a negative link count": {"report": [None, [device()], 0, [-1, *LINKS[1:]]]},
-    "a device too many": {"report": [None, [device()] * 2, 0, LINKS]},
-    "a device report short": {"report": [None, [device()[:6]], 0, LINKS]},
-    "a negative size": {"report": [None, [device(resident=-1)], 0, LINKS]},
-    "a bool for a count": {"report": [None, [device(replays=True)], 0, LINKS]},
+    "a link count short": {"report": [None, [device()], 0, LINKS[1:], []]},
+    "a negative link count": {"report": [None, [device()], 0, [-1, *LINKS[1:]], []]},
+    "a device too many": {"report": [None, [device()] * 2, 0, LINKS, []]},
+    "a device report short": {"report": [None, [device()[:6]], 0, LINKS, []]},
+    "a negative size": {"report": [None, [device(resident=-1)], 0, LINKS, []]},
+    "a bool for a count": {"report": [None, [device(replays=True)], 0, LINKS, []]},
     "a negative shared-memory count": {"report": [None, [device(bulk=[0, -8, 0, 0, 0])], 0,
-                                                  LINKS]},
-    "too few buckets": {"report": [None, [device(buckets=[0] * (BUCKETS - 1))], 0, LINKS]},
-    "a count too large": {"report": [None, [device(buckets=[2**64 - 1] * BUCKETS)], 0, LINKS]},
-    "seconds not a number": {"report": [None, [device(seconds="1")], 0, LINKS]},
-    "infinite seconds": {"report": [None, [device(seconds=math.inf)], 0, LINKS]},
-    "a bad budget": {"report": [-5, [device()], 0, LINKS]},
+                                                  LINKS, []]},
+    "too few buckets": {"report": [None, [device(buckets=[0] * (BUCKETS - 1))], 0, LINKS, []]},
+    "a count too large": {"report": [None, [device(buckets=[2**64 - 1] * BUCKETS)], 0, LINKS, []]},
+    "seconds not a number": {"report": [None, [device(seconds="1")], 0, LINKS, []]},
+    "infinite seconds": {"report": [None, [device(seconds=math.inf)], 0, LINKS, []]},
+    "a bad budget": {"report": [-5, [device()], 0, LINKS, []]},
+    "no sessions": {"report": [None, [device()], 0, LINKS]},
+    "sessions not a list": {"report": [None, [device()], 0, LINKS, {}]},
+    "a session report short": {"report": [None, [device()], 0, LINKS, [[1, 2]]]},
+    "a negative session size": {"report": [None, [device()], 0, LINKS, [[1, -2, 3]]]},
+    "a session id not an int": {"report": [None, [device()], 0, LINKS, [[True, 2, 3]]]},
+    "too many sessions": {"report": [None, [device()], 0, LINKS,
+                                     [[1, 2, 3]] * (MAX_REPORTED_SESSIONS + 1)]},
 }
 
 
@@ -194,7 +202,8 @@ def test_a_report_goes_through_its_codec_unchanged():
     report = WorkerReport(None, (DeviceReport(10, (0,) * BUCKETS, 0.0, 0, 0, 0),
                                  DeviceReport(2**40, tuple(range(BUCKETS)), 12.5, 3, 1, 9,
                                               4, 2**33, 5, 2**34, 2**31)), 7,
-                          LinkReport(1, 2**30, 2, 2**31, 3))
+                          LinkReport(1, 2**30, 2, 2**31, 3),
+                          (SessionReport(5, 2**40, 12), SessionReport(2**64 - 1, 0, 0)))
     body = protocol.decode(protocol.encode(Message(Kind.HEARTBEAT, body=report_body(report))))
     assert decode_report(body.body, devices=2) == report
     assert decode_report({}, devices=2) is None  # a lane's heartbeat says nothing of it
@@ -265,3 +274,8 @@ def test_a_heartbeat_stays_small_whatever_the_counts():
         assert size < 150 + 150 * devices  # (every count at its largest: 9 bytes each)
         assert decode_report(protocol.decode(protocol.encode(Message(
             Kind.HEARTBEAT, body=report_body(report)))).body, devices) == report
+    # and the most sessions it may name add at most 28 bytes each
+    report = WorkerReport(None, (largest,), sessions=(SessionReport(2**64 - 1, most, most),)
+                          * MAX_REPORTED_SESSIONS)
+    size = sum(map(len, protocol.encode(Message(Kind.HEARTBEAT, body=report_body(report)))))
+    assert size < 300 + 28 * MAX_REPORTED_SESSIONS

@@ -15,6 +15,7 @@ from fabric.broker.dashboard import (COOKIE, MAX_BODY_BYTES, MAX_TICKETS, Dashbo
                                      route)
 from fabric.broker.metrics import figures
 from fabric.broker.model import Side
+from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport, SessionReport, WorkerReport
 
 
 def call(app: Any, path: str, method: str = "GET", body: bytes = b"",
@@ -49,11 +50,26 @@ def test_the_data_lists_sessions_without_ids_and_only_while_watched():
     seven = registry.sessions[7]
     assert (view["sessions"][0]["bytes_in"], view["sessions"][0]["submits"]) == \
         (seven.bytes_in, seven.submits)
-    assert all(set(s) == {"device", "worker", "state", "age", "bytes_in", "bytes_out",
-                          "submits", "errors"} for s in view["sessions"])
+    assert all(set(s) == {"device", "worker", "state", "age", "resident_bytes", "ops",
+                          "bytes_in", "bytes_out", "submits", "errors"} for s in view["sessions"])
+    # (no worker has reported yet: what the sessions hold is not known)
+    assert {(s["resident_bytes"], s["ops"]) for s in view["sessions"]} == {(None, None)}
     assert view["role"] is None and view["lost"] == []
     assert data(figures(registry, 2.0, 0))["sessions"] is None
     assert data({}) == {"ready": False}
+
+
+def test_a_session_shows_what_its_worker_reported_it_holds():
+    registry = busy_registry()
+    seven = registry.sessions[7]
+    worker = registry.workers[seven.worker]
+    worker.report = WorkerReport(None, (DeviceReport(0, (0,) * (len(OP_SECONDS_BUCKETS) + 1),
+                                                     0.0, 0, 0, 0),) * len(worker.devices),
+                                 sessions=(SessionReport(7, 4096, 12),
+                                           SessionReport(99, 1, 1)))  # (99: not the broker's)
+    rows = data(figures(registry, 2.0, 0, detail=True))["sessions"]
+    assert [(s["device"], s["resident_bytes"], s["ops"]) for s in rows] == \
+        [(0, 4096, 12), (2, None, None)]
 
 
 def test_a_lost_worker_is_listed_with_when_and_its_devices_offline():
