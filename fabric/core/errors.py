@@ -85,6 +85,20 @@ class HandshakeError(ConnectError):
     code = "handshake_failed"
 
 
+class BrokerPassive(HandshakeError):
+    """This broker is the passive one of a pair (``--peer``): the other broker serves. The
+    client (or worker) tries the other address."""
+
+    code = "broker_passive"
+
+
+class NoActiveBroker(ConnectError):
+    """None of the brokers listed for a client serves it: each is passive, unreachable or
+    refused it. The sentence names each address and what it said."""
+
+    code = "no_active_broker"
+
+
 class ServerDisconnected(HandshakeError):
     """The connection closed before the broker answered the HELLO."""
 

@@ -48,6 +48,8 @@ STABLE_CODES = {
     "NotFound": "not_found",
     "ConfigError": "config_error",
     "ClusterError": "cluster_error",
+    "BrokerPassive": "broker_passive",
+    "NoActiveBroker": "no_active_broker",
 }
 
 
