@@ -4,6 +4,7 @@
     ├── ConnectError                 the client could not open a session
     │   ├── EncryptionError
     │   ├── WrongPort
+    │   ├── NoActiveBroker           none of a pair's brokers serves
     │   └── HandshakeError
     │       ├── ServerDisconnected
     │       ├── HandshakeTimeout
@@ -13,7 +14,8 @@
     │       ├── DeviceOffline
     │       │   └── DeviceDraining
     │       ├── DuplicateSession
-    │       └── TooManySessions
+    │       ├── TooManySessions
+    │       └── BrokerPassive        the other broker of the pair serves
     ├── SessionLost                  an open session ended (its worker, broker or link died)
     │   └── SessionClosed            its user closed it
     ├── MessageTooLarge

@@ -140,7 +140,7 @@ def test_handshake_errors_are_connect_errors():
     assert {cls.__name__ for cls in handshake_classes} == {
         "HandshakeError", "ServerDisconnected", "HandshakeTimeout", "VersionMismatch",
         "AuthenticationError", "NoSuchDevice", "DeviceOffline", "DeviceDraining",
-        "DuplicateSession", "TooManySessions"}
+        "DuplicateSession", "TooManySessions", "BrokerPassive"}
     for cls in handshake_classes:
         assert issubclass(cls, ConnectError)
         assert isinstance(error_from_wire(cls("x").to_wire()), ConnectError)
