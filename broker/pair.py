@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fabric.core.errors import BrokerPassive, ConfigError
+from fabric.core.flow import DEFAULT_PAIR_HEARTBEAT, DEFAULT_PAIR_LIVENESS
 
 
 class State(str, enum.Enum):
@@ -51,6 +52,18 @@ class Event(enum.Enum):
     PEER_ACTIVE = "active"
     PEER_PASSIVE = "passive"
     CLIENT_REQUEST = "client_request"
+
+
+@dataclass(frozen=True)
+class PairSettings:
+    """A broker's place in a pair: the other broker's state address (``peer``), its own
+    (``address``), its role, and the state heartbeats' interval and liveness."""
+
+    peer: str
+    address: str
+    primary: bool
+    heartbeat: float = DEFAULT_PAIR_HEARTBEAT
+    liveness: int = DEFAULT_PAIR_LIVENESS
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,7 @@ class Pair:
         self.peer_expiry = now + self.bound  # past it, the peer counts as gone
         self.takeovers = 0  # times this broker became active on a knock (the peer gone)
         self.changed_at = now
+        self.why = "started"  # why the state last changed (for the log)
 
     @property
     def bound(self) -> float:
@@ -158,7 +172,7 @@ class Pair:
             self.term = max(self.term, self.peer_term) + 1
             if event is Event.CLIENT_REQUEST and self.state is State.PASSIVE:
                 self.takeovers += 1
-        self.state, self.changed_at = after, now
+        self.state, self.changed_at, self.why = after, now, change.why
         return change
 
     def _next(self, event: Event, now: float, beat: Beat | None) -> State | None:

@@ -143,8 +143,20 @@ def _print_status(status: dict[str, Any], address: str) -> None:
         lines.append(("queues", f"{queues['parked_messages']} message(s) waiting for "
                                 f"{queues['peers_waiting']} peer(s)"
                                 + (", clients paused" if queues["frontend_paused"] else "")))
+    pair = status.get("pair")
+    if pair:  # one broker of a pair (fabric broker --peer)
+        lines.append(("pair", pair_text(pair)))
     for name, value in lines:
         click.echo(f"{name + ':':<17}{value}")
+
+
+def pair_text(pair: dict[str, Any]) -> str:
+    """A pair broker's role and state in words (``status``'s and ``ping``'s ``pair``)."""
+    peer = pair["peer_state"]
+    heard = (f"peer {peer}, heard {pair['peer_silent_for']:.1f} s ago" if peer
+             else "peer never heard")
+    return (f"{pair['role']}, {pair['state']} for {duration_text(pair['in_state_for'])} "
+            f"(term {pair['term']}, {pair['takeovers']} takeover(s); {heard})")
 
 
 def _lost_when(row: dict[str, Any]) -> str:

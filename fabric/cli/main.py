@@ -20,11 +20,11 @@ from click.core import ParameterSource
 
 from fabric.cli.admin_commands import admin
 from fabric.cli.options import (as_usage_error, checked, curve_client_options,
-                                curve_server_options, limit_options, metrics_option,
+                                curve_server_options, limit_options, metrics_option, pair_options,
                                 renamed_option, required_secret, timing_options, token_options,
                                 with_options)
 from fabric.cli.top_command import top
-from fabric.core.addresses import advertise_host, check_endpoint
+from fabric.core.addresses import advertise_host, check_endpoints
 from fabric.core.config import load_admin_file, resolve_secret
 from fabric.core.errors import ConfigError, DeviceNotHostable, FabricError
 from fabric.core.host_slot import claim_slot
@@ -84,13 +84,14 @@ def main() -> None:
 @limit_options("broker")
 @curve_server_options
 @metrics_option
+@pair_options
 @renamed_option("--backend", "--worker-address")
 def broker(frontend: str, worker_address: str, token: str | None, token_file: str | None,
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
            advertise: str | None, state_file: str | None, curve: CurveServer | None,
-           limits: dict[str, Any], metrics: str | None) -> None:
+           limits: dict[str, Any], metrics: str | None, pair: Any) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
@@ -116,8 +117,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
         serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve,
               state_file=state_file, metrics=parse_address(metrics) if metrics else None,
-              advertise=advertise)
-    except ConfigError as exc:  # a state file it cannot use
+              advertise=advertise, pair=pair)
+    except ConfigError as exc:  # a state file it cannot use, a peer of its own role
         raise click.ClickException(exc.message) from None
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
         hint = (" (another broker or cluster on that port? tcp://127.0.0.1:* picks a free one)"
@@ -131,8 +132,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 
 @main.command()
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
-              callback=checked(check_endpoint),
-              help="The broker's address for workers (fabric broker --worker-address).")
+              callback=checked(check_endpoints),
+              help="The broker's address for workers (fabric broker --worker-address); for a "
+                   "pair, both brokers', separated by a comma: the worker serves the active one.")
 @click.option("--backend", default="numpy", show_default=True,
               help="Device backend to host: numpy, numexpr or jax (the [jax] extra; "
                    "--devices N on a CPU host makes N XLA CPU devices). (capture and remote "

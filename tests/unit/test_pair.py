@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from broker.pair import Beat, Pair, State, refusal
+from fabric.broker.pair import Beat, Pair, State, refusal
 from fabric.core.errors import BrokerPassive, ConfigError, error_from_wire
 
 pytestmark = pytest.mark.timeout(60)
