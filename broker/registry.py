@@ -145,6 +145,7 @@ class Registry(WorkerMessages):
         # With a peer broker (``broker.pair``): whether this one serves new sessions, device
         # lists and registrations. Asked only at those knocks, never per routed message.
         self.pair: Pair | None = None
+        self.reload_numbering: Callable[[], None] | None = None  # the I/O loop's state file
         self.zap = ZapGate({"client": self._client_tokens, "worker": [self._worker_token],
                             "admin": [self._admin_token] if self._admin_token else []},
                            curve_keys, self.rejects, self._log_peer, self._token_refused)
@@ -204,7 +205,21 @@ class Registry(WorkerMessages):
     def _passive(self, now: float) -> bool:
         """A knock (HELLO, DEVICES, REGISTER): whether this broker refuses it because the
         other broker of its pair serves (``broker.pair``)."""
-        return self.pair is not None and not self.pair.on_request(now)
+        if self.pair is None:
+            return False
+        was_serving = self.pair.serving
+        if not self.pair.on_request(now):
+            return True
+        if not was_serving:
+            self.began_serving()
+        return False
+
+    def began_serving(self) -> None:
+        """This broker of a pair began serving. With no worker registered yet it takes the
+        device numbering again from the state file the pair shares (the other broker kept it
+        while serving), so that devices keep their indexes across a takeover."""
+        if self.reload_numbering is not None and not self.workers:
+            self.reload_numbering()
 
     def _settling(self, error: FabricError, now: float) -> FabricError:
         """A refusal for a device a broker that took over lately does not know yet: its

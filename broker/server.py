@@ -168,6 +168,7 @@ class Broker:
         self._state = StateFile(state_file, self.registry.worker_table) if state_file else None
         if self._state is not None:
             self._state.load()
+            self.registry.reload_numbering = self._reload_numbering
         self._running = True
         self._flow = FlowControl(self.registry, limits)  # peers whose queue is full
         self._outbox = self._flow.outbox  # (the hot path's test: any parked for this peer?)
@@ -181,6 +182,14 @@ class Broker:
             self._pair_pub, self._pair_sub = self._pair_sockets(pair, curve, worker_token)
             self._next_beat = 0.0
             self._published = None  # the state last published
+
+    def _reload_numbering(self) -> None:
+        """Read the state file again (``Registry.began_serving``); one the other broker of the
+        pair left unreadable is said, and the numbering this broker holds kept."""
+        try:
+            self._state.load()
+        except ConfigError as exc:
+            log.warning("pair: keeping this broker's device numbering: %s", exc.message)
 
     def _pair_sockets(self, pair: PairSettings, curve: CurveServer | None,
                       worker_token: str) -> tuple[zmq.Socket, zmq.Socket]:
@@ -243,6 +252,8 @@ class Broker:
             if change is not None and change.stepped_down:
                 self.registry.counters["pair_step_downs"] += 1
                 self._send(self.registry.step_down())
+            elif change is not None and pair.serving:
+                self.registry.began_serving()
         self._pair_tick(now)
 
     @property

@@ -225,6 +225,7 @@ class Control:
             if self.register_due is None or now < self.register_due:
                 return []
             self.register_sent, self.last_sent = True, now  # (HEARTBEATs count from here)
+            self._lives(now)  # (its answer is awaited from here)
             return [self._register()]
         if now - self.last_sent >= self.heartbeat:
             self.last_sent = now
@@ -236,6 +237,7 @@ class Control:
         later (at a ``tick``), once the broker's libzmq counts the link's liveness bound."""
         if self.register_due is None:
             self.register_due = now + 2 * ping_interval(self.heartbeat)
+            self._lives(now)  # (its process finished the handshake)
         return []
 
     def on_message(self, frames: Sequence[Any], now: float) -> list[Action]:
@@ -274,11 +276,20 @@ class Control:
         self.last_heard = now
         return self._connect()
 
+    def _lives(self, now: float) -> None:
+        """A pair's broker showed it lives: its heartbeat of silence counts from ``now`` (a
+        single broker's bound is long enough to count from the connection)."""
+        if len(self.brokers) > 1:
+            self.last_heard = now
+
     @property
     def _silence_bound(self) -> float:
         """Seconds an unregistered connection may stay silent before the worker tries again:
-        the liveness bound for one broker, a heartbeat for a pair (the other may serve)."""
-        return self.heartbeat * (self.liveness if len(self.brokers) == 1 else 1)
+        the liveness bound for one broker; for a pair (the other may serve) a heartbeat, but
+        longer than the wait from the beacon's handshake to REGISTER (``on_beacon_up``)."""
+        if len(self.brokers) == 1:
+            return self.heartbeat * self.liveness
+        return max(self.heartbeat, 3 * ping_interval(self.heartbeat))
 
     def _moving_on(self) -> str:
         """Turn to the next broker of a pair: ' to <its address>' ('' for a single broker)."""

@@ -171,10 +171,10 @@ class Worker:
     def _connect(self, connect: Connect) -> None:
         self._close_dealer()
         self._to_devices.clear()  # (for the sessions of the old connection)
-        for device, lane in enumerate(connect.lanes):
-            self._to_device(device, [RESET, lane])
-        self._set_reading_devices(True)
         self.broker = self.control.broker  # (a pair's: the one this connection goes to)
+        for device, lane in enumerate(connect.lanes):
+            self._to_device(device, [RESET, lane, self.broker.encode()])
+        self._set_reading_devices(True)
         self.dealer = dealer(self.context, self.options, connect.identity)
         # A refused key or mismatched encryption is only ever a monitor event.
         self._monitor = self.dealer.get_monitor_socket(_HANDSHAKE_FAILED)

@@ -342,13 +342,15 @@ _cluster_options = [
 @click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True,
               help="Times a worker that dies is restarted within a minute; past that it "
                    "stays down and the others serve on (0: never restarted).")
+@click.option("--standby", is_flag=True, help="Run a broker pair here: a primary and a backup "
+              "that takes over when the primary dies; workers and the connection file name both.")
 @with_options(_cluster_options)
 def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_python: str,
                ssh_config: str | None, ssh_option: tuple[str, ...], backend: str,
                devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
                memory_limit: int | None, memory_budget: str, advertise: str | None,
-               max_restarts: int,
+               max_restarts: int, standby: bool,
                log_dir: str | None,
                curve: str | None, metrics: str | None,
                heartbeat: float, liveness: int) -> None:
@@ -382,7 +384,10 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
                                "--worker-address where they reach it (tcp://0.0.0.0:5556 "
                                "with --advertise HOST).")
 
-    placement: dict[str, Any] = {"workers": workers}
+    placement: dict[str, Any] = {"workers": workers, "standby": standby}
+    if remote_hosts and standby:
+        raise click.UsageError("--standby runs both brokers and the workers on this host: give "
+                               "it without --hosts (or start a pair with fabric broker --peer).")
     if remote_hosts:
         placement = {"hosts": remote_hosts, "workers_per_host": workers,
                      "remote_python": remote_python, "ssh_config": ssh_config,

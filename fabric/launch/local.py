@@ -4,7 +4,9 @@ Rule: every process a ``LocalCluster`` starts is ended by it, on ``stop()``, on 
 ``with`` block, or at interpreter exit, with SIGTERM first and SIGKILL after a deadline.
 Tokens reach the children through their environment, never their command line. While it
 ``watch``es, a worker that dies is restarted, as a supervisor would, at most ``RestartLimit``
-times in a window; past that it stays down and the others go on serving.
+times in a window; past that it stays down and the others go on serving. With ``standby`` it
+runs a broker pair (``fabric.broker.pair``): a primary and a backup, the workers and the
+connection file naming both.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Callable, Mapping
 
 from fabric.arrays.html_repr import one_line, table
 from fabric.client.admin import Admin
+from fabric.client.failover import first_active
 from fabric.client.session import Session, dial
 from fabric.core.addresses import advertised
 from fabric.core.config import new_token, write_admin_file, write_connection_file
@@ -33,6 +36,8 @@ from fabric.core.device import Device
 from fabric.core.errors import ClusterError, ConnectError, FabricError
 from fabric.core.security import CurveClient
 from fabric.transport.connection import list_devices
+
+from fabric.launch.standby import joined, pair_addresses, pair_args
 
 _PR_SET_PDEATHSIG = 1
 # A large frame arrives in a fresh allocation, and faulting its pages in is most of what
@@ -185,6 +190,10 @@ class LocalCluster:
     a free one; ``address`` and ``worker_address`` hold the bound ones once started).
     ``backend_address``, the old name of ``worker_address``, still works for this release,
     with a DeprecationWarning.
+
+    ``standby``: a second broker on loopback, the backup of a pair whose primary is the first
+    (``standby_broker``, at ``standby_address`` and ``standby_worker_address`` once started);
+    the workers serve the active one, and clients and the connection file know both.
     """
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
@@ -195,7 +204,7 @@ class LocalCluster:
                  curve: str | os.PathLike[str] | None = None,
                  log_dir: str | os.PathLike[str] | None = None,
                  memory_budget: str = "50%", advertise: str | None = None,
-                 backend_address: str | None = None) -> None:
+                 backend_address: str | None = None, standby: bool = False) -> None:
         from fabric.core.worker_options import budget_from_option  # (measured once, here)
 
         if backend_address is not None:
@@ -223,6 +232,11 @@ class LocalCluster:
         self.worker_args = ("--memory-budget", str(share), *worker_args)
         self.token, self.worker_token, self.admin_token = new_token(), new_token(), new_token()
         self.broker: subprocess.Popen | None = None
+        self.standby = standby
+        self.standby_broker: subprocess.Popen | None = None  # the pair's backup
+        self.standby_address = self.standby_worker_address = ""
+        # The pair's state addresses (primary's, backup's): each names the other's.
+        self._pair_addresses = pair_addresses() if standby else ("", "")
         self.workers: list[subprocess.Popen] = []
         self.address = ""
         self.worker_address = worker_address
@@ -270,24 +284,41 @@ class LocalCluster:
     def start_broker(self, frontend: str | None = None,
                      worker_address: str | None = None) -> None:
         """Start the broker (on ``frontend`` and ``worker_address``, by default the cluster's)
-        and learn its bound addresses."""
-        with self._log("broker") as log:
-            self.broker = subprocess.Popen(
-                [sys.executable, "-m", "fabric", "broker",
-                 "--frontend", frontend or self.frontend,
-                 "--worker-address", worker_address or self.worker_address,
-                 "--heartbeat", str(self.heartbeat),
-                 "--liveness", str(self.liveness), *self._curve_args, *self.broker_args],
-                stdout=subprocess.PIPE, stderr=log, env=self._env(),
-                preexec_fn=_die_with_parent)
-        line = _read_line(self.broker, time.monotonic() + self.start_timeout)
-        if not line:
-            _end(self.broker)
-            said = self.log_tail("broker", 1).removeprefix("Error: ")  # (click's, once)
-            raise ClusterError(f"The broker did not start: {said}")
-        ready = json.loads(line)
+        and learn its bound addresses; with ``standby``, the backup too, the first time."""
+        self.broker, ready = self._start_broker_process(
+            "broker", frontend or self.frontend, worker_address or self.worker_address,
+            pair_args(self._pair_addresses, primary=True) if self.standby else [])
         self.address, self.worker_address = ready["frontend"], ready["workers"]
         self.metrics_url = ready.get("metrics")
+        if self.standby and self.standby_broker is None:
+            self.standby_broker, ready = self._start_broker_process(
+                "standby-broker", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
+                pair_args(self._pair_addresses, primary=False))
+            self.standby_address, self.standby_worker_address = (ready["frontend"],
+                                                                 ready["workers"])
+
+    def _start_broker_process(self, name: str, frontend: str, worker_address: str,
+                              extra: list[str]) -> tuple[subprocess.Popen, dict[str, Any]]:
+        """A broker process and the bound addresses it printed; ClusterError if it failed."""
+        with self._log(name) as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fabric", "broker", "--frontend", frontend,
+                 "--worker-address", worker_address, "--heartbeat", str(self.heartbeat),
+                 "--liveness", str(self.liveness), *self._curve_args, *extra,
+                 *self.broker_args],
+                stdout=subprocess.PIPE, stderr=log, env=self._env(),
+                preexec_fn=_die_with_parent)
+        line = _read_line(proc, time.monotonic() + self.start_timeout)
+        if not line:
+            _end(proc)
+            said = self.log_tail(name, 1).removeprefix("Error: ")  # (click's, once)
+            raise ClusterError(f"The {name.replace('-', ' ')} did not start: {said}")
+        return proc, json.loads(line)
+
+    @property
+    def brokers(self) -> str:
+        """The clients' address of the broker, or of both brokers of a pair ("A,B")."""
+        return joined(self.address, self.standby_address)
 
     def restart_broker(self, timeout: float = 5.0) -> None:
         """Stop the broker and start it again on the same addresses with the same tokens.
@@ -307,7 +338,8 @@ class LocalCluster:
             _end(self.workers[index])
         with self._log(self.worker_name(index)) as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fabric", "worker", "--broker", self.worker_address,
+                [sys.executable, "-m", "fabric", "worker", "--broker",
+                 joined(self.worker_address, self.standby_worker_address),
                  "--threads", str(self.threads_per_worker()), *self.worker_options(index)],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env(),
                 preexec_fn=_die_with_parent)
@@ -361,7 +393,7 @@ class LocalCluster:
                     raise ClusterError(f"{self.worker_name(i)} {ended_how(proc.returncode)}:\n"
                                        + self.log_tail(self.worker_name(i)))
             try:
-                found = list_devices(self.address, self.token, 2.0, self.curve)
+                found = self._list_devices(2.0)
             except ConnectError:
                 found = []
             if len(found) == count:
@@ -389,7 +421,7 @@ class LocalCluster:
 
     def stop(self, timeout: float = 5.0) -> None:
         """End every child process: SIGTERM, then SIGKILL after ``timeout`` seconds."""
-        procs = [p for p in [*self.workers, self.broker] if p is not None]
+        procs = [p for p in [*self.workers, self.broker, self.standby_broker] if p is not None]
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -431,12 +463,17 @@ class LocalCluster:
     # -- use --------------------------------------------------------------------------------
 
     def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
-        """Open a session on ``device`` of this cluster."""
-        return dial(self.address, self.token, device, timeout, self.curve)
+        """Open a session on ``device`` of this cluster (through its active broker)."""
+        return first_active(self.brokers.split(","), timeout, lambda address, left: dial(
+            address, self.token, device, left, self.curve))
 
     def devices(self) -> list[Device]:
-        """Every device registered with this cluster's broker."""
-        return list_devices(self.address, self.token, 10.0, self.curve)
+        """Every device registered with this cluster's (active) broker."""
+        return self._list_devices(10.0)
+
+    def _list_devices(self, timeout: float) -> list[Device]:
+        return first_active(self.brokers.split(","), timeout, lambda address, left: list_devices(
+            address, self.token, left, self.curve))
 
     def admin(self, timeout: float = 5.0) -> Admin:
         """The broker's admin commands, with this cluster's admin token."""
@@ -452,17 +489,25 @@ class LocalCluster:
     def connection_info(self) -> dict[str, Any]:
         """What a connection file holds, for clients: the address, the client token and the
         client's CURVE key files (if any)."""
-        return {"address": advertised(self.address, self.advertise), "token": self.token,
+        info = {"address": advertised(self.address, self.advertise), "token": self.token,
                 "curve": self._client_curve()}
+        if self.standby_address:  # (``address`` alone still names the primary)
+            info["brokers"] = [advertised(address, self.advertise)
+                               for address in (self.address, self.standby_address)]
+        return info
 
     def admin_info(self) -> dict[str, Any]:
         """What an admin file holds, for operators: both addresses (``address`` for clients,
         ``worker_address`` for workers), the admin and worker tokens and the CURVE key files
         ``fabric admin`` connects with (if any)."""
-        return {"address": advertised(self.address, self.advertise),
+        info = {"address": advertised(self.address, self.advertise),
                 "worker_address": advertised(self.worker_address, self.advertise),
                 "admin_token": self.admin_token, "worker_token": self.worker_token,
                 "curve": self._client_curve()}
+        if self.standby_address:  # (``fabric admin`` shows each broker of the pair)
+            info["brokers"] = [advertised(address, self.advertise)
+                               for address in (self.address, self.standby_address)]
+        return info
 
     def write_connection_file(self, path: str | os.PathLike[str]) -> str:
         """Write the connection file to hand to users (mode 0600; no admin or worker token);

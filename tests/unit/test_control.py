@@ -117,6 +117,17 @@ def test_a_silent_broker_of_a_pair_is_left_for_the_other_after_a_heartbeat():
     assert type(connect) is Connect and machine.broker == "tcp://b:5556"
 
 
+def test_a_pair_broker_that_shows_it_lives_is_waited_for_through_its_registration():
+    machine = control(broker=PAIR)
+    machine.start(0.0)
+    machine.on_beacon_up(0.9)  # (slow, but up: it lives)
+    assert machine.tick(1.05) == []
+    assert sent(machine.tick(1.11)) == [Kind.REGISTER]
+    assert machine.tick(2.0) == []  # its answer is awaited a heartbeat
+    [connect] = machine.tick(2.12)
+    assert type(connect) is Connect and machine.broker == "tcp://b:5556"
+
+
 def test_a_registered_worker_whose_pair_broker_ends_turns_to_the_other():
     machine = control(broker=PAIR)
     registering(machine, 0.0)

@@ -1,0 +1,133 @@
+"""A broker pair with real processes (``fabric cluster up --standby``, ``broker.pair``): the
+backup takes over when the primary dies, a primary paused past the takeover steps down when
+resumed, a dead backup changes nothing, and with both dead every call fails typed and fast.
+
+Sessions open at a takeover end with the existing typed error (their resume is the issue's
+next slice); a NEW session after a takeover works through the backup.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+from faultproxy import stopped
+from polling import wait_for
+
+import fabric
+from conftest import HEARTBEAT
+
+pytestmark = pytest.mark.timeout(120)
+
+PAIR_HEARTBEAT, PAIR_LIVENESS = 0.2, 3
+BOUND = PAIR_HEARTBEAT * PAIR_LIVENESS  # the backup's wait before it may take over
+TAKEOVER = BOUND + 8 * HEARTBEAT + 5.0  # and the workers' move: generous on 2 loaded cores
+
+
+@pytest.fixture
+def pair(tmp_path):
+    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT, log_dir=tmp_path / "logs", broker_args=(
+            "--pair-heartbeat", str(PAIR_HEARTBEAT), "--pair-liveness", str(PAIR_LIVENESS),
+            "--lease", "1")) as cluster:
+        yield cluster
+
+
+def role(address: str, cluster: fabric.LocalCluster) -> dict:
+    with fabric.Admin(address, token=cluster.admin_token, timeout=3) as admin:
+        return admin.status()["pair"]
+
+
+def states(cluster: fabric.LocalCluster) -> tuple[str, str]:
+    return (role(cluster.address, cluster)["state"],
+            role(cluster.standby_address, cluster)["state"])
+
+
+def computes(session: fabric.Session) -> None:
+    x = session.asarray(np.arange(6.0))
+    assert float((x * 2 + 1).sum()) == 36.0
+
+
+def test_the_pair_starts_with_the_primary_active_and_both_roles_shown(pair, tmp_path):
+    assert states(pair) == ("active", "passive")
+    assert role(pair.standby_address, pair)["role"] == "backup"
+    path = pair.write_connection_file(tmp_path / "cluster.json")
+    with fabric.connect(connection_file=path, timeout=5) as session:
+        computes(session)
+    # The passive backup refuses a session with the typed refusal that says to try the other.
+    with pytest.raises(fabric.BrokerPassive, match="Try the other broker"):
+        fabric.connect(pair.standby_address, token=pair.token, timeout=5)
+
+
+def test_a_killed_primary_is_replaced_by_the_backup_and_new_sessions_work(pair, tmp_path):
+    path = pair.write_connection_file(tmp_path / "cluster.json")
+    session = fabric.connect(connection_file=path, timeout=5)
+    computes(session)
+    pair.broker.send_signal(signal.SIGKILL)
+    pair.broker.wait(5)
+    killed = time.monotonic()
+    # The open session ends typed (its resume is the next slice), within its deadline.
+    with pytest.raises(fabric.FabricError):
+        for _ in range(100):
+            computes(session)
+            time.sleep(0.05)
+    session.close()
+    # A new session through the connection file lands on the backup, once it took over.
+    with fabric.connect(connection_file=path, timeout=TAKEOVER) as fresh:
+        computes(fresh)
+    assert time.monotonic() - killed < TAKEOVER
+    standby = role(pair.standby_address, pair)
+    assert standby["state"] == "active" and standby["takeovers"] == 1
+    assert [d.worker for d in fabric.devices(connection_file=path, timeout=5)] == ["worker-0"]
+
+
+def test_a_paused_primary_steps_down_when_resumed_after_the_takeover(pair, tmp_path):
+    path = pair.write_connection_file(tmp_path / "cluster.json")
+    with stopped(pair.broker):
+        # The worker's link to the stopped primary goes silent; it moves to the backup, whose
+        # takeover its registration asks for.
+        wait_for(lambda: role(pair.standby_address, pair)["state"] == "active", TAKEOVER,
+                 "the backup to take over", detail=lambda: pair.log_tail("standby-broker"))
+        with fabric.connect(connection_file=path, timeout=TAKEOVER) as session:
+            computes(session)
+    # Resumed, the primary hears the newer active and steps down: never two serving.
+    wait_for(lambda: states(pair) == ("passive", "active"), 10, "the primary to step down",
+             detail=lambda: pair.log_tail("broker"))
+    with fabric.connect(connection_file=path, timeout=10) as session:
+        computes(session)
+    assert role(pair.standby_address, pair)["state"] == "active"
+    with pytest.raises(fabric.BrokerPassive):
+        fabric.connect(pair.address, token=pair.token, timeout=5)
+
+
+def test_a_killed_backup_changes_nothing_for_clients(pair, tmp_path):
+    path = pair.write_connection_file(tmp_path / "cluster.json")
+    session = fabric.connect(connection_file=path, timeout=5)
+    computes(session)
+    pair.standby_broker.send_signal(signal.SIGKILL)
+    pair.standby_broker.wait(5)
+    for _ in range(int(2 * BOUND / 0.1)):  # past the bound: the primary serves on alone
+        computes(session)
+        time.sleep(0.1)
+    with fabric.connect(connection_file=path, timeout=5) as fresh:
+        computes(fresh)
+    session.close()
+    assert role(pair.address, pair)["state"] == "active"
+
+
+def test_with_both_brokers_killed_every_call_fails_typed_and_fast(pair, tmp_path):
+    path = pair.write_connection_file(tmp_path / "cluster.json")
+    session = fabric.connect(connection_file=path, timeout=2)
+    computes(session)
+    for broker in (pair.broker, pair.standby_broker):
+        broker.send_signal(signal.SIGKILL)
+        broker.wait(5)
+    started = time.monotonic()
+    with pytest.raises(fabric.FabricError):
+        computes(session)
+    session.close()
+    with pytest.raises(fabric.NoActiveBroker) as refused:
+        fabric.connect(connection_file=path, timeout=5)
+    assert pair.address in str(refused.value) and pair.standby_address in str(refused.value)
+    assert time.monotonic() - started < 10  # (the session's deadline, then at once)
