@@ -9,6 +9,8 @@ next slice); a NEW session after a takeover works through the backup.
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -58,6 +60,24 @@ def test_the_pair_starts_with_the_primary_active_and_both_roles_shown(pair, tmp_
     # The passive backup refuses a session with the typed refusal that says to try the other.
     with pytest.raises(fabric.BrokerPassive, match="Try the other broker"):
         fabric.connect(pair.standby_address, token=pair.token, timeout=5)
+
+
+def test_fabric_admin_pair_shows_each_brokers_role_and_a_dead_ones_error(pair, tmp_path):
+    admin_file = str(pair.write_admin_file(tmp_path / "admin.json"))
+
+    def shown() -> list[str]:
+        run = subprocess.run([sys.executable, "-m", "fabric", "admin", "--admin-file",
+                              admin_file, "pair"], capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.splitlines()
+
+    primary, backup = shown()
+    assert primary.startswith(pair.address) and "primary, active" in primary
+    assert backup.startswith(pair.standby_address) and "backup, passive" in backup
+    pair.standby_broker.send_signal(signal.SIGKILL)
+    pair.standby_broker.wait(5)
+    primary, backup = shown()
+    assert "primary, active" in primary and "connect_failed" in backup
 
 
 def test_a_killed_primary_is_replaced_by_the_backup_and_new_sessions_work(pair, tmp_path):
