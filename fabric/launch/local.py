@@ -320,11 +320,19 @@ class LocalCluster:
         """The clients' address of the broker, or of both brokers of a pair ("A,B")."""
         return joined(self.address, self.standby_address)
 
-    def restart_broker(self, timeout: float = 5.0) -> None:
-        """Stop the broker and start it again on the same addresses with the same tokens.
+    def restart_broker(self, timeout: float = 5.0, standby: bool = False) -> None:
+        """Stop the broker (with ``standby``, the pair's backup) and start it again on the
+        same addresses with the same tokens (and its role in the pair).
 
         Its sessions are lost; the workers notice and register again by themselves.
         """
+        if standby:
+            if self.standby_broker is not None:
+                _end(self.standby_broker, timeout)
+            self.standby_broker, _ = self._start_broker_process(
+                "standby-broker", self.standby_address, self.standby_worker_address,
+                pair_args(self._pair_addresses, primary=False))
+            return
         if self.broker is not None:
             _end(self.broker, timeout)
         self.start_broker(self.address, self.worker_address)
