@@ -8,6 +8,7 @@ next slice); a NEW session after a takeover works through the backup.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from polling import wait_for
 
 import fabric
 from conftest import HEARTBEAT
+from fabric.client.admin import pair_roles
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,6 +62,46 @@ def test_the_pair_starts_with_the_primary_active_and_both_roles_shown(pair, tmp_
     # The passive backup refuses a session with the typed refusal that says to try the other.
     with pytest.raises(fabric.BrokerPassive, match="Try the other broker"):
         fabric.connect(pair.standby_address, token=pair.token, timeout=5)
+
+
+def test_an_encrypted_pair_hears_itself_and_takes_over(tmp_path):
+    """With CURVE the state socket admits the pair's own key: the pair forms, and takes over."""
+    keys = tmp_path / "keys"
+    fabric.generate_keys(keys)
+    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT, curve=keys,
+                             log_dir=tmp_path / "logs", broker_args=(
+                                 "--pair-heartbeat", str(PAIR_HEARTBEAT),
+                                 "--pair-liveness", str(PAIR_LIVENESS))) as cluster:
+        path = cluster.write_connection_file(tmp_path / "cluster.json")
+        with fabric.Admin(cluster.standby_address, token=cluster.admin_token,
+                          curve=str(keys)) as admin:
+            wait_for(lambda: admin.status()["pair"]["state"] == "passive", 10,
+                     "the backup to hear the primary")
+        cluster.broker.send_signal(signal.SIGKILL)
+        cluster.broker.wait(5)
+        with fabric.connect(connection_file=path, timeout=TAKEOVER) as session:
+            computes(session)
+
+
+def test_fabric_cluster_up_standby_starts_a_pair_and_writes_both_brokers(tmp_path):
+    from test_cli import end, fabric_cli
+
+    path = tmp_path / "c.json"
+    proc = fabric_cli("cluster", "up", "--standby", "--workers", "1", "--heartbeat",
+                      str(HEARTBEAT), "--frontend", "tcp://127.0.0.1:*", "--worker-address",
+                      "tcp://127.0.0.1:*", "--connection-file", str(path))
+    try:
+        wait_for(lambda: path.exists() or proc.poll() is not None, 60, "the connection file")
+        primary, backup = json.loads(path.read_text())["brokers"]
+        admin_file = str(tmp_path / "c-admin.json")
+        [row] = [r for r in pair_roles(admin_file=admin_file)
+                 if r["address"] == primary]
+        assert row["pair"]["role"] == "primary"
+        with fabric.connect(connection_file=str(path), timeout=10) as session:
+            computes(session)
+    finally:
+        out, err = end(proc)
+    assert proc.returncode == 0, err
 
 
 def test_fabric_admin_pair_shows_each_brokers_role_and_a_dead_ones_error(pair, tmp_path):
