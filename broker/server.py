@@ -336,11 +336,12 @@ class Broker:
         # Handshakes are answered (ZAP) even while the frontend is paused; connections are
         # counted (the monitors) all along.
         monitors = [(monitor, POLLIN) for monitor in self._monitors]
-        if self._pair_sub is not None:  # (read like a monitor: outside the data path)
-            monitors.append((self._pair_sub, POLLIN))
-        both_sides = [(self.frontend, POLLIN), (self.workers, POLLIN), (self.zap, POLLIN),
+        # The peer's state first (outside the data path): a broker resumed after a stop hears
+        # that the other took over before it reads a knock that came meanwhile.
+        pair = [(self._pair_sub, POLLIN)] if self._pair_sub is not None else []
+        both_sides = [*pair, (self.frontend, POLLIN), (self.workers, POLLIN), (self.zap, POLLIN),
                       *monitors]
-        workers_only = [(self.workers, POLLIN), (self.zap, POLLIN),  # a worker's queue is full
+        workers_only = [*pair, (self.workers, POLLIN), (self.zap, POLLIN),  # a worker's is full
                         *monitors]
         registry = self.registry
         blocking = self._flow.blocking  # while not empty, the frontend is not read

@@ -536,12 +536,20 @@ class LocalCluster:
         A worker that dies is restarted under its name (so its devices keep their indexes),
         at most ``restarts`` times in ``window`` seconds; past that it stays down. Each
         death, and what is done about it, goes to ``report`` with the end of its log; and
-        once a restarted worker has registered again, so does that."""
+        once a restarted worker has registered again, so does that. With ``standby``, a
+        broker of the pair that dies is restarted likewise (it comes back passive, the other
+        serving meanwhile); both dead at once, or one past its restarts, end the watch."""
         limits = [RestartLimit(restarts, window) for _ in self.workers]
+        broker_limits = {name: RestartLimit(restarts, window)
+                         for name in ("broker", "standby-broker")}
         down: set[int] = set()
         restarted: dict[int, float] = {}  # not yet registered again: when each restarted
 
         def tend_workers() -> str | None:
+            if self.standby:
+                ended = self._tend_pair(broker_limits, report)
+                if ended is not None:
+                    return ended
             for i, proc in enumerate(self.workers):
                 if i in down or proc.poll() is None:
                     continue
@@ -562,6 +570,25 @@ class LocalCluster:
                 self._report_registered_again(restarted, report)
             return None
         return self._watch_until(tend_workers, poll)
+
+    def _tend_pair(self, limits: dict[str, RestartLimit],
+                   report: Callable[[str], None]) -> str | None:
+        """Restart a dead broker of the pair (``limits``: each one's, by log name); the
+        reason to stop when both are dead or one died too often, else None."""
+        dead = [name for name, proc in (("broker", self.broker),
+                                        ("standby-broker", self.standby_broker))
+                if proc is not None and proc.poll() is not None]
+        if len(dead) == 2:
+            return "both brokers of the pair ended: " + self.log_tail("broker", 3)
+        for name in dead:
+            proc = self.broker if name == "broker" else self.standby_broker
+            death = (f"the {name.replace('-', ' ')} {ended_how(proc.returncode)} "
+                     f"({self.log_tail(name, 3, errors_first=True) or 'no log'})")
+            if not limits[name].allow(time.monotonic()):
+                return f"{death}, and was restarted too often"
+            report(f"{death}: the other broker serves; restarting it")
+            self.restart_broker(standby=name == "standby-broker")
+        return None
 
     def _report_registered_again(self, restarted: dict[int, float],
                                  report: Callable[[str], None]) -> None:
@@ -587,7 +614,8 @@ class LocalCluster:
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             while not stopping:
-                if self.broker is not None and self.broker.poll() is not None:
+                if (not self.standby and self.broker is not None
+                        and self.broker.poll() is not None):
                     return (f"broker {ended_how(self.broker.returncode)}: "
                             + self.log_tail("broker", 3))
                 reason = check()

@@ -9,6 +9,7 @@ next slice); a NEW session after a takeover works through the backup.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -83,25 +84,30 @@ def test_an_encrypted_pair_hears_itself_and_takes_over(tmp_path):
             computes(session)
 
 
-def test_fabric_cluster_up_standby_starts_a_pair_and_writes_both_brokers(tmp_path):
+def test_fabric_cluster_up_standby_survives_its_primary_and_restarts_it_passive(tmp_path):
     from test_cli import end, fabric_cli
 
     path = tmp_path / "c.json"
+    admin_file = str(tmp_path / "c-admin.json")
     proc = fabric_cli("cluster", "up", "--standby", "--workers", "1", "--heartbeat",
                       str(HEARTBEAT), "--frontend", "tcp://127.0.0.1:*", "--worker-address",
                       "tcp://127.0.0.1:*", "--connection-file", str(path))
     try:
         wait_for(lambda: path.exists() or proc.poll() is not None, 60, "the connection file")
         primary, backup = json.loads(path.read_text())["brokers"]
-        admin_file = str(tmp_path / "c-admin.json")
-        [row] = [r for r in pair_roles(admin_file=admin_file)
-                 if r["address"] == primary]
-        assert row["pair"]["role"] == "primary"
-        with fabric.connect(connection_file=str(path), timeout=10) as session:
-            computes(session)
+        roles = {row["address"]: row["pair"] for row in pair_roles(admin_file=admin_file)}
+        assert roles[primary]["role"] == "primary" and roles[backup]["role"] == "backup"
+        with fabric.Admin(primary, admin_file=admin_file) as admin:
+            os.kill(int(admin.server.split(" pid ")[1].split()[0]), signal.SIGKILL)
+        with fabric.connect(connection_file=str(path), timeout=TAKEOVER) as session:
+            computes(session)  # through the backup
+        # The launcher started the primary again: it hears the active backup, and is passive.
+        wait_for(lambda: [row.get("pair", {}).get("state") for row in pair_roles(
+            admin_file=admin_file)] == ["passive", "active"], 30, "the primary back, passive")
     finally:
         out, err = end(proc)
     assert proc.returncode == 0, err
+    assert "the broker was killed by SIGKILL" in err and "restarting it" in err
 
 
 def test_fabric_admin_pair_shows_each_brokers_role_and_a_dead_ones_error(pair, tmp_path):
