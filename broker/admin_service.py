@@ -125,7 +125,7 @@ def pair_status(pair: Pair | None, now: float) -> dict[str, Any] | None:
     return {"role": "primary" if pair.primary else "backup", "state": pair.state.value,
             "term": pair.term, "peer_state": pair.peer_state.value if pair.peer_state else None,
             "peer_silent_for": pair.peer_silent_for(now), "takeovers": pair.takeovers,
-            "in_state_for": now - pair.changed_at}
+            "takeover_wait": pair.takeover_wait, "in_state_for": now - pair.changed_at}
 
 
 def workers(registry: RegistryView, now: float) -> dict[str, Any]:

@@ -121,6 +121,7 @@ class Pair:
         self.peer_state: State | None = None  # what the peer last said (None: never heard)
         self.peer_expiry = now + self.bound  # past it, the peer counts as gone
         self.takeovers = 0  # times this broker became active on a knock (the peer gone)
+        self.takeover_wait: float | None = None  # the peer's silence before the last takeover
         self.changed_at = now
         self.why = "started"  # why the state last changed (for the log)
 
@@ -172,6 +173,7 @@ class Pair:
             self.term = max(self.term, self.peer_term) + 1
             if event is Event.CLIENT_REQUEST and self.state is State.PASSIVE:
                 self.takeovers += 1
+                self.takeover_wait = self.peer_silent_for(now)
         self.state, self.changed_at, self.why = after, now, change.why
         return change
 

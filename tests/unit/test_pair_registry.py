@@ -60,3 +60,27 @@ def test_a_step_down_lets_the_workers_go_and_ends_the_sessions():
     to_client = [s for s in sends if s.side is Side.FRONTEND]
     assert isinstance(error_from_wire(decoded(to_client[0]).body), SessionLost)
     assert not registry.workers and not registry.sessions
+
+
+def test_the_metrics_show_the_pairs_state_term_and_takeovers():
+    from fabric.broker.metrics import families, figures
+
+    registry = make_registry()
+    pair = passive_backup(registry)
+    hello(registry, C1, 0x11, now=BOUND + 0.5)  # the takeover, 2.5 s after the primary's beat
+    assert pair.takeover_wait == pytest.approx(BOUND + 0.5)
+    samples = {(sample.name, tuple(sample.labels.values())): sample.value
+               for family in families(figures(registry, BOUND + 1.0, 0))
+               for sample in family.samples}
+    assert samples[("fabric_pair_state", ("active",))] == 1.0
+    assert samples[("fabric_pair_state", ("passive",))] == 0.0
+    assert samples[("fabric_pair_term", ())] == 2
+    assert samples[("fabric_pair_takeovers_total", ())] == 1
+    assert samples[("fabric_pair_takeover_wait_seconds", ())] == pytest.approx(BOUND + 0.5)
+
+
+def test_a_broker_without_a_peer_has_no_pair_metrics():
+    from fabric.broker.metrics import families, figures
+
+    names = {family.name for family in families(figures(make_registry(), 1.0, 0))}
+    assert not any(name.startswith("fabric_pair") for name in names)
