@@ -7,7 +7,8 @@ answer (nothing listening, closed before WELCOME, no answer in time) leaves the 
 the next; any other refusal (a token, a version, a device that does not exist) is the answer
 and is raised at once. When every broker of a round is unreachable the client fails at once
 with ``NoActiveBroker``; while one of them is passive or settling (a takeover under way), it
-tries again until ``timeout``. Every attempt has a deadline within the caller's.
+tries again until ``timeout``. Every attempt has a deadline within the caller's, and none
+takes more than its share of ``timeout``, so a broker that hangs leaves time for the other.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def first_active(addresses: Sequence[str], timeout: float,
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _none_serves(addresses, said, timeout)
-            try:
-                return attempt(address, left)
+            try:  # (a broker that hangs leaves time for the other)
+                return attempt(address, min(left, timeout / len(addresses)))
             except (EncryptionError, WrongPort):
                 raise
             except ConnectError as exc:
