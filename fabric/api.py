@@ -106,7 +106,8 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
         return session
     address, token, source, keys = target
     return first_active(broker_list(address), timeout, lambda broker, left: dial(
-        broker, token, device, left, keys, max_message_bytes, source, options))
+        broker, token, device, timeout, keys, max_message_bytes, source, options,
+        hello_timeout=left))
 
 
 def devices(address: str | None = None, *, token: str | None = None, timeout: float = 10.0,

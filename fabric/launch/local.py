@@ -473,7 +473,7 @@ class LocalCluster:
     def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
         """Open a session on ``device`` of this cluster (through its active broker)."""
         return first_active(self.brokers.split(","), timeout, lambda address, left: dial(
-            address, self.token, device, left, self.curve))
+            address, self.token, device, timeout, self.curve, hello_timeout=left))
 
     def devices(self) -> list[Device]:
         """Every device registered with this cluster's (active) broker."""
