@@ -3,8 +3,7 @@
 Rule: every process a ``LocalCluster`` starts is ended by it, on ``stop()``, on leaving the
 ``with`` block, or at interpreter exit, with SIGTERM first and SIGKILL after a deadline.
 Tokens reach the children through their environment, never their command line. While it
-``watch``es, a worker that dies is restarted, as a supervisor would, at most ``RestartLimit``
-times in a window; past that it stays down and the others go on serving. With ``standby`` it
+``watch``es, a worker that dies is restarted, as a supervisor would (``fabric.launch.supervision``). With ``standby`` it
 runs a broker pair (``fabric.broker.pair``): a primary and a backup, the workers and the
 connection file naming both.
 """
@@ -23,7 +22,6 @@ import tempfile
 import threading
 import time
 import warnings
-from collections import deque
 from typing import Any, Callable, Mapping
 
 from fabric.arrays.html_repr import one_line, table
@@ -33,11 +31,12 @@ from fabric.client.session import Session, dial
 from fabric.core.addresses import advertised
 from fabric.core.config import new_token, write_admin_file, write_connection_file
 from fabric.core.device import Device
-from fabric.core.errors import ClusterError, ConnectError, FabricError
+from fabric.core.errors import ClusterError, ConnectError
 from fabric.core.security import CurveClient
 from fabric.transport.connection import list_devices
 
 from fabric.launch.standby import joined, pair_addresses, pair_args
+from fabric.launch.supervision import Supervision, ended_how
 
 _PR_SET_PDEATHSIG = 1
 # A large frame arrives in a fresh allocation, and faulting its pages in is most of what
@@ -121,42 +120,8 @@ def _end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
         proc.stdout.close()
 
 
-class RestartLimit:
-    """At most ``count`` restarts in any ``window`` seconds (a supervisor's restart
-    intensity), sans I/O: ``allow(now)`` says whether one more may happen now, and counts it."""
-
-    def __init__(self, count: int = 5, window: float = 60.0) -> None:
-        self.count = count
-        self.window = window
-        self._times: deque[float] = deque()
-
-    def allow(self, now: float) -> bool:
-        """Whether a restart at ``now`` stays within the limit (if so, it is counted)."""
-        while self._times and now - self._times[0] >= self.window:
-            self._times.popleft()
-        if len(self._times) >= self.count:
-            return False
-        self._times.append(now)
-        return True
-
-
 # A log line that tells why a process failed: logging's error levels, a traceback's last line.
 _ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|^\w+(\.\w+)*(Error|Exception): ")
-
-
-def ended_how(returncode: int) -> str:
-    """How a child process ended, for a sentence: ``exited with code 1``, or ``was killed by
-    SIGKILL (exit code -9)``."""
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name} (exit code {returncode})"
-        except ValueError:
-            pass
-    return f"exited with code {returncode}"
-
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 _LAUNCHERS = os.path.dirname(os.path.abspath(__file__))
@@ -173,7 +138,7 @@ def _deprecated(message: str) -> None:
     warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
-class LocalCluster:
+class LocalCluster(Supervision):
     """A broker and ``workers`` worker processes on loopback; a context manager.
 
     With ``curve`` (a directory written by ``fabric keys generate``) every link is
@@ -528,105 +493,6 @@ class LocalCluster:
         returns its path, also kept as ``admin_file``."""
         self.admin_file = str(write_admin_file(path, self.admin_info()))
         return self.admin_file
-
-    def watch(self, poll: float = 0.2, restarts: int = 5, window: float = 60.0,
-              report: Callable[[str], None] = _to_stderr) -> str:
-        """Block until SIGINT/SIGTERM, the broker dies or no worker is left; say which.
-
-        A worker that dies is restarted under its name (so its devices keep their indexes),
-        at most ``restarts`` times in ``window`` seconds; past that it stays down. Each
-        death, and what is done about it, goes to ``report`` with the end of its log; and
-        once a restarted worker has registered again, so does that. With ``standby``, a
-        broker of the pair that dies is restarted likewise (it comes back passive, the other
-        serving meanwhile); both dead at once, or one past its restarts, end the watch."""
-        limits = [RestartLimit(restarts, window) for _ in self.workers]
-        broker_limits = {name: RestartLimit(restarts, window)
-                         for name in ("broker", "standby-broker")}
-        down: set[int] = set()
-        restarted: dict[int, float] = {}  # not yet registered again: when each restarted
-
-        def tend_workers() -> str | None:
-            if self.standby:
-                ended = self._tend_pair(broker_limits, report)
-                if ended is not None:
-                    return ended
-            for i, proc in enumerate(self.workers):
-                if i in down or proc.poll() is None:
-                    continue
-                name = self.worker_name(i)
-                death = (f"{name} {ended_how(proc.returncode)} "
-                         f"({self.log_tail(name, 3, errors_first=True) or 'no log'})")
-                if limits[i].allow(time.monotonic()):
-                    report(f"{death}: restarting it")
-                    self.start_worker(i)
-                    restarted[i] = time.monotonic()
-                    continue
-                down.add(i)
-                report(f"{death}: it was restarted {restarts} times in {window:g} s, so it "
-                       "stays down; the other workers go on serving")
-                if len(down) == len(self.workers):
-                    return "every worker stays down after restarting too often"
-            if restarted:
-                self._report_registered_again(restarted, report)
-            return None
-        return self._watch_until(tend_workers, poll)
-
-    def _tend_pair(self, limits: dict[str, RestartLimit],
-                   report: Callable[[str], None]) -> str | None:
-        """Restart a dead broker of the pair (``limits``: each one's, by log name); the
-        reason to stop when both are dead or one died too often, else None."""
-        dead = [name for name, proc in (("broker", self.broker),
-                                        ("standby-broker", self.standby_broker))
-                if proc is not None and proc.poll() is not None]
-        if len(dead) == 2:
-            return "both brokers of the pair ended: " + self.log_tail("broker", 3)
-        for name in dead:
-            proc = self.broker if name == "broker" else self.standby_broker
-            death = (f"the {name.replace('-', ' ')} {ended_how(proc.returncode)} "
-                     f"({self.log_tail(name, 3, errors_first=True) or 'no log'})")
-            if not limits[name].allow(time.monotonic()):
-                return f"{death}, and was restarted too often"
-            report(f"{death}: the other broker serves; restarting it")
-            self.restart_broker(standby=name == "standby-broker")
-        return None
-
-    def _report_registered_again(self, restarted: dict[int, float],
-                                 report: Callable[[str], None]) -> None:
-        """Report each worker of ``restarted`` (index: when) that registered since, and
-        forget it; a broker that does not answer now is asked again at the next look."""
-        try:
-            with self.admin(timeout=2.0) as admin:
-                registered = {row["name"]: row["registered_ago"] for row in admin.workers()}
-        except FabricError:
-            return
-        now = time.monotonic()
-        for i, at in list(restarted.items()):
-            if registered.get(self.worker_name(i), now - at) < now - at:
-                del restarted[i]
-                report(f"{self.worker_name(i)} registered again, {now - at:.1f} s after its "
-                       "restart")
-
-    def _watch_until(self, check: Callable[[], str | None], poll: float) -> str:
-        """Block until SIGINT/SIGTERM, the broker dies, or ``check`` (called every ``poll``
-        seconds) says why to stop; say which."""
-        stopping: list[str] = []
-        previous = {sig: signal.signal(sig, lambda n, _: stopping.append(signal.Signals(n).name))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            while not stopping:
-                if (not self.standby and self.broker is not None
-                        and self.broker.poll() is not None):
-                    return (f"broker {ended_how(self.broker.returncode)}: "
-                            + self.log_tail("broker", 3))
-                reason = check()
-                if reason is not None:
-                    return reason
-                time.sleep(poll)
-            return f"stopped by {stopping[0]}"
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
 
 _embedded: LocalCluster | None = None
 _embedded_sessions = 0
