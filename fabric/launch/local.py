@@ -474,7 +474,10 @@ class LocalCluster(Supervision):
         ``worker_address`` for workers), the admin and worker tokens and the CURVE key files
         ``fabric admin`` connects with (if any)."""
         info = {"address": advertised(self.address, self.advertise),
-                "worker_address": advertised(self.worker_address, self.advertise),
+                # (a pair's: both, "A,B", which fabric worker --admin-file serves as a pair)
+                "worker_address": joined(*(advertised(address, self.advertise) for address in
+                                           (self.worker_address, self.standby_worker_address)
+                                           if address)),
                 "admin_token": self.admin_token, "worker_token": self.worker_token,
                 "curve": self._client_curve()}
         if self.standby_address:  # (``fabric admin`` shows each broker of the pair)

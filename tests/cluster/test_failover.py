@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -95,6 +96,8 @@ def test_fabric_cluster_up_standby_survives_its_primary_and_restarts_it_passive(
     try:
         wait_for(lambda: path.exists() or proc.poll() is not None, 60, "the connection file")
         primary, backup = json.loads(path.read_text())["brokers"]
+        # A worker an operator adds with the admin file serves the pair too.
+        assert "," in json.loads(Path(admin_file).read_text())["worker_address"]
         roles = {row["address"]: row["pair"] for row in pair_roles(admin_file=admin_file)}
         assert roles[primary]["role"] == "primary" and roles[backup]["role"] == "backup"
         with fabric.Admin(primary, admin_file=admin_file) as admin:
