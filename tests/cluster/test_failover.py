@@ -153,6 +153,25 @@ def test_a_killed_primary_is_replaced_by_the_backup_and_new_sessions_work(pair, 
     assert [d.worker for d in fabric.devices(connection_file=path, timeout=5)] == ["worker-0"]
 
 
+def test_devices_keep_their_indexes_across_a_takeover(tmp_path):
+    """The pair shares its state file: the backup takes the primary's numbering when it
+    begins serving, whichever worker registers with it first."""
+    with fabric.LocalCluster(workers=2, standby=True, heartbeat=HEARTBEAT,
+                             log_dir=tmp_path / "logs", broker_args=(
+                                 "--pair-heartbeat", str(PAIR_HEARTBEAT),
+                                 "--pair-liveness", str(PAIR_LIVENESS),
+                                 "--state-file", str(tmp_path / "state.json"))) as cluster:
+        path = cluster.write_connection_file(tmp_path / "cluster.json")
+        before = {d.index: d.worker for d in fabric.devices(connection_file=path, timeout=5)}
+        assert before == {0: "worker-0", 1: "worker-1"}
+        cluster.broker.send_signal(signal.SIGKILL)
+        cluster.broker.wait(5)
+        wait_for(lambda: len(fabric.devices(connection_file=path, timeout=TAKEOVER)) == 2,
+                 TAKEOVER, "both workers registered with the backup")
+        after = {d.index: d.worker for d in fabric.devices(connection_file=path, timeout=5)}
+        assert after == before
+
+
 def test_a_paused_primary_steps_down_when_resumed_after_the_takeover(pair, tmp_path):
     path = pair.write_connection_file(tmp_path / "cluster.json")
     with stopped(pair.broker):
