@@ -23,9 +23,9 @@ from fabric.core.errors import FabricError, ProtocolError
 from fabric.core.log_limit import peer_label
 from fabric.core.protocol import MAX_ID, PROTOCOL_VERSION, Kind, LinkReport, Message
 
-from .pair import Pair
 from .model import Send, Session, Side, Traffic, Worker, send_error, send_message
 from .model import reported  # (what workers report of their devices)
+from .pair import Pair
 from .worker_table import WorkerTable
 
 log = logging.getLogger("fabric.broker")

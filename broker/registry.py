@@ -58,7 +58,6 @@ from fabric.core.protocol import (
 
 from . import admin_service, link_grants
 from .endings import Endings
-from .pair import Pair, refusal
 from .handshake import (
     hello_refusal,
     misplaced,
@@ -80,6 +79,7 @@ from .model import (
     send_error,
     send_message,
 )
+from .pair import Pair, refusal
 from .sessions import SessionEvent, SessionTable
 from .sizes import frames_size as _frames_size, message_too_large
 from .worker_messages import WorkerMessages
@@ -140,12 +140,12 @@ class Registry(WorkerMessages):
         self._endings = Endings(self._sessions, self.worker_table, self.counters, self.rejects,
                                 limits, lambda *line: self._log_peer(*line))
         self._log_limit = RateLimitedLog()  # what peers can make the broker log, per interval
-        # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
-        # (``curve_keys``, per ZAP domain) an allowed key. The I/O loop feeds it ZAP requests.
         # With a peer broker (``broker.pair``): whether this one serves new sessions, device
         # lists and registrations. Asked only at those knocks, never per routed message.
         self.pair: Pair | None = None
         self.reload_numbering: Callable[[], None] | None = None  # the I/O loop's state file
+        # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
+        # (``curve_keys``, per ZAP domain) an allowed key. The I/O loop feeds it ZAP requests.
         self.zap = ZapGate({"client": self._client_tokens, "worker": [self._worker_token],
                             "admin": [self._admin_token] if self._admin_token else []},
                            curve_keys, self.rejects, self._log_peer, self._token_refused)

@@ -24,8 +24,8 @@ from . import link_grants
 from .handshake import (misplaced, peer_address, release_mismatch, reported_host, size_limit,
                         token_ok, version_mismatch)
 from .model import Send, Session, SessionPhase, Side, Worker, new_send, send_error, send_message
-from .sessions import SessionEvent
 from .pair import refusal
+from .sessions import SessionEvent
 from .sizes import frames_size, transfer_too_large
 
 log = logging.getLogger("fabric.broker")

@@ -217,7 +217,7 @@ class Control:
                 + self._unresolved())
         if not self.registered and now - self.last_heard > self._silence_bound:
             log.warning("the broker at %s has been silent for %.1f s; reconnecting%s.%s",
-                        self.broker, now - self.last_heard, self._moving_on(),
+                        self.broker, now - self.last_heard, self._turn_to_next_broker(),
                         self._unresolved())
             self.last_heard = now
             return self._connect()
@@ -272,7 +272,8 @@ class Control:
             return []
         log.warning("the connection to the broker at %s closed (the broker ended, or its link "
                     "was silent for %g s); reconnecting%s.%s", self.broker,
-                    self.heartbeat * self.liveness, self._moving_on(), self._unresolved())
+                    self.heartbeat * self.liveness, self._turn_to_next_broker(),
+                    self._unresolved())
         self.last_heard = now
         return self._connect()
 
@@ -291,8 +292,9 @@ class Control:
             return self.heartbeat * self.liveness
         return max(self.heartbeat, 3 * ping_interval(self.heartbeat))
 
-    def _moving_on(self) -> str:
-        """Turn to the next broker of a pair: ' to <its address>' ('' for a single broker)."""
+    def _turn_to_next_broker(self) -> str:
+        """Turn to the next broker of a pair (this connection's, from now), and say so for the
+        log: ' to <its address>' ('', and nothing changed, for a single broker)."""
         if len(self.brokers) == 1:
             return ""
         self.broker = self.brokers[(self.brokers.index(self.broker) + 1) % len(self.brokers)]
@@ -358,7 +360,7 @@ class Control:
             return self._name_taken(error, now)
         if isinstance(error, BrokerPassive):  # the other broker of the pair serves
             log.info("the broker at %s is passive; connecting%s", self.broker,
-                     self._moving_on())
+                     self._turn_to_next_broker())
             self.last_heard = now
             return self._connect()
         if error.details.get("reason") == "not_registered":

@@ -3,9 +3,10 @@
 Rule: every process a ``LocalCluster`` starts is ended by it, on ``stop()``, on leaving the
 ``with`` block, or at interpreter exit, with SIGTERM first and SIGKILL after a deadline.
 Tokens reach the children through their environment, never their command line. While it
-``watch``es, a worker that dies is restarted, as a supervisor would (``fabric.launch.supervision``). With ``standby`` it
-runs a broker pair (``fabric.broker.pair``): a primary and a backup, the workers and the
-connection file naming both.
+``watch``es, a worker that dies is restarted, as a supervisor would
+(``fabric.launch.supervision``). With ``standby`` it runs a broker pair
+(``fabric.broker.pair``): a primary and a backup, the workers and the connection file naming
+both.
 """
 
 from __future__ import annotations

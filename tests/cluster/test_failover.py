@@ -34,7 +34,8 @@ TAKEOVER = BOUND + 8 * HEARTBEAT + 5.0  # and the workers' move: generous on 2 l
 
 @pytest.fixture
 def pair(tmp_path):
-    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT, log_dir=tmp_path / "logs", broker_args=(
+    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT,
+                             log_dir=tmp_path / "logs", broker_args=(
             "--pair-heartbeat", str(PAIR_HEARTBEAT), "--pair-liveness", str(PAIR_LIVENESS),
             "--lease", "1")) as cluster:
         yield cluster
