@@ -123,8 +123,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
         hint = (" (another broker or cluster on that port? tcp://127.0.0.1:* picks a free one)"
                 if exc.errno == zmq.EADDRINUSE else "")
-        raise click.ClickException(f"cannot serve on {frontend} / {worker_address}: {exc}"
-                                   f"{hint}") from None
+        bound = " / ".join([frontend, worker_address, *([pair.address] if pair else [])])
+        raise click.ClickException(f"cannot serve on {bound}: {exc}{hint}") from None
     except OSError as exc:  # the metrics address: taken, or not this host's
         raise click.ClickException(f"cannot serve metrics on {metrics}: {exc.strerror}"
                                    ) from None

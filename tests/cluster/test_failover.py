@@ -222,3 +222,27 @@ def test_with_both_brokers_killed_every_call_fails_typed_and_fast(pair, tmp_path
         fabric.connect(connection_file=path, timeout=5)
     assert pair.address in str(refused.value) and pair.standby_address in str(refused.value)
     assert time.monotonic() - started < 10  # (the session's deadline, then at once)
+
+
+def test_two_primaries_are_a_configuration_error_said_by_the_one_that_hears_the_other():
+    """The first to hear the other stops with the sentence (the other, its peer gone before
+    it heard it, serves on alone, as a primary without its backup does)."""
+    from fabric.launch.standby import pair_addresses
+    from test_cli import fabric_cli
+
+    mine, theirs = pair_addresses()
+    brokers = [fabric_cli("broker", "--frontend", "tcp://127.0.0.1:*", "--worker-address",
+                          "tcp://127.0.0.1:*", "--pair-address", own, "--peer", peer,
+                          "--primary", "--pair-heartbeat", str(PAIR_HEARTBEAT))
+               for own, peer in ((mine, theirs), (theirs, mine))]
+    try:
+        [stopped_one] = wait_for(lambda: [b for b in brokers if b.poll() is not None][:1], 60,
+                                 "a broker to stop")
+        _, err = stopped_one.communicate(timeout=10)
+        assert stopped_one.returncode == 1
+        assert "start one broker of the pair with --primary and the other with --backup" in err
+    finally:
+        for broker in brokers:
+            if broker.poll() is None:
+                broker.kill()
+            broker.communicate(timeout=10)
