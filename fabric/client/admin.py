@@ -118,6 +118,9 @@ class Admin:
             address, token, admin_file, connection_file)
         if curve is None:  # the CURVE keys the file names, if any
             curve = file_curve
+        if "," in self.address:  # (each broker of a pair answers for itself)
+            raise ConfigError(f"{self.address} lists several brokers: give the address of the "
+                              "one to ask (fabric admin pair asks each broker of a pair).")
         self.timeout = timeout
         self._connection = Connection(self.address, self._token, role="admin",
                                       handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),

@@ -71,7 +71,7 @@ def first_active(addresses: Sequence[str], timeout: float,
 
 def _none_serves(addresses: Sequence[str], said: dict[str, FabricError],
                  timeout: float) -> NoActiveBroker:
-    words = "; ".join(f"{address}: {said[address].message}" if address in said
+    words = "; ".join(f"{address}: {said[address].message.rstrip('.')}" if address in said
                       else f"{address}: not tried in time" for address in addresses)
     return NoActiveBroker(
         f"None of the brokers {', '.join(addresses)} serves (after {timeout:g} s at most): "

@@ -80,3 +80,11 @@ def test_one_broker_is_simply_attempted():
 def test_an_address_may_list_several_brokers():
     assert broker_list(f"{A}, {B}") == [A, B]
     assert broker_list(A) == [A]
+
+
+def test_an_admin_asks_one_broker_of_a_pair_at_a_time():
+    from fabric.client.admin import Admin
+    from fabric.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="fabric admin pair asks each broker"):
+        Admin(f"{A},{B}", token="admin-token")
