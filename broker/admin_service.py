@@ -25,6 +25,7 @@ from fabric.core.protocol import MAX_ID, PROTOCOL_VERSION, Kind, LinkReport, Mes
 
 from .model import Send, Session, Side, Traffic, Worker, send_error, send_message
 from .model import reported  # (what workers report of their devices)
+from .pair import Pair
 from .worker_table import WorkerTable
 
 log = logging.getLogger("fabric.broker")
@@ -45,6 +46,7 @@ class RegistryView(Protocol):
     rejects: Counter[str]
     queue_figures: Callable[[], dict[str, Any]]
     worker_table: WorkerTable
+    pair: Pair | None
 
     @property
     def devices(self) -> list[dict[str, Any]]: ...
@@ -112,7 +114,18 @@ def status(registry: RegistryView, now: float) -> dict[str, Any]:
         # full, and whether the frontend is paused for a worker that is not reading.
         "queues": {"parked_messages": 0, "parked_bytes": 0, "peers_waiting": 0,
                    "frontend_paused": False, **registry.queue_figures()},
+        "pair": pair_status(registry.pair, now),
     }
+
+
+def pair_status(pair: Pair | None, now: float) -> dict[str, Any] | None:
+    """This broker's part in a pair (``broker.pair``), or None for a broker without a peer."""
+    if pair is None:
+        return None
+    return {"role": "primary" if pair.primary else "backup", "state": pair.state.value,
+            "term": pair.term, "peer_state": pair.peer_state.value if pair.peer_state else None,
+            "peer_silent_for": pair.peer_silent_for(now), "takeovers": pair.takeovers,
+            "takeover_wait": pair.takeover_wait, "in_state_for": now - pair.changed_at}
 
 
 def workers(registry: RegistryView, now: float) -> dict[str, Any]:
@@ -219,7 +232,7 @@ def _read_only(view: Callable[[RegistryView, float], dict[str, Any]],
 
 def _ping(registry: RegistryView, args: dict[str, Any], now: float) -> Result:
     return {"server": registry.server, "protocol_version": PROTOCOL_VERSION,
-            "uptime": now - registry.started}, []
+            "uptime": now - registry.started, "pair": pair_status(registry.pair, now)}, []
 
 
 def _close_session(registry: RegistryView, args: dict[str, Any], now: float) -> Result:

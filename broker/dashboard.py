@@ -91,7 +91,7 @@ def data(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     listed = snapshot.get("listed_sessions")
     lost = snapshot.get("lost")
     return {
-        "ready": True, "server": snapshot["server"], "role": snapshot["role"],
+        "ready": True, "server": snapshot["server"], "role": _role(snapshot["pair"]),
         "uptime": snapshot["uptime"], "workers": dict(snapshot["workers"]),
         "workers_lost": snapshot["workers_lost"], "devices": devices,
         "sessions_by_state": dict(snapshot["sessions"]),
@@ -100,6 +100,11 @@ def data(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         "lost": None if lost is None else [{**row, "devices": list(row["devices"])}
                                            for row in lost],
     }
+
+
+def _role(pair: Mapping[str, Any] | None) -> str | None:
+    """A pair's broker as the page names it: ``primary, active`` (None: no pair)."""
+    return None if pair is None else f"{pair['role']}, {pair['state']}"
 
 
 class Dashboard:

@@ -45,7 +45,7 @@ from fabric.core.errors import (
     WrongPort,
 )
 from fabric.core.protocol import PROTOCOL_VERSION, Kind, Message
-from fabric.core.security import WORKERS_DOMAIN
+from fabric.core.security import PAIR_DOMAIN, WORKERS_DOMAIN
 from fabric.core.version import __version__
 
 from .model import Limits, Side
@@ -86,7 +86,11 @@ def handshake_role(domain: str, mechanism: str, credentials: Sequence[bytes],
     either socket (a client at the workers' port is told so in the protocol, by role);
     with CURVE (``curve_keys``: the allow-list of each socket's ZAP domain) the peer's
     public key must be in its socket's list, and its token is checked in HELLO or REGISTER.
+    The pair's state socket (``PAIR_DOMAIN``) admits only the other broker: the worker token
+    (the pair shares it), or with CURVE the pair's own key.
     """
+    if domain == PAIR_DOMAIN:
+        tokens = {"worker": tokens.get("worker", ())}
     if curve_keys is not None:
         allowed = curve_keys.get(domain, frozenset())
         if (mechanism == "CURVE" and len(credentials) == 1 and len(credentials[0]) == 32

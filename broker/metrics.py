@@ -40,7 +40,7 @@ from prometheus_client.utils import floatToGoString
 
 from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport, LinkReport
 
-from .admin_service import RegistryView, device_traffic, lost_workers
+from .admin_service import RegistryView, device_traffic, lost_workers, pair_status
 from .dashboard import Dashboard, route
 from .model import Traffic
 
@@ -112,8 +112,6 @@ def figures(registry: RegistryView, now: float, held: int,
     counters = registry.counters
     snapshot = {
         "server": registry.server,
-        # (a broker of a failover pair says whether it is the active one; a lone one says none)
-        "role": getattr(registry, "role", None),
         "uptime": now - registry.started,
         "workers": _count_by(map(_worker_state, registry.workers.values()),
                              "ready", "attaching", "draining"),
@@ -133,6 +131,7 @@ def figures(registry: RegistryView, now: float, held: int,
                    "frontend_paused": False, **registry.queue_figures()},
         "held_answers": held,
         "events": dict(counters),
+        "pair": pair_status(registry.pair, now),
     }
     if detail:
         snapshot["listed_sessions"] = _listed_sessions(registry, now)
@@ -332,7 +331,26 @@ def families(snapshot: Mapping[str, Any]) -> list[Metric]:
         _by_label(_counter, "broker_events_total", "Every event the broker counts, by name (as "
                   "fabric admin status lists them under counters).", "event",
                   snapshot["events"]),
+        *_pair_families(snapshot["pair"]),
     ]
+
+
+def _pair_families(pair: Mapping[str, Any] | None) -> Iterator[Metric]:
+    """A pair broker's state (1 for the state it is in), term and takeovers; none without
+    a peer."""
+    if pair is None:
+        return
+    yield _by_label(_gauge, "pair_state", "1 for the state this broker of a pair is in "
+                    "(primary, backup: starting; active: serves; passive: refuses), else 0.",
+                    "state", {state: float(state == pair["state"]) for state in
+                              ("primary", "backup", "active", "passive")})
+    yield _gauge("pair_term", "The pair's term this broker serves under (raised by each "
+                 "takeover).", pair["term"])
+    yield _counter("pair_takeovers_total", "Times this broker took over from a silent peer.",
+                   pair["takeovers"])
+    if pair["takeover_wait"] is not None:
+        yield _gauge("pair_takeover_wait_seconds", "How long the peer had been silent when "
+                     "this broker last took over.", pair["takeover_wait"])
 
 
 class FabricCollector(Collector):

@@ -79,6 +79,7 @@ from .model import (
     send_error,
     send_message,
 )
+from .pair import Pair, refusal
 from .sessions import SessionEvent, SessionTable
 from .sizes import frames_size as _frames_size, message_too_large
 from .worker_messages import WorkerMessages
@@ -139,6 +140,10 @@ class Registry(WorkerMessages):
         self._endings = Endings(self._sessions, self.worker_table, self.counters, self.rejects,
                                 limits, lambda *line: self._log_peer(*line))
         self._log_limit = RateLimitedLog()  # what peers can make the broker log, per interval
+        # With a peer broker (``broker.pair``): whether this one serves new sessions, device
+        # lists and registrations. Asked only at those knocks, never per routed message.
+        self.pair: Pair | None = None
+        self.reload_numbering: Callable[[], None] | None = None  # the I/O loop's state file
         # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
         # (``curve_keys``, per ZAP domain) an allowed key. The I/O loop feeds it ZAP requests.
         self.zap = ZapGate({"client": self._client_tokens, "worker": [self._worker_token],
@@ -196,6 +201,37 @@ class Registry(WorkerMessages):
         self._log_peer(logging.INFO, f"rejected handshake ({error.code})", identity, now)
         return [send_error(Side.FRONTEND, identity, error, kind=Kind.REJECT,
                            session=header.session, request=header.request)]
+
+    def _passive(self, now: float) -> bool:
+        """A knock (HELLO, DEVICES, REGISTER): whether this broker refuses it because the
+        other broker of its pair serves (``broker.pair``)."""
+        if self.pair is None:
+            return False
+        was_serving = self.pair.serving
+        if not self.pair.on_request(now):
+            return True
+        if not was_serving:
+            self.began_serving()
+        return False
+
+    def began_serving(self) -> None:
+        """This broker of a pair began serving. With no worker registered yet it takes the
+        device numbering again from the state file the pair shares (the other broker kept it
+        while serving), so that devices keep their indexes across a takeover."""
+        if self.reload_numbering is not None and not self.workers:
+            self.reload_numbering()
+
+    def _settling(self, error: FabricError, now: float) -> FabricError:
+        """A refusal for a device a broker that took over lately does not know yet: its
+        workers may still be registering, so the client is told to retry (``settling``)."""
+        pair = self.pair
+        if pair is None or now - pair.changed_at > 2 * pair.bound:
+            return error
+        error.message += (" This broker of a pair began serving moments ago and its workers "
+                          "are still registering: retry in a moment.")
+        error.args = (error.message,)
+        error.details["settling"] = True
+        return error
 
     def _token_refused(self, sends: list[Send], now: float) -> list[Send]:
         """The answer to a refused token, held back ``auth_delay`` by the I/O loop (it never
@@ -282,10 +318,12 @@ class Registry(WorkerMessages):
         token = token_index(body["token"], self._client_tokens)
         if token is None:
             return self._client_token_refused(identity, message.header, now)
+        if self._passive(now):
+            return self._reject(identity, message.header, refusal(self.pair, "session"), now)
         refused = hello_refusal(identity, token, message, self.worker_table, self._sessions,
                                 self.limits, self._sessions_per_token)
         if refused is not None:
-            return self._reject(identity, message.header, refused, now)
+            return self._reject(identity, message.header, self._settling(refused, now), now)
         device = body["device"]
         owner, local = self.worker_table.owner(device)
         worker = self.workers[owner]
@@ -304,6 +342,9 @@ class Registry(WorkerMessages):
     def _on_devices(self, identity: bytes, message: Message, now: float) -> list[Send]:
         if token_index(message.body["token"], self._client_tokens) is None:
             return self._client_token_refused(identity, message.header, now)
+        if self._passive(now):
+            return self._reject(identity, message.header, refusal(self.pair, "device list"),
+                                now)
         return [send_message(Side.FRONTEND, identity, Message(
             Kind.DEVICE_LIST, 0, message.request,
             {"devices": self.devices, "server": self.server}))]
@@ -487,3 +528,16 @@ class Registry(WorkerMessages):
     def shutdown(self) -> list[Send]:
         """Tell every client its session ends because the broker stops."""
         return self._endings.shutdown()
+
+    def step_down(self) -> list[Send]:
+        """This broker went passive under the other of its pair (``broker.pair``): every
+        worker is told to go to the other (a refusal, as its REGISTER would get now) and
+        forgotten, and each session's client is told its session is lost."""
+        assert self.pair is not None
+        sends: list[Send] = []
+        for worker in list(self.workers.values()):
+            sends.append(send_error(Side.WORKERS, worker.identity,
+                                    refusal(self.pair, "registration"), kind=Kind.REJECT))
+            sends += self._endings.lose_worker(
+                worker, "was let go: this broker stepped down, the other of its pair serves")
+        return sends

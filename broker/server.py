@@ -16,6 +16,13 @@ is still bounded in what it makes libzmq hold before this loop reads it (``fabri
 libzmq holds a multipart message whole, and bounds only its frames): each ROUTER's socket monitor
 names its connections, every message read is credited to its connection, and one that holds more
 than ``fabric.core.flow.connection_bytes_limit`` unread is cut (the registry counts and logs it).
+
+With a peer (``PairSettings``), the broker is one of a Binary Star pair (``broker.pair``): it
+publishes its state on a PUB socket of its own every pair heartbeat and at each change, and
+reads the peer's on a SUB, both outside the data path (the registry asks the pair only at
+HELLO, DEVICES and REGISTER). The state socket admits only the other broker (the worker token,
+or with CURVE the pair's shared key); what arrives on it is bounded by the socket and
+checked. A broker that steps down lets go of its workers and sessions.
 """
 
 from __future__ import annotations
@@ -33,12 +40,15 @@ import time
 import uuid
 from typing import Any, Callable, Sequence
 
+import msgpack
 import zmq
 
 from fabric.core.addresses import advertised
+from fabric.core.errors import ConfigError
 from fabric.core.flow import connection_bytes_limit
 from fabric.core.intake import MONITORED, Intake
-from fabric.core.security import FRONTEND_DOMAIN, WORKERS_DOMAIN, CurveServer, authenticate_peers
+from fabric.core.security import (FRONTEND_DOMAIN, PAIR_DOMAIN, WORKERS_DOMAIN, CurveServer,
+                                  authenticate_peers, present_token)
 from fabric.core.sockets import (NOBLOCK, POLLIN, message_check, recv_frames, recv_monitor_event,
                                  send_frames, try_send)
 
@@ -46,6 +56,7 @@ from .backpressure import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
 from .metrics import MetricsPublisher
 from .model import Limits, Send, Side
+from .pair import Beat, Pair, PairSettings
 from .registry import Registry
 from .state_file import StateFile
 from .zap_gate import ZAP_ENDPOINT
@@ -53,6 +64,7 @@ from .zap_gate import ZAP_ENDPOINT
 log = logging.getLogger("fabric.broker")
 
 RETRY_MS = 5  # how often parked messages are retried while there are any
+_BEAT_BYTES = 256  # the most a state heartbeat may take (it takes about 40)
 
 
 def _raise_open_file_limit() -> None:
@@ -123,7 +135,8 @@ class Broker:
     def __init__(self, frontend: str, worker_address: str, *, client_token: str | Sequence[str],
                  worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
                  curve: CurveServer | None = None, state_file: str | None = None,
-                 metrics: tuple[str, int] | None = None, advertise: str | None = None) -> None:
+                 metrics: tuple[str, int] | None = None, advertise: str | None = None,
+                 pair: PairSettings | None = None) -> None:
         _raise_open_file_limit()
         _unpredictable_routing_counters()  # before the ROUTERs draw their starts
         self.context = zmq.Context()
@@ -131,6 +144,8 @@ class Broker:
         self.zap = self.context.socket(zmq.ROUTER)
         self.zap.setsockopt(zmq.LINGER, 0)
         self.zap.bind(ZAP_ENDPOINT)
+        self._pair_pub: zmq.Socket | None = None  # with a peer: the pair's state sockets
+        self._pair_sub: zmq.Socket | None = None
         self.frontend = _router(self.context, frontend, limits, curve, FRONTEND_DOMAIN)
         self.workers = _router(self.context, worker_address, limits, curve, WORKERS_DOMAIN,
                                workers=True)
@@ -153,6 +168,7 @@ class Broker:
         self._state = StateFile(state_file, self.registry.worker_table) if state_file else None
         if self._state is not None:
             self._state.load()
+            self.registry.reload_numbering = self._reload_numbering
         self._running = True
         self._flow = FlowControl(self.registry, limits)  # peers whose queue is full
         self._outbox = self._flow.outbox  # (the hot path's test: any parked for this peer?)
@@ -161,12 +177,95 @@ class Broker:
         # it: served from their own threads, off the latest snapshot (broker.metrics).
         self.metrics = (MetricsPublisher(*metrics, admin_token=admin_token)
                         if metrics is not None else None)
+        self.pair_failed: ConfigError | None = None  # why the pair cannot go on, if so
+        if pair is not None:
+            self.registry.pair = Pair(primary=pair.primary, heartbeat=pair.heartbeat,
+                                      liveness=pair.liveness, now=time.monotonic())
+            self._pair_pub, self._pair_sub = self._pair_sockets(pair, curve, worker_token)
+            self._next_beat = 0.0
+            self._published = None  # the state last published
+
+    def _reload_numbering(self) -> None:
+        """Read the state file again (``Registry.began_serving``); one the other broker of the
+        pair left unreadable is said, and the numbering this broker holds kept."""
+        try:
+            self._state.load()
+        except ConfigError as exc:
+            log.warning("pair: keeping this broker's device numbering: %s", exc.message)
+
+    def _pair_sockets(self, pair: PairSettings, curve: CurveServer | None,
+                      worker_token: str) -> tuple[zmq.Socket, zmq.Socket]:
+        """The PUB this broker says its state on (admitting only the peer), and the SUB it
+        hears the peer's on (bounded: tiny messages, a short queue)."""
+        pub = self.context.socket(zmq.PUB)
+        authenticate_peers(pub, PAIR_DOMAIN, curve)
+        for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, 4)):
+            pub.setsockopt(option, value)
+        pub.bind(pair.address)
+        sub = self.context.socket(zmq.SUB)
+        if curve is not None:  # (the pair shares its key pair)
+            sub.curve_serverkey = curve.public_key
+            sub.curve_publickey, sub.curve_secretkey = curve.public_key, curve.secret_key
+        else:
+            present_token(sub, "worker", worker_token)
+        for option, value in ((zmq.LINGER, 0), (zmq.RCVHWM, 16),
+                              (zmq.MAXMSGSIZE, _BEAT_BYTES)):
+            sub.setsockopt(option, value)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pair.peer)
+        return pub, sub
+
+    def _pair_tick(self, now: float) -> None:
+        """Say this broker's state when due or changed (a knock may have changed it)."""
+        pair = self.registry.pair
+        if pair.state is not self._published:
+            if self._published is not None:
+                log.warning("pair: this broker is now %s (term %d): %s", pair.state.value,
+                            pair.term, pair.why)
+        elif now < self._next_beat:
+            return
+        self._published, self._next_beat = pair.state, now + pair.heartbeat
+        try:
+            self._pair_pub.send(msgpack.packb(pair.beat().to_wire()), zmq.NOBLOCK)
+        except zmq.Again:  # (a PUB drops rather than blocks; said for completeness)
+            pass
+
+    def _hear_peer(self, now: float) -> None:
+        """The peer's state heartbeats (a bounded batch); a step down lets go of the rest."""
+        pair = self.registry.pair
+        for _ in range(16):
+            try:
+                frame = self._pair_sub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                beat = Beat.from_wire(msgpack.unpackb(frame))
+            except (ValueError, msgpack.UnpackException):
+                beat = None
+            if beat is None:
+                self.registry.counters["bad_pair_beats"] += 1
+                continue
+            try:
+                change = pair.on_peer(beat, now)
+            except ConfigError as exc:
+                log.error("%s", exc.message)
+                self.pair_failed, self._running = exc, False
+                return
+            if change is not None and change.stepped_down:
+                self.registry.counters["pair_step_downs"] += 1
+                self._send(self.registry.step_down())
+            elif change is not None and pair.serving:
+                self.registry.began_serving()
+        self._pair_tick(now)
 
     @property
     def endpoints(self) -> dict[str, str]:
         """The bound addresses (with the actual port when bound to ``*``)."""
-        return {"frontend": self.frontend.getsockopt_string(zmq.LAST_ENDPOINT),
-                "workers": self.workers.getsockopt_string(zmq.LAST_ENDPOINT)}
+        bound = {"frontend": self.frontend.getsockopt_string(zmq.LAST_ENDPOINT),
+                 "workers": self.workers.getsockopt_string(zmq.LAST_ENDPOINT)}
+        if self._pair_pub is not None:
+            bound["pair"] = self._pair_pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        return bound
 
     def stop(self, *_: Any) -> None:
         """Ask the loop to finish; safe from a signal handler."""
@@ -239,9 +338,12 @@ class Broker:
         # Handshakes are answered (ZAP) even while the frontend is paused; connections are
         # counted (the monitors) all along.
         monitors = [(monitor, POLLIN) for monitor in self._monitors]
-        both_sides = [(self.frontend, POLLIN), (self.workers, POLLIN), (self.zap, POLLIN),
+        # The peer's state first (outside the data path): a broker resumed after a stop hears
+        # that the other took over before it reads a knock that came meanwhile.
+        pair = [(self._pair_sub, POLLIN)] if self._pair_sub is not None else []
+        both_sides = [*pair, (self.frontend, POLLIN), (self.workers, POLLIN), (self.zap, POLLIN),
                       *monitors]
-        workers_only = [(self.workers, POLLIN), (self.zap, POLLIN),  # a worker's queue is full
+        workers_only = [*pair, (self.workers, POLLIN), (self.zap, POLLIN),  # a worker's is full
                         *monitors]
         registry = self.registry
         blocking = self._flow.blocking  # while not empty, the frontend is not read
@@ -261,6 +363,8 @@ class Broker:
                 if now >= wake:  # (not per message: tick scans all)
                     self._send(registry.tick(now))
                     wake = registry.next_deadline()
+                if self._pair_pub is not None:
+                    self._pair_tick(now)
                 if self.metrics is not None and now >= self.metrics.due:
                     self.metrics.publish(registry, now, len(self._held))
                 if self._held:
@@ -274,6 +378,9 @@ class Broker:
                                             int(timeout_ms)):
                     if sock in self._monitors:
                         self._drain_monitor(sock)
+                        continue
+                    if sock is self._pair_sub:
+                        self._hear_peer(time.monotonic())
                         continue
                     # Drain a bounded batch per socket so one side cannot starve the other;
                     # a batch takes milliseconds at most, so it shares one reading of the clock.
@@ -304,6 +411,9 @@ class Broker:
         self.workers.disable_monitor()
         self.workers.close(linger=0)
         self.zap.close()
+        for sock in (self._pair_pub, self._pair_sub):
+            if sock is not None:
+                sock.close(linger=0)
         self.context.term()
 
 
@@ -311,15 +421,19 @@ def serve(frontend: str, worker_address: str, *, client_token: str | Sequence[st
           worker_token: str, admin_token: str | None = None, limits: Limits = Limits(),
           announce: Callable[[dict[str, Any]], None] | None = None,
           curve: CurveServer | None = None, state_file: str | None = None,
-          metrics: tuple[str, int] | None = None, advertise: str | None = None) -> None:
+          metrics: tuple[str, int] | None = None, advertise: str | None = None,
+          pair: PairSettings | None = None) -> None:
     """Run a broker in this process until SIGINT or SIGTERM; ``announce`` gets the endpoints.
     With ``curve`` both sockets are CURVE servers that admit only the keys of its allow-lists;
     without, PLAIN servers that admit only the broker's tokens. With ``state_file`` its device
     numbering is read from there and kept there; with ``metrics`` (host, port), Prometheus'
-    /metrics is served there too; ``advertise`` is the host it names its ports by."""
+    /metrics is served there too; ``advertise`` is the host it names its ports by; with
+    ``pair``, it is one broker of a pair (``broker.pair``) and serves only while active.
+    Raises ConfigError when the pair's peer has this broker's role."""
     broker = Broker(frontend, worker_address, client_token=client_token,
                     worker_token=worker_token, admin_token=admin_token, limits=limits,
-                    curve=curve, state_file=state_file, metrics=metrics, advertise=advertise)
+                    curve=curve, state_file=state_file, metrics=metrics, advertise=advertise,
+                    pair=pair)
     signal.signal(signal.SIGINT, broker.stop)
     signal.signal(signal.SIGTERM, broker.stop)
     endpoints = broker.endpoints
@@ -331,6 +445,8 @@ def serve(frontend: str, worker_address: str, *, client_token: str | Sequence[st
     if announce is not None:
         announce(endpoints)
     broker.run()
+    if broker.pair_failed is not None:
+        raise broker.pair_failed
     log.info("broker stopped")
 
 

@@ -24,6 +24,7 @@ from . import link_grants
 from .handshake import (misplaced, peer_address, release_mismatch, reported_host, size_limit,
                         token_ok, version_mismatch)
 from .model import Send, Session, SessionPhase, Side, Worker, new_send, send_error, send_message
+from .pair import refusal
 from .sessions import SessionEvent
 from .sizes import frames_size, transfer_too_large
 
@@ -115,6 +116,10 @@ class WorkerMessages:
             return self._token_refused([send_error(Side.WORKERS, identity, AuthenticationError(
                 "The broker refused the worker token: start the worker with the cluster's "
                 "worker token."), kind=Kind.REJECT)], now)
+        if self._passive(now):
+            self.rejects["broker_passive"] += 1
+            return [send_error(Side.WORKERS, identity, refusal(self.pair, "registration"),
+                               kind=Kind.REJECT, request=message.request)]
         if not all(isinstance(d, dict) for d in body["devices"]):
             return self._bad_input(Side.WORKERS, identity, ProtocolError(
                 "REGISTER devices must be a list of maps."), now, message.header)

@@ -14,11 +14,11 @@ from fabric.core.version import __version__
 
 # Each public name and the module that defines it.
 _ERRORS = (  # every class of fabric.core.errors (tests/unit/test_errors.py checks it)
-    "AuthenticationError", "BackendMissing", "ClusterError", "ConfigError", "ConnectError",
-    "DeviceDraining", "DeviceNotHostable", "DeviceOffline", "DtypeNotSupported",
+    "AuthenticationError", "BackendMissing", "BrokerPassive", "ClusterError", "ConfigError",
+    "ConnectError", "DeviceDraining", "DeviceNotHostable", "DeviceOffline", "DtypeNotSupported",
     "DuplicateSession", "EncryptionError", "FabricError",
-    "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoSuchDevice",
-    "NotFound", "ProtocolError", "QuotaExceeded", "RemoteError", "RemoteWarning",
+    "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoActiveBroker",
+    "NoSuchDevice", "NotFound", "ProtocolError", "QuotaExceeded", "RemoteError", "RemoteWarning",
     "RequestTimeout", "ServerDisconnected", "SessionClosed", "SessionLost", "TooManySessions",
     "TraceError", "VersionMismatch", "WorkerNameTaken", "WrongPort",
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from fabric.client.failover import broker_list, first_active
 from fabric.client.session import Session, check_argument, dial
 from fabric.core.config import CONNECTION_FILE_ENV, first_secret, load_connection_file
 from fabric.core.device import Device
@@ -41,7 +42,8 @@ def _target(address: str | None, token: str | None, connection_file: str | None,
     check_argument("timeout", timeout, (int, float), "seconds (an int or a float)")
     if address is None and (connection_file or os.environ.get(CONNECTION_FILE_ENV)):
         info = load_connection_file(connection_file)
-        return (info["address"], first_secret(token, info["token"]) or "", info["path"],
+        return (",".join(info.get("brokers") or [info["address"]]),
+                first_secret(token, info["token"]) or "", info["path"],
                 client_keys(curve if curve is not None else info.get("curve")))
     if address is None:
         return None
@@ -65,6 +67,11 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
     is not a fabric broker, ``ServerDisconnected`` when it closes before answering,
     ``VersionMismatch``, ``AuthenticationError``, ``NoSuchDevice`` or another
     ``HandshakeError`` when the broker refuses, ``HandshakeTimeout`` at ``timeout``.
+
+    A broker pair (``fabric cluster up --standby``): the address lists both brokers,
+    separated by a comma, or the connection file lists them (``brokers``); each is tried
+    until the active one welcomes the session, and ``NoActiveBroker`` names both when
+    neither does (at once when neither answers, else at ``timeout``).
 
     ``curve`` encrypts the connection (CURVE): a ``fabric.CurveClient``, a directory written
     by ``fabric keys generate`` (its client pair and broker.key), or a mapping with
@@ -98,7 +105,9 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
         session.connection.shared_memory = options
         return session
     address, token, source, keys = target
-    return dial(address, token, device, timeout, keys, max_message_bytes, source, options)
+    return first_active(broker_list(address), timeout, lambda broker, left: dial(
+        broker, token, device, timeout, keys, max_message_bytes, source, options,
+        hello_timeout=left))
 
 
 def devices(address: str | None = None, *, token: str | None = None, timeout: float = 10.0,
@@ -110,4 +119,5 @@ def devices(address: str | None = None, *, token: str | None = None, timeout: fl
         raise ConnectError("No address given: pass one, or a connection_file, or set "
                            f"{CONNECTION_FILE_ENV}.")
     address, token, source, keys = target
-    return list_devices(address, token, timeout, keys, source)
+    return first_active(broker_list(address), timeout, lambda broker, left: list_devices(
+        broker, token, left, keys, source))

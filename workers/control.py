@@ -38,6 +38,11 @@ resolve. A REGISTER is sent once per connection, as soon as its beacon is up and
 for two PINGs (``on_beacon_up``: the broker's libzmq counts the bound from the first PING it
 got, so a worker stopped before it would never be found out, and must not hold a session
 before), and again when the broker answers that it does not know the worker.
+
+Several brokers (a pair: ``broker`` lists them, "tcp://A:5556,tcp://B:5556"): the worker
+serves the one that takes it. It connects to one at a time; a broker that refuses it as passive
+(``BrokerPassive``), a registered link that ends, and a broker silent for a heartbeat before
+REGISTERED (a dead one: nothing answers) each move it on to the next, where it registers afresh.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from fabric.core import protocol
 from fabric.core.addresses import host_not_resolving
 from fabric.core.errors import (
     AuthenticationError,
+    BrokerPassive,
     FabricError,
     VersionMismatch,
     WorkerNameTaken,
@@ -172,7 +178,8 @@ class Control:
                  host_not_resolving: Callable[[str], str | None] = host_not_resolving,
                  report: Callable[[], dict[str, Any]] = dict) -> None:
         self.registration = registration
-        self.broker = broker
+        self.brokers = tuple(broker.split(","))  # one, or a pair's (see the module's rule)
+        self.broker = self.brokers[0]  # the one this worker connects to now
         self.give_up_after = give_up_after
         self.host_not_resolving = host_not_resolving
         self.report = report
@@ -208,15 +215,17 @@ class Control:
                 f"The broker at {self.broker} has said nothing for {now - self.answered:.1f} "
                 f"s (--give-up-after {self.give_up_after:g}): stopping."
                 + self._unresolved())
-        if not self.registered and now - self.last_heard > self.heartbeat * self.liveness:
-            log.warning("the broker at %s has been silent for %.1f s; reconnecting.%s",
-                        self.broker, now - self.last_heard, self._unresolved())
+        if not self.registered and now - self.last_heard > self._silence_bound:
+            log.warning("the broker at %s has been silent for %.1f s; reconnecting%s.%s",
+                        self.broker, now - self.last_heard, self._turn_to_next_broker(),
+                        self._unresolved())
             self.last_heard = now
             return self._connect()
         if not self.register_sent:  # (no HEARTBEAT before it: the broker would not know it)
             if self.register_due is None or now < self.register_due:
                 return []
             self.register_sent, self.last_sent = True, now  # (HEARTBEATs count from here)
+            self._lives(now)  # (its answer is awaited from here)
             return [self._register()]
         if now - self.last_sent >= self.heartbeat:
             self.last_sent = now
@@ -228,6 +237,7 @@ class Control:
         later (at a ``tick``), once the broker's libzmq counts the link's liveness bound."""
         if self.register_due is None:
             self.register_due = now + 2 * ping_interval(self.heartbeat)
+            self._lives(now)  # (its process finished the handshake)
         return []
 
     def on_message(self, frames: Sequence[Any], now: float) -> list[Action]:
@@ -261,10 +271,34 @@ class Control:
         if not self.registered:
             return []
         log.warning("the connection to the broker at %s closed (the broker ended, or its link "
-                    "was silent for %g s); reconnecting.%s", self.broker,
-                    self.heartbeat * self.liveness, self._unresolved())
+                    "was silent for %g s); reconnecting%s.%s", self.broker,
+                    self.heartbeat * self.liveness, self._turn_to_next_broker(),
+                    self._unresolved())
         self.last_heard = now
         return self._connect()
+
+    def _lives(self, now: float) -> None:
+        """A pair's broker showed it lives: its heartbeat of silence counts from ``now`` (a
+        single broker's bound is long enough to count from the connection)."""
+        if len(self.brokers) > 1:
+            self.last_heard = now
+
+    @property
+    def _silence_bound(self) -> float:
+        """Seconds an unregistered connection may stay silent before the worker tries again:
+        the liveness bound for one broker; for a pair (the other may serve) a heartbeat, but
+        longer than the wait from the beacon's handshake to REGISTER (``on_beacon_up``)."""
+        if len(self.brokers) == 1:
+            return self.heartbeat * self.liveness
+        return max(self.heartbeat, 3 * ping_interval(self.heartbeat))
+
+    def _turn_to_next_broker(self) -> str:
+        """Turn to the next broker of a pair (this connection's, from now), and say so for the
+        log: ' to <its address>' ('', and nothing changed, for a single broker)."""
+        if len(self.brokers) == 1:
+            return ""
+        self.broker = self.brokers[(self.brokers.index(self.broker) + 1) % len(self.brokers)]
+        return f" to {self.broker}"
 
     def on_handshake_failed(self, event: int, value: int) -> list[Action]:
         """The socket monitor reported a failed security handshake (libzmq goes on retrying
@@ -324,6 +358,11 @@ class Control:
             raise ClientPortReached(f"{error.message} (The address was {self.broker}.)")
         if isinstance(error, WorkerNameTaken):
             return self._name_taken(error, now)
+        if isinstance(error, BrokerPassive):  # the other broker of the pair serves
+            log.info("the broker at %s is passive; connecting%s", self.broker,
+                     self._turn_to_next_broker())
+            self.last_heard = now
+            return self._connect()
         if error.details.get("reason") == "not_registered":
             log.warning("the broker does not know this worker (it restarted?): registering")
             self.registered = False

@@ -74,18 +74,20 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
 
 
 class Worker:
-    """A worker hosting its ``options``' devices for the broker at ``broker``."""
+    """A worker hosting its ``options``' devices for the broker at ``broker`` (or the one
+    serving of a pair's, given as "ADDR,ADDR": ``workers.control``)."""
 
     def __init__(self, broker: str, options: WorkerOptions) -> None:
         cls = device_class(options.backend)  # refuses capture/remote before anything starts
-        self.broker = broker
+        self.broker = broker.split(",")[0]
         self.options = options
         self.context = zmq.Context()
         self.devices = [cls.for_worker(i, options) for i in range(options.devices)]
         # Direct links (``workers.direct_links``) on the address that reaches the broker, or
         # another the worker is reached at; None: every tensor moved to another worker takes the
         # broker.
-        host = reachable_host(broker) if options.bulk_host == "auto" else options.bulk_host
+        host = (reachable_host(broker.split(",")[0]) if options.bulk_host == "auto"
+                else options.bulk_host)
         self.links = None if host is None else BulkLinks(
             self.context, host, options.curve, options.max_message_bytes, self._deliver,
             self._read_over_link)
@@ -173,8 +175,9 @@ class Worker:
     def _connect(self, connect: Connect) -> None:
         self._close_dealer()
         self._to_devices.clear()  # (for the sessions of the old connection)
+        self.broker = self.control.broker  # (a pair's: the one this connection goes to)
         for device, lane in enumerate(connect.lanes):
-            self._to_device(device, [RESET, lane])
+            self._to_device(device, [RESET, lane, self.broker.encode()])
         self._set_reading_devices(True)
         self.dealer = dealer(self.context, self.options, connect.identity)
         # A refused key or mismatched encryption is only ever a monitor event.

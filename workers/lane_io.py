@@ -78,7 +78,6 @@ class LaneHost(Protocol):
 
     context: zmq.Context
     options: WorkerOptions
-    broker: str  # the address its lanes connect to
 
     def session_device(self, session: int) -> int | None:
         """The index of the device of this worker that serves ``session``, if one does."""
@@ -172,7 +171,7 @@ class DeviceThread:
             worker = self._worker
             self._close_lane()
             self._lane_socket = dealer(worker.context, worker.options, frames[1].bytes)
-            self._lane_socket.connect(worker.broker)
+            self._lane_socket.connect(frames[2].bytes.decode())  # (the control's broker)
             self._lane_waits = message_check(self._lane_socket)
             self._poll_items.append((self._lane_socket, POLLIN))
         elif command == ATTACH:

@@ -143,8 +143,20 @@ def _print_status(status: dict[str, Any], address: str) -> None:
         lines.append(("queues", f"{queues['parked_messages']} message(s) waiting for "
                                 f"{queues['peers_waiting']} peer(s)"
                                 + (", clients paused" if queues["frontend_paused"] else "")))
+    pair = status.get("pair")
+    if pair:  # one broker of a pair (fabric broker --peer)
+        lines.append(("pair", pair_text(pair)))
     for name, value in lines:
         click.echo(f"{name + ':':<17}{value}")
+
+
+def pair_text(pair: dict[str, Any]) -> str:
+    """A pair broker's role and state in words (``status``'s and ``ping``'s ``pair``)."""
+    peer = pair["peer_state"]
+    heard = (f"peer {peer}, heard {pair['peer_silent_for']:.1f} s ago" if peer
+             else "peer never heard")
+    return (f"{pair['role']}, {pair['state']} for {duration_text(pair['in_state_for'])} "
+            f"(term {pair['term']}, {pair['takeovers']} takeover(s); {heard})")
 
 
 def _lost_when(row: dict[str, Any]) -> str:
@@ -317,6 +329,33 @@ def admin_forget(options: dict[str, Any], worker: str, as_json: bool) -> None:
     _admin_call(options, lambda a: a.forget(worker), as_json, lambda r, _: click.echo(
         f"{r['worker']} forgotten: device index(es) {', '.join(map(str, r['indexes']))} "
         "retired"))
+
+
+@admin.command("pair", epilog=ADMIN_EXIT_CODES, short_help="Each broker's role in a pair.")
+@json_option
+@click.pass_obj
+def admin_pair(options: dict[str, Any], as_json: bool) -> None:
+    """Each broker of a pair (--address A,B, or the admin file's brokers): its role (primary
+    or backup) and state (active serves; passive refuses and sends clients to the other), or
+    why it could not be asked. Exits 3 when no broker answered."""
+    from fabric.client.admin import ADMIN_TOKEN_ENV, pair_roles
+
+    try:
+        rows = pair_roles(options["address"], token=resolve_secret(
+            options["token"], options["token_file"], ADMIN_TOKEN_ENV),
+            admin_file=options["admin_file"], connection_file=options["connection_file"],
+            timeout=options["timeout"], curve=options["curve"])
+    except FabricError as exc:
+        click.echo(f"fabric admin: {' '.join(str(exc).splitlines())}", err=True)
+        sys.exit(_admin_exit_code(exc))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    for row in [] if as_json else rows:
+        said = (f"{row['error']['code']}: {row['error']['message']}" if "error" in row
+                else pair_text(row["pair"]) if row["pair"] else "a single broker (no --peer)")
+        click.echo(f"{row['address']:<28} {said}")
+    if all("error" in row for row in rows):
+        sys.exit(3)
 
 
 @admin.command("shutdown", epilog=ADMIN_EXIT_CODES, short_help="Stop the broker.")

@@ -21,11 +21,11 @@ from click.core import ParameterSource
 from fabric.cli.admin_commands import admin
 from fabric.cli.dashboard_command import dashboard
 from fabric.cli.options import (as_usage_error, checked, curve_client_options,
-                                curve_server_options, limit_options, metrics_option,
+                                curve_server_options, limit_options, metrics_option, pair_options,
                                 renamed_option, required_secret, timing_options, token_options,
                                 with_options)
 from fabric.cli.top_command import top
-from fabric.core.addresses import advertise_host, check_endpoint
+from fabric.core.addresses import advertise_host, check_endpoints
 from fabric.core.config import load_admin_file, resolve_secret
 from fabric.core.errors import ConfigError, DeviceNotHostable, FabricError
 from fabric.core.host_slot import claim_slot
@@ -85,13 +85,14 @@ def main() -> None:
 @limit_options("broker")
 @curve_server_options
 @metrics_option
+@pair_options
 @renamed_option("--backend", "--worker-address")
 def broker(frontend: str, worker_address: str, token: str | None, token_file: str | None,
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
            advertise: str | None, state_file: str | None, curve: CurveServer | None,
-           limits: dict[str, Any], metrics: str | None) -> None:
+           limits: dict[str, Any], metrics: str | None, pair: Any) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
     Prints one JSON line with the bound addresses when ready; logs go to stderr. Stops
@@ -117,14 +118,14 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
         serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve,
               state_file=state_file, metrics=parse_address(metrics) if metrics else None,
-              advertise=advertise)
-    except ConfigError as exc:  # a state file it cannot use
+              advertise=advertise, pair=pair)
+    except ConfigError as exc:  # a state file it cannot use, a peer of its own role
         raise click.ClickException(exc.message) from None
     except zmq.ZMQError as exc:  # binding: the port is taken, or the address is malformed
         hint = (" (another broker or cluster on that port? tcp://127.0.0.1:* picks a free one)"
                 if exc.errno == zmq.EADDRINUSE else "")
-        raise click.ClickException(f"cannot serve on {frontend} / {worker_address}: {exc}"
-                                   f"{hint}") from None
+        bound = " / ".join([frontend, worker_address, *([pair.address] if pair else [])])
+        raise click.ClickException(f"cannot serve on {bound}: {exc}{hint}") from None
     except OSError as exc:  # the metrics address: taken, or not this host's
         raise click.ClickException(f"cannot serve metrics on {metrics}: {exc.strerror}"
                                    ) from None
@@ -132,8 +133,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 
 @main.command()
 @click.option("--broker", "broker_address", default="tcp://127.0.0.1:5556", show_default=True,
-              callback=checked(check_endpoint),
-              help="The broker's address for workers (fabric broker --worker-address).")
+              callback=checked(check_endpoints),
+              help="The broker's address for workers (fabric broker --worker-address); for a "
+                   "pair, both brokers', separated by a comma: the worker serves the active one.")
 @click.option("--backend", default="numpy", show_default=True,
               help="Device backend to host: numpy, numexpr, jax (the [jax] extra; "
                    "--devices N on a CPU host makes N XLA CPU devices) or cupy (the [cupy] "
@@ -342,13 +344,15 @@ _cluster_options = [
 @click.option("--max-restarts", type=click.IntRange(min=0), default=5, show_default=True,
               help="Times a worker that dies is restarted within a minute; past that it "
                    "stays down and the others serve on (0: never restarted).")
+@click.option("--standby", is_flag=True, help="Run a broker pair here: a primary and a backup "
+              "that takes over when the primary dies; workers and the connection file name both.")
 @with_options(_cluster_options)
 def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_python: str,
                ssh_config: str | None, ssh_option: tuple[str, ...], backend: str,
                devices_per_worker: int, frontend: str,
                worker_address: str, connection_file: str | None, admin_file: str | None,
                memory_limit: int | None, memory_budget: str, advertise: str | None,
-               max_restarts: int,
+               max_restarts: int, standby: bool,
                log_dir: str | None,
                curve: str | None, metrics: str | None,
                heartbeat: float, liveness: int) -> None:
@@ -382,7 +386,10 @@ def cluster_up(workers: int, hosts: str | None, hostfile: str | None, remote_pyt
                                "--worker-address where they reach it (tcp://0.0.0.0:5556 "
                                "with --advertise HOST).")
 
-    placement: dict[str, Any] = {"workers": workers}
+    placement: dict[str, Any] = {"workers": workers, "standby": standby}
+    if remote_hosts and standby:
+        raise click.UsageError("--standby runs both brokers and the workers on this host: give "
+                               "it without --hosts (or start a pair with fabric broker --peer).")
     if remote_hosts:
         placement = {"hosts": remote_hosts, "workers_per_host": workers,
                      "remote_python": remote_python, "ssh_config": ssh_config,

@@ -13,8 +13,10 @@ from typing import Any, Callable
 import click
 from click.core import ParameterSource
 
+from fabric.core.addresses import check_endpoint
 from fabric.core.config import resolve_secret
 from fabric.core.errors import FabricError
+from fabric.core.flow import DEFAULT_PAIR_HEARTBEAT, DEFAULT_PAIR_LIVENESS
 from fabric.core.security import CurveClient, CurveServer
 
 
@@ -271,3 +273,45 @@ def with_options(options: list[Callable[..., Any]],
             command = option(command)
         return command
     return decorate
+
+
+def pair_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """A broker's place in a pair (``fabric.broker.pair``), handed to ``command`` as one
+    ``pair`` (a PairSettings, or None without ``--peer``). Put it right above the function."""
+    @functools.wraps(command)
+    def wrapper(*args: Any, peer: str | None, pair_address: str | None, role: str | None,
+                pair_heartbeat: float, pair_liveness: int, **kwargs: Any) -> Any:
+        if peer is None:
+            if pair_address is not None or role is not None:
+                raise click.UsageError("--pair-address, --primary and --backup need --peer, "
+                                       "the other broker's --pair-address.")
+            return command(*args, pair=None, **kwargs)
+        if pair_address is None or role is None:
+            raise click.UsageError("--peer needs --pair-address (this broker's state socket) "
+                                   "and --primary or --backup (one of each in a pair).")
+        from fabric.broker.pair import PairSettings  # (the broker loads only when it runs)
+
+        return command(*args, pair=PairSettings(peer, pair_address, role == "primary",
+                                                pair_heartbeat, pair_liveness), **kwargs)
+
+    endpoint = checked(check_endpoint)
+    for option in reversed([
+        click.option("--peer", default=None, metavar="ADDR", callback=endpoint,
+                     help="The other broker of a pair: its --pair-address. This broker then "
+                          "serves only while the pair makes it active (Binary Star)."),
+        click.option("--pair-address", default=None, metavar="ADDR",
+                     help="Where this broker says its state to its peer (its --peer)."),
+        click.option("--primary", "role", flag_value="primary", default=None,
+                     help="This broker is the pair's primary: it serves first."),
+        click.option("--backup", "role", flag_value="backup",
+                     help="This broker is the pair's backup: it takes over when the primary "
+                          "is silent past the pair's liveness and a client or worker comes."),
+        click.option("--pair-heartbeat", type=click.FloatRange(min=0.01),
+                     default=DEFAULT_PAIR_HEARTBEAT, show_default=True,
+                     help="Seconds between the pair's state heartbeats."),
+        click.option("--pair-liveness", type=click.IntRange(min=1),
+                     default=DEFAULT_PAIR_LIVENESS, show_default=True,
+                     help="State heartbeats the peer may miss before it counts as gone."),
+    ]):
+        wrapper = option(wrapper)
+    return wrapper

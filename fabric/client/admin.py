@@ -118,6 +118,9 @@ class Admin:
             address, token, admin_file, connection_file)
         if curve is None:  # the CURVE keys the file names, if any
             curve = file_curve
+        if "," in self.address:  # (each broker of a pair answers for itself)
+            raise ConfigError(f"{self.address} lists several brokers: give the address of the "
+                              "one to ask (fabric admin pair asks each broker of a pair).")
         self.timeout = timeout
         self._connection = Connection(self.address, self._token, role="admin",
                                       handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
@@ -129,6 +132,8 @@ class Admin:
             raise
         self.server: str = hello["server"]
         self.protocol_version: int = hello["protocol_version"]
+        # Its part in a broker pair when it opened: role, state, term, takeovers (None: no peer).
+        self.pair: dict[str, Any] | None = hello.get("pair")
 
     def __repr__(self) -> str:
         return f"<fabric.Admin {self.address} ({self.server})>"
@@ -220,3 +225,32 @@ class Admin:
     def shutdown(self) -> dict[str, Any]:
         """Stop the broker: it answers, tells every client its session ends, and exits."""
         return self._run("shutdown")
+
+
+def pair_roles(address: str | None = None, *, token: str | None = None,
+               admin_file: str | os.PathLike[str] | None = None,
+               connection_file: str | os.PathLike[str] | None = None, timeout: float = 5.0,
+               curve: CurveOption = None) -> list[dict[str, Any]]:
+    """Each broker of a pair (``address`` "A,B", else the file's ``brokers``; a single broker
+    alone): its ``address`` and, as its ``ping`` says, its ``pair`` (role, state, term,
+    takeovers; None for a broker without a peer), or the ``error`` (code and sentence) that
+    asking it raised, so that a dead broker is shown rather than hiding the other.
+
+    Raises ConfigError, as ``Admin`` does, when no address or admin token is found."""
+    from fabric.core.errors import FabricError  # (the errors a broker's answer may carry)
+
+    source = _admin_source(address, admin_file, connection_file)
+    info = load_admin_file(source) if source is not None else {}
+    named = address.split(",") if address else info.get("brokers") or [info.get("address")]
+    rows: list[dict[str, Any]] = []
+    for broker in named:
+        file = {"admin_file": source} if admin_file is not None or connection_file is None \
+            else {"connection_file": source}
+        try:
+            with Admin(broker, token=token, timeout=timeout, curve=curve, **file) as admin:
+                rows.append({"address": admin.address, "pair": admin.pair})
+        except ConfigError:
+            raise
+        except FabricError as exc:
+            rows.append({"address": broker, "error": {"code": exc.code, "message": exc.message}})
+    return rows

@@ -514,15 +514,18 @@ def check_argument(name: str, value: Any, kinds: tuple[type, ...], takes: str) -
         raise TypeError(f"{name}= takes {takes}, not {type(value).__name__} {named(value)}.")
 
 
-def open_session(connection: Connection, token: str, device: int, timeout: float) -> Session:
-    """HELLO on ``connection``; the session, or the typed error (closing an unused
+def open_session(connection: Connection, token: str, device: int, timeout: float,
+                 hello_timeout: float | None = None) -> Session:
+    """HELLO on ``connection`` (answered within ``hello_timeout``, by default ``timeout``,
+    the session's calls' own); the session, or the typed error (closing an unused
     connection)."""
     session_id = secrets.randbits(64) or 1
     hello = Message(Kind.HELLO, session_id, body={
         "token": token, "device": device, "client": f"pid {os.getpid()}",
         "max_message_bytes": connection.max_message_bytes})
     try:
-        welcome = expect_reply(connection.request(hello, timeout), Kind.WELCOME)
+        welcome = expect_reply(connection.request(
+            hello, timeout if hello_timeout is None else hello_timeout), Kind.WELCOME)
     except HandshakeTimeout:
         # A slow broker may still open it: ask it to drop the session, best effort (a full
         # queue skips it: the timeout is what the caller hears of).
@@ -540,12 +543,15 @@ def open_session(connection: Connection, token: str, device: int, timeout: float
 def dial(address: str, token: str, device: int, timeout: float, curve: CurveClient | None,
          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
          connection_file: str | None = None,
-         shared_memory: SharedMemory | None = SharedMemory()) -> Session:
+         shared_memory: SharedMemory | None = SharedMemory(),
+         hello_timeout: float | None = None) -> Session:
     """A session on ``device`` of the broker at ``address``, over a new connection
     (``connection_file``: where the address came from, if a file; ``shared_memory``: how
-    large arrays use it with a worker on this host, None: never)."""
-    connection = Connection(address, token, handshake_limit=min(timeout, ZMTP_HANDSHAKE_LIMIT),
+    large arrays use it with a worker on this host, None: never; ``hello_timeout``: the
+    handshake's deadline where it is shorter than ``timeout``, its calls')."""
+    opening = timeout if hello_timeout is None else hello_timeout
+    connection = Connection(address, token, handshake_limit=min(opening, ZMTP_HANDSHAKE_LIMIT),
                             curve=curve, max_message_bytes=max_message_bytes,
                             shared_memory=shared_memory)
     with naming_connection_file(connection_file):
-        return open_session(connection, token, device, timeout)
+        return open_session(connection, token, device, timeout, opening)

@@ -110,3 +110,11 @@ def check_endpoint(address: str) -> str:
         raise ConfigError(f"{address!r} is not an address to connect to: give "
                           "tcp://HOST:PORT (say tcp://10.0.0.1:5556), or ipc://PATH.")
     return address
+
+
+def check_endpoints(addresses: str) -> str:
+    """``addresses``, one address or several separated by commas (a broker pair's), if
+    ZeroMQ can connect to each; else ConfigError naming the one it cannot."""
+    for address in addresses.split(","):
+        check_endpoint(address)
+    return addresses

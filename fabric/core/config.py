@@ -151,14 +151,16 @@ def _write_json_file(path: str | os.PathLike[str], info: dict[str, Any],
     content.update((k, info[k]) for k in optional if info.get(k))
     if info.get("curve"):  # the client's CURVE key files (paths, not keys)
         content["curve"] = dict(info["curve"])
+    if info.get("brokers"):  # a broker pair's clients' addresses (``address``: the primary's)
+        content["brokers"] = list(info["brokers"])
     write_secret_file(path, json.dumps(content, indent=2))
     return path
 
 
 def write_connection_file(path: str | os.PathLike[str], info: dict[str, Any]) -> Path:
-    """Write the connection file clients use: the address, the client token and the paths of
-    the client's CURVE key files (``curve``), as JSON, mode 0600 from the start. Nothing else
-    of ``info`` is written. Returns the path."""
+    """Write the connection file clients use: the address, the client token, the paths of
+    the client's CURVE key files (``curve``) and a broker pair's addresses (``brokers``), as
+    JSON, mode 0600 from the start. Nothing else of ``info`` is written. Returns the path."""
     return _write_json_file(path, info, CONNECTION_FILE_KEYS)
 
 
@@ -180,7 +182,8 @@ def _read_json_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     except ValueError:
         info = None
     if not isinstance(info, dict) or not isinstance(info.get("address"), str) or not all(
-            isinstance(value, str) for key, value in info.items() if key != "curve"):
+            isinstance(value, str) for key, value in info.items()
+            if key not in ("curve", "brokers")):
         raise ConfigError(f"{path} is not a fabric {what}: fabric cluster up writes one.")
     curve = info.get("curve")
     if curve is not None and not (isinstance(curve, dict) and all(
@@ -194,7 +197,7 @@ def _read_json_file(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
 def load_connection_file(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The address, client token (and CURVE key files) from a connection file (``path``,
     else $FABRIC_CONNECTION_FILE); an older file that also holds the admin and worker tokens
-    is read too.
+    is read too. A broker pair's file lists both brokers' addresses in ``brokers`` as well.
 
     Raises ConfigError with a sentence that says what to do when it is missing, readable by
     others, an operator's admin file, or not a fabric connection file.
@@ -210,6 +213,11 @@ def load_connection_file(path: str | os.PathLike[str] | None = None) -> dict[str
                 "and worker tokens and no client token. Connect with the connection file "
                 "fabric cluster up wrote beside it, and keep this one for fabric admin.")
         raise ConfigError(f"{path} holds no client token: write it again with fabric cluster up.")
+    brokers = info.get("brokers")  # a broker pair's clients' addresses (``address``: the first)
+    if brokers is not None and not (isinstance(brokers, list) and brokers
+                                    and all(isinstance(b, str) and b for b in brokers)):
+        raise ConfigError(f"{path}'s brokers is not a list of addresses: write it again with "
+                          "fabric cluster up --standby.")
     return info
 
 

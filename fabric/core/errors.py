@@ -4,6 +4,7 @@
     ├── ConnectError                 the client could not open a session
     │   ├── EncryptionError
     │   ├── WrongPort
+    │   ├── NoActiveBroker           none of a pair's brokers serves
     │   └── HandshakeError
     │       ├── ServerDisconnected
     │       ├── HandshakeTimeout
@@ -13,7 +14,8 @@
     │       ├── DeviceOffline
     │       │   └── DeviceDraining
     │       ├── DuplicateSession
-    │       └── TooManySessions
+    │       ├── TooManySessions
+    │       └── BrokerPassive        the other broker of the pair serves
     ├── SessionLost                  an open session ended (its worker, broker or link died)
     │   └── SessionClosed            its user closed it
     ├── MessageTooLarge
@@ -83,6 +85,20 @@ class HandshakeError(ConnectError):
     """The broker was reached but the session could not be opened."""
 
     code = "handshake_failed"
+
+
+class BrokerPassive(HandshakeError):
+    """This broker is the passive one of a pair (``--peer``): the other broker serves. The
+    client (or worker) tries the other address."""
+
+    code = "broker_passive"
+
+
+class NoActiveBroker(ConnectError):
+    """None of the brokers listed for a client serves it: each is passive, unreachable or
+    refused it. The sentence names each address and what it said."""
+
+    code = "no_active_broker"
 
 
 class ServerDisconnected(HandshakeError):

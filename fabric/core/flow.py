@@ -36,6 +36,9 @@ DEFAULT_HWM = 1000  # SNDHWM and RCVHWM, in messages, per peer, on every fabric 
 DEFAULT_PEER_QUEUE = 1000  # messages the broker parks for one peer whose queue is full
 DEFAULT_MAX_SESSIONS_PER_CLIENT = 256  # per client connection (a DEALER identity)
 DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
+# A broker pair's state heartbeats (broker.pair): the ZeroMQ guide's Binary Star values.
+DEFAULT_PAIR_HEARTBEAT = 1.0  # seconds between them
+DEFAULT_PAIR_LIVENESS = 2  # missed before the peer counts as gone
 # A client flushes its op batch at MAX_BATCH_ENTRIES entries or once its uploaded buffers
 # reach MAX_BATCH_BYTES (``fabric.arrays.stream`` says why these sizes). That bounds one message,
 # which libzmq does not: it holds a multipart message whole before the broker sees it and

@@ -49,6 +49,7 @@ ROLES = ("broker", "client", "worker")
 # ZAP domains of the broker's two sockets: each has its own allow-list.
 FRONTEND_DOMAIN = "fabric-frontend"
 WORKERS_DOMAIN = "fabric-workers"
+PAIR_DOMAIN = "fabric-pair"  # a broker's state heartbeats to the other of its pair
 _Z85_KEY_LENGTH = 40
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -224,8 +225,10 @@ class CurveServer:
 
     @property
     def allow_lists(self) -> dict[str, frozenset[bytes]]:
-        """The keys admitted per ZAP domain (the broker's two sockets)."""
-        return {FRONTEND_DOMAIN: self.clients, WORKERS_DOMAIN: self.workers}
+        """The keys admitted per ZAP domain: the broker's two sockets, and its pair's state
+        socket, which admits only this key (the two brokers of a pair share their keys)."""
+        return {FRONTEND_DOMAIN: self.clients, WORKERS_DOMAIN: self.workers,
+                PAIR_DOMAIN: frozenset({self.public_key})}
 
 
 def authenticate_peers(socket: zmq.Socket, domain: str, curve: CurveServer | None) -> None:

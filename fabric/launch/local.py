@@ -3,8 +3,10 @@
 Rule: every process a ``LocalCluster`` starts is ended by it, on ``stop()``, on leaving the
 ``with`` block, or at interpreter exit, with SIGTERM first and SIGKILL after a deadline.
 Tokens reach the children through their environment, never their command line. While it
-``watch``es, a worker that dies is restarted, as a supervisor would, at most ``RestartLimit``
-times in a window; past that it stays down and the others go on serving.
+``watch``es, a worker that dies is restarted, as a supervisor would
+(``fabric.launch.supervision``). With ``standby`` it runs a broker pair
+(``fabric.broker.pair``): a primary and a backup, the workers and the connection file naming
+both.
 """
 
 from __future__ import annotations
@@ -21,20 +23,23 @@ import tempfile
 import threading
 import time
 import warnings
-from collections import deque
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from fabric.arrays.html_repr import one_line, table
 from fabric.client.admin import Admin
 from fabric.client.dashboard import dashboard_address
+from fabric.client.failover import first_active
 from fabric.client.session import Session, dial
 from fabric.core.addresses import advertised
 from fabric.core.config import new_token, write_admin_file, write_connection_file
 from fabric.core.device import Device
-from fabric.core.errors import ClusterError, ConnectError, FabricError
+from fabric.core.errors import ClusterError, ConnectError
 from fabric.core.security import CurveClient
 from fabric.transport.connection import list_devices
+
+from fabric.launch.standby import joined, pair_addresses, pair_args
+from fabric.launch.supervision import Supervision, ended_how
 
 _PR_SET_PDEATHSIG = 1
 # A large frame arrives in a fresh allocation, and faulting its pages in is most of what
@@ -118,42 +123,8 @@ def _end(proc: subprocess.Popen, timeout: float = 5.0) -> None:
         proc.stdout.close()
 
 
-class RestartLimit:
-    """At most ``count`` restarts in any ``window`` seconds (a supervisor's restart
-    intensity), sans I/O: ``allow(now)`` says whether one more may happen now, and counts it."""
-
-    def __init__(self, count: int = 5, window: float = 60.0) -> None:
-        self.count = count
-        self.window = window
-        self._times: deque[float] = deque()
-
-    def allow(self, now: float) -> bool:
-        """Whether a restart at ``now`` stays within the limit (if so, it is counted)."""
-        while self._times and now - self._times[0] >= self.window:
-            self._times.popleft()
-        if len(self._times) >= self.count:
-            return False
-        self._times.append(now)
-        return True
-
-
 # A log line that tells why a process failed: logging's error levels, a traceback's last line.
 _ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|^\w+(\.\w+)*(Error|Exception): ")
-
-
-def ended_how(returncode: int) -> str:
-    """How a child process ended, for a sentence: ``exited with code 1``, or ``was killed by
-    SIGKILL (exit code -9)``."""
-    if returncode < 0:
-        try:
-            return f"was killed by {signal.Signals(-returncode).name} (exit code {returncode})"
-        except ValueError:
-            pass
-    return f"exited with code {returncode}"
-
-
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 _LAUNCHERS = os.path.dirname(os.path.abspath(__file__))
@@ -170,7 +141,7 @@ def _deprecated(message: str) -> None:
     warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
-class LocalCluster:
+class LocalCluster(Supervision):
     """A broker and ``workers`` worker processes on loopback; a context manager.
 
     With ``curve`` (a directory written by ``fabric keys generate``) every link is
@@ -187,6 +158,10 @@ class LocalCluster:
     a free one; ``address`` and ``worker_address`` hold the bound ones once started).
     ``backend_address``, the old name of ``worker_address``, still works for this release,
     with a DeprecationWarning.
+
+    ``standby``: a second broker on loopback, the backup of a pair whose primary is the first
+    (``standby_broker``, at ``standby_address`` and ``standby_worker_address`` once started);
+    the workers serve the active one, and clients and the connection file know both.
     """
 
     def __init__(self, workers: int = 2, *, backend: str = "numpy", devices_per_worker: int = 1,
@@ -197,7 +172,7 @@ class LocalCluster:
                  curve: str | os.PathLike[str] | None = None,
                  log_dir: str | os.PathLike[str] | None = None,
                  memory_budget: str = "50%", advertise: str | None = None,
-                 backend_address: str | None = None) -> None:
+                 backend_address: str | None = None, standby: bool = False) -> None:
         from fabric.core.worker_options import budget_from_option  # (measured once, here)
 
         if backend_address is not None:
@@ -225,6 +200,11 @@ class LocalCluster:
         self.worker_args = ("--memory-budget", str(share), *worker_args)
         self.token, self.worker_token, self.admin_token = new_token(), new_token(), new_token()
         self.broker: subprocess.Popen | None = None
+        self.standby = standby
+        self.standby_broker: subprocess.Popen | None = None  # the pair's backup
+        self.standby_address = self.standby_worker_address = ""
+        # The pair's state addresses (primary's, backup's): each names the other's.
+        self._pair_addresses = pair_addresses() if standby else ("", "")
         self.workers: list[subprocess.Popen] = []
         self.address = ""
         self.worker_address = worker_address
@@ -272,30 +252,55 @@ class LocalCluster:
     def start_broker(self, frontend: str | None = None,
                      worker_address: str | None = None) -> None:
         """Start the broker (on ``frontend`` and ``worker_address``, by default the cluster's)
-        and learn its bound addresses."""
-        with self._log("broker") as log:
-            self.broker = subprocess.Popen(
-                [sys.executable, "-m", "fabric", "broker",
-                 "--frontend", frontend or self.frontend,
-                 "--worker-address", worker_address or self.worker_address,
-                 "--heartbeat", str(self.heartbeat),
-                 "--liveness", str(self.liveness), *self._curve_args, *self.broker_args],
-                stdout=subprocess.PIPE, stderr=log, env=self._env(),
-                preexec_fn=_die_with_parent)
-        line = _read_line(self.broker, time.monotonic() + self.start_timeout)
-        if not line:
-            _end(self.broker)
-            said = self.log_tail("broker", 1).removeprefix("Error: ")  # (click's, once)
-            raise ClusterError(f"The broker did not start: {said}")
-        ready = json.loads(line)
+        and learn its bound addresses; with ``standby``, the backup too, the first time."""
+        self.broker, ready = self._start_broker_process(
+            "broker", frontend or self.frontend, worker_address or self.worker_address,
+            pair_args(self._pair_addresses, primary=True) if self.standby else [])
         self.address, self.worker_address = ready["frontend"], ready["workers"]
         self.metrics_url = ready.get("metrics")
+        if self.standby and self.standby_broker is None:
+            self.standby_broker, ready = self._start_broker_process(
+                "standby-broker", "tcp://127.0.0.1:*", "tcp://127.0.0.1:*",
+                pair_args(self._pair_addresses, primary=False))
+            self.standby_address, self.standby_worker_address = (ready["frontend"],
+                                                                 ready["workers"])
 
-    def restart_broker(self, timeout: float = 5.0) -> None:
-        """Stop the broker and start it again on the same addresses with the same tokens.
+    def _start_broker_process(self, name: str, frontend: str, worker_address: str,
+                              extra: list[str]) -> tuple[subprocess.Popen, dict[str, Any]]:
+        """A broker process and the bound addresses it printed; ClusterError if it failed."""
+        with self._log(name) as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fabric", "broker", "--frontend", frontend,
+                 "--worker-address", worker_address, "--heartbeat", str(self.heartbeat),
+                 "--liveness", str(self.liveness), *self._curve_args, *extra,
+                 *self.broker_args],
+                stdout=subprocess.PIPE, stderr=log, env=self._env(),
+                preexec_fn=_die_with_parent)
+        line = _read_line(proc, time.monotonic() + self.start_timeout)
+        if not line:
+            _end(proc)
+            said = self.log_tail(name, 1).removeprefix("Error: ")  # (click's, once)
+            raise ClusterError(f"The {name.replace('-', ' ')} did not start: {said}")
+        return proc, json.loads(line)
+
+    @property
+    def brokers(self) -> str:
+        """The clients' address of the broker, or of both brokers of a pair ("A,B")."""
+        return joined(self.address, self.standby_address)
+
+    def restart_broker(self, timeout: float = 5.0, standby: bool = False) -> None:
+        """Stop the broker (with ``standby``, the pair's backup) and start it again on the
+        same addresses with the same tokens (and its role in the pair).
 
         Its sessions are lost; the workers notice and register again by themselves.
         """
+        if standby:
+            if self.standby_broker is not None:
+                _end(self.standby_broker, timeout)
+            self.standby_broker, _ = self._start_broker_process(
+                "standby-broker", self.standby_address, self.standby_worker_address,
+                pair_args(self._pair_addresses, primary=False))
+            return
         if self.broker is not None:
             _end(self.broker, timeout)
         self.start_broker(self.address, self.worker_address)
@@ -309,7 +314,8 @@ class LocalCluster:
             _end(self.workers[index])
         with self._log(self.worker_name(index)) as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fabric", "worker", "--broker", self.worker_address,
+                [sys.executable, "-m", "fabric", "worker", "--broker",
+                 joined(self.worker_address, self.standby_worker_address),
                  "--threads", str(self.threads_per_worker()), *self.worker_options(index)],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env(),
                 preexec_fn=_die_with_parent)
@@ -363,7 +369,7 @@ class LocalCluster:
                     raise ClusterError(f"{self.worker_name(i)} {ended_how(proc.returncode)}:\n"
                                        + self.log_tail(self.worker_name(i)))
             try:
-                found = list_devices(self.address, self.token, 2.0, self.curve)
+                found = self._list_devices(2.0)
             except ConnectError:
                 found = []
             if len(found) == count:
@@ -391,7 +397,7 @@ class LocalCluster:
 
     def stop(self, timeout: float = 5.0) -> None:
         """End every child process: SIGTERM, then SIGKILL after ``timeout`` seconds."""
-        procs = [p for p in [*self.workers, self.broker] if p is not None]
+        procs = [p for p in [*self.workers, self.broker, self.standby_broker] if p is not None]
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -434,12 +440,17 @@ class LocalCluster:
     # -- use --------------------------------------------------------------------------------
 
     def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
-        """Open a session on ``device`` of this cluster."""
-        return dial(self.address, self.token, device, timeout, self.curve)
+        """Open a session on ``device`` of this cluster (through its active broker)."""
+        return first_active(self.brokers.split(","), timeout, lambda address, left: dial(
+            address, self.token, device, timeout, self.curve, hello_timeout=left))
 
     def devices(self) -> list[Device]:
-        """Every device registered with this cluster's broker."""
-        return list_devices(self.address, self.token, 10.0, self.curve)
+        """Every device registered with this cluster's (active) broker."""
+        return self._list_devices(10.0)
+
+    def _list_devices(self, timeout: float) -> list[Device]:
+        return first_active(self.brokers.split(","), timeout, lambda address, left: list_devices(
+            address, self.token, left, self.curve))
 
     def admin(self, timeout: float = 5.0) -> Admin:
         """The broker's admin commands, with this cluster's admin token."""
@@ -455,17 +466,28 @@ class LocalCluster:
     def connection_info(self) -> dict[str, Any]:
         """What a connection file holds, for clients: the address, the client token and the
         client's CURVE key files (if any)."""
-        return {"address": advertised(self.address, self.advertise), "token": self.token,
+        info = {"address": advertised(self.address, self.advertise), "token": self.token,
                 "curve": self._client_curve()}
+        if self.standby_address:  # (``address`` alone still names the primary)
+            info["brokers"] = [advertised(address, self.advertise)
+                               for address in (self.address, self.standby_address)]
+        return info
 
     def admin_info(self) -> dict[str, Any]:
         """What an admin file holds, for operators: both addresses (``address`` for clients,
         ``worker_address`` for workers), the admin and worker tokens, the CURVE key files
         ``fabric admin`` connects with and the broker's /metrics URL (these two if any)."""
-        return {"address": advertised(self.address, self.advertise),
-                "worker_address": advertised(self.worker_address, self.advertise),
+        info = {"address": advertised(self.address, self.advertise),
+                # (a pair's: both, "A,B", which fabric worker --admin-file serves as a pair)
+                "worker_address": joined(*(advertised(address, self.advertise) for address in
+                                           (self.worker_address, self.standby_worker_address)
+                                           if address)),
                 "admin_token": self.admin_token, "worker_token": self.worker_token,
                 "curve": self._client_curve(), "metrics": self._advertised_metrics()}
+        if self.standby_address:  # (``fabric admin`` shows each broker of the pair)
+            info["brokers"] = [advertised(address, self.advertise)
+                               for address in (self.address, self.standby_address)]
+        return info
 
     def _advertised_metrics(self) -> str | None:
         """The /metrics URL as others reach it: on the advertised host where the broker
@@ -489,77 +511,6 @@ class LocalCluster:
         returns its path, also kept as ``admin_file``."""
         self.admin_file = str(write_admin_file(path, self.admin_info()))
         return self.admin_file
-
-    def watch(self, poll: float = 0.2, restarts: int = 5, window: float = 60.0,
-              report: Callable[[str], None] = _to_stderr) -> str:
-        """Block until SIGINT/SIGTERM, the broker dies or no worker is left; say which.
-
-        A worker that dies is restarted under its name (so its devices keep their indexes),
-        at most ``restarts`` times in ``window`` seconds; past that it stays down. Each
-        death, and what is done about it, goes to ``report`` with the end of its log; and
-        once a restarted worker has registered again, so does that."""
-        limits = [RestartLimit(restarts, window) for _ in self.workers]
-        down: set[int] = set()
-        restarted: dict[int, float] = {}  # not yet registered again: when each restarted
-
-        def tend_workers() -> str | None:
-            for i, proc in enumerate(self.workers):
-                if i in down or proc.poll() is None:
-                    continue
-                name = self.worker_name(i)
-                death = (f"{name} {ended_how(proc.returncode)} "
-                         f"({self.log_tail(name, 3, errors_first=True) or 'no log'})")
-                if limits[i].allow(time.monotonic()):
-                    report(f"{death}: restarting it")
-                    self.start_worker(i)
-                    restarted[i] = time.monotonic()
-                    continue
-                down.add(i)
-                report(f"{death}: it was restarted {restarts} times in {window:g} s, so it "
-                       "stays down; the other workers go on serving")
-                if len(down) == len(self.workers):
-                    return "every worker stays down after restarting too often"
-            if restarted:
-                self._report_registered_again(restarted, report)
-            return None
-        return self._watch_until(tend_workers, poll)
-
-    def _report_registered_again(self, restarted: dict[int, float],
-                                 report: Callable[[str], None]) -> None:
-        """Report each worker of ``restarted`` (index: when) that registered since, and
-        forget it; a broker that does not answer now is asked again at the next look."""
-        try:
-            with self.admin(timeout=2.0) as admin:
-                registered = {row["name"]: row["registered_ago"] for row in admin.workers()}
-        except FabricError:
-            return
-        now = time.monotonic()
-        for i, at in list(restarted.items()):
-            if registered.get(self.worker_name(i), now - at) < now - at:
-                del restarted[i]
-                report(f"{self.worker_name(i)} registered again, {now - at:.1f} s after its "
-                       "restart")
-
-    def _watch_until(self, check: Callable[[], str | None], poll: float) -> str:
-        """Block until SIGINT/SIGTERM, the broker dies, or ``check`` (called every ``poll``
-        seconds) says why to stop; say which."""
-        stopping: list[str] = []
-        previous = {sig: signal.signal(sig, lambda n, _: stopping.append(signal.Signals(n).name))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            while not stopping:
-                if self.broker is not None and self.broker.poll() is not None:
-                    return (f"broker {ended_how(self.broker.returncode)}: "
-                            + self.log_tail("broker", 3))
-                reason = check()
-                if reason is not None:
-                    return reason
-                time.sleep(poll)
-            return f"stopped by {stopping[0]}"
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
 
 _embedded: LocalCluster | None = None
 _embedded_sessions = 0

@@ -28,7 +28,8 @@ from typing import Any, Callable, Sequence
 from fabric.core.addresses import advertised
 from fabric.core.device import Device
 from fabric.core.errors import ClusterError, ConfigError, ConnectError
-from fabric.launch.local import BULK_MALLOC_TUNABLES, LocalCluster, _to_stderr
+from fabric.launch.local import BULK_MALLOC_TUNABLES, LocalCluster
+from fabric.launch.supervision import _to_stderr
 from fabric.launch.ssh import budget_share
 from fabric.transport.connection import list_devices
 

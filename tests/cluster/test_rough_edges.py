@@ -16,7 +16,7 @@ from conftest import HEARTBEAT
 from polling import wait_for
 
 import fabric
-from fabric.launch.local import ended_how
+from fabric.launch.supervision import ended_how
 
 # A value that shows in any message that printed the tensor's elements.
 TELLTALE = 7777.25

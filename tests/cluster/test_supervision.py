@@ -18,7 +18,7 @@ from polling import wait_for
 import fabric
 from fabric import LocalCluster
 from fabric.core.errors import FabricError
-from fabric.launch.local import RestartLimit
+from fabric.launch.supervision import RestartLimit
 
 
 def test_restart_limit_allows_count_restarts_per_window():

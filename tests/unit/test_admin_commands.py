@@ -117,7 +117,7 @@ def test_the_admin_token_is_accepted():
     registry = make_registry()
     pong = result(registry, "ping", now=4.0)
     assert pong == {"server": SERVER, "protocol_version": protocol.PROTOCOL_VERSION,
-                    "uptime": 4.0}
+                    "uptime": 4.0, "pair": None}
     assert registry.counters["admin_commands"] == 1
 
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from fabric.core import protocol
-from fabric.core.errors import (AuthenticationError, ProtocolError, VersionMismatch,
-                                WorkerNameTaken, WrongPort)
+from fabric.core.errors import (AuthenticationError, BrokerPassive, ProtocolError,
+                                VersionMismatch, WorkerNameTaken, WrongPort)
 from fabric.core.protocol import Kind, Message
 from fabric.workers.control import (Attach, BrokerSilent, ClientPortReached, Connect, Control,
                                     Probe, RegistrationRefused, Send, ping_interval)
@@ -33,9 +33,9 @@ def control(encrypted: bool = False, **options: Any) -> Control:
     """A machine whose identities are numbered, so every one is new and tests can name them;
     its broker's host name resolves unless ``options`` say otherwise."""
     counter = itertools.count(1)
-    return Control(dict(REGISTRATION), broker=BROKER, encrypted=encrypted, heartbeat=HEARTBEAT,
+    return Control(dict(REGISTRATION), encrypted=encrypted, heartbeat=HEARTBEAT,
                    liveness=LIVENESS, new_identity=lambda: b"id-%d" % next(counter),
-                   **{"host_not_resolving": lambda address: None, **options})
+                   **{"broker": BROKER, "host_not_resolving": lambda address: None, **options})
 
 
 def frames(kind: Kind, body: dict[str, Any] | None = None, session: int = 0) -> list[Any]:
@@ -92,6 +92,56 @@ def test_a_broker_silent_past_liveness_heartbeats_is_left_for_a_new_connection()
     assert actions[1].message.body["beacon"] == b"id-8"
     assert actions[1].message.body["instance"] == machine.instance  # the same process
     assert Connect not in map(type, machine.tick(8.0))  # silence counts from the reconnection
+
+
+PAIR = "tcp://a:5556,tcp://b:5556"
+
+
+def test_a_pairs_passive_broker_moves_the_worker_on_to_the_other():
+    machine = control(broker=PAIR)
+    machine.start(0.0)
+    assert machine.broker == "tcp://a:5556"
+    refusal = protocol.encode(protocol.error_message(BrokerPassive("passive"),
+                                                     kind=Kind.REJECT))
+    [connect] = machine.on_message(refusal, 0.5)
+    assert type(connect) is Connect and machine.broker == "tcp://b:5556"
+    machine.on_message(refusal, 0.7)
+    assert machine.broker == "tcp://a:5556"  # and round again
+
+
+def test_a_silent_broker_of_a_pair_is_left_for_the_other_after_a_heartbeat():
+    machine = control(broker=PAIR)
+    machine.start(0.0)  # (a dead broker: nothing answers, no beacon)
+    assert machine.tick(HEARTBEAT) == []
+    [connect] = machine.tick(HEARTBEAT + 0.01)
+    assert type(connect) is Connect and machine.broker == "tcp://b:5556"
+
+
+def test_a_pair_broker_that_shows_it_lives_is_waited_for_through_its_registration():
+    machine = control(broker=PAIR)
+    machine.start(0.0)
+    machine.on_beacon_up(0.9)  # (slow, but up: it lives)
+    assert machine.tick(1.05) == []
+    assert sent(machine.tick(1.11)) == [Kind.REGISTER]
+    assert machine.tick(2.0) == []  # its answer is awaited a heartbeat
+    [connect] = machine.tick(2.12)
+    assert type(connect) is Connect and machine.broker == "tcp://b:5556"
+
+
+def test_a_registered_worker_whose_pair_broker_ends_turns_to_the_other():
+    machine = control(broker=PAIR)
+    registering(machine, 0.0)
+    machine.on_message(frames(Kind.REGISTERED, {"server": "a", "heartbeat": 1.0}), 0.3)
+    [connect] = machine.on_disconnected(1.0)
+    assert type(connect) is Connect and machine.broker == "tcp://b:5556"
+
+
+def test_a_single_broker_is_never_left():
+    machine = control()
+    machine.start(0.0)
+    machine.on_message(protocol.encode(protocol.error_message(BrokerPassive("passive"),
+                                                              kind=Kind.REJECT)), 0.5)
+    assert machine.broker == BROKER
 
 
 def test_anything_heard_shows_the_broker_lives_even_a_bad_or_misdirected_message(caplog):

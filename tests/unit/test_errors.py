@@ -48,6 +48,8 @@ STABLE_CODES = {
     "NotFound": "not_found",
     "ConfigError": "config_error",
     "ClusterError": "cluster_error",
+    "BrokerPassive": "broker_passive",
+    "NoActiveBroker": "no_active_broker",
 }
 
 
@@ -138,7 +140,7 @@ def test_handshake_errors_are_connect_errors():
     assert {cls.__name__ for cls in handshake_classes} == {
         "HandshakeError", "ServerDisconnected", "HandshakeTimeout", "VersionMismatch",
         "AuthenticationError", "NoSuchDevice", "DeviceOffline", "DeviceDraining",
-        "DuplicateSession", "TooManySessions"}
+        "DuplicateSession", "TooManySessions", "BrokerPassive"}
     for cls in handshake_classes:
         assert issubclass(cls, ConnectError)
         assert isinstance(error_from_wire(cls("x").to_wire()), ConnectError)
