@@ -347,7 +347,7 @@ def admin_pair(options: dict[str, Any], as_json: bool) -> None:
             timeout=options["timeout"], curve=options["curve"])
     except FabricError as exc:
         click.echo(f"fabric admin: {' '.join(str(exc).splitlines())}", err=True)
-        sys.exit(_admin_exit_code(exc))
+        sys.exit(admin_exit_code(exc))
     if as_json:
         click.echo(json.dumps(rows, indent=2))
     for row in [] if as_json else rows:

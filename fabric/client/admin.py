@@ -239,7 +239,7 @@ def pair_roles(address: str | None = None, *, token: str | None = None,
     Raises ConfigError, as ``Admin`` does, when no address or admin token is found."""
     from fabric.core.errors import FabricError  # (the errors a broker's answer may carry)
 
-    source = _admin_source(address, admin_file, connection_file)
+    source = admin_source(address, admin_file, connection_file)
     info = load_admin_file(source) if source is not None else {}
     named = address.split(",") if address else info.get("brokers") or [info.get("address")]
     rows: list[dict[str, Any]] = []
