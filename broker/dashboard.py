@@ -103,8 +103,11 @@ def data(snapshot: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _role(pair: Mapping[str, Any] | None) -> str | None:
-    """A pair's broker as the page names it: ``primary, active`` (None: no pair)."""
-    return None if pair is None else f"{pair['role']}, {pair['state']}"
+    """Each broker of a pair as the page names them, this one and the one it last heard:
+    ``primary: active · peer: passive`` (None: no pair)."""
+    if pair is None:
+        return None
+    return f"{pair['role']}: {pair['state']} · peer: {pair['peer_state'] or 'not heard'}"
 
 
 class Dashboard:

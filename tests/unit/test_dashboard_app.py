@@ -15,6 +15,7 @@ from fabric.broker.dashboard import (COOKIE, MAX_BODY_BYTES, MAX_TICKETS, Dashbo
                                      route)
 from fabric.broker.metrics import figures
 from fabric.broker.model import Side
+from fabric.broker.pair import Pair, State
 from fabric.core.protocol import OP_SECONDS_BUCKETS, DeviceReport, SessionReport, WorkerReport
 
 
@@ -70,6 +71,14 @@ def test_a_session_shows_what_its_worker_reported_it_holds():
     rows = data(figures(registry, 2.0, 0, detail=True))["sessions"]
     assert [(s["device"], s["resident_bytes"], s["ops"]) for s in rows] == \
         [(0, 4096, 12), (2, None, None)]
+
+
+def test_a_pair_s_broker_names_its_role_and_its_peer_s_state():
+    registry = busy_registry()
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)
+    assert data(figures(registry, 2.0, 0))["role"] == "backup: backup · peer: not heard"
+    registry.pair.state, registry.pair.peer_state = State.PASSIVE, State.ACTIVE
+    assert data(figures(registry, 2.0, 0))["role"] == "backup: passive · peer: active"
 
 
 def test_a_lost_worker_is_listed_with_when_and_its_devices_offline():
