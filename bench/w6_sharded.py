@@ -103,6 +103,9 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64, help="the array's size (float64)")
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dask", nargs="+", choices=["threads", "processes"],
+                        default=["threads", "processes"],
+                        help="dask's schedulers to run beside fabric (processes: slow to start)")
     args = parser.parse_args()
     rows = args.mib * 2**20 // (8 * COLUMNS)
     print(f"W6: ({rows}, {COLUMNS}) float64, {args.mib} MiB; {os.cpu_count()} cores; "
@@ -123,8 +126,9 @@ def main() -> None:
     show("numpy, local", baseline)
     for count in args.devices:
         show(f"fabric, {count} device{'s' * (count > 1)}", on_devices(count, rows, args.repeats))
-        for processes, kind in [(False, "threads"), (True, "processes")] if have_dask else []:
-            show(f"dask, {count} {kind}", with_dask(rows, count, args.repeats, processes))
+        for kind in args.dask if have_dask else []:
+            show(f"dask, {count} {kind}", with_dask(rows, count, args.repeats,
+                                                    kind == "processes"))
 
 
 if __name__ == "__main__":
