@@ -67,15 +67,17 @@ with fabric.connect(sys.argv[1], token=sys.argv[2]) as s:
     print("read", t.numpy(progress=True).sum())
 """
 
-# Work that keeps a sync waiting: matmuls, twice as many each time, until one sync has waited
-# long enough for its bar (or the bounded count ran out: then the test fails on the print)
+# Work that keeps a sync waiting: one matmul, larger each time (its work doubles each
+# step), until one sync has waited long enough for its bar (or the bounded sizes ran out: then
+# the test fails on the print). One op, so the client never waits for credit before the sync.
 _LONG_SYNC = """
 import sys, time, numpy as np, fabric
-with fabric.connect(sys.argv[1], token=sys.argv[2]) as s:
-    x = s.random.normal(size=(600, 600))
-    for doubling in range(12):
-        for _ in range(2 ** doubling):
-            x = np.tanh(x @ x)
+with fabric.connect(sys.argv[1], token=sys.argv[2], timeout=120) as s:
+    for step in range(12):
+        n = int(512 * 2 ** (step / 3))
+        x = s.random.normal(size=(n, n))
+        s.sync()
+        y = x @ x
         start = time.monotonic()
         s.sync()
         if time.monotonic() - start > 2 * fabric.arrays.progress.WAIT_BEFORE_BAR:
