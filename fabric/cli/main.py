@@ -33,6 +33,7 @@ from fabric.core.parallel_copy import default_min_bytes, default_threads
 from fabric.core.protocol import MAX_LABEL_CHARS
 from fabric.core.security import CurveClient, CurveServer, generate_keys
 from fabric.core.shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
+from fabric.core.flow import DEFAULT_RESUME_GRACE
 from fabric.core.worker_options import DEFAULT_MEMORY_BUDGET, WorkerOptions, budget_from_option
 
 if TYPE_CHECKING:
@@ -163,6 +164,11 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Exit 1 once the broker has said nothing for SECONDS, at start or later "
                    "(for a supervisor that starts the worker elsewhere) [default: never].")
+@click.option("--resume-grace", type=click.FloatRange(min=0), default=DEFAULT_RESUME_GRACE,
+              show_default=True, metavar="SECONDS",
+              help="With a broker pair (--broker A,B): how long the worker keeps its sessions "
+                   "after its broker went, for the other broker and the sessions' clients to "
+                   "take them up; then it drops them (0: at once).")
 @click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
               help="Take the broker's worker address and the worker token from this admin "
                    "file (fabric cluster up writes it; on a shared filesystem every node of a "
@@ -197,8 +203,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, threads: int | None,
            name: str | None, memory_limit: int | None, memory_budget: str,
-           give_up_after: float | None, admin_file: str | None, stop_on_stdin_close: bool,
-           no_shared_memory: bool, bulk_host: str, shared_memory_limit: int,
+           give_up_after: float | None, resume_grace: float, admin_file: str | None,
+           stop_on_stdin_close: bool, no_shared_memory: bool, bulk_host: str, shared_memory_limit: int,
            shared_memory_idle: float, copy_threads: int | None, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
@@ -247,7 +253,7 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
             token=token, name=name or slot.name, backend=backend, devices=devices,
             threads=threads, heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
             memory_budget=budget, curve=curve, give_up_after=give_up_after,
-            bulk_host=None if bulk_host == "none" else bulk_host,
+            resume_grace=resume_grace, bulk_host=None if bulk_host == "none" else bulk_host,
             shared_memory=not no_shared_memory, shared_memory_limit=shared_memory_limit,
             shared_memory_idle=shared_memory_idle, **copies, **limits))
     except DeviceNotHostable as exc:

@@ -174,6 +174,14 @@ class SessionClosed(SessionLost):
     code = "session_closed"
 
 
+class ResumeRefused(SessionLost):
+    """A session could not be resumed on the broker that took over from its own: its worker
+    did not report it (the worker died too, or held it past its grace), or the session id
+    came without its secret or token. ``reason`` says which; the session is gone."""
+
+    code = "resume_refused"
+
+
 class TooManySessions(HandshakeError):
     """A limit on open sessions (per client connection, per client token on a device, or per
     device) refused the HELLO."""
