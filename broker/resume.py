@@ -110,7 +110,13 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
         return registry._reject(identity, message.header, refusal(registry.pair, "session"),
                                 now)
     session = registry.sessions.get(message.session)
-    if session is None or session.phase is not SessionPhase.RESUMABLE:
+    if session is not None and session.phase is not SessionPhase.RESUMABLE:
+        registry.counters["sessions_not_resumed"] += 1
+        return registry._reject(identity, message.header, ResumeRefused(
+            f"Session {message.session:#x} is not waiting to be resumed on this broker: it "
+            "was opened or resumed here already. Open a new session.",
+            session=message.session, reason="not_resumable"), now)
+    if session is None:
         if registry.settling.active(now):
             return registry._reject(identity, message.header,
                                     registry.settling.mark(settling_refusal()), now)

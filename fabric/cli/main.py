@@ -73,6 +73,14 @@ def main() -> None:
               show_default=True,
               help="Seconds a peer has to finish the ZeroMQ handshake (with its token) before "
                    "its connection is closed.")
+@click.option("--resume-grace", "broker_resume_grace", type=click.FloatRange(min=0),
+              default=DEFAULT_RESUME_GRACE, show_default=True, metavar="SECONDS",
+              help="With --peer: how long a session a worker reported after a takeover waits "
+                   "for its client to resume it before it is closed.")
+@click.option("--settle", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="With --peer: the longest clients wait, once this broker took over, for "
+                   "the workers of the device table (--state-file) to report their sessions "
+                   "[default: 2 x heartbeat x liveness].")
 @click.option("--advertise", default=None, metavar="HOST", callback=checked(advertise_host),
               help="The host name or address clients and workers reach this broker by, where "
                    "it names its ports to a peer at the wrong one (for a broker bound to every "
@@ -92,7 +100,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
-           advertise: str | None, state_file: str | None, curve: CurveServer | None,
+           broker_resume_grace: float, settle: float | None, advertise: str | None,
+           state_file: str | None, curve: CurveServer | None,
            limits: dict[str, Any], metrics: str | None, pair: Any) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
@@ -114,7 +123,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
                     lease=lease, auth_delay=auth_delay, handshake_timeout=handshake_timeout,
-                    **limits)
+                    resume_grace=broker_resume_grace, settle=settle, **limits)
     try:
         serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve,
@@ -204,7 +213,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 def worker(broker_address: str, backend: str, devices: int, threads: int | None,
            name: str | None, memory_limit: int | None, memory_budget: str,
            give_up_after: float | None, resume_grace: float, admin_file: str | None,
-           stop_on_stdin_close: bool, no_shared_memory: bool, bulk_host: str, shared_memory_limit: int,
+           stop_on_stdin_close: bool, no_shared_memory: bool, bulk_host: str,
+           shared_memory_limit: int,
            shared_memory_idle: float, copy_threads: int | None, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:

@@ -1,0 +1,110 @@
+"""Sessions that survive a broker takeover, with real processes (``fabric cluster up
+--standby``'s pair, ``fabric.core.resume``): the primary SIGKILLed mid-stream, the workers keep
+the sessions and report them to the backup, the client resumes each with its secret and
+sends again what had no answer; nothing runs twice, and what cannot be resumed is
+``SessionLost`` naming why.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import fabric
+from conftest import HEARTBEAT
+from fabric.core.errors import ResumeRefused
+from fabric.core.protocol import Kind, Message
+from fabric.transport.connection import Connection
+
+pytestmark = pytest.mark.timeout(120)
+
+PAIR_HEARTBEAT, PAIR_LIVENESS = 0.2, 3
+STEPS = 400
+
+
+@pytest.fixture
+def pair(tmp_path):
+    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT,
+                             log_dir=tmp_path / "logs", broker_args=(
+            "--pair-heartbeat", str(PAIR_HEARTBEAT), "--pair-liveness", str(PAIR_LIVENESS),
+            "--settle", "3")) as cluster:
+        yield cluster
+
+
+def kill_primary(cluster: fabric.LocalCluster) -> None:
+    cluster.broker.send_signal(signal.SIGKILL)
+    cluster.broker.wait(5)
+
+
+def expected(start: np.ndarray, steps: int) -> float:
+    x = start.copy()
+    for _ in range(steps):
+        x = np.tanh(x) + 1
+    return float(x.sum())
+
+
+def test_a_stream_of_ops_gives_the_same_answer_across_a_sigkill_of_the_primary(pair):
+    start = np.linspace(-1.0, 1.0, 1000)
+    session = pair.connect(timeout=30)
+    x = session.asarray(start)
+    for step in range(STEPS):
+        if step == STEPS // 2:
+            float(x.sum())  # (the first half has reached the device)
+            kill_primary(pair)
+        x = np.tanh(x) + 1
+    assert float(x.sum()) == pytest.approx(expected(start, STEPS), rel=1e-12)
+    assert session.connection.address == pair.standby_address
+    stats = session.stats()
+    # Nothing ran twice: the asarray, 2 ops a step, the 2 sums
+    assert stats["ops"] == 2 * STEPS + 3, stats
+    session.close()
+
+
+def test_reads_sent_before_the_loss_is_seen_are_answered_after_the_takeover(pair):
+    session = pair.connect(timeout=30)
+    x = session.asarray(np.arange(10.0))
+    y = (x * 3).sum()
+    assert float(y) == 135.0
+    kill_primary(pair)
+    z = x + 1  # batched, then sent with the read into the dead broker's socket
+    assert z.numpy().tolist() == list(np.arange(10.0) + 1)
+    assert float(y) == 135.0
+    session.close()
+
+
+def test_another_sessions_id_without_its_secret_is_refused_after_a_takeover(pair):
+    session = pair.connect(timeout=30)
+    x = session.asarray(np.ones(4))
+    other = session.open(0)
+    secret = session.connection.resume_keys[other.id]
+    kill_primary(pair)
+    assert float(x.sum()) == 4.0  # resumed both (the other is idle)
+    intruder = Connection(pair.standby_address, pair.token)
+    try:
+        for guess in (b"", b"\0" * 16, secret[:-1] + bytes([secret[-1] ^ 1])):
+            reply = intruder.request(Message(Kind.RESUME, other.id, body={
+                "token": pair.token, "secret": guess}), 10)
+            assert reply.kind == Kind.REJECT and reply.body["code"] == ResumeRefused.code
+    finally:
+        intruder.close()
+    assert float(other.asarray(np.ones(2)).sum()) == 2.0  # the other goes on, its own
+    session.close()
+
+
+def test_a_session_whose_worker_died_too_is_lost_naming_why(pair):
+    session = pair.connect(timeout=30)
+    x = session.asarray(np.ones(4))
+    assert float(x.sum()) == 4.0
+    pair.workers[0].send_signal(signal.SIGKILL)
+    kill_primary(pair)
+    started = time.monotonic()
+    with pytest.raises(fabric.SessionLost) as raised:
+        float((x + 1).sum())
+    assert isinstance(raised.value, ResumeRefused), raised.value
+    assert raised.value.details["reason"] == "not_reported"
+    assert "worker died too" in raised.value.message
+    assert time.monotonic() - started < 30
+    session.close()
