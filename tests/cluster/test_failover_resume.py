@@ -108,3 +108,20 @@ def test_a_session_whose_worker_died_too_is_lost_naming_why(pair):
     assert "worker died too" in raised.value.message
     assert time.monotonic() - started < 30
     session.close()
+
+
+def test_a_graph_call_in_flight_at_the_kill_runs_once(pair):
+    @fabric.function
+    def step(x):
+        return np.tanh(x) + 1
+
+    start = np.linspace(-1.0, 1.0, 100)
+    session = pair.connect(timeout=30)
+    x = step(session.asarray(start))  # registered and run
+    assert float(x.sum()) == pytest.approx(expected(start, 1), rel=1e-12)
+    kill_primary(pair)
+    for _ in range(20):  # replays sent into the dead broker's socket, then resent
+        x = step(x)
+    assert float(x.sum()) == pytest.approx(expected(start, 21), rel=1e-12)
+    assert session.stats()["graph_replays"] == 20
+    session.close()
