@@ -206,3 +206,19 @@ def test_a_single_brokers_worker_keeps_nothing():
     registered(machine, 0.0)
     [connect] = machine.on_disconnected(2.0)
     assert not connect.keep
+
+
+def test_the_metrics_count_the_sessions_reported_resumed_and_refused():
+    from fabric.broker.metrics import families, figures
+
+    registry = make_registry()
+    registered_with(registry, [report(), report(0x52)])
+    resume(registry, C2, 0x51, b"wrong")
+    resume(registry, C1, 0x51, SECRET)
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)  # (its figures)
+    samples = {sample.name: sample.value
+               for family in families(figures(registry, 2.0, 0)) for sample in family.samples
+               if "resum" in sample.name or "reported" in sample.name}
+    assert samples["fabric_pair_sessions_reported_total"] == 2
+    assert samples["fabric_pair_sessions_resumed_total"] == 1
+    assert samples["fabric_pair_resumes_refused_total"] == 1
