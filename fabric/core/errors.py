@@ -17,7 +17,8 @@
     │       ├── TooManySessions
     │       └── BrokerPassive        the other broker of the pair serves
     ├── SessionLost                  an open session ended (its worker, broker or link died)
-    │   └── SessionClosed            its user closed it
+    │   ├── SessionClosed            its user closed it
+    │   └── ResumeRefused            not resumed after a broker takeover (reason)
     ├── MessageTooLarge
     ├── RequestTimeout
     ├── RemoteError                  an op failed on the device
