@@ -134,9 +134,17 @@ class Connection:
     def send(self, message: Message) -> None:
         """Queue a message to the broker (no reply expected)."""
         self._send(message)
+        if self.brokers:  # a client that only streams ops finds its broker gone here too
+            self._watch_monitor()
         # Read what has come meanwhile: a client that only streams ops still reads, so the
         # broker never holds messages for it (it cuts off clients that leave them unread).
         self._drain()
+
+    def _watch_monitor(self) -> None:
+        """Act on the monitor's events that have come, without waiting for any."""
+        while zmq.zmq_poll([(self._monitor, POLLIN)], 0):
+            if self._on_event(recv_monitor_event(self._monitor)):
+                return
 
     def _send(self, message: Message) -> None:
         """Queue a message, or raise why the connection or its session cannot take it."""

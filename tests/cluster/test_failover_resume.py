@@ -8,6 +8,7 @@ sends again what had no answer; nothing runs twice, and what cannot be resumed i
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import numpy as np
@@ -124,4 +125,41 @@ def test_a_graph_call_in_flight_at_the_kill_runs_once(pair):
         x = step(x)
     assert float(x.sum()) == pytest.approx(expected(start, 21), rel=1e-12)
     assert session.stats()["graph_replays"] == 20
+    session.close()
+
+
+def test_a_stream_with_the_primary_killed_at_any_moment_of_it_runs_each_op_once(pair):
+    """The kill comes from another thread while the client streams (and reads now and then):
+    wherever it falls, the answer is numpy's and the device ran every op once."""
+    start = np.linspace(-1.0, 1.0, 1000)
+    session = pair.connect(timeout=30)
+    x = session.asarray(start)
+    killer = threading.Timer(0.3, kill_primary, (pair,))
+    killer.start()
+    try:
+        for step in range(1, 3 * STEPS + 1):
+            x = np.tanh(x) + 1
+            if step % 50 == 0:
+                session.flush()
+            if step % 200 == 0:
+                float(x[:1].sum())
+    finally:
+        killer.join()
+    assert float(x.sum()) == pytest.approx(expected(start, 3 * STEPS), rel=1e-12)
+    assert session.connection.address == pair.standby_address
+    session.close()
+
+
+def test_both_brokers_killed_end_the_session_typed_and_fast(pair):
+    session = pair.connect(timeout=30)
+    x = session.asarray(np.ones(4))
+    assert float(x.sum()) == 4.0
+    pair.standby_broker.send_signal(signal.SIGKILL)
+    pair.standby_broker.wait(5)
+    kill_primary(pair)
+    started = time.monotonic()
+    with pytest.raises(fabric.SessionLost) as raised:
+        float((x + 1).sum())
+    assert raised.value.details["reason"] == "takeover_failed", raised.value
+    assert time.monotonic() - started < 10
     session.close()
