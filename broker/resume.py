@@ -23,7 +23,7 @@ from typing import Any
 
 from fabric.core.errors import FabricError, HandshakeError, ResumeRefused
 from fabric.core.protocol import Kind, Message
-from fabric.core.resume import decode_reports, digest, secret_matches
+from fabric.core.resume import decode_reports, secret_matches
 
 from .handshake import size_limit, token_index
 from .model import Send, Session, SessionPhase, Side, Worker, send_message
@@ -79,7 +79,7 @@ def settling_refusal() -> HandshakeError:
 def adopt_reports(registry: Any, worker: Worker, body: dict[str, Any], now: float) -> None:
     """Make RESUMABLE sessions of what a registering worker reports it kept (see the rule);
     a session id the broker already knows is left out."""
-    owners = {digest(token): index for index, token in enumerate(registry._client_tokens)}
+    owners = {owner: index for index, owner in enumerate(registry._owners)}
     adopted = 0
     for report in decode_reports(body.get("sessions"), len(worker.devices)):
         token = owners.get(report.owner)

@@ -105,6 +105,8 @@ class Worker:
         self.sharing = HostSharing.of(options)
         self._executors = [Executor(device, options.memory_limit, self._budget, self.sharing)
                            for device in self.devices]
+        for executor in self._executors:  # (a pair's worker: ``fabric.core.resume``)
+            executor.records_replies = self.control.resume_grace > 0
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
         self._runners: list[DeviceThread] = []

@@ -78,6 +78,10 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         self.slots: Any = None
         # batches seen again, run as one graph, on a device that compiles (``batch_graphs``)
         self.batches = BatchGraphs() if device.compiles_batches else None
+        # A worker of a broker pair keeps each session's recent replies, for a client that
+        # sends a request again after a takeover (``fabric.core.resume``); about a
+        # microsecond a request, which a single broker's worker does not pay.
+        self.records_replies = False
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -415,8 +419,9 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
             if answered is not None:  # (answered before: not run twice)
                 return answered
         replies = self._run_request(session, message)
-        session.replies.keep(message.request, replies, sum(
-            memoryview(b).nbytes for reply in replies for b in reply.buffers))
+        if self.records_replies:
+            session.replies.keep(message.request, replies, sum(
+                memoryview(b).nbytes for reply in replies for b in reply.buffers))
         return replies
 
     def _run_request(self, session: DeviceSession, message: Message) -> list[Message]:

@@ -144,6 +144,7 @@ def test_the_reply_record_answers_a_repeated_id_within_its_bounds():
 
 def executor_with_session() -> tuple[Executor, bytes]:
     executor = Executor(NumpyDevice(0))
+    executor.records_replies = True  # (a pair's worker)
     [opened] = executor.handle(Message(Kind.OPEN, 0x31, 1, {"device": 0, "owner": OWNER}))
     return executor, opened.body["secret"]
 
