@@ -163,3 +163,24 @@ def test_both_brokers_killed_end_the_session_typed_and_fast(pair):
     assert raised.value.details["reason"] == "takeover_failed", raised.value
     assert time.monotonic() - started < 10
     session.close()
+
+
+def test_reads_in_flight_at_the_kill_are_answered_once_and_run_once(pair):
+    """Reads sent before the kill and computing while it comes: the device's replies went to
+    the dead broker; sent again, they are answered from the device's record of replies."""
+    start = np.eye(200) * 0.5 + np.full((200, 200), 1e-3)
+    session = pair.connect(timeout=30)
+    x = session.asarray(start)
+    y = x
+    for _ in range(60):
+        y = y @ x
+    reads = [session.start_read(y), session.start_read(y[:5])]
+    kill_primary(pair)
+    want = start.copy()
+    for _ in range(60):
+        want = want @ start
+    got = [read.result() for read in reads]
+    np.testing.assert_allclose(got[0], want, rtol=1e-12)
+    np.testing.assert_allclose(got[1], want[:5], rtol=1e-12)
+    assert session.stats()["ops"] == 1 + 60 + 1, "every op ran once (the slice is one)"
+    session.close()
