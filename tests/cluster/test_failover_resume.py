@@ -16,6 +16,8 @@ import pytest
 
 import fabric
 from conftest import HEARTBEAT
+from faultproxy import stopped
+from polling import wait_for
 from fabric.core.errors import ResumeRefused
 from fabric.core.protocol import Kind, Message
 from fabric.transport.connection import Connection
@@ -183,4 +185,28 @@ def test_reads_in_flight_at_the_kill_are_answered_once_and_run_once(pair):
     np.testing.assert_allclose(got[0], want, rtol=1e-12)
     np.testing.assert_allclose(got[1], want[:5], rtol=1e-12)
     assert session.stats()["ops"] == 1 + 60 + 1, "every op ran once (the slice is one)"
+    session.close()
+
+
+def admin_state(cluster: fabric.LocalCluster, address: str) -> str:
+    with fabric.Admin(address, token=cluster.admin_token, timeout=3) as admin:
+        return admin.status()["pair"]["state"]
+
+
+def test_a_session_resumed_past_a_paused_primary_goes_on_when_it_steps_down(pair):
+    """SIGSTOP: the client's link and the worker's go silent, both move to the backup; the
+    primary, resumed, hears the newer active and steps down: the session is not served
+    twice, and goes on through the backup."""
+    session = pair.connect(timeout=30)
+    x = session.asarray(np.arange(4.0))
+    assert float(x.sum()) == 6.0
+    with stopped(pair.broker):
+        x = x + 1
+        assert float(x.sum()) == 10.0  # (the takeover runs inside this read)
+        assert session.connection.address == pair.standby_address
+    wait_for(lambda: admin_state(pair, pair.address) == "passive", 10,
+             "the primary to step down", detail=lambda: pair.log_tail("broker"))
+    x = x * 2
+    assert float(x.sum()) == 20.0
+    assert admin_state(pair, pair.standby_address) == "active"
     session.close()
