@@ -210,3 +210,26 @@ def test_a_session_resumed_past_a_paused_primary_goes_on_when_it_steps_down(pair
     assert float(x.sum()) == 20.0
     assert admin_state(pair, pair.standby_address) == "active"
     session.close()
+
+
+def test_a_sharded_computation_across_a_takeover_gives_numpys_answer(tmp_path):
+    """A mesh's sessions (two workers, one connection) are each resumed; the sharded
+    stream goes on."""
+    with fabric.LocalCluster(workers=2, standby=True, heartbeat=HEARTBEAT,
+                             log_dir=tmp_path / "logs", broker_args=(
+            "--pair-heartbeat", str(PAIR_HEARTBEAT), "--pair-liveness", str(PAIR_LIVENESS),
+            "--settle", "3")) as cluster:
+        start = np.linspace(-1.0, 1.0, 1000)
+        with cluster.connect(timeout=30) as parent:
+            mesh = parent.mesh()
+            x = mesh.asarray(start, axis=0)
+            for step in range(200):
+                if step == 100:
+                    float(x.sum())
+                    kill_primary(cluster)
+                x = np.tanh(x) + 1
+            want = start.copy()
+            for _ in range(200):
+                want = np.tanh(want) + 1
+            np.testing.assert_allclose(x.numpy(), want, rtol=1e-12)
+            assert parent.connection.address == cluster.standby_address
