@@ -12,8 +12,10 @@ client). The broker keeps the secret's digest only, never the secret.
 Settling: a broker of a pair that began serving answers clients (HELLO, DEVICES, RESUME of a
 session it does not know) only once every worker of the last known table (the device
 numbering the pair's state file holds) has registered, or ``Limits.settle_time`` has passed
-(those still missing are declared lost). Without a known table it waits for the first worker,
-within the same bound. A refusal while settling is marked ``settling``: the client retries.
+(those still missing are declared lost). Without a known table it serves HELLO and DEVICES
+once the first worker registered, but a RESUME of a session no worker reported waits out the
+bound (its worker may be on its way). A refusal while settling is marked ``settling``: the
+client retries.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Settling:
         self.until = float("-inf")
         self.awaited: set[str] = set()  # worker names of the last known table not yet back
         self.known_table = False
+        self.first_came = False  # (without a known table, the first worker ends the wait)
 
     def begin(self, names: set[str], now: float, bound: float) -> None:
         """Serving began at ``now``: wait for the workers ``names`` (the last known table's;
@@ -46,21 +49,31 @@ class Settling:
         self.until = now + bound
         self.awaited = set(names)
         self.known_table = bool(names)
+        self.first_came = False
 
     def registered(self, name: str) -> None:
         """A worker registered: it is not awaited any more."""
         self.awaited.discard(name)
-        self.known_table = True  # (without a table, the first worker ends the wait)
+        self.first_came = True
 
     def active(self, now: float) -> bool:
-        """Whether clients must still wait (``awaited`` left past the bound are lost)."""
-        if now >= self.until:
-            if self.awaited:
-                log.warning("pair: worker(s) %s did not register within the settle time: "
-                            "declared lost", ", ".join(sorted(self.awaited)))
-                self.awaited.clear()
-            return False
-        return bool(self.awaited) or not self.known_table
+        """Whether clients' HELLO and DEVICES must still wait (``awaited`` left past the
+        bound are declared lost)."""
+        return self._waiting(now) and bool(self.awaited or not (self.known_table
+                                                                or self.first_came))
+
+    def unknown_may_come(self, now: float) -> bool:
+        """Whether a session no worker reported yet may still be reported."""
+        return self._waiting(now) and bool(self.awaited or not self.known_table)
+
+    def _waiting(self, now: float) -> bool:
+        if now < self.until:
+            return True
+        if self.awaited:
+            log.warning("pair: worker(s) %s did not register within the settle time: "
+                        "declared lost", ", ".join(sorted(self.awaited)))
+            self.awaited.clear()
+        return False
 
     def mark(self, error: FabricError) -> FabricError:
         """``error`` told as a refusal to retry in a moment (``settling``)."""
@@ -117,7 +130,7 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
             "was opened or resumed here already. Open a new session.",
             session=message.session, reason="not_resumable"), now)
     if session is None:
-        if registry.settling.active(now):
+        if registry.settling.unknown_may_come(now):
             return registry._reject(identity, message.header,
                                     registry.settling.mark(settling_refusal()), now)
         registry.counters["sessions_not_resumed"] += 1

@@ -223,3 +223,19 @@ def test_the_metrics_count_the_sessions_reported_resumed_and_refused():
     assert samples["fabric_pair_sessions_reported_total"] == 2
     assert samples["fabric_pair_sessions_resumed_total"] == 1
     assert samples["fabric_pair_resumes_refused_total"] == 1
+
+
+def test_without_a_known_table_an_unreported_session_waits_out_the_settle_time():
+    registry = make_registry()
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)
+    registry.pair.on_peer(Beat(State.ACTIVE, 1, True), now=0.0)
+    registered_with(registry, [report()], now=2.5)  # the takeover; no table to wait for
+    only(resume(registry, C1, 0x51, SECRET, now=2.6), Side.FRONTEND, C1, Kind.RESUMED)
+    hello = frames(Kind.HELLO, 0x11, 1, {"token": CLIENT_TOKEN, "device": 0})
+    assert decoded(registry.from_client(C1, hello, 2.6)[0]).kind == Kind.OPEN
+    # Another worker may still report 0x99: asked again until the settle time is over.
+    _, error = rejected(resume(registry, C1, 0x99, SECRET, now=2.7), C1, HandshakeError)
+    assert error.details["settling"]
+    late = 2.5 + LIMITS.settle_time + 0.1
+    _, error = rejected(resume(registry, C1, 0x99, SECRET, now=late), C1, ResumeRefused)
+    assert error.details["reason"] == "not_reported"
