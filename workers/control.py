@@ -70,6 +70,7 @@ from fabric.core.errors import (
     error_from_wire,
 )
 from fabric.core.protocol import Kind, Message
+from fabric.core.resume import MAX_REPORTED
 from fabric.core.security import explain_handshake, probe_needed
 from fabric.core.sockets import new_routing_id
 
@@ -211,7 +212,7 @@ class Control:
         self.name_refused_since: float | None = None  # first WorkerNameTaken since registered
         self.instance = os.urandom(16)  # this process, over all its connections
         # A pair's worker keeps its sessions from when its registered link ended, for the
-        # grace (None: it holds none for another broker).
+        # grace (0: it keeps none for another broker).
         self.resume_grace = resume_grace if len(self.brokers) > 1 else 0.0
         self.held = held
         self.holding_since: float | None = None
@@ -366,7 +367,8 @@ class Control:
                         keep=self.holding_since is not None)]
 
     def _register(self) -> Send:
-        held = ([report.to_wire() for report in self.held()]
+        # (at most MAX_REPORTED, within REGISTER's bounded body: any more are not resumable)
+        held = ([report.to_wire() for report in self.held()[:MAX_REPORTED]]
                 if self.holding_since is not None else [])
         return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes),
                                                  "beacon": self.beacon,

@@ -239,3 +239,14 @@ def test_without_a_known_table_an_unreported_session_waits_out_the_settle_time()
     late = 2.5 + LIMITS.settle_time + 0.1
     _, error = rejected(resume(registry, C1, 0x99, SECRET, now=late), C1, ResumeRefused)
     assert error.details["reason"] == "not_reported"
+
+
+def test_a_register_reporting_the_most_sessions_stays_within_its_bound():
+    from fabric.core.protocol import CONTROL_BODY_BYTES, pack_body
+    from fabric.core.resume import MAX_REPORTED
+
+    largest = HeldSession(2**64 - 1, 255, OWNER, OWNER, 2**62).to_wire()
+    devices = [{"n": i, "memory": 2**40} for i in range(64)]
+    body = pack_body({"token": "t" * 64, "name": "w" * 64, "backend": "numpy",
+                      "devices": devices, "sessions": [largest] * MAX_REPORTED})
+    assert len(body) < CONTROL_BODY_BYTES[Kind.REGISTER]
