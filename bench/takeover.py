@@ -2,6 +2,7 @@
 through the other.
 
     python bench/takeover.py --rounds 20
+    python bench/takeover.py --rounds 20 --resume   # the same session, resumed each time
 
 One pair (``LocalCluster(standby=True)``, one worker) serves throughout: each round a client
 reads through the active broker, the active broker is SIGKILLed, and the client (through the
@@ -9,6 +10,8 @@ connection file, which names both) opens a new session and reads until one read 
 the killed broker is then started again with its role, and waits passive for the next round.
 Printed: each takeover's seconds, p50 and max, and the max's ratio to the issue's limit (two
 pair heartbeats plus one second, on loopback); the read's answer must be right every time.
+With ``--resume`` one session stays open throughout: each round times its first read after
+the SIGKILL, answered once the other broker has resumed it (``fabric.transport.takeover``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,11 @@ def read_once(path: str, timeout: float) -> float:
         return float((session.asarray(DATA) * 2).sum())
 
 
+def read_resumed(session: fabric.Session, data: fabric.Tensor) -> float:
+    """One op and one read on a session that stays open across the takeovers."""
+    return float((data * 2).sum())
+
+
 def active_one(cluster: fabric.LocalCluster) -> str:
     """"primary" or "backup": which broker serves now."""
     for row in pair_roles(cluster.brokers, token=cluster.admin_token):
@@ -52,6 +60,8 @@ def main() -> None:
     parser.add_argument("--pair-heartbeat", type=float, default=1.0)
     parser.add_argument("--pair-liveness", type=int, default=2)
     parser.add_argument("--heartbeat", type=float, default=1.0, help="workers' and brokers'")
+    parser.add_argument("--resume", action="store_true",
+                        help="time the first read of a session resumed across the takeover")
     args = parser.parse_args()
     limit = 2 * args.pair_heartbeat + 1.0
     times: list[float] = []
@@ -60,26 +70,34 @@ def main() -> None:
                 "--pair-heartbeat", str(args.pair_heartbeat),
                 "--pair-liveness", str(args.pair_liveness))) as cluster:
         path = cluster.write_connection_file(os.path.join(folder, "cluster.json"))
+        session = fabric.connect(connection_file=path, timeout=30) if args.resume else None
+        data = session.asarray(DATA) if session is not None else None
         for round_ in range(args.rounds):
-            assert read_once(path, 10) == WANT
+            assert (read_once(path, 10) if session is None
+                    else read_resumed(session, data)) == WANT
             role = active_one(cluster)
             victim = cluster.broker if role == "primary" else cluster.standby_broker
             killed = time.monotonic()
             victim.send_signal(signal.SIGKILL)
             victim.wait(5)
-            while True:
+            while session is None:
                 try:
                     answer = read_once(path, 30)
                     break
                 except fabric.FabricError:  # (a new session's typed refusals until it serves)
                     continue
+            else:
+                answer = read_resumed(session, data)  # (the takeover runs inside this read)
             took = time.monotonic() - killed
             assert answer == WANT, answer
             times.append(took)
-            print(f"round {round_ + 1}: {role} killed, read answered through the other after "
-                  f"{took:.2f} s", flush=True)
+            print(f"round {round_ + 1}: {role} killed, "
+                  f"{'the resumed session' if session else 'a new session'}'s read answered "
+                  f"through the other after {took:.2f} s", flush=True)
             cluster.restart_broker(standby=role == "backup")
             time.sleep(2 * args.pair_heartbeat)  # (it hears the active one and goes passive)
+        if session is not None:
+            session.close()
     p50, worst = statistics.median(times), max(times)
     print(f"takeovers: {len(times)}; p50 {p50:.2f} s, max {worst:.2f} s; limit (2 pair "
           f"heartbeats + 1 s) {limit:.2f} s; max/limit {worst / limit:.2f}")

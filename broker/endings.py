@@ -88,6 +88,9 @@ class Endings:
         sends: list[Send] = []
         for session_id in sorted(worker.sessions):
             session = self._sessions.sessions[session_id]
+            if session.phase is SessionPhase.RESUMABLE:  # (no client to tell yet)
+                self._sessions.end(session)
+                continue
             device = session.device
             sends.append(self._end(session, opening=HandshakeError(
                 f"Worker {worker.name} owning device {device} was lost while the session "
@@ -140,7 +143,12 @@ class Endings:
         return sends
 
     def expire(self, session: Session, now: float) -> list[Send]:
-        """A session's worker did not answer its OPEN or CLOSE in time."""
+        """A session's worker did not answer its OPEN or CLOSE in time, or a session its
+        worker reported after a takeover was not resumed in time (closed there)."""
+        if session.phase is SessionPhase.RESUMABLE:
+            self._sessions.move(session, SessionEvent.DEADLINE, now)
+            self.counters["sessions_not_resumed"] += 1
+            return [self.close_on_worker(session)]
         if self._sessions.move(session, SessionEvent.DEADLINE, now) is SessionPhase.CLOSING:
             return [self.closed(session)]  # the client's close succeeds anyway
         self.rejects["open_timeout"] += 1

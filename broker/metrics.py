@@ -121,7 +121,7 @@ def figures(registry: RegistryView, now: float, held: int,
         "link_refusals": {name: report.link_refusals for name, report in reports.items()},
         "links": {name: report.links for name, report in reports.items()},
         "sessions": _count_by((s.phase.value for s in registry.sessions.values()),
-                              "opening", "open", "closing"),
+                              "opening", "open", "closing", "resumable"),
         "sessions_opened": counters["hellos"],
         "sessions_ended": sum(t.sessions for t in registry.retired.values()),
         "refusals": dict(registry.rejects),
@@ -132,6 +132,11 @@ def figures(registry: RegistryView, now: float, held: int,
         "held_answers": held,
         "events": dict(counters),
         "pair": pair_status(registry.pair, now),
+        # A takeover's sessions (``broker.resume``): reported by workers, resumed by their
+        # clients, ended unclaimed or unknown, and RESUMEs refused (a wrong secret or token)
+        "resumes": {name: counters[name] for name in (
+            "sessions_reported", "sessions_resumed", "sessions_not_resumed",
+            "resumes_refused")},
     }
     if detail:
         snapshot["listed_sessions"] = _listed_sessions(registry, now)
@@ -331,13 +336,14 @@ def families(snapshot: Mapping[str, Any]) -> list[Metric]:
         _by_label(_counter, "broker_events_total", "Every event the broker counts, by name (as "
                   "fabric admin status lists them under counters).", "event",
                   snapshot["events"]),
-        *_pair_families(snapshot["pair"]),
+        *_pair_families(snapshot["pair"], snapshot["resumes"]),
     ]
 
 
-def _pair_families(pair: Mapping[str, Any] | None) -> Iterator[Metric]:
-    """A pair broker's state (1 for the state it is in), term and takeovers; none without
-    a peer."""
+def _pair_families(pair: Mapping[str, Any] | None,
+                   resumes: Mapping[str, int]) -> Iterator[Metric]:
+    """A pair broker's state (1 for the state it is in), term, takeovers and the sessions
+    they resumed or lost; none without a peer."""
     if pair is None:
         return
     yield _by_label(_gauge, "pair_state", "1 for the state this broker of a pair is in "
@@ -351,6 +357,15 @@ def _pair_families(pair: Mapping[str, Any] | None) -> Iterator[Metric]:
     if pair["takeover_wait"] is not None:
         yield _gauge("pair_takeover_wait_seconds", "How long the peer had been silent when "
                      "this broker last took over.", pair["takeover_wait"])
+    yield _counter("pair_sessions_reported_total", "Sessions workers kept when their broker "
+                   "went and reported to this one.", resumes["sessions_reported"])
+    yield _counter("pair_sessions_resumed_total", "Reported sessions their clients resumed "
+                   "here.", resumes["sessions_resumed"])
+    yield _counter("pair_sessions_not_resumed_total", "Sessions not resumed: unclaimed past "
+                   "--resume-grace, or asked for and unknown here.",
+                   resumes["sessions_not_resumed"])
+    yield _counter("pair_resumes_refused_total", "RESUMEs refused for a wrong secret or "
+                   "token.", resumes["resumes_refused"])
 
 
 class FabricCollector(Collector):

@@ -22,6 +22,7 @@ from fabric.core.flow import (
     DEFAULT_MAX_SESSIONS_PER_CLIENT,
     DEFAULT_MAX_SESSIONS_PER_DEVICE,
     DEFAULT_PEER_QUEUE,
+    DEFAULT_RESUME_GRACE,
 )
 from fabric.core.protocol import Kind, Message
 
@@ -65,6 +66,9 @@ class SessionPhase(enum.Enum):
     OPENING = "opening"  # HELLO accepted, waiting for the worker's OPENED
     OPEN = "open"
     CLOSING = "closing"  # CLOSE forwarded, waiting for the worker's CLOSED
+    # Reported by its worker after a takeover (``broker.resume``), waiting for its client's
+    # RESUME until its deadline
+    RESUMABLE = "resumable"
     ENDED = "ended"  # forgotten by the broker (closed, refused, expired, lost, cut)
 
 
@@ -111,6 +115,7 @@ class Session(Directions):
     bytes_out: int = 0
     submits: int = 0  # batches of ops: SUBMITs and CARRIES_BATCH requests (bodies unread)
     errors: int = 0  # ERROR messages from the worker about this session
+    secret_digest: bytes = b""  # reported by its worker after a takeover: RESUME checks it
 
 
 @dataclass
@@ -202,6 +207,16 @@ class Limits:
     # How long a peer has to finish the ZeroMQ handshake, its token included: connections that
     # send nothing, junk, or wait on a refusal the full held queue dropped are closed then.
     handshake_timeout: float = 10.0
+    # After a takeover (``broker.resume``): how long a session its worker reported waits for
+    # its client's RESUME, and the longest clients wait for the last known table's workers to
+    # report (None: heartbeat x liveness x 2, time for a worker to find its broker gone).
+    resume_grace: float = DEFAULT_RESUME_GRACE
+    settle: float | None = None
+
+    @property
+    def settle_time(self) -> float:
+        """``settle``, or its default from the heartbeat."""
+        return self.settle if self.settle is not None else self.heartbeat * self.liveness * 2
 
     def sessions_per_token(self, client_tokens: int) -> int:
         """``max_sessions_per_token``, or its default for this many client tokens."""

@@ -56,7 +56,9 @@ from fabric.core.protocol import (
     Message,
 )
 
-from . import admin_service, link_grants
+from fabric.core.resume import digest
+
+from . import admin_service, link_grants, resume
 from .endings import Endings
 from .handshake import (
     hello_refusal,
@@ -111,6 +113,8 @@ class Registry(WorkerMessages):
         # One client token, or several (one per user or team; each has its session cap).
         tokens = [client_token] if isinstance(client_token, str) else list(client_token)
         self._client_tokens = [token.encode() for token in tokens]
+        # Whose a session is, as its worker keeps it for a takeover (``broker.resume``)
+        self._owners = [digest(token) for token in self._client_tokens]
         self._sessions_per_token = limits.sessions_per_token(len(tokens))
         self._worker_token = worker_token.encode()
         self._admin_token = admin_token.encode() if admin_token else None
@@ -144,6 +148,7 @@ class Registry(WorkerMessages):
         # lists and registrations. Asked only at those knocks, never per routed message.
         self.pair: Pair | None = None
         self.reload_numbering: Callable[[], None] | None = None  # the I/O loop's state file
+        self.settling = resume.Settling()  # after a takeover, until the workers are back
         # Who may finish the ZeroMQ handshake: a token of any role, or with CURVE
         # (``curve_keys``, per ZAP domain) an allowed key. The I/O loop feeds it ZAP requests.
         self.zap = ZapGate({"client": self._client_tokens, "worker": [self._worker_token],
@@ -211,27 +216,27 @@ class Registry(WorkerMessages):
         if not self.pair.on_request(now):
             return True
         if not was_serving:
-            self.began_serving()
+            self.began_serving(now)
         return False
 
-    def began_serving(self) -> None:
+    def began_serving(self, now: float) -> None:
         """This broker of a pair began serving. With no worker registered yet it takes the
         device numbering again from the state file the pair shares (the other broker kept it
-        while serving), so that devices keep their indexes across a takeover."""
-        if self.reload_numbering is not None and not self.workers:
+        while serving), so that devices keep their indexes across a takeover, and settles:
+        clients wait until that table's workers have registered (``broker.resume``)."""
+        if self.workers:
+            return
+        if self.reload_numbering is not None:
             self.reload_numbering()
+        self.settling.begin({name for name, _ in self.device_slots.values()}, now,
+                            self.limits.settle_time)
 
-    def _settling(self, error: FabricError, now: float) -> FabricError:
-        """A refusal for a device a broker that took over lately does not know yet: its
-        workers may still be registering, so the client is told to retry (``settling``)."""
-        pair = self.pair
-        if pair is None or now - pair.changed_at > 2 * pair.bound:
-            return error
-        error.message += (" This broker of a pair began serving moments ago and its workers "
-                          "are still registering: retry in a moment.")
-        error.args = (error.message,)
-        error.details["settling"] = True
-        return error
+    def _settled(self, identity: bytes, header: Header, now: float) -> list[Send] | None:
+        """The refusal of a client's HELLO or DEVICES while this broker settles, or None."""
+        if not self.settling.active(now):
+            return None
+        return self._reject(identity, header,
+                            self.settling.mark(resume.settling_refusal()), now)
 
     def _token_refused(self, sends: list[Send], now: float) -> list[Send]:
         """The answer to a refused token, held back ``auth_delay`` by the I/O loop (it never
@@ -320,10 +325,13 @@ class Registry(WorkerMessages):
             return self._client_token_refused(identity, message.header, now)
         if self._passive(now):
             return self._reject(identity, message.header, refusal(self.pair, "session"), now)
+        settling = self._settled(identity, message.header, now)
+        if settling is not None:
+            return settling
         refused = hello_refusal(identity, token, message, self.worker_table, self._sessions,
                                 self.limits, self._sessions_per_token)
         if refused is not None:
-            return self._reject(identity, message.header, self._settling(refused, now), now)
+            return self._reject(identity, message.header, refused, now)
         device = body["device"]
         owner, local = self.worker_table.owner(device)
         worker = self.workers[owner]
@@ -337,7 +345,7 @@ class Registry(WorkerMessages):
         return [send_message(Side.WORKERS, session.lane, Message(
             Kind.OPEN, message.session, message.request,
             {"device": local, "client": str(body.get("client", "")),
-             "max_message_bytes": session.client_max}))]
+             "max_message_bytes": session.client_max, "owner": self._owners[token]}))]
 
     def _on_devices(self, identity: bytes, message: Message, now: float) -> list[Send]:
         if token_index(message.body["token"], self._client_tokens) is None:
@@ -345,6 +353,9 @@ class Registry(WorkerMessages):
         if self._passive(now):
             return self._reject(identity, message.header, refusal(self.pair, "device list"),
                                 now)
+        settling = self._settled(identity, message.header, now)
+        if settling is not None:
+            return settling
         return [send_message(Side.FRONTEND, identity, Message(
             Kind.DEVICE_LIST, 0, message.request,
             {"devices": self.devices, "server": self.server}))]
@@ -386,6 +397,7 @@ class Registry(WorkerMessages):
         Kind.PING: _on_ping,
         Kind.ADMIN: _on_admin,
         Kind.LINK: link_grants.grant_to_client,
+        Kind.RESUME: resume.on_resume,
     }
 
     # -- sessions the broker ends (``broker.endings``); peers that vanish ----------------------
@@ -494,7 +506,7 @@ class Registry(WorkerMessages):
         for session in list(self.sessions.values()):
             if now > session.deadline:
                 sends += self._endings.expire(session, now)
-            elif (now - self._sessions.last_seen(session) > limits.lease
+            elif (session.client and now - self._sessions.last_seen(session) > limits.lease
                   and now - session.probed > limits.lease):
                 # An unroutable PING tells the loop the client has gone (ROUTER_MANDATORY).
                 session.probed = now

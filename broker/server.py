@@ -255,7 +255,7 @@ class Broker:
                 self.registry.counters["pair_step_downs"] += 1
                 self._send(self.registry.step_down())
             elif change is not None and pair.serving:
-                self.registry.began_serving()
+                self.registry.began_serving(now)
         self._pair_tick(now)
 
     @property

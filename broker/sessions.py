@@ -16,8 +16,9 @@ from collections import Counter
 from .model import Limits, Session, SessionPhase, Worker
 from .worker_table import WorkerTable
 
-OPENING, OPEN, CLOSING, ENDED = (SessionPhase.OPENING, SessionPhase.OPEN,
-                                 SessionPhase.CLOSING, SessionPhase.ENDED)
+OPENING, OPEN, CLOSING, ENDED, RESUMABLE = (
+    SessionPhase.OPENING, SessionPhase.OPEN, SessionPhase.CLOSING, SessionPhase.ENDED,
+    SessionPhase.RESUMABLE)
 
 
 class SessionEvent(enum.Enum):
@@ -29,6 +30,7 @@ class SessionEvent(enum.Enum):
     CLOSED = "closed"  # its worker closed it
     DEADLINE = "deadline"  # its worker did not answer OPEN or CLOSE in time
     ENDED_BY_BROKER = "ended_by_broker"  # its client or worker is gone, cut, or an admin's
+    RESUMED = "resumed"  # its client showed its secret (``broker.resume``)
 
 
 PHASE_AFTER: dict[tuple[SessionPhase, SessionEvent], SessionPhase] = {
@@ -45,9 +47,13 @@ PHASE_AFTER: dict[tuple[SessionPhase, SessionEvent], SessionPhase] = {
     (OPENING, SessionEvent.ENDED_BY_BROKER): ENDED,
     (OPEN, SessionEvent.ENDED_BY_BROKER): ENDED,
     (CLOSING, SessionEvent.ENDED_BY_BROKER): ENDED,
+    # Reported by its worker after a takeover: its client takes it up, or it ends unclaimed.
+    (RESUMABLE, SessionEvent.RESUMED): OPEN,
+    (RESUMABLE, SessionEvent.DEADLINE): ENDED,
+    (RESUMABLE, SessionEvent.ENDED_BY_BROKER): ENDED,
 }
 
-_WAITS_FOR_WORKER = frozenset({OPENING, CLOSING})  # the phases with a deadline
+_WAITS_FOR_WORKER = frozenset({OPENING, CLOSING})  # the phases with the worker's deadline
 
 
 class SessionTable:
@@ -78,6 +84,23 @@ class SessionTable:
         self.by_client.setdefault(session.client, set()).add(session.id)
         self._per_device[session.worker, session.local] += 1
         self._per_token[session.token, session.worker, session.local] += 1
+
+    def adopt(self, session: Session, worker: Worker, now: float) -> None:
+        """Add a session its worker reported after a takeover (RESUMABLE, no client yet,
+        until ``Limits.resume_grace`` from ``now``)."""
+        session.phase = RESUMABLE
+        session.deadline = now + self._limits.resume_grace
+        self.sessions[session.id] = session
+        worker.sessions.add(session.id)
+        self._per_device[session.worker, session.local] += 1
+        self._per_token[session.token, session.worker, session.local] += 1
+
+    def resume(self, session: Session, client: bytes, now: float) -> None:
+        """A RESUMABLE session's client showed its secret: it is OPEN, on ``client``."""
+        self.move(session, SessionEvent.RESUMED, now)
+        session.client = client
+        session.last_seen = now
+        self.by_client.setdefault(client, set()).add(session.id)
 
     def of_client(self, identity: bytes) -> list[Session]:
         """A client's sessions, by id."""
@@ -145,9 +168,10 @@ class SessionTable:
     def _remove(self, session: Session) -> None:
         del self.sessions[session.id]
         self._workers.workers[session.worker].sessions.discard(session.id)
-        held = self.by_client[session.client]
-        held.discard(session.id)
-        if not held:
+        held = self.by_client.get(session.client)  # (none for a RESUMABLE one)
+        if held is not None:
+            held.discard(session.id)
+        if held is not None and not held:
             del self.by_client[session.client]
             self._client_pinged.pop(session.client, None)
             self._to_ask.pop(session.client, None)  # (next_ask may now be early: harmless)

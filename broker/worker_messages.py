@@ -20,7 +20,7 @@ from fabric.core.errors import AuthenticationError, ProtocolError
 from fabric.core.flow import largest_frame
 from fabric.core.protocol import PROTOCOL_VERSION, WORKER_DATA_KINDS, Header, Kind, Message
 
-from . import link_grants
+from . import link_grants, resume
 from .handshake import (misplaced, peer_address, release_mismatch, reported_host, size_limit,
                         token_ok, version_mismatch)
 from .model import Send, Session, SessionPhase, Side, Worker, new_send, send_error, send_message
@@ -99,8 +99,10 @@ class WorkerMessages:
                 self.counters["transfers_too_large"] += 1
                 return transfer_too_large(destination, session.lane, header, frames)
             return [new_send(Send, (Side.WORKERS, session.lane, list(frames), 0.0))]
-        if session is None or session.worker != worker.identity:
-            self.counters["stale_worker_data"] += 1  # the session closed meanwhile
+        if session is None or session.worker != worker.identity or not session.client:
+            # the session closed meanwhile (or, reported after a takeover, waits for its
+            # client's RESUME)
+            self.counters["stale_worker_data"] += 1
             return []
         session.messages_out += 1
         session.bytes_out += frames_size(frames)
@@ -152,6 +154,9 @@ class WorkerMessages:
             address=address, bulk=link_grants.reported_bulk(body)))
         log.info("worker %s registered with %d %s device(s)", body["name"],
                  len(body["devices"]), body["backend"])
+        self.settling.registered(body["name"])
+        if "sessions" in body:  # kept for a broker that takes over (``broker.resume``)
+            resume.adopt_reports(self, self.workers[identity], body, now)
         sends.append(send_message(Side.WORKERS, identity, Message(
             Kind.REGISTERED, 0, message.request,
             {"server": self.server, "heartbeat": self.limits.heartbeat,
@@ -172,7 +177,9 @@ class WorkerMessages:
             {"device": self.device_of(session), "device_count": self.device_count,
              "server": self.server, "heartbeat": self.limits.heartbeat,
              "max_message_bytes": min(self.limits.max_message_bytes,
-                                      worker.max_message_bytes)}))]
+                                      worker.max_message_bytes),
+             # its resume secret, passed on and not kept (``broker.resume``)
+             **({"secret": message.body["secret"]} if "secret" in message.body else {})}))]
 
     def _on_closed(self, worker: Worker, message: Message, now: float) -> list[Send]:
         session = self._worker_session(worker, message)

@@ -176,6 +176,10 @@ class WorkerTable:
         self.revision += 1  # (the order of names changed at least: the oldest go first)
         self._list_online()
 
+    def global_index(self, worker: Worker, local: int) -> int:
+        """The global index of a registered worker's device ``local``."""
+        return self._known[worker.name][local]
+
     def forget(self, name: str) -> list[int]:
         """Drop an offline worker's name and its indexes, which are never given again; the
         indexes dropped. NotFound for a name never seen; WorkerNameTaken while it is online."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from fabric.client.failover import broker_list, first_active
+from fabric.transport.failover import broker_list, first_active
 from fabric.client.session import Session, check_argument, dial
 from fabric.core.config import CONNECTION_FILE_ENV, first_secret, load_connection_file
 from fabric.core.device import Device
@@ -105,9 +105,10 @@ def connect(address: str | None = None, *, token: str | None = None, device: int
         session.connection.shared_memory = options
         return session
     address, token, source, keys = target
-    return first_active(broker_list(address), timeout, lambda broker, left: dial(
+    brokers = broker_list(address)
+    return first_active(brokers, timeout, lambda broker, left: dial(
         broker, token, device, timeout, keys, max_message_bytes, source, options,
-        hello_timeout=left))
+        hello_timeout=left, brokers=brokers))
 
 
 def devices(address: str | None = None, *, token: str | None = None, timeout: float = 10.0,

@@ -43,6 +43,10 @@ Several brokers (a pair: ``broker`` lists them, "tcp://A:5556,tcp://B:5556"): th
 serves the one that takes it. It connects to one at a time; a broker that refuses it as passive
 (``BrokerPassive``), a registered link that ends, and a broker silent for a heartbeat before
 REGISTERED (a dead one: nothing answers) each move it on to the next, where it registers afresh.
+A worker of a pair keeps its sessions when a registered link ends (``Connect.keep``), for
+``resume_grace`` seconds: its REGISTER with the other broker reports them (``held``), and that
+broker's heartbeats say which it keeps; registered nowhere by the end of the grace, the worker
+drops them (``Drop``), as a single broker's worker does at once.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from fabric.core.errors import (
     error_from_wire,
 )
 from fabric.core.protocol import Kind, Message
+from fabric.core.resume import MAX_REPORTED
 from fabric.core.security import explain_handshake, probe_needed
 from fabric.core.sockets import new_routing_id
 
@@ -107,6 +112,12 @@ class Connect:
     identity: bytes
     lanes: tuple[bytes, ...]
     beacon: bytes = b""
+    keep: bool = False  # the sessions stay, for the broker that takes over (a pair's)
+
+
+@dataclass(frozen=True)
+class Drop:
+    """The sessions kept for a broker that takes over are dropped: their grace is over."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +151,7 @@ class Link:
     message: Message
 
 
-Action = Union[Connect, Send, Attach, Probe, Link]
+Action = Union[Connect, Send, Attach, Probe, Link, Drop]
 
 
 def ping_interval(heartbeat: float) -> float:
@@ -170,13 +181,16 @@ class Control:
     word from the broker after which the worker stops (``BrokerSilent``) [default: never].
     ``host_not_resolving``: what to say of the broker's address when it stays silent.
     ``report``: the body of each HEARTBEAT (what the devices did, for the broker's metrics).
+    ``resume_grace``: seconds a worker of a pair keeps its sessions for the broker that
+    takes over; ``held``: those sessions, as REGISTER reports them.
     """
 
     def __init__(self, registration: dict[str, Any], *, broker: str, encrypted: bool,
                  heartbeat: float, liveness: int, give_up_after: float | None = None,
                  new_identity: Callable[[], bytes] = new_routing_id,
                  host_not_resolving: Callable[[str], str | None] = host_not_resolving,
-                 report: Callable[[], dict[str, Any]] = dict) -> None:
+                 report: Callable[[], dict[str, Any]] = dict, resume_grace: float = 0.0,
+                 held: Callable[[], list[Any]] = list) -> None:
         self.registration = registration
         self.brokers = tuple(broker.split(","))  # one, or a pair's (see the module's rule)
         self.broker = self.brokers[0]  # the one this worker connects to now
@@ -197,6 +211,11 @@ class Control:
         self.register_due: float | None = None  # when it goes (its beacon is up)
         self.name_refused_since: float | None = None  # first WorkerNameTaken since registered
         self.instance = os.urandom(16)  # this process, over all its connections
+        # A pair's worker keeps its sessions from when its registered link ended, for the
+        # grace (0: it keeps none for another broker).
+        self.resume_grace = resume_grace if len(self.brokers) > 1 else 0.0
+        self.held = held
+        self.holding_since: float | None = None
 
     @property
     def tick_every(self) -> float:
@@ -215,6 +234,12 @@ class Control:
                 f"The broker at {self.broker} has said nothing for {now - self.answered:.1f} "
                 f"s (--give-up-after {self.give_up_after:g}): stopping."
                 + self._unresolved())
+        if (self.holding_since is not None and not self.registered
+                and now - self.holding_since > self.resume_grace):
+            log.warning("no broker took this worker within %g s (--resume-grace): its "
+                        "sessions are dropped", self.resume_grace)
+            self.holding_since = None
+            return [Drop()]
         if not self.registered and now - self.last_heard > self._silence_bound:
             log.warning("the broker at %s has been silent for %.1f s; reconnecting%s.%s",
                         self.broker, now - self.last_heard, self._turn_to_next_broker(),
@@ -275,6 +300,8 @@ class Control:
                     self.heartbeat * self.liveness, self._turn_to_next_broker(),
                     self._unresolved())
         self.last_heard = now
+        if self.resume_grace > 0:
+            self.holding_since = now
         return self._connect()
 
     def _lives(self, now: float) -> None:
@@ -336,18 +363,24 @@ class Control:
         self.register_due = None
         identity = self.new_identity()
         self.beacon = self.new_identity()
-        return [Connect(identity, self.lanes, self.beacon)]  # (REGISTER: see on_beacon_up)
+        return [Connect(identity, self.lanes, self.beacon,  # (REGISTER: see on_beacon_up)
+                        keep=self.holding_since is not None)]
 
     def _register(self) -> Send:
+        # (at most MAX_REPORTED, within REGISTER's bounded body: any more are not resumable)
+        held = ([report.to_wire() for report in self.held()[:MAX_REPORTED]]
+                if self.holding_since is not None else [])
         return Send(Message(Kind.REGISTER, body={**self.registration, "lanes": list(self.lanes),
                                                  "beacon": self.beacon,
-                                                 "instance": self.instance}))
+                                                 "instance": self.instance,
+                                                 **({"sessions": held} if held else {})}))
 
     def _from_broker(self, message: Message, now: float) -> list[Action]:
         if message.kind == Kind.REGISTERED:
             log.info("registered with %s", message.body["server"])
             self.name_refused_since = None
             self.registered = True
+            self.holding_since = None  # (the broker's heartbeats say which sessions it keeps)
             limit = message.body.get("max_message_bytes")
             ours = self.registration["max_message_bytes"]
             return [Attach(limit if type(limit) is int and limit > 0 else ours)]

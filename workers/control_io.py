@@ -54,12 +54,13 @@ from fabric.core.version import __version__
 from fabric.core.worker_options import WorkerOptions, default_worker_threads
 
 from .backends import device_class, prepare
-from .control import Action, Attach, Connect, Control, Link, Probe, RegistrationRefused, Send
+from .control import (Action, Attach, Connect, Control, Drop, Link, Probe, RegistrationRefused,
+                      Send)
 from .direct_links import LINK_THRESHOLD, Fallback
 from .direct_links_io import BulkLinks, reachable_host
 from .executor import Executor
-from .lane_io import (ATTACH, LINK_READ, LINK_REPLY, RESET, STOP, DeviceThread, dealer,
-                      pair_socket)
+from .lane_io import (ATTACH, DROP, KEEP, LINK_READ, LINK_REPLY, RESET, STOP, DeviceThread,
+                      dealer, pair_socket)
 from .memory import MemoryBudget
 from .shared_memory import HostSharing
 from .threads import limit_threads
@@ -99,11 +100,13 @@ class Worker:
              **({"bulk": self.links.advertised()} if self.links is not None else {})},
             broker=broker, encrypted=options.curve is not None, heartbeat=options.heartbeat,
             liveness=options.liveness, give_up_after=options.give_up_after,
-            report=self.report)
+            report=self.report, resume_grace=options.resume_grace, held=self.held)
         self._budget = MemoryBudget(options.memory_budget, options.devices)  # (the devices')
         self.sharing = HostSharing.of(options)
         self._executors = [Executor(device, options.memory_limit, self._budget, self.sharing)
                            for device in self.devices]
+        for executor in self._executors:  # (a pair's worker: ``fabric.core.resume``)
+            executor.records_replies = self.control.resume_grace > 0
         self._pairs: list[zmq.Socket] = []
         self._threads: list[threading.Thread] = []
         self._runners: list[DeviceThread] = []
@@ -155,6 +158,10 @@ class Worker:
             LinkReport() if links is None else links.report(),
             tuple(itertools.islice(sessions, MAX_REPORTED_SESSIONS))))
 
+    def held(self) -> list[Any]:
+        """The sessions the devices keep for the broker that takes over (``workers.control``)."""
+        return [report for runner in self._runners for report in runner.held()]
+
     # -- what the control machine asks for ------------------------------------------------
 
     def _perform(self, actions: list[Action]) -> None:
@@ -166,6 +173,9 @@ class Worker:
                     self._to_device(device, [ATTACH, b"%d" % action.max_message_bytes])
             elif type(action) is Connect:
                 self._connect(action)
+            elif type(action) is Drop:
+                for device in range(len(self.devices)):
+                    self._to_device(device, [DROP])
             elif type(action) is Link and self.links is not None:
                 self._fall_back(self.links.from_broker(action.message))
             elif type(action) is Probe:  # (blocks for at most half a second)
@@ -177,7 +187,8 @@ class Worker:
         self._to_devices.clear()  # (for the sessions of the old connection)
         self.broker = self.control.broker  # (a pair's: the one this connection goes to)
         for device, lane in enumerate(connect.lanes):
-            self._to_device(device, [RESET, lane, self.broker.encode()])
+            self._to_device(device, [RESET, lane, self.broker.encode(),
+                                     KEEP if connect.keep else b""])
         self._set_reading_devices(True)
         self.dealer = dealer(self.context, self.options, connect.identity)
         # A refused key or mismatched encryption is only ever a monitor event.

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from fabric.core.protocol import Message
+from fabric.core.resume import ReplyRecord
 from fabric.core.wire import DeviceWarning
 
 from .backends.base import DEVICE_COUNTERS, Value
@@ -40,3 +41,8 @@ class DeviceSession:
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DEVICE_COUNTERS, 0))
     segments: Any = None  # its client's shared memory, once agreed (``shared_memory``)
     slots_used: bool = False  # a put of this batch read a slot: CREDIT it at once
+    # Resuming it on another broker of a pair (``fabric.core.resume``): whose it is (the
+    # digest of its client token), its secret's digest, and its recent replies by request id.
+    owner: bytes = b""
+    secret_digest: bytes = b""
+    replies: ReplyRecord = field(default_factory=ReplyRecord)

@@ -35,6 +35,7 @@ from fabric.core.errors import FabricError, ProtocolError, RemoteError, SessionL
 from fabric.core.flow import CREDIT_EVERY
 from fabric.core.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
 from fabric.core.protocol import Kind, Message, reply_error, reply_to
+from fabric.core.resume import DIGEST_BYTES, batch_seq, digest, new_secret
 from fabric.core.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params,
                               decode_scalar, device_dtype, dtype_name, parse_op, require_ints)
 
@@ -77,6 +78,10 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         self.slots: Any = None
         # batches seen again, run as one graph, on a device that compiles (``batch_graphs``)
         self.batches = BatchGraphs() if device.compiles_batches else None
+        # A worker of a broker pair keeps each session's recent replies, for a client that
+        # sends a request again after a takeover (``fabric.core.resume``); about a
+        # microsecond a request, which a single broker's worker does not pay.
+        self.records_replies = False
 
     def handle(self, message: Message) -> list[Message]:
         """Apply one message; return the replies to send to the broker."""
@@ -113,11 +118,15 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
                 f"Session {message.session:#x} is already open on this device."),
                 kind=Kind.REJECT)]
         limit = message.body.get("max_message_bytes")
+        owner = message.body.get("owner", b"")
+        secret = new_secret()  # (its digest is kept; the secret goes to the client)
         self.sessions[message.session] = DeviceSession(
             message.session, str(message.body.get("client", "")),
             limit if type(limit) is int and limit > 0 else None,
-            graphs=SessionGraphs(self.tally))
-        return [Message(Kind.OPENED, message.session, message.request)]
+            graphs=SessionGraphs(self.tally),
+            owner=owner if isinstance(owner, bytes) and len(owner) == DIGEST_BYTES else b"",
+            secret_digest=digest(secret))
+        return [Message(Kind.OPENED, message.session, message.request, {"secret": secret})]
 
     def _close(self, message: Message) -> list[Message]:
         session = self.sessions.pop(message.session)
@@ -163,6 +172,10 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
 
     def _submit(self, message: Message) -> list[Message]:
         session = self.sessions[message.session]
+        seq = batch_seq(message.body)
+        if seq is not None and seq <= session.submits:
+            # Sent again by a client that resumed the session (``fabric.core.resume``): it ran
+            return [Message(Kind.CREDIT, session.id, 0, {"done": session.submits})]
         session.submits += 1  # (a malformed one too: the client counted it)
         credit = ([Message(Kind.CREDIT, session.id, 0, {"done": session.submits})]
                   if session.submits % CREDIT_EVERY == 0 else [])
@@ -400,7 +413,19 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
     # -- requests -------------------------------------------------------------------------
 
     def _request(self, message: Message) -> list[Message]:
-        session, body = self.sessions[message.session], message.body
+        session = self.sessions[message.session]
+        if message.body.get("again"):  # sent again by a client that resumed the session
+            answered = session.replies.get(message.request)
+            if answered is not None:  # (answered before: not run twice)
+                return answered
+        replies = self._run_request(session, message)
+        if self.records_replies:
+            session.replies.keep(message.request, replies, sum(
+                memoryview(b).nbytes for reply in replies for b in reply.buffers))
+        return replies
+
+    def _run_request(self, session: DeviceSession, message: Message) -> list[Message]:
+        body = message.body
         op = body.get("op")  # (a str: the REQUEST schema says so)
         handler = self._requests.get(op)
         carries = "ops" in body  # the session's batch (a client Session's SUBMIT), run first

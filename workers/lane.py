@@ -23,6 +23,7 @@ from fabric.core.errors import FabricError, MessageTooLarge, RemoteError
 from fabric.core.flow import largest_frame, size_and_limit_text
 from fabric.core.log_limit import RateLimitedLog
 from fabric.core.protocol import Header, Kind, Message
+from fabric.core.resume import HeldSession
 
 from . import shared_memory
 from .executor import Executor
@@ -87,6 +88,15 @@ class Lane:
     def reset(self) -> None:
         """The broker that knew the sessions is gone: forget them."""
         self.executor.close_all()
+
+    def held(self) -> list[HeldSession]:
+        """The sessions this device holds, as a REGISTER reports them to the broker that
+        takes over (``fabric.core.resume``); read from the control thread (the copy of the
+        table is one C call, which the device thread cannot split)."""
+        return [HeldSession(session_id, self.index, session.owner, session.secret_digest,
+                              session.submits)
+                for session_id, session in list(self.executor.sessions.items())
+                if session.secret_digest]
 
     def handle(self, frames: Sequence[Any], header: Header | None = None) -> list[Message]:
         """Run one message of ``DEVICE_KINDS`` (``header``: its first frame's, if already

@@ -26,6 +26,7 @@ from fabric.core import protocol
 from fabric.core.errors import FabricError
 from fabric.core.flow import Outbox
 from fabric.core.protocol import DeviceReport, Kind, SessionReport
+from fabric.core.resume import HeldSession
 from fabric.core.security import present_token
 from fabric.core.sockets import POLLIN, message_check, recv_frames, try_send
 from fabric.core.worker_options import WorkerOptions
@@ -40,6 +41,8 @@ log = logging.getLogger("fabric.worker")
 # link, with the link's routing id, and the reply to it the other way); anything else there
 # is a fabric message (a TRANSFER between two sessions of this worker).
 STOP, RESET, ATTACH = b"stop", b"reset", b"attach"
+DROP = b"drop"  # the sessions kept for a broker that takes over: their grace is over
+KEEP = b"keep"  # (RESET's last frame: the sessions stay, for the broker that takes over)
 LINK_READ, LINK_REPLY = b"link-read", b"link-reply"
 _READ_AHEAD_BYTES = 64 << 20  # a device reads its lane this far ahead of running messages
 
@@ -125,6 +128,10 @@ class DeviceThread:
         return [SessionReport(session_id, session.resident, session.ops)
                 for session_id, session in list(self.lane.executor.sessions.items())]
 
+    def held(self) -> list[HeldSession]:
+        """The sessions this device keeps for the broker that takes over (``Lane.held``)."""
+        return self.lane.held()
+
     def run(self) -> None:
         """Serve the lane and the pair until the control thread says STOP."""
         worker = self._worker
@@ -166,14 +173,18 @@ class DeviceThread:
         if command == STOP:
             return False
         if command == RESET:  # a new connection to the broker, under a new identity
-            self.lane.reset()
-            self._waiting.clear()  # (the old connection's)
+            if frames[-1].bytes != KEEP:  # (kept: their messages still run, in order)
+                self.lane.reset()
+                self._waiting.clear()  # (the old connection's)
             worker = self._worker
             self._close_lane()
             self._lane_socket = dealer(worker.context, worker.options, frames[1].bytes)
             self._lane_socket.connect(frames[2].bytes.decode())  # (the control's broker)
             self._lane_waits = message_check(self._lane_socket)
             self._poll_items.append((self._lane_socket, POLLIN))
+        elif command == DROP:
+            self.lane.reset()
+            self._waiting.clear()
         elif command == ATTACH:
             self._send(protocol.encode(self.lane.attach(int(frames[1].bytes))))
         elif command == LINK_READ:  # its reply goes back to the link it came by

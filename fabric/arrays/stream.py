@@ -229,7 +229,10 @@ class OpStream:
         batch, self.batch = self.batch, []
         freed = len(self.freed)  # (each free in the batch is in both lists)
         try:
-            send(Message(Kind.SUBMIT, self.session_id, 0, {"ops": batch}, self.buffers))
+            # (its sequence number: a device that ran it already skips it when it comes
+            # again, sent again after a takeover: ``fabric.core.resume``)
+            send(Message(Kind.SUBMIT, self.session_id, 0,
+                         {"ops": batch, "seq": self.counts["batches_sent"] + 1}, self.buffers))
         except BaseException:
             self.batch = batch + self.batch
             raise

@@ -33,6 +33,7 @@ from fabric.core.parallel_copy import default_min_bytes, default_threads
 from fabric.core.protocol import MAX_LABEL_CHARS
 from fabric.core.security import CurveClient, CurveServer, generate_keys
 from fabric.core.shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
+from fabric.core.flow import DEFAULT_RESUME_GRACE
 from fabric.core.worker_options import DEFAULT_MEMORY_BUDGET, WorkerOptions, budget_from_option
 
 if TYPE_CHECKING:
@@ -72,6 +73,14 @@ def main() -> None:
               show_default=True,
               help="Seconds a peer has to finish the ZeroMQ handshake (with its token) before "
                    "its connection is closed.")
+@click.option("--resume-grace", "broker_resume_grace", type=click.FloatRange(min=0),
+              default=DEFAULT_RESUME_GRACE, show_default=True, metavar="SECONDS",
+              help="With --peer: how long a session a worker reported after a takeover waits "
+                   "for its client to resume it before it is closed.")
+@click.option("--settle", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="With --peer: the longest clients wait, once this broker took over, for "
+                   "the workers of the device table (--state-file) to report their sessions "
+                   "[default: 2 x heartbeat x liveness].")
 @click.option("--advertise", default=None, metavar="HOST", callback=checked(advertise_host),
               help="The host name or address clients and workers reach this broker by, where "
                    "it names its ports to a peer at the wrong one (for a broker bound to every "
@@ -91,7 +100,8 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
            worker_token: str | None, worker_token_file: str | None, admin_token: str | None,
            admin_token_file: str | None, open_timeout: float, lease: float, heartbeat: float,
            liveness: int, log_level: str, auth_delay: float, handshake_timeout: float,
-           advertise: str | None, state_file: str | None, curve: CurveServer | None,
+           broker_resume_grace: float, settle: float | None, advertise: str | None,
+           state_file: str | None, curve: CurveServer | None,
            limits: dict[str, Any], metrics: str | None, pair: Any) -> None:
     """Run a broker: route clients' sessions to the workers that own their devices.
 
@@ -113,7 +123,7 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     admin = resolve_secret(admin_token, admin_token_file, "FABRIC_ADMIN_TOKEN")
     limits = Limits(heartbeat=heartbeat, liveness=liveness, open_timeout=open_timeout,
                     lease=lease, auth_delay=auth_delay, handshake_timeout=handshake_timeout,
-                    **limits)
+                    resume_grace=broker_resume_grace, settle=settle, **limits)
     try:
         serve(frontend, worker_address, client_token=client_tokens, worker_token=worker,
               admin_token=admin, limits=limits, announce=announce_on_stdout, curve=curve,
@@ -163,6 +173,11 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @click.option("--give-up-after", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Exit 1 once the broker has said nothing for SECONDS, at start or later "
                    "(for a supervisor that starts the worker elsewhere) [default: never].")
+@click.option("--resume-grace", type=click.FloatRange(min=0), default=DEFAULT_RESUME_GRACE,
+              show_default=True, metavar="SECONDS",
+              help="With a broker pair (--broker A,B): how long the worker keeps its sessions "
+                   "after its broker went, for the other broker and the sessions' clients to "
+                   "take them up; then it drops them (0: at once).")
 @click.option("--admin-file", type=click.Path(dir_okay=False), default=None,
               help="Take the broker's worker address and the worker token from this admin "
                    "file (fabric cluster up writes it; on a shared filesystem every node of a "
@@ -197,8 +212,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
 @curve_client_options("worker")
 def worker(broker_address: str, backend: str, devices: int, threads: int | None,
            name: str | None, memory_limit: int | None, memory_budget: str,
-           give_up_after: float | None, admin_file: str | None, stop_on_stdin_close: bool,
-           no_shared_memory: bool, bulk_host: str, shared_memory_limit: int,
+           give_up_after: float | None, resume_grace: float, admin_file: str | None,
+           stop_on_stdin_close: bool, no_shared_memory: bool, bulk_host: str,
+           shared_memory_limit: int,
            shared_memory_idle: float, copy_threads: int | None, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
@@ -247,7 +263,7 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
             token=token, name=name or slot.name, backend=backend, devices=devices,
             threads=threads, heartbeat=heartbeat, liveness=liveness, memory_limit=memory_limit,
             memory_budget=budget, curve=curve, give_up_after=give_up_after,
-            bulk_host=None if bulk_host == "none" else bulk_host,
+            resume_grace=resume_grace, bulk_host=None if bulk_host == "none" else bulk_host,
             shared_memory=not no_shared_memory, shared_memory_limit=shared_memory_limit,
             shared_memory_idle=shared_memory_idle, **copies, **limits))
     except DeviceNotHostable as exc:

@@ -65,6 +65,9 @@ class Session(ArrayNamespace):
         self._token = token
         self.id = session_id
         self.timeout = timeout
+        secret = welcome.body.get("secret")
+        if isinstance(secret, bytes) and connection.brokers:  # (resumed at a takeover)
+            connection.resume_keys[session_id] = secret
         self.device_count: int = welcome.body["device_count"]
         self.server: str = welcome.body["server"]
         # The largest array this session may upload in one piece: every socket on the way
@@ -172,6 +175,7 @@ class Session(ArrayNamespace):
     def _close_own(self, timeout: float | None) -> None:
         was = self.stream.close()  # every later op is refused; closing frees what was batched
         self.connection.life.forget(self.id)  # (its CLOSE answers to the connection alone)
+        self.connection.forget_session(self.id)  # (nor is it resumed at a takeover)
         try:
             if was is OPEN:  # (a lost session is gone on the broker: nothing to tell it)
                 if self.unpinning:  # (back to the pool: retired, were they pinned at the end)
@@ -270,7 +274,8 @@ class Session(ArrayNamespace):
         self._make_room(timeout)
         sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
         stream.send_batch(lambda submit: sent.append(connection.send_request(
-            protocol.request_message(self.id, {**body, "ops": submit.body["ops"]},
+            protocol.request_message(self.id, {**body, "ops": submit.body["ops"],
+                                               "seq": submit.body["seq"]},
                                      submit.buffers))))
         return sent[0]
 
@@ -544,14 +549,15 @@ def dial(address: str, token: str, device: int, timeout: float, curve: CurveClie
          max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
          connection_file: str | None = None,
          shared_memory: SharedMemory | None = SharedMemory(),
-         hello_timeout: float | None = None) -> Session:
+         hello_timeout: float | None = None, brokers: Sequence[str] = ()) -> Session:
     """A session on ``device`` of the broker at ``address``, over a new connection
     (``connection_file``: where the address came from, if a file; ``shared_memory``: how
     large arrays use it with a worker on this host, None: never; ``hello_timeout``: the
-    handshake's deadline where it is shorter than ``timeout``, its calls')."""
+    handshake's deadline where it is shorter than ``timeout``, its calls'; ``brokers``: the
+    pair ``address`` belongs to, whose other broker takes the session up at a takeover)."""
     opening = timeout if hello_timeout is None else hello_timeout
     connection = Connection(address, token, handshake_limit=min(opening, ZMTP_HANDSHAKE_LIMIT),
                             curve=curve, max_message_bytes=max_message_bytes,
-                            shared_memory=shared_memory)
+                            shared_memory=shared_memory, brokers=list(brokers))
     with naming_connection_file(connection_file):
         return open_session(connection, token, device, timeout, opening)

@@ -17,7 +17,8 @@
     │       ├── TooManySessions
     │       └── BrokerPassive        the other broker of the pair serves
     ├── SessionLost                  an open session ended (its worker, broker or link died)
-    │   └── SessionClosed            its user closed it
+    │   ├── SessionClosed            its user closed it
+    │   └── ResumeRefused            not resumed after a broker takeover (reason)
     ├── MessageTooLarge
     ├── RequestTimeout
     ├── RemoteError                  an op failed on the device
@@ -172,6 +173,14 @@ class SessionClosed(SessionLost):
     open a new one. A ``SessionLost``, so that handlers of a session's end see it too."""
 
     code = "session_closed"
+
+
+class ResumeRefused(SessionLost):
+    """A session could not be resumed on the broker that took over from its own: its worker
+    did not report it (the worker died too, or held it past its grace), or the session id
+    came without its secret or token. ``reason`` says which; the session is gone."""
+
+    code = "resume_refused"
 
 
 class TooManySessions(HandshakeError):

@@ -39,6 +39,9 @@ DEFAULT_MAX_SESSIONS_PER_DEVICE = 1024
 # A broker pair's state heartbeats (broker.pair): the ZeroMQ guide's Binary Star values.
 DEFAULT_PAIR_HEARTBEAT = 1.0  # seconds between them
 DEFAULT_PAIR_LIVENESS = 2  # missed before the peer counts as gone
+# A takeover's sessions (``fabric.core.resume``): a worker keeps them this long for the broker
+# that takes over, which keeps the reported ones as long for their clients.
+DEFAULT_RESUME_GRACE = 30.0
 # A client flushes its op batch at MAX_BATCH_ENTRIES entries or once its uploaded buffers
 # reach MAX_BATCH_BYTES (``fabric.arrays.stream`` says why these sizes). That bounds one message,
 # which libzmq does not: it holds a multipart message whole before the broker sees it and

@@ -66,6 +66,11 @@ class Kind(enum.IntEnum):
     ERROR = 8  # anyone -> anyone: typed error about a session or request
     PING = 9  # liveness probe, answered by PONG
     PONG = 10
+    # client -> broker: take up a session on the broker that took over from the one that
+    # opened it (the session's secret, given at WELCOME, and the client token); RESUMED
+    # answers it as WELCOME does, with how many of its batches the device has run
+    RESUME = 11
+    RESUMED = 12
     # worker <-> broker, control
     REGISTER = 20  # worker -> broker: token, name, devices
     REGISTERED = 21  # broker -> worker
@@ -111,6 +116,10 @@ KNOWN_KINDS = frozenset(_KIND_OF)
 # - ``fabric_version`` (str) in REGISTER: the worker's fabric release, which must be the
 #   broker's;
 # - ``host`` (str) in REGISTER: the worker's host name, for the admin's views.
+# - ``sessions`` (list of [id, device, owner, secret digest, submits]) in REGISTER: the
+#   sessions a worker of a pair kept when its broker went (``workers.held_sessions``);
+#   ``owner`` (bytes) in OPEN: the digest of the client token that opened the session;
+#   ``secret`` (bytes) in OPENED and WELCOME: the session's resume secret (``RESUME``).
 # - ``bulk`` (map) in REGISTER: the worker's direct-link endpoint, ``address`` (str) and, with
 #   CURVE, ``public_key`` (z85 bytes); LINK_GRANT passes it on, with the ``ticket``, or is
 #   empty where the TRANSFER must take the broker.
@@ -123,6 +132,8 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
     Kind.REJECT: _ERROR_FIELDS,
     Kind.ERROR: _ERROR_FIELDS,
     Kind.DEVICES: {"token": str},
+    Kind.RESUME: {"token": str, "secret": bytes},
+    Kind.RESUMED: {"device": dict, "device_count": int, "server": str, "submits": int},
     Kind.DEVICE_LIST: {"devices": list, "server": str},
     Kind.REGISTER: {"token": str, "name": str, "backend": str, "devices": list},
     Kind.REGISTERED: {"server": str, "heartbeat": (int, float)},
@@ -140,6 +151,7 @@ BODY_SCHEMAS: dict[Kind, dict[str, type | tuple[type, ...]]] = {
 # client and worker send is far smaller (a HELLO is about 100 bytes; a REGISTER some 200 per
 # device), and a peer holding a token must not make the server unpack a string of 256 MiB.
 CONTROL_BODY_BYTES = {Kind.HELLO: 64 << 10, Kind.DEVICES: 64 << 10, Kind.CLOSE: 64 << 10,
+                      Kind.RESUME: 64 << 10,
                       Kind.PING: 64 << 10, Kind.ADMIN: 64 << 10, Kind.REGISTER: 1 << 20}
 # The labels of each kind that a peer chooses (optional or not): each is a str of at most
 # MAX_LABEL_CHARS, or a ProtocolError (one that is not a str is the schema's business).

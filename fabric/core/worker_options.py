@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
-from .flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES
+from .flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RESUME_GRACE
 from .parallel_copy import default_min_bytes, default_threads
 from .security import CurveClient
 from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
@@ -135,6 +135,9 @@ class WorkerOptions:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     hwm: int = DEFAULT_HWM
     give_up_after: float | None = None
+    # Seconds a worker of a pair keeps its sessions after its broker went, for the broker
+    # that takes over (``workers.control``); then it drops them.
+    resume_grace: float = DEFAULT_RESUME_GRACE
     bulk_host: str | None = "auto"
     shared_memory: bool = True
     shared_memory_limit: int = DEFAULT_POOL_BYTES

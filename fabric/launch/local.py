@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from fabric.arrays.html_repr import one_line, table
 from fabric.client.admin import Admin
 from fabric.client.dashboard import dashboard_address
-from fabric.client.failover import first_active
+from fabric.transport.failover import first_active
 from fabric.client.session import Session, dial
 from fabric.core.addresses import advertised
 from fabric.core.config import new_token, write_admin_file, write_connection_file
@@ -441,8 +441,10 @@ class LocalCluster(Supervision):
 
     def connect(self, device: int = 0, timeout: float = 10.0) -> Session:
         """Open a session on ``device`` of this cluster (through its active broker)."""
-        return first_active(self.brokers.split(","), timeout, lambda address, left: dial(
-            address, self.token, device, timeout, self.curve, hello_timeout=left))
+        brokers = self.brokers.split(",")
+        return first_active(brokers, timeout, lambda address, left: dial(
+            address, self.token, device, timeout, self.curve, hello_timeout=left,
+            brokers=brokers))
 
     def devices(self) -> list[Device]:
         """Every device registered with this cluster's (active) broker."""

@@ -6,6 +6,9 @@ monitor turns "nothing listening", "closed before WELCOME" and "not a ZeroMQ pee
 typed errors at once instead of waiting for the timeout. Sessions and admins share it.
 Whether the connection and each session it carries may still be used is their lives' to say
 (``fabric.core.session_life``): the monitor loses the connection, the pending table a session.
+A connection to a broker pair (``brokers``) that loses its broker after the handshake does
+not lose its sessions: the wait that saw it resumes them on the other broker and sends again
+what had no answer (``fabric.transport.takeover``), with the deadline moved on by as long.
 """
 
 from __future__ import annotations
@@ -48,7 +51,9 @@ from fabric.core.sockets import (
     recv_monitor_event,
     send_frames,
 )
+from fabric.transport import takeover
 from fabric.transport.pending import PendingTable
+from fabric.transport.unanswered import Unanswered
 
 # How long libzmq may take for its own greeting: a peer that accepts TCP but never speaks
 # ZeroMQ (an HTTP server, say) is found out this fast rather than at the full timeout.
@@ -69,8 +74,13 @@ class Connection:
     def __init__(self, address: str, token: str | None, *, role: str = "client",
                  handshake_limit: float = ZMTP_HANDSHAKE_LIMIT, curve: CurveClient | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 shared_memory: SharedMemory | None = None) -> None:
+                 shared_memory: SharedMemory | None = None, brokers: list[str] = ()) -> None:
         self.address = address
+        self.token = token
+        # A pair's brokers (this one among them), for a takeover: each session's resume
+        # secret, and what it sent without an answer (``fabric.transport.takeover``)
+        self.brokers = list(brokers) if len(brokers) > 1 else []
+        self.resume_keys: dict[int, bytes] = {}
         self.shared_memory = shared_memory  # (sets bulk_elements)
         self.segments: SegmentPool | None = None  # made at a session's first bulk transfer
         self.role = role  # whose token it shows: "client" or "admin"
@@ -79,6 +89,8 @@ class Connection:
         # loss's error); the pending table loses a session the broker says is lost.
         self.life = ConnectionLife()
         self.pending = PendingTable(self.life)
+        self.unanswered = Unanswered(lambda session: self.pending.done.get(session, 0),
+                                     self.pending.waits_for) if self.brokers else None
         self._thread = threading.get_ident()
         self._context = zmq.Context.instance()
         self.socket = self._context.socket(zmq.DEALER)
@@ -122,9 +134,17 @@ class Connection:
     def send(self, message: Message) -> None:
         """Queue a message to the broker (no reply expected)."""
         self._send(message)
+        if self.brokers:  # a client that only streams ops finds its broker gone here too
+            self._watch_monitor()
         # Read what has come meanwhile: a client that only streams ops still reads, so the
         # broker never holds messages for it (it cuts off clients that leave them unread).
         self._drain()
+
+    def _watch_monitor(self) -> None:
+        """Act on the monitor's events that have come, without waiting for any."""
+        while zmq.zmq_poll([(self._monitor, POLLIN)], 0):
+            if self._on_event(recv_monitor_event(self._monitor)):
+                return
 
     def _send(self, message: Message) -> None:
         """Queue a message, or raise why the connection or its session cannot take it."""
@@ -136,6 +156,8 @@ class Connection:
             raise error
         try:
             send_frames(self.socket, protocol.encode(message))
+            if self.unanswered is not None:
+                self.unanswered.sent(message)
         except zmq.Again:
             raise RequestTimeout(
                 f"The broker at {self.address} took none of the {SEND_QUEUE} queued messages "
@@ -206,7 +228,10 @@ class Connection:
                 raise timeout_error(deadline)
             for sock, _ in zmq.zmq_poll(self._poll_items, int(remaining * 1000)):
                 if sock is self._monitor:
-                    self._on_event(recv_monitor_event(self._monitor))
+                    started = time.monotonic()
+                    if self._on_event(recv_monitor_event(self._monitor)):
+                        deadline += time.monotonic() - started  # (a takeover's time)
+                        break  # (the poll's sockets are the old ones)
                 else:  # one message (the poll saw it come: no check first);
                     self._receive()  # more that came are read as the loop goes on
 
@@ -241,16 +266,21 @@ class Connection:
         self.established = True
         self.pending.on_message(message)
 
-    def _on_event(self, event: dict[str, Any]) -> None:
+    def _on_event(self, event: dict[str, Any]) -> bool:
+        """Act on a monitor event; whether a takeover moved the connection to another
+        broker."""
         kind = event["event"]
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED or kind == zmq.EVENT_CONNECTED:
-            return
+            return False
         if self.established:
+            if kind == zmq.EVENT_DISCONNECTED and self.resume_keys and self.brokers:
+                takeover.take_over(self)
+                return True
             if kind == zmq.EVENT_DISCONNECTED:
                 self.life.lose(SessionLost(
                     f"The connection to the broker at {self.address} was lost: its sessions "
                     "are gone. Open a new session once the broker is back."))
-            return
+            return False
         security = handshake_error(kind, event["value"], self.address,
                                    encrypted=self.curve is not None, role=self.role)
         if security is not None:  # ZeroMQ is silent about these but for this event
@@ -272,6 +302,37 @@ class Connection:
                 f"Server disconnected during initialization: {self.address} closed the "
                 "connection before the broker answered. Check that the address is a fabric "
                 "broker's frontend and read the broker's log."))
+        return False
+
+    # -- a takeover (``fabric.transport.takeover``) ------------------------------------------
+
+    def adopt(self, fresh: "Connection") -> None:
+        """Go on over ``fresh``'s socket (a connection to the broker that took over), this
+        connection's own closed."""
+        self._close_socket()
+        self.address, self.socket, self._monitor = fresh.address, fresh.socket, fresh._monitor
+        self._poll_items = fresh._poll_items
+        self._message_waits = fresh._message_waits
+        self.socket.setsockopt(zmq.SNDTIMEO, int(self.send_timeout * 1000))
+        fresh.life.close()  # (its socket is this connection's now: never closed by it)
+
+    def resumed(self, session: int, submits: int) -> None:
+        """The broker that took over resumed ``session``, whose device ran ``submits`` of its
+        batches: what it sent without an answer goes again."""
+        self.pending.done[session] = max(submits, self.pending.done.get(session, 0))
+        for message in self.unanswered.again(session, submits):
+            self._send(message)
+
+    def lose_session(self, session: int, error: FabricError) -> None:
+        """``session`` could not be resumed, for ``error``."""
+        self.life.lose_session(session, error)
+        self.forget_session(session)
+
+    def forget_session(self, session: int) -> None:
+        """A session closed or was lost: it is not resumed at a takeover."""
+        self.resume_keys.pop(session, None)
+        if self.unanswered is not None:
+            self.unanswered.forget(session)
 
     @property
     def shared_memory(self) -> SharedMemory | None:
@@ -296,6 +357,9 @@ class Connection:
             return
         if self.segments is not None:
             self.segments.close()
+        self._close_socket(linger)
+
+    def _close_socket(self, linger: float = 0.0) -> None:
         try:
             self.socket.disable_monitor()
         except zmq.ZMQError:

@@ -49,6 +49,10 @@ class PendingTable:
                 self.life.lose_session(message.session, error)
         # Anything else (a liveness PING, a reply to a request given up on) needs no answer.
 
+    def waits_for(self, request: int) -> bool:
+        """Whether ``request``'s reply is awaited (not come, nor given up on)."""
+        return request in self._waiting
+
     def take(self, request: int) -> Message | None:
         """The reply to ``request`` if it has arrived."""
         return self._replies.pop(request, None)

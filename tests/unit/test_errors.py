@@ -34,6 +34,7 @@ STABLE_CODES = {
     "MessageTooLarge": "message_too_large",
     "SessionLost": "session_lost",
     "SessionClosed": "session_closed",
+    "ResumeRefused": "resume_refused",
     "RequestTimeout": "timeout",
     "RemoteError": "remote_error",
     "QuotaExceeded": "quota_exceeded",

@@ -1,4 +1,4 @@
-"""Which broker of a pair a client ends on (``fabric.client.failover``), with a fake attempt:
+"""Which broker of a pair a client ends on (``fabric.transport.failover``), with a fake attempt:
 what moves it on, what is the answer, and how it fails."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Callable
 
 import pytest
 
-from fabric.client.failover import broker_list, first_active
+from fabric.transport.failover import broker_list, first_active
 from fabric.core.errors import (AuthenticationError, BrokerPassive, ConnectError, DeviceOffline,
                                 NoActiveBroker, ServerDisconnected, WrongPort)
 

@@ -7,7 +7,7 @@ import pytest
 
 from fabric.broker.model import Side
 from fabric.broker.pair import Beat, Pair, State
-from fabric.core.errors import BrokerPassive, NoSuchDevice, SessionLost, error_from_wire
+from fabric.core.errors import BrokerPassive, HandshakeError, SessionLost, error_from_wire
 from fabric.core.protocol import Kind
 
 from test_registry import (A, C1, CLIENT_TOKEN, decoded, frames, hello, make_registry,
@@ -40,7 +40,7 @@ def test_a_passive_broker_refuses_hellos_device_lists_and_registrations():
 def test_a_passive_broker_takes_over_at_a_knock_past_the_bound_and_says_it_is_settling():
     registry = make_registry()
     pair = passive_backup(registry)
-    _, error = rejected(hello(registry, C1, 0x11, now=BOUND), C1, NoSuchDevice)
+    _, error = rejected(hello(registry, C1, 0x11, now=BOUND), C1, HandshakeError)
     assert pair.serving and pair.takeovers == 1
     assert error.details["settling"] is True and "retry in a moment" in error.message
     # Its workers register, and the next HELLO opens a session.

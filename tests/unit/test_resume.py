@@ -1,0 +1,252 @@
+"""Resuming sessions after a takeover, sans I/O (``fabric.core.resume``, ``broker.resume``,
+the worker's control machine and executor): what a worker reports, what a broker makes of
+it, who may resume, the settling, and what a device never runs twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabric.broker.model import SessionPhase, Side
+from fabric.broker.pair import Beat, Pair, State
+from fabric.core.errors import HandshakeError, ResumeRefused
+from fabric.core.protocol import Kind, Message
+from fabric.core.resume import (RECORD_BYTES, RECORD_REPLIES, HeldSession, ReplyRecord,
+                                decode_reports, digest, new_secret, secret_matches)
+from fabric.workers.backends.numpy_backend import NumpyDevice
+from fabric.workers.control import Connect, Control, Drop, Send
+from fabric.workers.executor import Executor
+
+from test_registry import (CLIENT_TOKEN, LIMITS, decoded, frames, make_registry, only,
+                           register_frames, rejected)
+
+pytestmark = pytest.mark.timeout(60)
+
+C1, C2 = b"client-1", b"client-2"
+W = b"worker-a"
+SECRET = new_secret()
+OWNER = digest(CLIENT_TOKEN.encode())
+
+
+def report(session: int = 0x51, secret: bytes = SECRET, owner: bytes = OWNER,
+           submits: int = 7) -> list:
+    return HeldSession(session, 0, owner, digest(secret), submits).to_wire()
+
+
+def registered_with(registry, reports: list, now: float = 1.0) -> None:
+    body = register_frames("a", [{"n": 0}])
+    message = decoded_body(body)
+    message["sessions"] = reports
+    registry.from_worker(W, frames(Kind.REGISTER, body=message), now)
+
+
+def decoded_body(register: list) -> dict:
+    from fabric.core import protocol
+    return dict(protocol.decode(register).body)
+
+
+def resume(registry, client: bytes, session: int, secret: bytes, now: float = 1.5,
+           token: str = CLIENT_TOKEN) -> list:
+    return registry.from_client(client, frames(Kind.RESUME, session, 9,
+                                               {"token": token, "secret": secret}), now)
+
+
+def test_reports_become_resumable_sessions_that_only_their_secret_resumes():
+    registry = make_registry()
+    registered_with(registry, [report(), report(0x52, owner=digest(b"another token"))])
+    session = registry.sessions[0x51]
+    assert session.phase is SessionPhase.RESUMABLE and 0x52 not in registry.sessions
+    assert registry.counters["resume_reports_refused"] == 1
+    # A session id alone, or with a wrong secret, never resumes: refused late, counted.
+    for secret in (b"", new_secret()):
+        sends = resume(registry, C2, 0x51, secret)
+        assert all(send.not_before > 1.5 for send in sends)
+        _, error = rejected(sends, C2, ResumeRefused)
+        assert error.details["reason"] == "wrong_secret"
+    assert registry.counters["resumes_refused"] == 2
+    assert session.phase is SessionPhase.RESUMABLE
+    # Its own client's secret resumes it, with the batches its device ran.
+    resumed = only(resume(registry, C1, 0x51, SECRET), Side.FRONTEND, C1, Kind.RESUMED)
+    assert resumed.body["submits"] == 7 and resumed.request == 9
+    assert session.phase is SessionPhase.OPEN and session.client == C1
+    # Resumed, its data is routed; a second RESUME (any secret) is refused.
+    assert registry.from_client(C1, frames(Kind.REQUEST, 0x51, 3, {"op": "sync"}), 1.6)
+    rejected(resume(registry, C2, 0x51, SECRET, now=1.7), C2, ResumeRefused)
+
+
+def test_a_session_no_worker_reported_is_refused_with_the_reason():
+    registry = make_registry((W, "a", 1))
+    _, error = rejected(resume(registry, C1, 0x77, SECRET), C1, ResumeRefused)
+    assert error.details["reason"] == "not_reported" and "--resume-grace" in error.message
+
+
+def test_an_unclaimed_session_ends_at_its_grace_and_is_closed_on_its_worker():
+    registry = make_registry()
+    registered_with(registry, [report()])
+    sends = registry.tick(1.0 + LIMITS.resume_grace + 0.1)
+    assert 0x51 not in registry.sessions
+    close = [s for s in sends if s.side is Side.WORKERS and decoded(s).kind == Kind.CLOSE]
+    assert decoded(close[0]).session == 0x51
+    assert registry.counters["sessions_not_resumed"] == 1
+
+
+def test_a_broker_that_took_over_settles_until_the_known_tables_workers_report():
+    registry = make_registry()
+    registry.from_worker(W, register_frames("a", [{"n": 0}]), 0.0)  # the table: worker a
+    registry.from_worker(b"worker-b", register_frames("b", [{"n": 0}]), 0.0)
+    for identity in (W, b"worker-b"):
+        registry.unroutable(Side.WORKERS, identity, 0.1)  # both gone: the table stays
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)
+    registry.pair.on_peer(Beat(State.ACTIVE, 1, True), now=0.0)
+    hello = frames(Kind.HELLO, 0x11, 1, {"token": CLIENT_TOKEN, "device": 0})
+    _, error = rejected(registry.from_client(C1, hello, 2.5), C1, HandshakeError)
+    assert error.details["settling"]
+    registered_with(registry, [report()], now=2.6)  # a reports; b does not yet
+    _, error = rejected(resume(registry, C1, 0x99, SECRET, now=2.7), C1, HandshakeError)
+    assert error.details["settling"]  # (b may hold it)
+    only(resume(registry, C1, 0x51, SECRET, now=2.7), Side.FRONTEND, C1, Kind.RESUMED)
+    # Past the settle time, b is declared lost: clients are served.
+    late = 2.5 + LIMITS.settle_time + 0.1
+    _, error = rejected(resume(registry, C1, 0x99, SECRET, now=late), C1, ResumeRefused)
+    sends = registry.from_client(C1, hello, late)
+    assert decoded(sends[0]).kind == Kind.OPEN
+
+
+def test_the_secret_passes_the_broker_from_opened_to_welcome():
+    registry = make_registry((W, "a", 1))
+    open_message = decoded(registry.from_client(C1, frames(
+        Kind.HELLO, 0x21, 1, {"token": CLIENT_TOKEN, "device": 0}), 0.0)[0])
+    assert open_message.body["owner"] == OWNER
+    welcome = only(registry.from_worker(W, frames(Kind.OPENED, 0x21, open_message.request,
+                                                  {"secret": SECRET}), 0.1),
+                   Side.FRONTEND, C1, Kind.WELCOME)
+    assert welcome.body["secret"] == SECRET
+    assert repr(SECRET) not in repr(registry.sessions[0x21])  # (nothing kept of it)
+
+
+def test_reports_are_checked_and_bounded():
+    good = report()
+    assert decode_reports([good, [1, 2], "x", [0, 0, OWNER, OWNER, 1],
+                           [5, 3, OWNER, OWNER, 1]], devices=1) == [HeldSession(*good)]
+    assert decode_reports({"a": 1}, devices=1) == []
+    assert secret_matches(SECRET, digest(SECRET)) and not secret_matches("text", digest(SECRET))
+
+
+def test_the_reply_record_answers_a_repeated_id_within_its_bounds():
+    record = ReplyRecord()
+    record.keep(1, ["reply-1"], 10)
+    assert record.get(1) == ["reply-1"] and record.get(2) is None
+    record.keep(2, ["too large"], RECORD_BYTES + 1)
+    assert record.get(2) is None
+    for request in range(3, 3 + RECORD_REPLIES):
+        record.keep(request, [request], 1)
+    assert len(record) == RECORD_REPLIES and record.get(1) is None
+
+
+def executor_with_session() -> tuple[Executor, bytes]:
+    executor = Executor(NumpyDevice(0))
+    executor.records_replies = True  # (a pair's worker)
+    [opened] = executor.handle(Message(Kind.OPEN, 0x31, 1, {"device": 0, "owner": OWNER}))
+    return executor, opened.body["secret"]
+
+
+def test_a_device_never_runs_a_batch_or_a_request_twice():
+    executor, secret = executor_with_session()
+    session = executor.sessions[0x31]
+    assert session.owner == OWNER and secret_matches(secret, session.secret_digest)
+    batch = {"ops": [["full", 1, [], {"shape": [2], "dtype": "<f8", "fill_value": 1.0}]]}
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, {**batch, "seq": 1}))
+    add = {"ops": [["full", 2, [], {"shape": [2], "dtype": "<f8", "fill_value": 2.0}]],
+           "seq": 2, "op": "read", "id": 2}
+    [first] = executor.handle(Message(Kind.REQUEST, 0x31, 5, add))
+    ran = session.ops
+    # Sent again after a resume: the batch is skipped, the request answered from the record.
+    credit = executor.handle(Message(Kind.SUBMIT, 0x31, 0, {**batch, "seq": 1}))
+    assert [m.kind for m in credit] == [Kind.CREDIT] and credit[0].body["done"] == 2
+    [again] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {**add, "again": True}))
+    assert again is first and session.ops == ran and session.submits == 2
+
+
+def control(grace: float = 5.0) -> Control:
+    ids = iter(range(1000))
+    return Control({"token": "t", "name": "w", "backend": "numpy", "devices": [{}],
+                    "max_message_bytes": 1 << 20}, broker="tcp://a:1,tcp://b:1",
+                   encrypted=False, heartbeat=0.1, liveness=3, resume_grace=grace,
+                   new_identity=lambda: b"id-%d" % next(ids), host_not_resolving=lambda _: None,
+                   held=lambda: [HeldSession(*report())])
+
+
+def registered(machine: Control, now: float) -> None:
+    from fabric.core import protocol
+    machine.on_beacon_up(now)
+    machine.tick(now + 0.25)
+    machine.on_message(protocol.encode(Message(Kind.REGISTERED, 0, 0, {
+        "server": "s", "heartbeat": 0.1})), now + 0.25)
+
+
+def test_a_pairs_worker_keeps_its_sessions_for_the_grace_and_reports_them():
+    machine = control()
+    machine.start(0.0)
+    registered(machine, 0.0)
+    [connect] = machine.on_disconnected(2.0)
+    assert isinstance(connect, Connect) and connect.keep and machine.broker == "tcp://b:1"
+    machine.on_beacon_up(2.0)
+    [register] = [a for a in machine.tick(2.25) if isinstance(a, Send)]
+    assert register.message.body["sessions"] == [report()]
+    # No broker takes it within the grace: the sessions are dropped.
+    machine.registered = False
+    assert any(isinstance(a, Drop) for a in machine.tick(7.5))
+    assert machine.holding_since is None
+
+
+def test_a_single_brokers_worker_keeps_nothing():
+    machine = Control({"token": "t", "name": "w", "backend": "numpy", "devices": [{}],
+                       "max_message_bytes": 1 << 20}, broker="tcp://a:1", encrypted=False,
+                      heartbeat=0.1, liveness=3, resume_grace=5.0,
+                      host_not_resolving=lambda _: None)
+    machine.start(0.0)
+    registered(machine, 0.0)
+    [connect] = machine.on_disconnected(2.0)
+    assert not connect.keep
+
+
+def test_the_metrics_count_the_sessions_reported_resumed_and_refused():
+    from fabric.broker.metrics import families, figures
+
+    registry = make_registry()
+    registered_with(registry, [report(), report(0x52)])
+    resume(registry, C2, 0x51, b"wrong")
+    resume(registry, C1, 0x51, SECRET)
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)  # (its figures)
+    samples = {sample.name: sample.value
+               for family in families(figures(registry, 2.0, 0)) for sample in family.samples
+               if "resum" in sample.name or "reported" in sample.name}
+    assert samples["fabric_pair_sessions_reported_total"] == 2
+    assert samples["fabric_pair_sessions_resumed_total"] == 1
+    assert samples["fabric_pair_resumes_refused_total"] == 1
+
+
+def test_without_a_known_table_an_unreported_session_waits_out_the_settle_time():
+    registry = make_registry()
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)
+    registry.pair.on_peer(Beat(State.ACTIVE, 1, True), now=0.0)
+    registered_with(registry, [report()], now=2.5)  # the takeover; no table to wait for
+    only(resume(registry, C1, 0x51, SECRET, now=2.6), Side.FRONTEND, C1, Kind.RESUMED)
+    hello = frames(Kind.HELLO, 0x11, 1, {"token": CLIENT_TOKEN, "device": 0})
+    assert decoded(registry.from_client(C1, hello, 2.6)[0]).kind == Kind.OPEN
+    # Another worker may still report 0x99: asked again until the settle time is over.
+    _, error = rejected(resume(registry, C1, 0x99, SECRET, now=2.7), C1, HandshakeError)
+    assert error.details["settling"]
+    late = 2.5 + LIMITS.settle_time + 0.1
+    _, error = rejected(resume(registry, C1, 0x99, SECRET, now=late), C1, ResumeRefused)
+    assert error.details["reason"] == "not_reported"
+
+
+def test_a_register_reporting_the_most_sessions_stays_within_its_bound():
+    from fabric.core.protocol import CONTROL_BODY_BYTES, pack_body
+    from fabric.core.resume import MAX_REPORTED
+
+    largest = HeldSession(2**64 - 1, 255, OWNER, OWNER, 2**62).to_wire()
+    devices = [{"n": i, "memory": 2**40} for i in range(64)]
+    body = pack_body({"token": "t" * 64, "name": "w" * 64, "backend": "numpy",
+                      "devices": devices, "sessions": [largest] * MAX_REPORTED})
+    assert len(body) < CONTROL_BODY_BYTES[Kind.REGISTER]
