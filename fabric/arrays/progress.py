@@ -86,18 +86,12 @@ def _reporter(progress: Progress, total: int, what: str) -> Iterator[Callable[[i
         yield lambda done: bar.update(done - bar.n)
 
 
-def wait_showing(wait: Callable[[float, bool], Result], timeout: float,
+def wait_showing(wait: Callable[[float, bool], Result], remaining: float,
                  what: Callable[[], str]) -> Result:
-    """``wait(seconds, keep)``'s result, waited for up to ``timeout`` in all: a bar of the
-    time waited, named ``what()``, shows after ``WAIT_BEFORE_BAR`` where a person watches.
-    ``wait`` raises RequestTimeout when its ``seconds`` pass, keeping what it waits for where
-    ``keep`` (so that it may be waited for again)."""
-    try:  # (the common case, an answer within the second, pays only this)
-        return wait(min(timeout, WAIT_BEFORE_BAR), timeout > WAIT_BEFORE_BAR)
-    except RequestTimeout:
-        if timeout <= WAIT_BEFORE_BAR:
-            raise
-    remaining = timeout - WAIT_BEFORE_BAR
+    """``wait(seconds, keep)``'s result, waited for up to ``remaining`` more seconds by a wait
+    that has lasted ``WAIT_BEFORE_BAR`` already: a bar of the time waited, named ``what()``,
+    shows where a person watches. ``wait`` raises RequestTimeout when its ``seconds`` pass,
+    keeping what it waits for where ``keep`` (so that it may be waited for again)."""
     if not (_bars_on and watched()):
         return wait(remaining, False)
     from tqdm.auto import tqdm

@@ -93,6 +93,10 @@ class OpStream:
         # session's life, or a life of the stream's own (a graph tracer's)
         self.life = SessionLife(session_id) if life is None else life
         self.ids = itertools.count(1)  # tensor ids (``push``)
+        # Whether each batch carries its sequence number: a broker pair's session, whose
+        # batches may be sent again after a takeover (``fabric.core.resume``); a lone
+        # broker's never are, and its reads do not pay for the key
+        self.numbered = False
         self.sent_through = 0  # every tensor of an id up to this was made by a batch sent
         self.batch: list[Any] = []  # ops, and ids of tensors freed
         self.buffers: list[Any] = []  # the batch's uploads, by their ops' "buffer" number
@@ -229,10 +233,10 @@ class OpStream:
         batch, self.batch = self.batch, []
         freed = len(self.freed)  # (each free in the batch is in both lists)
         try:
-            # (its sequence number: a device that ran it already skips it when it comes
-            # again, sent again after a takeover: ``fabric.core.resume``)
-            send(Message(Kind.SUBMIT, self.session_id, 0,
-                         {"ops": batch, "seq": self.counts["batches_sent"] + 1}, self.buffers))
+            body = {"ops": batch}
+            if self.numbered:  # (a device that ran it already skips it when it comes again)
+                body["seq"] = self.counts["batches_sent"] + 1
+            send(Message(Kind.SUBMIT, self.session_id, 0, body, self.buffers))
         except BaseException:
             self.batch = batch + self.batch
             raise

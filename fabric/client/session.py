@@ -24,7 +24,7 @@ from fabric.arrays.creation import ArrayNamespace
 from fabric.arrays.device_warnings import issue_warnings
 from fabric.arrays.html_repr import byte_text, one_line, table
 from fabric.arrays.origins import origin_line
-from fabric.arrays.progress import wait_showing
+from fabric.arrays.progress import WAIT_BEFORE_BAR, wait_showing
 from fabric.arrays.tensor import Tensor
 from fabric.core import protocol
 from fabric.core.device import Device
@@ -68,6 +68,7 @@ class Session(ArrayNamespace):
         secret = welcome.body.get("secret")
         if isinstance(secret, bytes) and connection.brokers:  # (resumed at a takeover)
             connection.resume_keys[session_id] = secret
+            self.stream.numbered = True
         self.device_count: int = welcome.body["device_count"]
         self.server: str = welcome.body["server"]
         # The largest array this session may upload in one piece: every socket on the way
@@ -274,15 +275,22 @@ class Session(ArrayNamespace):
         self._make_room(timeout)
         sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
         stream.send_batch(lambda submit: sent.append(connection.send_request(
-            protocol.request_message(self.id, {**body, "ops": submit.body["ops"],
-                                               "seq": submit.body["seq"]},
-                                     submit.buffers))))
+            protocol.request_message(self.id, {**body, **submit.body}, submit.buffers))))
         return sent[0]
 
     def _reply(self, request: int, timeout: float | None = None) -> Message:
-        reply = wait_showing(lambda seconds, keep: self.connection.wait_for_reply(
-            request, seconds, session=self.id, keep_on_timeout=keep),
-            self.timeout if timeout is None else timeout, self._waiting_for)
+        timeout = self.timeout if timeout is None else timeout
+        longer = timeout > WAIT_BEFORE_BAR  # (no min(): every read pays for this)
+        try:  # the common case, an answer within WAIT_BEFORE_BAR, pays only this
+            reply = self.connection.wait_for_reply(
+                request, WAIT_BEFORE_BAR if longer else timeout, session=self.id,
+                keep_on_timeout=longer)
+        except RequestTimeout:
+            if not longer:
+                raise
+            reply = wait_showing(lambda seconds, keep: self.connection.wait_for_reply(
+                request, seconds, session=self.id, keep_on_timeout=keep),
+                timeout - WAIT_BEFORE_BAR, self._waiting_for)
         self.stream.counts["round_trips"] += 1
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
