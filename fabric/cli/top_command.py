@@ -8,6 +8,7 @@ of the last two; failures end as ``fabric admin``'s do, with its exit codes.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -17,6 +18,8 @@ from fabric.cli.admin_commands import (ADMIN_EXIT_CODES, admin_target_options, d
                                        open_admin, size_text)
 from fabric.cli.options import with_options
 from fabric.client.top import snapshot, view
+
+_STOP_CHECK = 0.05  # seconds between looks at whether Ctrl-C came, while a frame is waited for
 
 if TYPE_CHECKING:  # rich is imported when drawing: every other fabric command starts without it
     from rich.console import Group
@@ -141,31 +144,41 @@ def top(once: bool, as_json: bool, interval: float, **options: Any) -> None:
         raise click.UsageError("--json prints one frame: give --once with it.")
     console = Console()
     with open_admin(options, "fabric top") as admin:
-        frames = _frames(admin, interval)
         if once:
-            frame = next(frames)
+            frame = next(_frames(admin, interval, []))
             if as_json:
                 click.echo(json.dumps(frame, indent=2))
             else:
                 console.print(render(frame, console.width))
             return
+        # Ctrl-C ends the view between frames: its handler only says so, as an exception
+        # raised where Python cannot pass it on (a __del__ it happens to run in) would be
+        # lost, and the view would go on (seen in CI: a view not ended 30 s after SIGINT)
+        stopped: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda signum, _: stopped.append(signum))
         try:
+            frames = _frames(admin, interval, stopped)
             if not console.is_terminal:  # (a live view would draw nothing there)
                 for frame in frames:
                     console.print(render(frame, console.width), "")
                     console.file.flush()
+                return
             with Live(console=console, auto_refresh=False) as live:
                 for frame in frames:
                     live.update(render(frame, console.width), refresh=True)
-        except KeyboardInterrupt:
-            pass
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
 
-def _frames(admin: Any, interval: float) -> Iterator[dict[str, Any]]:
+def _frames(admin: Any, interval: float, stopped: list[int]) -> Iterator[dict[str, Any]]:
     """The view's frames, one an ``interval`` (the first after one: a rate needs two
-    snapshots)."""
+    snapshots), until ``stopped`` holds a signal."""
     after = snapshot(admin)
     while True:
-        time.sleep(max(0.0, after["at"] + interval - time.monotonic()))
+        due = after["at"] + interval
+        while not stopped and time.monotonic() < due:  # (a signal ends the wait early)
+            time.sleep(min(_STOP_CHECK, max(0.0, due - time.monotonic())))
+        if stopped:
+            return
         before, after = after, snapshot(admin)
         yield view(before, after)
