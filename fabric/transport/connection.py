@@ -306,6 +306,13 @@ class Connection:
 
     # -- a takeover (``fabric.transport.takeover``) ------------------------------------------
 
+    def sibling(self, address: str, *, handshake_limit: float) -> "Connection":
+        """A new connection to ``address`` (another broker of the pair) as this one was made:
+        its token, keys and message bound."""
+        return Connection(address, self.token, curve=self.curve,
+                          max_message_bytes=self.max_message_bytes,
+                          handshake_limit=handshake_limit)
+
     def adopt(self, fresh: "Connection") -> None:
         """Go on over ``fresh``'s socket (a connection to the broker that took over), this
         connection's own closed."""

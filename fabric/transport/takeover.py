@@ -29,8 +29,6 @@ TAKEOVER_LIMIT = 30.0  # seconds a takeover may take before the sessions are los
 
 def take_over(connection: Any) -> None:
     """Resume ``connection``'s sessions on the other broker of its pair (see the rule)."""
-    from fabric.transport.connection import Connection  # (which calls this module)
-
     keys = {session: secret for session, secret in connection.resume_keys.items()
             if connection.life.sessions.get(session) is not None
             and connection.life.sessions[session].phase is OPEN}
@@ -40,9 +38,7 @@ def take_over(connection: Any) -> None:
         connection.brokers[:connection.brokers.index(lost) + 1]
 
     def attempt(address: str, seconds: float) -> tuple[Any, dict[int, Any]]:
-        fresh = Connection(address, connection.token, curve=connection.curve,
-                           max_message_bytes=connection.max_message_bytes,
-                           handshake_limit=min(seconds, 1.5))
+        fresh = connection.sibling(address, handshake_limit=min(seconds, 1.5))
         try:
             answers = {}
             for session, secret in keys.items():
