@@ -26,6 +26,8 @@ sys.path[:0] = [str(TESTS / "unit"), str(TESTS / "cluster")]
 
 # Short heartbeats keep fault tests fast; the code paths are the same as the defaults.
 HEARTBEAT = 0.2
+# A test pair's state beats: the backup may take over after 0.6 s of the primary's silence
+PAIR_HEARTBEAT, PAIR_LIVENESS = 0.2, 3
 
 
 def child_pids() -> set[int]:
@@ -119,3 +121,15 @@ def jax_session(jax_cluster):
     """A fresh session on the jax device, closed after the test."""
     with jax_cluster.connect() as opened:
         yield opened
+
+
+def broker_pair(tmp_path: Path, *broker_args: str, workers: int = 1,
+                **cluster_args: object) -> LocalCluster:
+    """A primary and a backup broker (``LocalCluster(standby=True)``) with short heartbeats
+    and the pair's short state beats (``broker_args`` added to them), logging under
+    ``tmp_path``; a context manager, as LocalCluster is."""
+    return LocalCluster(workers=workers, standby=True, heartbeat=HEARTBEAT,
+                        log_dir=tmp_path / "logs", broker_args=(
+                            "--pair-heartbeat", str(PAIR_HEARTBEAT),
+                            "--pair-liveness", str(PAIR_LIVENESS), *broker_args),
+                        **cluster_args)

@@ -22,22 +22,18 @@ from faultproxy import stopped
 from polling import wait_for
 
 import fabric
-from conftest import HEARTBEAT
+from conftest import HEARTBEAT, PAIR_HEARTBEAT, PAIR_LIVENESS, broker_pair
 from fabric.client.admin import pair_roles
 
 pytestmark = pytest.mark.timeout(120)
 
-PAIR_HEARTBEAT, PAIR_LIVENESS = 0.2, 3
 BOUND = PAIR_HEARTBEAT * PAIR_LIVENESS  # the backup's wait before it may take over
 TAKEOVER = BOUND + 8 * HEARTBEAT + 5.0  # and the workers' move: generous on 2 loaded cores
 
 
 @pytest.fixture
 def pair(tmp_path):
-    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT,
-                             log_dir=tmp_path / "logs", broker_args=(
-            "--pair-heartbeat", str(PAIR_HEARTBEAT), "--pair-liveness", str(PAIR_LIVENESS),
-            "--lease", "1")) as cluster:
+    with broker_pair(tmp_path, "--lease", "1") as cluster:
         yield cluster
 
 
@@ -71,10 +67,7 @@ def test_an_encrypted_pair_hears_itself_and_takes_over(tmp_path):
     """With CURVE the state socket admits the pair's own key: the pair forms, and takes over."""
     keys = tmp_path / "keys"
     fabric.generate_keys(keys)
-    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT, curve=keys,
-                             log_dir=tmp_path / "logs", broker_args=(
-                                 "--pair-heartbeat", str(PAIR_HEARTBEAT),
-                                 "--pair-liveness", str(PAIR_LIVENESS))) as cluster:
+    with broker_pair(tmp_path, curve=keys) as cluster:
         path = cluster.write_connection_file(tmp_path / "cluster.json")
         with fabric.Admin(cluster.standby_address, token=cluster.admin_token,
                           curve=str(keys)) as admin:
@@ -154,11 +147,8 @@ def test_a_killed_primary_is_replaced_by_the_backup_and_new_sessions_work(pair, 
 def test_devices_keep_their_indexes_across_a_takeover(tmp_path):
     """The pair shares its state file: the backup takes the primary's numbering when it
     begins serving, whichever worker registers with it first."""
-    with fabric.LocalCluster(workers=2, standby=True, heartbeat=HEARTBEAT,
-                             log_dir=tmp_path / "logs", broker_args=(
-                                 "--pair-heartbeat", str(PAIR_HEARTBEAT),
-                                 "--pair-liveness", str(PAIR_LIVENESS),
-                                 "--state-file", str(tmp_path / "state.json"))) as cluster:
+    with broker_pair(tmp_path, "--state-file", str(tmp_path / "state.json"),
+                     workers=2) as cluster:
         path = cluster.write_connection_file(tmp_path / "cluster.json")
         before = {d.index: d.worker for d in fabric.devices(connection_file=path, timeout=5)}
         assert before == {0: "worker-0", 1: "worker-1"}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import fabric
-from conftest import HEARTBEAT
+from conftest import broker_pair
 from faultproxy import stopped
 from polling import wait_for
 from fabric.core.errors import ResumeRefused
@@ -24,16 +24,12 @@ from fabric.transport.connection import Connection
 
 pytestmark = pytest.mark.timeout(120)
 
-PAIR_HEARTBEAT, PAIR_LIVENESS = 0.2, 3
 STEPS = 400
 
 
 @pytest.fixture
 def pair(tmp_path):
-    with fabric.LocalCluster(workers=1, standby=True, heartbeat=HEARTBEAT,
-                             log_dir=tmp_path / "logs", broker_args=(
-            "--pair-heartbeat", str(PAIR_HEARTBEAT), "--pair-liveness", str(PAIR_LIVENESS),
-            "--settle", "3")) as cluster:
+    with broker_pair(tmp_path, "--settle", "3") as cluster:
         yield cluster
 
 
@@ -215,10 +211,7 @@ def test_a_session_resumed_past_a_paused_primary_goes_on_when_it_steps_down(pair
 def test_a_sharded_computation_across_a_takeover_gives_numpys_answer(tmp_path):
     """A mesh's sessions (two workers, one connection) are each resumed; the sharded
     stream goes on."""
-    with fabric.LocalCluster(workers=2, standby=True, heartbeat=HEARTBEAT,
-                             log_dir=tmp_path / "logs", broker_args=(
-            "--pair-heartbeat", str(PAIR_HEARTBEAT), "--pair-liveness", str(PAIR_LIVENESS),
-            "--settle", "3")) as cluster:
+    with broker_pair(tmp_path, "--settle", "3", workers=2) as cluster:
         start = np.linspace(-1.0, 1.0, 1000)
         with cluster.connect(timeout=30) as parent:
             mesh = parent.mesh()
