@@ -106,9 +106,9 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
     from fabric.broker.model import Limits
     from fabric.broker.server import announce_on_stdout, serve
 
-    from fabric.launch.local import start_with_bulk_malloc
+    from fabric.launch.local import start_with_server_environment
 
-    start_with_bulk_malloc()
+    start_with_server_environment()
     _logging(log_level)
     client = required_secret(token, token_file, "FABRIC_TOKEN", "token")
     client_tokens = [line.strip() for line in client.splitlines() if line.strip()]
@@ -222,9 +222,9 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
     from fabric.workers.control import WorkerStops
     from fabric.workers.control_io import serve
 
-    from fabric.launch.local import start_with_bulk_malloc
+    from fabric.launch.local import start_with_server_environment
 
-    start_with_bulk_malloc()
+    start_with_server_environment()
     _logging(log_level)
     try:  # (the environment's settings of the copies, read here, once)
         copies = {"copy_threads": copy_threads or default_threads(),

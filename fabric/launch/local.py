@@ -54,6 +54,11 @@ _PR_SET_PDEATHSIG = 1
 # high-water mark, less what passes 1 GiB free at the heap's top. (hugetlb: glibc 2.35+.)
 BULK_MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.arena_max=1",
                         "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1073741824")
+# OpenBLAS's idle threads spin 2**28 cycles (~0.1 s) after each call before they sleep, so a
+# loop of small matmuls keeps busy every core a worker's BLAS may use, and the client and broker
+# beside it wait for one; at 2**4 cycles they sleep at once (50 small matmuls 10 ms apart on 2
+# threads: 0.64-0.92 s of CPU, 0.16-0.39 s so). OpenBLAS reads it once, when it loads.
+QUIET_BLAS = {"OPENBLAS_THREAD_TIMEOUT": "4"}
 # Set in the environment of a process that re-executed itself with them (only once: some glibc
 # cut the variable it read)
 BULK_MALLOC_STARTED = "FABRIC_BULK_MALLOC_STARTED"
@@ -82,14 +87,20 @@ def with_bulk_malloc(env: Mapping[str, str]) -> dict[str, str]:
     return {**env, "GLIBC_TUNABLES": ":".join(given + added)}
 
 
-def start_with_bulk_malloc() -> None:
+def server_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` for a broker or worker: ``with_bulk_malloc``'s, and OpenBLAS's idle threads
+    asleep at once (``QUIET_BLAS``) where ``env`` does not set them otherwise."""
+    return {**QUIET_BLAS, **with_bulk_malloc(env)}
+
+
+def start_with_server_environment() -> None:
     """Make this process (``fabric broker``, ``fabric worker`` started by hand) run with
-    ``with_bulk_malloc``'s environment: where it lacks a setting, replace the process with
-    itself (same pid, arguments and open files) with the setting added. glibc reads its
-    tunables only at start, and one of them (hugetlb) has no ``mallopt`` to set it later."""
-    env = with_bulk_malloc(os.environ)
-    if env["GLIBC_TUNABLES"] != os.environ.get("GLIBC_TUNABLES") \
-            and BULK_MALLOC_STARTED not in os.environ:
+    ``server_environment``'s settings: where it lacks one, replace the process with itself
+    (same pid, arguments and open files) with the setting added. glibc reads its tunables
+    only at start (one of them, hugetlb, has no ``mallopt`` to set it later), OpenBLAS its
+    setting when numpy loads it."""
+    env = server_environment(os.environ)
+    if env != os.environ and BULK_MALLOC_STARTED not in os.environ:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
                   {**env, BULK_MALLOC_STARTED: "1"})
 
@@ -229,7 +240,7 @@ class LocalCluster(Supervision):
     # -- processes --------------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
-        return {**with_bulk_malloc(os.environ), "FABRIC_TOKEN": self.token,
+        return {**server_environment(os.environ), "FABRIC_TOKEN": self.token,
                 "FABRIC_WORKER_TOKEN": self.worker_token, "FABRIC_ADMIN_TOKEN": self.admin_token,
                 "PYTHONUNBUFFERED": "1"}
 
@@ -327,11 +338,13 @@ class LocalCluster(Supervision):
 
     def threads_per_worker(self) -> int:
         """``--threads`` for a worker on this host (a ``--threads`` in worker_args wins): the
-        cores this process may run on, less one for the client and broker beside them,
-        shared among all the devices of the cluster's workers; at least one."""
+        cores this process may run on shared among all the devices of the cluster's workers,
+        at least one. None is kept back for the client and broker: they wait while the devices
+        compute, and OpenBLAS's threads sleep between calls (``QUIET_BLAS``), so a loop of
+        small ops leaves them cores."""
         from fabric.core.worker_options import usable_cores
 
-        return max(1, (usable_cores() - 1) // max(self.n_workers * self.devices_per_worker, 1))
+        return max(1, usable_cores() // max(self.n_workers * self.devices_per_worker, 1))
 
     def worker_name(self, index: int) -> str:
         """The name worker ``index`` registers under (and its log file's)."""

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from fabric.core.addresses import advertised
 from fabric.core.device import Device
 from fabric.core.errors import ClusterError, ConfigError, ConnectError
-from fabric.launch.local import BULK_MALLOC_TUNABLES, LocalCluster
+from fabric.launch.local import BULK_MALLOC_TUNABLES, QUIET_BLAS, LocalCluster
 from fabric.launch.supervision import _to_stderr
 from fabric.launch.ssh import budget_share
 from fabric.transport.connection import list_devices
@@ -93,9 +93,10 @@ class SlurmCluster(LocalCluster):
                 "--export", "ALL", *self.sbatch_options]
 
     def _job_env(self) -> dict[str, str]:
-        # The tasks' environment: this one, the worker token (and no other), bulk malloc.
+        # The tasks' environment: this one, the worker token (and no other), bulk malloc and
+        # quiet BLAS threads.
         env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
-        return {**env, "FABRIC_WORKER_TOKEN": self.worker_token, "PYTHONUNBUFFERED": "1",
+        return {**QUIET_BLAS, **env, "FABRIC_WORKER_TOKEN": self.worker_token, "PYTHONUNBUFFERED": "1",
                 "GLIBC_TUNABLES": ":".join(BULK_MALLOC_TUNABLES)}
 
     def job_log_tail(self, lines: int = 10) -> str:

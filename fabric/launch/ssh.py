@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence
 
 from fabric.core.addresses import advertised
 from fabric.core.errors import ConfigError
-from fabric.launch.local import BULK_MALLOC_TUNABLES, LocalCluster, _die_with_parent, _end
+from fabric.launch.local import (BULK_MALLOC_TUNABLES, QUIET_BLAS, LocalCluster, _die_with_parent,
+                                 _end)
 
 # Seconds ssh may take to reach a host (unless --ssh-option ConnectTimeout=N says otherwise):
 # an unreachable host is then named by ssh's own error well before the launcher's deadline.
@@ -116,7 +117,8 @@ def remote_worker_command(python: str, worker_options: Sequence[str]) -> str:
     worker = [python, "-m", "fabric", "worker", *worker_options,
               "--worker-token-file", "-", "--stop-on-stdin-close"]
     return shlex.join(["exec", "env", "PYTHONUNBUFFERED=1",
-                       "GLIBC_TUNABLES=" + ":".join(BULK_MALLOC_TUNABLES), *worker])
+                       "GLIBC_TUNABLES=" + ":".join(BULK_MALLOC_TUNABLES),
+                       *(f"{name}={value}" for name, value in QUIET_BLAS.items()), *worker])
 
 
 def budget_share(memory_budget: str, workers: int) -> str:

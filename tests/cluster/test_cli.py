@@ -133,10 +133,10 @@ def environment_of(pid: int) -> dict[str, str]:
 
 @pytest.mark.timeout(60)
 def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_users_choice():
-    from fabric.launch.local import BULK_MALLOC_STARTED, BULK_MALLOC_TUNABLES
+    from fabric.launch.local import BULK_MALLOC_STARTED, BULK_MALLOC_TUNABLES, QUIET_BLAS
 
     bare = {k: v for k, v in os.environ.items()
-            if k not in ("GLIBC_TUNABLES", BULK_MALLOC_STARTED)}
+            if k not in ("GLIBC_TUNABLES", BULK_MALLOC_STARTED, *QUIET_BLAS)}
     broker = fabric_cli("broker", "--frontend", "tcp://127.0.0.1:*",
                         "--worker-address", "tcp://127.0.0.1:*", env=bare)
     worker = None
@@ -153,6 +153,7 @@ def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_
         started = environment_of(worker.pid)
         assert started["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"  # the user's, first
         assert started[BULK_MALLOC_STARTED] == "1"  # and ours added after it
+        assert started["OPENBLAS_THREAD_TIMEOUT"] == QUIET_BLAS["OPENBLAS_THREAD_TIMEOUT"]
     finally:
         if worker is not None:
             end(worker)

@@ -88,6 +88,7 @@ def test_the_command_that_starts_a_remote_worker_holds_no_token(tmp_path):
         "worker-0@node1", "worker-1@node1", "worker-0@node2", "worker-1@node2"]
     remote = commands[1][-1]
     assert remote.startswith("exec env PYTHONUNBUFFERED=1 GLIBC_TUNABLES=")
+    assert " OPENBLAS_THREAD_TIMEOUT=4 " in remote  # (its idle threads asleep at once)
     assert "/opt/py -m fabric worker --broker tcp://head:7001" in remote
     assert "--name worker-1@node1" in remote and remote.endswith(
         "--memory-budget 20% --worker-token-file - --stop-on-stdin-close")
