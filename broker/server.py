@@ -51,6 +51,7 @@ from fabric.core.security import (FRONTEND_DOMAIN, PAIR_DOMAIN, WORKERS_DOMAIN, 
                                   authenticate_peers, present_token)
 from fabric.core.sockets import (NOBLOCK, POLLIN, message_check, recv_frames, recv_monitor_event,
                                  send_frames, try_send)
+from fabric.core.zap_messages import ZAP_ENDPOINT
 
 from .backpressure import FlowControl, Peer, PeerUnreachable
 from .held import HeldSends
@@ -59,7 +60,6 @@ from .model import Limits, Send, Side
 from .pair import Beat, Pair, PairSettings
 from .registry import Registry
 from .state_file import StateFile
-from .zap_gate import ZAP_ENDPOINT
 
 log = logging.getLogger("fabric.broker")
 

@@ -21,9 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from fabric.core.errors import AuthenticationError
 from fabric.core.security import WORKERS_DOMAIN
-# (re-exported: the broker's modules and tests take them here)
-from fabric.core.zap_messages import (
-    ALLOWED, FAILED, REFUSED, ZAP_ENDPOINT, ZapRequest, parse_request, reply)
+from fabric.core.zap_messages import ALLOWED, FAILED, REFUSED, parse_request, reply
 
 from .handshake import handshake_role
 from .model import Send, Side

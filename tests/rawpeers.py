@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from fabric.broker import zap_gate
-from fabric.broker.zap_gate import ZAP_ENDPOINT
+from fabric.core import zap_messages
+from fabric.core.zap_messages import ZAP_ENDPOINT
 from fabric.core import protocol
 from fabric.core.protocol import PROTOCOL_VERSION, Header, Kind, Message
 from fabric.core.security import present_token
@@ -162,8 +162,8 @@ class AdmittingContext:
         while not self._stop.is_set():
             if self._zap.poll(50, zmq.POLLIN):
                 identity, *frames = self._zap.recv_multipart()
-                request = zap_gate.parse_request(frames)
-                allowed = zap_gate.reply(request.request_id, zap_gate.ALLOWED, "OK", "test")
+                request = zap_messages.parse_request(frames)
+                allowed = zap_messages.reply(request.request_id, zap_messages.ALLOWED, "OK", "test")
                 self._zap.send_multipart([identity, *allowed])
 
     def router(self) -> zmq.Socket:

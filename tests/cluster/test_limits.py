@@ -258,8 +258,8 @@ def test_a_message_past_the_frame_count_or_total_is_refused_with_its_request(sma
     heavy = frames_of(Kind.SUBMIT, session=5, request=7) + [bytes(MiB)] * 7  # 7 MiB in all
     assert sum(map(len, heavy)) > message_bytes_limit(MiB)
     with RawDealer(address, token) as peer:
-        for frames, request in ((many, 6), (heavy, 7)):
-            peer.send(frames)
+        for message, request in ((many, 6), (heavy, 7)):
+            peer.send(message)
             answer = peer.recv_message(timeout=5)
             assert (answer.kind, answer.session, answer.request) == (Kind.ERROR, 5, request)
             assert type(error_from_wire(answer.body)) is MessageTooLarge

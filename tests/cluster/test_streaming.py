@@ -248,9 +248,10 @@ def test_tensors_let_go_in_another_thread_while_ops_stream_are_all_freed(session
 
 def test_closing_a_session_frees_everything_it_held(shared_cluster):
     with shared_cluster.connect(device=1) as first:
-        kept = first.ones(10_000)  # noqa: F841 (held until the session closes)
+        kept = first.ones(10_000)  # (held until the session closes)
         first.sync()
         held = first.stats()["device_resident_bytes"]
+        assert kept.nbytes == 80_000
     assert held >= 80_000
     with shared_cluster.connect(device=1) as second:
         stats = second.stats()

@@ -18,7 +18,6 @@ from rawpeers import RawDealer
 
 import fabric
 from fabric import LocalCluster
-from fabric.core import protocol
 from fabric.core.errors import VersionMismatch, WorkerNameTaken, error_from_wire
 from fabric.core.protocol import Kind, Message
 

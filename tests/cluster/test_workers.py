@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 import pytest
-import zmq
 from conftest import HEARTBEAT
 from polling import wait_for
 from rawpeers import AdmittingContext, free_tcp_address

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
                                   MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream,
                                   batch_elements_bound)
-from fabric.core.errors import FabricError, ProtocolError, SessionClosed, SessionLost
+from fabric.core.errors import FabricError, ProtocolError, SessionClosed
 from fabric.core.flow import COMPILES_BATCHES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind
 from fabric.core.wire import op_entry, parse_op
