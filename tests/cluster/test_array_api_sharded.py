@@ -4,16 +4,14 @@ runs what runs on each shard and combines, compared with numpy; what needs anoth
 data is refused with the move after which it runs. Libraries take it unchanged:
 array-api-extra's functions, and scikit-learn's StandardScaler, PCA and Ridge
 (``array_api_dispatch=True``), their results within 1e-8 of the same on numpy, the bytes read
-back from the devices counted on each of the mesh's sessions.
+back from the devices counted on each of the mesh's sessions. The same on a mesh of a jax
+worker's two XLA CPU devices: scikit-learn's fits, and some of the namespace's functions.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
-import json
-import os
-import subprocess
-import sys
 import warnings
 from typing import Any, Callable
 
@@ -23,16 +21,28 @@ import pytest
 import fabric
 from fabric.mesh.sharded import ShardedTensor
 
+from sklearn_fits import fit_in_a_child
 from test_array_api_consumers import EXTRA, as_numpy, assert_same, compat_numpy, inputs
 
 pytestmark = pytest.mark.timeout(120)
 
 
+BACKENDS = ["numpy", pytest.param("jax", marks=pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="jax is not installed"))]
+
+
 @pytest.fixture(scope="module")
-def mesh():
-    with fabric.LocalCluster(workers=2, devices_per_worker=2) as cluster, \
-            cluster.connect() as parent:
-        yield parent.mesh()
+def mesh(request: pytest.FixtureRequest):
+    """Four numpy devices (two workers of two), or where a test asks for "jax", a jax worker's
+    two XLA CPU devices (the last tests of this file, so that one cluster runs at a time)."""
+    backend = getattr(request, "param", "numpy")
+    layout = {"workers": 1, "backend": "jax"} if backend == "jax" else {"workers": 2}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAX_PLATFORMS", "cpu")  # (on a GPU host too: its CPU's devices)
+        # (a jax device compiles each op it has not run before: seconds on a busy machine)
+        with fabric.LocalCluster(devices_per_worker=2, **layout) as cluster, \
+                cluster.connect(timeout=60) as parent:
+            yield parent.mesh()
 
 
 def bytes_read(mesh: Any) -> int:
@@ -228,60 +238,36 @@ def test_array_api_extra_runs_on_a_mesh(mesh, name: str) -> None:
 # -- scikit-learn -----------------------------------------------------------------------------
 
 # (case, the most bytes its fit may read back from the devices: X is 4000 x 8 float64,
-# 256,000 bytes, split over 4 devices)
+# 256,000 bytes, split over 2 devices)
 SKLEARN = {"standard_scaler": 2048, "pca_covariance_eigh": 4096, "pca_full": 4096,
            "ridge": 4096}
 
-PROGRAM = r'''
-import json, sys
-import numpy as np, sklearn
-from fabric import LocalCluster
-from sklearn.decomposition import PCA
-from sklearn.linear_model import Ridge
-from sklearn.preprocessing import StandardScaler
 
-sklearn.set_config(array_api_dispatch=True)
-rng = np.random.default_rng(0)
-X = rng.normal(size=(4000, 8))
-y = X @ rng.normal(size=8) + 0.1 * rng.normal(size=4000)
-CASES = {
-    "standard_scaler": lambda X, y: StandardScaler().fit_transform(X),
-    "pca_covariance_eigh": lambda X, y: PCA(n_components=3,
-                                            svd_solver="covariance_eigh").fit_transform(X),
-    "pca_full": lambda X, y: PCA(n_components=3, svd_solver="full").fit_transform(X),
-    "ridge": lambda X, y: Ridge(alpha=1.0, solver="svd").fit(X, y).predict(X),
-}
-results = {}
-with LocalCluster(workers=2, devices_per_worker=2) as cluster, cluster.connect() as parent:
-    mesh = parent.mesh()
-    X_mesh, y_mesh = mesh.asarray(X, axis=0), mesh.asarray(y, axis=0)
-    for name in sys.argv[1:]:
-        before = sum(s.stats()["bytes_read"] for s in mesh.sessions)
-        found = CASES[name](X_mesh, y_mesh)
-        read = sum(s.stats()["bytes_read"] for s in mesh.sessions) - before
-        sharded = type(found).__name__ == "ShardedTensor" and found.axis == 0
-        found, expected = found.numpy(), np.asarray(CASES[name](X, y))
-        if name.startswith("pca"):  # (a component's sign is either)
-            found, expected = np.abs(found), np.abs(expected)
-        results[name] = {"difference": float(np.max(np.abs(found - expected))),
-                         "sharded": sharded, "bytes": read}
-print(json.dumps(results))
-'''
-
-
-@pytest.fixture(scope="module")
-def fitted() -> dict[str, dict[str, Any]]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def fitted(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     pytest.importorskip("sklearn")
-    environment = {**os.environ, "SCIPY_ARRAY_API": "1"}
-    done = subprocess.run([sys.executable, "-c", PROGRAM, *SKLEARN], capture_output=True,
-                          text=True, timeout=100, env=environment)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return fit_in_a_child(request.param, "mesh", sorted(SKLEARN))
 
 
+@pytest.mark.timeout(300)  # (the first test sets the child's fits up: a minute on jax)
 @pytest.mark.parametrize("case", sorted(SKLEARN))
 def test_scikit_learn_fits_on_a_mesh(fitted: dict[str, dict[str, Any]], case: str) -> None:
     result = fitted[case]
     assert result["difference"] <= 1e-8, result
-    assert result["sharded"], f"{case}'s result is not split as X is: {result}"
+    assert result["kind"] == "split along rows", f"{case}'s result is not split as X is: {result}"
     assert result["bytes"] <= SKLEARN[case], f"{case} read back more than it branches on"
+
+
+# -- a mesh of jax devices --------------------------------------------------------------------
+
+# (the namespace's cases that run on each jax device's shard and combine)
+ON_JAX = ["sin", "where", "sum across devices", "var", "astype", "Gram matrix", "centered",
+          "sort along the rows", "cumulative_sum with the initial", "svd of a tall matrix",
+          "masked replicated"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+@pytest.mark.parametrize("mesh", ["jax"], indirect=True)
+@pytest.mark.parametrize("name", ON_JAX)
+def test_the_namespace_runs_on_a_mesh_of_jax_devices(mesh, name: str) -> None:
+    test_the_namespace_runs_on_each_shard_and_combines(mesh, name)
