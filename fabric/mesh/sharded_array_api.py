@@ -28,12 +28,14 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.array_api import dtypes, linalg
+from fabric.array_api.elementwise import BINARY, UNARY
 from fabric.array_api.elementwise import FUNCTIONS as ELEMENTWISE
 from fabric.array_api.fft import FUNCTIONS as TRANSFORMS
 from fabric.array_api.functions import FUNCTIONS as OTHERS
 from fabric.array_api.namespace import (API_VERSION, API_VERSIONS, ArrayAPINamespace, Info,
                                         namespace)
 from fabric.arrays.tensor import Tensor
+from fabric.mesh import combining
 from fabric.mesh.sharded import _RESHARD, FUNCTIONS, Mesh, ShardedTensor, elementwise, \
     mesh_operands
 from fabric.mesh.sharded_linalg import SVDResult, tall_svd, tensordot
@@ -117,6 +119,8 @@ def _broadcast_arrays(*arrays: Any) -> tuple[Any, ...]:
 
 
 # How split operands run, other than by the one-device function (extension, name)
+# The standard's elementwise functions that are numpy's ufunc alone: their name -> numpy's
+NUMPY_UFUNCS = {**UNARY, **BINARY}
 SPLIT: dict[tuple[str, str], Callable[..., Any]] = {
     **{(extension, "matmul"): lambda x1, x2, /: FUNCTIONS[np.matmul](x1, x2)
        for extension in ("", "linalg")},
@@ -205,6 +209,9 @@ class ShardedNamespace:
                 raise ValueError(f"{tensors[0]._handle()} lives on another mesh than this "
                                  "namespace's: make both on one mesh (mesh.asarray(...)).")
         split = [t for t in tensors if t.axis is not None]
+        pending = self._on_the_client(extension, name, args, kwargs)
+        if pending is not None:
+            return pending
         if not extension and (name in ELEMENTWISE or name == "where"):
             if not tensors:
                 raise TypeError(f"xp.{name} takes a fabric tensor: make one with xp.asarray.")
@@ -226,6 +233,35 @@ class ShardedNamespace:
         raise TypeError(f"{where} of {split[0]._handle()} needs data from other devices: "
                         f"{_RESHARD}.")
 
+
+    def _on_the_client(self, extension: str, name: str, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> ShardedTensor | None:
+        """Function ``name`` of results combined from every device's partials that no device
+        holds yet (``fabric.mesh.combining``), composed with their combine when they are read:
+        an elementwise function of such tensors alone (the standard's promotion is numpy's
+        between arrays), a reshape or ``astype`` of one, or ``asarray`` of one (itself, as
+        the standard allows); None for any other call."""
+        if extension or not args or not combining.is_pending(args[0]):
+            return None
+        if name in NUMPY_UFUNCS and not kwargs and all(combining.is_pending(a) for a in args):
+            return ShardedTensor.combined(self.mesh, *combining.composed(
+                getattr(np, NUMPY_UFUNCS[name]), args))
+        if name == "asarray" and len(args) == 1 and kwargs.get("copy") is not True and \
+                kwargs.get("dtype") in (None, args[0].dtype):
+            return args[0]
+        if name == "reshape" and len(args) == 2 and kwargs.get("copy") is not False:
+            x, shape = args
+            new = np.reshape(np.broadcast_to(np.empty((), x.dtype), x.shape), shape).shape
+            return ShardedTensor.combined(self.mesh, *combining.composed(
+                lambda value: np.reshape(value, new), [x], result=(new, x.dtype)))
+        if name == "astype" and len(args) == 2 and set(kwargs) <= {"copy"}:
+            x, dtype = args
+            if dtype == x.dtype and kwargs.get("copy") is False:
+                return x
+            if not (x.dtype.kind == "c" and np.dtype(dtype).kind != "c"):  # (refused so)
+                return ShardedTensor.combined(self.mesh, *combining.composed(
+                    lambda value: value.astype(dtype), [x], result=(x.shape, np.dtype(dtype))))
+        return None
 
     def _each_shard(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                     axis: int | None, extension: str = "") -> Any:

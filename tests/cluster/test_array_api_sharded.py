@@ -170,6 +170,34 @@ def test_in_place_updates_run_on_each_shard(mesh) -> None:
     assert [t.numpy().tolist() for _, t in copies.shards] == [[1.0, 0.0, 1.0, 0.0]] * 4
 
 
+def round_trips(mesh: Any) -> int:
+    return sum(session.stats()["round_trips"] for session in mesh.sessions)
+
+
+def test_ops_of_combined_results_wait_for_one_read_of_each_device(mesh) -> None:
+    """scikit-learn's PCA computes its covariance so: each result combined from every
+    device's partials stays unread until its value is needed, the ops of such results
+    composed on the client, then each device's partials read at once, in one array."""
+    x = mesh.asarray(VALUES, axis=0)
+    xp = x.__array_namespace__()
+    before = round_trips(mesh)
+    mean = xp.asarray(xp.mean(x, axis=0))
+    covariance = x.mT @ x
+    covariance -= 11 * xp.reshape(mean, (-1, 1)) * xp.reshape(mean, (1, -1))
+    covariance /= 10
+    finite = xp.isfinite(xp.astype(covariance, xp.float32))
+    assert round_trips(mesh) == before  # (nothing read yet)
+    np.testing.assert_allclose(covariance.numpy(), np.cov(VALUES.T), rtol=1e-12)
+    assert round_trips(mesh) == before + len(mesh.sessions)  # (the mean's and the Gram's)
+    assert covariance.numpy().dtype == np.float64 and round_trips(mesh) == before + 4
+    assert finite.numpy().all() and round_trips(mesh) == before + 4  # (of what was read)
+    with pytest.raises(TypeError):  # (numpy's casting, at the call)
+        mean_copy = xp.astype(xp.sum(x, axis=0), xp.int64)
+        mean_copy += 0.5
+    assert xp.linalg.eigvalsh(covariance).numpy() == pytest.approx(
+        np.linalg.eigvalsh(np.cov(VALUES.T)), rel=1e-10)  # (uploaded, nothing read again)
+
+
 # (the call on a row-split x, the words its refusal says)
 REFUSED = {
     "sort along the split axis": (lambda xp, x: xp.sort(x, axis=0), r"x\.reshard"),
