@@ -11,9 +11,12 @@ split one; the reductions, cumulative sums, ``astype``, ``permute_dims`` and
 where they can (``fabric.mesh.reductions``); ``matmul`` and ``tensordot`` in the layouts ``@``
 takes, and ``linalg.svd`` of a tall matrix split along its rows by each device's QR
 (``sharded_linalg``); creation whole on each device (replicated), a ``*_like`` split as its
-model; and any function of replicated tensors on each device's copy. Anything else of a
-split tensor is refused with the move after which it runs. A sharded tensor's ``device`` is
-its mesh.
+model; and any function of replicated tensors on each device's copy. Along the split axis,
+scans carry from block to block, and sorts and ``concat`` move the data worker to worker
+(``sharded_across``); elementwise functions, ``reshape``, ``astype`` and ``asarray`` of results
+combined from partials that no device holds yet wait for their read (``combining``). Anything
+else of a split tensor is refused with the move after which it runs. A sharded tensor's
+``device`` is its mesh.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from fabric.array_api.namespace import (API_VERSION, API_VERSIONS, ArrayAPINames
                                         namespace)
 from fabric.arrays.tensor import Tensor
 from fabric.mesh import combining
+from fabric.mesh.sharded_across import across
 from fabric.mesh.sharded import _RESHARD, FUNCTIONS, Mesh, ShardedTensor, elementwise, \
     mesh_operands
 from fabric.mesh.sharded_linalg import SVDResult, tall_svd, tensordot
@@ -50,6 +54,8 @@ LIKE = frozenset({"asarray", "zeros_like", "ones_like", "empty_like", "full_like
 # is, where ``axis`` (None: every one) leaves out the split axis
 ALONG = frozenset({"sort", "argsort", "flip", "roll", "diff", "cumulative_sum",
                    "cumulative_prod"})
+# Functions that run along the split axis too (``fabric.mesh.sharded_across``)
+ACROSS = frozenset({"concat", "sort", "argsort", "cumulative_sum", "cumulative_prod"})
 # Functions of one device made of a tensor's methods and numpy's functions only, which a
 # sharded tensor has (each combining across the split axis, or refusing, as it can)
 OWN = frozenset({"sum", "prod", "mean", "max", "min", "std", "var", "all", "any", "argmax",
@@ -226,6 +232,10 @@ class ShardedNamespace:
             return SPLIT[extension, name](*args, **kwargs)
         if not extension and name in ALONG and self._along_others(name, args, kwargs):
             return self._each_shard(name, args, kwargs, split[0].axis)
+        if not extension and name in ACROSS:
+            found = across(name, args, kwargs)
+            if found is not None:
+                return found
         if name in OWN:
             source = getattr(linalg, name) if extension == "linalg" else OTHERS[name]
             return source(*args, **kwargs)

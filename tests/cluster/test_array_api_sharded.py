@@ -84,6 +84,16 @@ CASES: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
     "diff": (lambda xp, x: xp.diff(x, axis=1, n=2), 0),
     "cumulative_sum with the initial": (lambda xp, x: xp.cumulative_sum(
         x, axis=1, include_initial=True), 0),
+    # (along the split axis: each device's total read, the carry added on each device)
+    "cumulative_sum along the split axis": (lambda xp, x: xp.cumulative_sum(
+        x, axis=0, include_initial=True), 4 * 4 * 8),
+    "cumulative_prod of a split vector": (lambda xp, x: xp.cumulative_prod(x[:, 0]), 4 * 8),
+    # (moved worker to worker so that the axis lies whole on each device, and back)
+    "sort along the split axis": (lambda xp, x: xp.sort(x, axis=0, descending=True), 0),
+    "argsort of a split vector": (lambda xp, x: xp.argsort(x[:, 1]), 0),
+    "concat along the split axis": (lambda xp, x: xp.concat(
+        [x, x[2:], xp.ones((1, 4), dtype=xp.float32)]), 0),
+    "concat along another axis": (lambda xp, x: xp.concat([x, x], axis=1), 0),
     "zeros_like": (lambda xp, x: xp.zeros_like(x, dtype=xp.int32), 0),
     "full": (lambda xp, x: xp.full((3, 2), 1.5, device=x.device), 0),
     "asarray": (lambda xp, x: xp.asarray([1, 2, 3]), 0),
@@ -109,6 +119,13 @@ def expected_of(name: str) -> np.ndarray:
              "roll": np.roll(VALUES, 1, axis=1), "diff": np.diff(VALUES, axis=1, n=2),
              "cumulative_sum with the initial": np.concatenate(
                  [np.zeros((11, 1)), np.cumsum(VALUES, axis=1)], axis=1),
+             "cumulative_sum along the split axis": np.concatenate(
+                 [np.zeros((1, 4)), np.cumsum(VALUES, axis=0)]),
+             "cumulative_prod of a split vector": np.cumprod(VALUES[:, 0]),
+             "sort along the split axis": -np.sort(-VALUES, axis=0),
+             "argsort of a split vector": np.argsort(VALUES[:, 1], kind="stable"),
+             "concat along the split axis": np.concatenate([VALUES, VALUES[2:], np.ones((1, 4))]),
+             "concat along another axis": np.concatenate([VALUES, VALUES], axis=1),
              "zeros_like": np.zeros((11, 4), np.int32), "full": np.full((3, 2), 1.5),
              "asarray": np.array([1, 2, 3]),
              "eigh of a combined matrix": np.linalg.eigvalsh(VALUES.T @ VALUES),
@@ -200,10 +217,10 @@ def test_ops_of_combined_results_wait_for_one_read_of_each_device(mesh) -> None:
 
 # (the call on a row-split x, the words its refusal says)
 REFUSED = {
-    "sort along the split axis": (lambda xp, x: xp.sort(x, axis=0), r"x\.reshard"),
+    "unique values across devices": (lambda xp, x: xp.unique_values(x), r"x\.reshard"),
     "flip of every axis": (lambda xp, x: xp.flip(x), r"x\.reshard"),
     "reshape mixing rows": (lambda xp, x: xp.reshape(x, (-1,)), r"x\.reshard"),
-    "concat": (lambda xp, x: xp.concat([x, x]), r"x\.reshard"),
+    "concat split otherwise": (lambda xp, x: xp.concat([x, x.reshard(1)]), r"x\.reshard"),
     "inv": (lambda xp, x: xp.linalg.inv(x), r"x\.reshard"),
     "svd of all of U": (lambda xp, x: xp.linalg.svd(x), r"mesh\.replicate\(x\)"),
     "a mask across devices": (lambda xp, x: x[x > 0], r"x\.shards"),
@@ -224,12 +241,13 @@ def test_what_needs_other_devices_data_is_refused_before_anything_is_read(mesh,
     assert np.array_equal(x.numpy(), VALUES)
 
 
-# array-api-extra's functions that run on tensors split along their first axis; the others
-# need another device's rows (sorting, a mask, updates by index, set functions, padding)
+# array-api-extra's functions that run on tensors split along their first axis (partition
+# by sorting along it, moved worker to worker); the others need another device's rows (a
+# mask, updates by index, set functions, padding)
 EXTRA_ON_A_MESH = ["angle", "atleast_nd", "broadcast_shapes", "default_dtype", "deg2rad",
                    "rad2deg", "diag_indices", "tril_indices", "triu_indices", "expand_dims",
                    "lazy_apply", "nan_to_num", "nanmax", "nanmin", "nansum", "nanmean",
-                   "one_hot", "sinc", "unravel_index"]
+                   "one_hot", "partition", "sinc", "unravel_index"]
 
 
 @pytest.mark.parametrize("name", sorted(set(EXTRA) - set(EXTRA_ON_A_MESH)))
@@ -290,7 +308,8 @@ def test_scikit_learn_fits_on_a_mesh(fitted: dict[str, dict[str, Any]], case: st
 
 # (the namespace's cases that run on each jax device's shard and combine)
 ON_JAX = ["sin", "where", "sum across devices", "var", "astype", "Gram matrix", "centered",
-          "sort along the rows", "cumulative_sum with the initial", "svd of a tall matrix",
+          "sort along the rows", "cumulative_sum along the split axis",
+          "sort along the split axis", "concat along the split axis", "svd of a tall matrix",
           "masked replicated"]
 
 
