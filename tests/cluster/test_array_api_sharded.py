@@ -221,6 +221,7 @@ REFUSED = {
     "flip of every axis": (lambda xp, x: xp.flip(x), r"x\.reshard"),
     "reshape mixing rows": (lambda xp, x: xp.reshape(x, (-1,)), r"x\.reshard"),
     "concat split otherwise": (lambda xp, x: xp.concat([x, x.reshard(1)]), r"x\.reshard"),
+    "concat of other widths": (lambda xp, x: xp.concat([x, x[:, :2]]), "match exactly"),
     "inv": (lambda xp, x: xp.linalg.inv(x), r"x\.reshard"),
     "svd of all of U": (lambda xp, x: xp.linalg.svd(x), r"mesh\.replicate\(x\)"),
     "a mask across devices": (lambda xp, x: x[x > 0], r"x\.shards"),
