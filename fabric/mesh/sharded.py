@@ -26,7 +26,7 @@ from fabric.arrays.printing import summary_positions
 from fabric.arrays.numpy_functions import ufunc_method_params
 from fabric.arrays.tensor import Tensor, given_params, numpy_name
 from fabric.core.ops import BINARY_UFUNCS, OPS, UNARY_UFUNCS, Spec
-from fabric.mesh import reductions
+from fabric.mesh import combining, reductions
 from fabric.mesh.sharding import (Sharding, along, block_positions, block_ranges, block_slices,
                                   split_blocks)
 from fabric.transport.moves import move_all
@@ -139,12 +139,10 @@ class ShardedTensor(Tensor):
         values are joined in order."""
         if self._partials is not None:
             partials, combine = self._partials
-            flat = self.mesh.gather([t for shard in partials for t in shard])
-            values, at = [], 0
-            for shard in partials:
-                values.append(flat[at:at + len(shard)])
-                at += len(shard)
-            return np.asarray(combine(values)).astype(self.dtype, copy=False).reshape(self.shape)
+            value = np.asarray(combine(combining.read_partials(self.mesh, partials))).astype(
+                self.dtype, copy=False).reshape(self.shape)
+            self._partials = ([], lambda _: value.copy())  # (read once: kept)
+            return value.copy()
         if self.axis is None:
             return self.mesh.gather(self._tensors()[:1])[0]
         return np.concatenate(self.mesh.gather(self._tensors()), axis=self.axis)
@@ -495,6 +493,10 @@ def _in_place(ufunc: np.ufunc, method: str, inputs: Sequence[Any],
     if np.broadcast_shapes(out.shape, *[np.shape(a) for a in inputs]) != out.shape:
         raise ValueError(f"non-broadcastable output operand with shape {out.shape} doesn't "
                          "match the broadcast shape of the inputs")
+    if combining.is_pending(out) and combining.composable(inputs):  # (on the client, when read)
+        _, _, partials, combine = combining.composed(ufunc, inputs, out=out)
+        out._partials = (partials, combine)
+        return out
     elementwise(lambda *each: ufunc(*each[:-1], out=each[-1]), (*inputs, out))
     out._partials = None  # (a combined reduction now holds what its copies hold)
     return out
@@ -505,6 +507,8 @@ def elementwise(fn: Callable[..., Any], args: Sequence[Any]) -> ShardedTensor:
     scalars and arrays that do not span the split axis: run on each shard."""
     mesh, operands = mesh_operands(args)
     shape = np.broadcast_shapes(*[np.shape(a) for a in operands])  # numpy's error, at the call
+    if combining.composable(operands):  # (combined results, on no device yet: when read)
+        return ShardedTensor.combined(mesh, *combining.composed(fn, operands))
     axis = split_axis(operands, len(shape), lambda a: a.axis + len(shape) - a.ndim)
     return per_shard(mesh, fn, operands, axis)
 

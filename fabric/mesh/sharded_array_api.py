@@ -11,9 +11,12 @@ split one; the reductions, cumulative sums, ``astype``, ``permute_dims`` and
 where they can (``fabric.mesh.reductions``); ``matmul`` and ``tensordot`` in the layouts ``@``
 takes, and ``linalg.svd`` of a tall matrix split along its rows by each device's QR
 (``sharded_linalg``); creation whole on each device (replicated), a ``*_like`` split as its
-model; and any function of replicated tensors on each device's copy. Anything else of a
-split tensor is refused with the move after which it runs. A sharded tensor's ``device`` is
-its mesh.
+model; and any function of replicated tensors on each device's copy. Along the split axis,
+scans carry from block to block, and sorts and ``concat`` move the data worker to worker
+(``sharded_across``); elementwise functions, ``reshape``, ``astype`` and ``asarray`` of results
+combined from partials that no device holds yet wait for their read (``combining``). Anything
+else of a split tensor is refused with the move after which it runs. A sharded tensor's
+``device`` is its mesh.
 """
 
 from __future__ import annotations
@@ -28,12 +31,15 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.array_api import dtypes, linalg
+from fabric.array_api.elementwise import BINARY, UNARY
 from fabric.array_api.elementwise import FUNCTIONS as ELEMENTWISE
 from fabric.array_api.fft import FUNCTIONS as TRANSFORMS
 from fabric.array_api.functions import FUNCTIONS as OTHERS
 from fabric.array_api.namespace import (API_VERSION, API_VERSIONS, ArrayAPINamespace, Info,
                                         namespace)
 from fabric.arrays.tensor import Tensor
+from fabric.mesh import combining
+from fabric.mesh.sharded_across import across
 from fabric.mesh.sharded import _RESHARD, FUNCTIONS, Mesh, ShardedTensor, elementwise, \
     mesh_operands
 from fabric.mesh.sharded_linalg import SVDResult, tall_svd, tensordot
@@ -48,6 +54,8 @@ LIKE = frozenset({"asarray", "zeros_like", "ones_like", "empty_like", "full_like
 # is, where ``axis`` (None: every one) leaves out the split axis
 ALONG = frozenset({"sort", "argsort", "flip", "roll", "diff", "cumulative_sum",
                    "cumulative_prod"})
+# Functions that run along the split axis too (``fabric.mesh.sharded_across``)
+ACROSS = frozenset({"concat", "sort", "argsort", "cumulative_sum", "cumulative_prod"})
 # Functions of one device made of a tensor's methods and numpy's functions only, which a
 # sharded tensor has (each combining across the split axis, or refusing, as it can)
 OWN = frozenset({"sum", "prod", "mean", "max", "min", "std", "var", "all", "any", "argmax",
@@ -117,6 +125,8 @@ def _broadcast_arrays(*arrays: Any) -> tuple[Any, ...]:
 
 
 # How split operands run, other than by the one-device function (extension, name)
+# The standard's elementwise functions that are numpy's ufunc alone: their name -> numpy's
+NUMPY_UFUNCS = {**UNARY, **BINARY}
 SPLIT: dict[tuple[str, str], Callable[..., Any]] = {
     **{(extension, "matmul"): lambda x1, x2, /: FUNCTIONS[np.matmul](x1, x2)
        for extension in ("", "linalg")},
@@ -205,6 +215,9 @@ class ShardedNamespace:
                 raise ValueError(f"{tensors[0]._handle()} lives on another mesh than this "
                                  "namespace's: make both on one mesh (mesh.asarray(...)).")
         split = [t for t in tensors if t.axis is not None]
+        pending = self._on_the_client(extension, name, args, kwargs)
+        if pending is not None:
+            return pending
         if not extension and (name in ELEMENTWISE or name == "where"):
             if not tensors:
                 raise TypeError(f"xp.{name} takes a fabric tensor: make one with xp.asarray.")
@@ -219,6 +232,10 @@ class ShardedNamespace:
             return SPLIT[extension, name](*args, **kwargs)
         if not extension and name in ALONG and self._along_others(name, args, kwargs):
             return self._each_shard(name, args, kwargs, split[0].axis)
+        if not extension and name in ACROSS:
+            found = across(name, args, kwargs)
+            if found is not None:
+                return found
         if name in OWN:
             source = getattr(linalg, name) if extension == "linalg" else OTHERS[name]
             return source(*args, **kwargs)
@@ -226,6 +243,35 @@ class ShardedNamespace:
         raise TypeError(f"{where} of {split[0]._handle()} needs data from other devices: "
                         f"{_RESHARD}.")
 
+
+    def _on_the_client(self, extension: str, name: str, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> ShardedTensor | None:
+        """Function ``name`` of results combined from every device's partials that no device
+        holds yet (``fabric.mesh.combining``), composed with their combine when they are read:
+        an elementwise function of such tensors alone (the standard's promotion is numpy's
+        between arrays), a reshape or ``astype`` of one, or ``asarray`` of one (itself, as
+        the standard allows); None for any other call."""
+        if extension or not args or not combining.is_pending(args[0]):
+            return None
+        if name in NUMPY_UFUNCS and not kwargs and all(combining.is_pending(a) for a in args):
+            return ShardedTensor.combined(self.mesh, *combining.composed(
+                getattr(np, NUMPY_UFUNCS[name]), args))
+        if name == "asarray" and len(args) == 1 and kwargs.get("copy") is not True and \
+                kwargs.get("dtype") in (None, args[0].dtype):
+            return args[0]
+        if name == "reshape" and len(args) == 2 and kwargs.get("copy") is not False:
+            x, shape = args
+            new = np.reshape(np.broadcast_to(np.empty((), x.dtype), x.shape), shape).shape
+            return ShardedTensor.combined(self.mesh, *combining.composed(
+                lambda value: np.reshape(value, new), [x], result=(new, x.dtype)))
+        if name == "astype" and len(args) == 2 and set(kwargs) <= {"copy"}:
+            x, dtype = args
+            if dtype == x.dtype and kwargs.get("copy") is False:
+                return x
+            if not (x.dtype.kind == "c" and np.dtype(dtype).kind != "c"):  # (refused so)
+                return ShardedTensor.combined(self.mesh, *combining.composed(
+                    lambda value: value.astype(dtype), [x], result=(x.shape, np.dtype(dtype))))
+        return None
 
     def _each_shard(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                     axis: int | None, extension: str = "") -> Any:

@@ -4,16 +4,14 @@ runs what runs on each shard and combines, compared with numpy; what needs anoth
 data is refused with the move after which it runs. Libraries take it unchanged:
 array-api-extra's functions, and scikit-learn's StandardScaler, PCA and Ridge
 (``array_api_dispatch=True``), their results within 1e-8 of the same on numpy, the bytes read
-back from the devices counted on each of the mesh's sessions.
+back from the devices counted on each of the mesh's sessions. The same on a mesh of a jax
+worker's two XLA CPU devices: scikit-learn's fits, and some of the namespace's functions.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
-import json
-import os
-import subprocess
-import sys
 import warnings
 from typing import Any, Callable
 
@@ -23,16 +21,28 @@ import pytest
 import fabric
 from fabric.mesh.sharded import ShardedTensor
 
+from sklearn_fits import fit_in_a_child
 from test_array_api_consumers import EXTRA, as_numpy, assert_same, compat_numpy, inputs
 
 pytestmark = pytest.mark.timeout(120)
 
 
+BACKENDS = ["numpy", pytest.param("jax", marks=pytest.mark.skipif(
+    importlib.util.find_spec("jax") is None, reason="jax is not installed"))]
+
+
 @pytest.fixture(scope="module")
-def mesh():
-    with fabric.LocalCluster(workers=2, devices_per_worker=2) as cluster, \
-            cluster.connect() as parent:
-        yield parent.mesh()
+def mesh(request: pytest.FixtureRequest):
+    """Four numpy devices (two workers of two), or where a test asks for "jax", a jax worker's
+    two XLA CPU devices (the last tests of this file, so that one cluster runs at a time)."""
+    backend = getattr(request, "param", "numpy")
+    layout = {"workers": 1, "backend": "jax"} if backend == "jax" else {"workers": 2}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAX_PLATFORMS", "cpu")  # (on a GPU host too: its CPU's devices)
+        # (a jax device compiles each op it has not run before: seconds on a busy machine)
+        with fabric.LocalCluster(devices_per_worker=2, **layout) as cluster, \
+                cluster.connect(timeout=60) as parent:
+            yield parent.mesh()
 
 
 def bytes_read(mesh: Any) -> int:
@@ -74,6 +84,16 @@ CASES: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
     "diff": (lambda xp, x: xp.diff(x, axis=1, n=2), 0),
     "cumulative_sum with the initial": (lambda xp, x: xp.cumulative_sum(
         x, axis=1, include_initial=True), 0),
+    # (along the split axis: each device's total read, the carry added on each device)
+    "cumulative_sum along the split axis": (lambda xp, x: xp.cumulative_sum(
+        x, axis=0, include_initial=True), 4 * 4 * 8),
+    "cumulative_prod of a split vector": (lambda xp, x: xp.cumulative_prod(x[:, 0]), 4 * 8),
+    # (moved worker to worker so that the axis lies whole on each device, and back)
+    "sort along the split axis": (lambda xp, x: xp.sort(x, axis=0, descending=True), 0),
+    "argsort of a split vector": (lambda xp, x: xp.argsort(x[:, 1]), 0),
+    "concat along the split axis": (lambda xp, x: xp.concat(
+        [x, x[2:], xp.ones((1, 4), dtype=xp.float32)]), 0),
+    "concat along another axis": (lambda xp, x: xp.concat([x, x], axis=1), 0),
     "zeros_like": (lambda xp, x: xp.zeros_like(x, dtype=xp.int32), 0),
     "full": (lambda xp, x: xp.full((3, 2), 1.5, device=x.device), 0),
     "asarray": (lambda xp, x: xp.asarray([1, 2, 3]), 0),
@@ -99,6 +119,13 @@ def expected_of(name: str) -> np.ndarray:
              "roll": np.roll(VALUES, 1, axis=1), "diff": np.diff(VALUES, axis=1, n=2),
              "cumulative_sum with the initial": np.concatenate(
                  [np.zeros((11, 1)), np.cumsum(VALUES, axis=1)], axis=1),
+             "cumulative_sum along the split axis": np.concatenate(
+                 [np.zeros((1, 4)), np.cumsum(VALUES, axis=0)]),
+             "cumulative_prod of a split vector": np.cumprod(VALUES[:, 0]),
+             "sort along the split axis": -np.sort(-VALUES, axis=0),
+             "argsort of a split vector": np.argsort(VALUES[:, 1], kind="stable"),
+             "concat along the split axis": np.concatenate([VALUES, VALUES[2:], np.ones((1, 4))]),
+             "concat along another axis": np.concatenate([VALUES, VALUES], axis=1),
              "zeros_like": np.zeros((11, 4), np.int32), "full": np.full((3, 2), 1.5),
              "asarray": np.array([1, 2, 3]),
              "eigh of a combined matrix": np.linalg.eigvalsh(VALUES.T @ VALUES),
@@ -160,12 +187,41 @@ def test_in_place_updates_run_on_each_shard(mesh) -> None:
     assert [t.numpy().tolist() for _, t in copies.shards] == [[1.0, 0.0, 1.0, 0.0]] * 4
 
 
+def round_trips(mesh: Any) -> int:
+    return sum(session.stats()["round_trips"] for session in mesh.sessions)
+
+
+def test_ops_of_combined_results_wait_for_one_read_of_each_device(mesh) -> None:
+    """scikit-learn's PCA computes its covariance so: each result combined from every
+    device's partials stays unread until its value is needed, the ops of such results
+    composed on the client, then each device's partials read at once, in one array."""
+    x = mesh.asarray(VALUES, axis=0)
+    xp = x.__array_namespace__()
+    before = round_trips(mesh)
+    mean = xp.asarray(xp.mean(x, axis=0))
+    covariance = x.mT @ x
+    covariance -= 11 * xp.reshape(mean, (-1, 1)) * xp.reshape(mean, (1, -1))
+    covariance /= 10
+    finite = xp.isfinite(xp.astype(covariance, xp.float32))
+    assert round_trips(mesh) == before  # (nothing read yet)
+    np.testing.assert_allclose(covariance.numpy(), np.cov(VALUES.T), rtol=1e-12)
+    assert round_trips(mesh) == before + len(mesh.sessions)  # (the mean's and the Gram's)
+    assert covariance.numpy().dtype == np.float64 and round_trips(mesh) == before + 4
+    assert finite.numpy().all() and round_trips(mesh) == before + 4  # (of what was read)
+    with pytest.raises(TypeError):  # (numpy's casting, at the call)
+        mean_copy = xp.astype(xp.sum(x, axis=0), xp.int64)
+        mean_copy += 0.5
+    assert xp.linalg.eigvalsh(covariance).numpy() == pytest.approx(
+        np.linalg.eigvalsh(np.cov(VALUES.T)), rel=1e-10)  # (uploaded, nothing read again)
+
+
 # (the call on a row-split x, the words its refusal says)
 REFUSED = {
-    "sort along the split axis": (lambda xp, x: xp.sort(x, axis=0), r"x\.reshard"),
+    "unique values across devices": (lambda xp, x: xp.unique_values(x), r"x\.reshard"),
     "flip of every axis": (lambda xp, x: xp.flip(x), r"x\.reshard"),
     "reshape mixing rows": (lambda xp, x: xp.reshape(x, (-1,)), r"x\.reshard"),
-    "concat": (lambda xp, x: xp.concat([x, x]), r"x\.reshard"),
+    "concat split otherwise": (lambda xp, x: xp.concat([x, x.reshard(1)]), r"x\.reshard"),
+    "concat of other widths": (lambda xp, x: xp.concat([x, x[:, :2]]), "match exactly"),
     "inv": (lambda xp, x: xp.linalg.inv(x), r"x\.reshard"),
     "svd of all of U": (lambda xp, x: xp.linalg.svd(x), r"mesh\.replicate\(x\)"),
     "a mask across devices": (lambda xp, x: x[x > 0], r"x\.shards"),
@@ -186,12 +242,13 @@ def test_what_needs_other_devices_data_is_refused_before_anything_is_read(mesh,
     assert np.array_equal(x.numpy(), VALUES)
 
 
-# array-api-extra's functions that run on tensors split along their first axis; the others
-# need another device's rows (sorting, a mask, updates by index, set functions, padding)
+# array-api-extra's functions that run on tensors split along their first axis (partition
+# by sorting along it, moved worker to worker); the others need another device's rows (a
+# mask, updates by index, set functions, padding)
 EXTRA_ON_A_MESH = ["angle", "atleast_nd", "broadcast_shapes", "default_dtype", "deg2rad",
                    "rad2deg", "diag_indices", "tril_indices", "triu_indices", "expand_dims",
                    "lazy_apply", "nan_to_num", "nanmax", "nanmin", "nansum", "nanmean",
-                   "one_hot", "sinc", "unravel_index"]
+                   "one_hot", "partition", "sinc", "unravel_index"]
 
 
 @pytest.mark.parametrize("name", sorted(set(EXTRA) - set(EXTRA_ON_A_MESH)))
@@ -228,60 +285,37 @@ def test_array_api_extra_runs_on_a_mesh(mesh, name: str) -> None:
 # -- scikit-learn -----------------------------------------------------------------------------
 
 # (case, the most bytes its fit may read back from the devices: X is 4000 x 8 float64,
-# 256,000 bytes, split over 4 devices)
+# 256,000 bytes, split over 2 devices)
 SKLEARN = {"standard_scaler": 2048, "pca_covariance_eigh": 4096, "pca_full": 4096,
            "ridge": 4096}
 
-PROGRAM = r'''
-import json, sys
-import numpy as np, sklearn
-from fabric import LocalCluster
-from sklearn.decomposition import PCA
-from sklearn.linear_model import Ridge
-from sklearn.preprocessing import StandardScaler
 
-sklearn.set_config(array_api_dispatch=True)
-rng = np.random.default_rng(0)
-X = rng.normal(size=(4000, 8))
-y = X @ rng.normal(size=8) + 0.1 * rng.normal(size=4000)
-CASES = {
-    "standard_scaler": lambda X, y: StandardScaler().fit_transform(X),
-    "pca_covariance_eigh": lambda X, y: PCA(n_components=3,
-                                            svd_solver="covariance_eigh").fit_transform(X),
-    "pca_full": lambda X, y: PCA(n_components=3, svd_solver="full").fit_transform(X),
-    "ridge": lambda X, y: Ridge(alpha=1.0, solver="svd").fit(X, y).predict(X),
-}
-results = {}
-with LocalCluster(workers=2, devices_per_worker=2) as cluster, cluster.connect() as parent:
-    mesh = parent.mesh()
-    X_mesh, y_mesh = mesh.asarray(X, axis=0), mesh.asarray(y, axis=0)
-    for name in sys.argv[1:]:
-        before = sum(s.stats()["bytes_read"] for s in mesh.sessions)
-        found = CASES[name](X_mesh, y_mesh)
-        read = sum(s.stats()["bytes_read"] for s in mesh.sessions) - before
-        sharded = type(found).__name__ == "ShardedTensor" and found.axis == 0
-        found, expected = found.numpy(), np.asarray(CASES[name](X, y))
-        if name.startswith("pca"):  # (a component's sign is either)
-            found, expected = np.abs(found), np.abs(expected)
-        results[name] = {"difference": float(np.max(np.abs(found - expected))),
-                         "sharded": sharded, "bytes": read}
-print(json.dumps(results))
-'''
-
-
-@pytest.fixture(scope="module")
-def fitted() -> dict[str, dict[str, Any]]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def fitted(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     pytest.importorskip("sklearn")
-    environment = {**os.environ, "SCIPY_ARRAY_API": "1"}
-    done = subprocess.run([sys.executable, "-c", PROGRAM, *SKLEARN], capture_output=True,
-                          text=True, timeout=100, env=environment)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return fit_in_a_child(request.param, "mesh", sorted(SKLEARN))
 
 
+@pytest.mark.timeout(300)  # (the first test sets the child's fits up: a minute on jax)
 @pytest.mark.parametrize("case", sorted(SKLEARN))
 def test_scikit_learn_fits_on_a_mesh(fitted: dict[str, dict[str, Any]], case: str) -> None:
     result = fitted[case]
     assert result["difference"] <= 1e-8, result
-    assert result["sharded"], f"{case}'s result is not split as X is: {result}"
+    assert result["kind"] == "split along rows", f"{case}'s result is not split as X is: {result}"
     assert result["bytes"] <= SKLEARN[case], f"{case} read back more than it branches on"
+
+
+# -- a mesh of jax devices --------------------------------------------------------------------
+
+# (the namespace's cases that run on each jax device's shard and combine)
+ON_JAX = ["sin", "where", "sum across devices", "var", "astype", "Gram matrix", "centered",
+          "sort along the rows", "cumulative_sum along the split axis",
+          "sort along the split axis", "concat along the split axis", "svd of a tall matrix",
+          "masked replicated"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+@pytest.mark.parametrize("mesh", ["jax"], indirect=True)
+@pytest.mark.parametrize("name", ON_JAX)
+def test_the_namespace_runs_on_a_mesh_of_jax_devices(mesh, name: str) -> None:
+    test_the_namespace_runs_on_each_shard_and_combines(mesh, name)

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from fabric.mesh import reductions
+from fabric.mesh import combining, reductions
 from fabric.mesh.sharding import (Sharding, block_positions, block_ranges, block_slices,
                                   joined_axis, split_blocks)
 
@@ -151,3 +151,34 @@ def test_comoments_of_blocks_are_numpys_covariance_far_from_zero():
         got = reductions.comoments(counts, sums, squares) / (len(data) - 1)
         want = np.cov(data, rowvar=False)  # (rounding: relative to its largest entry)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
+
+
+class Pending:
+    """A stand-in for a result combined from partials that no device holds yet: numpy arrays
+    for its partial results, summed when combined."""
+
+    def __init__(self, partials: list[np.ndarray]) -> None:
+        self._shards = None
+        self._partials = ([[p] for p in partials], lambda values: sum(v[0] for v in values))
+        self.dtype, self.shape, self.ndim = partials[0].dtype, partials[0].shape, partials[0].ndim
+
+
+def test_ops_of_combined_results_compose_with_their_combine():
+    mean = Pending([np.arange(3.0), np.ones(3)])
+    gram = Pending([np.eye(3), 2 * np.eye(3)])
+    assert combining.composable([mean, 2]) and not combining.composable([mean, np.ones(3)])
+    assert not combining.composable([2, 3])  # (no combined result among them)
+    shape, dtype, partials, combine = combining.composed(
+        np.subtract, [gram, Pending([np.ones((3, 1))])])
+    assert (shape, dtype, len(partials)) == ((3, 3), np.float64, 3)
+    values = [[p] for p in (np.eye(3), 2 * np.eye(3), np.ones((3, 1)))]
+    np.testing.assert_array_equal(combine(values), 3 * np.eye(3) - 1)
+    _, dtype, _, combine = combining.composed(np.less, [mean, 2])  # (a Python scalar: weak)
+    assert dtype == np.bool_
+    assert combine([[np.arange(3.0)], [np.ones(3)]]).tolist() == [True, False, False]
+    integers = Pending([np.arange(3)])
+    with pytest.raises(TypeError):  # numpy's casting, at the call: not when read
+        combining.composed(np.add, [integers, 0.5], out=integers)
+    _, _, _, combine = combining.composed(np.add, [mean, 1])
+    mean._partials = ([], lambda _: np.zeros(3))  # (updated in place later: not seen here)
+    np.testing.assert_array_equal(combine([[np.arange(3.0)], [np.ones(3)]]), np.arange(3.0) + 2)
