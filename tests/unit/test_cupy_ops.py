@@ -17,6 +17,7 @@ from fabric.workers.backends.base import Constant, GraphOp, GraphOpError
 from fabric.workers.backends.cupy_ops import fusable_ops, fused_steps, spelled
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.backends.staging import StagingBuffers
+from value_edges import CASES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,3 +179,65 @@ def test_an_index_is_checked_as_numpy_checks_it_and_an_update_is_copy_on_write()
     counted = ops["ufunc_at"](np.zeros(3), 1.0, np.array([0, 0, 2]), ufunc="add",
                               index=(first,))
     np.testing.assert_array_equal(counted, [2.0, 0.0, 1.0])
+
+
+class _CupyKernels:
+    """numpy with CuPy's kernels where they compute otherwise (CuPy's ``_routines_math.pyx``
+    and ``carray.cuh``): a float's ``floor_divide`` is ``floor(a / b)`` and its
+    ``remainder`` ``a - floor(a / b) * b``, an integer to a negative power 0, 1 or -1, and
+    ``bincount`` counts what it is given; whatever reaches them shows in the values."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def floor_divide(a, b):
+        return np.floor(a / b) if a.dtype.kind == "f" else np.floor_divide(a, b)
+
+    @staticmethod
+    def remainder(a, b):
+        return a - np.floor(a / b) * b if a.dtype.kind == "f" else np.remainder(a, b)
+
+    @staticmethod
+    def power(a, b):
+        if a.dtype.kind != "i":
+            return np.power(a, b)
+        wrapped = np.where(a == -1, np.where(b % 2 == 1, -1, 1), np.where(a == 1, 1, 0))
+        return np.where(b < 0, wrapped, np.power(a, np.maximum(b, 0))).astype(a.dtype)
+
+    @staticmethod
+    def bincount(x, *weights, minlength=0):
+        return np.bincount(np.maximum(x, 0), *weights, minlength=minlength)
+
+
+@pytest.mark.parametrize("name, args, params", CASES)
+def test_values_cupy_computes_otherwise_are_numpys(name, args, params):
+    """The cupy device's functions on CuPy's kernels (numpy standing in) give numpy's values
+    and errors. (A float converted to an integer: only values in range reach the module's
+    cast, which is the one thing that a saturating cast would show; the jax device, whose
+    XLA saturates as CUDA does, runs the same lines on the same values.)"""
+    ops = spelled(_CupyKernels(), np.asarray)
+    with np.errstate(all="ignore"):
+        try:
+            expected = np.asarray(OPS[name].impl(*args, **params))
+        except ValueError as exc:
+            with pytest.raises(ValueError, match=str(exc)):
+                ops[name](*args, **params)
+            return
+        got = ops[name](*args, **params)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+    assert (np.signbit(got) == np.signbit(expected)).all()  # (a float's signed zeros)
+
+
+def test_the_ops_cupy_computes_otherwise_are_not_fused():
+    """A float's floor_divide and remainder, an integer's power run as their own steps (the
+    device's functions), beside fused neighbours."""
+    inputs = {0: np.array([1.0, -1.0, 5.0]), 1: np.array([2, 3, -1])}
+    ops, specs, expected = _graph(inputs, [
+        ("add", 2, [0, 1.0]), ("floor_divide", 3, [2, 0.1]), ("multiply", 4, [3, 2.0]),
+        ("add", 5, [4, 1.0]), ("power", 6, [1, np.int64(2)]), ("negative", 7, [6]),
+        ("absolute", 8, [7]), ("remainder", 9, [5, np.inf])])
+    steps = fused_steps(ops, specs, [8, 9], np, lambda chain: chain, NumpyDevice(0).bind,
+                        lambda n: None)
+    assert [step.ops for step in steps] == [(0,), (1,), (2, 3), (4,), (5, 6), (7,)]

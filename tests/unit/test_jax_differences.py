@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from fabric.core.ops import OPS, QUANTILES
 from fabric.workers.backends import device_class
+from value_edges import CASES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,3 +122,19 @@ def test_sort_and_argsort_take_numpys_kind_and_order_ties_stably(device, kind, d
                                       np.sort(flat, axis=along))
         expected, got = _both(device, "sort", [values], params)
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("name, args, params", CASES)
+def test_values_xla_computes_otherwise_are_numpys(device, name, args, params):
+    """XLA saturates a float converted to an integer (-1.0 to uint32 is 0, nan 0), divides
+    an integer by zero to garbage, gives 2 ** -1 as the most negative int64 and counts a
+    negative value at 0, where numpy converts through the CPU's truncation, gives 0, and
+    raises ValueError."""
+    expected, got = _both(device, name, args, params)
+    if isinstance(expected, Exception):
+        assert type(got) is type(expected) and str(got) == str(expected)
+    else:
+        assert not isinstance(got, Exception), got
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+        assert (np.signbit(got) == np.signbit(expected)).all()  # (a float's signed zeros)

@@ -13,12 +13,10 @@ What differs and why:
   the values are cast to the target's dtype as numpy's assignment casts them;
 - integer array indices: jax clamps one out of bounds, numpy raises IndexError: the index is
   checked by numpy itself, on a stand-in of the target (no copy of its data);
-- ``astype`` from a float to an integer: numpy's loops convert through the CPU's truncating
-  conversion (nan, inf and values out of range become the most negative int32 or int64,
-  narrower integers wrap from int32), XLA's saturates: numpy's is spelled out here;
-- ``floor_divide``, ``remainder``: numpy's ``divmod`` (an integer divided by zero gives 0;
-  a float's signed zeros), ``sign`` of -0.0 is +0.0, ``power`` refuses an integer to a
-  negative power;
+- ``astype`` from a float to an integer (XLA's saturates), ``floor_divide`` and
+  ``remainder`` (an integer divided by zero, a float's signed zeros), ``power`` of an
+  integer to a negative power and ``bincount`` of a negative value (numpy refuses both):
+  ``numpy_values``, shared with the cupy device; ``sign`` of -0.0 is +0.0;
 - numpy's reductions and scans take axis 0 (or -1) of a 0-d array, jax's refuse it;
 - ``eig`` is real where every eigenvalue is (jax's is always complex); ``inv`` and ``solve``
   of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do,
@@ -35,6 +33,7 @@ What differs and why:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -47,30 +46,15 @@ from fabric.core.ops_functions import (cut_off, decomposition, lstsq as lstsq_ov
                                        pinv as pinv_over)
 from fabric.core.ops_statistics import average as average_over, histogram as histogram_of
 
+from . import numpy_values
 from .index_checks import checked_index, fitted_value
 
-_INT32 = (-2.0**31, 2.0**31)
-_INT64 = (-2.0**63, 2.0**63)
-# numpy's float-to-integer conversions: through which integer the CPU truncates
-_TRUNCATED_THROUGH = {np.dtype(t): through for t, through in [
-    ("int8", np.int32), ("int16", np.int32), ("int32", np.int32), ("uint8", np.int32),
-    ("uint16", np.int32), ("int64", np.int64)]}
+astype, floor_divide, remainder = (functools.partial(function, jnp) for function in (
+    numpy_values.astype, numpy_values.floor_divide, numpy_values.remainder))
+
 # ufunc.at as jax's .at[] methods; the others run numpy's ufunc.at on a host copy
 _AT_METHODS = {"add": "add", "multiply": "multiply", "minimum": "min", "maximum": "max",
                "divide": "divide", "power": "power"}
-
-
-def astype(a: Any, dtype: Any) -> Any:
-    """numpy's ``astype``; a float (or complex) to an integer as numpy's loops convert."""
-    dtype = np.dtype(dtype)
-    through = _TRUNCATED_THROUGH.get(dtype)
-    if through is None or a.dtype.kind not in "fc":
-        return a.astype(dtype)
-    whole = jnp.trunc(jnp.real(a).astype(np.float64))
-    low, high = _INT32 if through is np.int32 else _INT64
-    valid = (whole >= low) & (whole < high)  # (nan is neither)
-    converted = jnp.where(valid, whole, 0).astype(through)
-    return jnp.where(valid, converted, np.iinfo(through).min).astype(dtype)
 
 
 def _cast(value: Any, dtype: np.dtype) -> Any:
@@ -118,35 +102,6 @@ def _descriptor(value: Any) -> Any:
     return np.dtype(bool) if type(value) is bool else type(value)
 
 
-def floor_divide(a: Any, b: Any) -> Any:
-    """numpy's ``floor_divide`` (operands of one dtype, numpy's loop's)."""
-    if a.dtype.kind in "iu":
-        safe = jnp.where(b == 0, 1, b).astype(a.dtype)
-        return jnp.where(b == 0, 0, jnp.floor_divide(a, safe)).astype(a.dtype)
-    return _float_divmod(a, b)[0]
-
-
-def remainder(a: Any, b: Any) -> Any:
-    """numpy's ``remainder`` (operands of one dtype, numpy's loop's)."""
-    if a.dtype.kind in "iu":
-        return jnp.remainder(a, b)
-    return _float_divmod(a, b)[1]
-
-
-def _float_divmod(a: Any, b: Any) -> tuple[Any, Any]:
-    """numpy's ``npy_divmod`` for floats, step by step (its signed zeros included)."""
-    mod = jnp.fmod(a, b)
-    div = (a - mod) / b
-    adjust = (mod != 0) & ((b < 0) != (mod < 0))
-    mod = jnp.where(adjust, mod + b, jnp.where(mod != 0, mod, jnp.copysign(0.0, b)))
-    div = jnp.where(adjust, div - 1, div)
-    floor = jnp.floor(div)
-    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
-    quotient = jnp.where(div != 0, floor, jnp.copysign(0.0, a / b))
-    quotient = jnp.where(b == 0, a / b, quotient)  # (and by zero, fmod's nan: numpy's)
-    return quotient.astype(a.dtype), mod.astype(a.dtype)
-
-
 def sign(a: Any) -> Any:
     """numpy's ``sign``: of a zero (-0.0 too) +0, of nan nan."""
     result = jnp.sign(a)
@@ -155,15 +110,13 @@ def sign(a: Any) -> Any:
 
 def power(a: Any, b: Any) -> Any:
     """numpy's ``power``: an integer to a negative integer power is refused."""
-    if a.dtype.kind == "i" and bool(jnp.any(b < 0)):
-        raise ValueError("Integers to negative integer powers are not allowed.")
+    numpy_values.refuse_negative_power(jnp, a, b)
     return jnp.power(a, b)
 
 
 def bincount(x: Any, *weights: Any, minlength: int = 0) -> Any:
     """numpy's ``bincount``: a negative value is refused (jax's would drop it)."""
-    if x.size and bool(jnp.any(x < 0)):
-        raise ValueError("'list' argument must have no negative elements")
+    numpy_values.refuse_negative_counts(jnp, x)
     return jnp.bincount(x, *weights, minlength=minlength)
 
 
