@@ -23,8 +23,10 @@ What differs and why:
   and ``svd``, ``pinv`` and ``lstsq`` of a matrix holding a nan as LAPACK's SVD, which does
   not converge then, makes numpy do (XLA's gives nans);
 - ``sort`` and ``argsort`` take numpy's ``kind`` (jax's refuse it): a stable sort for each;
-- a quantile's methods that pick a value (lower, higher, nearest) keep the input's dtype (a
-  bool's too) and round nearest's ties to even, as numpy's (jax's compute in a float);
+- a quantile's methods that pick a value (lower, higher, nearest, inverted_cdf,
+  closest_observation) keep the input's dtype (a bool's too) and round nearest's ties to
+  even, as numpy's (jax's compute in a float); the methods jnp.quantile lacks (numpy's other
+  Hyndman and Fan estimators) are numpy's, step by step;
 - what numpy refuses on the values, jax computes: ``nanargmin`` of an all-nan slice,
   ``average`` of weights that sum to zero, a histogram's edges that do not increase are
   refused here as numpy refuses them; ``lstsq``'s residuals are numpy's (none unless the
@@ -267,32 +269,62 @@ def ufunc_method(method: str) -> Callable[..., Any]:
     return run
 
 
-# numpy's quantile methods that pick one of the sorted values: how each rounds the virtual
-# index ``q * (n - 1)`` (numpy's ``around`` rounds half to even, as ``jnp.round``)
-_PICKING = {"lower": jnp.floor, "higher": jnp.ceil, "nearest": jnp.round}
+# numpy's quantile methods by the index into a slice's ``n`` sorted values that ``q`` takes
+# (numpy's ``_QuantileMethods``). Those that pick a value, a whole index: kept in the input's
+# dtype (jnp.quantile computes lower, higher and nearest in a float and rounds nearest's ties
+# down, where numpy's ``around`` rounds them to even, as ``jnp.round``; it has no other)
+def _rounded(rounding: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    return lambda n, q: rounding((n - 1) * q)
+
+
+def _boundary(shift: float, odd_stays: bool) -> Callable[[Any, Any], Any]:
+    """numpy's ``_discrete_interpolation_to_boundaries``: ``n * q - 1 - shift``, raised to
+    the next whole index unless it is whole (and, for ``odd_stays``, odd)."""
+    def index(n: Any, q: Any) -> Any:
+        at = n * q - 1 - shift
+        before = jnp.floor(at)
+        stays = (at == before) & (before % 2 == 1) if odd_stays else at == before
+        return jnp.maximum(jnp.where(stays, before, before + 1), 0)
+    return index
+
+
+def _hyndman_fan(alpha: float, beta: float) -> Callable[[Any, Any], Any]:
+    """numpy's ``_compute_virtual_index``: Hyndman and Fan's ``alpha`` and ``beta``."""
+    return lambda n, q: n * q + (alpha + q * (1 - alpha - beta)) - 1
+
+
+_PICKING = {"lower": _rounded(jnp.floor), "higher": _rounded(jnp.ceil),
+            "nearest": _rounded(jnp.round), "inverted_cdf": _boundary(0, False),
+            "closest_observation": _boundary(0.5, True)}
+# ...and those that interpolate between the values around a fractional index (linear and
+# midpoint are jnp.quantile's own)
+_INTERPOLATING = {"averaged_inverted_cdf": lambda n, q: n * q - 1,
+                  "interpolated_inverted_cdf": _hyndman_fan(0, 1),
+                  "hazen": _hyndman_fan(0.5, 0.5), "weibull": _hyndman_fan(0, 0),
+                  "median_unbiased": _hyndman_fan(1 / 3, 1 / 3),
+                  "normal_unbiased": _hyndman_fan(3 / 8, 3 / 8)}
 
 
 def quantile(name: str) -> Callable[..., Any]:
-    """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only); a
-    method that picks a value (lower, higher, nearest) as numpy picks it, in the input's
-    dtype (jax's computes in a float, refusing a bool's, and rounds nearest's ties down)."""
+    """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only); each
+    of numpy's methods that jnp's lacks or computes otherwise (``_PICKING``,
+    ``_INTERPOLATING``) as numpy computes it."""
     function = getattr(jnp, name)
     skip_nan, percent = name.startswith("nan"), name.endswith("percentile")
 
     def run(a: Any, q: Any, axis: Any = None, method: str = "linear", keepdims: bool = False,
             **params: Any) -> Any:
         q = jnp.asarray(q)
-        if method not in _PICKING:
+        if method not in _PICKING and method not in _INTERPOLATING:
             return function(a, q, axis=axis, method=method, keepdims=keepdims, **params)
         q = q.astype(np.float64) / 100 if percent else q.astype(np.float64)
-        return _picked(a, q, axis, _PICKING[method], keepdims, skip_nan)
+        return _quantiles(a, q, axis, method, keepdims, skip_nan)
     return run
 
 
-def _picked(a: Any, q: Any, axis: Any, rounding: Callable[[Any], Any], keepdims: bool,
-            skip_nan: bool) -> Any:
-    """The values a picking quantile method takes along ``axis`` (None, an int, a tuple) at
-    each ``q``: ``q``'s axes first, as numpy's. A slice holding a nan gives nan (a nan one's:
+def _quantiles(a: Any, q: Any, axis: Any, method: str, keepdims: bool, skip_nan: bool) -> Any:
+    """The quantiles of ``a`` along ``axis`` (None, an int, a tuple) at each ``q`` by numpy's
+    ``method``: ``q``'s axes first, as numpy's. A slice holding a nan gives nan (a nan one's:
     its other values, and nan where all are nan)."""
     reduced = tuple(range(a.ndim)) if axis is None else tuple(
         sorted(x % a.ndim for x in np.atleast_1d(axis)))
@@ -300,12 +332,28 @@ def _picked(a: Any, q: Any, axis: Any, rounding: Callable[[Any], Any], keepdims:
     rows = jnp.transpose(a, kept + list(reduced)).reshape(
         *[a.shape[d] for d in kept], -1)  # (each reduced slice one row)
     nan = jnp.isnan(rows) if a.dtype.kind == "f" else jnp.zeros(rows.shape, bool)
-    count = (~nan).sum(-1) if skip_nan else jnp.full(rows.shape[:-1], rows.shape[-1])
+    n = (~nan).sum(-1) if skip_nan else jnp.full(rows.shape[:-1], rows.shape[-1])
     at = q.reshape(q.shape + (1,) * (rows.ndim - 1))
-    index = jnp.clip(rounding((count - 1) * at), 0, rows.shape[-1] - 1).astype(np.int64)
     ordered = jnp.broadcast_to(jnp.sort(rows, axis=-1), q.shape + rows.shape)  # (nans last)
-    values = jnp.take_along_axis(ordered, index[..., None], axis=-1)[..., 0]
-    undefined = (count == 0) if skip_nan else nan.any(-1)
+
+    def value(index: Any) -> Any:
+        index = jnp.clip(index, 0, rows.shape[-1] - 1).astype(np.int64)
+        return jnp.take_along_axis(ordered, index[..., None], axis=-1)[..., 0]
+    if method in _PICKING:
+        values = value(_PICKING[method](n, at))
+    else:  # (numpy's _get_indexes, _get_gamma and _lerp, step by step)
+        virtual = _INTERPOLATING[method](n, at)
+        above, below = virtual >= n - 1, virtual < 0
+        before = jnp.where(above, -1, jnp.where(below, 0, jnp.floor(virtual)))
+        gamma = virtual - before
+        if method == "averaged_inverted_cdf":
+            gamma = jnp.where(gamma == 0, 0.5, 1.0)
+        first = jnp.where(above, n - 1, before)
+        low, high = value(first), value(jnp.where(above | below, first, before + 1))
+        step = high - low
+        values = jnp.where(gamma >= 0.5, high - step * (1 - gamma), low + step * gamma)
+        values = values.astype(a.dtype)
+    undefined = (n == 0) if skip_nan else nan.any(-1)
     if a.dtype.kind == "f":
         values = jnp.where(undefined, jnp.nan, values).astype(a.dtype)
     if keepdims:
