@@ -48,6 +48,8 @@ from .base import Constant, GraphOp, GraphOpError, GraphStep, graph_step
 from .index_checks import checked_index, fitted_value
 
 Bind = Callable[[Op, dict[str, Any]], Callable[..., Any]]
+# The ops that run numpy's own function on a host copy of their inputs, moved back
+ON_HOST = ("nanpercentile", "nanquantile", "ufunc_at")
 
 
 def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable[..., Any]]:
@@ -88,8 +90,7 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
         numpy_values.refuse_negative_counts(xp, x)
         return xp.bincount(x, *weights, minlength=minlength)
 
-    return {"nanpercentile": on_host("nanpercentile"), "nanquantile": on_host("nanquantile"),
-            "ufunc_at": on_host("ufunc_at"), "lstsq_residuals": lstsq_residuals,
+    return {**{name: on_host(name) for name in ON_HOST}, "lstsq_residuals": lstsq_residuals,
             "getitem": getitem, "setitem": setitem, "power": power, "bincount": bincount,
             "astype": lambda a, dtype: numpy_values.astype(xp, a, dtype),
             "floor_divide": in_loop("floor_divide"), "remainder": in_loop("remainder")}
