@@ -184,8 +184,9 @@ def test_an_index_is_checked_as_numpy_checks_it_and_an_update_is_copy_on_write()
 class _CupyKernels:
     """numpy with CuPy's kernels where they compute otherwise (CuPy's ``_routines_math.pyx``
     and ``carray.cuh``): a float's ``floor_divide`` is ``floor(a / b)`` and its
-    ``remainder`` ``a - floor(a / b) * b``, an integer to a negative power 0, 1 or -1, and
-    ``bincount`` counts what it is given; whatever reaches them shows in the values."""
+    ``remainder`` ``a - floor(a / b) * b``, an integer to a negative power 0, 1 or -1,
+    ``bincount`` counts what it is given and ``searchsorted`` takes arrays alone; whatever
+    reaches them shows in the values."""
 
     def __getattr__(self, name):
         return getattr(np, name)
@@ -204,6 +205,12 @@ class _CupyKernels:
             return np.power(a, b)
         wrapped = np.where(a == -1, np.where(b % 2 == 1, -1, 1), np.where(a == 1, 1, 0))
         return np.where(b < 0, wrapped, np.power(a, np.maximum(b, 0))).astype(a.dtype)
+
+    @staticmethod
+    def searchsorted(a, v, side="left", sorter=None):
+        if not isinstance(v, np.ndarray):
+            raise NotImplementedError("Only int or ndarray are supported for v")
+        return np.searchsorted(a, v, side=side, sorter=sorter)
 
     @staticmethod
     def bincount(x, *weights, minlength=0):
@@ -228,6 +235,16 @@ def test_values_cupy_computes_otherwise_are_numpys(name, args, params):
     assert got.dtype == expected.dtype
     np.testing.assert_array_equal(got, expected)
     assert (np.signbit(got) == np.signbit(expected)).all()  # (a float's signed zeros)
+
+
+def test_searchsorted_takes_a_scalar_as_numpys():
+    ops, a = spelled(_CupyKernels(), np.asarray), np.array([1.0, 2.0, np.nan])
+    for v in (2.0, np.nan, np.array([np.nan, 2.0, -np.inf])):
+        for side in ("left", "right"):
+            np.testing.assert_array_equal(ops["searchsorted"](a, v, side=side),
+                                          np.searchsorted(a, v, side=side))
+    np.testing.assert_array_equal(ops["searchsorted"](a[::-1], 1.5, np.array([1, 2, 0])),
+                                  np.searchsorted(a[::-1], 1.5, sorter=[1, 2, 0]))
 
 
 def test_the_ops_cupy_computes_otherwise_are_not_fused():

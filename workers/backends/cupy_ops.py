@@ -19,7 +19,8 @@ kernel ``cupy.fuse`` compiles, the copies) needs a GPU to be checked.
   ``floor_divide`` and ``remainder`` of floats, ``power`` of an integer to a negative power,
   ``bincount`` of a negative value: ``numpy_values`` (CUDA's conversion saturates, CuPy's
   float division is ``floor(a / b)``, its integer power gives 0, 1 or -1 where numpy
-  raises), the operands of the ufuncs first cast to numpy's loop.
+  raises), the operands of the ufuncs first cast to numpy's loop;
+- ``searchsorted``: a scalar ``v`` made an array (CuPy's refuses anything else).
 
 A graph's runs of consecutive elementwise ops (numpy ufuncs CuPy has, without params, and
 whose kernel computes numpy's values: not ``numpys_own``) become
@@ -86,12 +87,16 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
         numpy_values.refuse_negative_power(xp, a, b)
         return xp.power(a, b)
 
+    def searchsorted(a: Any, v: Any, *sorter: Any, side: str = "left") -> Any:
+        return xp.searchsorted(a, xp.asarray(v), side=side, sorter=sorter[0] if sorter else None)
+
     def bincount(x: Any, *weights: Any, minlength: int = 0) -> Any:
         numpy_values.refuse_negative_counts(xp, x)
         return xp.bincount(x, *weights, minlength=minlength)
 
     return {**{name: on_host(name) for name in ON_HOST}, "lstsq_residuals": lstsq_residuals,
             "getitem": getitem, "setitem": setitem, "power": power, "bincount": bincount,
+            "searchsorted": searchsorted,
             "astype": lambda a, dtype: numpy_values.astype(xp, a, dtype),
             "floor_divide": in_loop("floor_divide"), "remainder": in_loop("remainder")}
 
