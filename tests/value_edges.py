@@ -1,11 +1,20 @@
 """The values where numpy's result (or error) is one that CuPy and XLA compute otherwise
 (``workers/backends/numpy_values.py``): each case an op of the table, its inputs and params,
 run by the jax device (``tests/unit/test_jax_differences.py``) and by the cupy device's own
-functions with numpy standing in (``tests/unit/test_cupy_ops.py``), against numpy's."""
+functions with numpy standing in (``tests/unit/test_cupy_ops.py``), against numpy's; and
+through a session as a user writes them (``check_on``: the jax device here, and the cupy
+and jax devices on a GPU, ``test_cupy_gpu.py``, ``test_jax_gpu.py``)."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import numpy as np
+import pytest
+
+from fabric.core.errors import RemoteError
+from fabric.core.ops import OPS
 
 # Floats out of every integer's range and in it. 64 of them: numpy's vector loop converts
 # each (its scalar loop, for an array's last few elements, differs out of uint32's range)
@@ -34,3 +43,35 @@ CASES = [
     ("bincount", [np.array([1, -1, 3])], {}),
     ("bincount", [np.array([1, 0, 3])], {"minlength": 5}),
 ]
+
+
+def check_on(session: Any, name: str, args: list, params: dict) -> None:
+    """One case on ``session``'s device, called as numpy is: numpy's values and dtype (a
+    float's signed zeros too), or numpy's ValueError at the call or, named by the device's
+    RemoteError, at the read (or at the call, where the device tells the result's shape)."""
+    with np.errstate(all="ignore"):
+        try:
+            expected = np.asarray(OPS[name].impl(*args, **params))
+        except ValueError as exc:
+            expected, refused = None, exc
+    remote = [session.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+    if name == "astype":
+        call = lambda: remote[0].astype(params["dtype"])  # noqa: E731
+    else:
+        call = lambda: getattr(np, name)(*remote, **params)  # noqa: E731
+    if expected is None:
+        try:
+            result = call()
+        except ValueError as exc:
+            assert str(exc) == str(refused)
+            return
+        except RemoteError as exc:  # (a shape the device tells: asked at the call)
+            assert f"ValueError: {refused}" in str(exc)
+            return
+        with pytest.raises(RemoteError, match=re.escape(f"ValueError: {refused}")):
+            result.numpy()
+        return
+    got = call().numpy()
+    assert got.dtype == expected.dtype, (name, args, params)
+    np.testing.assert_array_equal(got, expected, err_msg=f"{name} {params}")
+    assert (np.signbit(got) == np.signbit(expected)).all(), (name, args, params)

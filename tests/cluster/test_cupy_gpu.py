@@ -14,6 +14,7 @@ from hypothesis import given
 from test_differential import EXAMPLES, chains, check, check_graph
 import test_graphs as graphs  # (its cases, not collected again here)
 from test_updates import PROGRAMS, READS, run
+from value_edges import CASES, check_on
 
 import fabric
 
@@ -85,6 +86,13 @@ def test_updates_on_a_gpu(gpu_session, name):
 @pytest.mark.parametrize("name", list(READS))
 def test_reads_on_a_gpu(gpu_session, name):
     run(READS[name], gpu_session)
+
+
+@pytest.mark.parametrize("name, args, params", CASES)
+def test_values_cupy_computes_otherwise_are_numpys_on_a_gpu(gpu_session, name, args, params):
+    """CuPy's own kernels behind the device's checks and spellings (on a CPU, numpy stands
+    in for them: tests/unit/test_cupy_ops.py)."""
+    check_on(gpu_session, name, args, params)
 
 
 @pytest.mark.timeout(900)

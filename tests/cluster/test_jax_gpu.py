@@ -10,6 +10,7 @@ import pytest
 from conftest import gpu_cluster, gpu_count
 from hypothesis import given
 from test_differential import EXAMPLES, chains, check, check_graph
+from value_edges import CASES, check_on
 
 GPUS = gpu_count("jax")
 pytestmark = pytest.mark.skipif(GPUS == 0, reason="no GPU that jax can use on this machine")
@@ -30,6 +31,11 @@ def test_every_gpu_is_a_device_with_its_memory(gpus):
             data = np.random.default_rng(index).random((1000, 1000))
             x = session.asarray(data)  # into GPU memory through a host buffer
             np.testing.assert_allclose((x @ x).numpy(), data @ data, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name, args, params", CASES)
+def test_values_xla_computes_otherwise_are_numpys_on_a_gpu(gpu_session, name, args, params):
+    check_on(gpu_session, name, args, params)
 
 
 @pytest.mark.timeout(900)
