@@ -15,6 +15,7 @@ from fabric.core.op_indexing import IndexArray
 from fabric.core.ops import OPS, Spec
 from fabric.workers.backends.base import Constant, GraphOp, GraphOpError
 from fabric.workers.backends.cupy_ops import fusable_ops, fused_steps, spelled
+from fabric.workers.backends.index_checks import repeats_a_position
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.backends.staging import StagingBuffers
 from value_edges import CASES
@@ -258,3 +259,39 @@ def test_the_ops_cupy_computes_otherwise_are_not_fused():
     steps = fused_steps(ops, specs, [8, 9], np, lambda chain: chain, NumpyDevice(0).bind,
                         lambda n: None)
     assert [step.ops for step in steps] == [(0,), (1,), (2, 3), (4,), (5, 6), (7,)]
+
+
+_ALL = slice(None)
+_MASK = np.ones((3, 4), bool)
+
+
+@pytest.mark.parametrize("key", [
+    (np.array([0, 2, -3]),), (np.array([0, 2, -1]),), (_ALL, np.array([1, 1])),
+    (Ellipsis, np.array([4, -1])), (np.array([0, 1]), _ALL, np.array([2, 2])),
+    (np.array([0, 0]), _ALL, np.array([2, 3])), (None, np.array([[0], [0]]), np.array([1, 2])),
+    (np.array([1]), Ellipsis), (_MASK, np.resize(np.arange(5), 12)),
+    (_MASK, np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 0])), (0, np.array([3, -1])),
+    (0, np.array([3, -2]), slice(1, 3)), (np.array([True, False, True]), np.array([1, 1])),
+    (np.array([True, False, True]),), (_ALL, _ALL, np.array([], int)),
+    (np.array([[0, 1], [1, 0]]), np.array([[2], [2]])),
+    (np.array([[0, 1], [1, 0]]), np.array([[2, 3]])), (np.array(True), np.array([1, 1])),
+    (np.array(False), np.array([[0], [0]]))], ids=str)
+def test_an_index_repeating_a_position_is_told_as_numpy_selects(key):
+    shape = (3, 4, 5)
+    positions = np.arange(60).reshape(shape)[key]
+    assert repeats_a_position(shape, key) == (np.unique(positions).size < positions.size)
+
+
+def test_an_update_repeating_a_position_stores_the_last_value_as_numpys():
+    """CuPy stores any one of the values given for a position: the device runs numpy's own
+    update on a host copy, in numpy's casting too."""
+    ops, first = spelled(_CupyKernels(), np.asarray), IndexArray(0)
+    target, rows = np.zeros((2, 3), np.int32), np.arange(10000) % 2
+    for value in (np.arange(30000.0).reshape(10000, 3) - 0.5, np.float64(np.nan), 7):
+        expected = target.copy()
+        with np.errstate(all="ignore"):
+            expected[rows] = value
+            got = ops["setitem"](target, value, rows, index=(first,))
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+    assert not target.any()  # (the old value kept)

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fabric.core.op_indexing import IndexArray
 from fabric.core.ops import OPS, QUANTILES
 from fabric.workers.backends import device_class
 from value_edges import CASES
@@ -156,3 +157,14 @@ def test_values_xla_computes_otherwise_are_numpys(device, name, args, params):
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(got, expected)
         assert (np.signbit(got) == np.signbit(expected)).all()  # (a float's signed zeros)
+
+
+@pytest.mark.parametrize("value", [np.arange(30000.0).reshape(10000, 3) - 0.5, 7,
+                                   np.array([1.5, -2.5, 3.5], np.float32)])
+def test_an_update_repeating_a_position_stores_the_last_value_as_numpys(device, value):
+    """XLA's scatter stores any one of the values given for a position on a GPU (the last,
+    on a CPU): the device runs numpy's own update on a host copy."""
+    target, rows = np.zeros((2, 3), np.int32), np.arange(10000) % 2
+    expected, got = _both(device, "setitem", [target, value, rows], {"index": (IndexArray(0),)})
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)

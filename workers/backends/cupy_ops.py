@@ -12,7 +12,8 @@ kernel ``cupy.fuse`` compiles, the copies) needs a GPU to be checked.
 - ``getitem``, ``setitem``: an integer index array out of bounds raises numpy's IndexError
   (CuPy wraps it around), checked by numpy on stand-ins (``index_checks``; the index arrays
   are read, not the target), and an update's value loses its leading lengths of one as
-  numpy's assignment drops them;
+  numpy's assignment drops them; an update whose index repeats a position is numpy's own on
+  a host copy (numpy stores the last of the values given for it, CuPy any one);
 - ``ufunc_at``: numpy's own ``ufunc.at`` on a host copy (repeated indices accumulate as
   numpy's do, whatever ufunc; CuPy's covers a few, with atomics);
 - ``astype`` (and an update's value cast to its target) from a float to an integer,
@@ -41,12 +42,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fabric.core.op_indexing import bind_index
 from fabric.core.ops import OPS, Op, Spec
 from fabric.core.ops_functions import cut_off
 
 from . import numpy_values
 from .base import Constant, GraphOp, GraphOpError, GraphStep, graph_step
-from .index_checks import checked_index, fitted_value
+from .index_checks import checked_index, fitted_value, repeats_a_position
 
 Bind = Callable[[Op, dict[str, Any]], Callable[..., Any]]
 # The ops that run numpy's own function on a host copy of their inputs, moved back
@@ -72,6 +74,9 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
 
     def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
         key = checked_index(array, index, arrays, value, to_host=to_host)
+        if arrays and repeats_a_position(array.shape, bind_index(index, [
+                to_host(a) for a in arrays])):  # (CuPy stores any one of the repeated values)
+            return on_host("setitem")(array, value, *arrays, index=index)
         if isinstance(value, xp.ndarray) and value.dtype != array.dtype:
             value = numpy_values.astype(xp, value, array.dtype)  # (numpy's assignment's cast)
         updated = array.copy()  # (copy on write, as the table's)

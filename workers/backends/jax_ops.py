@@ -10,7 +10,9 @@ that holds one runs op by op.
 What differs and why:
 - updates (``setitem``, ``ufunc_at``): jax arrays never change, so an update is ``.at[]``'s
   new array (a fabric device array never changes either: the client rebinds its handle);
-  the values are cast to the target's dtype as numpy's assignment casts them;
+  the values are cast to the target's dtype as numpy's assignment casts them; a ``setitem``
+  whose index repeats a position is numpy's own on a host copy (numpy stores the last value
+  given for it, XLA's scatter on a GPU any one);
 - integer array indices: jax clamps one out of bounds, numpy raises IndexError: the index is
   checked by numpy itself, on a stand-in of the target (no copy of its data);
 - ``astype`` from a float to an integer (XLA's saturates), ``floor_divide`` and
@@ -43,13 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fabric.core.op_indexing import bind_index
-from fabric.core.ops import QUANTILES, ufunc_named
+from fabric.core.ops import OPS, QUANTILES, ufunc_named
 from fabric.core.ops_functions import (cut_off, decomposition, lstsq as lstsq_over,
                                        pinv as pinv_over)
 from fabric.core.ops_statistics import average as average_over, histogram as histogram_of
 
 from . import numpy_values
-from .index_checks import checked_index, fitted_value
+from .index_checks import checked_index, fitted_value, repeats_a_position
 
 astype, floor_divide, remainder = (functools.partial(function, jnp) for function in (
     numpy_values.astype, numpy_values.floor_divide, numpy_values.remainder))
@@ -75,6 +77,13 @@ def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any
     """A copy of ``array`` with ``array[index] = value`` (the value's leading lengths of one
     beyond the selection's dimensions dropped, as numpy drops them; jax's ``.at`` refuses)."""
     key = checked_index(array, index, arrays, value)
+    host_arrays = [np.asarray(a) for a in arrays]
+    if arrays and repeats_a_position(array.shape, bind_index(index, host_arrays)):
+        # (numpy stores the last of the values given for a position; XLA's scatter, on a
+        # GPU, any one of them): numpy's own, on a host copy
+        host = OPS["setitem"].impl(np.asarray(array), np.asarray(value), *host_arrays,
+                                   index=index)
+        return jax.device_put(host, next(iter(array.devices())))
     return array.at[key].set(fitted_value(array, _cast(value, array.dtype), index, arrays))
 
 
