@@ -25,8 +25,8 @@ CONVERTED = np.resize(np.array([
 INTEGERS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 _DIVIDEND = np.array([1.0, -1.0, 1.0, -1.0, 0.0, -0.0, np.inf, 1.0, 5.0, -7.5, 1.0, np.nan])
 _DIVISOR = np.array([0.0, 0.0, np.inf, np.inf, 0.0, 3.0, 2.0, 0.1, -0.0, 2.0, -np.inf, 1.0])
-_INTS = np.array([7, -7, 0, np.iinfo(np.int32).min, 5, -5])
-_INT_DIVISORS = np.array([0, 0, 0, 0, -2, 3])
+_INTS = np.array([7, -7, 0, np.iinfo(np.int32).min, 5, -5, -128, np.iinfo(np.int64).min])
+_INT_DIVISORS = np.array([0, 0, 0, 0, -2, 3, -1, -1])
 
 CASES = [
     *[("astype", [CONVERTED.astype(source)], {"dtype": target})
@@ -34,7 +34,7 @@ CASES = [
     *[(name, [_DIVIDEND.astype(dtype), _DIVISOR.astype(dtype)], {})
       for name in ("floor_divide", "remainder") for dtype in ("float64", "float32")],
     *[(name, [_INTS.astype(dtype), _INT_DIVISORS.astype(dtype)], {})
-      for name in ("floor_divide", "remainder") for dtype in ("int32", "int64", "uint8")],
+      for name in ("floor_divide", "remainder") for dtype in ("int8", "int32", "int64", "uint8")],
     ("power", [np.array([2, 1, -1, 0]), np.array([-1, -1, -3, 2])], {}),
     ("power", [np.array([2, 3], np.int32), -1], {}),
     ("power", [np.array([2, -3], np.int32), np.array([3, 2], np.int32)], {}),

@@ -18,7 +18,7 @@ of numpy's loop dtype already (the devices cast them first).
   inf the maximum) and so does CUDA (CuPy documents ``-1.0`` to uint32 as 0, and inf to
   int32 as 2147483647): both compute numpy's here;
 - ``floor_divide``, ``remainder``: of integers, 0 where the divisor is (XLA's ``7 // 0``
-  is -2 here); of floats numpy's ``npy_divmod``, step by step (CuPy's is ``floor(a / b)``
+  is -2 here), and the most negative integer divided by -1 itself (C leaves it undefined); of floats numpy's ``npy_divmod``, step by step (CuPy's is ``floor(a / b)``
   and ``a - floor(a / b) * b``: ``1.0 // 0.1`` is 10.0 where numpy's is 9.0, and
   ``-1.0 % inf`` nan where numpy's is inf);
 - ``refuse_negative_power``: an integer to a negative integer power is numpy's ValueError
@@ -65,17 +65,27 @@ def astype(xp: Any, a: Any, dtype: Any) -> Any:
 def floor_divide(xp: Any, a: Any, b: Any) -> Any:
     """numpy's ``floor_divide`` (operands of one dtype, numpy's loop's)."""
     if a.dtype.kind in "iu":
-        safe = xp.where(b == 0, 1, b).astype(a.dtype)
-        return xp.where(b == 0, 0, xp.floor_divide(a, safe)).astype(a.dtype)
+        safe = _safe_divisor(xp, a, b)
+        return xp.where(b == 0, 0, xp.where(safe == b, xp.floor_divide(a, safe), a)).astype(
+            a.dtype)
     return _float_divmod(xp, a, b)[0]
 
 
 def remainder(xp: Any, a: Any, b: Any) -> Any:
     """numpy's ``remainder`` (operands of one dtype, numpy's loop's)."""
     if a.dtype.kind in "iu":
-        safe = xp.where(b == 0, 1, b).astype(a.dtype)
-        return xp.where(b == 0, 0, xp.remainder(a, safe)).astype(a.dtype)
+        safe = _safe_divisor(xp, a, b)
+        return xp.where(safe == b, xp.remainder(a, safe), 0).astype(a.dtype)
     return _float_divmod(xp, a, b)[1]
+
+
+def _safe_divisor(xp: Any, a: Any, b: Any) -> Any:
+    """``b`` where C's integer division of ``a`` by it is defined, else 1: by zero, and the
+    most negative integer by -1 (numpy's quotient is ``a`` itself then, its remainder 0)."""
+    undefined = b == 0
+    if a.dtype.kind == "i":
+        undefined = undefined | (a == np.iinfo(a.dtype).min) & (b == -1)
+    return xp.where(undefined, 1, b).astype(a.dtype)
 
 
 def _float_divmod(xp: Any, a: Any, b: Any) -> tuple[Any, Any]:
