@@ -35,6 +35,10 @@ CASES = [
       for name in ("floor_divide", "remainder") for dtype in ("float64", "float32")],
     *[(name, [_INTS.astype(dtype), _INT_DIVISORS.astype(dtype)], {})
       for name in ("floor_divide", "remainder") for dtype in ("int8", "int32", "int64", "uint8")],
+    *[("fmod", [_INTS.astype(dtype), _INT_DIVISORS.astype(dtype)], {})
+      for dtype in ("int8", "int64", "uint8")],
+    ("fmod", [np.array([2**62 + 1, -(2**62 + 1), 2**53 + 1, 7]), np.array([3, 3, 2, -3])], {}),
+    ("fmod", [np.array([5.5, -5.5, 1.0, np.inf]), np.array([2.0, 2.0, 0.0, 2.0])], {}),
     ("power", [np.array([2, 1, -1, 0]), np.array([-1, -1, -3, 2])], {}),
     ("power", [np.array([2, 3], np.int32), -1], {}),
     ("power", [np.array([2, -3], np.int32), np.array([3, 2], np.int32)], {}),

@@ -185,7 +185,8 @@ def test_an_index_is_checked_as_numpy_checks_it_and_an_update_is_copy_on_write()
 class _CupyKernels:
     """numpy with CuPy's kernels where they compute otherwise (CuPy's ``_routines_math.pyx``
     and ``carray.cuh``): a float's ``floor_divide`` is ``floor(a / b)`` and its
-    ``remainder`` ``a - floor(a / b) * b``, an integer to a negative power 0, 1 or -1,
+    ``remainder`` ``a - floor(a / b) * b``, an integer's ``fmod`` is computed in double, an
+    integer to a negative power 0, 1 or -1,
     ``bincount`` counts what it is given and ``searchsorted`` takes arrays alone; whatever
     reaches them shows in the values."""
 
@@ -199,6 +200,13 @@ class _CupyKernels:
     @staticmethod
     def remainder(a, b):
         return a - np.floor(a / b) * b if a.dtype.kind == "f" else np.remainder(a, b)
+
+    @staticmethod
+    def fmod(a, b):  # (an integer's through double)
+        if a.dtype.kind not in "iu":
+            return np.fmod(a, b)
+        through = np.fmod(a.astype(np.float64), b.astype(np.float64))
+        return np.where(b == 0, 0, np.nan_to_num(through)).astype(a.dtype)
 
     @staticmethod
     def power(a, b):
@@ -249,16 +257,18 @@ def test_searchsorted_takes_a_scalar_as_numpys():
 
 
 def test_the_ops_cupy_computes_otherwise_are_not_fused():
-    """A float's floor_divide and remainder, an integer's power run as their own steps (the
-    device's functions), beside fused neighbours."""
+    """A float's floor_divide and remainder, an integer's power and fmod run as their own
+    steps (the device's functions), beside fused neighbours."""
     inputs = {0: np.array([1.0, -1.0, 5.0]), 1: np.array([2, 3, -1])}
     ops, specs, expected = _graph(inputs, [
         ("add", 2, [0, 1.0]), ("floor_divide", 3, [2, 0.1]), ("multiply", 4, [3, 2.0]),
         ("add", 5, [4, 1.0]), ("power", 6, [1, np.int64(2)]), ("negative", 7, [6]),
-        ("absolute", 8, [7]), ("remainder", 9, [5, np.inf])])
-    steps = fused_steps(ops, specs, [8, 9], np, lambda chain: chain, NumpyDevice(0).bind,
+        ("absolute", 8, [7]), ("remainder", 9, [5, np.inf]), ("fmod", 10, [8, np.int64(3)]),
+        ("negative", 11, [10])])
+    steps = fused_steps(ops, specs, [9, 11], np, lambda chain: chain, NumpyDevice(0).bind,
                         lambda n: None)
-    assert [step.ops for step in steps] == [(0,), (1,), (2, 3), (4,), (5, 6), (7,)]
+    assert [step.ops for step in steps] == [(0,), (1,), (2, 3), (4,), (5, 6), (7,), (8,),
+                                            (9,)]
 
 
 _ALL = slice(None)

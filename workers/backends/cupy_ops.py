@@ -17,7 +17,8 @@ kernel ``cupy.fuse`` compiles, the copies) needs a GPU to be checked.
 - ``ufunc_at``: numpy's own ``ufunc.at`` on a host copy (repeated indices accumulate as
   numpy's do, whatever ufunc; CuPy's covers a few, with atomics);
 - ``astype`` (and an update's value cast to its target) from a float to an integer,
-  ``floor_divide`` and ``remainder`` of floats, ``power`` of an integer to a negative power,
+  ``floor_divide`` and ``remainder`` of floats, ``fmod`` of integers (CuPy's goes through
+  double), ``power`` of an integer to a negative power,
   ``bincount`` of a negative value: ``numpy_values`` (CUDA's conversion saturates, CuPy's
   float division is ``floor(a / b)``, its integer power gives 0, 1 or -1 where numpy
   raises), the operands of the ufuncs first cast to numpy's loop;
@@ -103,7 +104,8 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
             "getitem": getitem, "setitem": setitem, "power": power, "bincount": bincount,
             "searchsorted": searchsorted,
             "astype": lambda a, dtype: numpy_values.astype(xp, a, dtype),
-            "floor_divide": in_loop("floor_divide"), "remainder": in_loop("remainder")}
+            "floor_divide": in_loop("floor_divide"), "remainder": in_loop("remainder"),
+            "fmod": in_loop("fmod")}
 
 
 def _loop_arrays(xp: Any, ufunc: np.ufunc, operands: tuple[Any, ...]) -> list[Any]:
@@ -117,10 +119,11 @@ def _loop_arrays(xp: Any, ufunc: np.ufunc, operands: tuple[Any, ...]) -> list[An
 
 def numpys_own(op: GraphOp) -> bool:
     """Whether CuPy's kernel of ``op`` computes other values than numpy's for some operands
-    (``numpy_values``): a float ``floor_divide`` or ``remainder``, an integer ``power``."""
+    (``numpy_values``): a float ``floor_divide`` or ``remainder``, an integer ``power`` or
+    ``fmod``."""
     kind = op.spec.dtype.kind if op.spec is not None else ""
     return (op.name in ("floor_divide", "remainder") and kind == "f"
-            or op.name == "power" and kind == "i")
+            or op.name == "power" and kind == "i" or op.name == "fmod" and kind in "iu")
 
 
 @functools.lru_cache(maxsize=4)

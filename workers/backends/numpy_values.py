@@ -21,6 +21,8 @@ of numpy's loop dtype already (the devices cast them first).
   is -2 here), and the most negative integer divided by -1 itself (C leaves it undefined); of floats numpy's ``npy_divmod``, step by step (CuPy's is ``floor(a / b)``
   and ``a - floor(a / b) * b``: ``1.0 // 0.1`` is 10.0 where numpy's is 9.0, and
   ``-1.0 % inf`` nan where numpy's is inf);
+- ``fmod`` of integers: exact (CuPy's converts them to double: an int64 past 2**53 loses its
+  last digits);
 - ``refuse_negative_power``: an integer to a negative integer power is numpy's ValueError
   (CuPy gives 0, 1 or -1; XLA's ``2 ** -1`` is the most negative int64 here);
 - ``refuse_negative_counts``: ``bincount`` of a negative value is numpy's ValueError (jax's
@@ -77,6 +79,15 @@ def remainder(xp: Any, a: Any, b: Any) -> Any:
         safe = _safe_divisor(xp, a, b)
         return xp.where(safe == b, xp.remainder(a, safe), 0).astype(a.dtype)
     return _float_divmod(xp, a, b)[1]
+
+
+def fmod(xp: Any, a: Any, b: Any) -> Any:
+    """numpy's ``fmod`` (operands of one dtype, numpy's loop's): of integers exact, in their
+    dtype (0 where the divisor is), the remainder taking the dividend's sign."""
+    if a.dtype.kind not in "iu":
+        return xp.fmod(a, b)
+    mod = remainder(xp, a, b)
+    return xp.where((mod != 0) & ((mod < 0) != (a < 0)), mod - b, mod).astype(a.dtype)
 
 
 def _safe_divisor(xp: Any, a: Any, b: Any) -> Any:
