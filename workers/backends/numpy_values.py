@@ -18,9 +18,10 @@ of numpy's loop dtype already (the devices cast them first).
   inf the maximum) and so does CUDA (CuPy documents ``-1.0`` to uint32 as 0, and inf to
   int32 as 2147483647): both compute numpy's here;
 - ``floor_divide``, ``remainder``: of integers, 0 where the divisor is (XLA's ``7 // 0``
-  is -2 here), and the most negative integer divided by -1 itself (C leaves it undefined); of floats numpy's ``npy_divmod``, step by step (CuPy's is ``floor(a / b)``
-  and ``a - floor(a / b) * b``: ``1.0 // 0.1`` is 10.0 where numpy's is 9.0, and
-  ``-1.0 % inf`` nan where numpy's is inf);
+  is -2 here), and the most negative integer divided by -1 itself (C leaves it undefined);
+  of floats numpy's ``npy_divmod``, step by step (CuPy's is ``floor(a / b)`` and
+  ``a - floor(a / b) * b``: ``1.0 // 0.1`` is 10.0 where numpy's is 9.0, and ``-1.0 % inf``
+  nan where numpy's is inf);
 - ``fmod`` of integers: exact (CuPy's converts them to double: an int64 past 2**53 loses its
   last digits);
 - ``refuse_negative_power``: an integer to a negative integer power is numpy's ValueError
@@ -35,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-# The integer numpy's loop truncates a float through, where the target is narrower or that
+# The integer numpy's loop truncates a float through, for a target of 32 bits or fewer (uint32
+# aside) or int64
 _TRUNCATED_THROUGH = {np.dtype(t): np.dtype(through) for t, through in [
     ("int8", "int32"), ("int16", "int32"), ("int32", "int32"), ("uint8", "int32"),
     ("uint16", "int32"), ("int64", "int64")]}
