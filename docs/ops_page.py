@@ -4,8 +4,10 @@ committed page differs from what this makes).
 
 Rule: nothing on the page is typed by hand that the code can say: the numpy functions tensors
 and sharded tensors take are their handler registries' keys, each op's backends are what each
-backend's device would run (``Op.runs_on``, the jax device's own spellings, the numexpr
-device's fused ops), and its notes are the table's sets.
+backend's device would run (``Op.runs_on``, the jax and cupy devices' own spellings, the
+numexpr and cupy devices' fused ops), and its notes are the table's sets. CuPy needs a GPU
+and is not installed where the page is made: the names its module has are read from
+``cupy_names.txt``, which ``python docs/ops_page.py --record-cupy`` writes where it is.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from fabric.core.ops import (DATA_DEPENDENT_DTYPE, DATA_DEPENDENT_OPS, OPS, RAND
                              WRITES_IN_PLACE)
 from fabric.mesh.reductions import REDUCTIONS as COMBINED
 from fabric.mesh.sharded import FUNCTIONS as SHARDED
+from fabric.workers.backends.cupy_ops import ON_HOST, fusable_ops, spelled
 from fabric.workers.backends.jax_ops import NEEDS_DATA, SPELLED
 from fabric.workers.backends.numexpr_rules import fused_ops
 
 PAGE = Path(__file__).resolve().parent / "ops.md"
+CUPY_NAMES = Path(__file__).resolve().parent / "cupy_names.txt"
 
 INTRO = """\
 # What runs on a device
@@ -84,6 +88,40 @@ def _jax(name: str) -> str:
     return "jax.numpy" if OPS[name].runs_on(jnp) else "no"
 
 
+class RecordedCupy:
+    """CuPy's module as far as the op table asks it (which functions it has), from the names
+    ``record_cupy`` wrote."""
+
+    __name__ = "cupy"
+
+    def __init__(self, path: Path) -> None:
+        lines = path.read_text().splitlines()
+        self.version = lines[0].split()[-1]
+        self.names = frozenset(lines[1:])
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.names:
+            return self.__init__  # (any callable: only its presence is asked)
+        raise AttributeError(name)
+
+
+def record_cupy() -> None:
+    """Write ``CUPY_NAMES``: the installed CuPy's version, then its callables' names."""
+    import cupy
+    names = sorted(name for name in dir(cupy) if callable(getattr(cupy, name)))
+    CUPY_NAMES.write_text("\n".join([f"# CuPy {cupy.__version__}", *names]) + "\n")
+
+
+def _cupy(name: str, recorded: RecordedCupy) -> str:
+    if name in ON_HOST:
+        return "host copy"
+    if name in spelled(np, np.asarray):
+        return "restated"
+    if name in fusable_ops(recorded):
+        return "fused"
+    return "cupy" if OPS[name].runs_on(recorded) else "no"
+
+
 def _notes(name: str) -> str:
     notes = []
     if name in DATA_DEPENDENT_OPS:
@@ -102,9 +140,10 @@ def _notes(name: str) -> str:
 def page() -> str:
     """The page's text."""
     fused = set(fused_ops())
+    cupy = RecordedCupy(CUPY_NAMES)
     ufuncs = _quoted(name for name, op in OPS.items() if isinstance(op.impl, np.ufunc))
     rows = [f"| `{name}` | yes | {'fused' if name in fused else 'numpy'} | {_jax(name)} | "
-            f"{_notes(name)} |" for name in sorted(OPS)]
+            f"{_cupy(name, cupy)} | {_notes(name)} |" for name in sorted(OPS)]
     combined = _quoted(COMBINED)
     return "\n".join([
         INTRO,
@@ -145,8 +184,15 @@ def page() -> str:
         "kept); a dtype XLA cannot hold (`float128`), or a\nresult whose dtype jax would "
         "make otherwise, is refused with a sentence.",
         "",
-        "| op | numpy | numexpr | jax | notes |",
-        "|---|---|---|---|---|",
+        "A cupy device runs an op as CuPy spells it: *fused* where a graph's runs of such "
+        "ops (and\nbatches seen again) become one `cupy.fuse` kernel; *restated* where CuPy "
+        "computes otherwise\nthan numpy (an index out of bounds, a float converted to an "
+        "integer, an integer to a negative\npower: numpy's values and errors are kept); or as "
+        "numpy's own function on a *host copy* of its\ninputs, moved back, where CuPy has "
+        f"none or accumulates otherwise. CuPy's names are {cupy.version}'s.",
+        "",
+        "| op | numpy | numexpr | jax | cupy | notes |",
+        "|---|---|---|---|---|---|",
         *rows,
         "",
         OUTSIDE,
@@ -154,5 +200,9 @@ def page() -> str:
 
 
 if __name__ == "__main__":
-    PAGE.write_text(page())
-    sys.stdout.write(f"wrote {PAGE}\n")
+    if sys.argv[1:] == ["--record-cupy"]:
+        record_cupy()
+        sys.stdout.write(f"wrote {CUPY_NAMES}\n")
+    else:
+        PAGE.write_text(page())
+        sys.stdout.write(f"wrote {PAGE}\n")

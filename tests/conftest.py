@@ -9,7 +9,9 @@ folders are on the import path whichever one pytest is given.
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -120,6 +122,38 @@ def jax_cluster():
 def jax_session(jax_cluster):
     """A fresh session on the jax device, closed after the test."""
     with jax_cluster.connect() as opened:
+        yield opened
+
+
+# How each GPU backend counts the GPUs it can use, printed by a child process
+_GPU_PROBES = {
+    "cupy": ("import cupy\ntry: print(cupy.cuda.runtime.getDeviceCount())\n"
+             "except cupy.cuda.runtime.CUDARuntimeError: print(0)"),
+    "jax": "import jax; print(sum(d.platform == 'gpu' for d in jax.devices()))"}
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_count(backend: str) -> int:
+    """How many GPUs ``backend`` ("cupy" or "jax") can use on this machine, asked in a child
+    process, so that this one holds no CUDA context or GPU memory that the workers need: 0
+    where the module finds none, or is missing (nothing printed). GPU tests skip on this
+    count, never on an import."""
+    probe = subprocess.run([sys.executable, "-c", _GPU_PROBES[backend]], capture_output=True,
+                           text=True, timeout=120)
+    return int(probe.stdout.strip() or 0)
+
+
+def gpu_cluster(backend: str, *worker_args: str) -> LocalCluster:
+    """A broker and one ``backend`` worker hosting every GPU that ``gpu_count`` finds, with
+    ``worker_args``; a context manager, as LocalCluster is."""
+    return LocalCluster(workers=1, backend=backend, devices_per_worker=gpu_count(backend),
+                        worker_args=worker_args)
+
+
+@pytest.fixture
+def gpu_session(gpus):
+    """A fresh session on GPU 0 of the test module's ``gpus`` cluster (a ``gpu_cluster``)."""
+    with gpus.connect() as opened:
         yield opened
 
 

@@ -365,6 +365,20 @@ JAX_SEEN = [([_TIES > 0, _TIES], [("other", ("quantile",))]),
             ([np.array([[np.nan, 1.0, np.inf]] * 2), _TIES == 0], [("view", ("T",)),
                                                                   ("matmul", (1,))])]
 
+_CONVERTED = np.array([[np.nan, np.inf, -1.0], [-3.0e9, 3.0e9, 1e20]])
+# Where XLA (and CUDA) compute otherwise from the values (tests/value_edges.py has more): a
+# float converted to an unsigned integer (-1.0 to uint32: XLA's is 0, numpy's 4294967295), an
+# integer to a negative power, divided by zero, a float's floor division and remainder
+VALUE_EDGES = [([_CONVERTED, _TIES], [("astype", ("uint64",))]),
+               ([np.array([[-1.0, -3.5, 3.0e9]] * 2), _TIES], [("astype", ("uint32",))]),
+               ([_CONVERTED, _TIES], [("astype", ("int32",))]),
+               ([np.array([[2, 3, -1]] * 2), np.array([[-1, 2, -3]] * 2)],
+                [("binary", ("power", False))]),
+               ([np.array([[7, -7, 0]] * 2, np.int32), np.zeros((2, 3), np.int32)],
+                [("binary", ("floor_divide", False)), ("binary", ("remainder", True))]),
+               ([np.array([[1.0, -1.0, 5.0]] * 2), np.array([[0.1, np.inf, -0.0]] * 2)],
+                [("binary", ("floor_divide", False)), ("binary", ("remainder", True))])]
+
 
 @EXAMPLES
 @seen(*EMPTY_AXES, NOT_CONVERGING)
@@ -394,7 +408,7 @@ def test_random_chains_as_graphs_agree_with_numpy_on_the_numexpr_device(numexpr_
 
 @pytest.mark.timeout(900)
 @EXAMPLES
-@seen(*EMPTY_AXES, NOT_CONVERGING, *JAX_SEEN)
+@seen(*EMPTY_AXES, NOT_CONVERGING, *JAX_SEEN, *VALUE_EDGES)
 @given(chains())
 def test_random_chains_agree_with_numpy_on_the_jax_device(jax_session, chain):
     check(jax_session, chain)
@@ -402,7 +416,7 @@ def test_random_chains_agree_with_numpy_on_the_jax_device(jax_session, chain):
 
 @pytest.mark.timeout(900)
 @EXAMPLES
-@seen(*JAX_SEEN)
+@seen(*JAX_SEEN, *VALUE_EDGES)
 @given(chains())
 def test_random_chains_as_graphs_agree_with_numpy_on_the_jax_device(jax_session, chain):
     check_graph(jax_session, chain)

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from value_edges import CASES, check_on
 
 import fabric
 from fabric import LocalCluster
@@ -181,3 +182,9 @@ def test_sort_and_argsort_take_kind_and_stable_giving_numpys_stable_order_of_tie
         np.testing.assert_array_equal(np.sort(t, axis=0, **how).numpy(), np.sort(local, axis=0))
     with pytest.raises(ValueError, match="can't be provided at the same time"):
         np.argsort(t, kind="stable", stable=True)
+
+
+@pytest.mark.parametrize("name, args, params", CASES)
+def test_values_xla_computes_otherwise_are_numpys_through_a_session(jax_session, name, args,
+                                                                    params):
+    check_on(jax_session, name, args, params)

@@ -5,46 +5,37 @@ the GPU count, never on an import: jax is in the test extra."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
+from conftest import gpu_cluster, gpu_count
 from hypothesis import given
 from test_differential import EXAMPLES, chains, check, check_graph
+from value_edges import CASES, check_on
 
-from fabric import LocalCluster
-
-# How many GPUs jax finds, asked in a child process: jax in this one would take GPU memory
-# the workers need.
-_PROBE = "import jax; print(sum(d.platform == 'gpu' for d in jax.devices()))"
-GPUS = int(subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                          timeout=120).stdout.strip() or 0)
+GPUS = gpu_count("jax")
 pytestmark = pytest.mark.skipif(GPUS == 0, reason="no GPU that jax can use on this machine")
 
 
 @pytest.fixture(scope="module")
-def gpu_cluster():
+def gpus():
     """A broker and one jax worker hosting every GPU."""
-    with LocalCluster(workers=1, backend="jax", devices_per_worker=GPUS) as running:
+    with gpu_cluster("jax") as running:
         yield running
 
 
-@pytest.fixture
-def gpu_session(gpu_cluster):
-    """A fresh session on GPU 0."""
-    with gpu_cluster.connect() as opened:
-        yield opened
-
-
-def test_every_gpu_is_a_device_with_its_memory(gpu_cluster):
+def test_every_gpu_is_a_device_with_its_memory(gpus):
     for index in range(GPUS):
-        with gpu_cluster.connect(device=index) as session:
+        with gpus.connect(device=index) as session:
             settings = session.device.settings
             assert settings["platform"] == "gpu" and settings["memory_bytes"] > 0
             data = np.random.default_rng(index).random((1000, 1000))
             x = session.asarray(data)  # into GPU memory through a host buffer
             np.testing.assert_allclose((x @ x).numpy(), data @ data, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name, args, params", CASES)
+def test_values_xla_computes_otherwise_are_numpys_on_a_gpu(gpu_session, name, args, params):
+    check_on(gpu_session, name, args, params)
 
 
 @pytest.mark.timeout(900)

@@ -15,8 +15,10 @@ from fabric.core.op_indexing import IndexArray
 from fabric.core.ops import OPS, Spec
 from fabric.workers.backends.base import Constant, GraphOp, GraphOpError
 from fabric.workers.backends.cupy_ops import fusable_ops, fused_steps, spelled
+from fabric.workers.backends.index_checks import repeats_a_position
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.backends.staging import StagingBuffers
+from value_edges import CASES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -178,3 +180,128 @@ def test_an_index_is_checked_as_numpy_checks_it_and_an_update_is_copy_on_write()
     counted = ops["ufunc_at"](np.zeros(3), 1.0, np.array([0, 0, 2]), ufunc="add",
                               index=(first,))
     np.testing.assert_array_equal(counted, [2.0, 0.0, 1.0])
+
+
+class _CupyKernels:
+    """numpy with CuPy's kernels where they compute otherwise (CuPy's ``_routines_math.pyx``
+    and ``carray.cuh``): a float's ``floor_divide`` is ``floor(a / b)`` and its
+    ``remainder`` ``a - floor(a / b) * b``, an integer's ``fmod`` is computed in double, an
+    integer to a negative power 0, 1 or -1,
+    ``bincount`` counts what it is given and ``searchsorted`` takes arrays alone; whatever
+    reaches them shows in the values."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def floor_divide(a, b):
+        return np.floor(a / b) if a.dtype.kind == "f" else np.floor_divide(a, b)
+
+    @staticmethod
+    def remainder(a, b):
+        return a - np.floor(a / b) * b if a.dtype.kind == "f" else np.remainder(a, b)
+
+    @staticmethod
+    def fmod(a, b):  # (an integer's through double)
+        if a.dtype.kind not in "iu":
+            return np.fmod(a, b)
+        through = np.fmod(a.astype(np.float64), b.astype(np.float64))
+        return np.where(b == 0, 0, np.nan_to_num(through)).astype(a.dtype)
+
+    @staticmethod
+    def power(a, b):
+        if a.dtype.kind != "i":
+            return np.power(a, b)
+        wrapped = np.where(a == -1, np.where(b % 2 == 1, -1, 1), np.where(a == 1, 1, 0))
+        return np.where(b < 0, wrapped, np.power(a, np.maximum(b, 0))).astype(a.dtype)
+
+    @staticmethod
+    def searchsorted(a, v, side="left", sorter=None):
+        if not isinstance(v, np.ndarray):
+            raise NotImplementedError("Only int or ndarray are supported for v")
+        return np.searchsorted(a, v, side=side, sorter=sorter)
+
+    @staticmethod
+    def bincount(x, *weights, minlength=0):
+        return np.bincount(np.maximum(x, 0), *weights, minlength=minlength)
+
+
+@pytest.mark.parametrize("name, args, params", CASES)
+def test_values_cupy_computes_otherwise_are_numpys(name, args, params):
+    """The cupy device's functions on CuPy's kernels (numpy standing in) give numpy's values
+    and errors. (A float converted to an integer: only values in range reach the module's
+    cast, which is the one thing that a saturating cast would show; the jax device, whose
+    XLA saturates as CUDA does, runs the same lines on the same values.)"""
+    ops = spelled(_CupyKernels(), np.asarray)
+    with np.errstate(all="ignore"):
+        try:
+            expected = np.asarray(OPS[name].impl(*args, **params))
+        except ValueError as exc:
+            with pytest.raises(ValueError, match=str(exc)):
+                ops[name](*args, **params)
+            return
+        got = ops[name](*args, **params)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+    assert (np.signbit(got) == np.signbit(expected)).all()  # (a float's signed zeros)
+
+
+def test_searchsorted_takes_a_scalar_as_numpys():
+    ops, a = spelled(_CupyKernels(), np.asarray), np.array([1.0, 2.0, np.nan])
+    for v in (2.0, np.nan, np.array([np.nan, 2.0, -np.inf])):
+        for side in ("left", "right"):
+            np.testing.assert_array_equal(ops["searchsorted"](a, v, side=side),
+                                          np.searchsorted(a, v, side=side))
+    np.testing.assert_array_equal(ops["searchsorted"](a[::-1], 1.5, np.array([1, 2, 0])),
+                                  np.searchsorted(a[::-1], 1.5, sorter=[1, 2, 0]))
+
+
+def test_the_ops_cupy_computes_otherwise_are_not_fused():
+    """A float's floor_divide and remainder, an integer's power and fmod run as their own
+    steps (the device's functions), beside fused neighbours."""
+    inputs = {0: np.array([1.0, -1.0, 5.0]), 1: np.array([2, 3, -1])}
+    ops, specs, expected = _graph(inputs, [
+        ("add", 2, [0, 1.0]), ("floor_divide", 3, [2, 0.1]), ("multiply", 4, [3, 2.0]),
+        ("add", 5, [4, 1.0]), ("power", 6, [1, np.int64(2)]), ("negative", 7, [6]),
+        ("absolute", 8, [7]), ("remainder", 9, [5, np.inf]), ("fmod", 10, [8, np.int64(3)]),
+        ("negative", 11, [10])])
+    steps = fused_steps(ops, specs, [9, 11], np, lambda chain: chain, NumpyDevice(0).bind,
+                        lambda n: None)
+    assert [step.ops for step in steps] == [(0,), (1,), (2, 3), (4,), (5, 6), (7,), (8,),
+                                            (9,)]
+
+
+_ALL = slice(None)
+_MASK = np.ones((3, 4), bool)
+
+
+@pytest.mark.parametrize("key", [
+    (np.array([0, 2, -3]),), (np.array([0, 2, -1]),), (_ALL, np.array([1, 1])),
+    (Ellipsis, np.array([4, -1])), (np.array([0, 1]), _ALL, np.array([2, 2])),
+    (np.array([0, 0]), _ALL, np.array([2, 3])), (None, np.array([[0], [0]]), np.array([1, 2])),
+    (np.array([1]), Ellipsis), (_MASK, np.resize(np.arange(5), 12)),
+    (_MASK, np.array([0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 0])), (0, np.array([3, -1])),
+    (0, np.array([3, -2]), slice(1, 3)), (np.array([True, False, True]), np.array([1, 1])),
+    (np.array([True, False, True]),), (_ALL, _ALL, np.array([], int)),
+    (np.array([[0, 1], [1, 0]]), np.array([[2], [2]])),
+    (np.array([[0, 1], [1, 0]]), np.array([[2, 3]])), (np.array(True), np.array([1, 1])),
+    (np.array(False), np.array([[0], [0]]))], ids=str)
+def test_an_index_repeating_a_position_is_told_as_numpy_selects(key):
+    shape = (3, 4, 5)
+    positions = np.arange(60).reshape(shape)[key]
+    assert repeats_a_position(shape, key) == (np.unique(positions).size < positions.size)
+
+
+def test_an_update_repeating_a_position_stores_the_last_value_as_numpys():
+    """CuPy stores any one of the values given for a position: the device runs numpy's own
+    update on a host copy, in numpy's casting too."""
+    ops, first = spelled(_CupyKernels(), np.asarray), IndexArray(0)
+    target, rows = np.zeros((2, 3), np.int32), np.arange(10000) % 2
+    for value in (np.arange(30000.0).reshape(10000, 3) - 0.5, np.float64(np.nan), 7):
+        expected = target.copy()
+        with np.errstate(all="ignore"):
+            expected[rows] = value
+            got = ops["setitem"](target, value, rows, index=(first,))
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+    assert not target.any()  # (the old value kept)

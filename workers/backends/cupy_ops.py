@@ -12,11 +12,20 @@ kernel ``cupy.fuse`` compiles, the copies) needs a GPU to be checked.
 - ``getitem``, ``setitem``: an integer index array out of bounds raises numpy's IndexError
   (CuPy wraps it around), checked by numpy on stand-ins (``index_checks``; the index arrays
   are read, not the target), and an update's value loses its leading lengths of one as
-  numpy's assignment drops them;
+  numpy's assignment drops them; an update whose index repeats a position is numpy's own on
+  a host copy (numpy stores the last of the values given for it, CuPy any one);
 - ``ufunc_at``: numpy's own ``ufunc.at`` on a host copy (repeated indices accumulate as
-  numpy's do, whatever ufunc; CuPy's covers a few, with atomics).
+  numpy's do, whatever ufunc; CuPy's covers a few, with atomics);
+- ``astype`` (and an update's value cast to its target) from a float to an integer,
+  ``floor_divide`` and ``remainder`` of floats, ``fmod`` of integers (CuPy's goes through
+  double), ``power`` of an integer to a negative power,
+  ``bincount`` of a negative value: ``numpy_values`` (CUDA's conversion saturates, CuPy's
+  float division is ``floor(a / b)``, its integer power gives 0, 1 or -1 where numpy
+  raises), the operands of the ufuncs first cast to numpy's loop;
+- ``searchsorted``: a scalar ``v`` made an array (CuPy's refuses anything else).
 
-A graph's runs of consecutive elementwise ops (numpy ufuncs CuPy has, without params) become
+A graph's runs of consecutive elementwise ops (numpy ufuncs CuPy has, without params, and
+whose kernel computes numpy's values: not ``numpys_own``) become
 one step each (``fused_steps``), whose function applies the run's ufuncs to its leaves, each
 operand cast first to the loop numpy's resolution picks (``ufunc.resolve_dtypes``), so that
 the run computes numpy's dtypes whatever the module's promotion; ``fuse`` compiles it (on a
@@ -34,13 +43,17 @@ from typing import Any, Callable
 
 import numpy as np
 
+from fabric.core.op_indexing import bind_index
 from fabric.core.ops import OPS, Op, Spec
 from fabric.core.ops_functions import cut_off
 
+from . import numpy_values
 from .base import Constant, GraphOp, GraphOpError, GraphStep, graph_step
-from .index_checks import checked_index, fitted_value
+from .index_checks import checked_index, fitted_value, repeats_a_position
 
 Bind = Callable[[Op, dict[str, Any]], Callable[..., Any]]
+# The ops that run numpy's own function on a host copy of their inputs, moved back
+ON_HOST = ("nanpercentile", "nanquantile", "ufunc_at")
 
 
 def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable[..., Any]]:
@@ -62,13 +75,55 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
 
     def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any:
         key = checked_index(array, index, arrays, value, to_host=to_host)
+        if arrays and repeats_a_position(array.shape, bind_index(index, [
+                to_host(a) for a in arrays])):  # (CuPy stores any one of the repeated values)
+            return on_host("setitem")(array, value, *arrays, index=index)
+        if isinstance(value, xp.ndarray) and value.dtype != array.dtype:
+            value = numpy_values.astype(xp, value, array.dtype)  # (numpy's assignment's cast)
         updated = array.copy()  # (copy on write, as the table's)
         updated[key] = fitted_value(array, value, index, arrays, to_host=to_host)
         return updated
 
-    return {"nanpercentile": on_host("nanpercentile"), "nanquantile": on_host("nanquantile"),
-            "ufunc_at": on_host("ufunc_at"), "lstsq_residuals": lstsq_residuals,
-            "getitem": getitem, "setitem": setitem}
+    def in_loop(name: str) -> Callable[..., Any]:
+        function, ufunc = getattr(numpy_values, name), getattr(np, name)
+        return lambda a, b: function(xp, *_loop_arrays(xp, ufunc, (a, b)))
+
+    def power(a: Any, b: Any) -> Any:
+        a, b = _loop_arrays(xp, np.power, (a, b))
+        numpy_values.refuse_negative_power(xp, a, b)
+        return xp.power(a, b)
+
+    def searchsorted(a: Any, v: Any, *sorter: Any, side: str = "left") -> Any:
+        return xp.searchsorted(a, xp.asarray(v), side=side, sorter=sorter[0] if sorter else None)
+
+    def bincount(x: Any, *weights: Any, minlength: int = 0) -> Any:
+        numpy_values.refuse_negative_counts(xp, x)
+        return xp.bincount(x, *weights, minlength=minlength)
+
+    return {**{name: on_host(name) for name in ON_HOST}, "lstsq_residuals": lstsq_residuals,
+            "getitem": getitem, "setitem": setitem, "power": power, "bincount": bincount,
+            "searchsorted": searchsorted,
+            "astype": lambda a, dtype: numpy_values.astype(xp, a, dtype),
+            "floor_divide": in_loop("floor_divide"), "remainder": in_loop("remainder"),
+            "fmod": in_loop("fmod")}
+
+
+def _loop_arrays(xp: Any, ufunc: np.ufunc, operands: tuple[Any, ...]) -> list[Any]:
+    """``operands`` as arrays of module ``xp`` in the dtypes of the loop numpy runs
+    ``ufunc`` in (a Python scalar weak, as numpy's promotion sees it)."""
+    loop = ufunc.resolve_dtypes((*[x.dtype if isinstance(x, xp.ndarray) else _weak(x)
+                                   for x in operands], None))[:ufunc.nin]
+    return [x.astype(dtype, copy=False) if isinstance(x, xp.ndarray) else xp.asarray(x, dtype)
+            for x, dtype in zip(operands, loop)]
+
+
+def numpys_own(op: GraphOp) -> bool:
+    """Whether CuPy's kernel of ``op`` computes other values than numpy's for some operands
+    (``numpy_values``): a float ``floor_divide`` or ``remainder``, an integer ``power`` or
+    ``fmod``."""
+    kind = op.spec.dtype.kind if op.spec is not None else ""
+    return (op.name in ("floor_divide", "remainder") and kind == "f"
+            or op.name == "power" and kind == "i" or op.name == "fmod" and kind in "iu")
 
 
 @functools.lru_cache(maxsize=4)
@@ -83,8 +138,9 @@ def fusable_ops(xp: Any) -> frozenset[str]:
 
 def fusable(op: GraphOp, xp: Any) -> bool:
     """Whether ``op`` may join a fused run on module ``xp``: one of ``fusable_ops``, without
-    params, in a graph whose signature the table accepts."""
-    return op.spec is not None and not op.params and op.name in fusable_ops(xp)
+    params, in a graph whose signature the table accepts, and not ``numpys_own``."""
+    return (op.spec is not None and not op.params and op.name in fusable_ops(xp)
+            and not numpys_own(op))
 
 
 def fused_steps(ops: list[GraphOp], specs: dict[int, Spec], outputs: list[int], xp: Any,

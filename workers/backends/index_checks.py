@@ -1,5 +1,7 @@
 """numpy's checks of an index on a device whose module checks less (jax clamps an integer
-out of bounds, CuPy wraps it): made by numpy itself, on stand-ins of the target's shape.
+out of bounds, CuPy wraps it): made by numpy itself, on stand-ins of the target's shape; and
+whether an update's index repeats a position, where numpy stores the last of the values
+given for it and CuPy (and XLA on a GPU: a scatter) any one of them.
 
 Rule: only an index's arrays are read (copied to the host by ``to_host``, where they live on
 a device), never the target's data: a stand-in holds one byte, every stride 0.
@@ -47,3 +49,34 @@ def fitted_value(array: Any, value: Any, index: tuple[Any, ...], arrays: tuple[A
     while value.ndim > selected and value.shape[0] == 1:
         value = value[0]
     return value
+
+
+def repeats_a_position(shape: tuple[int, ...], key: tuple[Any, ...]) -> bool:
+    """Whether ``key`` (its arrays on the host, checked) selects an element of an array of
+    ``shape`` more than once: only integer arrays can, where their broadcast rows of
+    coordinates (each made positive; a mask's as its ``nonzero``) repeat."""
+    masks = sum(np.ndim(k) for k in key if _is_mask(k))
+    free = len(shape) - masks - sum(1 for k in key if k is not None and k is not Ellipsis
+                                    and not _is_mask(k))
+    coordinates, integers, axis = [], False, 0
+    for entry in key:
+        if entry is Ellipsis:
+            axis += free
+        elif _is_mask(entry):  # (a 0-d one adds an axis of length 1, or 0: nothing)
+            if not entry.ndim and not entry:
+                return False
+            coordinates.extend(np.nonzero(entry) if entry.ndim else ())
+            axis += entry.ndim
+        elif entry is not None:
+            if isinstance(entry, np.ndarray):
+                integers = True
+                coordinates.append(np.where(entry < 0, entry + shape[axis], entry))
+            axis += 1
+    if not integers:
+        return False
+    rows = np.stack([c.reshape(-1) for c in np.broadcast_arrays(*coordinates)])
+    return np.unique(rows, axis=1).shape[1] < rows.shape[1]
+
+
+def _is_mask(entry: Any) -> bool:
+    return isinstance(entry, np.ndarray) and entry.dtype == bool

@@ -10,23 +10,25 @@ that holds one runs op by op.
 What differs and why:
 - updates (``setitem``, ``ufunc_at``): jax arrays never change, so an update is ``.at[]``'s
   new array (a fabric device array never changes either: the client rebinds its handle);
-  the values are cast to the target's dtype as numpy's assignment casts them;
+  the values are cast to the target's dtype as numpy's assignment casts them; a ``setitem``
+  whose index repeats a position is numpy's own on a host copy (numpy stores the last value
+  given for it, XLA's scatter on a GPU any one);
 - integer array indices: jax clamps one out of bounds, numpy raises IndexError: the index is
   checked by numpy itself, on a stand-in of the target (no copy of its data);
-- ``astype`` from a float to an integer: numpy's loops convert through the CPU's truncating
-  conversion (nan, inf and values out of range become the most negative int32 or int64,
-  narrower integers wrap from int32), XLA's saturates: numpy's is spelled out here;
-- ``floor_divide``, ``remainder``: numpy's ``divmod`` (an integer divided by zero gives 0;
-  a float's signed zeros), ``sign`` of -0.0 is +0.0, ``power`` refuses an integer to a
-  negative power;
+- ``astype`` from a float to an integer (XLA's saturates), ``floor_divide`` and
+  ``remainder`` (an integer divided by zero, a float's signed zeros), ``power`` of an
+  integer to a negative power and ``bincount`` of a negative value (numpy refuses both):
+  ``numpy_values``, shared with the cupy device; ``sign`` of -0.0 is +0.0;
 - numpy's reductions and scans take axis 0 (or -1) of a 0-d array, jax's refuse it;
 - ``eig`` is real where every eigenvalue is (jax's is always complex); ``inv`` and ``solve``
   of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do,
   and ``svd``, ``pinv`` and ``lstsq`` of a matrix holding a nan as LAPACK's SVD, which does
   not converge then, makes numpy do (XLA's gives nans);
 - ``sort`` and ``argsort`` take numpy's ``kind`` (jax's refuse it): a stable sort for each;
-- a quantile's methods that pick a value (lower, higher, nearest) keep the input's dtype (a
-  bool's too) and round nearest's ties to even, as numpy's (jax's compute in a float);
+- a quantile's methods that pick a value (lower, higher, nearest, inverted_cdf,
+  closest_observation) keep the input's dtype (a bool's too) and round nearest's ties to
+  even, as numpy's (jax's compute in a float); the methods jnp.quantile lacks (numpy's other
+  Hyndman and Fan estimators) are numpy's, step by step;
 - what numpy refuses on the values, jax computes: ``nanargmin`` of an all-nan slice,
   ``average`` of weights that sum to zero, a histogram's edges that do not increase are
   refused here as numpy refuses them; ``lstsq``'s residuals are numpy's (none unless the
@@ -35,6 +37,7 @@ What differs and why:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -42,35 +45,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from fabric.core.op_indexing import bind_index
-from fabric.core.ops import QUANTILES, ufunc_named
+from fabric.core.ops import OPS, QUANTILES, ufunc_named
 from fabric.core.ops_functions import (cut_off, decomposition, lstsq as lstsq_over,
                                        pinv as pinv_over)
 from fabric.core.ops_statistics import average as average_over, histogram as histogram_of
 
-from .index_checks import checked_index, fitted_value
+from . import numpy_values
+from .index_checks import checked_index, fitted_value, repeats_a_position
 
-_INT32 = (-2.0**31, 2.0**31)
-_INT64 = (-2.0**63, 2.0**63)
-# numpy's float-to-integer conversions: through which integer the CPU truncates
-_TRUNCATED_THROUGH = {np.dtype(t): through for t, through in [
-    ("int8", np.int32), ("int16", np.int32), ("int32", np.int32), ("uint8", np.int32),
-    ("uint16", np.int32), ("int64", np.int64)]}
+astype, floor_divide, remainder = (functools.partial(function, jnp) for function in (
+    numpy_values.astype, numpy_values.floor_divide, numpy_values.remainder))
+
 # ufunc.at as jax's .at[] methods; the others run numpy's ufunc.at on a host copy
 _AT_METHODS = {"add": "add", "multiply": "multiply", "minimum": "min", "maximum": "max",
                "divide": "divide", "power": "power"}
-
-
-def astype(a: Any, dtype: Any) -> Any:
-    """numpy's ``astype``; a float (or complex) to an integer as numpy's loops convert."""
-    dtype = np.dtype(dtype)
-    through = _TRUNCATED_THROUGH.get(dtype)
-    if through is None or a.dtype.kind not in "fc":
-        return a.astype(dtype)
-    whole = jnp.trunc(jnp.real(a).astype(np.float64))
-    low, high = _INT32 if through is np.int32 else _INT64
-    valid = (whole >= low) & (whole < high)  # (nan is neither)
-    converted = jnp.where(valid, whole, 0).astype(through)
-    return jnp.where(valid, converted, np.iinfo(through).min).astype(dtype)
 
 
 def _cast(value: Any, dtype: np.dtype) -> Any:
@@ -89,6 +77,13 @@ def setitem(array: Any, value: Any, *arrays: Any, index: tuple[Any, ...]) -> Any
     """A copy of ``array`` with ``array[index] = value`` (the value's leading lengths of one
     beyond the selection's dimensions dropped, as numpy drops them; jax's ``.at`` refuses)."""
     key = checked_index(array, index, arrays, value)
+    host_arrays = [np.asarray(a) for a in arrays]
+    if arrays and repeats_a_position(array.shape, bind_index(index, host_arrays)):
+        # (numpy stores the last of the values given for a position; XLA's scatter, on a
+        # GPU, any one of them): numpy's own, on a host copy
+        host = OPS["setitem"].impl(np.asarray(array), np.asarray(value), *host_arrays,
+                                   index=index)
+        return jax.device_put(host, next(iter(array.devices())))
     return array.at[key].set(fitted_value(array, _cast(value, array.dtype), index, arrays))
 
 
@@ -118,35 +113,6 @@ def _descriptor(value: Any) -> Any:
     return np.dtype(bool) if type(value) is bool else type(value)
 
 
-def floor_divide(a: Any, b: Any) -> Any:
-    """numpy's ``floor_divide`` (operands of one dtype, numpy's loop's)."""
-    if a.dtype.kind in "iu":
-        safe = jnp.where(b == 0, 1, b).astype(a.dtype)
-        return jnp.where(b == 0, 0, jnp.floor_divide(a, safe)).astype(a.dtype)
-    return _float_divmod(a, b)[0]
-
-
-def remainder(a: Any, b: Any) -> Any:
-    """numpy's ``remainder`` (operands of one dtype, numpy's loop's)."""
-    if a.dtype.kind in "iu":
-        return jnp.remainder(a, b)
-    return _float_divmod(a, b)[1]
-
-
-def _float_divmod(a: Any, b: Any) -> tuple[Any, Any]:
-    """numpy's ``npy_divmod`` for floats, step by step (its signed zeros included)."""
-    mod = jnp.fmod(a, b)
-    div = (a - mod) / b
-    adjust = (mod != 0) & ((b < 0) != (mod < 0))
-    mod = jnp.where(adjust, mod + b, jnp.where(mod != 0, mod, jnp.copysign(0.0, b)))
-    div = jnp.where(adjust, div - 1, div)
-    floor = jnp.floor(div)
-    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
-    quotient = jnp.where(div != 0, floor, jnp.copysign(0.0, a / b))
-    quotient = jnp.where(b == 0, a / b, quotient)  # (and by zero, fmod's nan: numpy's)
-    return quotient.astype(a.dtype), mod.astype(a.dtype)
-
-
 def sign(a: Any) -> Any:
     """numpy's ``sign``: of a zero (-0.0 too) +0, of nan nan."""
     result = jnp.sign(a)
@@ -155,15 +121,13 @@ def sign(a: Any) -> Any:
 
 def power(a: Any, b: Any) -> Any:
     """numpy's ``power``: an integer to a negative integer power is refused."""
-    if a.dtype.kind == "i" and bool(jnp.any(b < 0)):
-        raise ValueError("Integers to negative integer powers are not allowed.")
+    numpy_values.refuse_negative_power(jnp, a, b)
     return jnp.power(a, b)
 
 
 def bincount(x: Any, *weights: Any, minlength: int = 0) -> Any:
     """numpy's ``bincount``: a negative value is refused (jax's would drop it)."""
-    if x.size and bool(jnp.any(x < 0)):
-        raise ValueError("'list' argument must have no negative elements")
+    numpy_values.refuse_negative_counts(jnp, x)
     return jnp.bincount(x, *weights, minlength=minlength)
 
 
@@ -314,32 +278,62 @@ def ufunc_method(method: str) -> Callable[..., Any]:
     return run
 
 
-# numpy's quantile methods that pick one of the sorted values: how each rounds the virtual
-# index ``q * (n - 1)`` (numpy's ``around`` rounds half to even, as ``jnp.round``)
-_PICKING = {"lower": jnp.floor, "higher": jnp.ceil, "nearest": jnp.round}
+# numpy's quantile methods by the index into a slice's ``n`` sorted values that ``q`` takes
+# (numpy's ``_QuantileMethods``). Those that pick a value, a whole index: kept in the input's
+# dtype (jnp.quantile computes lower, higher and nearest in a float and rounds nearest's ties
+# down, where numpy's ``around`` rounds them to even, as ``jnp.round``; it has no other)
+def _rounded(rounding: Callable[[Any], Any]) -> Callable[[Any, Any], Any]:
+    return lambda n, q: rounding((n - 1) * q)
+
+
+def _boundary(shift: float, odd_stays: bool) -> Callable[[Any, Any], Any]:
+    """numpy's ``_discrete_interpolation_to_boundaries``: ``n * q - 1 - shift``, raised to
+    the next whole index unless it is whole (and, for ``odd_stays``, odd)."""
+    def index(n: Any, q: Any) -> Any:
+        at = n * q - 1 - shift
+        before = jnp.floor(at)
+        stays = (at == before) & (before % 2 == 1) if odd_stays else at == before
+        return jnp.maximum(jnp.where(stays, before, before + 1), 0)
+    return index
+
+
+def _hyndman_fan(alpha: float, beta: float) -> Callable[[Any, Any], Any]:
+    """numpy's ``_compute_virtual_index``: Hyndman and Fan's ``alpha`` and ``beta``."""
+    return lambda n, q: n * q + (alpha + q * (1 - alpha - beta)) - 1
+
+
+_PICKING = {"lower": _rounded(jnp.floor), "higher": _rounded(jnp.ceil),
+            "nearest": _rounded(jnp.round), "inverted_cdf": _boundary(0, False),
+            "closest_observation": _boundary(0.5, True)}
+# ...and those that interpolate between the values around a fractional index (linear and
+# midpoint are jnp.quantile's own)
+_INTERPOLATING = {"averaged_inverted_cdf": lambda n, q: n * q - 1,
+                  "interpolated_inverted_cdf": _hyndman_fan(0, 1),
+                  "hazen": _hyndman_fan(0.5, 0.5), "weibull": _hyndman_fan(0, 0),
+                  "median_unbiased": _hyndman_fan(1 / 3, 1 / 3),
+                  "normal_unbiased": _hyndman_fan(3 / 8, 3 / 8)}
 
 
 def quantile(name: str) -> Callable[..., Any]:
-    """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only); a
-    method that picks a value (lower, higher, nearest) as numpy picks it, in the input's
-    dtype (jax's computes in a float, refusing a bool's, and rounds nearest's ties down)."""
+    """numpy's ``percentile`` or ``quantile``: ``q`` a list too (jax takes arrays only); each
+    of numpy's methods that jnp's lacks or computes otherwise (``_PICKING``,
+    ``_INTERPOLATING``) as numpy computes it."""
     function = getattr(jnp, name)
     skip_nan, percent = name.startswith("nan"), name.endswith("percentile")
 
     def run(a: Any, q: Any, axis: Any = None, method: str = "linear", keepdims: bool = False,
             **params: Any) -> Any:
         q = jnp.asarray(q)
-        if method not in _PICKING:
+        if method not in _PICKING and method not in _INTERPOLATING:
             return function(a, q, axis=axis, method=method, keepdims=keepdims, **params)
         q = q.astype(np.float64) / 100 if percent else q.astype(np.float64)
-        return _picked(a, q, axis, _PICKING[method], keepdims, skip_nan)
+        return _quantiles(a, q, axis, method, keepdims, skip_nan)
     return run
 
 
-def _picked(a: Any, q: Any, axis: Any, rounding: Callable[[Any], Any], keepdims: bool,
-            skip_nan: bool) -> Any:
-    """The values a picking quantile method takes along ``axis`` (None, an int, a tuple) at
-    each ``q``: ``q``'s axes first, as numpy's. A slice holding a nan gives nan (a nan one's:
+def _quantiles(a: Any, q: Any, axis: Any, method: str, keepdims: bool, skip_nan: bool) -> Any:
+    """The quantiles of ``a`` along ``axis`` (None, an int, a tuple) at each ``q`` by numpy's
+    ``method``: ``q``'s axes first, as numpy's. A slice holding a nan gives nan (a nan one's:
     its other values, and nan where all are nan)."""
     reduced = tuple(range(a.ndim)) if axis is None else tuple(
         sorted(x % a.ndim for x in np.atleast_1d(axis)))
@@ -347,12 +341,28 @@ def _picked(a: Any, q: Any, axis: Any, rounding: Callable[[Any], Any], keepdims:
     rows = jnp.transpose(a, kept + list(reduced)).reshape(
         *[a.shape[d] for d in kept], -1)  # (each reduced slice one row)
     nan = jnp.isnan(rows) if a.dtype.kind == "f" else jnp.zeros(rows.shape, bool)
-    count = (~nan).sum(-1) if skip_nan else jnp.full(rows.shape[:-1], rows.shape[-1])
+    n = (~nan).sum(-1) if skip_nan else jnp.full(rows.shape[:-1], rows.shape[-1])
     at = q.reshape(q.shape + (1,) * (rows.ndim - 1))
-    index = jnp.clip(rounding((count - 1) * at), 0, rows.shape[-1] - 1).astype(np.int64)
     ordered = jnp.broadcast_to(jnp.sort(rows, axis=-1), q.shape + rows.shape)  # (nans last)
-    values = jnp.take_along_axis(ordered, index[..., None], axis=-1)[..., 0]
-    undefined = (count == 0) if skip_nan else nan.any(-1)
+
+    def value(index: Any) -> Any:
+        index = jnp.clip(index, 0, rows.shape[-1] - 1).astype(np.int64)
+        return jnp.take_along_axis(ordered, index[..., None], axis=-1)[..., 0]
+    if method in _PICKING:
+        values = value(_PICKING[method](n, at))
+    else:  # (numpy's _get_indexes, _get_gamma and _lerp, step by step)
+        virtual = _INTERPOLATING[method](n, at)
+        above, below = virtual >= n - 1, virtual < 0
+        before = jnp.where(above, -1, jnp.where(below, 0, jnp.floor(virtual)))
+        gamma = virtual - before
+        if method == "averaged_inverted_cdf":
+            gamma = jnp.where(gamma == 0, 0.5, 1.0)
+        first = jnp.where(above, n - 1, before)
+        low, high = value(first), value(jnp.where(above | below, first, before + 1))
+        step = high - low
+        values = jnp.where(gamma >= 0.5, high - step * (1 - gamma), low + step * gamma)
+        values = values.astype(a.dtype)
+    undefined = (n == 0) if skip_nan else nan.any(-1)
     if a.dtype.kind == "f":
         values = jnp.where(undefined, jnp.nan, values).astype(a.dtype)
     if keepdims:
