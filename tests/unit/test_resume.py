@@ -8,7 +8,7 @@ import pytest
 
 from fabric.broker.model import SessionPhase, Side
 from fabric.broker.pair import Beat, Pair, State
-from fabric.core.errors import HandshakeError, ResumeRefused
+from fabric.core.errors import HandshakeError, ReplyLost, ResumeRefused
 from fabric.core.protocol import Kind, Message
 from fabric.core.resume import (RECORD_BYTES, RECORD_REPLIES, HeldSession, ReplyRecord,
                                 decode_reports, digest, new_secret, secret_matches)
@@ -133,13 +133,30 @@ def test_reports_are_checked_and_bounded():
 
 def test_the_reply_record_answers_a_repeated_id_within_its_bounds():
     record = ReplyRecord()
-    record.keep(1, ["reply-1"], 10)
+    assert record.keep(1, ["reply-1"], 10, submits=0) == 10
     assert record.get(1) == ["reply-1"] and record.get(2) is None
-    record.keep(2, ["too large"], RECORD_BYTES + 1)
+    assert record.keep(2, ["too large"], RECORD_BYTES + 1, submits=0) == 0
     assert record.get(2) is None
     for request in range(3, 3 + RECORD_REPLIES):
-        record.keep(request, [request], 1)
+        record.keep(request, [request], 1, submits=0)
     assert len(record) == RECORD_REPLIES and record.get(1) is None
+    assert record.nbytes == RECORD_REPLIES
+
+
+def test_the_reply_record_holds_its_byte_budget_and_notes_what_it_did_not_keep():
+    record = ReplyRecord()
+    assert record.keep(1, ["half"], RECORD_BYTES // 2, submits=3) == RECORD_BYTES // 2
+    assert record.keep(2, ["half"], RECORD_BYTES // 2, submits=3) == RECORD_BYTES // 2
+    # Past the session's budget the oldest goes: the change says what the worker holds.
+    assert record.keep(3, ["some"], 100, submits=4) == 100 - RECORD_BYTES // 2
+    assert record.get(1) is None and record.nbytes == RECORD_BYTES // 2 + 100
+    assert record.keep(4, ["no room"], 10, submits=4, room=False) == 0
+    assert record.get(4) is None
+    # Not kept: sent again with no batch run since, it may run again (same answer) ...
+    assert not record.lost(1, submits=3) and not record.lost(4, submits=4)
+    # ... with batches run since, it is lost; never answered, it simply runs.
+    assert record.lost(1, submits=4) and record.lost(4, submits=5)
+    assert not record.lost(99, submits=5)
 
 
 def executor_with_session() -> tuple[Executor, bytes]:
@@ -164,6 +181,40 @@ def test_a_device_never_runs_a_batch_or_a_request_twice():
     assert [m.kind for m in credit] == [Kind.CREDIT] and credit[0].body["done"] == 2
     [again] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {**add, "again": True}))
     assert again is first and session.ops == ran and session.submits == 2
+
+
+def test_a_read_too_large_to_record_runs_again_until_a_batch_ran_then_is_lost():
+    executor, _ = executor_with_session()
+    session = executor.sessions[0x31]
+    elements = RECORD_BYTES // 8 + 1
+    made = {"ops": [["full", 1, [], {"shape": [elements], "dtype": "<f8",
+                                     "fill_value": 1.0}]], "seq": 1}
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, made))
+    held = executor.allowance.held
+    [first] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1}))
+    assert len(session.replies) == 0 and executor.allowance.held == held  # not kept
+    [again] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1,
+                                                              "again": True}))
+    assert "error" not in again.body  # nothing ran since: read again, the same
+    assert bytes(again.buffers[0]) == bytes(first.buffers[0])
+    # An in-place write ran after the read: its answer is lost, never another value.
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, {"ops": [
+        ["add", 1, [1, 1.0], {"out": 1}]], "seq": 2}))
+    [lost] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1,
+                                                             "again": True}))
+    assert lost.body["error"]["code"] == ReplyLost.code
+
+
+def test_the_record_counts_in_the_devices_memory_and_is_given_back_at_close():
+    executor, _ = executor_with_session()
+    made = {"ops": [["full", 1, [], {"shape": [1000], "dtype": "<f8", "fill_value": 1.0}]]}
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, {**made, "seq": 1}))
+    held = executor.allowance.held
+    executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1}))
+    assert executor.sessions[0x31].replies.nbytes == 8000
+    assert executor.allowance.held == held + 8000
+    executor.handle(Message(Kind.CLOSE, 0x31, 6))
+    assert executor.allowance.held == 0
 
 
 def control(grace: float = 5.0) -> Control:
