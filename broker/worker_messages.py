@@ -19,6 +19,7 @@ from fabric.core import protocol
 from fabric.core.errors import AuthenticationError, ProtocolError
 from fabric.core.flow import largest_frame
 from fabric.core.protocol import PROTOCOL_VERSION, WORKER_DATA_KINDS, Header, Kind, Message
+from fabric.core.resume import digest
 
 from . import link_grants, resume
 from .handshake import (misplaced, peer_address, release_mismatch, reported_host, size_limit,
@@ -172,6 +173,10 @@ class WorkerMessages:
         if session is None or not self._sessions.allows(session, SessionEvent.OPENED):
             return []  # the client went away or gave up meanwhile; the drop closed it
         self._sessions.move(session, SessionEvent.OPENED, now)
+        secret = message.body.get("secret")
+        if self.pair is not None and isinstance(secret, bytes):
+            # (its digest only: the client may resume it here, its link lost, ``broker.resume``)
+            session.secret_digest = digest(secret)
         return [send_message(Side.FRONTEND, session.client, Message(
             Kind.WELCOME, session.id, session.hello_request,
             {"device": self.device_of(session), "device_count": self.device_count,

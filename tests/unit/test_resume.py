@@ -68,9 +68,13 @@ def test_reports_become_resumable_sessions_that_only_their_secret_resumes():
     resumed = only(resume(registry, C1, 0x51, SECRET), Side.FRONTEND, C1, Kind.RESUMED)
     assert resumed.body["submits"] == 7 and resumed.request == 9
     assert session.phase is SessionPhase.OPEN and session.client == C1
-    # Resumed, its data is routed; a second RESUME (any secret) is refused.
+    # Resumed, its data is routed; a second RESUME with another secret is refused, and
+    # with its own (its client back over a new connection) moves it there.
     assert registry.from_client(C1, frames(Kind.REQUEST, 0x51, 3, {"op": "sync"}), 1.6)
-    rejected(resume(registry, C2, 0x51, SECRET, now=1.7), C2, ResumeRefused)
+    rejected(resume(registry, C2, 0x51, new_secret(), now=1.7), C2, ResumeRefused)
+    assert session.client == C1
+    only(resume(registry, C2, 0x51, SECRET, now=1.8), Side.FRONTEND, C2, Kind.RESUMED)
+    assert session.phase is SessionPhase.OPEN and session.client == C2
 
 
 def test_a_session_no_worker_reported_is_refused_with_the_reason():
@@ -290,6 +294,56 @@ def test_without_a_known_table_an_unreported_session_waits_out_the_settle_time()
     late = 2.5 + LIMITS.settle_time + 0.1
     _, error = rejected(resume(registry, C1, 0x99, SECRET, now=late), C1, ResumeRefused)
     assert error.details["reason"] == "not_reported"
+
+
+def pair_serving_since(registry, now: float) -> None:
+    """``registry`` is the backup of a pair, serving since ``now`` (its worker came then)."""
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)
+    registry.pair.on_peer(Beat(State.ACTIVE, 1, True), now=0.0)
+    registered_with(registry, [], now=now)
+
+
+def opened_on(registry, client: bytes, now: float) -> None:
+    """Session 0x21 of ``client`` opened through ``registry``, its worker's secret SECRET."""
+    open_message = decoded(registry.from_client(client, frames(
+        Kind.HELLO, 0x21, 1, {"token": CLIENT_TOKEN, "device": 0}), now)[0])
+    only(registry.from_worker(W, frames(Kind.OPENED, 0x21, open_message.request,
+                                        {"secret": SECRET}), now), Side.FRONTEND, client,
+         Kind.WELCOME)
+
+
+def test_a_pairs_broker_keeps_a_vanished_clients_sessions_for_its_secret():
+    """Its link broke, not the broker: the client comes back over a new connection."""
+    registry = make_registry()
+    pair_serving_since(registry, 2.5)
+    opened_on(registry, C1, 2.6)
+    session = registry.sessions[0x21]
+    assert registry.unroutable(Side.FRONTEND, C1, 3.0) == []  # (not closed on its worker)
+    assert session.phase is SessionPhase.RESUMABLE and not session.client
+    _, error = rejected(resume(registry, C2, 0x21, new_secret(), now=3.1), C2, ResumeRefused)
+    assert error.details["reason"] == "wrong_secret"
+    resumed = only(resume(registry, C2, 0x21, SECRET, now=3.2), Side.FRONTEND, C2,
+                   Kind.RESUMED)
+    assert resumed.request == 9 and session.phase is SessionPhase.OPEN
+    assert session.client == C2 and registry._sessions.of_client(C2) == [session]
+
+
+def test_a_pairs_broker_moves_an_open_session_to_its_clients_new_connection():
+    """The client saw its link break before the broker did: it resumes at once."""
+    registry = make_registry()
+    pair_serving_since(registry, 2.5)
+    opened_on(registry, C1, 2.6)
+    only(resume(registry, C2, 0x21, SECRET, now=2.7), Side.FRONTEND, C2, Kind.RESUMED)
+    assert registry.sessions[0x21].client == C2
+    assert registry.unroutable(Side.FRONTEND, C1, 3.0) == []  # (the old one holds nothing)
+    assert registry.sessions[0x21].phase is SessionPhase.OPEN
+
+
+def test_a_lone_brokers_vanished_client_loses_its_sessions_as_before():
+    registry = make_registry((W, "a", 1))
+    opened_on(registry, C1, 0.1)
+    [close] = registry.unroutable(Side.FRONTEND, C1, 0.2)
+    assert decoded(close).kind == Kind.CLOSE and 0x21 not in registry.sessions
 
 
 def test_a_register_reporting_the_most_sessions_stays_within_its_bound():
