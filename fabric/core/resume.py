@@ -123,8 +123,12 @@ class ReplyRecord:
              room: bool = True) -> int:
         """Record the replies to ``request`` (``nbytes``: their buffers' size; ``submits``:
         the batches its session has run; ``room``: whether the memory budget has room for
-        them). Past either bound the oldest go. Returns the change in ``nbytes``."""
-        if request == 0:
+        them). Past either bound the oldest go. Returns the change in ``nbytes``.
+
+        No replies yet (an ``await`` answered once its tensor arrives) is not recorded: sent
+        again, such a request runs again (it only waits), or its later answer would never
+        be given to the client that resumed."""
+        if request == 0 or not replies:
             return 0
         before = self.nbytes
         old = self._replies.pop(request, None)

@@ -4,6 +4,7 @@ it, who may resume, the settling, and what a device never runs twice."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fabric.broker.model import SessionPhase, Side
@@ -185,6 +186,25 @@ def test_a_device_never_runs_a_batch_or_a_request_twice():
     assert [m.kind for m in credit] == [Kind.CREDIT] and credit[0].body["done"] == 2
     [again] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {**add, "again": True}))
     assert again is first and session.ops == ran and session.submits == 2
+
+
+def test_an_await_sent_again_is_answered_when_its_tensor_arrives_or_at_once():
+    """An await answered later records nothing: sent again after a resume, it waits again
+    (its first answer may have gone to the broker that died), or is answered at once."""
+    executor, _ = executor_with_session()
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, {"ops": [], "seq": 1}))
+    ticket = 77
+    executor.handle(Message(Kind.REQUEST, 0x31, 3, {"op": "expect", "id": 9, "ticket": ticket}))
+    assert executor.handle(Message(Kind.REQUEST, 0x31, 4, {"op": "await", "id": 9})) == []
+    again = executor.handle(Message(Kind.REQUEST, 0x31, 4, {"op": "await", "id": 9,
+                                                            "again": True}))
+    assert again == []  # (waits again)
+    arrived = executor.handle(Message(Kind.TRANSFER, 0x31, 0x32, {
+        "ticket": ticket, "dtype": "<f8", "shape": [2]}, [np.ones(2).tobytes()]))
+    assert [m.request for m in arrived] == [4, 4]  # (the client takes the first)
+    [late] = executor.handle(Message(Kind.REQUEST, 0x31, 4, {"op": "await", "id": 9,
+                                                             "again": True}))
+    assert late.request == 4 and late.body == {"ok": True}
 
 
 def test_a_read_too_large_to_record_runs_again_until_a_batch_ran_then_is_lost():
