@@ -89,6 +89,10 @@ def test_uploads_and_reads_over_a_direct_link_go_on_across_a_kill(pair):
         upload_and_read(-1)  # (before the kill: the session's uploads take links)
         assert session.stats()["bytes_uploaded_by_direct_link"] > 0
         across_a_kill(pair, upload_and_read)
+        # Its uploads take links again (a LINK the dead broker left unanswered is no "no")
+        before = session.stats()["bytes_uploaded_by_direct_link"]
+        upload_and_read(-2)
+        assert session.stats()["bytes_uploaded_by_direct_link"] == before + values.nbytes
 
 
 def test_a_move_worker_to_worker_in_flight_at_a_kill_is_right_or_fails_typed_in_time(pair):
