@@ -31,6 +31,8 @@ from .sizes import frames_size, transfer_too_large
 
 log = logging.getLogger("fabric.broker")
 
+_TAKES_TRANSFERS = frozenset({SessionPhase.OPEN, SessionPhase.RESUMABLE})
+
 
 class WorkerMessages:
     """The ``Registry``'s handling of what workers send (a mixin over the registry's rooms:
@@ -88,9 +90,11 @@ class WorkerMessages:
             # A tensor moving between sessions: the sender must own the source session (the
             # request field); the destination's device takes it only with a ticket it gave
             # its own client (``expect``), so knowing a session id is not enough.
+            # After a takeover the destination may wait for its client's RESUME: its device
+            # holds it, and the ticket still guards it.
             source = self.sessions.get(header.request)
             if (source is None or source.worker != worker.identity or session is None
-                    or session.phase is not SessionPhase.OPEN):
+                    or session.phase not in _TAKES_TRANSFERS):
                 self.counters["refused_transfers"] += 1
                 return []
             session.messages_in += 1  # (towards the destination device)

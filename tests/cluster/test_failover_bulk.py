@@ -1,7 +1,7 @@
 """Large arrays in flight when the active broker of a pair is SIGKILLed, with real processes:
 uploads and reads through shared memory, and over direct links (a client's to its worker, and
 ``t.to()`` worker to worker). The session goes on with the right values through the broker
-that takes over, or fails typed; nothing hangs, and no segment is left mapped.
+that takes over; nothing hangs, and no segment is left mapped.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ import pytest
 import fabric
 from conftest import broker_pair
 from fabric.core.shm import held_segments
-from fabric.transport.takeover import TAKEOVER_LIMIT
 from polling import wait_for
 from test_failover_resume import admin_state, kill_primary
 from test_shm_path import mapped
@@ -95,31 +93,19 @@ def test_uploads_and_reads_over_a_direct_link_go_on_across_a_kill(pair):
         assert session.stats()["bytes_uploaded_by_direct_link"] == before + values.nbytes
 
 
-def test_a_move_worker_to_worker_in_flight_at_a_kill_is_right_or_fails_typed_in_time(pair):
-    """A tensor moved with ``t.to()`` while the primary dies: the right value, or (where the
-    move was lost with the broker) a typed error by the session's deadline, never a wrong
-    value; the session goes on, and the next moves are right."""
+def test_a_move_worker_to_worker_over_a_direct_link_goes_on_across_a_kill(pair):
+    """A tensor moved with ``t.to()`` while the primary dies: a move whose link the worker's
+    new connection closed goes through the broker that took over, to its device."""
     values = np.random.default_rng(46).random(ELEMENTS)
-    timeout = 5.0
-    with fabric.connect(pair.brokers, token=pair.token, device=0, timeout=timeout,
+    with fabric.connect(pair.brokers, token=pair.token, device=0, timeout=30,
                         shared_memory=False) as here:
         there = here.open(1)
         source = here.asarray(values)
-        lost = []
 
         def move(round_: int) -> None:
-            started = time.monotonic()
-            try:
-                got = float(((source + round_).to(there) * 2).sum())
-            except fabric.FabricError as exc:
-                assert time.monotonic() - started < timeout + TAKEOVER_LIMIT
-                lost.append(type(exc).__name__)
-                return
+            got = float(((source + round_).to(there) * 2).sum())
             assert got == pytest.approx(float(((values + round_) * 2).sum())), round_
 
         move(-1)  # (before the kill: a link carries it)
-        assert not lost
-        rounds = across_a_kill(pair, move)
-        assert len(lost) <= 1, lost  # (the move in flight at the kill, if any)
-        assert rounds - len(lost) >= 3
+        across_a_kill(pair, move)
         there.close()
