@@ -31,18 +31,40 @@ HANG_SLACK = 2.0  # a call that takes longer than its timeout plus this counts a
 
 
 class Tally:
-    def __init__(self) -> None:
+    """Calls done, typed failures by class, wrong results, and calls that took longer than
+    ``hang_after`` seconds (hangs), counted from any thread."""
+
+    def __init__(self, hang_after: float = CALL_TIMEOUT + HANG_SLACK) -> None:
+        self.hang_after = hang_after
         self.lock = threading.Lock()
         self.calls = 0
+        self.ops = 0
         self.typed: collections.Counter[str] = collections.Counter()
         self.wrong: list[str] = []
         self.hangs = 0
+        self.longest = 0.0
 
     def timed(self, started: float) -> None:
+        """A call that began at ``started`` (monotonic) ended, answered or typed."""
+        took = time.monotonic() - started
         with self.lock:
             self.calls += 1
-            if time.monotonic() - started > CALL_TIMEOUT + HANG_SLACK:
+            self.longest = max(self.longest, took)
+            if took > self.hang_after:
                 self.hangs += 1
+
+    def ran(self, ops: int) -> None:
+        """``ops`` ops were sent (their result is checked by a call counted with timed)."""
+        with self.lock:
+            self.ops += ops
+
+    def typed_failure(self, error: Exception) -> None:
+        with self.lock:
+            self.typed[type(error).__name__] += 1
+
+    def wrong_result(self, what: str) -> None:
+        with self.lock:
+            self.wrong.append(what)
 
 
 def client_loop(cluster: fabric.LocalCluster, devices: int, stop: threading.Event,
@@ -59,22 +81,20 @@ def client_loop(cluster: fabric.LocalCluster, devices: int, stop: threading.Even
                     x = s.asarray(base)
                     for k in range(steps):
                         x = x * 1.0 + k
+                    tally.ran(2 * steps)
                     started = time.monotonic()
                     got = x.numpy()
                     tally.timed(started)
                     expected = base + steps * (steps - 1) / 2
                     if not np.array_equal(got, expected):
-                        with tally.lock:
-                            tally.wrong.append(f"n={n} steps={steps}")
+                        tally.wrong_result(f"n={n} steps={steps}")
                     if stop.is_set():
                         break
         except fabric.FabricError as exc:
             tally.timed(started)
-            with tally.lock:
-                tally.typed[type(exc).__name__] += 1
+            tally.typed_failure(exc)
         except Exception as exc:  # anything untyped is a defect: count it as wrong
-            with tally.lock:
-                tally.wrong.append(f"{type(exc).__name__}: {exc}")
+            tally.wrong_result(f"{type(exc).__name__}: {exc}")
 
 
 def main() -> None:
@@ -115,7 +135,7 @@ def main() -> None:
                 left += checker.stats()["device_sessions"] - 1
     print(f"soak: {args.seconds:g} s, {args.clients} clients, {args.workers} workers, "
           f"{kills} worker kills")
-    print(f"  calls done: {tally.calls}")
+    print(f"  calls done: {tally.calls}; ops run: {tally.ops}")
     print(f"  typed failures: {dict(tally.typed) or 0}")
     print(f"  wrong results: {len(tally.wrong)} {tally.wrong[:5]}")
     print(f"  calls past their deadline: {tally.hangs}; client threads stuck: {stuck}")

@@ -102,11 +102,19 @@ class Endings:
         self._workers.remove(worker)
         return sends
 
-    def lose_client(self, identity: bytes, why: str, now: float | None = None) -> list[Send]:
+    def lose_client(self, identity: bytes, why: str, now: float | None = None,
+                    resumable: bool = False) -> list[Send]:
         """End a vanished client's sessions: closed on their workers, nobody else told (said
-        through the rate limit at ``now``, if given)."""
+        through the rate limit at ``now``, if given). With ``resumable`` (a broker of a
+        pair), an open session whose secret the broker knows waits for its client instead,
+        RESUMABLE for the resume grace: its link may have broken while the client lives."""
         sends: list[Send] = []
         for session in self._sessions.of_client(identity):
+            if (resumable and now is not None and session.secret_digest
+                    and self._sessions.allows(session, SessionEvent.CLIENT_LOST)):
+                log.debug("session %#x kept to be resumed: %s", session.id, why)
+                self._sessions.keep_for_resume(session, now)
+                continue
             log.debug("session %#x dropped: %s", session.id, why)  # (ids at DEBUG only)
             self.counters["sessions_expired"] += 1
             self._sessions.end(session)

@@ -410,7 +410,8 @@ class Registry(WorkerMessages):
             return self._endings.lose_worker(worker, (
                 "disconnected (its process ended, or its link was silent for "
                 f"{self.limits.heartbeat * self.limits.liveness:g} s)")) if worker else []
-        return self._endings.lose_client(identity, "the client disconnected", now)
+        return self._endings.lose_client(identity, "the client disconnected", now,
+                                         resumable=self.pair is not None)
 
     def connection_cut(self, side: Side, peer: str, held: int, limit: int, now: float) -> None:
         """The I/O loop cut a connection on ``side`` that held ``held`` bytes unread, past

@@ -9,6 +9,13 @@ wrong secret, another token: refused with ``ResumeRefused``, counted, and answer
 ``Limits.auth_delay`` late (guessing costs time; the session stays resumable for its own
 client). The broker keeps the secret's digest only, never the secret.
 
+A client's link to the active broker may break while both live (no takeover): a broker of a
+pair keeps the digest of each secret it passes on in WELCOME, so its client, back over a new
+connection, resumes there too. Seen gone (unroutable) first, the client's open sessions wait
+RESUMABLE for the resume grace instead of ending; not seen gone yet, a RESUME with the
+secret moves the open session to the new connection. Either way what had no answer is sent
+again, and the device's sequence numbers and record of replies keep it from running twice.
+
 Settling: a broker of a pair that began serving answers clients (HELLO, DEVICES, RESUME of a
 session it does not know) only once every worker of the last known table (the device
 numbering the pair's state file holds) has registered, or ``Limits.settle_time`` has passed
@@ -123,6 +130,11 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
         return registry._reject(identity, message.header, refusal(registry.pair, "session"),
                                 now)
     session = registry.sessions.get(message.session)
+    if session is not None and session.phase is SessionPhase.OPEN and session.secret_digest:
+        # Opened here, on a pair: its client's link broke before this broker saw it go.
+        if not _shows_its_secret(session, token, body):
+            return _wrong_secret(registry, identity, message, now)
+        registry._sessions.keep_for_resume(session, now)  # (and taken up at once, below)
     if session is not None and session.phase is not SessionPhase.RESUMABLE:
         registry.counters["sessions_not_resumed"] += 1
         return registry._reject(identity, message.header, ResumeRefused(
@@ -138,12 +150,8 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
             f"Session {message.session:#x} cannot be resumed: no worker reported it to the "
             "broker that took over (its worker died too, or kept it past its --resume-grace)"
             ". Open a new session.", session=message.session, reason="not_reported"), now)
-    if session.token != token or not secret_matches(body["secret"], session.secret_digest):
-        registry.counters["resumes_refused"] += 1
-        return registry._token_refused(registry._reject(identity, message.header, ResumeRefused(
-            f"Session {message.session:#x} is not resumed: the secret or the client token "
-            "is not the session's. Only the client that opened a session can resume it.",
-            session=message.session, reason="wrong_secret"), now), now)
+    if not _shows_its_secret(session, token, body):
+        return _wrong_secret(registry, identity, message, now)
     registry._sessions.resume(session, identity, now)
     session.client_max = size_limit(body, registry.limits.max_message_bytes)
     registry.counters["sessions_resumed"] += 1
@@ -155,3 +163,18 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
          "max_message_bytes": min(registry.limits.max_message_bytes,
                                   worker.max_message_bytes),
          "submits": session.submits}))]
+
+
+def _shows_its_secret(session: Session, token: int, body: dict[str, Any]) -> bool:
+    """Whether a RESUME shows the session's client token and a secret of its digest."""
+    return session.token == token and secret_matches(body["secret"], session.secret_digest)
+
+
+def _wrong_secret(registry: Any, identity: bytes, message: Message, now: float) -> list[Send]:
+    """A RESUME without the session's secret or token: refused, counted, answered late; the
+    session stays its own client's."""
+    registry.counters["resumes_refused"] += 1
+    return registry._token_refused(registry._reject(identity, message.header, ResumeRefused(
+        f"Session {message.session:#x} is not resumed: the secret or the client token "
+        "is not the session's. Only the client that opened a session can resume it.",
+        session=message.session, reason="wrong_secret"), now), now)

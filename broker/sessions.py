@@ -31,6 +31,7 @@ class SessionEvent(enum.Enum):
     DEADLINE = "deadline"  # its worker did not answer OPEN or CLOSE in time
     ENDED_BY_BROKER = "ended_by_broker"  # its client or worker is gone, cut, or an admin's
     RESUMED = "resumed"  # its client showed its secret (``broker.resume``)
+    CLIENT_LOST = "client_lost"  # a pair's broker lost its client's link: it may come back
 
 
 PHASE_AFTER: dict[tuple[SessionPhase, SessionEvent], SessionPhase] = {
@@ -47,7 +48,9 @@ PHASE_AFTER: dict[tuple[SessionPhase, SessionEvent], SessionPhase] = {
     (OPENING, SessionEvent.ENDED_BY_BROKER): ENDED,
     (OPEN, SessionEvent.ENDED_BY_BROKER): ENDED,
     (CLOSING, SessionEvent.ENDED_BY_BROKER): ENDED,
-    # Reported by its worker after a takeover: its client takes it up, or it ends unclaimed.
+    # Reported by its worker after a takeover, or its client's link lost (a pair's broker
+    # only): its client takes it up, or it ends unclaimed.
+    (OPEN, SessionEvent.CLIENT_LOST): RESUMABLE,
     (RESUMABLE, SessionEvent.RESUMED): OPEN,
     (RESUMABLE, SessionEvent.DEADLINE): ENDED,
     (RESUMABLE, SessionEvent.ENDED_BY_BROKER): ENDED,
@@ -94,6 +97,15 @@ class SessionTable:
         worker.sessions.add(session.id)
         self._per_device[session.worker, session.local] += 1
         self._per_token[session.token, session.worker, session.local] += 1
+
+    def keep_for_resume(self, session: Session, now: float) -> None:
+        """An OPEN session whose client's link was lost, on a broker of a pair: RESUMABLE,
+        with no client, until ``Limits.resume_grace`` from ``now`` (its client may come back
+        over another connection with its secret)."""
+        self.move(session, SessionEvent.CLIENT_LOST, now)
+        session.deadline = now + self._limits.resume_grace
+        self._detach_client(session)
+        session.client = b""
 
     def resume(self, session: Session, client: bytes, now: float) -> None:
         """A RESUMABLE session's client showed its secret: it is OPEN, on ``client``."""
@@ -168,13 +180,7 @@ class SessionTable:
     def _remove(self, session: Session) -> None:
         del self.sessions[session.id]
         self._workers.workers[session.worker].sessions.discard(session.id)
-        held = self.by_client.get(session.client)  # (none for a RESUMABLE one)
-        if held is not None:
-            held.discard(session.id)
-        if held is not None and not held:
-            del self.by_client[session.client]
-            self._client_pinged.pop(session.client, None)
-            self._to_ask.pop(session.client, None)  # (next_ask may now be early: harmless)
+        self._detach_client(session)
         key = (session.worker, session.local)
         self._per_device[key] -= 1
         if self._per_device[key] <= 0:
@@ -184,3 +190,13 @@ class SessionTable:
         if self._per_token[key_of_token] <= 0:
             del self._per_token[key_of_token]
         self._workers.retire(session)
+
+    def _detach_client(self, session: Session) -> None:
+        """``session`` is no longer its client's (ended, or its client's link lost)."""
+        held = self.by_client.get(session.client)  # (none for a RESUMABLE one)
+        if held is not None:
+            held.discard(session.id)
+        if held is not None and not held:
+            del self.by_client[session.client]
+            self._client_pinged.pop(session.client, None)
+            self._to_ask.pop(session.client, None)  # (next_ask may now be early: harmless)

@@ -19,6 +19,7 @@ from fabric.core import protocol
 from fabric.core.errors import AuthenticationError, ProtocolError
 from fabric.core.flow import largest_frame
 from fabric.core.protocol import PROTOCOL_VERSION, WORKER_DATA_KINDS, Header, Kind, Message
+from fabric.core.resume import digest
 
 from . import link_grants, resume
 from .handshake import (misplaced, peer_address, release_mismatch, reported_host, size_limit,
@@ -29,6 +30,8 @@ from .sessions import SessionEvent
 from .sizes import frames_size, transfer_too_large
 
 log = logging.getLogger("fabric.broker")
+
+_TAKES_TRANSFERS = frozenset({SessionPhase.OPEN, SessionPhase.RESUMABLE})
 
 
 class WorkerMessages:
@@ -87,9 +90,11 @@ class WorkerMessages:
             # A tensor moving between sessions: the sender must own the source session (the
             # request field); the destination's device takes it only with a ticket it gave
             # its own client (``expect``), so knowing a session id is not enough.
+            # After a takeover the destination may wait for its client's RESUME: its device
+            # holds it, and the ticket still guards it.
             source = self.sessions.get(header.request)
             if (source is None or source.worker != worker.identity or session is None
-                    or session.phase is not SessionPhase.OPEN):
+                    or session.phase not in _TAKES_TRANSFERS):
                 self.counters["refused_transfers"] += 1
                 return []
             session.messages_in += 1  # (towards the destination device)
@@ -172,6 +177,10 @@ class WorkerMessages:
         if session is None or not self._sessions.allows(session, SessionEvent.OPENED):
             return []  # the client went away or gave up meanwhile; the drop closed it
         self._sessions.move(session, SessionEvent.OPENED, now)
+        secret = message.body.get("secret")
+        if self.pair is not None and isinstance(secret, bytes):
+            # (its digest only: the client may resume it here, its link lost, ``broker.resume``)
+            session.secret_digest = digest(secret)
         return [send_message(Side.FRONTEND, session.client, Message(
             Kind.WELCOME, session.id, session.hello_request,
             {"device": self.device_of(session), "device_count": self.device_count,

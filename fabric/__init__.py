@@ -19,7 +19,8 @@ _ERRORS = (  # every class of fabric.core.errors (tests/unit/test_errors.py chec
     "DuplicateSession", "EncryptionError", "FabricError",
     "GraphError", "HandshakeError", "HandshakeTimeout", "MessageTooLarge", "NoActiveBroker",
     "NoSuchDevice", "NotFound", "ProtocolError", "QuotaExceeded", "RemoteError", "RemoteWarning",
-    "RequestTimeout", "ResumeRefused", "ServerDisconnected", "SessionClosed", "SessionLost",
+    "ReplyLost", "RequestTimeout", "ResumeRefused", "ServerDisconnected", "SessionClosed",
+    "SessionLost",
     "TooManySessions", "TraceError", "VersionMismatch", "WorkerNameTaken", "WrongPort",
 )
 _HOMES = {

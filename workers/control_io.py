@@ -92,6 +92,12 @@ class Worker:
         self.links = None if host is None else BulkLinks(
             self.context, host, options.curve, options.max_message_bytes, self._deliver,
             self._read_over_link)
+        # TRANSFERs whose links a takeover's new connection closed (``_connect``): sent
+        # through the new broker once registered, and once more a liveness window later
+        # (their receiving worker may register after this one; the ticket admits one copy).
+        self._after_register: list[Fallback] = []
+        self._send_again: list[Fallback] = []
+        self._send_again_at = 0.0
         self.control = Control(
             {"token": options.token, "name": options.name, "backend": options.backend,
              "devices": [d.settings() for d in self.devices],
@@ -169,6 +175,10 @@ class Worker:
             if type(action) is Send:
                 self._send(action.message)
             elif type(action) is Attach:
+                self._fall_back(self._after_register)
+                self._send_again, self._after_register = self._after_register, []
+                self._send_again_at = time.monotonic() + (
+                    self.options.heartbeat * self.options.liveness)
                 for device in range(len(self.devices)):  # each lane says HEARTBEAT, so
                     self._to_device(device, [ATTACH, b"%d" % action.max_message_bytes])
             elif type(action) is Connect:
@@ -205,7 +215,10 @@ class Worker:
                      *self._pairs):
             self._poller.register(sock, zmq.POLLIN)
         if self.links is not None:
-            self.links.watch(self._poller)
+            waiting = self.links.watch(self._poller)
+            # A pair's takeover keeps the sessions, and so the tensors they moved
+            self._after_register = self._after_register + waiting if connect.keep else []
+            self._send_again = []
 
     def _close_dealer(self) -> None:
         if self.dealer is None:
@@ -318,6 +331,9 @@ class Worker:
                     self._retry()
                 if self.links is not None:
                     self._fall_back(self.links.tick())
+                if self._send_again and time.monotonic() >= self._send_again_at:
+                    self._fall_back(self._send_again)
+                    self._send_again = []
                 self._perform(control.tick(time.monotonic()))
         finally:
             self.close()

@@ -23,7 +23,10 @@ receiver's word (its connection closes, or TCP leaves its bytes unacknowledged f
 ``fabric.core.security.LINK_STALL_SECONDS``) has its TRANSFER sent once more, through the
 broker, and says so once per address: the receiving device takes whichever copy comes
 first, since the move's own ticket (``expect``) admits one, so a late copy is dropped there
-and nothing is stored twice.
+and nothing is stored twice. A new connection to the broker closes every dial: where a
+pair's takeover keeps the sessions, what waited goes through the new broker once the worker
+registered there, and once more a liveness window later (the receiving worker may register
+after this one); otherwise it is dropped with its sessions.
 
 A ticket is 32 random bytes. Shown in the handshake: without CURVE as the PLAIN password;
 with CURVE as the sender's key pair, whose secret key is the ticket itself (so only who
@@ -296,7 +299,12 @@ class Outgoing:
         self.fallbacks += len(fallbacks)
         return fallbacks
 
-    def clear(self) -> None:
-        """A new connection to the broker: what waited goes nowhere (its sessions are gone)."""
+    def clear(self) -> list[Fallback]:
+        """A new connection to the broker: what waited for a grant, a connection or the
+        receiver's word, dropped here; returned, for a broker that takes over the sessions
+        (a pair's) to carry (a copy the receiver took already is dropped there)."""
+        waiting = [Fallback(link, pending.frames) for link, pending in self._pending.items()]
+        waiting += [Fallback(link, sent.frames) for link, sent in self._sent.items()]
         self._pending.clear()
         self._sent.clear()
+        return waiting

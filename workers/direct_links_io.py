@@ -124,16 +124,18 @@ class BulkLinks:
         key = {"public_key": self._curve.public_key} if self._curve is not None else {}
         return {"address": self.address, **key}
 
-    def watch(self, poller: zmq.Poller) -> None:
+    def watch(self, poller: zmq.Poller) -> list[Fallback]:
         """Poll the endpoint, the ZAP handler and the dials with ``poller`` (a new
-        connection to the broker's); what waited for the old one is dropped."""
+        connection to the broker's); the TRANSFERs that waited, their dials closed: to send
+        through the new broker where it takes the sessions over, else to drop."""
         for link in list(self._dials):  # (registered with the old poller)
             self._close_dial(link)
-        self.outgoing.clear()
-        self._broken.clear()
+        waiting = self._broken + self.outgoing.clear()
+        self._broken = []
         self._poller = poller
         for sock in (self.zap, self.endpoint, self.monitor):
             poller.register(sock, zmq.POLLIN)
+        return waiting
 
     def owns(self, sock: zmq.Socket) -> bool:
         """Whether ``sock`` is one of this module's (for the loop's dispatch)."""

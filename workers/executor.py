@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from fabric.core.errors import FabricError, ProtocolError, RemoteError, SessionLost
+from fabric.core.errors import FabricError, ProtocolError, RemoteError, ReplyLost, SessionLost
 from fabric.core.flow import CREDIT_EVERY
 from fabric.core.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
 from fabric.core.protocol import Kind, Message, reply_error, reply_to
@@ -132,6 +132,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         session = self.sessions.pop(message.session)
         shared_memory.closed(self, session)
         self.allowance.refund(session, session.resident)
+        self.allowance.held -= session.replies.nbytes
         self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
 
@@ -418,10 +419,18 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
             answered = session.replies.get(message.request)
             if answered is not None:  # (answered before: not run twice)
                 return answered
+            if session.replies.lost(message.request, session.submits):
+                return [reply_error(message, ReplyLost(
+                    "The answer to this request was lost with the broker this session was "
+                    "resumed past, was too large to keep, and the session has run ops since: "
+                    "read the tensor again."))]
         replies = self._run_request(session, message)
         if self.records_replies:
-            session.replies.keep(message.request, replies, sum(
-                memoryview(b).nbytes for reply in replies for b in reply.buffers))
+            nbytes = sum(memoryview(b).nbytes for reply in replies for b in reply.buffers)
+            # (the worker's memory budget counts the record, not the session's tensors)
+            self.allowance.held += session.replies.keep(
+                message.request, replies, nbytes, session.submits,
+                room=nbytes == 0 or self.allowance.fits(nbytes))
         return replies
 
     def _run_request(self, session: DeviceSession, message: Message) -> list[Message]:

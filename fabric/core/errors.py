@@ -21,6 +21,7 @@
     │   └── ResumeRefused            not resumed after a broker takeover (reason)
     ├── MessageTooLarge
     ├── RequestTimeout
+    ├── ReplyLost                    a reply lost in a takeover that cannot be given again
     ├── RemoteError                  an op failed on the device
     │   ├── QuotaExceeded
     │   ├── GraphError
@@ -200,6 +201,15 @@ class RequestTimeout(FabricError):
     """A request got no answer before its deadline."""
 
     code = "timeout"
+
+
+class ReplyLost(FabricError):
+    """The answer to a request was lost with the broker a session was resumed past, and its
+    worker could not give it again: the reply was too large to keep (a read of over 4 MiB)
+    and the session has run ops since, which may have changed what it read. The session goes
+    on: read the tensor again."""
+
+    code = "reply_lost"
 
 
 class RemoteError(FabricError):

@@ -12,7 +12,8 @@ client that shows the same token and a secret of that digest, compared in consta
 Nothing runs twice: a client resends what had no answer, a batch with its sequence number
 (``seq``, the count of the session's batches up to it), which a device skips when it has run
 that many already, and a request with its id (marked ``again``), which the device answers
-from its ``ReplyRecord`` when it answered that id before.
+from its ``ReplyRecord`` when it answered that id before (a reply too large to record runs
+again only where that gives the same answer, else ``ReplyLost``: never a wrong value).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SECRET_BYTES = 16
 DIGEST_BYTES = 32  # sha256
 MAX_REPORTED = 4096  # sessions one REGISTER may report (its body is bounded anyway)
 RECORD_REPLIES = 64  # replies a session's record keeps, the newest
-RECORD_BYTES = 4 << 20  # and the buffers they may hold in all (a larger read runs again)
+RECORD_BYTES = 4 << 20  # and the buffers they may hold in all, a budget per session
 
 
 def new_secret() -> bytes:
@@ -86,13 +87,23 @@ def batch_seq(body: dict[str, Any]) -> int | None:
 
 class ReplyRecord:
     """A session's recent replies by request id, bounded by count and bytes: a request sent
-    again (its client resumed the session) is answered from here, not run again."""
+    again (its client resumed the session) is answered from here, not run again.
 
-    __slots__ = ("_replies", "_bytes")
+    A reply not kept (its buffers past the session's ``RECORD_BYTES``, no room left in the
+    worker's memory budget, or pushed out by newer ones) leaves a note of the batches its
+    session had run when it was given (``lost``): sent again with none run since, the request
+    runs again and gives the same answer (a read changes nothing, and nothing else did); with
+    batches run since (an in-place write may have changed what it read), it is answered with
+    ``fabric.ReplyLost`` rather than a value that may be wrong.
+    """
+
+    __slots__ = ("_replies", "nbytes", "_unkept")
 
     def __init__(self) -> None:
-        self._replies: OrderedDict[int, tuple[list[Any], int]] = OrderedDict()
-        self._bytes = 0
+        # request -> (replies, their buffers' bytes, the session's batches run then)
+        self._replies: OrderedDict[int, tuple[list[Any], int, int]] = OrderedDict()
+        self.nbytes = 0  # the buffers held (the worker's memory budget counts them)
+        self._unkept: OrderedDict[int, int] = OrderedDict()  # request -> batches run then
 
     def __len__(self) -> int:
         return len(self._replies)
@@ -102,16 +113,39 @@ class ReplyRecord:
         kept = self._replies.get(request)
         return None if kept is None else kept[0]
 
-    def keep(self, request: int, replies: Sequence[Any], nbytes: int) -> None:
-        """Record the replies to ``request`` (``nbytes``: their buffers' size). Past either
-        bound the oldest go; replies larger than the byte bound are not kept."""
-        if request == 0 or nbytes > RECORD_BYTES:
-            return
+    def lost(self, request: int, submits: int) -> bool:
+        """Whether ``request`` was answered without its replies kept and its session has
+        run batches since (its session's count of batches run is ``submits`` now)."""
+        then = self._unkept.get(request)
+        return then is not None and then != submits
+
+    def keep(self, request: int, replies: Sequence[Any], nbytes: int, submits: int,
+             room: bool = True) -> int:
+        """Record the replies to ``request`` (``nbytes``: their buffers' size; ``submits``:
+        the batches its session has run; ``room``: whether the memory budget has room for
+        them). Past either bound the oldest go. Returns the change in ``nbytes``.
+
+        No replies yet (an ``await`` answered once its tensor arrives) is not recorded: sent
+        again, such a request runs again (it only waits), or its later answer would never
+        be given to the client that resumed."""
+        if request == 0 or not replies:
+            return 0
+        before = self.nbytes
         old = self._replies.pop(request, None)
         if old is not None:
-            self._bytes -= old[1]
-        self._replies[request] = (list(replies), nbytes)
-        self._bytes += nbytes
-        while len(self._replies) > RECORD_REPLIES or self._bytes > RECORD_BYTES:
-            _, (_, size) = self._replies.popitem(last=False)
-            self._bytes -= size
+            self.nbytes -= old[1]
+        if nbytes > RECORD_BYTES or not room:
+            self._note_unkept(request, submits)
+            return self.nbytes - before
+        self._replies[request] = (list(replies), nbytes, submits)
+        self.nbytes += nbytes
+        while len(self._replies) > RECORD_REPLIES or self.nbytes > RECORD_BYTES:
+            gone, (_, size, then) = self._replies.popitem(last=False)
+            self.nbytes -= size
+            self._note_unkept(gone, then)
+        return self.nbytes - before
+
+    def _note_unkept(self, request: int, submits: int) -> None:
+        self._unkept[request] = submits
+        if len(self._unkept) > RECORD_REPLIES:
+            self._unkept.popitem(last=False)

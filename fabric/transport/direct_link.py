@@ -10,12 +10,13 @@ array then travels as a TRANSFER on the link, the worker's word that it took it 
 there, and the session waits for the device to hold it (``await``), so its later ops find
 it. Without a grant or a connection in time, the upload takes the socket path as before, and
 the first such fallback to each address is logged; a session refused a link once (its
-worker has no endpoint, or is out of reach) asks no more. A link that breaks before the
-worker's word (its connection closes; TCP closes it once its bytes stall for
-``LINK_STALL_SECONDS``) is not waited for: the array goes through the broker after all, as
-the very tensor the device expects (a ``put``, which runs before the ``await``), and the
-first such break to each address is logged. A message cut short on a link is never
-delivered, so the device stores the array once.
+worker has no endpoint, or is out of reach) asks no more, but one whose broker did not
+answer in time (a takeover of a broker pair) asks again at its next large array. A link
+that breaks before the worker's word (its connection closes; TCP closes it once its bytes
+stall for ``LINK_STALL_SECONDS``) is not waited for: the array goes through the broker
+after all, as the very tensor the device expects (a ``put``, which runs before the
+``await``), and the first such break to each address is logged. A message cut short on a
+link is never delivered, so the device stores the array once.
 
 A read asks for a link the same way. Its tensor is computed first (``shape``, one small round
 trip by the broker, which raises the tensor's error as the read would): a read on the link
@@ -64,7 +65,6 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
         return None  # (a capture keeps the put to replay; too large: the socket path says so)
     link = _connect(session, array.nbytes)
     if link is None:
-        _refused.add(session)
         return None
     monitor = link.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
@@ -178,7 +178,6 @@ def start_read(session: Any, tensor: Tensor, body: dict[str, Any],
         return None
     link = _connect(session, nbytes)
     if link is None:
-        _refused.add(session)
         return None
     try:
         session._call({"op": "shape", "id": tensor.id})  # (the read must not pass its ops)
@@ -192,16 +191,21 @@ def start_read(session: Any, tensor: Tensor, body: dict[str, Any],
 
 def _connect(session: Any, nbytes: int) -> zmq.Socket | None:
     """A DEALER connected to the bulk endpoint of ``session``'s worker, its handshake done;
-    None where the broker grants no link or none is made in time."""
+    None where the broker grants no link or none is made in time (the session then asks no
+    more), or the broker does not answer in time (a takeover, say: it asks again later)."""
     connection = session.connection
     try:
         grant = connection.request(Message(Kind.LINK, session.id, 0, {
             "source": session.id, "nbytes": nbytes}), CONNECT_SECONDS, session=session.id)
-    except FabricError:  # no answer in time (a broker that predates links answers ERROR)
+    except RequestTimeout:
+        return None
+    except FabricError:  # (a broker that predates links answers ERROR)
+        _refused.add(session)
         return None
     address, ticket, key = (grant.body.get(k) for k in ("address", "ticket", "public_key"))
     if grant.kind != Kind.LINK_GRANT or type(address) is not str \
             or type(ticket) is not bytes or len(ticket) != 32:
+        _refused.add(session)
         return None
     link = connection.socket.context.socket(zmq.DEALER)
     show_ticket(link, ticket, key if type(key) is bytes else None)
@@ -213,6 +217,7 @@ def _connect(session: Any, nbytes: int) -> zmq.Socket | None:
     if link.poll(int(CONNECT_SECONDS * 1000), zmq.POLLOUT):
         return link
     link.close(linger=0)
+    _refused.add(session)
     if address not in _told:
         _told.add(address)
         log.warning("no direct link to %s within %g s: large uploads there travel through "

@@ -120,8 +120,11 @@ def test_a_new_broker_connection_drops_the_dials_of_the_old(sides):
         "address": "tcp://127.0.0.1:9", "ticket": secrets.token_bytes(32)}))
     assert sender.links._dials
     sender.poller = zmq.Poller()
-    sender.links.watch(sender.poller)
+    # What waited is handed back (a pair's takeover sends it through the new broker)
+    [waiting] = sender.links.watch(sender.poller)
+    assert waiting.link == ask.request
     assert not sender.links._dials and sender.links.tick() == []
+    assert sender.links.watch(sender.poller) == []
 
 
 def _null_peers(address: str, count: int) -> list[zmq.Socket]:

@@ -14,12 +14,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ import pytest
 from conftest import HEARTBEAT
 from polling import wait_for
 from rawpeers import RawDealer, frames_of
+from tcprelay import TcpRelay
 
 import fabric
 from fabric import Admin, CurveClient, CurveServer, EncryptionError, LocalCluster, generate_keys
@@ -166,69 +165,6 @@ def test_a_worker_with_an_unknown_key_cannot_register(curve_cluster, keys, stran
 
 
 # -- what a captured byte stream shows ------------------------------------------------------
-
-
-class TcpRelay:
-    """A loopback TCP relay to ``upstream`` (tcp://host:port) that records every byte both
-    ways; a context manager whose exit closes the sockets and joins the thread."""
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.removeprefix("tcp://").rsplit(":", 1)
-        self.upstream = (host, int(port))
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen()
-        self.address = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        self._recorded = bytearray()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "TcpRelay":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
-        self.listener.close()
-        assert not self._thread.is_alive(), "the relay thread did not stop"
-
-    def captured(self) -> bytes:
-        """Everything relayed so far, both directions."""
-        with self._lock:
-            return bytes(self._recorded)
-
-    def _run(self) -> None:
-        peers: dict[socket.socket, socket.socket] = {}
-        try:
-            while not self._stop.is_set():
-                readable, _, _ = select.select([self.listener, *peers], [], [], 0.05)
-                for sock in readable:
-                    if sock is self.listener:
-                        inside, _ = self.listener.accept()
-                        outside = socket.create_connection(self.upstream, timeout=5)
-                        inside.settimeout(5)
-                        peers[inside], peers[outside] = outside, inside
-                        continue
-                    if sock not in peers:  # its partner closed it in this round
-                        continue
-                    try:
-                        data = sock.recv(65536)
-                    except OSError:
-                        data = b""
-                    if not data:
-                        other = peers.pop(sock)
-                        peers.pop(other, None)
-                        sock.close()
-                        other.close()
-                        continue
-                    with self._lock:
-                        self._recorded += data
-                    peers[sock].sendall(data)
-        finally:
-            for sock in peers:
-                sock.close()
 
 
 def _end(proc: subprocess.Popen) -> None:

@@ -51,6 +51,7 @@ STABLE_CODES = {
     "ClusterError": "cluster_error",
     "BrokerPassive": "broker_passive",
     "NoActiveBroker": "no_active_broker",
+    "ReplyLost": "reply_lost",
 }
 
 

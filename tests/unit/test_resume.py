@@ -4,11 +4,12 @@ it, who may resume, the settling, and what a device never runs twice."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from fabric.broker.model import SessionPhase, Side
 from fabric.broker.pair import Beat, Pair, State
-from fabric.core.errors import HandshakeError, ResumeRefused
+from fabric.core.errors import HandshakeError, ReplyLost, ResumeRefused
 from fabric.core.protocol import Kind, Message
 from fabric.core.resume import (RECORD_BYTES, RECORD_REPLIES, HeldSession, ReplyRecord,
                                 decode_reports, digest, new_secret, secret_matches)
@@ -68,9 +69,13 @@ def test_reports_become_resumable_sessions_that_only_their_secret_resumes():
     resumed = only(resume(registry, C1, 0x51, SECRET), Side.FRONTEND, C1, Kind.RESUMED)
     assert resumed.body["submits"] == 7 and resumed.request == 9
     assert session.phase is SessionPhase.OPEN and session.client == C1
-    # Resumed, its data is routed; a second RESUME (any secret) is refused.
+    # Resumed, its data is routed; a second RESUME with another secret is refused, and
+    # with its own (its client back over a new connection) moves it there.
     assert registry.from_client(C1, frames(Kind.REQUEST, 0x51, 3, {"op": "sync"}), 1.6)
-    rejected(resume(registry, C2, 0x51, SECRET, now=1.7), C2, ResumeRefused)
+    rejected(resume(registry, C2, 0x51, new_secret(), now=1.7), C2, ResumeRefused)
+    assert session.client == C1
+    only(resume(registry, C2, 0x51, SECRET, now=1.8), Side.FRONTEND, C2, Kind.RESUMED)
+    assert session.phase is SessionPhase.OPEN and session.client == C2
 
 
 def test_a_session_no_worker_reported_is_refused_with_the_reason():
@@ -133,13 +138,30 @@ def test_reports_are_checked_and_bounded():
 
 def test_the_reply_record_answers_a_repeated_id_within_its_bounds():
     record = ReplyRecord()
-    record.keep(1, ["reply-1"], 10)
+    assert record.keep(1, ["reply-1"], 10, submits=0) == 10
     assert record.get(1) == ["reply-1"] and record.get(2) is None
-    record.keep(2, ["too large"], RECORD_BYTES + 1)
+    assert record.keep(2, ["too large"], RECORD_BYTES + 1, submits=0) == 0
     assert record.get(2) is None
     for request in range(3, 3 + RECORD_REPLIES):
-        record.keep(request, [request], 1)
+        record.keep(request, [request], 1, submits=0)
     assert len(record) == RECORD_REPLIES and record.get(1) is None
+    assert record.nbytes == RECORD_REPLIES
+
+
+def test_the_reply_record_holds_its_byte_budget_and_notes_what_it_did_not_keep():
+    record = ReplyRecord()
+    assert record.keep(1, ["half"], RECORD_BYTES // 2, submits=3) == RECORD_BYTES // 2
+    assert record.keep(2, ["half"], RECORD_BYTES // 2, submits=3) == RECORD_BYTES // 2
+    # Past the session's budget the oldest goes: the change says what the worker holds.
+    assert record.keep(3, ["some"], 100, submits=4) == 100 - RECORD_BYTES // 2
+    assert record.get(1) is None and record.nbytes == RECORD_BYTES // 2 + 100
+    assert record.keep(4, ["no room"], 10, submits=4, room=False) == 0
+    assert record.get(4) is None
+    # Not kept: sent again with no batch run since, it may run again (same answer) ...
+    assert not record.lost(1, submits=3) and not record.lost(4, submits=4)
+    # ... with batches run since, it is lost; never answered, it simply runs.
+    assert record.lost(1, submits=4) and record.lost(4, submits=5)
+    assert not record.lost(99, submits=5)
 
 
 def executor_with_session() -> tuple[Executor, bytes]:
@@ -164,6 +186,59 @@ def test_a_device_never_runs_a_batch_or_a_request_twice():
     assert [m.kind for m in credit] == [Kind.CREDIT] and credit[0].body["done"] == 2
     [again] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {**add, "again": True}))
     assert again is first and session.ops == ran and session.submits == 2
+
+
+def test_an_await_sent_again_is_answered_when_its_tensor_arrives_or_at_once():
+    """An await answered later records nothing: sent again after a resume, it waits again
+    (its first answer may have gone to the broker that died), or is answered at once."""
+    executor, _ = executor_with_session()
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, {"ops": [], "seq": 1}))
+    ticket = 77
+    executor.handle(Message(Kind.REQUEST, 0x31, 3, {"op": "expect", "id": 9, "ticket": ticket}))
+    assert executor.handle(Message(Kind.REQUEST, 0x31, 4, {"op": "await", "id": 9})) == []
+    again = executor.handle(Message(Kind.REQUEST, 0x31, 4, {"op": "await", "id": 9,
+                                                            "again": True}))
+    assert again == []  # (waits again)
+    arrived = executor.handle(Message(Kind.TRANSFER, 0x31, 0x32, {
+        "ticket": ticket, "dtype": "<f8", "shape": [2]}, [np.ones(2).tobytes()]))
+    assert [m.request for m in arrived] == [4, 4]  # (the client takes the first)
+    [late] = executor.handle(Message(Kind.REQUEST, 0x31, 4, {"op": "await", "id": 9,
+                                                             "again": True}))
+    assert late.request == 4 and late.body == {"ok": True}
+
+
+def test_a_read_too_large_to_record_runs_again_until_a_batch_ran_then_is_lost():
+    executor, _ = executor_with_session()
+    session = executor.sessions[0x31]
+    elements = RECORD_BYTES // 8 + 1
+    made = {"ops": [["full", 1, [], {"shape": [elements], "dtype": "<f8",
+                                     "fill_value": 1.0}]], "seq": 1}
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, made))
+    held = executor.allowance.held
+    [first] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1}))
+    assert len(session.replies) == 0 and executor.allowance.held == held  # not kept
+    [again] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1,
+                                                              "again": True}))
+    assert "error" not in again.body  # nothing ran since: read again, the same
+    assert bytes(again.buffers[0]) == bytes(first.buffers[0])
+    # An in-place write ran after the read: its answer is lost, never another value.
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, {"ops": [
+        ["add", 1, [1, 1.0], {"out": 1}]], "seq": 2}))
+    [lost] = executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1,
+                                                             "again": True}))
+    assert lost.body["error"]["code"] == ReplyLost.code
+
+
+def test_the_record_counts_in_the_devices_memory_and_is_given_back_at_close():
+    executor, _ = executor_with_session()
+    made = {"ops": [["full", 1, [], {"shape": [1000], "dtype": "<f8", "fill_value": 1.0}]]}
+    executor.handle(Message(Kind.SUBMIT, 0x31, 0, {**made, "seq": 1}))
+    held = executor.allowance.held
+    executor.handle(Message(Kind.REQUEST, 0x31, 5, {"op": "read", "id": 1}))
+    assert executor.sessions[0x31].replies.nbytes == 8000
+    assert executor.allowance.held == held + 8000
+    executor.handle(Message(Kind.CLOSE, 0x31, 6))
+    assert executor.allowance.held == 0
 
 
 def control(grace: float = 5.0) -> Control:
@@ -239,6 +314,56 @@ def test_without_a_known_table_an_unreported_session_waits_out_the_settle_time()
     late = 2.5 + LIMITS.settle_time + 0.1
     _, error = rejected(resume(registry, C1, 0x99, SECRET, now=late), C1, ResumeRefused)
     assert error.details["reason"] == "not_reported"
+
+
+def pair_serving_since(registry, now: float) -> None:
+    """``registry`` is the backup of a pair, serving since ``now`` (its worker came then)."""
+    registry.pair = Pair(primary=False, heartbeat=1.0, liveness=2, now=0.0)
+    registry.pair.on_peer(Beat(State.ACTIVE, 1, True), now=0.0)
+    registered_with(registry, [], now=now)
+
+
+def opened_on(registry, client: bytes, now: float) -> None:
+    """Session 0x21 of ``client`` opened through ``registry``, its worker's secret SECRET."""
+    open_message = decoded(registry.from_client(client, frames(
+        Kind.HELLO, 0x21, 1, {"token": CLIENT_TOKEN, "device": 0}), now)[0])
+    only(registry.from_worker(W, frames(Kind.OPENED, 0x21, open_message.request,
+                                        {"secret": SECRET}), now), Side.FRONTEND, client,
+         Kind.WELCOME)
+
+
+def test_a_pairs_broker_keeps_a_vanished_clients_sessions_for_its_secret():
+    """Its link broke, not the broker: the client comes back over a new connection."""
+    registry = make_registry()
+    pair_serving_since(registry, 2.5)
+    opened_on(registry, C1, 2.6)
+    session = registry.sessions[0x21]
+    assert registry.unroutable(Side.FRONTEND, C1, 3.0) == []  # (not closed on its worker)
+    assert session.phase is SessionPhase.RESUMABLE and not session.client
+    _, error = rejected(resume(registry, C2, 0x21, new_secret(), now=3.1), C2, ResumeRefused)
+    assert error.details["reason"] == "wrong_secret"
+    resumed = only(resume(registry, C2, 0x21, SECRET, now=3.2), Side.FRONTEND, C2,
+                   Kind.RESUMED)
+    assert resumed.request == 9 and session.phase is SessionPhase.OPEN
+    assert session.client == C2 and registry._sessions.of_client(C2) == [session]
+
+
+def test_a_pairs_broker_moves_an_open_session_to_its_clients_new_connection():
+    """The client saw its link break before the broker did: it resumes at once."""
+    registry = make_registry()
+    pair_serving_since(registry, 2.5)
+    opened_on(registry, C1, 2.6)
+    only(resume(registry, C2, 0x21, SECRET, now=2.7), Side.FRONTEND, C2, Kind.RESUMED)
+    assert registry.sessions[0x21].client == C2
+    assert registry.unroutable(Side.FRONTEND, C1, 3.0) == []  # (the old one holds nothing)
+    assert registry.sessions[0x21].phase is SessionPhase.OPEN
+
+
+def test_a_lone_brokers_vanished_client_loses_its_sessions_as_before():
+    registry = make_registry((W, "a", 1))
+    opened_on(registry, C1, 0.1)
+    [close] = registry.unroutable(Side.FRONTEND, C1, 0.2)
+    assert decoded(close).kind == Kind.CLOSE and 0x21 not in registry.sessions
 
 
 def test_a_register_reporting_the_most_sessions_stays_within_its_bound():
