@@ -174,7 +174,8 @@ class ShardedTensor(Tensor):
     def __getitem__(self, index: Any) -> Any:
         """Basic indexing (ints, slices, None, ``...``) on each shard. The split axis kept
         whole, or cut by a slice of positive step, stays split (a slice re-shards by range,
-        moving nothing); an int there gives that row's tensor, on its device. A replicated
+        moving nothing); an int there gives that row's tensor, on its device; a boolean mask
+        split alike along axis 0 selects on each device (``sharded_selection``). A replicated
         tensor takes every index numpy takes (replicated tensors among them), on each copy."""
         items = index if isinstance(index, tuple) else (index,)
         if self.axis is None:  # (any index numpy takes, on each device's copy)
@@ -182,9 +183,13 @@ class ShardedTensor(Tensor):
                                              for i, t in enumerate(self._tensors())], None)
         if any(not (item is None or item is Ellipsis or isinstance(item, slice))
                and not _is_int(item) for item in items):
-            raise TypeError("A sharded tensor takes ints, slices, None and ... as indexes: "
-                            "index with arrays or masks the shards themselves (x.shards), "
-                            f"or {_RESHARD}.")
+            from fabric.mesh.sharded_selection import masked  # (it imports this module)
+            found = masked(self, index)
+            if found is not None:
+                return found
+            raise TypeError("A split tensor takes ints, slices, None, ... and a boolean mask "
+                            "split alike along axis 0 as indexes: index with arrays the "
+                            f"shards themselves (x.shards), or {_RESHARD}.")
         stand_in = np.broadcast_to(np.zeros((), self.dtype), self.shape)
         stand_in[index]  # numpy's IndexError, at the call
         items = _expanded(items, self.ndim)
@@ -207,11 +212,12 @@ class ShardedTensor(Tensor):
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``x[index] = value`` of a replicated tensor: on each device's copy (a replicated
-        ``value`` or index gives each its own). A split tensor is refused."""
-        if self.axis is not None:
-            raise TypeError(f"{self._handle()} is split across devices and is not assigned "
-                            "by index: write the new array (xp.where(mask, value, x)), or "
-                            "assign on each shard (x.shards).")
+        ``value`` or index gives each its own); of a split one, on each device's block, by a
+        basic index or a boolean mask split alike (``fabric.mesh.sharded_selection``)."""
+        from fabric.mesh.sharded_selection import assign, split_mask  # (they import this)
+        if self.axis is not None or split_mask(index) is not None:
+            assign(self, index, value)
+            return
         for i, t in enumerate(self._tensors()):
             t[on_device(index, i, self.mesh)] = on_device(value, i, self.mesh)
         self._partials = None  # (a combined reduction now holds what its copies hold)

@@ -43,6 +43,7 @@ from fabric.mesh.sharded_across import across
 from fabric.mesh.sharded import _RESHARD, FUNCTIONS, Mesh, ShardedTensor, elementwise, \
     mesh_operands
 from fabric.mesh.sharded_linalg import SVDResult, tall_svd, tensordot
+from fabric.mesh.sharded_selection import SET_FUNCTIONS, nonzero, unique
 
 # The creation functions of a one-device namespace (its methods), and those that make a
 # tensor split as their first argument is (a tensor's copy, or of its shape)
@@ -117,6 +118,33 @@ def _broadcast_to(x: ShardedTensor, /, shape: tuple[int, ...]) -> ShardedTensor:
         t, shape[:at] + (t.shape[x.axis],) + shape[at + 1:]), at)
 
 
+def _squeeze(x: ShardedTensor, /, axis: int | tuple[int, ...]) -> ShardedTensor:
+    """``x`` without the axes ``axis`` (each of length one), on each shard: not the split
+    axis."""
+    axes = normalize_axis_tuple(axis, x.ndim)
+    if any(x.shape[a] != 1 for a in axes):
+        raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
+    if x.axis in axes:
+        raise TypeError(f"xp.squeeze of {x._handle()} along its split axis: {_RESHARD}.")
+    return x._on_each(lambda t: OTHERS["squeeze"](t, axis=axes),
+                      x.axis - sum(a < x.axis for a in axes))
+
+
+def _stack(arrays: Any, /, *, axis: int = 0) -> ShardedTensor:
+    """The tensors, split alike, stacked along a new ``axis`` on each shard."""
+    mesh, arrays = mesh_operands(arrays)
+    first = arrays[0]
+    if any(not isinstance(a, ShardedTensor) or a.axis != first.axis
+           or a.sharding.blocks != first.sharding.blocks for a in arrays):
+        raise TypeError(f"xp.stack of {first._handle()} takes tensors split alike: reshard "
+                        "them alike first (x.reshard(axis=...)).")
+    if any(a.shape != first.shape for a in arrays):
+        raise ValueError("all input arrays must have the same shape")
+    at = normalize_axis_index(operator.index(axis), first.ndim + 1)
+    return ShardedTensor(mesh, [OTHERS["stack"](list(parts), axis=at) for parts in zip(
+        *[a._tensors() for a in arrays])], first.axis + (at <= first.axis))
+
+
 def _broadcast_arrays(*arrays: Any) -> tuple[Any, ...]:
     """The arrays broadcast against each other, each split one on each shard."""
     shape = np.broadcast_shapes(*[a.shape for a in arrays])
@@ -135,6 +163,7 @@ SPLIT: dict[tuple[str, str], Callable[..., Any]] = {
     **{(extension, "matrix_transpose"): _matrix_transpose for extension in ("", "linalg")},
     ("linalg", "svd"): _svd, ("", "reshape"): _reshape, ("", "expand_dims"): _expand_dims,
     ("", "broadcast_to"): _broadcast_to, ("", "broadcast_arrays"): _broadcast_arrays,
+    ("", "stack"): _stack, ("", "squeeze"): _squeeze,
 }
 
 
@@ -236,6 +265,10 @@ class ShardedNamespace:
             found = across(name, args, kwargs)
             if found is not None:
                 return found
+        if not extension and name in SET_FUNCTIONS and len(args) == 1 and not kwargs:
+            return unique(name, args[0])
+        if not extension and name == "nonzero" and len(args) == 1 and not kwargs:
+            return nonzero(args[0])
         if name in OWN:
             source = getattr(linalg, name) if extension == "linalg" else OTHERS[name]
             return source(*args, **kwargs)
