@@ -212,10 +212,12 @@ class ShardedTensor(Tensor):
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``x[index] = value`` of a replicated tensor: on each device's copy (a replicated
-        ``value`` or index gives each its own); of a split one, on each device's block, by a
-        basic index or a boolean mask split alike (``fabric.mesh.sharded_selection``)."""
+        ``value`` or index gives each its own); of a split one (or of a split value or mask),
+        on each device's block, by a basic index or a boolean mask split alike
+        (``fabric.mesh.sharded_selection``)."""
         from fabric.mesh.sharded_selection import assign, split_mask  # (they import this)
-        if self.axis is not None or split_mask(index) is not None:
+        if self.axis is not None or split_mask(index) is not None or (
+                isinstance(value, ShardedTensor) and value.axis is not None):
             assign(self, index, value)
             return
         for i, t in enumerate(self._tensors()):

@@ -10,8 +10,9 @@ into each block's local one (``sharding.block_slices``) and the value alike: a P
 on each, an array or a replicated tensor cut on the client (on its device) to each block's
 part, a tensor split alike by its own blocks; a mask split alike takes a scalar, a value that
 does not span the selection, or a tensor split as ``x[mask]`` is; a replicated ``x`` so
-assigned becomes split as the mask is (each device keeps its own block of its copy, so that
-no copy differs). The set functions run on
+assigned becomes split as the mask is, and one assigned a split value by a basic index as
+the value is (each device keeps its own block of its copy, so that no copy differs: so
+array-api-extra's ``pad`` runs along the split axis and off it). The set functions run on
 each block, read the small per-block results together (one read per device, in parallel) and
 merge them on the client with numpy (counts summed, first indexes made global and the least
 taken), so their values are numpy's, sorted, NaNs each apart; an inverse stays on the devices,
@@ -31,7 +32,7 @@ from fabric.array_api.functions import (UniqueAllResult, UniqueCountsResult,
 from fabric.arrays.tensor import Tensor
 from fabric.mesh.sharded import (_RESHARD, FUNCTIONS, ShardedTensor, _expanded, _is_int,
                                  _position, mesh_operands, on_device)
-from fabric.mesh.sharding import Sharding, block_ranges, block_slices
+from fabric.mesh.sharding import Sharding, along, block_ranges, block_slices
 
 SET_FUNCTIONS = ("unique_values", "unique_counts", "unique_inverse", "unique_all")
 
@@ -135,9 +136,45 @@ def _split_like(x: ShardedTensor, mask: ShardedTensor) -> None:
     x.sharding = Sharding(0, mask.sharding.blocks, x.mesh.devices)
 
 
+def _split_for(x: ShardedTensor, index: Any, value: ShardedTensor) -> None:
+    """Make replicated ``x`` split so that each device's block holds the part of the basic
+    ``index``'s region that ``value``'s block there lands in (the first block also what lies
+    before the region, the last what lies after), each device keeping that block of its copy
+    (a view: nothing moves); refused where the region is not a contiguous range there."""
+    items = index if isinstance(index, tuple) else (index,)
+    region = np.broadcast_to(np.zeros((), x.dtype), x.shape)[index].shape  # (numpy's errors)
+    along_region = value.axis + len(region) - len(_into(region, value))
+    dimension = result = 0  # (the axis of x, and of the region, at each item)
+    for item in _expanded(items, x.ndim):
+        if item is None:
+            result += 1
+            continue
+        if result == along_region and isinstance(item, slice):
+            break
+        dimension += 1
+        result += not _is_int(item)
+    else:
+        raise ValueError(f"{value._handle()} is split along an axis that the index does not "
+                         "slice: replicate it (mesh.replicate(value)) before assigning it.")
+    selected = range(*item.indices(x.shape[dimension]))
+    if selected.step != 1 or len(selected) != value.shape[value.axis]:
+        raise ValueError(f"{value._handle()} is split across devices and goes into a slice of "
+                         "step other than 1: replicate it (mesh.replicate(value)) first.")
+    blocks = list(value.sharding.blocks)
+    blocks[0] += selected.start
+    blocks[-1] += x.shape[dimension] - selected.stop
+    x._shards = [t[along(dimension, x.ndim, slice(start, stop))] for t, (start, stop) in zip(
+        x._tensors(), block_ranges(tuple(blocks)))]
+    x._partials = None
+    x.sharding = Sharding(dimension, tuple(blocks), x.mesh.devices)
+
+
 def assign(x: ShardedTensor, index: Any, value: Any) -> None:
-    """``x[index] = value`` of a split ``x`` on each device's block (the module's rule)."""
+    """``x[index] = value`` of a split ``x`` on each device's block (the module's rule); a
+    replicated ``x`` assigned by a split mask or a split value becomes split as they are."""
     mask = split_mask(index)
+    if mask is None and x.axis is None:
+        _split_for(x, index, value)
     if mask is not None and x.axis is None and mask.axis == 0 and x.ndim:
         _split_like(x, mask)
     if mask is not None:
@@ -172,8 +209,10 @@ def assign(x: ShardedTensor, index: Any, value: Any) -> None:
         if isinstance(value, ShardedTensor) and value.axis is not None:
             raise ValueError(f"{value._handle()} is split across devices and cannot go into one "
                              "row of one device: replicate it first (mesh.replicate(value)).")
-        tensors[owner][items[:at] + (row - x.sharding.offsets[owner],) + items[at + 1:]] = \
-            on_device(value, owner, x.mesh)
+        local = value if isinstance(value, Tensor) and not isinstance(value, ShardedTensor) \
+            and value.session is tensors[owner].session else on_device(value, owner, x.mesh)
+        # (a tensor of the row's own device, such as x[0, 1] * 3, goes in as it is)
+        tensors[owner][items[:at] + (row - x.sharding.offsets[owner],) + items[at + 1:]] = local
         return
     selected = range(*item.indices(x.shape[x.axis]))
     if selected.step < 0:

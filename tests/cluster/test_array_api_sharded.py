@@ -313,14 +313,16 @@ def test_what_needs_other_devices_data_is_refused_before_anything_is_read(mesh,
 
 # array-api-extra's functions that run on tensors split along their first axis (partition
 # by sorting along it, moved worker to worker; updates by basic index or a mask split alike,
-# and set functions, on each device's block); the others need another device's rows
-# (updates by integer arrays, padding, searches, covariances of split variables)
+# padding and set functions, on each device's block); the others need another device's rows
+# (updates and takes by integer arrays, searches, covariances of split variables, kron)
 EXTRA_ON_A_MESH = ["angle", "apply_where", "apply_where two functions", "at add mask",
-                   "at max", "at set", "at subtract", "atleast_nd", "broadcast_shapes",
-                   "default_dtype", "deg2rad", "rad2deg", "diag_indices", "tril_indices",
-                   "triu_indices", "expand_dims", "isclose", "lazy_apply", "nan_to_num",
-                   "nanmax", "nanmin", "nansum", "nanmean", "nunique", "one_hot", "partition",
-                   "setdiff1d", "sinc", "union1d", "unravel_index"]
+                   "at divide", "at max", "at multiply", "at power", "at set", "at subtract",
+                   "atleast_nd", "broadcast_shapes", "default_dtype", "deg2rad", "rad2deg",
+                   "diag_indices", "tril_indices", "triu_indices", "expand_dims", "isclose",
+                   "lazy_apply", "nan_to_num", "nanmax", "nanmin", "nansum", "nanmean",
+                   "nunique", "one_hot", "pad", "pad pairs", "partition", "setdiff1d", "sinc",
+                   "union1d", "unravel_index"]
+
 # (the set functions read each device's distinct values, with their counts: at most twice the
 # 8 ints' 64 bytes)
 SET_READS = {"nunique": 128, "setdiff1d": 128, "union1d": 128}
@@ -360,11 +362,13 @@ def test_array_api_extra_runs_on_a_mesh(mesh, name: str) -> None:
 # -- scikit-learn -----------------------------------------------------------------------------
 
 # (case, the most bytes its fit may read back from the devices: X is 4000 x 8 float64,
-# 256,000 bytes, split over 2 devices; LDA and GaussianNB take the classes by unique_values
-# and the rows of each by a mask split as X is)
+# 256,000 bytes, split over 2 devices; LDA, GaussianNB and LogisticRegression take the
+# classes by unique_values and the rows of each by a mask split as X is)
 SKLEARN = {"standard_scaler": 2048, "pca_covariance_eigh": 4096, "pca_full": 4096,
-           "ridge": 4096, "lda": 4096, "gaussian_nb": 4096, "accuracy_score": 256}
-SCALARS = {"accuracy_score"}  # (the rest return a result split along X's rows)
+           "ridge": 4096, "lda": 4096, "gaussian_nb": 4096, "accuracy_score": 256,
+           "logistic_regression": 4096, "min_max_scaler": 2048}
+# (the rest return a result split along X's rows)
+SCALARS = {"accuracy_score", "logistic_regression"}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
