@@ -16,6 +16,7 @@ there, and the value, once combined, is kept: a second read reads nothing.
 
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -74,6 +75,30 @@ def composed(fn: Callable[..., Any], operands: Sequence[Any], out: Any = None,
             at += len(own)
         return fn(*arguments)
     return shape, dtype, partials, combine
+
+
+# Each device's partial results of a reduction, by what they reduce: the reduction, its
+# parameters, and each shard's (session, tensor id, shape). A tensor's id names its values
+# (an update in place gives the tensor a new id), so the same reduction of the same shards
+# (scikit-learn's finiteness check of X at fit, and again at predict) takes the same partials,
+# whose values, once read, are known: it reads nothing again. The most recent few are kept.
+_REDUCED: collections.OrderedDict[tuple[Any, ...], Partials] = collections.OrderedDict()
+REDUCED_KEPT = 64
+
+
+def reduced(reduction: tuple[Any, ...], shards: Sequence[Tensor],
+            make: Callable[[], Partials]) -> Partials:
+    """The partials of ``reduction`` (its name and parameters, hashable) of ``shards``: those
+    made before for the same shards' values, else ``make()``'s, kept."""
+    key = (*reduction, tuple((t.session.id, t.id, t.shape) for t in shards))
+    found = _REDUCED.get(key)
+    if found is None:
+        found = _REDUCED[key] = make()
+        while len(_REDUCED) > REDUCED_KEPT:
+            _REDUCED.popitem(last=False)
+    else:
+        _REDUCED.move_to_end(key)
+    return found
 
 
 # The values of partial results read already, by the id of the tensor (while it lives: its

@@ -292,9 +292,10 @@ class ShardedTensor(Tensor):
             shapes=tuple(t.shape for t, _ in live), offsets=tuple(o for _, o in live),
             axis=self.axis, shape=self.shape, axes=axes,
             out_shape=tuple(n for d, n in enumerate(self.shape) if d not in axes), dtype=dtype)
-        return ShardedTensor.combined(self.mesh, shape, dtype, [partials(t) for t, _ in live],
-                                      lambda values: reductions.combine(name, values, parts,
-                                                                        params))
+        made = combining.reduced((name, repr(params), self.dtype.str), [t for t, _ in live],
+                                 lambda: [partials(t) for t, _ in live])
+        return ShardedTensor.combined(self.mesh, shape, dtype, made, lambda values:
+                                      reductions.combine(name, values, parts, params))
 
     # -- numpy interoperability ------------------------------------------------------------
 

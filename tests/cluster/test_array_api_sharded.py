@@ -278,6 +278,21 @@ def test_ops_of_combined_results_wait_for_one_read_of_each_device(mesh) -> None:
         np.linalg.eigvalsh(np.cov(VALUES.T)), rel=1e-10)  # (uploaded, nothing read again)
 
 
+def test_the_same_reduction_of_unchanged_shards_reads_nothing_again(mesh) -> None:
+    """scikit-learn checks X finite at each step of a fit (``xp.isfinite(xp.sum(X))``): the
+    same reduction of the same shards' values takes the partials read before; an update in
+    place makes new values, read again."""
+    x = mesh.asarray(VALUES, axis=0)
+    xp = x.__array_namespace__()
+    assert bool(xp.isfinite(xp.sum(x)))
+    before = round_trips(mesh)
+    assert bool(xp.isfinite(xp.sum(xp.asarray(x))))
+    assert float(xp.sum(x)) == pytest.approx(VALUES.sum()) and round_trips(mesh) == before
+    x[0] = np.inf
+    assert not bool(xp.isfinite(xp.sum(x)))
+    assert round_trips(mesh) == before + len(mesh.sessions)
+
+
 # (the call on a row-split x, the words its refusal says)
 REFUSED = {
     "flip of every axis": (lambda xp, x: xp.flip(x), r"x\.reshard"),

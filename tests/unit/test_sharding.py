@@ -182,3 +182,29 @@ def test_ops_of_combined_results_compose_with_their_combine():
     _, _, _, combine = combining.composed(np.add, [mean, 1])
     mean._partials = ([], lambda _: np.zeros(3))  # (updated in place later: not seen here)
     np.testing.assert_array_equal(combine([[np.arange(3.0)], [np.ones(3)]]), np.arange(3.0) + 2)
+
+
+class Shard:
+    """What ``combining.reduced`` reads of a shard: its session's id, its own id, its shape."""
+
+    def __init__(self, session: str, id: int, shape: tuple[int, ...]) -> None:
+        self.session = type("Session", (), {"id": session})()
+        self.id, self.shape = id, shape
+
+
+def test_the_same_reduction_of_the_same_shards_takes_the_partials_made_before():
+    shards = [Shard("a", 1, (3, 2)), Shard("b", 1, (2, 2))]
+    made = []
+
+    def make():
+        made.append([["partials of", len(made)]])
+        return made[-1]
+    first = combining.reduced(("sum", "{}", "<f8"), shards, make)
+    assert combining.reduced(("sum", "{}", "<f8"), shards, make) is first and len(made) == 1
+    for other in [("sum", "{'axis': 0}", "<f8"), ("max", "{}", "<f8")]:  # (another reduction)
+        assert combining.reduced(other, shards, make) is not first
+    updated = [Shard("a", 2, (3, 2)), shards[1]]  # (an update in place: the shard's new id)
+    assert combining.reduced(("sum", "{}", "<f8"), updated, make) is not first
+    for n in range(combining.REDUCED_KEPT):  # (only the most recent few are kept)
+        combining.reduced(("sum", "{}", "<f8"), [Shard("c", n, (1,))], make)
+    assert combining.reduced(("sum", "{}", "<f8"), shards, make) is not first
