@@ -62,13 +62,19 @@ def _alike(x: ShardedTensor, mask: ShardedTensor) -> None:
 
 
 def masked(x: ShardedTensor, index: Any) -> ShardedTensor | None:
-    """``x[mask]`` on each device, split along axis 0 in each device's count (None: the index
-    is no split mask)."""
-    mask = split_mask(index)
-    if mask is None:
+    """``x[mask]`` (``x[mask, 1:3]``: basic items may follow) on each device, split along
+    axis 0 in each device's count (None: the index does not start with a split mask)."""
+    items = index if isinstance(index, tuple) else (index,)
+    mask = split_mask(items[0]) if items else None
+    if mask is None or any(not (item is None or item is Ellipsis or isinstance(item, slice))
+                           and not _is_int(item) for item in items[1:]):
         return None
     _alike(x, mask)
-    return ShardedTensor(x.mesh, [t[m] for t, m in zip(x._tensors(), mask._tensors())], 0)
+    rest = items[1:]
+    stand_in = np.broadcast_to(np.zeros((), x.dtype), x.shape[mask.ndim - 1:])
+    stand_in[(slice(None), *rest)]  # (numpy's IndexError of the items after the mask)
+    return ShardedTensor(x.mesh, [t[(m, *rest)] for t, m in zip(x._tensors(),
+                                                                  mask._tensors())], 0)
 
 
 def nonzero(x: ShardedTensor) -> tuple[ShardedTensor, ...]:

@@ -104,6 +104,7 @@ CASES: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
     # (a mask split alike selects on each device: uneven blocks, each device's count learned)
     "a mask of rows split alike": (lambda xp, x: x[x[:, 0] > 0], 0),
     "a mask of every element": (lambda xp, x: x[x > 0], 0),
+    "a mask and slices": (lambda xp, x: x[x[:, 0] > 0, 1:3, None], 0),
     "nonzero's column indexes": (lambda xp, x: xp.nonzero(x > 0)[1], 0),
     "nonzero's row indexes": (lambda xp, x: xp.nonzero(x > 0)[0], 0),
     "count_nonzero": (lambda xp, x: xp.count_nonzero(x > 0, axis=0), 0),
@@ -152,6 +153,7 @@ def expected_of(name: str) -> np.ndarray:
              "masked replicated": VALUES.sum(0)[VALUES.sum(0) > 0],
              "a mask of rows split alike": VALUES[VALUES[:, 0] > 0],
              "a mask of every element": VALUES[VALUES > 0],
+             "a mask and slices": VALUES[VALUES[:, 0] > 0, 1:3, None],
              "nonzero's column indexes": np.nonzero(VALUES > 0)[1],
              "nonzero's row indexes": np.nonzero(VALUES > 0)[0],
              "count_nonzero": np.count_nonzero(VALUES > 0, axis=0),
@@ -276,6 +278,16 @@ def test_ops_of_combined_results_wait_for_one_read_of_each_device(mesh) -> None:
         mean_copy += 0.5
     assert xp.linalg.eigvalsh(covariance).numpy() == pytest.approx(
         np.linalg.eigvalsh(np.cov(VALUES.T)), rel=1e-10)  # (uploaded, nothing read again)
+
+
+def test_numpys_nonzero_of_a_split_tensor_runs_on_each_device(mesh) -> None:
+    x = mesh.asarray(VALUES, axis=0)
+    found, read = reads_of(mesh, lambda: np.nonzero(x > 0.5))
+    assert read == 0 and all(isinstance(f, ShardedTensor) for f in found)
+    for each, expected in zip(found, np.nonzero(VALUES > 0.5)):
+        np.testing.assert_array_equal(each.numpy(), expected)
+    copies = np.nonzero(mesh.replicate(VALUES) > 0.5)  # (on each copy)
+    np.testing.assert_array_equal(copies[1].numpy(), np.nonzero(VALUES > 0.5)[1])
 
 
 def test_the_same_reduction_of_unchanged_shards_reads_nothing_again(mesh) -> None:
