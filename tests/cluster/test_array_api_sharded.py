@@ -280,6 +280,23 @@ def test_ops_of_combined_results_wait_for_one_read_of_each_device(mesh) -> None:
         np.linalg.eigvalsh(np.cov(VALUES.T)), rel=1e-10)  # (uploaded, nothing read again)
 
 
+@pytest.mark.parametrize("name", ["unique_values", "unique_counts", "unique_inverse",
+                                  "unique_all"])
+def test_set_functions_merge_each_devices_own_as_numpy_does(mesh, name: str) -> None:
+    """NaNs each apart (numpy's and the standard's), some devices' blocks empty."""
+    values = np.array([1.0, 2.0, 3.0, np.nan, 3.0, np.nan, 2.0, -0.0, 0.0])
+    x = mesh.asarray(values, axis=0)[3:]  # (blocks [0, 2, 2, 2]: a NaN on two devices)
+    assert x.sharding.blocks == (0, 2, 2, 2)
+    found = getattr(x.__array_namespace__(), name)(x)
+    expected = getattr(np, name)(values[3:])
+    found, expected = ((found,), (expected,)) if name == "unique_values" else (found, expected)
+    for each, wanted in zip(found, expected):
+        assert each.numpy().dtype == wanted.dtype, name
+        np.testing.assert_array_equal(each.numpy(), wanted)
+    if name in ("unique_inverse", "unique_all"):  # (the inverse stays split as x)
+        assert found[-2 if name == "unique_all" else 1].sharding.blocks == x.sharding.blocks
+
+
 def test_numpys_nonzero_of_a_split_tensor_runs_on_each_device(mesh) -> None:
     x = mesh.asarray(VALUES, axis=0)
     found, read = reads_of(mesh, lambda: np.nonzero(x > 0.5))
