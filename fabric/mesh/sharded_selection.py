@@ -202,7 +202,9 @@ def assign(x: ShardedTensor, index: Any, value: Any) -> None:
            and not _is_int(item) for item in items):
         raise TypeError(f"{x._handle()} is assigned by index on each device with ints, slices, "
                         "None, ... or a boolean mask split alike along axis 0: write the new "
-                        "array (xp.where(mask, value, x)), or assign on each shard (x.shards).")
+                        "array (xp.where(mask, value, x)), assign on each shard (x.shards), or "
+                        "put its whole on each device first (mesh.replicate(x), worker to "
+                        "worker), whose copies take every index numpy takes.")
     region = np.broadcast_to(np.zeros((), x.dtype), x.shape)[index].shape  # (numpy's errors)
     items = _expanded(items, x.ndim)
     at, kept = _position(items, x.axis)
