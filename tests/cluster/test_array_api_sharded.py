@@ -413,17 +413,24 @@ SKLEARN = {"standard_scaler": 2048, "pca_covariance_eigh": 4096, "pca_full": 409
            "logistic_regression": 4096, "min_max_scaler": 2048}
 # (the rest return a result split along X's rows)
 SCALARS = {"accuracy_score", "logistic_regression"}
+# (on a mesh of jax devices, the first four: each further fit's ops compile there, half a
+# minute more in all on a busy machine; they all pass there too)
+NUMPY_ONLY = {"lda", "gaussian_nb", "accuracy_score", "logistic_regression", "min_max_scaler"}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def fitted(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     pytest.importorskip("sklearn")
-    return fit_in_a_child(request.param, "mesh", sorted(SKLEARN))
+    names = sorted(SKLEARN) if request.param == "numpy" else sorted(set(SKLEARN) - NUMPY_ONLY)
+    return fit_in_a_child(request.param, "mesh", names)
 
 
 @pytest.mark.timeout(300)  # (the first test sets the child's fits up: a minute on jax)
 @pytest.mark.parametrize("case", sorted(SKLEARN))
 def test_scikit_learn_fits_on_a_mesh(fitted: dict[str, dict[str, Any]], case: str) -> None:
+    if case not in fitted:
+        pytest.skip("run on a mesh of numpy devices only: a jax device compiles each new "
+                    "op, and the mesh's namespace is the same")
     result = fitted[case]
     assert result["difference"] <= 1e-8, result
     kind = "tensor" if case in SCALARS else "split along rows"
