@@ -14,8 +14,11 @@ takes, and ``linalg.svd`` of a tall matrix split along its rows by each device's
 model; and any function of replicated tensors on each device's copy. Along the split axis,
 scans carry from block to block, and sorts and ``concat`` move the data worker to worker
 (``sharded_across``); elementwise functions, ``reshape``, ``astype`` and ``asarray`` of results
-combined from partials that no device holds yet wait for their read (``combining``). Anything
-else of a split tensor is refused with the move after which it runs. A sharded tensor's
+combined from partials that no device holds yet wait for their read (``combining``);
+``nonzero`` and the set functions run on each block, the set functions' small results merged
+on the client (``sharded_selection``); ``stack`` of tensors split alike and ``squeeze`` of other
+axes on each shard. Anything else of a split tensor is refused with the move after which it
+runs. A sharded tensor's
 ``device`` is its mesh.
 """
 
