@@ -3,8 +3,9 @@
 Rule: an op on a sharded tensor runs on each shard where it needs no data from another
 device (elementwise ops and ufuncs, ``where``, reductions along other axes, indexing that
 keeps the split axis whole or cuts it by a range, or by a mask split alike, and assignment so
-(``fabric.mesh.sharded_selection``), ``astype``, matmul with a replicated operand); a reduction across the split axis runs on each shard, and the partial results,
-read back together, combine on the client (``fabric.mesh.reductions``), as do the products
+(``fabric.mesh.sharded_selection``), ``astype``, matmul with a replicated operand); a
+reduction across the split axis runs on each shard, and the partial results, read back
+together, combine on the client (``fabric.mesh.reductions``), as do the products
 of a contraction over the split axis (``Z.T @ Z``: ``fabric.mesh.sharded_linalg``). An op
 that would need data from another device is refused with the call that moves it
 (``reshard``, worker to worker): nothing is gathered to the client but by a read. Shapes and
