@@ -86,11 +86,32 @@ _REDUCED: collections.OrderedDict[tuple[Any, ...], Partials] = collections.Order
 REDUCED_KEPT = 64
 
 
+# A copy's values by the tensor it copies (session, id -> session, id): a tensor's id names
+# its values, so its copy's reductions are those of the id it was copied from, even after
+# that tensor is updated in place (scikit-learn's check_array(X, copy=True) before each check)
+_COPIES: collections.OrderedDict[tuple[Any, int], tuple[Any, int]] = collections.OrderedDict()
+
+
+def _values(tensor: Tensor) -> tuple[Any, int]:
+    name = (tensor.session.id, tensor.id)
+    return _COPIES.get(name, name)
+
+
+def same_values(copies: Sequence[Tensor], sources: Sequence[Tensor]) -> None:
+    """Note that each of ``copies`` holds its source's values (of the same dtype), for
+    ``reduced``; the most recent few kept."""
+    for copy, source in zip(copies, sources):
+        _COPIES[copy.session.id, copy.id] = _values(source)
+    while len(_COPIES) > 4 * REDUCED_KEPT:
+        _COPIES.popitem(last=False)
+
+
 def reduced(reduction: tuple[Any, ...], shards: Sequence[Tensor],
             make: Callable[[], Partials]) -> Partials:
     """The partials of ``reduction`` (its name and parameters, hashable) of ``shards``: those
-    made before for the same shards' values, else ``make()``'s, kept."""
-    key = (*reduction, tuple((t.session.id, t.id, t.shape) for t in shards))
+    made before for the same shards' values (the shards themselves, or what they copy), else
+    ``make()``'s, kept."""
+    key = (*reduction, tuple((*_values(t), t.shape) for t in shards))
     found = _REDUCED.get(key)
     if found is None:
         found = _REDUCED[key] = make()

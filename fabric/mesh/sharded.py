@@ -159,7 +159,9 @@ class ShardedTensor(Tensor):
 
     def copy(self) -> "ShardedTensor":
         """A copy of each shard, on its device."""
-        return self._on_each(Tensor.copy, self.axis)
+        copied = self._on_each(Tensor.copy, self.axis)
+        combining.same_values(copied._tensors(), self._tensors())
+        return copied
 
     def transpose(self, *axes: Any) -> "ShardedTensor":
         """The axes permuted (reversed without arguments) on each shard; the split axis

@@ -308,18 +308,24 @@ def test_numpys_nonzero_of_a_split_tensor_runs_on_each_device(mesh) -> None:
 
 
 def test_the_same_reduction_of_unchanged_shards_reads_nothing_again(mesh) -> None:
-    """scikit-learn checks X finite at each step of a fit (``xp.isfinite(xp.sum(X))``): the
-    same reduction of the same shards' values takes the partials read before; an update in
-    place makes new values, read again."""
+    """scikit-learn checks X finite at each step of a fit (``xp.isfinite(xp.sum(X))``), of
+    copies of X too: the same reduction of the same shards' values (or of a copy's) takes the
+    partials read before; an update in place makes new values, read again."""
     x = mesh.asarray(VALUES, axis=0)
     xp = x.__array_namespace__()
     assert bool(xp.isfinite(xp.sum(x)))
     before = round_trips(mesh)
     assert bool(xp.isfinite(xp.sum(xp.asarray(x))))
+    copied = xp.asarray(x, copy=True)  # (a copy holds the same values: check_array's)
+    assert bool(xp.isfinite(xp.sum(copied))) and bool(xp.isfinite(xp.sum(x.copy())))
     assert float(xp.sum(x)) == pytest.approx(VALUES.sum()) and round_trips(mesh) == before
     x[0] = np.inf
     assert not bool(xp.isfinite(xp.sum(x)))
     assert round_trips(mesh) == before + len(mesh.sessions)
+    assert bool(xp.isfinite(xp.sum(copied)))  # (its values, read before the update)
+    assert round_trips(mesh) == before + len(mesh.sessions)
+    copied[1] = np.nan
+    assert not bool(xp.isfinite(xp.sum(copied)))
 
 
 # (the call on a row-split x, the words its refusal says)

@@ -208,3 +208,20 @@ def test_the_same_reduction_of_the_same_shards_takes_the_partials_made_before():
     for n in range(combining.REDUCED_KEPT):  # (only the most recent few are kept)
         combining.reduced(("sum", "{}", "<f8"), [Shard("c", n, (1,))], make)
     assert combining.reduced(("sum", "{}", "<f8"), shards, make) is not first
+
+
+def test_a_copys_reductions_are_those_of_the_values_it_copied():
+    source, copy = [Shard("a", 10, (2,))], [Shard("a", 11, (2,))]
+    made = []
+
+    def make():
+        made.append([["partials of", len(made)]])
+        return made[-1]
+    first = combining.reduced(("sum", "{}", "<f8"), source, make)
+    combining.same_values(copy, source)
+    assert combining.reduced(("sum", "{}", "<f8"), copy, make) is first
+    copy_of_copy = [Shard("a", 12, (2,))]
+    combining.same_values(copy_of_copy, copy)
+    assert combining.reduced(("sum", "{}", "<f8"), copy_of_copy, make) is first
+    updated = [Shard("a", 13, (2,))]  # (the copy updated in place: its new id, new values)
+    assert combining.reduced(("sum", "{}", "<f8"), updated, make) is not first
