@@ -16,6 +16,7 @@ there, and the value, once combined, is kept: a second read reads nothing.
 
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -74,6 +75,51 @@ def composed(fn: Callable[..., Any], operands: Sequence[Any], out: Any = None,
             at += len(own)
         return fn(*arguments)
     return shape, dtype, partials, combine
+
+
+# Each device's partial results of a reduction, by what they reduce: the reduction, its
+# parameters, and each shard's (session, tensor id, shape). A tensor's id names its values
+# (an update in place gives the tensor a new id), so the same reduction of the same shards
+# (scikit-learn's finiteness check of X at fit, and again at predict) takes the same partials,
+# whose values, once read, are known: it reads nothing again. The most recent few are kept.
+_REDUCED: collections.OrderedDict[tuple[Any, ...], Partials] = collections.OrderedDict()
+REDUCED_KEPT = 64
+
+
+# A copy's values by the tensor it copies (session, id -> session, id): a tensor's id names
+# its values, so its copy's reductions are those of the id it was copied from, even after
+# that tensor is updated in place (scikit-learn's check_array(X, copy=True) before each check)
+_COPIES: collections.OrderedDict[tuple[Any, int], tuple[Any, int]] = collections.OrderedDict()
+
+
+def _values(tensor: Tensor) -> tuple[Any, int]:
+    name = (tensor.session.id, tensor.id)
+    return _COPIES.get(name, name)
+
+
+def same_values(copies: Sequence[Tensor], sources: Sequence[Tensor]) -> None:
+    """Note that each of ``copies`` holds its source's values (of the same dtype), for
+    ``reduced``; the most recent few kept."""
+    for copy, source in zip(copies, sources):
+        _COPIES[copy.session.id, copy.id] = _values(source)
+    while len(_COPIES) > 4 * REDUCED_KEPT:
+        _COPIES.popitem(last=False)
+
+
+def reduced(reduction: tuple[Any, ...], shards: Sequence[Tensor],
+            make: Callable[[], Partials]) -> Partials:
+    """The partials of ``reduction`` (its name and parameters, hashable) of ``shards``: those
+    made before for the same shards' values (the shards themselves, or what they copy), else
+    ``make()``'s, kept."""
+    key = (*reduction, tuple((*_values(t), t.shape) for t in shards))
+    found = _REDUCED.get(key)
+    if found is None:
+        found = _REDUCED[key] = make()
+        while len(_REDUCED) > REDUCED_KEPT:
+            _REDUCED.popitem(last=False)
+    else:
+        _REDUCED.move_to_end(key)
+    return found
 
 
 # The values of partial results read already, by the id of the tensor (while it lives: its

@@ -2,9 +2,10 @@
 
 Rule: an op on a sharded tensor runs on each shard where it needs no data from another
 device (elementwise ops and ufuncs, ``where``, reductions along other axes, indexing that
-keeps the split axis whole or cuts it by a range, ``astype``, matmul with a replicated
-operand); a reduction across the split axis runs on each shard, and the partial results,
-read back together, combine on the client (``fabric.mesh.reductions``), as do the products
+keeps the split axis whole or cuts it by a range, or by a mask split alike, and assignment so
+(``fabric.mesh.sharded_selection``), ``astype``, matmul with a replicated operand); a
+reduction across the split axis runs on each shard, and the partial results, read back
+together, combine on the client (``fabric.mesh.reductions``), as do the products
 of a contraction over the split axis (``Z.T @ Z``: ``fabric.mesh.sharded_linalg``). An op
 that would need data from another device is refused with the call that moves it
 (``reshard``, worker to worker): nothing is gathered to the client but by a read. Shapes and
@@ -158,7 +159,9 @@ class ShardedTensor(Tensor):
 
     def copy(self) -> "ShardedTensor":
         """A copy of each shard, on its device."""
-        return self._on_each(Tensor.copy, self.axis)
+        copied = self._on_each(Tensor.copy, self.axis)
+        combining.same_values(copied._tensors(), self._tensors())
+        return copied
 
     def transpose(self, *axes: Any) -> "ShardedTensor":
         """The axes permuted (reversed without arguments) on each shard; the split axis
@@ -174,7 +177,8 @@ class ShardedTensor(Tensor):
     def __getitem__(self, index: Any) -> Any:
         """Basic indexing (ints, slices, None, ``...``) on each shard. The split axis kept
         whole, or cut by a slice of positive step, stays split (a slice re-shards by range,
-        moving nothing); an int there gives that row's tensor, on its device. A replicated
+        moving nothing); an int there gives that row's tensor, on its device; a boolean mask
+        split alike along axis 0 selects on each device (``sharded_selection``). A replicated
         tensor takes every index numpy takes (replicated tensors among them), on each copy."""
         items = index if isinstance(index, tuple) else (index,)
         if self.axis is None:  # (any index numpy takes, on each device's copy)
@@ -182,9 +186,13 @@ class ShardedTensor(Tensor):
                                              for i, t in enumerate(self._tensors())], None)
         if any(not (item is None or item is Ellipsis or isinstance(item, slice))
                and not _is_int(item) for item in items):
-            raise TypeError("A sharded tensor takes ints, slices, None and ... as indexes: "
-                            "index with arrays or masks the shards themselves (x.shards), "
-                            f"or {_RESHARD}.")
+            from fabric.mesh.sharded_selection import masked  # (it imports this module)
+            found = masked(self, index)
+            if found is not None:
+                return found
+            raise TypeError("A split tensor takes ints, slices, None, ... and a boolean mask "
+                            "split alike along axis 0 as indexes: index with arrays the "
+                            f"shards themselves (x.shards), or {_RESHARD}.")
         stand_in = np.broadcast_to(np.zeros((), self.dtype), self.shape)
         stand_in[index]  # numpy's IndexError, at the call
         items = _expanded(items, self.ndim)
@@ -207,11 +215,14 @@ class ShardedTensor(Tensor):
 
     def __setitem__(self, index: Any, value: Any) -> None:
         """``x[index] = value`` of a replicated tensor: on each device's copy (a replicated
-        ``value`` or index gives each its own). A split tensor is refused."""
-        if self.axis is not None:
-            raise TypeError(f"{self._handle()} is split across devices and is not assigned "
-                            "by index: write the new array (xp.where(mask, value, x)), or "
-                            "assign on each shard (x.shards).")
+        ``value`` or index gives each its own); of a split one (or of a split value or mask),
+        on each device's block, by a basic index or a boolean mask split alike
+        (``fabric.mesh.sharded_selection``)."""
+        from fabric.mesh.sharded_selection import assign, split_mask  # (they import this)
+        if self.axis is not None or split_mask(index) is not None or (
+                isinstance(value, ShardedTensor) and value.axis is not None):
+            assign(self, index, value)
+            return
         for i, t in enumerate(self._tensors()):
             t[on_device(index, i, self.mesh)] = on_device(value, i, self.mesh)
         self._partials = None  # (a combined reduction now holds what its copies hold)
@@ -284,9 +295,10 @@ class ShardedTensor(Tensor):
             shapes=tuple(t.shape for t, _ in live), offsets=tuple(o for _, o in live),
             axis=self.axis, shape=self.shape, axes=axes,
             out_shape=tuple(n for d, n in enumerate(self.shape) if d not in axes), dtype=dtype)
-        return ShardedTensor.combined(self.mesh, shape, dtype, [partials(t) for t, _ in live],
-                                      lambda values: reductions.combine(name, values, parts,
-                                                                        params))
+        made = combining.reduced((name, repr(params), self.dtype.str), [t for t, _ in live],
+                                 lambda: [partials(t) for t, _ in live])
+        return ShardedTensor.combined(self.mesh, shape, dtype, made, lambda values:
+                                      reductions.combine(name, values, parts, params))
 
     # -- numpy interoperability ------------------------------------------------------------
 

@@ -14,8 +14,11 @@ takes, and ``linalg.svd`` of a tall matrix split along its rows by each device's
 model; and any function of replicated tensors on each device's copy. Along the split axis,
 scans carry from block to block, and sorts and ``concat`` move the data worker to worker
 (``sharded_across``); elementwise functions, ``reshape``, ``astype`` and ``asarray`` of results
-combined from partials that no device holds yet wait for their read (``combining``). Anything
-else of a split tensor is refused with the move after which it runs. A sharded tensor's
+combined from partials that no device holds yet wait for their read (``combining``);
+``nonzero`` and the set functions run on each block, the set functions' small results merged
+on the client (``sharded_selection``); ``stack`` of tensors split alike and ``squeeze`` of other
+axes on each shard. Anything else of a split tensor is refused with the move after which it
+runs. A sharded tensor's
 ``device`` is its mesh.
 """
 
@@ -43,6 +46,7 @@ from fabric.mesh.sharded_across import across
 from fabric.mesh.sharded import _RESHARD, FUNCTIONS, Mesh, ShardedTensor, elementwise, \
     mesh_operands
 from fabric.mesh.sharded_linalg import SVDResult, tall_svd, tensordot
+from fabric.mesh.sharded_selection import SET_FUNCTIONS, nonzero, unique
 
 # The creation functions of a one-device namespace (its methods), and those that make a
 # tensor split as their first argument is (a tensor's copy, or of its shape)
@@ -117,6 +121,33 @@ def _broadcast_to(x: ShardedTensor, /, shape: tuple[int, ...]) -> ShardedTensor:
         t, shape[:at] + (t.shape[x.axis],) + shape[at + 1:]), at)
 
 
+def _squeeze(x: ShardedTensor, /, axis: int | tuple[int, ...]) -> ShardedTensor:
+    """``x`` without the axes ``axis`` (each of length one), on each shard: not the split
+    axis."""
+    axes = normalize_axis_tuple(axis, x.ndim)
+    if any(x.shape[a] != 1 for a in axes):
+        raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
+    if x.axis in axes:
+        raise TypeError(f"xp.squeeze of {x._handle()} along its split axis: {_RESHARD}.")
+    return x._on_each(lambda t: OTHERS["squeeze"](t, axis=axes),
+                      x.axis - sum(a < x.axis for a in axes))
+
+
+def _stack(arrays: Any, /, *, axis: int = 0) -> ShardedTensor:
+    """The tensors, split alike, stacked along a new ``axis`` on each shard."""
+    mesh, arrays = mesh_operands(arrays)
+    first = arrays[0]
+    if any(not isinstance(a, ShardedTensor) or a.axis != first.axis
+           or a.sharding.blocks != first.sharding.blocks for a in arrays):
+        raise TypeError(f"xp.stack of {first._handle()} takes tensors split alike: reshard "
+                        "them alike first (x.reshard(axis=...)).")
+    if any(a.shape != first.shape for a in arrays):
+        raise ValueError("all input arrays must have the same shape")
+    at = normalize_axis_index(operator.index(axis), first.ndim + 1)
+    return ShardedTensor(mesh, [OTHERS["stack"](list(parts), axis=at) for parts in zip(
+        *[a._tensors() for a in arrays])], first.axis + (at <= first.axis))
+
+
 def _broadcast_arrays(*arrays: Any) -> tuple[Any, ...]:
     """The arrays broadcast against each other, each split one on each shard."""
     shape = np.broadcast_shapes(*[a.shape for a in arrays])
@@ -135,6 +166,7 @@ SPLIT: dict[tuple[str, str], Callable[..., Any]] = {
     **{(extension, "matrix_transpose"): _matrix_transpose for extension in ("", "linalg")},
     ("linalg", "svd"): _svd, ("", "reshape"): _reshape, ("", "expand_dims"): _expand_dims,
     ("", "broadcast_to"): _broadcast_to, ("", "broadcast_arrays"): _broadcast_arrays,
+    ("", "stack"): _stack, ("", "squeeze"): _squeeze,
 }
 
 
@@ -226,8 +258,11 @@ class ShardedNamespace:
             return elementwise(lambda *each: function(*each[:count], **dict(
                 zip(keys, each[count:]))), (*args, *kwargs.values()))
         if not split or name in LIKE:
-            return self._each_shard(name, args, kwargs, split[0].axis if split else None,
+            made = self._each_shard(name, args, kwargs, split[0].axis if split else None,
                                     extension)
+            if name == "asarray" and split and made.dtype == split[0].dtype:  # (a copy)
+                combining.same_values(made._tensors(), split[0]._tensors())
+            return made
         if (extension, name) in SPLIT:
             return SPLIT[extension, name](*args, **kwargs)
         if not extension and name in ALONG and self._along_others(name, args, kwargs):
@@ -236,6 +271,10 @@ class ShardedNamespace:
             found = across(name, args, kwargs)
             if found is not None:
                 return found
+        if not extension and name in SET_FUNCTIONS and len(args) == 1 and not kwargs:
+            return unique(name, args[0])
+        if not extension and name == "nonzero" and len(args) == 1 and not kwargs:
+            return nonzero(args[0])
         if name in OWN:
             source = getattr(linalg, name) if extension == "linalg" else OTHERS[name]
             return source(*args, **kwargs)

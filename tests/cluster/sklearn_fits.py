@@ -50,7 +50,7 @@ def cases() -> dict[str, Any]:
         "gaussian_nb": lambda X, y, c: GaussianNB().fit(X, c).predict_proba(X),
         "r2_score": lambda X, y, c: r2_score(y, 0.9 * y),
         "mean_squared_error": lambda X, y, c: mean_squared_error(y, 0.9 * y),
-        "accuracy_score": lambda X, y, c: accuracy_score(c, c[::-1]),
+        "accuracy_score": lambda X, y, c: accuracy_score(c, (X[:, 0] > 0) * 1),
         "pairwise_distances": lambda X, y, c: pairwise_distances(X[:50], X[50:70]),
     }
 

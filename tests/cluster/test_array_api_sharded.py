@@ -101,6 +101,26 @@ CASES: dict[str, tuple[Callable[[Any, Any], Any], int]] = {
     "svd of a tall matrix": (lambda xp, x: xp.linalg.svd(x, full_matrices=False).S, 4 * 16 * 8),
     # (the partial sums, once, and each device's length of the result)
     "masked replicated": (lambda xp, x: (lambda s: s[s > 0])(xp.sum(x, axis=0)), 4 * 32 + 64),
+    # (a mask split alike selects on each device: uneven blocks, each device's count learned)
+    "a mask of rows split alike": (lambda xp, x: x[x[:, 0] > 0], 0),
+    "a mask of every element": (lambda xp, x: x[x > 0], 0),
+    "a mask and slices": (lambda xp, x: x[x[:, 0] > 0, 1:3, None], 0),
+    "nonzero's column indexes": (lambda xp, x: xp.nonzero(x > 0)[1], 0),
+    "nonzero's row indexes": (lambda xp, x: xp.nonzero(x > 0)[0], 0),
+    "count_nonzero": (lambda xp, x: xp.count_nonzero(x > 0, axis=0), 0),
+    "stack": (lambda xp, x: xp.stack([x, 2 * x], axis=1), 0),
+    "squeeze": (lambda xp, x: xp.squeeze(x[:, 1:2], axis=1), 0),
+    # (the set functions read each device's distinct values, with counts and first indexes
+    # where asked: 11 rows of 4 rounded to about 9 values, 8 bytes each)
+    "unique_values": (lambda xp, x: xp.unique_values(xp.round(2 * x)), 4 * 10 * 8),
+    "unique_counts' counts": (lambda xp, x: xp.unique_counts(xp.round(2 * x)).counts,
+                              4 * 10 * 16),
+    "unique_inverse's inverse": (lambda xp, x: xp.unique_inverse(
+        xp.round(2 * x)).inverse_indices, 4 * 10 * 8),
+    "unique_all's indices": (lambda xp, x: xp.unique_all(xp.round(2 * x)).indices,
+                             4 * 10 * 24),
+    "unique_all's values of a split vector": (lambda xp, x: xp.unique_all(
+        xp.round(x[:, 0])).values, 4 * 10 * 24),
 }
 
 
@@ -130,7 +150,20 @@ def expected_of(name: str) -> np.ndarray:
              "asarray": np.array([1, 2, 3]),
              "eigh of a combined matrix": np.linalg.eigvalsh(VALUES.T @ VALUES),
              "svd of a tall matrix": np.linalg.svd(VALUES, compute_uv=False),
-             "masked replicated": VALUES.sum(0)[VALUES.sum(0) > 0]}
+             "masked replicated": VALUES.sum(0)[VALUES.sum(0) > 0],
+             "a mask of rows split alike": VALUES[VALUES[:, 0] > 0],
+             "a mask of every element": VALUES[VALUES > 0],
+             "a mask and slices": VALUES[VALUES[:, 0] > 0, 1:3, None],
+             "nonzero's column indexes": np.nonzero(VALUES > 0)[1],
+             "nonzero's row indexes": np.nonzero(VALUES > 0)[0],
+             "count_nonzero": np.count_nonzero(VALUES > 0, axis=0),
+             "stack": np.stack([VALUES, 2 * VALUES], axis=1),
+             "squeeze": VALUES[:, 1],
+             "unique_values": np.unique_values(np.round(2 * VALUES)),
+             "unique_counts' counts": np.unique_counts(np.round(2 * VALUES)).counts,
+             "unique_inverse's inverse": np.unique_inverse(np.round(2 * VALUES)).inverse_indices,
+             "unique_all's indices": np.unique_all(np.round(2 * VALUES)).indices,
+             "unique_all's values of a split vector": np.unique_values(np.round(VALUES[:, 0]))}
     return numpy[name]
 
 
@@ -187,6 +220,38 @@ def test_in_place_updates_run_on_each_shard(mesh) -> None:
     assert [t.numpy().tolist() for _, t in copies.shards] == [[1.0, 0.0, 1.0, 0.0]] * 4
 
 
+def test_assignment_by_index_runs_on_each_devices_block(mesh) -> None:
+    x = mesh.asarray(VALUES, axis=0)
+    xp = x.__array_namespace__()
+    expected = VALUES.copy()
+    mask, numpy_mask = x[:, 0] > 0, VALUES[:, 0] > 0
+    before = bytes_read(mesh)
+    for index, value in [(5, np.arange(4.0)), ((slice(3, 9, 2), 1), 7.0), ((..., 2), 0.25),
+                         ((slice(None, None, -3), 3), -1.0),
+                         (slice(1, 10), np.arange(36.0).reshape(9, 4))]:
+        x[index] = value
+        expected[index] = value
+    x[2:9] = mesh.replicate(np.arange(28.0).reshape(7, 4))  # (each device cuts its copy)
+    expected[2:9] = np.arange(28.0).reshape(7, 4)
+    x[mask] = mesh.replicate(np.full(4, 3.0))
+    expected[numpy_mask] = 3.0
+    x[x > 20] = 0.5
+    expected[expected > 20] = 0.5
+    assert bytes_read(mesh) == before  # (nothing read: each device assigns its own block)
+    np.testing.assert_array_equal(x.numpy(), expected)
+    y, doubled, before = x * 2, expected * 2, bytes_read(mesh)
+    x[3:8] = y[3:8]  # (split alike: each device's block of the value)
+    expected[3:8] = doubled[3:8]
+    x[mask] = y[mask] + 1  # (each device's count read, to cut the value: 8 bytes each)
+    expected[numpy_mask] = doubled[numpy_mask] + 1
+    assert bytes_read(mesh) == before + 8 * len(mesh.sessions)
+    np.testing.assert_array_equal(x.numpy(), expected)
+    labels = xp.ones(11)  # (made replicated, assigned by a split mask: split as it is)
+    labels[mask] = 0.0
+    assert labels.sharding.blocks == x.sharding.blocks
+    np.testing.assert_array_equal(labels.numpy(), np.where(numpy_mask, 0.0, 1.0))
+
+
 def round_trips(mesh: Any) -> int:
     return sum(session.stats()["round_trips"] for session in mesh.sessions)
 
@@ -215,17 +280,71 @@ def test_ops_of_combined_results_wait_for_one_read_of_each_device(mesh) -> None:
         np.linalg.eigvalsh(np.cov(VALUES.T)), rel=1e-10)  # (uploaded, nothing read again)
 
 
+@pytest.mark.parametrize("name", ["unique_values", "unique_counts", "unique_inverse",
+                                  "unique_all"])
+def test_set_functions_merge_each_devices_own_as_numpy_does(mesh, name: str) -> None:
+    """NaNs each apart (numpy's and the standard's), some devices' blocks empty."""
+    values = np.array([1.0, 2.0, 3.0, np.nan, 3.0, np.nan, 2.0, -0.0, 0.0])
+    x = mesh.asarray(values, axis=0)[3:]  # (blocks [0, 2, 2, 2]: a NaN on two devices)
+    assert x.sharding.blocks == (0, 2, 2, 2)
+    found = getattr(x.__array_namespace__(), name)(x)
+    expected = getattr(np, name)(values[3:])
+    found, expected = ((found,), (expected,)) if name == "unique_values" else (found, expected)
+    for each, wanted in zip(found, expected):
+        assert each.numpy().dtype == wanted.dtype, name
+        np.testing.assert_array_equal(each.numpy(), wanted)
+    if name in ("unique_inverse", "unique_all"):  # (the inverse stays split as x)
+        assert found[-2 if name == "unique_all" else 1].sharding.blocks == x.sharding.blocks
+
+
+def test_numpys_nonzero_of_a_split_tensor_runs_on_each_device(mesh) -> None:
+    x = mesh.asarray(VALUES, axis=0)
+    found, read = reads_of(mesh, lambda: np.nonzero(x > 0.5))
+    assert read == 0 and all(isinstance(f, ShardedTensor) for f in found)
+    for each, expected in zip(found, np.nonzero(VALUES > 0.5)):
+        np.testing.assert_array_equal(each.numpy(), expected)
+    copies = np.nonzero(mesh.replicate(VALUES) > 0.5)  # (on each copy)
+    np.testing.assert_array_equal(copies[1].numpy(), np.nonzero(VALUES > 0.5)[1])
+
+
+def test_the_same_reduction_of_unchanged_shards_reads_nothing_again(mesh) -> None:
+    """scikit-learn checks X finite at each step of a fit (``xp.isfinite(xp.sum(X))``), of
+    copies of X too: the same reduction of the same shards' values (or of a copy's) takes the
+    partials read before; an update in place makes new values, read again."""
+    x = mesh.asarray(VALUES, axis=0)
+    xp = x.__array_namespace__()
+    assert bool(xp.isfinite(xp.sum(x)))
+    before = round_trips(mesh)
+    assert bool(xp.isfinite(xp.sum(xp.asarray(x))))
+    copied = xp.asarray(x, copy=True)  # (a copy holds the same values: check_array's)
+    assert bool(xp.isfinite(xp.sum(copied))) and bool(xp.isfinite(xp.sum(x.copy())))
+    assert float(xp.sum(x)) == pytest.approx(VALUES.sum()) and round_trips(mesh) == before
+    x[0] = np.inf
+    assert not bool(xp.isfinite(xp.sum(x)))
+    assert round_trips(mesh) == before + len(mesh.sessions)
+    assert bool(xp.isfinite(xp.sum(copied)))  # (its values, read before the update)
+    assert round_trips(mesh) == before + len(mesh.sessions)
+    copied[1] = np.nan
+    assert not bool(xp.isfinite(xp.sum(copied)))
+
+
 # (the call on a row-split x, the words its refusal says)
 REFUSED = {
-    "unique values across devices": (lambda xp, x: xp.unique_values(x), r"x\.reshard"),
     "flip of every axis": (lambda xp, x: xp.flip(x), r"x\.reshard"),
     "reshape mixing rows": (lambda xp, x: xp.reshape(x, (-1,)), r"x\.reshard"),
     "concat split otherwise": (lambda xp, x: xp.concat([x, x.reshard(1)]), r"x\.reshard"),
     "concat of other widths": (lambda xp, x: xp.concat([x, x[:, :2]]), "match exactly"),
     "inv": (lambda xp, x: xp.linalg.inv(x), r"x\.reshard"),
     "svd of all of U": (lambda xp, x: xp.linalg.svd(x), r"mesh\.replicate\(x\)"),
-    "a mask across devices": (lambda xp, x: x[x > 0], r"x\.shards"),
-    "assigning into a split tensor": (lambda xp, x: x.__setitem__(0, 1.0), r"x\.shards"),
+    "a mask split otherwise": (lambda xp, x: x[x.reshard(1) > 0], r"x\.reshard"),
+    "nonzero of columns split": (lambda xp, x: xp.nonzero(x.reshard(1) > 0), r"x\.reshard"),
+    "stack split otherwise": (lambda xp, x: xp.stack([x, x.reshard(1)]), r"x\.reshard"),
+    "squeeze of the split axis": (lambda xp, x: xp.squeeze(x[:1], axis=0), r"x\.reshard"),
+    "assigning by integer arrays": (lambda xp, x: x.__setitem__([0, 2], 1.0), r"x\.shards"),
+    "assigning a value split otherwise": (lambda xp, x: x.__setitem__(slice(0, 5), x[6:]),
+                                          r"x\.reshard"),
+    "assigning of another shape": (lambda xp, x: x.__setitem__(slice(0, 5), np.ones((4, 4))),
+                                   "could not broadcast"),
     "@ mixing rows": (lambda xp, x: x @ x.mT, r"mesh\.replicate"),
 }
 
@@ -243,12 +362,20 @@ def test_what_needs_other_devices_data_is_refused_before_anything_is_read(mesh,
 
 
 # array-api-extra's functions that run on tensors split along their first axis (partition
-# by sorting along it, moved worker to worker); the others need another device's rows (a
-# mask, updates by index, set functions, padding)
-EXTRA_ON_A_MESH = ["angle", "atleast_nd", "broadcast_shapes", "default_dtype", "deg2rad",
-                   "rad2deg", "diag_indices", "tril_indices", "triu_indices", "expand_dims",
+# by sorting along it, moved worker to worker; updates by basic index or a mask split alike,
+# padding and set functions, on each device's block); the others need another device's rows
+# (updates and takes by integer arrays, searches, covariances of split variables, kron)
+EXTRA_ON_A_MESH = ["angle", "apply_where", "apply_where two functions", "at add mask",
+                   "at divide", "at max", "at multiply", "at power", "at set", "at subtract",
+                   "atleast_nd", "broadcast_shapes", "default_dtype", "deg2rad", "rad2deg",
+                   "diag_indices", "tril_indices", "triu_indices", "expand_dims", "isclose",
                    "lazy_apply", "nan_to_num", "nanmax", "nanmin", "nansum", "nanmean",
-                   "one_hot", "partition", "sinc", "unravel_index"]
+                   "nunique", "one_hot", "pad", "pad pairs", "partition", "setdiff1d", "sinc",
+                   "union1d", "unravel_index"]
+
+# (the set functions read each device's distinct values, with their counts: at most twice the
+# 8 ints' 64 bytes)
+SET_READS = {"nunique": 128, "setdiff1d": 128, "union1d": 128}
 
 
 @pytest.mark.parametrize("name", sorted(set(EXTRA) - set(EXTRA_ON_A_MESH)))
@@ -273,7 +400,7 @@ def test_array_api_extra_runs_on_a_mesh(mesh, name: str) -> None:
         found, read = reads_of(mesh, lambda: call(xp, tensors))
         expected = call(compat_numpy, local)
     # (what it branches on, from each device that holds a part: a byte or a partial each)
-    assert read <= max(most_bytes, 1) * 64, f"{name} read back {read} bytes"
+    assert read <= SET_READS.get(name, max(most_bytes, 1) * 64), f"{name} read back {read} bytes"
     if name == "default_dtype":
         assert found == expected
         return
@@ -285,23 +412,35 @@ def test_array_api_extra_runs_on_a_mesh(mesh, name: str) -> None:
 # -- scikit-learn -----------------------------------------------------------------------------
 
 # (case, the most bytes its fit may read back from the devices: X is 4000 x 8 float64,
-# 256,000 bytes, split over 2 devices)
+# 256,000 bytes, split over 2 devices; LDA, GaussianNB and LogisticRegression take the
+# classes by unique_values and the rows of each by a mask split as X is)
 SKLEARN = {"standard_scaler": 2048, "pca_covariance_eigh": 4096, "pca_full": 4096,
-           "ridge": 4096}
+           "ridge": 4096, "lda": 4096, "gaussian_nb": 4096, "accuracy_score": 256,
+           "logistic_regression": 4096, "min_max_scaler": 2048}
+# (the rest return a result split along X's rows)
+SCALARS = {"accuracy_score", "logistic_regression"}
+# (on a mesh of jax devices, the first four: each further fit's ops compile there, half a
+# minute more in all on a busy machine; they all pass there too)
+NUMPY_ONLY = {"lda", "gaussian_nb", "accuracy_score", "logistic_regression", "min_max_scaler"}
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
 def fitted(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     pytest.importorskip("sklearn")
-    return fit_in_a_child(request.param, "mesh", sorted(SKLEARN))
+    names = sorted(SKLEARN) if request.param == "numpy" else sorted(set(SKLEARN) - NUMPY_ONLY)
+    return fit_in_a_child(request.param, "mesh", names)
 
 
 @pytest.mark.timeout(300)  # (the first test sets the child's fits up: a minute on jax)
 @pytest.mark.parametrize("case", sorted(SKLEARN))
 def test_scikit_learn_fits_on_a_mesh(fitted: dict[str, dict[str, Any]], case: str) -> None:
+    if case not in fitted:
+        pytest.skip("run on a mesh of numpy devices only: a jax device compiles each new "
+                    "op, and the mesh's namespace is the same")
     result = fitted[case]
     assert result["difference"] <= 1e-8, result
-    assert result["kind"] == "split along rows", f"{case}'s result is not split as X is: {result}"
+    kind = "tensor" if case in SCALARS else "split along rows"
+    assert result["kind"] == kind, f"{case}'s result is not split as X is: {result}"
     assert result["bytes"] <= SKLEARN[case], f"{case} read back more than it branches on"
 
 

@@ -182,3 +182,46 @@ def test_ops_of_combined_results_compose_with_their_combine():
     _, _, _, combine = combining.composed(np.add, [mean, 1])
     mean._partials = ([], lambda _: np.zeros(3))  # (updated in place later: not seen here)
     np.testing.assert_array_equal(combine([[np.arange(3.0)], [np.ones(3)]]), np.arange(3.0) + 2)
+
+
+class Shard:
+    """What ``combining.reduced`` reads of a shard: its session's id, its own id, its shape."""
+
+    def __init__(self, session: str, id: int, shape: tuple[int, ...]) -> None:
+        self.session = type("Session", (), {"id": session})()
+        self.id, self.shape = id, shape
+
+
+def test_the_same_reduction_of_the_same_shards_takes_the_partials_made_before():
+    shards = [Shard("a", 1, (3, 2)), Shard("b", 1, (2, 2))]
+    made = []
+
+    def make():
+        made.append([["partials of", len(made)]])
+        return made[-1]
+    first = combining.reduced(("sum", "{}", "<f8"), shards, make)
+    assert combining.reduced(("sum", "{}", "<f8"), shards, make) is first and len(made) == 1
+    for other in [("sum", "{'axis': 0}", "<f8"), ("max", "{}", "<f8")]:  # (another reduction)
+        assert combining.reduced(other, shards, make) is not first
+    updated = [Shard("a", 2, (3, 2)), shards[1]]  # (an update in place: the shard's new id)
+    assert combining.reduced(("sum", "{}", "<f8"), updated, make) is not first
+    for n in range(combining.REDUCED_KEPT):  # (only the most recent few are kept)
+        combining.reduced(("sum", "{}", "<f8"), [Shard("c", n, (1,))], make)
+    assert combining.reduced(("sum", "{}", "<f8"), shards, make) is not first
+
+
+def test_a_copys_reductions_are_those_of_the_values_it_copied():
+    source, copy = [Shard("a", 10, (2,))], [Shard("a", 11, (2,))]
+    made = []
+
+    def make():
+        made.append([["partials of", len(made)]])
+        return made[-1]
+    first = combining.reduced(("sum", "{}", "<f8"), source, make)
+    combining.same_values(copy, source)
+    assert combining.reduced(("sum", "{}", "<f8"), copy, make) is first
+    copy_of_copy = [Shard("a", 12, (2,))]
+    combining.same_values(copy_of_copy, copy)
+    assert combining.reduced(("sum", "{}", "<f8"), copy_of_copy, make) is first
+    updated = [Shard("a", 13, (2,))]  # (the copy updated in place: its new id, new values)
+    assert combining.reduced(("sum", "{}", "<f8"), updated, make) is not first
