@@ -232,6 +232,12 @@ def ufunc_at(ufunc: np.ufunc, target: Any, indices: Any, *values: Any) -> None:
                                    ufunc=ufunc.__name__)[0])
 
 
+def shares_values(tensor: Any) -> bool:
+    """Whether another tensor in use sees ``tensor``'s device memory: a view of it, or the
+    tensor it is a view of."""
+    return root(tensor) is not tensor or bool(_live_views(tensor))
+
+
 def root(tensor: Any) -> Any:
     """The tensor whose device memory ``tensor``, a view of views, shares in numpy (itself
     when it is no view, or a reshape whose base is gone)."""

@@ -30,6 +30,7 @@ import numpy as np
 from fabric.array_api.functions import (UniqueAllResult, UniqueCountsResult,
                                         UniqueInverseResult)
 from fabric.arrays.tensor import Tensor
+from fabric.arrays.views import shares_values
 from fabric.mesh.sharded import (_RESHARD, FUNCTIONS, ShardedTensor, _expanded, _is_int,
                                  _position, mesh_operands, on_device)
 from fabric.mesh.sharding import Sharding, along, block_ranges, block_slices
@@ -130,12 +131,24 @@ def _value_parts(x: ShardedTensor, value: Any, region: tuple[int, ...], at: int,
             for i, (start, stop) in enumerate(ranges)]
 
 
+def _refuse_shared_copies(x: ShardedTensor) -> None:
+    """Refuse to split replicated ``x`` where another tensor sees its copies (a view of it, or
+    it a view of another): each device updates only its block of its copy, so the copies
+    would differ there, and that tensor would read stale values from some of them."""
+    if any(shares_values(copy) for copy in x._tensors()):
+        raise ValueError(f"{x._handle()} is replicated and shares its values with a view (or "
+                         "is a view of another tensor), and this assignment would update each "
+                         "device's block of its copy only: assign into a copy (x = x.copy()) "
+                         "first, or drop the view.")
+
+
 def _split_like(x: ShardedTensor, mask: ShardedTensor) -> None:
     """Make replicated ``x`` split along axis 0 as ``mask`` is, each device keeping its block
     of its copy (a view: nothing moves), so that a mask split so assigns into it on each
     device and its copies never differ."""
     if mask.shape != x.shape[:mask.ndim] or mask.mesh is not x.mesh:
         return  # (``_alike``'s error)
+    _refuse_shared_copies(x)
     x._shards = [t[start:stop] for t, (start, stop) in zip(
         x._tensors(), block_ranges(mask.sharding.blocks))]
     x._partials = None
@@ -166,6 +179,7 @@ def _split_for(x: ShardedTensor, index: Any, value: ShardedTensor) -> None:
     if selected.step != 1 or len(selected) != value.shape[value.axis]:
         raise ValueError(f"{value._handle()} is split across devices and goes into a slice of "
                          "step other than 1: replicate it (mesh.replicate(value)) first.")
+    _refuse_shared_copies(x)
     blocks = list(value.sharding.blocks)
     blocks[0] += selected.start
     blocks[-1] += x.shape[dimension] - selected.stop

@@ -250,6 +250,15 @@ def test_assignment_by_index_runs_on_each_devices_block(mesh) -> None:
     labels[mask] = 0.0
     assert labels.sharding.blocks == x.sharding.blocks
     np.testing.assert_array_equal(labels.numpy(), np.where(numpy_mask, 0.0, 1.0))
+    # A replicated tensor that a view sees (or that is a view) is not split so: the view
+    # would read the other devices' blocks stale from its device's copy
+    shared = xp.ones(11)
+    tail = shared[-3:]
+    for target, split_mask in ((shared, mask), (tail, mesh.asarray(np.array([1, 0, 1]) > 0,
+                                                                   axis=0))):
+        with pytest.raises(ValueError, match=r"x = x\.copy\(\)"):
+            target[split_mask] = 0.0
+    np.testing.assert_array_equal(tail.numpy(), np.ones(3))
 
 
 def round_trips(mesh: Any) -> int:
