@@ -30,7 +30,8 @@ from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
-from fabric.core.shm import SegmentPool, Slot, SlotMemory, boot_id
+from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
+from fabric.core.shm import boot_id
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
 from fabric.transport.connection import expect_reply
 
@@ -246,16 +247,20 @@ def _lent_ahead(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | No
     come (the answers that came are taken first, without waiting); None where none has. A
     worker that lends none (one that predates it, or answers with something this process
     cannot use) is asked for none again."""
-    if session.id in pool.slotless:
-        return None
+    take_answers(session, pool)
+    return None if session.id in pool.slotless else session.slots_ahead.take(nbytes)
+
+
+def take_answers(session: Any, pool: SegmentPool) -> None:
+    """Take the answers to ``session``'s slot requests that have come, without waiting (a
+    device answers one that no free segment fits once it made the segment)."""
     ahead = session.slots_ahead
-    if ahead.asked:
+    if ahead.asked and session.id not in pool.slotless:
         session.connection.receive_arrived()
         for request in list(ahead.asked):
             reply = session.connection.pending.take(request)
             if reply is not None:
                 ahead.on_answer(request, _lent_slot(session, pool, reply))
-    return None if session.id in pool.slotless else ahead.take(nbytes)
 
 
 def _lent_slot(session: Any, pool: SegmentPool, reply: Message) -> SegmentRef | None:
