@@ -202,10 +202,10 @@ def upload_buffer(session: Any, shape: Any, dtype: Any) -> np.ndarray:
         or nbytes < session.connection.shared_memory.threshold else pool_of(session)
     lent = None if pool is None else _lent_ahead(session, pool, nbytes)
     if pool is not None:
-        _ask_ahead(session, pool, nbytes)
-        if lent is None:
+        if lent is None:  # (asked before the next one ahead: its device makes them in turn)
             device = _lend_from_device(session, pool, nbytes)
             lent = None if device is None else decode_segment_ref(device.reference)
+        _ask_ahead(session, pool, nbytes)
     values = None if lent is None else _device_memory(session, pool, lent, nbytes)
     if values is None:
         return np.empty(shape, dtype)
@@ -378,9 +378,10 @@ def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceS
     if pool is None or pool_of(source.session) is None:
         return None
     ahead = _lent_ahead(session, pool, nbytes)
-    _ask_ahead(session, pool, nbytes)
+    # (the slot asked for now before the next one ahead: its device makes them in turn)
     lent = DeviceSlot([ahead.name, ahead.offset, nbytes]) if ahead is not None \
         else _lend_from_device(session, pool, nbytes)
+    _ask_ahead(session, pool, nbytes)
     if lent is None:
         return pool.acquire(nbytes)
     pool.transfers += 1  # (an own slot counts itself when lent)
