@@ -33,25 +33,28 @@ class SegmentMaker:
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.done: deque[tuple[Segment, OSError | None]] = deque()
         self._wake = wake
-        self._jobs: queue.SimpleQueue[Segment | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Segment, threading.Event] | None] = \
+            queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closing = False
 
-    def submit(self, segment: Segment) -> None:
-        """Fault ``segment`` in on the maker's thread (started at the first); it is in
-        ``done`` once made."""
+    def submit(self, segment: Segment) -> threading.Event:
+        """Fault ``segment`` in on the maker's thread (started at the first); the event is
+        set once it is in ``done``."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="fabric-segment-maker",
                                             daemon=True)
             self._thread.start()
-        self._jobs.put(segment)
+        made = threading.Event()
+        self._jobs.put((segment, made))
+        return made
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            self._make(job)
+            self._make(*job)
             job = None  # (no reference kept while waiting: its pool may close it meanwhile)
 
-    def _make(self, segment: Segment) -> None:
+    def _make(self, segment: Segment, made: threading.Event) -> None:
         failed: OSError | None = None
         if self._closing:  # (its pool closes it: no fault-in for nothing)
             failed = OSError("the pool closed")
@@ -61,6 +64,7 @@ class SegmentMaker:
             except OSError as exc:  # no memory left for it
                 failed = exc
         self.done.append((segment, failed))
+        made.set()
         if self._wake is not None:
             self._wake()
 

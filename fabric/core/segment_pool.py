@@ -73,7 +73,7 @@ class SegmentPool:
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
         self.keys: dict[Segment, Any] = {}  # -> the borrower it is lent to alone (``acquire``)
         self.held = 0  # bytes of every segment, free, lent or being made
-        self.making: set[Segment] = set()  # being faulted in on the maker's thread
+        self.making: dict[Segment, threading.Event] = {}  # being faulted in: -> set once made
         self._maker: SegmentMaker | None = None  # (started at the first ``_make``)
         self._wake = wake  # called by the maker's thread after each segment
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
@@ -117,8 +117,7 @@ class SegmentPool:
         """Fault ``segment`` (reserved) in on the maker's thread."""
         if self._maker is None:
             self._maker = SegmentMaker(self._wake)
-        self.making.add(segment)
-        self._maker.submit(segment)
+        self.making[segment] = self._maker.submit(segment)
 
     def free_fitting(self, nbytes: int, key: Any = None) -> Segment | None:
         """The smallest free segment that fits ``nbytes`` bytes and may be lent to ``key``
@@ -149,7 +148,7 @@ class SegmentPool:
         """``segment``, made on the maker's thread (``_make``), is free now; or where making it
         ``failed``, closed, its bytes given back. (A device's pool lends it to the request
         that waits for it: ``workers.device_pool``.)"""
-        self.making.discard(segment)
+        del self.making[segment]
         if failed is None:
             self.free[segment] = self._clock()
         else:

@@ -447,6 +447,7 @@ def test_a_restarted_workers_old_segments_are_unmapped_by_a_client_that_goes_on(
     with connect(cluster, device=0, timeout=30) as session:
         with session.open(1) as lost:
             lost.asarray(a).numpy()  # (a first upload: through this client's pool)
+            ahead_answered(lost)
             lost.asarray(a)  # into a slot of worker 1's own pool lent ahead, mapped here
             dead = cluster.workers[1].pid
             assert dead in session.connection.segments.peers
@@ -459,6 +460,7 @@ def test_a_restarted_workers_old_segments_are_unmapped_by_a_client_that_goes_on(
         with again:
             for _ in range(2):  # the second into a slot of the new worker's, mapped here
                 np.testing.assert_array_equal(again.asarray(a).numpy(), a)
+                ahead_answered(again)
         peers = session.connection.segments.peers
         assert dead not in peers and cluster.workers[1].pid in peers
 
