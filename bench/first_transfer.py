@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
 from bench.ray_peer import installed as ray_installed  # noqa: E402
+from bench.run import w3_fabric  # noqa: E402
 
 MiB = 1 << 20
 
@@ -42,14 +43,7 @@ def first_transfers(array: np.ndarray) -> dict[str, float]:
             session.open(1, timeout=120) as other:
         assert session.arange(4).sum().numpy() == 6  # (a warm-up op, as a user's first)
         assert other.arange(4).sum().numpy() == 6
-        start = time.perf_counter()
-        tensor = session.asarray(array)
-        session.sync()
-        up = time.perf_counter() - start
-        start = time.perf_counter()
-        back = tensor.numpy()
-        down = time.perf_counter() - start
-        assert back.nbytes == array.nbytes and back[-1] == array[-1]
+        up, down, tensor = w3_fabric(session, array)  # (W3's first round)
         start = time.perf_counter()
         moved = tensor.to(other)
         other.sync()

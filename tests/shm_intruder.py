@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -182,6 +183,15 @@ def sparse(args: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _ahead_answered(session: fabric.Session, seconds: float = 10.0) -> None:
+    """Wait (``seconds`` at most) until the slots ``session`` asked for ahead are answered (a
+    device answers once its pool's thread made the segment)."""
+    deadline = time.monotonic() + seconds
+    while session.slots_ahead.asked and time.monotonic() < deadline:
+        fabric.transport.bulk.take_answers(session, session.connection.segments)
+        time.sleep(0.01)
+
+
 def spy(args: dict[str, Any]) -> dict[str, Any]:
     """Finding 13: upload twice (the second into a slot the device lent), keep this
     client's mappings of the device's segments, let the tensors and the session go, and once
@@ -191,6 +201,7 @@ def spy(args: dict[str, Any]) -> dict[str, Any]:
                         shared_memory=SharedMemory()) as session:
         first = session.asarray(values)
         session.sync()
+        _ahead_answered(session)
         second = session.asarray(values * 2)  # into the slot lent ahead
         session.sync()
         kept = [segment.memory for peer in session.connection.segments.peers.values()

@@ -39,7 +39,7 @@ from fabric.core.resume import DIGEST_BYTES, batch_seq, digest, new_secret
 from fabric.core.wire import (MAX_WARNINGS, DeviceWarning, decode_index, decode_params,
                               decode_scalar, device_dtype, dtype_name, parse_op, require_ints)
 
-from . import shared_memory
+from . import device_pool, shared_memory
 from .admission import Admission
 from .backends.base import Backend, DeferredError, DeferredValue, QueuedError, Value
 from .batch_graphs import BatchGraphs, BatchOps
@@ -73,9 +73,11 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
         self.tally = DeviceTally()  # what the device did, for the worker's heartbeats
         # shared memory with clients on this host: what the worker's options allow, and its
-        # own pool for uploads (``shared_memory.offer``)
+        # own pool for uploads (``device_pool.offer``), and what wakes the device's thread
+        # once a segment of it was made (set by that thread: ``workers.lane_io``)
         self.sharing = sharing or shared_memory.HostSharing()
         self.slots: Any = None
+        self.wake: Callable[[], None] | None = None
         # batches seen again, run as one graph, on a device that compiles (``batch_graphs``)
         self.batches = BatchGraphs() if device.compiles_batches else None
         # A worker of a broker pair keeps each session's recent replies, for a client that
@@ -160,7 +162,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
 
     def close_all(self) -> None:
         """Forget every session (the broker that knew them is gone); the device's own shared
-        memory still counts (``shared_memory.DevicePool``)."""
+        memory still counts (``device_pool.DevicePool``)."""
         for session in self.sessions.values():
             shared_memory.closed(self, session)
         self.sessions.clear()
@@ -451,6 +453,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         return carried + replies if carried else replies
 
     def _sync(self, session: DeviceSession, message: Message) -> list[Message]:
+        device_pool.await_made(self, session)  # (its slots asked ahead: answered first)
         for tensor_id in [t for t, v in session.tensors.items() if isinstance(v, DeferredValue)]:
             self._materialize(session, tensor_id)  # "ran everything", errors included
         if session.unreported:
@@ -522,7 +525,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         "sync": _sync, "read": _read, "stats": _stats, "await": SessionMoves._await,
         "expect": SessionMoves._expect,
         "shape": _shape, "shm_probe": shared_memory.probe, "read_into": shared_memory.read_into,
-        "shm_slot": shared_memory.offer, "unpin": shared_memory.unpin}
+        "shm_slot": device_pool.offer, "unpin": shared_memory.unpin}
     _handlers = {Kind.OPEN: _open, Kind.CLOSE: _close, Kind.SUBMIT: _submit,
                  Kind.REQUEST: _request, Kind.TRANSFER: SessionMoves._receive}
 

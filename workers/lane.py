@@ -25,7 +25,7 @@ from fabric.core.log_limit import RateLimitedLog
 from fabric.core.protocol import Header, Kind, Message
 from fabric.core.resume import HeldSession
 
-from . import shared_memory
+from . import device_pool
 from .executor import Executor
 
 log = logging.getLogger("fabric.worker")
@@ -132,7 +132,7 @@ class Lane:
         (And a time to give back the device's idle shared memory, and to log the summary of
         failures held back.)"""
         self.flush_log()
-        shared_memory.trim(self.executor)
+        device_pool.trim(self.executor)
         listed = message_body(header, frames).get("sessions")
         if not isinstance(listed, list):
             return
@@ -140,6 +140,11 @@ class Lane:
         for session in [s for s in self.executor.sessions if s not in known]:
             log.debug("session %#x is gone from the broker: closing it here", session)
             self.executor.handle(Message(Kind.CLOSE, session))
+
+    def made(self) -> list[Message]:
+        """The answers to the slot requests whose segments were made since the last call
+        (the device's pool made them on its own thread, which woke this one)."""
+        return device_pool.made(self.executor)
 
     def stays_on_worker(self, reply: Message) -> bool:
         """Whether ``reply`` is a TRANSFER to a session of this worker, which may go to its

@@ -17,6 +17,7 @@ socket's bounds and credentials (``dealer``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable, Protocol
 
@@ -108,13 +109,17 @@ class DeviceThread:
         self._pair: zmq.Socket | None = None
         # What the loop polls (the pair, and the lane once there is one), for zmq.zmq_poll
         # itself: a Poller adds a Python call per wait.
-        self._poll_items: list[tuple[zmq.Socket, int]] = []
+        self._poll_items: list[tuple[zmq.Socket | int, int]] = []
         # Messages read from the lane and not yet run, by session (in the order sessions
         # came). The broker funnels every session of the device into the lane; running one
         # message of each session in turn keeps a session's long queue of batches from
         # holding up another session's read. Read ahead at most hwm messages and
         # _READ_AHEAD_BYTES (the Outbox's own bounds, per session, do not come into play).
         self._waiting = Outbox(self._hwm, _READ_AHEAD_BYTES)
+        # Readable once the device's pool made a segment on its own thread, whose request
+        # waits for its answer (``workers.device_pool``): the loop polls it with the sockets.
+        self._made = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        executor.wake = lambda: os.eventfd_write(self._made, 1)
 
     def report(self) -> DeviceReport:
         """This device's figures, read from the control thread (``workers.tally``)."""
@@ -137,7 +142,7 @@ class DeviceThread:
         worker = self._worker
         self._pair = pair_socket(worker.context, self._hwm)
         self._pair.connect(self.pair_address)
-        self._poll_items = [(self._pair, POLLIN)]
+        self._poll_items = [(self._pair, POLLIN), (self._made, POLLIN)]
         # numpy's warnings of this device's ops go to their sessions, not to stderr; the
         # device's own state (where its module places new arrays) holds for its thread
         executor = self.lane.executor
@@ -155,16 +160,22 @@ class DeviceThread:
                     elif sock is self._pair:
                         if not self._from_control(recv_frames(sock)):  # its STOP ends this
                             return
+                    elif sock == self._made:
+                        self._send_made()
                     # (else the old lane, which a RESET earlier in this same poll closed)
                 if waiting.messages:
                     self._take_turns()
         finally:
             self._pair.close(linger=0)
             self._close_lane()
+            executor = self.lane.executor
+            if executor.slots is not None:  # (its maker ends first: it writes to _made)
+                executor.slots.close()
+            os.close(self._made)
 
     def _close_lane(self) -> None:
         if self._lane_socket is not None:
-            del self._poll_items[1:]  # (the pair stays)
+            del self._poll_items[2:]  # (the pair and the pool's wake-up stay)
             self._lane_socket.close(linger=0)
 
     def _from_control(self, frames: list[zmq.Frame]) -> bool:
@@ -196,6 +207,15 @@ class DeviceThread:
         else:  # a tensor moved from another device of this worker
             self._handle(frames)
         return True
+
+    def _send_made(self) -> None:
+        """Send the answers to the slot requests whose segments were made."""
+        try:
+            os.eventfd_read(self._made)
+        except BlockingIOError:  # (read by an earlier turn)
+            pass
+        for reply in self.lane.made():
+            self._send(self.lane.frames(reply))
 
     def _read_lane(self) -> None:
         """Read what the lane holds, as far as the bounds allow: a session's message waits

@@ -177,7 +177,7 @@ class MemoryBudget:
 
 class Allowance:
     """One device's part of a ``MemoryBudget``: ``held`` bytes of its sessions' tensors (and
-    of its own shared memory: ``workers.shared_memory.DevicePool``), within ``granted``
+    of its own shared memory: ``workers.device_pool.DevicePool``), within ``granted``
     bytes drawn from the budget. Used by that device's thread only. ``reclaim``, where set:
     frees what the device holds only to reuse it (its free shared memory) when the budget is
     short; whether it freed any."""

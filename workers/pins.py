@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from fabric.core.errors import ProtocolError, QuotaExceeded
-from fabric.core.shm import MAX_PINS, SegmentPool, Slot, SlotMemory
+from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
+from fabric.core.shm import MAX_PINS
 
 from .device_session import DeviceSession
 

@@ -19,12 +19,8 @@ kept while its owner holds the segment (mapping afresh would fault every page in
 dropped with the session (a client killed with SIGKILL leaves nothing once the broker closes
 its sessions). ``--no-shared-memory`` (``HostSharing.enabled``) answers every probe no.
 
-Memory: the device's own pool counts against the worker's ``--memory-budget``
-(``DevicePool``): a free segment as the device's, a slot offered and not yet used, and the
-part of a slot that its tensor does not use, as its session's; and an offer is refused past
-the session's ``--memory-limit`` (counting its tensors and pins, and the slots charged to it)
-or the budget (closing the device's free segments first). The client then uploads through
-its own pool, as when the device's pool is full.
+The device's own pool, and the ``shm_slot`` requests that it answers, are
+``workers.device_pool``'s.
 """
 
 from __future__ import annotations
@@ -37,22 +33,24 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fabric.core.errors import ProtocolError
 from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.protocol import Message, reply_to
-from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, SEGMENT_ALIGN, PeerSegments,
-                             Segment, SegmentPool, Slot, SlotMemory, WrongSizeSegment, boot_id,
-                             held_segments)
+from fabric.core.segment_pool import Slot, SlotMemory
+from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment,
+                             WrongSizeSegment, boot_id, held_segments)
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype
 from fabric.core.worker_options import WorkerOptions
 
 from .device_session import DeviceSession
-from .memory import Allowance
 from .pins import SessionPins
+
+if TYPE_CHECKING:
+    from .device_pool import DevicePool
 
 
 @dataclass(frozen=True)
@@ -143,64 +141,6 @@ class ClientProcess:
             self._pidfd = None
 
 
-class DevicePool(SegmentPool):
-    """A device's own pool (``offer``), whose memory counts against the worker's budget
-    through the device's ``allowance``: each segment is charged, beyond what its tensor
-    holds (``_store`` charges that), to the session it is lent to (``charges``; a session's
-    sum is its ``SessionSegments.charged``), or while free to the device. ``why``: the
-    sentence saying why the last ``grow`` was refused."""
-
-    def __init__(self, allowance: Allowance, sharing: HostSharing) -> None:
-        super().__init__(lambda _session: 0, sharing.pool_bytes, sharing.idle)
-        self.allowance = allowance
-        self.charges: dict[Segment, tuple[SessionSegments | None, int]] = {}
-        self.why: str | None = None
-
-    def charge(self, segment: Segment, owner: "SessionSegments | None", amount: int) -> None:
-        """Charge ``amount`` bytes of ``segment`` to ``owner`` (None: the device), in place of
-        what it was charged."""
-        was, old = self.charges.pop(segment, (None, 0))
-        if was is not None:
-            was.charged -= old
-        if amount:
-            self.charges[segment] = (owner, amount)
-            if owner is not None:
-                owner.charged += amount
-        self.allowance.held += amount - old
-
-    def settle(self) -> None:
-        """Charge the device for its free segments, and no one for those it closed."""
-        for segment in [s for s in self.charges if s not in self.free and s not in self.lent]:
-            self.charge(segment, None, 0)
-        for segment in self.free:
-            if self.charges.get(segment) != (None, segment.size):
-                self.charge(segment, None, segment.size)
-
-    def recount(self) -> None:
-        """Charge the device afresh for what it holds, where its allowance forgot every
-        session (``Executor.close_all``): what was charged to them, as it is."""
-        self.allowance.held += sum(amount for _, amount in self.charges.values())
-
-    def room(self, size: int) -> bool:
-        """Whether the budget takes a new segment of ``size`` bytes (``acquire``'s ``grow``;
-        the allowance closes the free segments first where it is short: ``release_free``)."""
-        if self.allowance.fits(size):
-            return True
-        budget = self.allowance.budget
-        self.why = (f"A slot of {size} bytes would pass this worker's {budget.limit}-byte "
-                    f"--memory-budget ({budget.held()} bytes held): free tensors, upload "
-                    "smaller arrays, or start the worker with a larger --memory-budget.")
-        return False
-
-    def release_free(self) -> bool:
-        """Close every free segment (the budget needs the room); whether there was one."""
-        free = list(self.free)
-        for segment in free:
-            self._remove(segment)
-        self.settle()
-        return bool(free)
-
-
 class SessionSegments:
     """The shared memory of one session: its client process and its segments, as this
     worker maps them, the slots of the device's own pool offered to its uploads and not yet
@@ -212,8 +152,9 @@ class SessionSegments:
         self.client = PeerSegments(process.pid, process.same)
         self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
         self.watched: list[ClientProcess] = []  # (those processes)
-        self.offered: dict[str, tuple[DevicePool, Slot]] = {}
+        self.offered: dict[str, tuple["DevicePool", Slot]] = {}
         self.charged = 0
+        self.closed = False
         self.pins = SessionPins()
         self.pruned = time.monotonic()  # when closed segments were last unmapped (``prune``)
 
@@ -263,7 +204,7 @@ class SessionSegments:
             self.peers[pid] = PeerSegments(pid)
         return _slot_bytes(self.peers[pid].map(slot.name, slot.offset, slot.nbytes), slot)
 
-    def lend(self, pool: DevicePool, slot: Slot) -> None:
+    def lend(self, pool: "DevicePool", slot: Slot) -> None:
         """``slot`` of the device's own ``pool`` is offered to this session's uploads."""
         name = slot.segment.name
         self.offered[name] = (pool, slot)
@@ -271,7 +212,7 @@ class SessionSegments:
             _OFFERED[name] = self.process.key
         pool.charge(slot.segment, self, slot.segment.size)
 
-    def take(self, name: str) -> tuple[DevicePool, Slot]:
+    def take(self, name: str) -> tuple["DevicePool", Slot]:
         """The offered slot ``name``, used now (its charge stays until its user says)."""
         pool, slot = self.offered.pop(name)
         with _OFFERED_LOCK:
@@ -295,6 +236,7 @@ class SessionSegments:
     def close(self) -> None:
         """Unmap the client's segments and the others', give the unused offered slots back,
         retire the pinned ones, and stop watching the processes."""
+        self.closed = True
         self.client.close()
         for peer in self.peers.values():
             peer.close()
@@ -384,74 +326,6 @@ def segments_of(session: DeviceSession) -> SessionSegments:
         raise ProtocolError("This session has not agreed to shared memory (shm_probe) with "
                             "this worker: send arrays in the message instead.")
     return session.segments
-
-
-def offer(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
-    """Answer a ``shm_slot`` (an ``Executor`` request): a slot of ``nbytes`` bytes in the
-    device's own pool for the client to write an upload into (``{"slot": ref}``), whose
-    tensor then keeps it without a copy; ``{"slot": None, "reason": why}`` when the pool is
-    full, or the slot would pass the session's memory limit or the worker's budget. The
-    slots it lists in ``give_back`` (offered to this session, unused) go back to the pool
-    first."""
-    body = message.body
-    nbytes = body.get("nbytes")
-    if type(nbytes) is not int or nbytes < 0:
-        raise ProtocolError("A shm_slot request needs 'nbytes', an int of at least 0.")
-    segments = segments_of(session)
-    returned = body.get("give_back", [])
-    names = [decode_segment_ref(ref).name for ref in returned] if type(returned) is list \
-        else None
-    if names is None or len(set(names)) < len(names) \
-            or not segments.offered.keys() >= set(names):
-        raise ProtocolError("A shm_slot request may give back only slots offered to its "
-                            "session and not yet used, as a list of slots.")
-    for name in names:
-        segments.give_back(name)
-    if executor.slots is None:  # (made in the device's thread, which owns it)
-        executor.slots = DevicePool(executor.allowance, executor.sharing)
-        executor.allowance.reclaim = executor.slots.release_free
-    pool: DevicePool = executor.slots
-    pool.settle()  # (what was given back is charged to the device again)
-    limit, held = executor.memory_limit, session.resident + segments.charged
-    least = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN  # (a new segment's size)
-    pool.why = None
-    slot = None if limit is not None and held + least > limit \
-        else pool.acquire(nbytes, segments.process.key, pool.room)
-    if slot is not None and limit is not None and held + slot.segment.size > limit:
-        pool.give_back(slot)  # (a free one larger than a new one would be)
-        slot = None
-    if slot is not None:
-        segments.lend(pool, slot)
-    pool.settle()
-    if slot is None:
-        return [reply_to(message, {"slot": None, "reason": pool.why or _why_not(
-            executor, session, segments, least)})]
-    return [reply_to(message, {"slot": slot.ref()})]
-
-
-def _why_not(executor: Any, session: DeviceSession, segments: SessionSegments,
-             size: int) -> str:
-    """Why no slot of ``size`` bytes was offered, where the budget did not refuse it."""
-    limit = executor.memory_limit
-    if limit is not None and session.resident + segments.charged + size > limit:
-        return (f"A slot of {size} bytes would pass this session's {limit}-byte "
-                f"--memory-limit: it holds {session.resident} bytes of tensors and "
-                f"{segments.charged} of slots lent to it; free tensors or upload smaller "
-                "arrays (this one goes through the client's own shared memory).")
-    return ("The device's own shared memory is full (its --shared-memory-limit): this upload "
-            "goes through the client's own.")
-
-
-def trim(executor: Any) -> None:
-    """Close the segments of the device's own pool left free past its idle time, and unmap those
-    the sessions' clients closed (at each broker heartbeat, in the device's thread: an idle
-    device gives its shared memory back, and keeps none of theirs)."""
-    if executor.slots is not None:
-        executor.slots.reclaim()
-        executor.slots.settle()
-    for session in executor.sessions.values():
-        if session.segments is not None:
-            session.segments.prune(executor.sharing.idle)
 
 
 def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:

@@ -34,7 +34,8 @@ from fabric.core.flow import DEFAULT_MAX_MESSAGE_BYTES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind, Message
 from fabric.core.security import CurveClient
 from fabric.core.session_life import CLOSED, OPEN
-from fabric.core.shm import SharedMemory, Slot
+from fabric.core.segment_pool import Slot
+from fabric.core.shm import SharedMemory
 from fabric.core.sockets import try_send
 from fabric.core.wire import array_from_frame, device_dtype, dtype_name
 from fabric.graphs.function import Function

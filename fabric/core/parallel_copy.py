@@ -12,8 +12,8 @@ Every piece is one ``np.copyto``, so any dtype, layout and byte order comes out 
 ``np.copyto`` of the whole would make it; a copy that cannot be cut (a 0-d array, a
 broadcast, overlapping sides, too small) is that one ``np.copyto``. The pool's threads
 start at the first copy that is cut and are joined at ``close`` (a later copy starts them
-again), so nothing outlives its owner: a client's connection (``fabric.core.shm.SegmentPool``),
-a worker process (``workers.shared_memory``).
+again), so nothing outlives its owner: a client's connection
+(``fabric.core.segment_pool.SegmentPool``), a worker process (``workers.shared_memory``).
 
 Its settings come from the environment where the owner gives none: ``FABRIC_COPY_THREADS``
 (threads per copy, the caller's included; 1 copies as one ``np.copyto``) and

@@ -1,5 +1,5 @@
-"""Shared memory on one host, for the bulk data path: segment names, the segments themselves,
-and the pools of reused, pre-faulted segments large arrays travel through.
+"""Shared memory on one host, for the bulk data path: segment names and the segments
+themselves (their pools are ``fabric.core.segment_pool``'s).
 
 Rule: a segment is a sealed memfd (``memfd_create``) named ``fabric-<boot>-<pid>-<n>``
 (``segment_name``): the first 8 hex digits of the kernel's boot id, the pid of the process
@@ -15,7 +15,7 @@ descriptor or a mapping of it: nothing is ever left in ``/dev/shm``, and a proce
 with SIGKILL leaves only its peers' mappings, which they drop with its session or once they
 see it gone (``PeerSegments``).
 
-Each pool (``SegmentPool``) is its owner's alone. A device's pool lends its slots to
+Each pool (``segment_pool.SegmentPool``) is its owner's alone. A device's pool lends its slots to
 uploads and moves into the device: the client (or the sending worker) writes the array
 there, and the tensor it becomes keeps the slot until it is collected (no second copy); the
 pool's bound is the device's ``--shared-memory-limit``, and a segment lent to a client
@@ -24,9 +24,10 @@ the pool closes it, whoever maps it still: a client keeps its mappings, which mu
 another's data nor keep memory no one counts. A client's pool lends its slots to reads,
 which the worker writes into and whose array keeps the slot until collected (a fresh large
 array would cost more in page faults than the copy itself), and to uploads a full device
-pool turned away, which the worker copies out (and ``MemoryBudget`` counts). Names and the
-pools' rules are plain functions and objects; the only system calls are in ``Segment`` and
-``held_segments``.
+pool turned away, which the worker copies out (and ``MemoryBudget`` counts). A device's pool
+faults a new segment in on a thread of its own (``fabric.core.segment_maker``), so that the
+device's ops never wait for it. Names are plain functions; the only system calls are in
+``Segment`` and ``held_segments``.
 """
 
 from __future__ import annotations
@@ -37,16 +38,12 @@ import itertools
 import mmap
 import os
 import re
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from fabric.core.errors import ConfigError, ProtocolError
-from fabric.core.parallel_copy import ParallelCopy
 
 THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
@@ -57,10 +54,10 @@ MAX_PINS = 1024  # read-only views of device slots one session may hold (``worke
 # a name a peer sends is matched within those bounds, so that no digit string past what
 # int() takes (4,300 digits) is ever converted (finding 10 of issue 41).
 _NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]{1,7})-([0-9]{1,19})\Z")
+_POPULATE_PIECE = 8 << 20  # bytes a segment made is faulted in at a time (``allocate``)
 _MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
 _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
-# Segment numbers, one count for the whole process: a worker's devices each have a pool, and
-# a peer finds a segment by its name alone. (next() on a count is atomic: threads share it.)
+# Segment numbers (``next_name``). (next() on a count is atomic: threads share it.)
 _NUMBERS = itertools.count()
 _MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]{1,7}-[0-9]{1,19}) \(deleted\)\Z")
 # The C library's madvise, called through ctypes, which lets the GIL go for the call: Python's
@@ -121,6 +118,13 @@ def segment_name(boot: str, pid: int, number: int) -> str:
     return f"fabric-{boot}-{pid}-{number}"
 
 
+def next_name(boot: str, pid: int) -> str:
+    """The name of process ``pid``'s next segment in boot ``boot`` (one count for the whole
+    process: a worker's devices each have a pool, and a peer finds a segment by its name
+    alone)."""
+    return segment_name(boot, pid, next(_NUMBERS))
+
+
 def parse_name(name: Any) -> SegmentName | None:
     """What ``name`` says, or None when it is not a fabric segment's name."""
     match = _NAME.match(name) if type(name) is str else None
@@ -174,31 +178,57 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int) -> "Segment":
-        """A new segment of ``size`` bytes, sealed at that size, its pages faulted in now (a
-        write into fresh shared memory runs at a tenth of a write into warm pages)."""
+        """A new segment of ``size`` bytes, sealed at that size, its pages allocated and
+        faulted in now (``sealed``, then ``allocate``)."""
+        segment = cls.sealed(name, size)
+        try:
+            segment.allocate()
+        except BaseException:
+            segment.close()
+            raise
+        return segment
+
+    @classmethod
+    def sealed(cls, name: str, size: int) -> "Segment":
+        """A new segment of ``size`` bytes, sealed at that size and mapped, none of its pages
+        allocated yet (``allocate``: until then no peer is told its name, since a peer
+        refuses a segment not allocated in full)."""
         fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:  # (allocated now: no memory left fails here, never as a SIGBUS on a write)
-            os.posix_fallocate(fd, 0, size)
+        try:  # (F_SEAL_GROW still lets ``allocate`` allocate within the size)
+            os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SIZE_SEALS)
         except BaseException:
             os.close(fd)
             raise
-        segment = cls(name, fd, owned=True)
-        if segment.map is not None:
-            try:  # (huge pages only where the kernel gives them to shared memory: cheap to ask)
-                segment.map.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:
-                pass
-            try:
-                segment.populate()
-            except OSError:  # an older kernel: touch every page instead
-                segment.memory[::mmap.PAGESIZE] = 0
-        return segment
+        return cls(name, fd, owned=True)
+
+    def allocate(self) -> None:
+        """Allocate every page now (no memory left fails here, never as a SIGBUS on a
+        write) and fault them in (a write into fresh shared memory runs at a tenth of a
+        write into warm pages); huge pages where the kernel gives them to shared memory
+        (``MADV_HUGEPAGE``, which takes effect where
+        /sys/kernel/mm/transparent_hugepage/shmem_enabled is ``advise``, ``within_size``
+        or ``always``; elsewhere 4 KiB pages). OSError where no memory is left."""
+        if self.map is None:
+            return
+        os.posix_fallocate(self.fd, 0, self.size)
+        try:  # (cheap to ask)
+            self.map.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+        try:  # (in pieces: a populate holds the process's memory map lock, which an mmap
+            # in another thread, mapping a peer's segment for a transfer, waits for)
+            for offset in range(0, self.size, _POPULATE_PIECE):
+                self.populate(offset, _POPULATE_PIECE)
+        except OSError:  # an older kernel: touch every page instead
+            self.memory[::mmap.PAGESIZE] = 0
 
     def populate(self, offset: int = 0, nbytes: int | None = None) -> None:
         """Fault the pages of ``nbytes`` bytes at ``offset`` (by default all of it) into this
         process's page tables now, in one call, without holding the GIL
-        (``MADV_POPULATE_WRITE``); OSError where the kernel refuses (before Linux 5.14)."""
+        (``MADV_POPULATE_WRITE``: ``MADV_POPULATE_READ`` maps twice as fast, but a copy into
+        pages mapped so ran at half speed here, in a warm loop's uploads); OSError where the
+        kernel refuses (before Linux 5.14)."""
         end = self.size if nbytes is None else min(offset + nbytes, self.size)
         start = offset - offset % mmap.PAGESIZE
         if self.map is None or end <= start:
@@ -335,206 +365,3 @@ class PeerSegments:
         for segment in self.maps.values():
             segment.close()
         self.maps.clear()
-
-
-class Slot(NamedTuple):
-    """``nbytes`` bytes at ``offset`` in ``segment``: where one array travels."""
-
-    segment: Segment
-    offset: int
-    nbytes: int
-
-    def ref(self) -> list[Any]:
-        """The slot as it travels: ``[segment name, offset, nbytes]`` (``fabric.core.wire``)."""
-        return [self.segment.name, self.offset, self.nbytes]
-
-    def array(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """The slot's bytes as an array of ``dtype`` and ``shape`` (C order)."""
-        return self.segment.memory[self.offset:self.offset + self.nbytes].view(dtype) \
-            .reshape(shape)
-
-
-class SegmentPool:
-    """One owner's segments: lent out, one transfer each, and given back for the next.
-
-    ``acquire`` lends a free segment that fits (at most twice the size asked), or makes one
-    while the pool holds under ``limit`` bytes (closing idle ones to make room), or gives
-    None: the caller then takes the socket path, so a full pool never fails a transfer. A
-    segment lent to an upload comes back once its session's device has run the batch that
-    carried it (``lend_until``, checked by ``done``); one lent to a read comes back when the
-    caller says (``give_back``); one whose transfer was abandoned is closed (``discard``),
-    since a peer may still write into it. Segments idle for ``idle_seconds`` are closed.
-    ``copies`` copies large arrays into slots with ``copy_threads`` threads (its threads
-    end with the pool).
-    """
-
-    def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
-                 idle_seconds: float = IDLE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic,
-                 copy_threads: int | None = None) -> None:
-        self.limit = limit
-        self.copies = ParallelCopy(copy_threads)
-        self.idle_seconds = idle_seconds
-        self._done = done  # session -> batches its device has run
-        self._clock = clock
-        self._prefix = (boot_id(), os.getpid())
-        self.free: dict[Segment, float] = {}  # -> when it was given back
-        self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
-        self.keys: dict[Segment, Any] = {}  # -> the borrower it is lent to alone (``acquire``)
-        self.held = 0  # bytes of every segment, free or lent
-        self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
-        self._returned: deque[tuple[Slot, bool]] = deque()  # from other threads: (slot, retire)
-        self.peers: dict[int, PeerSegments] = {}  # pid -> its segments mapped here
-        self._pruned = clock()  # when the peers' closed segments were last unmapped
-        self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
-        self._thread = threading.get_ident()
-
-    def acquire(self, nbytes: int, key: Any = None,
-                grow: Callable[[int], bool] | None = None) -> Slot | None:
-        """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full.
-
-        ``key`` (a borrower that maps the segment itself, whose old mapping would show what
-        the segment holds next): the segment is lent again to that borrower alone, a free one
-        lent to another is never taken (it is closed first when room is needed), and once
-        closed free, its pages go at once (``Segment.empty``), whoever still maps it.
-        ``grow``: asked before a new segment of that many bytes is made; False, and none is
-        (None is answered)."""
-        self.reclaim()
-        fitting = [s for s in self.free if fits(s.size, nbytes)
-                   and self.keys.get(s, key) == key]
-        if fitting:
-            segment = min(fitting, key=lambda s: s.size)
-            del self.free[segment]
-        else:
-            size = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN
-            for idle in sorted(self.free, key=self.free.get):  # the longest idle first
-                if self.held + size <= self.limit:
-                    break
-                self._remove(idle)
-            if self.held + size > self.limit or grow is not None and not grow(size):
-                return None
-            try:
-                segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
-                                         size)
-            except OSError:  # no memory left for it
-                return None
-            self.held += size
-        self.lent[segment] = None
-        if key is not None:
-            self.keys[segment] = key
-        self.transfers += 1
-        return Slot(segment, 0, nbytes)
-
-    def probe_segment(self, token: int) -> Segment:
-        """A one-page segment holding ``token`` (its first 8 bytes), for a peer to prove it
-        maps this process's shared memory; the caller closes it."""
-        segment = Segment.create(segment_name(*self._prefix, next(_NUMBERS)),
-                                 mmap.PAGESIZE)
-        segment.memory[:8].view(np.uint64)[0] = token
-        return segment
-
-    def peer(self, pid: int) -> PeerSegments:
-        """Process ``pid``'s segments, as this process maps them (a new peer's first: the
-        mappings of peers that are gone, such as a worker that was restarted, are dropped)."""
-        if pid not in self.peers:
-            self._prune_peers()
-            self.peers[pid] = PeerSegments(pid)
-        return self.peers[pid]
-
-    def _prune_peers(self) -> None:
-        self._pruned = self._clock()
-        for pid, peer in list(self.peers.items()):
-            peer.prune()
-            if not peer.maps:
-                del self.peers[pid]
-
-    def lend_until(self, slot: Slot, session: int, batch: int) -> None:
-        """``slot`` comes back once ``session``'s device has run its batch number ``batch``."""
-        self.lent[slot.segment] = (session, batch)
-
-    def give_back(self, slot: Slot) -> None:
-        """``slot`` is free for the next transfer."""
-        if self.lent.pop(slot.segment, False) is not False:
-            self.free[slot.segment] = self._clock()
-
-    def give_back_from_any_thread(self, slot: Slot, retire: bool = False) -> None:
-        """``give_back`` (or with ``retire``, ``discard``), called by an array's finalizer or
-        a closing session: at once in the thread that owns the pool, else at its next lend
-        (the pool is that thread's alone)."""
-        if threading.get_ident() != self._thread:
-            self._returned.append((slot, retire))
-        elif retire:
-            self.discard(slot)
-        else:
-            self.give_back(slot)
-
-    def discard(self, slot: Slot) -> None:
-        """Close ``slot``'s segment: its transfer was abandoned and a peer may still use it."""
-        if self.lent.pop(slot.segment, False) is not False:
-            self.held -= slot.segment.size
-            self.keys.pop(slot.segment, None)
-            slot.segment.close()
-
-    def discard_session(self, session: int) -> None:
-        """Close the segments lent to ``session``'s uploads (it closed, or was lost), and
-        forget whether its device lends slots."""
-        self.slotless.discard(session)
-        for segment, lender in list(self.lent.items()):
-            if lender is not None and lender[0] == session:
-                self.discard(Slot(segment, 0, 0))
-
-    def reclaim(self) -> None:
-        """Take back the slots given back from other threads and those whose upload ran;
-        close the segments idle past ``idle_seconds``, and once as often unmap the peers'
-        segments they closed (``acquire`` does this first)."""
-        while self._returned:
-            slot, retire = self._returned.popleft()
-            if retire:
-                self.discard(slot)
-            else:
-                self.give_back(slot)
-        now = self._clock()
-        for segment, lender in list(self.lent.items()):
-            if lender is not None and self._done(lender[0]) >= lender[1]:
-                del self.lent[segment]
-                self.free[segment] = now
-        for segment, since in list(self.free.items()):
-            if now - since > self.idle_seconds:
-                self._remove(segment)
-        if now - self._pruned > self.idle_seconds:  # (peers close theirs as idle)
-            self._prune_peers()
-
-    def _remove(self, segment: Segment) -> None:
-        del self.free[segment]
-        self.held -= segment.size
-        if self.keys.pop(segment, None) is not None:  # (its borrower may keep its mapping)
-            segment.empty()
-        segment.close()
-
-    def close(self) -> None:
-        """Close every segment (arrays still over them keep their memory until collected),
-        and end the copying threads."""
-        self.copies.close()
-        for segment in [*self.free, *self.lent]:
-            segment.close()
-        for peer in self.peers.values():
-            peer.close()
-        self.free.clear()
-        self.lent.clear()
-        self.keys.clear()
-        self.held = 0
-
-
-class SlotMemory:
-    """A slot's values shown to numpy through an object that is collected only when the last
-    array using them is (its finalizer gives the slot back to its pool). ``lent``: the pool
-    and slot, where the values are a tensor that keeps a slot of its device's own pool (a
-    read-only view of it may pin the slot: ``workers.pins``)."""
-
-    def __init__(self, values: np.ndarray, writable: bool,
-                 lent: tuple[SegmentPool, Slot] | None = None) -> None:
-        self.values = values  # keeps the memory alive as long as any array uses it
-        self.lent = lent
-        interface: dict[str, Any] = dict(values.__array_interface__)
-        interface["data"] = (interface["data"][0], not writable)
-        self.__array_interface__ = interface

@@ -30,7 +30,8 @@ from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
-from fabric.core.shm import SegmentPool, Slot, SlotMemory, boot_id
+from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
+from fabric.core.shm import boot_id
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
 from fabric.transport.connection import expect_reply
 
@@ -201,10 +202,10 @@ def upload_buffer(session: Any, shape: Any, dtype: Any) -> np.ndarray:
         or nbytes < session.connection.shared_memory.threshold else pool_of(session)
     lent = None if pool is None else _lent_ahead(session, pool, nbytes)
     if pool is not None:
-        _ask_ahead(session, pool, nbytes)
-        if lent is None:
+        if lent is None:  # (asked before the next one ahead: its device makes them in turn)
             device = _lend_from_device(session, pool, nbytes)
             lent = None if device is None else decode_segment_ref(device.reference)
+        _ask_ahead(session, pool, nbytes)
     values = None if lent is None else _device_memory(session, pool, lent, nbytes)
     if values is None:
         return np.empty(shape, dtype)
@@ -246,16 +247,20 @@ def _lent_ahead(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | No
     come (the answers that came are taken first, without waiting); None where none has. A
     worker that lends none (one that predates it, or answers with something this process
     cannot use) is asked for none again."""
-    if session.id in pool.slotless:
-        return None
+    take_answers(session, pool)
+    return None if session.id in pool.slotless else session.slots_ahead.take(nbytes)
+
+
+def take_answers(session: Any, pool: SegmentPool) -> None:
+    """Take the answers to ``session``'s slot requests that have come, without waiting (a
+    device answers one that no free segment fits once it made the segment)."""
     ahead = session.slots_ahead
-    if ahead.asked:
+    if ahead.asked and session.id not in pool.slotless:
         session.connection.receive_arrived()
         for request in list(ahead.asked):
             reply = session.connection.pending.take(request)
             if reply is not None:
                 ahead.on_answer(request, _lent_slot(session, pool, reply))
-    return None if session.id in pool.slotless else ahead.take(nbytes)
 
 
 def _lent_slot(session: Any, pool: SegmentPool, reply: Message) -> SegmentRef | None:
@@ -373,9 +378,10 @@ def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceS
     if pool is None or pool_of(source.session) is None:
         return None
     ahead = _lent_ahead(session, pool, nbytes)
-    _ask_ahead(session, pool, nbytes)
+    # (the slot asked for now before the next one ahead: its device makes them in turn)
     lent = DeviceSlot([ahead.name, ahead.offset, nbytes]) if ahead is not None \
         else _lend_from_device(session, pool, nbytes)
+    _ask_ahead(session, pool, nbytes)
     if lent is None:
         return pool.acquire(nbytes)
     pool.transfers += 1  # (an own slot counts itself when lent)

@@ -41,7 +41,8 @@ from fabric.core.flow import (CLIENT_HEARTBEAT_MS, CLIENT_HEARTBEAT_TIMEOUT_MS,
 from fabric.core.protocol import PROTOCOL_VERSION, Kind, Message
 from fabric.core.security import CurveClient, handshake_error, present_token
 from fabric.core.session_life import CLOSED, ONE_THREAD, ConnectionLife
-from fabric.core.shm import SegmentPool, SharedMemory
+from fabric.core.segment_pool import SegmentPool
+from fabric.core.shm import SharedMemory
 from fabric.core.sockets import (
     NOBLOCK,
     POLLIN,

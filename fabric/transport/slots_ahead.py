@@ -5,7 +5,8 @@ Rule: an upload never asks and waits. It takes a slot whose answer has already c
 (``take``), else goes through the client's own pool, and asks for the next slot without
 waiting (``wanted``, ``ask``): the device's thread answers after the op it is running (a
 worker runs a lone ``shm_slot`` ahead of its session's queued messages:
-``workers.lane.jumps_the_queue``). Answers are looked at only when an upload comes, and
+``workers.lane.jumps_the_queue``), with a free segment that fits, or else once its pool's
+thread made one (``workers.device_pool``). Answers are looked at only when an upload comes, and
 those never taken are forgotten when the session closes (``forget``). What a session holds
 ahead is bounded: ``PER_SIZE`` slots (asked or arrived) that fit one size, ``IN_ALL`` in
 all. An arrived slot unused for the pool's idle period, or pushed out by another size, goes

@@ -1,5 +1,5 @@
 """Uploads through slots their device lent ahead (``fabric.transport.slots_ahead``,
-``fabric.transport.bulk``, ``workers.shared_memory.offer``): an upload never waits for its device,
+``fabric.transport.bulk``, ``workers.device_pool.offer``): an upload never waits for its device,
 and the device's own pool is bounded, shrinks and takes slots back, end to end on real processes;
 the bounds and give-backs of what a session holds ahead, on their own. The leak checks of
 ``test_shm_path`` apply here too."""
@@ -22,7 +22,8 @@ from fabric.workers.lane import jumps_the_queue
 
 from conftest import HEARTBEAT
 from polling import wait_for
-from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F401 (fixtures)
+from test_shm_path import (ahead_answered, connect, no_segments_left,  # noqa: F401 (fixtures)
+                           random_array,
                            shm_cluster)
 
 MiB = 1 << 20
@@ -42,7 +43,8 @@ def test_an_upload_returns_while_its_device_is_stopped():
             connect(cluster, timeout=10) as session:
         a, b, c = (random_array("float64", (300_000,), seed) for seed in range(3))
         first = session.asarray(a)
-        session.sync()  # agreed to shared memory, and the slot asked for ahead has come
+        session.sync()  # agreed to shared memory
+        ahead_answered(session)  # and the slot asked for ahead has come
         worker = cluster.workers[0]
         worker.send_signal(signal.SIGSTOP)
         try:  # (the signal takes effect a little later: the stop is awaited, as a race lost
@@ -89,8 +91,8 @@ def test_a_loop_uploads_into_slots_lent_ahead_and_reuses_them(shm_cluster):
         a = np.random.default_rng(3).random(300_000)
         for i in range(20):
             t = session.asarray(a + i)
-            # (a read: the device answered the slot asked for before it, and it has come)
             assert (t * 2)[-1].numpy() == (a[-1] + i) * 2
+            ahead_answered(session)  # (the slot asked for ahead has come)
         assert (session.slots_ahead.missed, session.slots_ahead.used) == (1, 19)
         pool = session.connection.segments
         [device] = pool.peers.values()
@@ -105,6 +107,7 @@ def test_a_loop_uploads_into_slots_lent_ahead_and_reuses_them(shm_cluster):
 def test_a_smaller_array_takes_a_larger_lent_slot_and_keeps_its_own_shape(shm_cluster):
     with connect(shm_cluster) as session:
         session.asarray(random_array("float64", (300_000,))).numpy()  # lends 2.4 MB ahead
+        ahead_answered(session)
         small = random_array("int16", (700, 900), seed=4)  # 1.26 MB: fits it
         fortran = np.asfortranarray(small)
         tensor = session.asarray(fortran)
@@ -120,7 +123,10 @@ def test_a_smaller_array_takes_a_larger_lent_slot_and_keeps_its_own_shape(shm_cl
 def test_moves_take_slots_their_receiver_lent_ahead(shm_cluster):
     with connect(shm_cluster, device=0) as source, source.open(1) as destination:
         a = np.random.default_rng(5).random(300_000)
-        moved = [source.asarray(a + i).to(destination) for i in range(4)]
+        moved = []
+        for i in range(4):
+            moved.append(source.asarray(a + i).to(destination))
+            ahead_answered(destination)
         # The first asked for its slot (a round trip) and for the next one ahead; each later
         # move took the one whose answer had come, and asked for the next.
         assert (destination.slots_ahead.missed, destination.slots_ahead.used) == (1, 3)
@@ -144,7 +150,9 @@ def test_an_unused_lent_slot_of_another_size_goes_back_to_the_device():
             connect(cluster, SharedMemory(threshold=0, idle_seconds=0)) as session:
         smaller, larger = np.ones(3 * MiB // 16), np.ones(int(1.8 * MiB) // 8)
         session.asarray(smaller).numpy()  # through this client's pool; one lent ahead
+        ahead_answered(session)
         session.asarray(larger).numpy()  # does not fit it: this client's; gives it back
+        ahead_answered(session)
         again = session.asarray(larger * 2)  # into the device's segment, lent again
         assert (session.slots_ahead.missed, session.slots_ahead.used) == (2, 1)
         np.testing.assert_array_equal(again.numpy(), larger * 2)
@@ -157,6 +165,7 @@ def test_memory_limit_counts_an_upload_into_a_lent_slot():
             connect(cluster) as session:
         kept = session.asarray(np.ones(200_000))  # 1.6 MB, copied out
         kept.numpy()
+        ahead_answered(session)
         too_much = session.asarray(np.ones(200_000))  # into the lent slot: 3.2 MB in all
         assert session.slots_ahead.used == 1
         with pytest.raises(fabric.RemoteError, match="memory"):
@@ -197,7 +206,8 @@ def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slo
         kept = []
         for i in range(4):
             kept.append(session.asarray(a + i))
-            session.sync()  # (the slot asked for ahead has come)
+            session.sync()
+            ahead_answered(session)  # (the slot asked for ahead has come)
         pool = session.connection.segments
         [device] = pool.peers.values()
         # The first upload and the last went through a slot of this client's pool (copied
@@ -213,6 +223,7 @@ def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slo
         for factor in (2, 3):  # (the first asks for the slot the second is written into)
             again = session.asarray(a * factor)
             np.testing.assert_array_equal(again.numpy(), a * factor)
+            ahead_answered(session)
         assert set(device.maps) == names and session.slots_ahead.used == 3
 
 
@@ -225,6 +236,7 @@ def test_an_idle_devices_own_pool_closes_its_free_segments():
         with connect(cluster) as session:
             for _ in range(2):  # the second into the slot lent ahead, which asks another
                 np.testing.assert_array_equal(session.asarray(np.ones(300_000)).numpy(), 1)
+                ahead_answered(session)
             assert session.slots_ahead.used == 1 and len(own()) == 2
         # Closed: what it was lent goes back too, and the free segments close once idle.
         wait_for(lambda: not own(), 10, "the device's pool to shrink")

@@ -29,15 +29,16 @@ import pytest
 import fabric
 from fabric.core.errors import ProtocolError
 from fabric.core.protocol import Kind, Message
-from fabric.core.shm import SegmentPool, SharedMemory, boot_id, held_segments, parse_name
-from fabric.workers import shared_memory
+from fabric.core.segment_pool import SegmentPool
+from fabric.core.shm import SharedMemory, boot_id, held_segments, parse_name
+from fabric.workers import device_pool, shared_memory
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 from fabric.workers.memory import MemoryBudget
 
 from conftest import HEARTBEAT
 from polling import wait_for
-from test_shm_path import no_segments_left  # noqa: F401 (autouse: nothing left open or mapped)
+from test_shm_path import ahead_answered, no_segments_left  # noqa: F401 (autouse fixture)
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(os.geteuid() != 0, reason="runs a client as another user: "
@@ -103,6 +104,7 @@ def test_a_session_names_only_segments_its_own_client_made_and_proved():
             COUNT, dtype=np.float64)
         kept = victim.asarray(secret)  # (through this client's pool, copied out)
         victim.sync()
+        ahead_answered(victim)
         in_slot = victim.asarray(other_secret)  # into a slot of the worker's own pool
         victim.sync()
         assert victim.slots_ahead.used == 1
@@ -204,6 +206,7 @@ def test_upload_slots_asked_for_and_never_used_count_against_the_limits():
             a = np.random.default_rng(8).random(COUNT)
             for _ in range(3):
                 np.testing.assert_array_equal(session.asarray(a).numpy(), a)
+                ahead_answered(session)
             assert session.slots_ahead.used >= 1
         no_traceback(cluster)
 
@@ -218,7 +221,7 @@ def test_the_devices_free_shared_memory_counts_against_the_budget_and_yields_to_
     probe = client.probe_segment(5)
     try:
         executor.handle(Message(Kind.OPEN, 7, 1, {"device": 0}))
-        call = lambda **body: executor.handle(Message(Kind.REQUEST, 7, 2, body))[0].body
+        call = lambda **body: _answer(executor, Message(Kind.REQUEST, 7, 2, body)).body
         with pytest.raises(ProtocolError, match="has not agreed"):
             call(op="shm_slot", nbytes=1)
         assert call(op="shm_probe", boot=boot_id(), segment=probe.name, token=5) == {
@@ -240,6 +243,15 @@ def test_the_devices_free_shared_memory_counts_against_the_budget_and_yields_to_
         client.close()
         if executor.slots is not None:
             executor.slots.close()
+
+
+def _answer(executor: Executor, message: Message) -> Message:
+    """The answer to ``message``: at once, or for a slot the device's pool makes, once it is
+    made."""
+    replies = executor.handle(message)
+    if not replies:
+        replies = wait_for(lambda: device_pool.made(executor) or None, 10, "the slot made")
+    return replies[0]
 
 
 def resident_in_mappings(owner: int) -> dict[str, int]:
@@ -272,6 +284,7 @@ def test_a_device_segment_it_closed_keeps_no_memory_in_a_clients_old_mapping():
         for _ in range(3):  # the second and third into slots the device lent
             kept.append(session.asarray(a))
             session.sync()
+            ahead_answered(session)
         assert session.slots_ahead.used == 2
         mapped = resident_in_mappings(worker)
         assert len(mapped) >= 2 and sum(mapped.values()) >= 8 * MiB
@@ -316,6 +329,7 @@ def test_an_old_mapping_of_a_device_slot_never_shows_another_clients_upload(two_
                             shared_memory=SharedMemory()) as victim:
             kept = [victim.asarray(secret)]
             victim.sync()
+            ahead_answered(victim)
             buffer = victim.upload_buffer((COUNT,))  # a slot the device lends: never the
             # spy's old bytes
             assert not np.array_equal(buffer, spied) and not np.array_equal(buffer, spied * 2)
@@ -324,6 +338,7 @@ def test_an_old_mapping_of_a_device_slot_never_shows_another_clients_upload(two_
             for _ in range(2):
                 kept.append(victim.asarray(secret))
                 victim.sync()
+                ahead_answered(victim)
             assert victim.slots_ahead.used >= 2
             spy.stdin.write("go\n")
             spy.stdin.flush()

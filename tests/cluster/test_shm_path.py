@@ -18,9 +18,11 @@ import pytest
 
 import fabric
 from fabric.core.errors import FabricError, ProtocolError
-from fabric.core.shm import (SEGMENT_ALIGN, Segment, SegmentPool, SharedMemory, UnsealedSegment,
-                             boot_id, held_segments, parse_name, segment_name)
+from fabric.core.segment_pool import SegmentPool
+from fabric.core.shm import (SEGMENT_ALIGN, Segment, SharedMemory, UnsealedSegment, boot_id,
+                             held_segments, parse_name, segment_name)
 from fabric.core.wire import decode_segment_ref
+from fabric.transport.bulk import take_answers
 
 from conftest import HEARTBEAT, children_of
 from polling import wait_for
@@ -38,6 +40,16 @@ def mapped(pid: int, owner: int) -> set[str]:
             return {line.split()[-2][len("/memfd:"):] for line in maps if prefix in line}
     except FileNotFoundError:  # gone: it maps nothing
         return set()
+
+
+def ahead_answered(session: fabric.Session) -> None:
+    """Wait until every slot ``session`` asked its device for ahead was answered (a device
+    answers one that no free segment fits once its pool's thread made it), the answers
+    taken: the next upload of that size then finds its slot."""
+    def answered() -> bool:
+        take_answers(session, session.connection.segments)
+        return not session.slots_ahead.asked
+    wait_for(answered, 10, "the slots asked ahead")
 
 
 @pytest.fixture(autouse=True)
@@ -284,6 +296,7 @@ def test_uploads_reuse_the_same_segments(shm_cluster):
         for i in range(5):
             t = session.asarray(a + i)
             assert t[-1].numpy() == a[-1] + i
+            ahead_answered(session)
         pool = session.connection.segments
         # The first through this client's pool, the others into slots the device lent ahead:
         # the few its tensors keep and the ones they gave back, reused.
@@ -301,8 +314,10 @@ def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
             connect(cluster, SharedMemory(idle_seconds=0.5)) as session:
         worker, me = cluster.workers[0].pid, os.getpid()
         session.asarray(np.ones(300_000)).numpy()  # (a first upload: this client's pool)
+        ahead_answered(session)
         keep = session.asarray(np.ones(300_000))  # these two into slots lent ahead
         session.sync()
+        ahead_answered(session)
         gone = session.asarray(np.zeros(300_000))
         session.sync()
         both = set(held_segments(worker)) & mapped(me, worker)
@@ -432,6 +447,7 @@ def test_a_restarted_workers_old_segments_are_unmapped_by_a_client_that_goes_on(
     with connect(cluster, device=0, timeout=30) as session:
         with session.open(1) as lost:
             lost.asarray(a).numpy()  # (a first upload: through this client's pool)
+            ahead_answered(lost)
             lost.asarray(a)  # into a slot of worker 1's own pool lent ahead, mapped here
             dead = cluster.workers[1].pid
             assert dead in session.connection.segments.peers
@@ -444,6 +460,7 @@ def test_a_restarted_workers_old_segments_are_unmapped_by_a_client_that_goes_on(
         with again:
             for _ in range(2):  # the second into a slot of the new worker's, mapped here
                 np.testing.assert_array_equal(again.asarray(a).numpy(), a)
+                ahead_answered(again)
         peers = session.connection.segments.peers
         assert dead not in peers and cluster.workers[1].pid in peers
 

@@ -17,15 +17,17 @@ import pytest
 import fabric
 from fabric.core.errors import ProtocolError
 from fabric.core.protocol import Kind, Message
-from fabric.core.shm import MAX_PINS, PeerSegments, SegmentPool, boot_id, held_segments, parse_name
+from fabric.core.segment_pool import SegmentPool
+from fabric.core.shm import MAX_PINS, PeerSegments, boot_id, held_segments, parse_name
 from fabric.core.wire import decode_segment_ref
-from fabric.workers import shared_memory
+from fabric.workers import device_pool, shared_memory
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.executor import Executor
 
 from conftest import HEARTBEAT
 from polling import wait_for
-from test_shm_path import (connect, no_segments_left, random_array,  # noqa: F401 (fixtures)
+from test_shm_path import (ahead_answered, connect, no_segments_left,  # noqa: F401 (fixtures)
+                           random_array,
                            shm_cluster)
 
 MiB = 1 << 20
@@ -113,10 +115,12 @@ def test_a_pinned_slot_goes_back_to_the_devices_pool_once_its_view_is_collected(
         tensor, view = viewed(session, a)  # into segment A, pinned
         pinned = segment_at(view)
         del tensor  # (freed: only the pin keeps A)
+        ahead_answered(session)
         kept = []
         for i in range(3):  # into B and C, lent ahead; then none is left to lend
             kept.append(session.asarray(a + i))
-            session.sync()  # (the slot asked for ahead has come)
+            session.sync()
+            ahead_answered(session)  # (the slot asked for ahead has come)
         assert (session.slots_ahead.used, session.slots_ahead.missed) == (3, 2)
         assert [in_device_slot(t.numpy(copy=False), worker) for t in kept] == [
             True, True, False]
@@ -280,7 +284,10 @@ SESSION = 0x71E
 
 
 def request(executor: Executor, **body) -> Message:
-    [reply] = executor.handle(Message(Kind.REQUEST, SESSION, 9, body))
+    replies = executor.handle(Message(Kind.REQUEST, SESSION, 9, body))
+    if not replies:  # (a slot its pool makes: answered once made)
+        replies = wait_for(lambda: device_pool.made(executor) or None, 10, "the slot made")
+    [reply] = replies
     assert reply.kind == Kind.REPLY
     return reply
 

@@ -1,0 +1,96 @@
+"""A device's own pool makes its segments on a thread of its own (``fabric.core.segment_maker``,
+``workers.device_pool``): a slot request that no free segment fits is answered once its segment
+is made, its bytes counted against the budget and the limits from the start, and the device's
+thread is never held up meanwhile. The device's rules, sans I/O (end to end, the shared-memory
+tests of ``test_shm_path`` and ``test_shm_ahead`` take the same path)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from fabric.core.protocol import Kind, Message
+from fabric.core.segment_pool import SegmentPool
+from fabric.core.shm import Segment, boot_id, parse_name
+from fabric.workers import device_pool, shared_memory
+from fabric.workers.backends.numpy_backend import NumpyDevice
+from fabric.workers.executor import Executor
+from fabric.workers.memory import MemoryBudget
+
+from polling import wait_for
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def gated(monkeypatch):
+    """An executor (a budget of 12 MiB, a session limit of 20) with a session agreed to shared
+    memory with this process, whose pool's maker waits at ``gate`` before it faults a
+    segment in."""
+    monkeypatch.setattr(shared_memory, "_worker_pid", lambda: 1)
+    executor = Executor(NumpyDevice(0), memory_limit=20 * MiB, budget=MemoryBudget(12 * MiB))
+    executor.handle(Message(Kind.OPEN, 7, 1, {"device": 0}))
+    client = SegmentPool(lambda _session: 0)
+    probe = client.probe_segment(5)
+    [agreed] = executor.handle(Message(Kind.REQUEST, 7, 2, {
+        "op": "shm_probe", "boot": boot_id(), "segment": probe.name, "token": 5}))
+    assert agreed.body == {"shared_memory": True}
+    probe.close()
+    gate, allocate = threading.Event(), Segment.allocate
+
+    def allocate_at_the_gate(segment: Segment) -> None:
+        if threading.current_thread().name == "fabric-segment-maker":
+            assert gate.wait(10)
+        allocate(segment)
+
+    monkeypatch.setattr(Segment, "allocate", allocate_at_the_gate)
+    try:
+        yield executor, gate
+    finally:
+        gate.set()
+        executor.handle(Message(Kind.CLOSE, 7, 3))
+        client.close()
+        if executor.slots is not None:
+            executor.slots.close()
+
+
+def _ask(executor: Executor, request: int, nbytes: int) -> list[Message]:
+    return executor.handle(Message(Kind.REQUEST, 7, request, {"op": "shm_slot",
+                                                              "nbytes": nbytes}))
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_being_made_counts_against_the_budget_and_the_limits_from_the_start(gated):
+    executor, gate = gated
+    assert _ask(executor, 10, 8 * MiB) == []  # answered once made
+    pool = executor.slots
+    assert pool.held == 8 * MiB and executor.allowance.held == 8 * MiB
+    assert executor.sessions[7].segments.charged == 8 * MiB  # the session's
+    [refused] = _ask(executor, 11, 14 * MiB)  # 8 + 14 > 20: the session's limit
+    assert refused.body["slot"] is None and "--memory-limit" in refused.body["reason"]
+    assert _ask(executor, 12, 2 * MiB) == []  # 10: within both
+    [refused] = _ask(executor, 13, 4 * MiB)  # 10 + 4 > 12: the worker's budget
+    assert refused.body["slot"] is None and "--memory-budget" in refused.body["reason"]
+    assert pool.held == 10 * MiB and executor.allowance.held == 10 * MiB
+    gate.set()
+    answers: list[Message] = []
+    while len(answers) < 2:
+        answers += wait_for(lambda: device_pool.made(executor) or None, 10, "the slots made")
+    assert [answer.request for answer in answers] == [10, 12]
+    names = [answer.body["slot"][0] for answer in answers]
+    assert all(parse_name(name).pid == os.getpid() for name in names)
+    assert executor.allowance.held == 10 * MiB and pool.held == 10 * MiB  # (unchanged)
+
+
+@pytest.mark.timeout(60)
+def test_a_session_closed_while_its_slot_is_made_leaves_it_free_and_unanswered(gated):
+    executor, gate = gated
+    assert _ask(executor, 10, 8 * MiB) == []
+    executor.handle(Message(Kind.CLOSE, 7, 3))
+    gate.set()
+    wait_for(lambda: (device_pool.made(executor) == [], executor.slots.free)[1], 10,
+             "the segment made")
+    pool = executor.slots
+    assert len(pool.free) == 1 and not pool.lent and executor.allowance.held == 8 * MiB
