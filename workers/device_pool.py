@@ -20,7 +20,6 @@ its own pool, as when the device's pool is full.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 from fabric.core.errors import ProtocolError
@@ -32,9 +31,6 @@ from fabric.core.wire import decode_segment_ref
 from .device_session import DeviceSession
 from .memory import Allowance
 from .shared_memory import HostSharing, SessionSegments, segments_of
-
-MADE_WAIT_SECONDS = 30.0  # the longest a sync waits for its session's slots being made
-
 
 class DevicePool(SegmentPool):
     """A device's own pool (``offer``), whose memory counts against the worker's budget
@@ -179,21 +175,6 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
         return [reply_to(message, {"slot": None, "reason": pool.why or _why_not(
             executor, session, segments, least)})]
     return [reply_to(message, {"slot": slot.ref()})]
-
-
-def await_made(executor: Any, session: DeviceSession) -> None:
-    """Wait (``MADE_WAIT_SECONDS`` at most) until the segments being made for ``session``'s
-    slot requests are made, so that their answers (sent at the device thread's next look)
-    come before the reply to what waits for the device, a ``sync``: a loop that uploads and
-    syncs then finds each next slot lent ahead, as where the device made it on its own
-    thread, and an upload still never waits for a segment being made."""
-    pool: DevicePool | None = executor.slots
-    if pool is None or session.segments is None:
-        return
-    deadline = time.monotonic() + MADE_WAIT_SECONDS
-    for segment, (_, owner, _) in list(pool.waiting.items()):
-        if owner is session.segments:
-            pool.making[segment].wait(max(0.0, deadline - time.monotonic()))
 
 
 def made(executor: Any) -> list[Message]:

@@ -453,7 +453,6 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         return carried + replies if carried else replies
 
     def _sync(self, session: DeviceSession, message: Message) -> list[Message]:
-        device_pool.await_made(self, session)  # (its slots asked ahead: answered first)
         for tensor_id in [t for t, v in session.tensors.items() if isinstance(v, DeferredValue)]:
             self._materialize(session, tensor_id)  # "ran everything", errors included
         if session.unreported:

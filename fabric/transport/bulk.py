@@ -6,7 +6,8 @@ Rule: a session asks its worker once, at its first array of at least the thresho
 free, the session is off or the op stream is being captured, every array takes the socket path as
 before, so this path only ever replaces a transfer the socket path would make. An upload or
 a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
-upload, one lent ahead, whose answer has already come: ``fabric.transport.slots_ahead``), else into
+upload, one lent ahead, whose answer has come or is waited for a bounded time:
+``fabric.transport.slots_ahead``), else into
 one of the connection's pool; a read into one of the connection's pool, or, for a read-only
 view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
 the worker until the view is collected (``workers.pins``; the unpin goes with the session's
@@ -31,7 +32,7 @@ from fabric.arrays.tensor import Tensor
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
-from fabric.core.shm import boot_id
+from fabric.core.shm import boot_id, fits
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
 from fabric.transport.connection import expect_reply
 
@@ -39,6 +40,7 @@ from fabric.transport.connection import expect_reply
 
 
 PROBE_SECONDS = 2.0  # an upload's wait for the probe's answer; then it takes the sockets
+SLOT_SECONDS = 2.0  # an upload's wait for a slot asked ahead, not yet answered (``_on_its_way``)
 
 
 def pool_of(session: Any) -> SegmentPool | None:
@@ -117,8 +119,9 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     """``array`` uploaded through shared memory, as a new tensor (its put sent at once):
     written into a slot the device lent ahead (which the tensor then keeps: one copy in
     all), or else into a slot of this process's pool (which the worker copies out); None,
-    sending nothing, where it must take the socket path. Nothing here waits for the device:
-    the slot for a later upload is asked for now, its answer taken then
+    sending nothing, where it must take the socket path. The only wait is for the answer to
+    a slot asked for ahead that fits and has not come (its segment being made:
+    ``_on_its_way``); the slot for a later upload is asked for now, its answer taken then
     (``fabric.transport.slots_ahead``)."""
     if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
             or array.nbytes > session.max_upload_bytes:
@@ -128,6 +131,8 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     if pool is None:
         return None
     lent = _lent_ahead(session, pool, array.nbytes)
+    if lent is None:
+        lent = _on_its_way(session, pool, array.nbytes)
     values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
     _ask_ahead(session, pool, array.nbytes)  # (before the put: answered the sooner)
     slot = None if values is not None else pool.acquire(array.nbytes)
@@ -249,6 +254,24 @@ def _lent_ahead(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | No
     cannot use) is asked for none again."""
     take_answers(session, pool)
     return None if session.id in pool.slotless else session.slots_ahead.take(nbytes)
+
+
+def _on_its_way(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | None:
+    """The slot for ``nbytes`` bytes that ``session``'s device was asked for ahead and has
+    not answered yet (making its segment, or running an op), waited for ``SLOT_SECONDS`` at
+    most; None where none was asked, or none came by then."""
+    ahead = session.slots_ahead
+    request = next((request for request, asked in ahead.asked.items()
+                    if fits(asked, nbytes)), None)
+    if request is None or session.id in pool.slotless:
+        return None
+    try:
+        reply = session.connection.wait_for_reply(request, SLOT_SECONDS, session=session.id,
+                                                  keep_on_timeout=True)
+    except RequestTimeout:
+        return None
+    ahead.on_answer(request, _lent_slot(session, pool, reply))
+    return None if session.id in pool.slotless else ahead.take(nbytes)
 
 
 def take_answers(session: Any, pool: SegmentPool) -> None:

@@ -1,8 +1,9 @@
 """Slots a session's device lends ahead of its uploads (``fabric.transport.bulk``), so that an
-upload never waits for the device.
+upload does not wait for the device's queued work.
 
 Rule: an upload never asks and waits. It takes a slot whose answer has already come
-(``take``), else goes through the client's own pool, and asks for the next slot without
+(``take``), else waits (a bounded time) for the answer to one asked for before, that fits,
+else goes through the client's own pool, and asks for the next slot without
 waiting (``wanted``, ``ask``): the device's thread answers after the op it is running (a
 worker runs a lone ``shm_slot`` ahead of its session's queued messages:
 ``workers.lane.jumps_the_queue``), with a free segment that fits, or else once its pool's
