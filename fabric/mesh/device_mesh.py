@@ -21,6 +21,7 @@ from fabric.arrays.tensor import Tensor
 from fabric.core.errors import DeviceDraining, named
 from fabric.mesh import sharded_array_api  # noqa: F401  (a sharded tensor's namespace)
 from fabric.mesh import sharded_linalg  # noqa: F401  (register numpy's contractions)
+from fabric.mesh import sharded_selection  # noqa: F401  (register masks and assignment)
 from fabric.mesh import sharded_statistics  # noqa: F401  (register numpy's statistics)
 from fabric.mesh.sharded import ShardedTensor
 from fabric.mesh.sharding import along, block_ranges, split_blocks

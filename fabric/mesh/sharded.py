@@ -186,8 +186,7 @@ class ShardedTensor(Tensor):
                                              for i, t in enumerate(self._tensors())], None)
         if any(not (item is None or item is Ellipsis or isinstance(item, slice))
                and not _is_int(item) for item in items):
-            from fabric.mesh.sharded_selection import masked  # (it imports this module)
-            found = masked(self, index)
+            found = SELECTION["masked"](self, index)
             if found is not None:
                 return found
             raise TypeError("A split tensor takes ints, slices, None, ... and a boolean mask "
@@ -218,10 +217,7 @@ class ShardedTensor(Tensor):
         ``value`` or index gives each its own); of a split one (or of a split value or mask),
         on each device's block, by a basic index or a boolean mask split alike
         (``fabric.mesh.sharded_selection``)."""
-        from fabric.mesh.sharded_selection import assign, split_mask  # (they import this)
-        if self.axis is not None or split_mask(index) is not None or (
-                isinstance(value, ShardedTensor) and value.axis is not None):
-            assign(self, index, value)
+        if SELECTION["assign_split"](self, index, value):
             return
         for i, t in enumerate(self._tensors()):
             t[on_device(index, i, self.mesh)] = on_device(value, i, self.mesh)
@@ -551,6 +547,11 @@ def _where(condition: Any, *values: Any) -> ShardedTensor:
                         "shards' own np.nonzero (x.shards).")
     return elementwise(np.where, (condition, *values))
 
+
+# Indexing by a split mask and assignment into split tensors (``masked``, ``assign_split``),
+# registered by fabric.mesh.sharded_selection (which builds on this module), loaded with the
+# mesh (fabric.mesh.device_mesh)
+SELECTION: dict[str, Callable[..., Any]] = {}
 
 # numpy function -> its handler on sharded tensors; fabric.mesh.sharded_linalg adds ``@`` and
 # numpy's contractions, fabric.mesh.sharded_statistics its statistics, both loaded with the

@@ -31,8 +31,8 @@ from fabric.array_api.functions import (UniqueAllResult, UniqueCountsResult,
                                         UniqueInverseResult)
 from fabric.arrays.tensor import Tensor
 from fabric.arrays.views import shares_values
-from fabric.mesh.sharded import (_RESHARD, FUNCTIONS, ShardedTensor, _expanded, _is_int,
-                                 _position, mesh_operands, on_device)
+from fabric.mesh.sharded import (_RESHARD, FUNCTIONS, SELECTION, ShardedTensor, _expanded,
+                                 _is_int, _position, mesh_operands, on_device)
 from fabric.mesh.sharding import Sharding, along, block_ranges, block_slices
 
 SET_FUNCTIONS = ("unique_values", "unique_counts", "unique_inverse", "unique_all")
@@ -189,6 +189,16 @@ def _split_for(x: ShardedTensor, index: Any, value: ShardedTensor) -> None:
     x.sharding = Sharding(dimension, tuple(blocks), x.mesh.devices)
 
 
+def assign_split(x: ShardedTensor, index: Any, value: Any) -> bool:
+    """``x[index] = value`` where ``x``, the mask or the value is split, on each device's
+    block; False (nothing done) where all are replicated: each copy takes it."""
+    if x.axis is None and split_mask(index) is None and not (
+            isinstance(value, ShardedTensor) and value.axis is not None):
+        return False
+    assign(x, index, value)
+    return True
+
+
 def assign(x: ShardedTensor, index: Any, value: Any) -> None:
     """``x[index] = value`` of a split ``x`` on each device's block (the module's rule); a
     replicated ``x`` assigned by a split mask or a split value becomes split as they are."""
@@ -299,6 +309,7 @@ def unique(name: str, x: ShardedTensor) -> Any:
     return UniqueAllResult(_known(x, values), _known(x, first), inverse, _known(x, counts))
 
 
+SELECTION.update(masked=masked, assign_split=assign_split)
 FUNCTIONS[np.nonzero] = lambda a: nonzero(a) if a.axis is not None else tuple(
     ShardedTensor(a.mesh, list(each), None) for each in zip(*[t.nonzero()
                                                               for t in a._tensors()]))
