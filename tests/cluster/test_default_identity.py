@@ -49,7 +49,10 @@ def _registered(cluster: LocalCluster, workers: list[subprocess.Popen]) -> list[
 
     def all_registered() -> list[dict]:
         with cluster.admin() as admin:
-            rows[:], registered = admin.devices(), admin.workers()
+            # (workers first: a device row read before a worker the second call counts would
+            # show that worker's device offline)
+            registered = admin.workers()
+            rows[:] = admin.devices()
         if sum(row["registered_ago"] < time.monotonic() - started
                for row in registered) == len(workers):
             return rows  # (a device each, at least: never empty)
