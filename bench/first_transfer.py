@@ -10,7 +10,10 @@ measured in the same run.
 A fresh cluster each run: a worker lends a segment it once offered to a client process to
 that process again, so a second session of the same process on the same cluster would find
 the first one's pages warm. Prints the medians over the runs, in GB/s and as ratios of the
-warm memcpy (``np.copyto`` into a buffer whose pages are already mapped). Where Ray is
+warm memcpy (``np.copyto`` into a buffer whose pages are already mapped), beside "new
+memory": a copy into memory this process has not touched yet, as a first transfer's
+receiver has not (faulted in page by page, on as many threads as a worker copies with: the
+limit of a first transfer on this machine). Where Ray is
 installed, its first ``ray.put`` and ``ray.get`` of the same array in a fresh local Ray are
 timed in the same runs (its get copied into a warm buffer, as fabric's read makes the
 caller's own array).
@@ -30,6 +33,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
+from fabric.core import cross_memory  # noqa: E402
+from fabric.core.parallel_copy import ParallelCopy  # noqa: E402
 from bench.ray_peer import installed as ray_installed  # noqa: E402
 from bench.run import w3_fabric  # noqa: E402
 
@@ -69,6 +74,20 @@ def ray_first(array: np.ndarray, warm: np.ndarray) -> dict[str, float]:
         ray.shutdown()
 
 
+def new_memory(array: np.ndarray) -> float:
+    """Seconds of one copy of ``array`` into new memory of this process's
+    (``fabric.core.cross_memory.new_array``: what a first transfer writes into, and must
+    fault in), on as many threads as a worker copies with: a first transfer's own limit."""
+    copies = ParallelCopy()
+    try:
+        target = cross_memory.new_array(array.shape, array.dtype)
+        start = time.perf_counter()
+        copies.copy(target, array)
+        return time.perf_counter() - start
+    finally:
+        copies.close()
+
+
 def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
     """Seconds of one copy of ``array`` into ``warm`` (its pages mapped: the best of 3)."""
     times = []
@@ -89,7 +108,7 @@ def main() -> None:
     with_ray = ray_installed()
     print(f"first transfers, fresh cluster and session per run; medians of {args.runs} runs; "
           "GB/s (x warm memcpy in the same runs)")
-    columns = ["up", "down", "to"] + (["ray up", "ray down"] if with_ray else [])
+    columns = ["new memory", "up", "down", "to"] + (["ray up", "ray down"] if with_ray else [])
     print(f"{'size':>9}{'memcpy':>8}" + "".join(f"{name:>17}" for name in columns))
     for size in sizes:
         array = np.random.default_rng(size).random(size * MiB // 8)
@@ -100,6 +119,7 @@ def main() -> None:
             if with_ray:
                 measured.update(ray_first(array, warm))
             measured["memcpy"] = memcpy(array, warm)
+            measured["new memory"] = new_memory(array)
             for name, value in measured.items():
                 figures.setdefault(name, []).append(array.nbytes / value / 1e9)
         median = {name: statistics.median(values) for name, values in figures.items()}
@@ -107,8 +127,8 @@ def main() -> None:
         print(f"{size:>5} MiB{copy:>8.2f}" + "".join(
             f"{median[name]:>9.2f} ({median[name] / copy:.2f}x)" for name in columns))
     if not with_ray:
-        print("Ray: not installed here (pip install ray to time its first put and get in the "
-              "same runs)")
+        print("Ray: not installed here (pip install -e '.[bench]' to time its first put and get "
+              "in the same runs)")
 
 
 if __name__ == "__main__":

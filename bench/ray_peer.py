@@ -3,11 +3,12 @@ table of issue 25 came from another day, when a warm memcpy here ran at 13 GB/s.
 
     python bench/ray_peer.py        # alone: Ray's figures and a warm memcpy's, GB/s
 
-Ray is not among fabric's dependencies (``pip install ray`` to compare); ``installed()``
-says whether it can be imported, ``RayPeer`` times it. "up" is ``ray.put`` of the array (into
-the local object store), "down" ``ray.get`` of it copied into a warm buffer (the array Ray
-returns is a read-only view of the store, as ``t.numpy(copy=False)`` is: "down view" is that
-get alone), "actor push" the array passed to an actor's method, which answers with its size.
+Ray is not among fabric's dependencies (``pip install -e '.[bench]'`` brings it);
+``installed()`` says whether it can be imported, ``RayPeer`` times it. "up" is ``ray.put`` of
+the array (into the local object store), "down" ``ray.get`` of it copied into a warm buffer
+(the array Ray returns is a read-only view of the store, as ``t.numpy(copy=False)`` is: "down
+view" is that get alone), "actor push" the array passed to an actor's method, which answers
+with its size.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class RayPeer:
 
 def main() -> None:
     if not installed():
-        sys.exit("bench/ray_peer.py: Ray is not installed (pip install ray)")
+        sys.exit("bench/ray_peer.py: Ray is not installed (pip install -e '.[bench]')")
     array = np.random.default_rng(0).random(BULK_BYTES // 8)
     warm = np.ones_like(array)
     copy = statistics.median(_rate(array.nbytes, lambda: np.copyto(warm, array))

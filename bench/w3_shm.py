@@ -195,7 +195,8 @@ def main() -> None:
               f"down {median['down shm'] / median['ray down']:.2f}x, view "
               f"{median['down shm view'] / median['ray down view']:.2f}x")
     else:
-        print("Ray: not installed here (pip install ray to measure it in the same runs)")
+        print("Ray: not installed here (pip install -e '.[bench]' to measure it in the same "
+              "runs)")
 
 
 if __name__ == "__main__":

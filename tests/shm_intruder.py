@@ -198,7 +198,7 @@ def spy(args: dict[str, Any]) -> dict[str, Any]:
     told (a line on standard input) say what those mappings hold now."""
     values = np.random.default_rng(args["seed"]).random(args["count"])
     with fabric.connect(args["address"], token=args["token"],
-                        shared_memory=SharedMemory()) as session:
+                        shared_memory=SharedMemory(cross_memory=False)) as session:
         first = session.asarray(values)
         session.sync()
         _ahead_answered(session)

@@ -24,6 +24,7 @@ what that grows by while one session's message is handled is credited to that se
 
 from __future__ import annotations
 
+import math
 import sys
 from time import perf_counter
 from types import FrameType
@@ -31,6 +32,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from fabric.core import cross_memory
 from fabric.core.errors import FabricError, ProtocolError, RemoteError, ReplyLost, SessionLost
 from fabric.core.flow import CREDIT_EVERY
 from fabric.core.ops import NO_PARAMS, OPS, RANDOM_OPS, WRITES_IN_PLACE
@@ -403,7 +405,19 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         the TRANSFER's; ``what`` names it in a QuotaExceeded), admitted against the session's
         memory first: a view of the frame ``buffers[index]`` that brought it, allocating
         nothing; or out of shared memory, counted, where the device keeps its own slot as it
-        is and copies the client's (which the client reuses once this ran)."""
+        is and copies the client's (which the client reuses once this ran); or read out of
+        the client's own memory (a put's ``"from"``)."""
+        if "from" in params:  # (its client's own memory, read here: one copy)
+            session.slots_used = True  # (its client waits for this batch's CREDIT, even
+            # where the put fails)
+            shape, dtype = shared_memory.declared(params)
+            nbytes = math.prod(shape) * dtype.itemsize
+            self._require(session, what, nbytes, nbytes)
+            array = shared_memory.read_from_client(session, params["from"],
+                                                   cross_memory.new_array(shape, dtype),
+                                                   self.sharing.copies)
+            self.tally.came_shared(nbytes)
+            return self.device.from_host(array)
         shared = "shm" in params
         array = shared_memory.uploaded(session, params) if shared else np.frombuffer(
             buffers[index], dtype=device_dtype(params["dtype"])).reshape(params["shape"])

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fabric.core import cross_memory
 from fabric.core.errors import ProtocolError
 from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.protocol import Message, reply_to
@@ -150,6 +151,8 @@ class SessionSegments:
     def __init__(self, process: ClientProcess) -> None:
         self.process = process
         self.client = PeerSegments(process.pid, process.same)
+        self.reads_memory = False  # whether this worker may read the client's memory
+        # (``read_from_client``: its probe said so)
         self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
         self.watched: list[ClientProcess] = []  # (those processes)
         self.offered: dict[str, tuple["DevicePool", Slot]] = {}
@@ -271,7 +274,23 @@ def probe(executor: Any, session: DeviceSession, message: Message) -> list[Messa
                                 "session for another process.")
     else:
         session.segments = SessionSegments(process)
-    return [reply_to(message, {"shared_memory": True})]
+        session.segments.reads_memory = _reads_memory(process, message.body)
+    return [reply_to(message, {"shared_memory": True,
+                               "reads_memory": session.segments.reads_memory})]
+
+
+def _reads_memory(process: ClientProcess, body: dict[str, Any]) -> bool:
+    """Whether this worker can read the memory of the client ``process`` proved: the probe's
+    ``"heap"`` (the address of 8 bytes of the client's own, holding its token) reads as the
+    token (a client that predates it names none)."""
+    address, token = body.get("heap"), np.zeros(1, np.uint64)
+    if type(address) is not int or not 0 < address < 1 << 64:
+        return False
+    try:
+        cross_memory.read(process.pid, address, token)
+    except OSError:  # no right to ptrace it (another user, Yama), or no such bytes
+        return False
+    return int(token[0]) == body.get("token") and process.same()
 
 
 def _proved(body: dict[str, Any], enabled: bool) -> ClientProcess | str:
@@ -356,6 +375,50 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
     return segments.slot(params["shm"]).view(dtype).reshape(params["shape"])
 
 
+def declared(params: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype a ``put`` that reads its client's memory (``"from"``) declares,
+    which say how many bytes it reads; ProtocolError for a shape that is not a list of
+    whole numbers of at least 0."""
+    shape = params.get("shape")
+    if type(shape) is not list or len(shape) > 64 \
+            or not all(type(length) is int and length >= 0 for length in shape):
+        raise ProtocolError("A put from the client's memory needs a shape: a list of at most "
+                            "64 whole numbers of at least 0.")
+    return tuple(shape), device_dtype(params.get("dtype"))
+
+
+def read_from_client(session: DeviceSession, address: Any, into: np.ndarray,
+                     copies: ParallelCopy) -> np.ndarray:
+    """``into``, filled with the bytes at ``address`` in ``session``'s client process (a put's
+    ``"from"``: its array, C-contiguous, which the client lets change only once this batch's
+    CREDIT came): one copy, by ``copies``' threads, into memory of this worker's own
+    (``fabric.core.cross_memory``).
+    ProtocolError where the probe found the client's memory unreadable, the client is gone,
+    or the bytes are not all its own."""
+    _client_memory(session, cross_memory.read, address, into, copies, "upload")
+    return into
+
+
+def _client_memory(session: DeviceSession, copy: Any, address: Any, local: np.ndarray,
+                   copies: ParallelCopy, what: str) -> None:
+    """``copy`` (``cross_memory.read`` or ``write``, by ``copies``' threads) between ``local``
+    and ``address`` in ``session``'s client process; ProtocolError as ``read_from_client``
+    says."""
+    segments = segments_of(session)
+    if not segments.reads_memory:
+        raise ProtocolError(f"This worker cannot reach this session's client's memory (its "
+                            f"probe said so): {what} through a shared-memory slot.")
+    if type(address) is not int or not 0 < address < 1 << 64 or not segments.process.same():
+        raise ProtocolError(f"An {what} through the client's memory names the address of "
+                            f"its bytes in the client process that probed, while it lives.")
+    try:
+        copy(segments.process.pid, address, local, copies)
+    except OSError as exc:
+        raise ProtocolError(f"The client's {local.nbytes} bytes at {address:#x} could not be "
+                            f"reached ({exc.strerror}) for an {what}: they must stay mapped "
+                            "until it returns.") from None
+
+
 def owned(copies: ParallelCopy, array: np.ndarray) -> np.ndarray:
     """``uploaded``'s array as the tensor's own: a slot it keeps as it is, a view of the
     client's copied (by ``copies``)."""
@@ -386,11 +449,13 @@ def carry_in_slot(copies: ParallelCopy, session: DeviceSession, ref: Any, array:
 
 def read_into(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
     """Answer a ``read_into`` (an ``Executor`` request): the read's bytes (as
-    ``Executor._read`` answers) written into the client's slot instead of carried; an error
+    ``Executor._read`` answers) written into the client's slot (``"into"``), or straight
+    into its own memory (``"into_memory"``: ``[address, nbytes]``, where its probe found
+    that this worker may: ``fabric.core.cross_memory``), instead of carried; an error
     reply as it is. With ``"view": True`` (``t.numpy(copy=False)``), a tensor that lies in
     a slot of the device's own pool is not written: that slot is pinned and named
-    (``{"pinned": slot}``), for the client to map; for any other, a request that names no
-    slot ``"into"`` is answered ``{"pinned": None}``."""
+    (``{"pinned": slot}``), for the client to map; for any other, a request that names
+    neither is answered ``{"pinned": None}``."""
     replies = executor._read(session, message)
     if len(replies) != 1 or len(replies[0].buffers) != 1:
         return replies
@@ -400,10 +465,21 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
                                                session.tensors.get(message.body.get("id")))
         if pinned is not None:
             executor.tally.went_shared(data.nbytes)
-        if pinned is not None or "into" not in message.body:  # (None: the client, which
-            # lent no slot, counted on a pin; it reads again)
+        if pinned is not None or "into" not in message.body and "into_memory" not in \
+                message.body:  # (None: the client, which lent no slot, counted on a pin;
+            # it reads again)
             return [replies[0]._replace(body={**replies[0].body, "pinned": pinned},
                                         buffers=())]
+    if "into_memory" in message.body:  # [address, nbytes] in the client's own memory
+        address, nbytes = _memory_target(message.body["into_memory"])
+        values = np.frombuffer(data, np.uint8)
+        if nbytes != values.nbytes:
+            raise ProtocolError(f"A read_into of {nbytes} bytes cannot take the tensor's "
+                                f"{values.nbytes}.")
+        _client_memory(session, cross_memory.write, address, values,
+                       executor.sharing.copies, "read")
+        executor.tally.went_shared(values.nbytes)
+        return [replies[0]._replace(buffers=())]
     target = segments_of(session).slot(message.body.get("into"))
     if target.nbytes != data.nbytes:
         raise ProtocolError(f"A read_into slot of {target.nbytes} bytes cannot hold the "
@@ -411,6 +487,14 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     executor.sharing.copies.copy(target, data)
     executor.tally.went_shared(data.nbytes)
     return [replies[0]._replace(buffers=())]
+
+
+def _memory_target(target: Any) -> tuple[int, int]:
+    """A ``read_into``'s ``"into_memory"``: the address and size of the client's memory."""
+    if type(target) is not list or len(target) != 2 \
+            or not all(type(n) is int and n >= 0 for n in target):
+        raise ProtocolError("A read_into's into_memory is [address, nbytes].")
+    return target[0], target[1]
 
 
 def unpin(executor: Any, session: DeviceSession, message: Message) -> list[Message]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import mmap
 import os
 import secrets
 import threading
@@ -87,6 +88,8 @@ class Session(ArrayNamespace):
         self.parent: Session | None = None  # the session whose open() opened this one
         self.shares_memory: bool | None = None  # with its worker (None: not known yet, bulk)
         self.probe: bulk.Probe | None = None  # asking it (bulk)
+        # The last request ``_send_request`` sent, and the batches sent before it and with it
+        self._last_request = (0, 0)
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
         self.unpinning: deque[str] = deque()  # slots of views collected, to unpin (bulk)
         # Tensors written into a slot of the device's own pool, by id: a view pins it (bulk;
@@ -272,12 +275,15 @@ class Session(ArrayNamespace):
         connection = self.connection
         stream = self.stream
         if not stream.batch or reads is not None and reads.id <= stream.sent_through:
-            return connection.send_request(protocol.request_message(self.id, body))
-        self._make_room(timeout)
-        sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
-        stream.send_batch(lambda submit: sent.append(connection.send_request(
-            protocol.request_message(self.id, {**body, **submit.body}, submit.buffers))))
-        return sent[0]
+            request = connection.send_request(protocol.request_message(self.id, body))
+        else:
+            self._make_room(timeout)
+            sent: list[int] = []  # (the batch's own SUBMIT, sent as the request instead)
+            stream.send_batch(lambda submit: sent.append(connection.send_request(
+                protocol.request_message(self.id, {**body, **submit.body}, submit.buffers))))
+            request = sent[0]
+        self._last_request = (request, stream.counts["batches_sent"])
+        return request
 
     def _reply(self, request: int, timeout: float | None = None) -> Message:
         timeout = self.timeout if timeout is None else timeout
@@ -293,10 +299,19 @@ class Session(ArrayNamespace):
                 request, seconds, session=self.id, keep_on_timeout=keep),
                 timeout - WAIT_BEFORE_BAR, self._waiting_for)
         self.stream.counts["round_trips"] += 1
+        self._answered(request)
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
             issue_warnings(reply.body, self.stream)
         return reply
+
+    def _answered(self, request: int) -> None:
+        """``request``, sent by ``_send_request``, was answered: if it was the last, the
+        device ran every batch sent before it (it runs a session's requests in order with
+        its batches), as if their CREDIT had come."""
+        if request == self._last_request[0]:
+            done = self.connection.pending.done
+            done[self.id] = max(done.get(self.id, 0), self._last_request[1])
 
     def _waiting_for(self) -> str:
         return f"waiting for device {self.device.index}"
@@ -470,9 +485,10 @@ class SharedReadInFlight(ReadInFlight):
     where the client lent none), its reply not yet taken."""
 
     def __init__(self, session: Session, tensor: Tensor, request: int,
-                 slot: Slot | None) -> None:
+                 slot: Slot | mmap.mmap | None) -> None:
         super().__init__(session, tensor, request)
-        self.slot: Slot | None = slot
+        self.slot: Slot | mmap.mmap | None = slot  # (memory of this process's own, where
+        # the worker writes there: ``fabric.core.cross_memory``)
 
     def result(self, timeout: float | None = None) -> np.ndarray:
         """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""
@@ -481,11 +497,10 @@ class SharedReadInFlight(ReadInFlight):
         except BaseException:
             self.cancel()  # (a worker that is only slow may still write into the slot)
             raise
-        pool = self.session.connection.segments
         slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
         if "error" in reply.body:
             if slot is not None:
-                pool.give_back(slot)
+                bulk.unused(self.session, slot, written=True)
             raise self.session._remote_error(reply.body["error"])
         values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
         if values is None:  # (a view the device did not pin, or that cannot be mapped here)
@@ -494,10 +509,11 @@ class SharedReadInFlight(ReadInFlight):
         return values
 
     def cancel(self) -> None:
-        """Stop waiting, and close the slot: the worker may still write into it."""
+        """Stop waiting, and give the slot up: the worker may still write into it
+        (``bulk.unused``)."""
         super().cancel()
         if self.slot is not None:
-            self.session.connection.segments.discard(self.slot)
+            bulk.unused(self.session, self.slot, written=False)
             self.slot = None
 
 

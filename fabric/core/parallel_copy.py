@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -120,27 +120,34 @@ class ParallelCopy:
         if len(cut) < 2:
             np.copyto(target, source)
             return
-        futures = self._submit(cut[1:])
+        self.each(np.copyto, cut)
+
+    def each(self, copy: Callable[..., Any], cut: Sequence[tuple[Any, ...]]) -> None:
+        """``copy(*piece)`` for every piece of ``cut``: the first here, the others on the
+        pool's threads (any not started by then, here too). Returns once every piece is
+        copied (the first error of a piece is raised then)."""
+        futures = self._submit(copy, cut[1:])
         self.cut += 1
         try:
-            np.copyto(*cut[0])
-            for future, pair in zip(futures[::-1], cut[:0:-1]):
+            copy(*cut[0])
+            for future, piece in zip(futures[::-1], cut[:0:-1]):
                 if future.cancel():  # (not started: copied here, not waited for)
-                    np.copyto(*pair)
+                    copy(*piece)
         finally:  # (no piece is still being written once this returns, even on an error)
             errors = [future.exception() for future in futures if not future.cancelled()]
         for error in errors:
             if error is not None:
                 raise error
 
-    def _submit(self, cut: list[tuple[np.ndarray, np.ndarray]]) -> list[Future[None]]:
-        """Each pair of ``cut`` queued for the pool's threads, started now if need be (under
-        the lock: a ``close`` meanwhile lets what was queued run first)."""
+    def _submit(self, copy: Callable[..., Any],
+                cut: Sequence[tuple[Any, ...]]) -> list[Future[None]]:
+        """``copy`` of each piece of ``cut`` queued for the pool's threads, started now if
+        need be (under the lock: a ``close`` meanwhile lets what was queued run first)."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads - 1,
                                                 thread_name_prefix="fabric-copy")
-            return [self._pool.submit(np.copyto, *pair) for pair in cut]
+            return [self._pool.submit(copy, *piece) for piece in cut]
 
     def close(self) -> None:
         """Join the pool's threads (a later copy starts them again)."""

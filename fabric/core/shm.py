@@ -81,12 +81,17 @@ class SharedMemory:
     segments of at most ``limit`` bytes in all, closed after ``idle_seconds`` unused; the
     client copies an upload of 8 MiB or more into its slot with ``copy_threads`` threads at
     once (None: ``FABRIC_COPY_THREADS``, else the cores it may use, at most 4; 1: one
-    ``np.copyto``, ``fabric.core.parallel_copy``)."""
+    ``np.copyto``, ``fabric.core.parallel_copy``). With ``cross_memory`` (the default), where
+    no slot that fits is ready, the worker reads an upload straight out of the client's
+    array and writes a read straight into new memory of the client's, where the kernel lets
+    it (it may ptrace the client: the same user), so the first transfer of a size faults in
+    no slot (``fabric.core.cross_memory``); False: every transfer takes a slot."""
 
     threshold: int = THRESHOLD_BYTES
     limit: int = DEFAULT_POOL_BYTES
     idle_seconds: float = IDLE_SECONDS
     copy_threads: int | None = None
+    cross_memory: bool = True
 
     def __post_init__(self) -> None:
         if self.copy_threads is not None and (type(self.copy_threads) is not int

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import secrets
 import weakref
 from typing import Any, Iterator, NamedTuple
@@ -29,6 +30,7 @@ import numpy as np
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
+from fabric.core import cross_memory
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
@@ -61,9 +63,12 @@ class Probe:
     socket path; later ones take the answer once it has come, without waiting. An upload
     never fails because its device is busy, on either path."""
 
-    def __init__(self, request: int | None, segment: Any) -> None:
+    def __init__(self, request: int | None, segment: Any, heap: np.ndarray | None = None) \
+            -> None:
         self.request = request  # None: not sent (no shared memory here: the answer is no)
         self.segment = segment
+        self.heap = heap  # the token in this process's own memory, for the worker to read
+        self.reads_memory = False  # whether the worker said it can (``upload_from_memory``)
         self.waited = False
 
     @classmethod
@@ -82,10 +87,12 @@ class Probe:
             segment = connection.segments.probe_segment(token)
         except OSError:  # no memory left for it
             return cls(None, None)
+        body = {"op": "shm_probe", "boot": boot_id(), "segment": segment.name, "token": token}
+        heap = np.array([token], np.uint64) if connection.shared_memory.cross_memory else None
+        if heap is not None:
+            body["heap"] = heap.ctypes.data
         try:
-            return cls(session._send_request({"op": "shm_probe", "boot": boot_id(),
-                                              "segment": segment.name, "token": token}),
-                       segment)
+            return cls(session._send_request(body), segment, heap)
         except BaseException:
             segment.close()
             raise
@@ -100,7 +107,10 @@ class Probe:
         try:
             reply = connection.wait_for_reply(self.request, wait, session=session.id,
                                               keep_on_timeout=True)
-            agreed = expect_reply(reply, Kind.REPLY).body.get("shared_memory") is True
+            body = expect_reply(reply, Kind.REPLY).body
+            session._answered(self.request)
+            agreed = body.get("shared_memory") is True
+            self.reads_memory = agreed and body.get("reads_memory") is True
         except RequestTimeout:
             return None
         except ProtocolError:  # a worker that predates shared memory
@@ -113,15 +123,19 @@ class Probe:
         if self.segment is not None:
             self.segment.close()
             self.segment = None
+        self.heap = None
 
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
     """``array`` uploaded through shared memory, as a new tensor (its put sent at once):
     written into a slot the device lent ahead (which the tensor then keeps: one copy in
-    all), or else into a slot of this process's pool (which the worker copies out); None,
-    sending nothing, where it must take the socket path. The only wait is for the answer to
-    a slot asked for ahead that fits and has not come (its segment being made:
-    ``_on_its_way``); the slot for a later upload is asked for now, its answer taken then
+    all); or else, where no slot of this process's pool that fits is free and the worker
+    can, read by the worker straight out of ``array`` (``_upload_from_memory``: one copy,
+    into huge pages); or else into a slot of this process's pool (which the worker copies
+    out); None, sending nothing, where it must take the socket path. The only waits are for
+    the read out of ``array``, and, where the worker cannot read it, for the answer to a slot
+    asked for ahead that fits and has not come (its segment being made: ``_on_its_way``);
+    the slot for a later upload is asked for now, its answer taken then
     (``fabric.transport.slots_ahead``)."""
     if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
             or array.nbytes > session.max_upload_bytes:
@@ -131,6 +145,10 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     if pool is None:
         return None
     lent = _lent_ahead(session, pool, array.nbytes)
+    if lent is None and _read_from_memory(session, pool, array, dtype):
+        tensor = _upload_from_memory(session, pool, array)
+        _ask_ahead(session, pool, array.nbytes)  # (after: its fault-in took no core from it)
+        return tensor
     if lent is None:
         lent = _on_its_way(session, pool, array.nbytes)
     values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
@@ -145,7 +163,7 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
         pool.transfers += 1  # (an own slot counts itself when lent)
     pool.copies.copy(values.view(dtype).reshape(array.shape), array)  # (any layout and
     # byte order)
-    tensor = _put(session, array.shape, dtype, ref)
+    tensor = _put(session, array.shape, dtype, {"shm": ref})
     stream = session.stream
     if slot is None:
         session.in_device_slots[tensor.id] = tensor
@@ -158,13 +176,43 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     return tensor
 
 
-def _put(session: Any, shape: tuple[int, ...], dtype: np.dtype, ref: list[Any]) -> Tensor:
-    """A new tensor of ``session``, its put queued: ``shape`` and ``dtype``, its bytes
-    already in the slot ``ref`` (``[segment name, offset, nbytes]``)."""
+def _put(session: Any, shape: tuple[int, ...], dtype: np.dtype,
+         source: dict[str, Any]) -> Tensor:
+    """A new tensor of ``session``, its put queued: ``shape`` and ``dtype``, its bytes where
+    ``source`` says: ``{"shm": [segment name, offset, nbytes]}``, already in that slot, or
+    ``{"from": address}``, in this process's memory (``_upload_from_memory``)."""
     stream = session.stream
     tensor = stream.new_tensor(shape, dtype, issued_at())
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(shape),
-                                           "shm": ref}], None, tensor)
+                                           **source}], None, tensor)
+    return tensor
+
+
+def _read_from_memory(session: Any, pool: SegmentPool, array: np.ndarray,
+                      dtype: np.dtype) -> bool:
+    """Whether ``array`` goes best by its worker reading it out of this process's memory:
+    no slot of this process's pool that fits is free (a fresh one is faulted in 4 KiB at a
+    time, and then copied out: ``fabric.core.cross_memory``), the worker said it can read
+    here, the array is as the device keeps it (C order, its dtype), and the device, as far
+    as this session knows, has run all it was sent, and nothing waits to be sent: the upload
+    waits for the read, so it must not wait for the device's other work (an upload never
+    waits for a busy device)."""
+    stream = session.stream
+    return session.probe.reads_memory and array.flags.c_contiguous and array.dtype == dtype \
+        and not stream.batch \
+        and session.connection.pending.done.get(session.id, 0) >= stream.counts["batches_sent"] \
+        and pool.free_fitting(array.nbytes) is None
+
+
+def _upload_from_memory(session: Any, pool: SegmentPool, array: np.ndarray) -> Tensor:
+    """``array`` uploaded by its worker reading it straight out of this process's memory
+    (``workers.shared_memory.read_from_client``: one copy), as a new tensor: its put sent at
+    once, and waited for (its batch's CREDIT comes as soon as it ran, after the ops queued
+    before it), so that the caller may change the array once this returns."""
+    tensor = _put(session, array.shape, array.dtype, {"from": array.ctypes.data})
+    session.flush()
+    session._wait_for_device(session.stream.counts["batches_sent"], session.timeout)
+    pool.transfers += 1
     return tensor
 
 
@@ -238,7 +286,7 @@ def seal(session: Any, array: np.ndarray) -> Tensor | None:
             or buffer.session() is not session or session.stream.sinks \
             or array.__array_interface__ != buffer.__array_interface__:
         return None
-    tensor = _put(session, array.shape, array.dtype, list(buffer.unsealed.pop()[:3]))
+    tensor = _put(session, array.shape, array.dtype, {"shm": list(buffer.unsealed.pop()[:3])})
     session.in_device_slots[tensor.id] = tensor
     buffer.tensor = tensor
     array.flags.writeable = False
@@ -355,9 +403,11 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
 
 
 def start_read(session: Any, tensor: Tensor,
-               view: bool = False) -> tuple[int, Slot | None] | None:
+               view: bool = False) -> tuple[int, Slot | mmap.mmap | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; None, sending nothing, where it must take the socket path. ``view``: the device
+    slot; or, where no slot that fits is free and its worker said it can, into memory of
+    this process's own that the worker writes (``fabric.core.cross_memory.new_memory``); None,
+    sending nothing, where it must take the socket path. ``view``: the device
     may answer with its own slot instead, pinned (``take``); for a tensor written into one
     (``Session.in_device_slots``), no slot is lent for the read (should the device not pin
     it after all, the read is made again, as a copy)."""
@@ -373,6 +423,11 @@ def start_read(session: Any, tensor: Tensor,
         body["view"] = True
         if session.in_device_slots.get(tensor.id) is tensor:
             return session._send_request(body), None
+    target = _read_target(session, pool, nbytes)
+    if target is not None:
+        pool.transfers += 1
+        return session._send_request(
+            {**body, "into_memory": [cross_memory.address(target), nbytes]}), target
     slot = pool.acquire(nbytes)
     if slot is None:
         return None
@@ -382,6 +437,19 @@ def start_read(session: Any, tensor: Tensor,
         pool.discard(slot)
         raise
     return request, slot
+
+
+def _read_target(session: Any, pool: SegmentPool, nbytes: int) -> mmap.mmap | None:
+    """New memory of this process's own for a read of ``nbytes`` bytes that the worker
+    writes into, where it can and no slot of the pool that fits is free (a fresh slot is
+    faulted in 4 KiB at a time: ``_read_from_memory``); None where the read takes a slot (or
+    no memory that large can be had here)."""
+    if not session.probe.reads_memory or pool.free_fitting(nbytes) is not None:
+        return None
+    try:
+        return cross_memory.new_memory(nbytes)
+    except OSError:  # (ENOMEM: then no slot either; the sockets say why)
+        return None
 
 
 def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceSlot | None:
@@ -428,7 +496,7 @@ def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[N
         pool.give_back(own)
 
 
-def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
+def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool,
          reply: Message) -> np.ndarray | None:
     """The values a read wrote into ``slot``, as an array over the slot itself, which stays
     lent to it until it and every array made from it are gone: no one else writes there, so
@@ -438,6 +506,12 @@ def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
     this process cannot map it (then unpinned, and the device asked for no view again): the
     read is then to be made again, as a copy."""
     pool = session.connection.segments
+    if isinstance(slot, mmap.mmap):
+        if "pinned" not in reply.body:  # (written there)
+            values = np.frombuffer(slot, tensor.dtype, tensor.size).reshape(tensor.shape)
+            values.flags.writeable = copy
+            return values
+        slot = None  # (the device pinned its own: nothing was written, or will be)
     if "pinned" not in reply.body:
         holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
         weakref.finalize(holder, pool.give_back_from_any_thread, slot)
@@ -463,6 +537,25 @@ def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
     holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=False)
     weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
     return np.asarray(holder)
+
+
+def unused(session: Any, slot: Slot | mmap.mmap, written: bool) -> None:
+    """A read's ``slot`` will not be read: back to the pool, where the worker ``written``
+    into it (it answered); else, as it may still write, closed (a slot) or retired and kept
+    (memory of this process's own: ``fabric.core.cross_memory.retire``)."""
+    if isinstance(slot, mmap.mmap):
+        if not written:
+            cross_memory.retire(slot)
+            _RETIRED.append(slot)
+    elif written:
+        session.connection.segments.give_back(slot)
+    else:
+        session.connection.segments.discard(slot)
+
+
+# The memory of the reads given up before their workers wrote it: retired, its addresses
+# reserved for this process's life (they cost no memory)
+_RETIRED: list[mmap.mmap] = []
 
 
 def _unpin_later(session: weakref.ref, name: str) -> None:

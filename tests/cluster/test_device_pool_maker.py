@@ -36,7 +36,7 @@ def gated(monkeypatch):
     probe = client.probe_segment(5)
     [agreed] = executor.handle(Message(Kind.REQUEST, 7, 2, {
         "op": "shm_probe", "boot": boot_id(), "segment": probe.name, "token": 5}))
-    assert agreed.body == {"shared_memory": True}
+    assert agreed.body == {"shared_memory": True, "reads_memory": False}  # (no "heap" named)
     probe.close()
     gate, allocate = threading.Event(), Segment.allocate
 

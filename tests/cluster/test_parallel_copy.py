@@ -175,7 +175,7 @@ def cut_here(monkeypatch):
 
 def connect(cluster, **options) -> fabric.Session:
     return fabric.connect(cluster.address, token=cluster.token,
-                          shared_memory=SharedMemory(threshold=0), **options)
+                          shared_memory=SharedMemory(threshold=0, cross_memory=False), **options)
 
 
 @pytest.mark.timeout(120)

@@ -147,7 +147,8 @@ def test_an_unused_lent_slot_of_another_size_goes_back_to_the_device():
     # back before one for 1.8 MiB arrays can be lent.
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
                              worker_args=("--shared-memory-limit", str(2 * MiB))) as cluster, \
-            connect(cluster, SharedMemory(threshold=0, idle_seconds=0)) as session:
+            connect(cluster, SharedMemory(threshold=0, idle_seconds=0,
+                                          cross_memory=False)) as session:
         smaller, larger = np.ones(3 * MiB // 16), np.ones(int(1.8 * MiB) // 8)
         session.asarray(smaller).numpy()  # through this client's pool; one lent ahead
         ahead_answered(session)

@@ -98,7 +98,7 @@ def own_segments(pid: int) -> dict[str, int]:
 def test_a_session_names_only_segments_its_own_client_made_and_proved():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
             fabric.connect(cluster.address, token=cluster.token,
-                           shared_memory=SharedMemory()) as victim:
+                           shared_memory=SharedMemory(cross_memory=False)) as victim:
         rng = np.random.default_rng(41)
         secret, other_secret, counted = rng.random(COUNT), rng.random(COUNT), np.arange(
             COUNT, dtype=np.float64)
@@ -123,7 +123,7 @@ def test_a_session_names_only_segments_its_own_client_made_and_proved():
                    for name, answer in found["probes"] if type(name) is int)
         assert worker_probes and all(refused(answer) for answer in worker_probes)
         assert "its client process made" in worker_probes[0]["message"]
-        assert found["honest_probe"] == {"shared_memory": True}
+        assert found["honest_probe"] == {"shared_memory": True, "reads_memory": False}
         # Nothing of the victim's was read, written or moved into.
         secrets = {digest(secret), digest(other_secret), digest(counted)}
         assert not secrets & {outcome for _, outcome in found["reads"]
@@ -148,7 +148,7 @@ def test_a_segment_is_sized_against_its_transfer_before_it_is_mapped_and_nothing
                                             "token": cluster.token, "size": size}))
         assert refused(found["probe"]) and "page" in found["probe"]["message"], found["probe"]
         assert found["probe_allocated"] <= MiB
-        assert found["honest_probe"] == {"shared_memory": True}
+        assert found["honest_probe"] == {"shared_memory": True, "reads_memory": False}
         assert refused(found["small_put"]) and found["small_put_allocated"] <= MiB
         assert refused(found["hole_put"]) and found["hole_put_allocated"] <= MiB
         assert found["still_served"] == 6.0
@@ -172,7 +172,7 @@ def test_upload_slots_asked_for_and_never_used_count_against_the_limits():
                                           "--memory-budget", str(budget))) as cluster:
         worker = cluster.workers[0].pid
         sessions = [fabric.connect(cluster.address, token=cluster.token, device=device,
-                                   shared_memory=SharedMemory(threshold=0))
+                                   shared_memory=SharedMemory(threshold=0, cross_memory=False))
                     for device in (0, 0, 1, 1)]
         try:
             for session in sessions:
@@ -202,7 +202,8 @@ def test_upload_slots_asked_for_and_never_used_count_against_the_limits():
             for session in sessions:
                 session.close()
         with fabric.connect(cluster.address, token=cluster.token,
-                            shared_memory=SharedMemory()) as session:  # and uploads go on
+                            shared_memory=SharedMemory(cross_memory=False)) as session:
+            # (and uploads go on)
             a = np.random.default_rng(8).random(COUNT)
             for _ in range(3):
                 np.testing.assert_array_equal(session.asarray(a).numpy(), a)
@@ -225,7 +226,7 @@ def test_the_devices_free_shared_memory_counts_against_the_budget_and_yields_to_
         with pytest.raises(ProtocolError, match="has not agreed"):
             call(op="shm_slot", nbytes=1)
         assert call(op="shm_probe", boot=boot_id(), segment=probe.name, token=5) == {
-            "shared_memory": True}
+            "shared_memory": True, "reads_memory": False}
         lent = call(op="shm_slot", nbytes=8 * MiB)["slot"]
         assert executor.allowance.held == 8 * MiB  # offered: the session's
         assert call(op="shm_slot", nbytes=MiB, give_back=[lent])["slot"] is not None
@@ -277,7 +278,7 @@ def test_a_device_segment_it_closed_keeps_no_memory_in_a_clients_old_mapping():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
                              worker_args=("--shared-memory-idle", "0.5")) as cluster, \
             fabric.connect(cluster.address, token=cluster.token,
-                           shared_memory=SharedMemory()) as session:
+                           shared_memory=SharedMemory(cross_memory=False)) as session:
         worker = cluster.workers[0].pid
         a = np.random.default_rng(13).random(4 * MiB // 8)
         kept = []
@@ -326,7 +327,7 @@ def test_an_old_mapping_of_a_device_slot_never_shows_another_clients_upload(two_
         spied = np.random.default_rng(5).random(COUNT)
         secret = np.random.default_rng(6).random(COUNT)
         with fabric.connect(two_tokens.address, token=two_tokens.victim_token,
-                            shared_memory=SharedMemory()) as victim:
+                            shared_memory=SharedMemory(cross_memory=False)) as victim:
             kept = [victim.asarray(secret)]
             victim.sync()
             ahead_answered(victim)

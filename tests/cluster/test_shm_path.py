@@ -27,7 +27,9 @@ from fabric.transport.bulk import take_answers
 from conftest import HEARTBEAT, children_of
 from polling import wait_for
 
-EVERYTHING = SharedMemory(threshold=0)  # every array through shared memory, however small
+EVERYTHING = SharedMemory(threshold=0, cross_memory=False)  # every array through slots of
+# shared memory, however small (the worker reading and writing the client's own memory where
+# no slot is ready: test_cross_memory.py)
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]
 
@@ -121,7 +123,8 @@ def test_every_dtype_and_layout_goes_up_and_down_byte_identical(shm_cluster, dty
 
 @pytest.mark.timeout(60)
 def test_results_computed_on_the_device_come_back_through_shared_memory(shm_cluster):
-    with connect(shm_cluster, SharedMemory()) as session:  # the default 1 MiB threshold
+    # (the default 1 MiB threshold)
+    with connect(shm_cluster, SharedMemory(cross_memory=False)) as session:
         a = np.arange(300_000, dtype=np.float64).reshape(600, 500)
         t = session.asarray(a)
         small = session.asarray(a[:10])  # under the threshold: inside messages, as before
@@ -140,7 +143,7 @@ def test_the_device_reports_what_went_through_shared_memory(shm_cluster):
             row = next(row for row in admin.devices() if row["index"] == 1)
         return row if row["shm_out"] is not None and row["shm_out"] > moved_on else None
     before = wait_for(device_1, 10, "device 1's first report")
-    with connect(shm_cluster, SharedMemory(), device=1) as session:
+    with connect(shm_cluster, SharedMemory(cross_memory=False), device=1) as session:
         a = np.arange(300_000.0)  # over the 1 MiB threshold
         np.testing.assert_array_equal((session.asarray(a) + 1).numpy(), a + 1)
         view = (session.asarray(a) * 2).numpy(copy=False)  # a slot of the device's, lent
@@ -191,7 +194,7 @@ def test_a_read_is_the_callers_own_array_until_collected(shm_cluster):
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("devices", [(0, 1), (0, 0)], ids=["two workers", "one worker"])
 def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
-    with connect(cluster, SharedMemory(), device=devices[0]) as source, \
+    with connect(cluster, SharedMemory(cross_memory=False), device=devices[0]) as source, \
             source.open(devices[1]) as destination:
         a = np.asfortranarray(np.random.default_rng(7).random((700, 400)))
         t = source.asarray(a)
@@ -223,7 +226,7 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
 @pytest.mark.timeout(90)
 def test_a_move_between_two_devices_of_one_worker_goes_into_the_receivers_own_slot():
     with fabric.LocalCluster(workers=1, devices_per_worker=2, heartbeat=HEARTBEAT) as cluster, \
-            connect(cluster, SharedMemory(), device=0) as source, \
+            connect(cluster, SharedMemory(cross_memory=False), device=0) as source, \
             source.open(1) as destination:
         a = np.random.default_rng(11).random((700, 400))
         uploaded = source.asarray(a)
@@ -270,7 +273,8 @@ def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
     # Room for two 2 MiB segments: two read-only views hold both, so the reads that come
     # next must take the sockets, and they are served all the same (uploads go into the
     # device's own slots: they need none of this pool's).
-    with connect(shm_cluster, SharedMemory(threshold=0, limit=4 << 20)) as session:
+    with connect(shm_cluster,
+                 SharedMemory(threshold=0, limit=4 << 20, cross_memory=False)) as session:
         a = np.random.default_rng(1).random(200_000)
         t = session.asarray(a)
         held = [t.numpy(copy=False), (t + 1).numpy(copy=False)]
@@ -291,7 +295,7 @@ def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
 
 @pytest.mark.timeout(60)
 def test_uploads_reuse_the_same_segments(shm_cluster):
-    with connect(shm_cluster, SharedMemory()) as session:
+    with connect(shm_cluster, SharedMemory(cross_memory=False)) as session:
         a = np.random.default_rng(2).random(400_000)
         for i in range(5):
             t = session.asarray(a + i)
@@ -311,7 +315,7 @@ def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
     # A mapping keeps a closed segment's memory: each side unmaps what the other closed.
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
                              worker_args=("--shared-memory-idle", "0.5")) as cluster, \
-            connect(cluster, SharedMemory(idle_seconds=0.5)) as session:
+            connect(cluster, SharedMemory(idle_seconds=0.5, cross_memory=False)) as session:
         worker, me = cluster.workers[0].pid, os.getpid()
         session.asarray(np.ones(300_000)).numpy()  # (a first upload: this client's pool)
         ahead_answered(session)
@@ -477,7 +481,7 @@ def test_a_killed_clients_segments_are_unmapped_once_its_session_ends():
     script = (
         "import fabric, numpy, os, sys\n"
         "s = fabric.connect(sys.argv[1], token=os.environ['FABRIC_TOKEN'],\n"
-        "                   shared_memory=fabric.SharedMemory(threshold=0))\n"
+        "                   shared_memory=fabric.SharedMemory(threshold=0, cross_memory=False))\n"
         "keep = s.asarray(numpy.ones(100)).numpy(copy=False)\n"
         "print('ready', flush=True)\n"
         "sys.stdin.read()\n")

@@ -250,7 +250,8 @@ def test_unpins_of_slots_not_pinned_or_of_another_sessions_are_refused(shm_clust
 
 @pytest.mark.timeout(90)
 def test_a_view_needs_no_slot_of_the_clients_pool(shm_cluster):
-    with connect(shm_cluster, fabric.SharedMemory(threshold=0, limit=4 * MiB)) as session:
+    with connect(shm_cluster,
+                 fabric.SharedMemory(threshold=0, limit=4 * MiB, cross_memory=False)) as session:
         a = random_array("float64", (1024, 1024))  # 8 MiB: more than this client's pool
         tensor, view = viewed(session, a)
         assert in_device_slot(view, shm_cluster.workers[0].pid)
@@ -302,7 +303,7 @@ def agreed(monkeypatch):
     client = SegmentPool(lambda _session: 0)
     probe = client.probe_segment(7)
     assert request(executor, op="shm_probe", boot=boot_id(), segment=probe.name,
-                   token=7).body == {"shared_memory": True}
+                   token=7).body == {"shared_memory": True, "reads_memory": False}
     probe.close()
     yield executor, client
     executor.handle(Message(Kind.CLOSE, SESSION, 2))

@@ -1,0 +1,254 @@
+"""The worker reading an upload straight out of its client's array, and writing a read
+straight into new memory of the client's (``fabric.core.cross_memory``), where no slot of
+shared memory is ready: real brokers and workers on loopback, and the module's own rules."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import fabric
+from fabric.core import cross_memory
+from fabric.core.errors import FabricError, RequestTimeout
+from fabric.core.parallel_copy import ParallelCopy
+from fabric.core.shm import SharedMemory
+from fabric.core.wire import dtype_name
+from fabric.transport import bulk
+from fabric.workers.shared_memory import ClientProcess, _reads_memory
+
+from polling import wait_for
+from test_shm_ahead import _state
+from test_shm_path import DTYPES, no_segments_left, random_array  # noqa: F401 (a fixture)
+from test_shm_path import shm_cluster  # noqa: F401 (a fixture)
+
+MiB = 1 << 20
+F8 = dtype_name(np.dtype("float64"))
+
+
+def connect(cluster, **options) -> fabric.Session:
+    """A session whose arrays of 1 MiB or more take shared memory (the default)."""
+    return fabric.connect(cluster.address, token=cluster.token, **options)
+
+
+def owner(array: np.ndarray) -> object:
+    """What holds ``array``'s memory, past its views."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return array.obj if isinstance(array, memoryview) else array
+
+
+def through_memory(session: fabric.Session) -> bool:
+    """Whether the worker may reach this process's memory, its probe answered."""
+    bulk.pool_of(session)
+    return session.probe is not None and session.probe.reads_memory
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_goes_up_and_down_through_the_clients_own_memory(shm_cluster, dtype):
+    with connect(shm_cluster) as session:
+        assert session.arange(4).sum().numpy() == 6
+        assert through_memory(session)
+        pool = session.connection.segments
+        array = random_array(dtype, (1024, 1100))  # (1 MiB at least)
+        tensor = session.asarray(array)
+        uploaded = session.stream.counts["bytes_uploaded_by_shared_memory"]
+        assert uploaded == array.nbytes and not pool.lent and not pool.free  # no slot
+        back = tensor.numpy()
+        assert back.tobytes() == array.tobytes() and back.dtype == array.dtype
+        assert isinstance(owner(back), mmap.mmap) and back.flags.writeable  # its own
+        # (memory the worker wrote into)
+        assert pool.transfers == 2 and not pool.lent
+        assert session.stats()["bytes_uploaded_by_socket"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_an_array_changed_after_its_upload_returned_leaves_the_tensor_as_it_was(shm_cluster):
+    with connect(shm_cluster) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        array = np.arange(MiB, dtype=np.float64)
+        tensor = session.asarray(array)
+        array[:] = -1  # (the worker read it before asarray returned)
+        del array
+        gc.collect()
+        np.testing.assert_array_equal(tensor.numpy(), np.arange(MiB, dtype=np.float64))
+
+
+@pytest.mark.timeout(60)
+def test_arrays_the_device_does_not_keep_as_they_are_take_a_slot(shm_cluster):
+    with connect(shm_cluster) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        pool = session.connection.segments
+        for array in (np.arange(400_000.0)[::2], np.arange(200_000.0).astype(">f8"),
+                      np.asfortranarray(np.ones((600, 500)))):
+            transfers = pool.transfers
+            tensor = session.asarray(array)
+            session.sync()
+            assert pool.transfers == transfers + 1 and (pool.lent or pool.free or
+                                                        session.in_device_slots)
+            np.testing.assert_array_equal(tensor.numpy(), array)
+
+
+@pytest.mark.timeout(90)
+def test_an_upload_to_a_busy_device_never_waits_for_it():
+    # The upload waits for the worker's read: only where the device ran all it was sent, so
+    # a stopped device sends it through a slot (the sockets timed out before).
+    with fabric.LocalCluster(workers=1, heartbeat=2.0) as cluster, \
+            connect(cluster, timeout=10) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        worker = cluster.workers[0]
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: _state(worker.pid) == "T", 5, "the worker to stop")
+            waiting = session._send_request({"op": "sync"})  # unanswered while stopped
+            array = random_array("float64", (300_000,), 1)
+            tensor = session.asarray(array)  # (returns: its bytes are in a slot)
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        session._reply(waiting)
+        assert tensor.numpy().tobytes() == array.tobytes()
+
+
+@pytest.mark.timeout(90)
+def test_a_read_given_up_before_its_worker_wrote_is_retired_and_the_write_lands_nowhere():
+    with fabric.LocalCluster(workers=1, heartbeat=2.0) as cluster, \
+            connect(cluster, timeout=10) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        tensor = session.asarray(np.arange(MiB, dtype=np.float64))
+        session.sync()
+        retired = len(bulk._RETIRED)
+        worker = cluster.workers[0]
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: _state(worker.pid) == "T", 5, "the worker to stop")
+            read = session.start_read(tensor)
+            with pytest.raises(RequestTimeout):
+                read.result(timeout=0.5)
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert len(bulk._RETIRED) == retired + 1  # its addresses stay reserved, unusable
+        # the worker's late write failed (EFAULT), its answer dropped: the session goes on
+        np.testing.assert_array_equal(tensor.numpy(), np.arange(MiB, dtype=np.float64))
+        assert worker.poll() is None
+
+
+def _put_from(session: fabric.Session, shape: list, address: int) -> fabric.Tensor:
+    """A put naming ``address`` in this process's memory, sent by hand (as a hostile or
+    broken client would)."""
+    tensor = session.stream.new_tensor(tuple(shape) if type(shape) is list else (1,),
+                                       np.dtype("float64"), None)
+    session.stream.enqueue(["put", tensor.id, [], {"dtype": "<f8", "shape": shape,
+                                                   "from": address}], None, tensor)
+    session.flush()
+    return tensor
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("shape, address, error", [
+    ([1024], 8, "could not be reached"),  # (not mapped in the client)
+    ([1024], -5, "names the address"),
+    ([1024], "here", "names the address"),
+    ([-1], None, "shape"),
+    ("1024", None, "shape"),
+    ([1 << 40], None, "memory"),  # past every budget: refused before anything is allocated
+])
+def test_a_bad_put_from_the_clients_memory_fails_alone(shm_cluster, shape, address, error):
+    with connect(shm_cluster) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        kept = np.ones(8)
+        tensor = _put_from(session, shape, kept.ctypes.data if address is None else address)
+        with pytest.raises(FabricError, match=error):
+            tensor.numpy()
+        assert session.arange(4).sum().numpy() == 6  # the session and its worker go on
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_reaches_no_memory_of_a_client_that_did_not_offer_it(shm_cluster):
+    with fabric.connect(shm_cluster.address, token=shm_cluster.token,
+                        shared_memory=SharedMemory(threshold=0, cross_memory=False)) as session:
+        assert session.arange(4).sum().numpy() == 6 and not through_memory(session)
+        assert session.shares_memory
+        kept = np.ones(1024)
+        with pytest.raises(FabricError, match="probe said so"):
+            _put_from(session, [1024], kept.ctypes.data).numpy()
+        tensor = session.asarray(kept)
+        with pytest.raises(FabricError, match="probe said so"):
+            session._call({"op": "read_into", "id": tensor.id, "dtype": F8,
+                           "shape": (1024,), "into_memory": [kept.ctypes.data, kept.nbytes]})
+        np.testing.assert_array_equal(tensor.numpy(), kept)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target, error", [
+    (lambda kept: [kept.ctypes.data, kept.nbytes // 2], "cannot take"),  # a smaller target
+    (lambda kept: [8, kept.nbytes], "could not be reached"),
+    (lambda kept: [kept.ctypes.data], "into_memory is"),
+])
+def test_a_bad_read_into_the_clients_memory_fails_alone(shm_cluster, target, error):
+    with connect(shm_cluster) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        kept = np.zeros(1024)
+        tensor = session.arange(1024.0)
+        with pytest.raises(FabricError, match=error):
+            session._call({"op": "read_into", "id": tensor.id, "dtype": F8,
+                           "shape": (1024,), "into_memory": target(kept)})
+        assert not kept.any()  # nothing written past a target it refused
+        np.testing.assert_array_equal(tensor.numpy(), np.arange(1024.0))
+
+
+def test_reads_and_writes_go_in_pieces_and_fail_with_the_kernels_error():
+    source = np.random.default_rng(3).random(3 * MiB)  # 24 MiB: cut into 2 MiB-aligned pieces
+    copies = ParallelCopy(threads=3, min_bytes=0)
+    try:
+        into = cross_memory.new_array(source.shape, source.dtype)
+        cross_memory.read(os.getpid(), source.ctypes.data, into, copies)
+        assert copies.cut == 1 and into.tobytes() == source.tobytes()
+        target = cross_memory.new_memory(source.nbytes)
+        cross_memory.write(os.getpid(), cross_memory.address(target), source, copies)
+        assert bytes(target) == source.tobytes()
+        with pytest.raises(OSError) as failed:
+            cross_memory.read(os.getpid(), 8, into)
+        assert failed.value.errno == 14  # EFAULT
+        with pytest.raises(ValueError):
+            cross_memory.read(os.getpid(), source.ctypes.data, into[::2])
+    finally:
+        copies.close()
+
+
+def test_retired_memory_takes_no_late_write():
+    memory = cross_memory.new_memory(MiB)
+    start = cross_memory.address(memory)
+    cross_memory.retire(memory)
+    with pytest.raises(OSError):  # (EFAULT: nothing lands there)
+        cross_memory.write(os.getpid(), start, np.ones(16))
+
+
+def test_huge_pages_are_not_used_where_the_host_takes_free_pages_back(tmp_path):
+    reporting, plain, cut = tmp_path / "reporting", tmp_path / "plain", tmp_path / "cut"
+    reporting.write_text("0110010" + "0" * 57 + "\n")  # bit 5: VIRTIO_BALLOON_F_REPORTING
+    plain.write_text("0110000" + "0" * 57 + "\n")
+    cut.write_text("011\n")
+    assert cross_memory.host_takes_free_pages([str(plain), str(reporting)])
+    assert not cross_memory.host_takes_free_pages([str(plain), str(cut)])
+    assert not cross_memory.host_takes_free_pages([str(tmp_path / "absent")])
+    assert not cross_memory.host_takes_free_pages([])
+
+
+def test_a_probes_heap_that_does_not_hold_its_token_reads_as_unreachable(shm_cluster):
+    # A client naming memory that is not its token (or none) gets no cross-memory path.
+    process = ClientProcess(os.getpid())
+    try:
+        token = np.array([1234], np.uint64)
+        assert _reads_memory(process, {"heap": token.ctypes.data, "token": 1234})
+        assert not _reads_memory(process, {"heap": token.ctypes.data, "token": 99})
+        assert not _reads_memory(process, {"heap": 8, "token": 1234})
+        assert not _reads_memory(process, {"heap": "x", "token": 1234})
+        assert not _reads_memory(process, {"token": 1234})
+    finally:
+        process.close()
+
