@@ -62,6 +62,13 @@ CASES = [
     ("power", [np.array([2, 3], np.uint8), np.array([7, 2], np.uint8)], {}),
     ("bincount", [np.array([1, -1, 3])], {}),
     ("bincount", [np.array([1, 0, 3])], {"minlength": 5}),
+    ("repeat", [np.array([1, 2, 3]), np.array([1, -1, 2])], {}),
+    ("repeat", [np.array([1, 2, 3]), -1], {}),
+    ("repeat", [np.array([[1, 2], [3, 4]]), np.array([2, 0])], {"axis": 1}),
+    ("searchsorted", [np.array([3.0, 1.0, 2.0]), np.array([1.5]), np.array([1, 2, 5])], {}),
+    ("searchsorted", [np.array([3.0, 1.0, 2.0]), np.array([1.5]), np.array([-1, 2, 0])], {}),
+    ("searchsorted", [np.array([3.0, 1.0, 2.0]), np.array([1.5, 9.0]), np.array([1, 2, 0])],
+     {"side": "right"}),
 ]
 
 

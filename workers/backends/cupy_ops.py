@@ -22,7 +22,9 @@ kernel ``cupy.fuse`` compiles, the copies) needs a GPU to be checked.
   ``bincount`` of a negative value: ``numpy_values`` (CUDA's conversion saturates, CuPy's
   float division is ``floor(a / b)``, its integer power gives 0, 1 or -1 where numpy
   raises), the operands of the ufuncs first cast to numpy's loop;
-- ``searchsorted``: a scalar ``v`` made an array (CuPy's refuses anything else).
+- ``searchsorted``: a scalar ``v`` made an array (CuPy's refuses anything else); with a
+  sorter, numpy's own on a host copy; ``repeat`` by a negative count refused:
+  ``numpy_values``.
 
 A graph's runs of consecutive elementwise ops (numpy ufuncs CuPy has, without params, and
 whose kernel computes numpy's values: not ``numpys_own``) become
@@ -94,7 +96,13 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
         return xp.power(a, b)
 
     def searchsorted(a: Any, v: Any, *sorter: Any, side: str = "left") -> Any:
-        return xp.searchsorted(a, xp.asarray(v), side=side, sorter=sorter[0] if sorter else None)
+        if sorter:  # (numpy refuses a sorter index past the array where its search reads it)
+            return on_host("searchsorted")(a, v, *sorter, side=side)
+        return xp.searchsorted(a, xp.asarray(v), side=side)
+
+    def repeat(a: Any, repeats: Any, axis: int | None = None) -> Any:
+        numpy_values.refuse_negative_repeats(xp, repeats)
+        return xp.repeat(a, repeats, axis)
 
     def bincount(x: Any, *weights: Any, minlength: int = 0) -> Any:
         numpy_values.refuse_negative_counts(xp, x)
@@ -102,7 +110,7 @@ def spelled(xp: Any, to_host: Callable[[Any], np.ndarray]) -> dict[str, Callable
 
     return {**{name: on_host(name) for name in ON_HOST}, "lstsq_residuals": lstsq_residuals,
             "getitem": getitem, "setitem": setitem, "power": power, "bincount": bincount,
-            "searchsorted": searchsorted,
+            "searchsorted": searchsorted, "repeat": repeat,
             "astype": lambda a, dtype: numpy_values.astype(xp, a, dtype),
             "floor_divide": in_loop("floor_divide"), "remainder": in_loop("remainder"),
             "fmod": in_loop("fmod")}

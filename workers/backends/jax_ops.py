@@ -17,8 +17,9 @@ What differs and why:
   checked by numpy itself, on a stand-in of the target (no copy of its data);
 - ``astype`` from a float to an integer (XLA's saturates), ``floor_divide`` and
   ``remainder`` (an integer divided by zero, a float's signed zeros), ``power`` of an
-  integer to a negative power and ``bincount`` of a negative value (numpy refuses both):
-  ``numpy_values``, shared with the cupy device; ``sign`` of -0.0 is +0.0;
+  integer to a negative power, ``bincount`` of a negative value and ``repeat`` by a negative
+  count (numpy refuses these): ``numpy_values``, shared with the cupy device; ``sign`` of
+  -0.0 is +0.0; ``searchsorted`` with a sorter is numpy's own on host copies;
 - numpy's reductions and scans take axis 0 (or -1) of a 0-d array, jax's refuse it;
 - ``eig`` is real where every eigenvalue is (jax's is always complex); ``inv`` and ``solve``
   of a singular matrix raise ``LinAlgError`` as LAPACK's exact zero pivot makes numpy do,
@@ -258,8 +259,19 @@ def convolve(a: Any, v: Any, mode: str = "full") -> Any:
 
 
 def searchsorted(a: Any, v: Any, *sorter: Any, side: str = "left") -> Any:
-    """numpy's ``searchsorted``: its sorter, where given, a third input."""
-    return jnp.searchsorted(a, v, side=side, sorter=sorter[0] if sorter else None)
+    """numpy's ``searchsorted``: its sorter, where given, a third input, and then numpy's own
+    on host copies (numpy refuses a sorter index past the array where its search reads it;
+    jax's reads there)."""
+    if sorter:
+        return jnp.asarray(np.searchsorted(np.asarray(a), np.asarray(v), side=side,
+                                           sorter=np.asarray(sorter[0])))
+    return jnp.searchsorted(a, v, side=side)
+
+
+def repeat(a: Any, repeats: Any, axis: int | None = None) -> Any:
+    """numpy's ``repeat``: a negative count refused, as numpy refuses it."""
+    numpy_values.refuse_negative_repeats(jnp, repeats)
+    return jnp.repeat(a, repeats, axis)
 
 
 def ufunc_method(method: str) -> Callable[..., Any]:
@@ -387,7 +399,7 @@ SPELLED: dict[str, Callable[..., Any]] = {
     "bincount": bincount, "inv": inv, "solve": solve, "eig": eig, "svd": svd, "pinv": pinv,
     "lstsq": lstsq,
     "average": average, "lstsq_residuals": lstsq_residuals, "searchsorted": searchsorted,
-    "convolve": convolve,
+    "repeat": repeat, "convolve": convolve,
     **{f"ufunc_{method}": ufunc_method(method) for method in ("reduce", "accumulate")},
     **{name: quantile(name) for name in QUANTILES},
     **{name: axis_of_0d(name, scan=False) for name in (
@@ -401,7 +413,7 @@ SPELLED: dict[str, Callable[..., Any]] = {
 # Ops that read their data to decide (numpy's errors, a data-dependent dtype): never traced
 NEEDS_DATA = frozenset({"setitem", "ufunc_at", "bincount", "inv", "solve", "eig", "nanargmin",
                         "nanargmax", "average", "histogram", "histogram_bin_edges", "svd",
-                        "pinv", "lstsq", "lstsq_residuals"})
+                        "pinv", "lstsq", "lstsq_residuals", "searchsorted", "repeat"})
 
 
 def needs_data(name: str, args: list[Any], dtype: np.dtype | None) -> bool:

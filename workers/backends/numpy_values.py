@@ -27,7 +27,9 @@ of numpy's loop dtype already (the devices cast them first).
 - ``refuse_negative_power``: an integer to a negative integer power is numpy's ValueError
   (CuPy gives 0, 1 or -1; XLA's ``2 ** -1`` is the most negative int64 here);
 - ``refuse_negative_counts``: ``bincount`` of a negative value is numpy's ValueError (jax's
-  counts it at 0).
+  counts it at 0);
+- ``refuse_negative_repeats``: ``repeat`` by a negative count is numpy's ValueError (jax's
+  drops the element, or fails with a TypeError for a single count).
 """
 
 from __future__ import annotations
@@ -125,3 +127,13 @@ def refuse_negative_counts(xp: Any, x: Any) -> None:
     """numpy's ValueError where ``bincount(x)`` is given a negative value."""
     if x.size and bool(xp.any(x < 0)):
         raise ValueError("'list' argument must have no negative elements")
+
+
+def refuse_negative_repeats(xp: Any, repeats: Any) -> None:
+    """numpy's ValueError where ``repeat`` is given a negative count (one, or an array)."""
+    if isinstance(repeats, (int, np.integer)):
+        if repeats < 0:
+            raise ValueError("negative dimensions are not allowed")
+    elif bool(xp.any(xp.asarray(repeats) < 0)):
+        raise ValueError("repeats may not contain negative values.")
+
