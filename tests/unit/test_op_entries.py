@@ -137,8 +137,11 @@ def test_every_inline_op_entry_is_op_entrys_and_reads_back_to_its_op():
     assert_is_op_entrys(batch[-1], "send", 0, (a.id,),
                         {"session": target.id, "ticket": expect["ticket"]})
     ref = ["fabric-segment", 0, 24]
-    h = bulk._put(session, (3,), np.dtype("<f8"), ref)  # fabric.transport.bulk: put (shm)
+    h = bulk._put(session, (3,), np.dtype("<f8"), {"shm": ref})  # bulk: put (shm)
     assert_is_op_entrys(batch[-1], "put", h.id, (), {"dtype": "<f8", "shape": [3], "shm": ref})
+    read = bulk._put(session, (3,), np.dtype("<f8"), {"from": 4096})  # (client's memory)
+    assert_is_op_entrys(batch[-1], "put", read.id, (), {"dtype": "<f8", "shape": [3],
+                                                        "from": 4096})
     session.stream.graphs = OrderedDict.fromkeys(range(-GRAPH_CACHE_SIZE, 0))  # others held
     again = function(a)  # its graph was let go meanwhile: the oldest goes, it comes again
     assert again.id == batch[-1][1]
