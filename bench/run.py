@@ -98,6 +98,15 @@ def w3_fabric(session: fabric.Session, array: np.ndarray) -> tuple[float, float,
     return up, down, tensor
 
 
+def w3_rates(session: fabric.Session, array: np.ndarray) -> tuple[float, float]:
+    """GB/s of one upload of ``array`` and of the read of it back (``w3_fabric``), the
+    tensor freed (and the device's copy with it) before this returns."""
+    up, down, tensor = w3_fabric(session, array)
+    del tensor
+    session.sync()
+    return array.nbytes / up / 1e9, array.nbytes / down / 1e9
+
+
 def w3_raw(peers: RawPeers, array: np.ndarray) -> tuple[float, float]:
     start = time.perf_counter()
     peers.sock.send_multipart([b"bulk-put", array], copy=False)
@@ -177,11 +186,10 @@ def main() -> None:
                     up, down = w3_raw(peers, array)
                     note(f"w3 up {name}", up)
                     note(f"w3 down {name}", down)
-                up, down, tensor = w3_fabric(session, array)
-                del tensor
-                session.sync()  # the next run starts with the worker's copy freed
-                note("w3 up fabric", array.nbytes / up / 1e9)
-                note("w3 down fabric", array.nbytes / down / 1e9)
+                up, down = w3_rates(session, array)  # (the next run starts with the
+                # worker's copy freed)
+                note("w3 up fabric", up)
+                note("w3 down fabric", down)
 
     median = {name: statistics.median(values) for name, values in figures.items()}
     rows = [("W1 ops/s", *(f"{median[f'w1 {s}']:,.0f}" for s in ("fabric", "direct", "hop")),

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
 from bench.raw import BULK_BYTES  # noqa: E402
-from bench.run import w3_fabric  # noqa: E402
+from bench.run import w3_rates  # noqa: E402
 from fabric.launch.local import BULK_MALLOC_STARTED  # noqa: E402
 
 TOKENS = {"FABRIC_TOKEN": "bench-client", "FABRIC_WORKER_TOKEN": "bench-worker"}
@@ -46,7 +46,7 @@ def by_hand(env: dict[str, str], array: np.ndarray, runs: int) -> tuple[float, f
             time.sleep(0.1)
         with fabric.connect(ready["frontend"], token=token, timeout=60,
                             shared_memory=False) as session:
-            figures = [w3_fabric(session, array) for _ in range(runs)]
+            figures = [w3_rates(session, array) for _ in range(runs)]
     finally:
         for process in (worker, broker):
             if process is not None:

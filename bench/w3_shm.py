@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fabric  # noqa: E402
 from bench.ray_peer import RayPeer, installed as ray_installed  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers  # noqa: E402
-from bench.run import w3_fabric, w3_raw  # noqa: E402
+from bench.run import w3_rates, w3_raw  # noqa: E402
 from fabric.core.parallel_copy import ParallelCopy  # noqa: E402
 from fabric.launch.local import with_bulk_malloc  # noqa: E402
 
@@ -135,15 +135,15 @@ def main() -> None:
             # (each shared-memory session runs the same steps: their pools' slots alike)
             for name, session, other in (("shm", shm, shm_other),
                                          ("shm 1 thread", one, one_other)):
-                up, down = w3_fabric(session, array)
+                up, down = w3_rates(session, array)
                 note(f"up {name}", up)
                 note(f"down {name}", down)
                 note(f"down {name} view", w3_view(session, array))
                 note(f"up {name} zero-copy", w3_zero_copy(session, array))
                 note(f"to {name}", move(session, other, array))
                 note(f"to {name} 8 MiB", move(session, other, array[:SMALL_MOVE_BYTES // 8]))
-            for name, up_down in (("shm copy-out", w3_fabric(copied, array)),
-                                  ("socket", w3_fabric(socket, array)),
+            for name, up_down in (("shm copy-out", w3_rates(copied, array)),
+                                  ("socket", w3_rates(socket, array)),
                                   ("raw direct", w3_raw(direct, array))):
                 note(f"up {name}", up_down[0])
                 note(f"down {name}", up_down[1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import math
-import mmap
 import os
 import secrets
 import threading
@@ -485,10 +484,9 @@ class SharedReadInFlight(ReadInFlight):
     where the client lent none), its reply not yet taken."""
 
     def __init__(self, session: Session, tensor: Tensor, request: int,
-                 slot: Slot | mmap.mmap | None) -> None:
+                 slot: Slot | None) -> None:
         super().__init__(session, tensor, request)
-        self.slot: Slot | mmap.mmap | None = slot  # (memory of this process's own, where
-        # the worker writes there: ``fabric.core.cross_memory``)
+        self.slot: Slot | None = slot
 
     def result(self, timeout: float | None = None) -> np.ndarray:
         """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""
@@ -497,10 +495,11 @@ class SharedReadInFlight(ReadInFlight):
         except BaseException:
             self.cancel()  # (a worker that is only slow may still write into the slot)
             raise
+        pool = self.session.connection.segments
         slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
         if "error" in reply.body:
             if slot is not None:
-                bulk.unused(self.session, slot, written=True)
+                pool.give_back(slot)
             raise self.session._remote_error(reply.body["error"])
         values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
         if values is None:  # (a view the device did not pin, or that cannot be mapped here)
@@ -509,11 +508,10 @@ class SharedReadInFlight(ReadInFlight):
         return values
 
     def cancel(self) -> None:
-        """Stop waiting, and give the slot up: the worker may still write into it
-        (``bulk.unused``)."""
+        """Stop waiting, and close the slot: the worker may still write into it."""
         super().cancel()
         if self.slot is not None:
-            bulk.unused(self.session, self.slot, written=False)
+            self.session.connection.segments.discard(self.slot)
             self.slot = None
 
 

@@ -120,6 +120,7 @@ class ParallelCopy:
         if len(cut) < 2:
             np.copyto(target, source)
             return
+        self.cut += 1
         self.each(np.copyto, cut)
 
     def each(self, copy: Callable[..., Any], cut: Sequence[tuple[Any, ...]]) -> None:
@@ -127,7 +128,6 @@ class ParallelCopy:
         pool's threads (any not started by then, here too). Returns once every piece is
         copied (the first error of a piece is raised then)."""
         futures = self._submit(copy, cut[1:])
-        self.cut += 1
         try:
             copy(*cut[0])
             for future, piece in zip(futures[::-1], cut[:0:-1]):

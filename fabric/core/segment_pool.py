@@ -102,7 +102,7 @@ class SegmentPool:
             if segment is None:
                 return None
             try:
-                segment.allocate()
+                segment.allocate(self.copies)  # (on the caller's thread: on every core)
             except OSError:  # no memory left for it
                 self.held -= segment.size
                 segment.close()

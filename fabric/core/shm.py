@@ -33,6 +33,7 @@ device's ops never wait for it. Names are plain functions; the only system calls
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import itertools
 import mmap
@@ -44,6 +45,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from fabric.core.errors import ConfigError, ProtocolError
+from fabric.core.parallel_copy import ParallelCopy
 
 THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
@@ -83,9 +85,9 @@ class SharedMemory:
     once (None: ``FABRIC_COPY_THREADS``, else the cores it may use, at most 4; 1: one
     ``np.copyto``, ``fabric.core.parallel_copy``). With ``cross_memory`` (the default), where
     no slot that fits is ready, the worker reads an upload straight out of the client's
-    array and writes a read straight into new memory of the client's, where the kernel lets
-    it (it may ptrace the client: the same user), so the first transfer of a size faults in
-    no slot (``fabric.core.cross_memory``); False: every transfer takes a slot."""
+    array, where the kernel lets it (it may ptrace the client: the same user), so the first
+    upload of a size faults in no slot (``fabric.core.cross_memory``); False: every upload
+    takes a slot."""
 
     threshold: int = THRESHOLD_BYTES
     limit: int = DEFAULT_POOL_BYTES
@@ -207,26 +209,40 @@ class Segment:
             raise
         return cls(name, fd, owned=True)
 
-    def allocate(self) -> None:
+    def allocate(self, copies: ParallelCopy | None = None) -> None:
         """Allocate every page now (no memory left fails here, never as a SIGBUS on a
         write) and fault them in (a write into fresh shared memory runs at a tenth of a
         write into warm pages); huge pages where the kernel gives them to shared memory
         (``MADV_HUGEPAGE``, which takes effect where
         /sys/kernel/mm/transparent_hugepage/shmem_enabled is ``advise``, ``within_size``
-        or ``always``; elsewhere 4 KiB pages). OSError where no memory is left."""
+        or ``always``; elsewhere 4 KiB pages). With ``copies``, in pieces on its threads
+        (the kernel allocates and zeroes pages on every core it is given: a client's pool
+        making a segment on the caller's thread). OSError where no memory is left."""
         if self.map is None:
             return
-        os.posix_fallocate(self.fd, 0, self.size)
         try:  # (cheap to ask)
             self.map.madvise(mmap.MADV_HUGEPAGE)
         except OSError:
             pass
-        try:  # (in pieces: a populate holds the process's memory map lock, which an mmap
-            # in another thread, mapping a peer's segment for a transfer, waits for)
-            for offset in range(0, self.size, _POPULATE_PIECE):
-                self.populate(offset, _POPULATE_PIECE)
-        except OSError:  # an older kernel: touch every page instead
-            self.memory[::mmap.PAGESIZE] = 0
+        if copies is None or copies.threads < 2 or self.size < copies.min_bytes:
+            self._allocate(0, self.size)
+            return
+        step = -(-self.size // copies.threads // SEGMENT_ALIGN) * SEGMENT_ALIGN
+        copies.each(self._allocate, [(offset, step) for offset in range(0, self.size, step)])
+
+    def _allocate(self, offset: int, nbytes: int) -> None:
+        nbytes = min(nbytes, self.size - offset)
+        try:  # (a populate allocates as it faults, ENOMEM where no memory is left; in pieces:
+            # it holds the process's memory map lock, which an mmap in another thread,
+            # mapping a peer's segment for a transfer, waits for; no fallocate first: it
+            # holds the file's lock, and pieces on several threads took turns)
+            for start in range(offset, offset + nbytes, _POPULATE_PIECE):
+                self.populate(start, min(_POPULATE_PIECE, offset + nbytes - start))
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            os.posix_fallocate(self.fd, offset, nbytes)  # an older kernel: allocate, then
+            self.memory[offset:offset + nbytes:mmap.PAGESIZE] = 0  # touch every page
 
     def populate(self, offset: int = 0, nbytes: int | None = None) -> None:
         """Fault the pages of ``nbytes`` bytes at ``offset`` (by default all of it) into this
@@ -239,8 +255,8 @@ class Segment:
         if self.map is None or end <= start:
             return
         if _LIBC.madvise(self.memory.ctypes.data + start, end - start, _MADV_POPULATE_WRITE):
-            errno = ctypes.get_errno()
-            raise OSError(errno, os.strerror(errno))
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
 
     @classmethod
     def open(cls, name: str, path: str, sizes: tuple[int, int] | None = None) -> "Segment":

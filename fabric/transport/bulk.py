@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import mmap
 import secrets
 import weakref
 from typing import Any, Iterator, NamedTuple
@@ -30,7 +29,6 @@ import numpy as np
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
-from fabric.core import cross_memory
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
@@ -147,7 +145,8 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     lent = _lent_ahead(session, pool, array.nbytes)
     if lent is None and _read_from_memory(session, pool, array, dtype):
         tensor = _upload_from_memory(session, pool, array)
-        _ask_ahead(session, pool, array.nbytes)  # (after: its fault-in took no core from it)
+        if session.slots_ahead.again(array.nbytes):  # (after: its fault-in took no core
+            _ask_ahead(session, pool, array.nbytes)  # from the read)
         return tensor
     if lent is None:
         lent = _on_its_way(session, pool, array.nbytes)
@@ -403,11 +402,9 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
 
 
 def start_read(session: Any, tensor: Tensor,
-               view: bool = False) -> tuple[int, Slot | mmap.mmap | None] | None:
+               view: bool = False) -> tuple[int, Slot | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; or, where no slot that fits is free and its worker said it can, into memory of
-    this process's own that the worker writes (``fabric.core.cross_memory.new_memory``); None,
-    sending nothing, where it must take the socket path. ``view``: the device
+    slot; None, sending nothing, where it must take the socket path. ``view``: the device
     may answer with its own slot instead, pinned (``take``); for a tensor written into one
     (``Session.in_device_slots``), no slot is lent for the read (should the device not pin
     it after all, the read is made again, as a copy)."""
@@ -423,11 +420,6 @@ def start_read(session: Any, tensor: Tensor,
         body["view"] = True
         if session.in_device_slots.get(tensor.id) is tensor:
             return session._send_request(body), None
-    target = _read_target(session, pool, nbytes)
-    if target is not None:
-        pool.transfers += 1
-        return session._send_request(
-            {**body, "into_memory": [cross_memory.address(target), nbytes]}), target
     slot = pool.acquire(nbytes)
     if slot is None:
         return None
@@ -437,19 +429,6 @@ def start_read(session: Any, tensor: Tensor,
         pool.discard(slot)
         raise
     return request, slot
-
-
-def _read_target(session: Any, pool: SegmentPool, nbytes: int) -> mmap.mmap | None:
-    """New memory of this process's own for a read of ``nbytes`` bytes that the worker
-    writes into, where it can and no slot of the pool that fits is free (a fresh slot is
-    faulted in 4 KiB at a time: ``_read_from_memory``); None where the read takes a slot (or
-    no memory that large can be had here)."""
-    if not session.probe.reads_memory or pool.free_fitting(nbytes) is not None:
-        return None
-    try:
-        return cross_memory.new_memory(nbytes)
-    except OSError:  # (ENOMEM: then no slot either; the sockets say why)
-        return None
 
 
 def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceSlot | None:
@@ -496,7 +475,7 @@ def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[N
         pool.give_back(own)
 
 
-def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool,
+def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
          reply: Message) -> np.ndarray | None:
     """The values a read wrote into ``slot``, as an array over the slot itself, which stays
     lent to it until it and every array made from it are gone: no one else writes there, so
@@ -506,12 +485,6 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
     this process cannot map it (then unpinned, and the device asked for no view again): the
     read is then to be made again, as a copy."""
     pool = session.connection.segments
-    if isinstance(slot, mmap.mmap):
-        if "pinned" not in reply.body:  # (written there)
-            values = np.frombuffer(slot, tensor.dtype, tensor.size).reshape(tensor.shape)
-            values.flags.writeable = copy
-            return values
-        slot = None  # (the device pinned its own: nothing was written, or will be)
     if "pinned" not in reply.body:
         holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
         weakref.finalize(holder, pool.give_back_from_any_thread, slot)
@@ -537,25 +510,6 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
     holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=False)
     weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
     return np.asarray(holder)
-
-
-def unused(session: Any, slot: Slot | mmap.mmap, written: bool) -> None:
-    """A read's ``slot`` will not be read: back to the pool, where the worker ``written``
-    into it (it answered); else, as it may still write, closed (a slot) or retired and kept
-    (memory of this process's own: ``fabric.core.cross_memory.retire``)."""
-    if isinstance(slot, mmap.mmap):
-        if not written:
-            cross_memory.retire(slot)
-            _RETIRED.append(slot)
-    elif written:
-        session.connection.segments.give_back(slot)
-    else:
-        session.connection.segments.discard(slot)
-
-
-# The memory of the reads given up before their workers wrote it: retired, its addresses
-# reserved for this process's life (they cost no memory)
-_RETIRED: list[mmap.mmap] = []
 
 
 def _unpin_later(session: weakref.ref, name: str) -> None:

@@ -22,6 +22,7 @@ is exactly the array's shape and dtype, and keeps the whole slot until it is fre
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any, Callable, NamedTuple
 
 from fabric.core.shm import fits
@@ -49,6 +50,8 @@ class SlotsAhead:
         self.returning: list[SegmentRef] = []  # (also an unused upload buffer's: bulk)
         self.used = 0
         self.missed = 0
+        self.read_sizes: deque[int] = deque(maxlen=IN_ALL)  # the last sizes uploads were
+        # read from the client's memory (``again``)
         self._clock = clock
 
     def on_answer(self, request: int, ref: SegmentRef | None) -> None:
@@ -57,6 +60,16 @@ class SlotsAhead:
         del self.asked[request]
         if ref is not None:
             self.arrived.append(Arrived(ref, self._clock()))
+
+    def again(self, nbytes: int) -> bool:
+        """An upload of ``nbytes`` bytes was read from the client's memory: whether one of
+        that size was before (of the last ``IN_ALL`` sizes), a loop's, whose next upload
+        then finds a slot asked for now; a first one asks for none (the read back that
+        often comes next would share the cores with its fault-in)."""
+        if nbytes in self.read_sizes:
+            return True
+        self.read_sizes.append(nbytes)
+        return False
 
     def take(self, nbytes: int) -> SegmentRef | None:
         """The smallest arrived slot that fits ``nbytes`` bytes, now the caller's; None

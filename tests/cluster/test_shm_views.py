@@ -195,7 +195,8 @@ def test_a_moved_tensor_is_viewed_in_the_receiving_devices_slot(cluster):
 def test_a_killed_clients_pins_are_retired_once_its_session_ends():
     script = (
         "import fabric, numpy, os, sys\n"
-        "s = fabric.connect(sys.argv[1], token=os.environ['FABRIC_TOKEN'])\n"
+        "s = fabric.connect(sys.argv[1], token=os.environ['FABRIC_TOKEN'],\n"
+        "                   shared_memory=fabric.SharedMemory(cross_memory=False))\n"
         "s.asarray(numpy.zeros(1 << 20)).numpy(); s.sync()\n"
         "t = s.asarray(numpy.ones(1 << 20))\n"
         "view = t.numpy(copy=False)\n"
