@@ -7,8 +7,9 @@ free, the session is off or the op stream is being captured, every array takes t
 before, so this path only ever replaces a transfer the socket path would make. An upload or
 a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
 upload, one lent ahead, whose answer has come or is waited for a bounded time:
-``fabric.transport.slots_ahead``), else into
-one of the connection's pool; a read into one of the connection's pool, or, for a read-only
+``fabric.transport.slots_ahead``), else, for an upload the device is idle for and whose
+worker may read this process's memory, no slot: the worker reads the array itself
+(``_upload_from_memory``), else into one of the connection's pool; a read into one of the connection's pool, or, for a read-only
 view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
 the worker until the view is collected (``workers.pins``; the unpin goes with the session's
 next message: ``send_unpins``). Small arrays never come here: the caller tests the size
@@ -66,7 +67,7 @@ class Probe:
         self.request = request  # None: not sent (no shared memory here: the answer is no)
         self.segment = segment
         self.heap = heap  # the token in this process's own memory, for the worker to read
-        self.reads_memory = False  # whether the worker said it can (``upload_from_memory``)
+        self.reads_memory = False  # whether the worker said it can (``_upload_from_memory``)
         self.waited = False
 
     @classmethod
@@ -129,7 +130,7 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     written into a slot the device lent ahead (which the tensor then keeps: one copy in
     all); or else, where no slot of this process's pool that fits is free and the worker
     can, read by the worker straight out of ``array`` (``_upload_from_memory``: one copy,
-    into huge pages); or else into a slot of this process's pool (which the worker copies
+    into new memory of the worker's); or else into a slot of this process's pool (which the worker copies
     out); None, sending nothing, where it must take the socket path. The only waits are for
     the read out of ``array``, and, where the worker cannot read it, for the answer to a slot
     asked for ahead that fits and has not come (its segment being made: ``_on_its_way``);
