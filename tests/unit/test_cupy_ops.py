@@ -18,7 +18,7 @@ from fabric.workers.backends.cupy_ops import fusable_ops, fused_steps, spelled
 from fabric.workers.backends.index_checks import repeats_a_position
 from fabric.workers.backends.numpy_backend import NumpyDevice
 from fabric.workers.backends.staging import StagingBuffers
-from value_edges import CASES
+from value_edges import OP_CASES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -226,7 +226,7 @@ class _CupyKernels:
         return np.bincount(np.maximum(x, 0), *weights, minlength=minlength)
 
 
-@pytest.mark.parametrize("name, args, params", CASES)
+@pytest.mark.parametrize("name, args, params", OP_CASES)
 def test_values_cupy_computes_otherwise_are_numpys(name, args, params):
     """The cupy device's functions on CuPy's kernels (numpy standing in) give numpy's values
     and errors. (A float converted to an integer: only values in range reach the module's

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fabric.core.op_indexing import IndexArray
 from fabric.core.ops import OPS, QUANTILES
 from fabric.workers.backends import device_class
-from value_edges import CASES
+from value_edges import OP_CASES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,7 +143,7 @@ def test_sort_and_argsort_take_numpys_kind_and_order_ties_stably(device, kind, d
         np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("name, args, params", CASES)
+@pytest.mark.parametrize("name, args, params", OP_CASES)
 def test_values_xla_computes_otherwise_are_numpys(device, name, args, params):
     """XLA saturates a float converted to an integer (-1.0 to uint32 is 0, nan 0), divides
     an integer by zero to garbage, gives 2 ** -1 as the most negative int64 and counts a
