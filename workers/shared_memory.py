@@ -392,22 +392,30 @@ def read_from_client(session: DeviceSession, address: Any, into: np.ndarray,
     """``into``, filled with the bytes at ``address`` in ``session``'s client process (a put's
     ``"from"``: its array, C-contiguous, which the client lets change only once this batch's
     CREDIT came): one copy, by ``copies``' threads, into memory of this worker's own
-    (``fabric.core.cross_memory``). ProtocolError where the probe found the client's memory unreadable, the client is gone,
-    or the bytes are not all its own."""
+    (``fabric.core.cross_memory``). ProtocolError where the probe found the client's memory
+    unreadable, the client is gone, or the bytes are not all its own."""
+    _client_memory(session, cross_memory.read, address, into, copies, "upload")
+    return into
+
+
+def _client_memory(session: DeviceSession, copy: Any, address: Any, local: np.ndarray,
+                   copies: ParallelCopy, what: str) -> None:
+    """``copy`` (``cross_memory.read`` or ``write``, by ``copies``' threads) between ``local``
+    and ``address`` in ``session``'s client process; ProtocolError as ``read_from_client``
+    says."""
     segments = segments_of(session)
     if not segments.reads_memory:
-        raise ProtocolError("This worker cannot read this session's client's memory (its "
-                            "probe said so): upload through a shared-memory slot.")
+        raise ProtocolError(f"This worker cannot reach this session's client's memory (its "
+                            f"probe said so): {what} through a shared-memory slot.")
     if type(address) is not int or not 0 < address < 1 << 64 or not segments.process.same():
-        raise ProtocolError("A put from the client's memory names the address of its bytes "
-                            "in the client process that probed, while that process lives.")
+        raise ProtocolError("A transfer through the client's memory names the address of "
+                            "its bytes in the client process that probed, while it lives.")
     try:
-        cross_memory.read(segments.process.pid, address, into, copies)
+        copy(segments.process.pid, address, local, copies)
     except OSError as exc:
-        raise ProtocolError(f"The client's {into.nbytes} bytes at {address:#x} could not be "
-                            f"read ({exc.strerror}): upload an array that stays alive, "
-                            "unchanged, until the upload returns.") from None
-    return into
+        raise ProtocolError(f"The client's {local.nbytes} bytes at {address:#x} could not be "
+                            f"reached ({exc.strerror}) for the {what}: they must stay mapped "
+                            "until it returns.") from None
 
 
 def owned(copies: ParallelCopy, array: np.ndarray) -> np.ndarray:
@@ -440,11 +448,13 @@ def carry_in_slot(copies: ParallelCopy, session: DeviceSession, ref: Any, array:
 
 def read_into(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
     """Answer a ``read_into`` (an ``Executor`` request): the read's bytes (as
-    ``Executor._read`` answers) written into the client's slot instead of carried; an error
+    ``Executor._read`` answers) written into the client's slot (``"into"``), or straight
+    into its own memory (``"into_memory"``: ``[address, nbytes]``, where its probe found
+    that this worker may: ``fabric.core.cross_memory``), instead of carried; an error
     reply as it is. With ``"view": True`` (``t.numpy(copy=False)``), a tensor that lies in
     a slot of the device's own pool is not written: that slot is pinned and named
-    (``{"pinned": slot}``), for the client to map; for any other, a request that names no
-    slot ``"into"`` is answered ``{"pinned": None}``."""
+    (``{"pinned": slot}``), for the client to map; for any other, a request that names
+    neither is answered ``{"pinned": None}``."""
     replies = executor._read(session, message)
     if len(replies) != 1 or len(replies[0].buffers) != 1:
         return replies
@@ -454,10 +464,21 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
                                                session.tensors.get(message.body.get("id")))
         if pinned is not None:
             executor.tally.went_shared(data.nbytes)
-        if pinned is not None or "into" not in message.body:  # (None: the client, which
-            # lent no slot, counted on a pin; it reads again)
+        if pinned is not None or "into" not in message.body and "into_memory" not in \
+                message.body:  # (None: the client, which lent no slot, counted on a pin;
+            # it reads again)
             return [replies[0]._replace(body={**replies[0].body, "pinned": pinned},
                                         buffers=())]
+    if "into_memory" in message.body:  # [address, nbytes] in the client's own memory
+        address, nbytes = _memory_target(message.body["into_memory"])
+        values = np.frombuffer(data, np.uint8)
+        if nbytes != values.nbytes:
+            raise ProtocolError(f"A read_into of {nbytes} bytes cannot take the tensor's "
+                                f"{values.nbytes}.")
+        _client_memory(session, cross_memory.write, address, values,
+                       executor.sharing.copies, "read")
+        executor.tally.went_shared(values.nbytes)
+        return [replies[0]._replace(buffers=())]
     target = segments_of(session).slot(message.body.get("into"))
     if target.nbytes != data.nbytes:
         raise ProtocolError(f"A read_into slot of {target.nbytes} bytes cannot hold the "
@@ -465,6 +486,14 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     executor.sharing.copies.copy(target, data)
     executor.tally.went_shared(data.nbytes)
     return [replies[0]._replace(buffers=())]
+
+
+def _memory_target(target: Any) -> tuple[int, int]:
+    """A ``read_into``'s ``"into_memory"``: the address and size of the client's memory."""
+    if type(target) is not list or len(target) != 2 \
+            or not all(type(n) is int and n >= 0 for n in target):
+        raise ProtocolError("A read_into's into_memory is [address, nbytes].")
+    return target[0], target[1]
 
 
 def unpin(executor: Any, session: DeviceSession, message: Message) -> list[Message]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import mmap
 import os
 import secrets
 import threading
@@ -44,7 +45,7 @@ from fabric.transport import bulk, direct_link
 from fabric.transport.connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices,
                                          check_version, expect_reply, naming_connection_file)
 from fabric.transport.moves import move_all
-from fabric.transport.slots_ahead import SlotsAhead
+from fabric.transport.slots_ahead import SizesSeen, SlotsAhead
 
 
 class Session(ArrayNamespace):
@@ -90,6 +91,7 @@ class Session(ArrayNamespace):
         # The last request ``_send_request`` sent, and the batches sent before it and with it
         self._last_request = (0, 0)
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
+        self.read_sizes = SizesSeen()  # of its reads through shared memory (bulk)
         self.unpinning: deque[str] = deque()  # slots of views collected, to unpin (bulk)
         # Tensors written into a slot of the device's own pool, by id: a view pins it (bulk;
         # not a WeakSet, whose look-ups would compare tensors with ==, an op)
@@ -484,9 +486,10 @@ class SharedReadInFlight(ReadInFlight):
     where the client lent none), its reply not yet taken."""
 
     def __init__(self, session: Session, tensor: Tensor, request: int,
-                 slot: Slot | None) -> None:
+                 slot: Slot | mmap.mmap | None) -> None:
         super().__init__(session, tensor, request)
-        self.slot: Slot | None = slot
+        self.slot: Slot | mmap.mmap | None = slot  # (memory of this process's own, where
+        # the worker writes there: ``fabric.core.cross_memory``)
 
     def result(self, timeout: float | None = None) -> np.ndarray:
         """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""
@@ -495,11 +498,10 @@ class SharedReadInFlight(ReadInFlight):
         except BaseException:
             self.cancel()  # (a worker that is only slow may still write into the slot)
             raise
-        pool = self.session.connection.segments
         slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
         if "error" in reply.body:
             if slot is not None:
-                pool.give_back(slot)
+                bulk.unused(self.session, slot, written=True)
             raise self.session._remote_error(reply.body["error"])
         values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
         if values is None:  # (a view the device did not pin, or that cannot be mapped here)
@@ -508,10 +510,11 @@ class SharedReadInFlight(ReadInFlight):
         return values
 
     def cancel(self) -> None:
-        """Stop waiting, and close the slot: the worker may still write into it."""
+        """Stop waiting, and give the slot up: the worker may still write into it
+        (``bulk.unused``)."""
         super().cancel()
         if self.slot is not None:
-            self.session.connection.segments.discard(self.slot)
+            bulk.unused(self.session, self.slot, written=False)
             self.slot = None
 
 

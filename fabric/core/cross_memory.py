@@ -1,15 +1,17 @@
-"""Reading another process's memory in one copy: cross-memory attach (``process_vm_readv``,
-Linux 3.2), as Open MPI's and MPICH's shared-memory transports read large messages.
+"""Reading and writing another process's memory in one copy: cross-memory attach
+(``process_vm_readv`` and ``process_vm_writev``, Linux 3.2), as Open MPI's and MPICH's
+shared-memory transports move large messages.
 
 Why: a first upload of a size has no warm slot of shared memory to go through, and a new
 segment (``tmpfs``, in 4 KiB pages: ``shmem_enabled`` is ``never`` by default) faulted in at
-1.4 GB/s here before the copy into it. A worker reading the client's array straight into
-new memory of its own, on two threads, ran 3.5-3.9 GB/s here in 4 KiB pages, and 10-11 GB/s
-in huge pages still the guest's. Reads do not come here: a read's slot of the client's pool
-is reused warm by the next read, where new memory would be faulted in each time. The kernel
-lets a process read another's memory only where it may ptrace it (the same user, or
-``CAP_SYS_PTRACE``; Yama's ``ptrace_scope`` may forbid even that): ``workers.shared_memory``
-tries it once per session, and reads only the process its client proved to be.
+1.4 GB/s here before the copy into it. A worker reading the client's array straight into new
+memory of its own, on two threads, ran 3.5-3.9 GB/s here in 4 KiB pages, and 10-11 GB/s in
+huge pages still the guest's. A first read of a size is written the same way into new memory
+of the client's (``write``); later ones take the client's slots, which are reused warm,
+where new memory would be faulted in each time. The kernel lets a process reach another's
+memory only where it may ptrace it (the same user, or ``CAP_SYS_PTRACE``; Yama's
+``ptrace_scope`` may forbid even that): ``workers.shared_memory`` tries it once per session,
+and reaches only the process its client proved to be.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import glob
 import math
 import mmap
 import os
+from typing import Any
 
 import numpy as np
 
@@ -33,12 +36,17 @@ class _IoVec(ctypes.Structure):
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # (ctypes lets the GIL go for the call)
-_LIBC.process_vm_readv.argtypes = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
-                                   ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)
-_LIBC.process_vm_readv.restype = ctypes.c_ssize_t
+for _call in (_LIBC.process_vm_readv, _LIBC.process_vm_writev):
+    _call.argtypes = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                      ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)
+    _call.restype = ctypes.c_ssize_t
+_LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long)
+_LIBC.mmap.restype = ctypes.c_void_p
 HUGE_PAGE = 2 << 20  # pieces start on whole huge pages of the local side
 BALLOON_FEATURES = "/sys/bus/virtio/drivers/virtio_balloon/*/features"
 _REPORTING_BIT = 5  # VIRTIO_BALLOON_F_REPORTING: the guest tells its host of free pages
+_PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000
 
 
 def read(pid: int, address: int, into: np.ndarray, copies: ParallelCopy | None = None) \
@@ -50,21 +58,36 @@ def read(pid: int, address: int, into: np.ndarray, copies: ParallelCopy | None =
     ``EFAULT`` (not all of them mapped there)."""
     if not into.flags.c_contiguous or not into.flags.writeable:
         raise ValueError("cross_memory.read fills a C-contiguous, writable array")
-    flat, nbytes = into.reshape(-1).view(np.uint8), into.nbytes
+    _in_pieces(_LIBC.process_vm_readv, pid, into, address, copies)
+
+
+def write(pid: int, address: int, data: np.ndarray, copies: ParallelCopy | None = None) \
+        -> None:
+    """Write ``data`` (C-contiguous) into process ``pid``'s memory at ``address``, as
+    ``read`` does (OSError as it raises it)."""
+    if not data.flags.c_contiguous:
+        raise ValueError("cross_memory.write writes a C-contiguous array")
+    _in_pieces(_LIBC.process_vm_writev, pid, data, address, copies)
+
+
+def _in_pieces(call: Any, pid: int, local: np.ndarray, address: int,
+               copies: ParallelCopy | None) -> None:
+    nbytes = local.nbytes
     if copies is None or copies.threads < 2 or nbytes < copies.min_bytes:
-        _read_piece(pid, flat, address)
+        _copy(call, pid, local.reshape(-1).view(np.uint8), address)
         return
+    flat = local.reshape(-1).view(np.uint8)
     step = -(-nbytes // copies.threads // HUGE_PAGE) * HUGE_PAGE
-    copies.each(_read_piece, [(pid, flat[start:start + step], address + start)
-                              for start in range(0, nbytes, step)])
+    copies.each(_copy, [(call, pid, flat[start:start + step], address + start)
+                        for start in range(0, nbytes, step)])
 
 
-def _read_piece(pid: int, into: np.ndarray, address: int) -> None:
-    start, nbytes, done = into.ctypes.data, into.nbytes, 0
-    while done < nbytes:  # (the kernel may read fewer than asked: at most 2 GiB a call)
+def _copy(call: Any, pid: int, local: np.ndarray, address: int) -> None:
+    start, nbytes, done = local.ctypes.data, local.nbytes, 0
+    while done < nbytes:  # (the kernel may copy fewer than asked: at most 2 GiB a call)
         here = _IoVec(start + done, nbytes - done)
         there = _IoVec(address + done, nbytes - done)
-        got = _LIBC.process_vm_readv(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
+        got = call(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
         if got < 0:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code))
@@ -74,8 +97,9 @@ def _read_piece(pid: int, into: np.ndarray, address: int) -> None:
 
 
 def new_memory(nbytes: int) -> mmap.mmap:
-    """Memory of this process's own to read into (``read``): anonymous, in huge pages where
-    they pay (``huge_pages_pay``), else in 4 KiB pages (``MADV_NOHUGEPAGE``)."""
+    """Memory of this process's own, for another to write into (``write``) or to read into
+    (``read``): anonymous, in huge pages where they pay (``huge_pages_pay``), else in 4 KiB
+    pages (``MADV_NOHUGEPAGE``)."""
     memory = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(OSError):  # (a kernel without transparent huge pages)
         memory.madvise(mmap.MADV_HUGEPAGE if huge_pages_pay() else mmap.MADV_NOHUGEPAGE)
@@ -110,3 +134,20 @@ def host_takes_free_pages(feature_files: list[str]) -> bool:
         if len(bits) > _REPORTING_BIT and bits[_REPORTING_BIT] == "1":
             return True
     return False
+
+
+def address(memory: mmap.mmap) -> int:
+    """Where ``memory`` lies in this process."""
+    return np.frombuffer(memory, np.uint8).ctypes.data
+
+
+def retire(memory: mmap.mmap) -> None:
+    """``memory`` (``new_memory``) will not be read, but a writer may still come: its pages go
+    back to the kernel now, and its addresses stay reserved, unusable (a late write fails
+    with ``EFAULT`` rather than landing in memory used since), for as long as ``memory`` is
+    referenced: hold it (it costs addresses, no memory)."""
+    start = address(memory)
+    if _LIBC.mmap(start, len(memory), _PROT_NONE,
+                  mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE,
+                  -1, 0) != start:
+        raise OSError(ctypes.get_errno(), "could not retire a cross-memory target")

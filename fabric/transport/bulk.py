@@ -2,25 +2,28 @@
 (``fabric.core.shm``) instead of inside messages, when its worker shares this host.
 
 Rule: a session asks its worker once, at its first array of at least the threshold
-(``shm_probe``, ``fabric.core.wire``: ``Probe``); until the worker agrees, and whenever no slot is
-free, the session is off or the op stream is being captured, every array takes the socket path as
-before, so this path only ever replaces a transfer the socket path would make. An upload or
-a move goes into a slot the receiving device lends from its own pool (``shm_slot``; for an
-upload, one lent ahead, whose answer has come or is waited for a bounded time:
-``fabric.transport.slots_ahead``), else, for an upload the device is idle for and whose
-worker may read this process's memory, no slot: the worker reads the array itself
-(``_upload_from_memory``), else into one of the connection's pool; a read into one of the connection's pool, or, for a read-only
-view of a tensor that lies in a slot of its device's own pool, that slot itself, pinned on
-the worker until the view is collected (``workers.pins``; the unpin goes with the session's
-next message: ``send_unpins``). Small arrays never come here: the caller tests the size
-first. An upload buffer (``upload_buffer``) is a slot the device lent, handed to the caller
-to write in; ``seal`` makes it the tensor, as an upload into a lent slot, without the copy.
+(``shm_probe``, ``fabric.core.wire``: ``Probe``); until the worker agrees, and whenever no
+slot is free, the session is off or the op stream is being captured, every array takes the
+socket path as before, so this path only ever replaces a transfer the socket path would
+make. An upload or a move goes into a slot the receiving device lends from its own pool
+(``shm_slot``; for an upload, one lent ahead, whose answer has come or is waited for a
+bounded time: ``fabric.transport.slots_ahead``), else, for an upload the device is idle for
+and whose worker may read this process's memory, no slot: the worker reads the array itself
+(``_upload_from_memory``), else into one of the connection's pool; a read into one of the
+connection's pool (a first read of a size, into new memory the worker writes:
+``_read_target``), or, for a read-only view of a tensor that lies in a slot of its device's
+own pool, that slot itself, pinned on the worker until the view is collected
+(``workers.pins``; the unpin goes with the session's next message: ``send_unpins``). Small
+arrays never come here: the caller tests the size first. An upload buffer
+(``upload_buffer``) is a slot the device lent, handed to the caller to write in; ``seal``
+makes it the tensor, as an upload into a lent slot, without the copy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import mmap
 import secrets
 import weakref
 from typing import Any, Iterator, NamedTuple
@@ -30,6 +33,7 @@ import numpy as np
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
+from fabric.core import cross_memory
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
@@ -130,11 +134,11 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     written into a slot the device lent ahead (which the tensor then keeps: one copy in
     all); or else, where no slot of this process's pool that fits is free and the worker
     can, read by the worker straight out of ``array`` (``_upload_from_memory``: one copy,
-    into new memory of the worker's); or else into a slot of this process's pool (which the worker copies
-    out); None, sending nothing, where it must take the socket path. The only waits are for
-    the read out of ``array``, and, where the worker cannot read it, for the answer to a slot
-    asked for ahead that fits and has not come (its segment being made: ``_on_its_way``);
-    the slot for a later upload is asked for now, its answer taken then
+    into new memory of the worker's); or else into a slot of this process's pool (which the
+    worker copies out); None, sending nothing, where it must take the socket path. The only
+    waits are for the read out of ``array``, and, where the worker cannot read it, for the
+    answer to a slot asked for ahead that fits and has not come (its segment being made:
+    ``_on_its_way``); the slot for a later upload is asked for now, its answer taken then
     (``fabric.transport.slots_ahead``)."""
     if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
             or array.nbytes > session.max_upload_bytes:
@@ -146,8 +150,8 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     lent = _lent_ahead(session, pool, array.nbytes)
     if lent is None and _read_from_memory(session, pool, array, dtype):
         tensor = _upload_from_memory(session, pool, array)
-        if session.slots_ahead.again(array.nbytes):  # (after: its fault-in took no core
-            _ask_ahead(session, pool, array.nbytes)  # from the read)
+        if session.slots_ahead.uploaded_sizes.again(array.nbytes):  # (after: its fault-in
+            _ask_ahead(session, pool, array.nbytes)  # took no core from the read)
         return tensor
     if lent is None:
         lent = _on_its_way(session, pool, array.nbytes)
@@ -403,9 +407,12 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
 
 
 def start_read(session: Any, tensor: Tensor,
-               view: bool = False) -> tuple[int, Slot | None] | None:
+               view: bool = False) -> tuple[int, Slot | mmap.mmap | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; None, sending nothing, where it must take the socket path. ``view``: the device
+    slot; or, for a first read of its size, where no slot that fits is free and its worker
+    said it can, into new memory of this process's own that the worker writes
+    (``_read_target``); None, sending nothing, where it must take the socket path.
+    ``view``: the device
     may answer with its own slot instead, pinned (``take``); for a tensor written into one
     (``Session.in_device_slots``), no slot is lent for the read (should the device not pin
     it after all, the read is made again, as a copy)."""
@@ -421,6 +428,11 @@ def start_read(session: Any, tensor: Tensor,
         body["view"] = True
         if session.in_device_slots.get(tensor.id) is tensor:
             return session._send_request(body), None
+    target = _read_target(session, pool, nbytes)
+    if target is not None:
+        pool.transfers += 1
+        return session._send_request(
+            {**body, "into_memory": [cross_memory.address(target), nbytes]}), target
     slot = pool.acquire(nbytes)
     if slot is None:
         return None
@@ -430,6 +442,22 @@ def start_read(session: Any, tensor: Tensor,
         pool.discard(slot)
         raise
     return request, slot
+
+
+def _read_target(session: Any, pool: SegmentPool, nbytes: int) -> mmap.mmap | None:
+    """New memory of this process's own for the worker to write a read of ``nbytes`` bytes
+    into (``fabric.core.cross_memory.new_memory``: one fault-in, where a new slot is faulted
+    in here and then again in the worker's mapping of it), where it can, no slot that fits
+    is free, and no read of that size came before (``SizesSeen``): a loop's next read finds
+    the slot its second one made, warm, where new memory would be faulted in each time.
+    None where the read takes a slot (or no memory that large can be had here)."""
+    if not session.probe.reads_memory or pool.free_fitting(nbytes) is not None \
+            or session.read_sizes.again(nbytes):
+        return None
+    try:
+        return cross_memory.new_memory(nbytes)
+    except OSError:  # (ENOMEM: then no slot either; the sockets say why)
+        return None
 
 
 def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceSlot | None:
@@ -476,7 +504,7 @@ def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[N
         pool.give_back(own)
 
 
-def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
+def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool,
          reply: Message) -> np.ndarray | None:
     """The values a read wrote into ``slot``, as an array over the slot itself, which stays
     lent to it until it and every array made from it are gone: no one else writes there, so
@@ -486,6 +514,12 @@ def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
     this process cannot map it (then unpinned, and the device asked for no view again): the
     read is then to be made again, as a copy."""
     pool = session.connection.segments
+    if isinstance(slot, mmap.mmap):
+        if "pinned" not in reply.body:  # (written there)
+            values = np.frombuffer(slot, tensor.dtype, tensor.size).reshape(tensor.shape)
+            values.flags.writeable = copy
+            return values
+        slot = None  # (the device pinned its own: nothing was written, or will be)
     if "pinned" not in reply.body:
         holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
         weakref.finalize(holder, pool.give_back_from_any_thread, slot)
@@ -511,6 +545,25 @@ def take(session: Any, slot: Slot | None, tensor: Tensor, copy: bool,
     holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=False)
     weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
     return np.asarray(holder)
+
+
+def unused(session: Any, slot: Slot | mmap.mmap, written: bool) -> None:
+    """A read's ``slot`` will not be read: back to the pool, where the worker ``written``
+    into it (it answered); else, as it may still write, closed (a slot) or retired and kept
+    (memory of this process's own: ``fabric.core.cross_memory.retire``)."""
+    if isinstance(slot, mmap.mmap):
+        if not written:
+            cross_memory.retire(slot)
+            _RETIRED.append(slot)
+    elif written:
+        session.connection.segments.give_back(slot)
+    else:
+        session.connection.segments.discard(slot)
+
+
+# The memory of the reads given up before their workers wrote it: retired, its addresses
+# reserved for this process's life (they cost no memory)
+_RETIRED: list[mmap.mmap] = []
 
 
 def _unpin_later(session: weakref.ref, name: str) -> None:

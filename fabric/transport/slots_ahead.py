@@ -39,6 +39,22 @@ class Arrived(NamedTuple):
     since: float
 
 
+class SizesSeen:
+    """The last ``IN_ALL`` sizes of one kind of transfer a session made (``again``)."""
+
+    def __init__(self) -> None:
+        self.sizes: deque[int] = deque(maxlen=IN_ALL)
+
+    def again(self, nbytes: int) -> bool:
+        """Whether a transfer of ``nbytes`` bytes came before (a loop's); remembered now.
+        (A first upload read from the client's memory asks for no slot ahead, and a first
+        read is written into new memory of the client's: ``fabric.transport.bulk``.)"""
+        if nbytes in self.sizes:
+            return True
+        self.sizes.append(nbytes)
+        return False
+
+
 class SlotsAhead:
     """One session's slots lent ahead: asked (request id -> bytes asked), arrived, and those
     to give back with the next request; ``used`` and ``missed`` count the uploads that found
@@ -50,8 +66,7 @@ class SlotsAhead:
         self.returning: list[SegmentRef] = []  # (also an unused upload buffer's: bulk)
         self.used = 0
         self.missed = 0
-        self.read_sizes: deque[int] = deque(maxlen=IN_ALL)  # the last sizes uploads were
-        # read from the client's memory (``again``)
+        self.uploaded_sizes = SizesSeen()  # of the uploads read from the client's memory
         self._clock = clock
 
     def on_answer(self, request: int, ref: SegmentRef | None) -> None:
@@ -60,16 +75,6 @@ class SlotsAhead:
         del self.asked[request]
         if ref is not None:
             self.arrived.append(Arrived(ref, self._clock()))
-
-    def again(self, nbytes: int) -> bool:
-        """An upload of ``nbytes`` bytes was read from the client's memory: whether one of
-        that size was before (of the last ``IN_ALL`` sizes), a loop's, whose next upload
-        then finds a slot asked for now; a first one asks for none (the read back that
-        often comes next would share the cores with its fault-in)."""
-        if nbytes in self.read_sizes:
-            return True
-        self.read_sizes.append(nbytes)
-        return False
 
     def take(self, nbytes: int) -> SegmentRef | None:
         """The smallest arrived slot that fits ``nbytes`` bytes, now the caller's; None

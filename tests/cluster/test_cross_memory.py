@@ -1,10 +1,12 @@
-"""The worker reading an upload straight out of its client's array into new memory of its
-own (``fabric.core.cross_memory``), where no slot of shared memory is ready: real brokers
-and workers on loopback, and the module's own rules."""
+"""The worker reading an upload straight out of its client's array, and writing a first
+read of a size straight into new memory of the client's (``fabric.core.cross_memory``), where
+no slot of shared memory is ready: real brokers and workers on loopback, and the module's
+own rules."""
 
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import signal
 
@@ -13,9 +15,10 @@ import pytest
 
 import fabric
 from fabric.core import cross_memory
-from fabric.core.errors import FabricError
+from fabric.core.errors import FabricError, RequestTimeout
 from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.shm import SharedMemory
+from fabric.core.wire import dtype_name
 from fabric.transport import bulk
 from fabric.workers.shared_memory import ClientProcess, _reads_memory
 
@@ -25,11 +28,19 @@ from test_shm_path import DTYPES, no_segments_left, random_array  # noqa: F401 (
 from test_shm_path import shm_cluster  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
+F8 = dtype_name(np.dtype("float64"))
 
 
 def connect(cluster, **options) -> fabric.Session:
     """A session whose arrays of 1 MiB or more take shared memory (the default)."""
     return fabric.connect(cluster.address, token=cluster.token, **options)
+
+
+def owner(array: np.ndarray) -> object:
+    """What holds ``array``'s memory, past its views."""
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return array.obj if isinstance(array, memoryview) else array
 
 
 def through_memory(session: fabric.Session) -> bool:
@@ -40,7 +51,7 @@ def through_memory(session: fabric.Session) -> bool:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_every_dtype_goes_up_through_the_clients_own_memory(shm_cluster, dtype):
+def test_every_dtype_goes_up_and_down_through_the_clients_own_memory(shm_cluster, dtype):
     with connect(shm_cluster) as session:
         assert session.arange(4).sum().numpy() == 6
         assert through_memory(session)
@@ -49,9 +60,16 @@ def test_every_dtype_goes_up_through_the_clients_own_memory(shm_cluster, dtype):
         tensor = session.asarray(array)
         uploaded = session.stream.counts["bytes_uploaded_by_shared_memory"]
         assert uploaded == array.nbytes and not pool.lent and not pool.free  # no slot
-        back = tensor.numpy()  # (through a slot of the client's pool)
+        back = tensor.numpy()
         assert back.tobytes() == array.tobytes() and back.dtype == array.dtype
-        assert pool.transfers == 2
+        assert isinstance(owner(back), mmap.mmap) and back.flags.writeable  # its own
+        # (memory the worker wrote into)
+        assert pool.transfers == 2 and not pool.lent
+        again = tensor.numpy()  # a second read of the size: a slot, which the next reuses
+        assert again.tobytes() == array.tobytes() and not isinstance(owner(again), mmap.mmap)
+        del again
+        gc.collect()
+        assert tensor.numpy().tobytes() == array.tobytes() and pool.transfers == 4
         assert session.stats()["bytes_uploaded_by_socket"] == 0
 
 
@@ -102,6 +120,29 @@ def test_an_upload_to_a_busy_device_never_waits_for_it():
         assert tensor.numpy().tobytes() == array.tobytes()
 
 
+@pytest.mark.timeout(90)
+def test_a_read_given_up_before_its_worker_wrote_is_retired_and_the_write_lands_nowhere():
+    with fabric.LocalCluster(workers=1, heartbeat=2.0) as cluster, \
+            connect(cluster, timeout=10) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        tensor = session.asarray(np.arange(MiB, dtype=np.float64))
+        session.sync()
+        retired = len(bulk._RETIRED)
+        worker = cluster.workers[0]
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: _state(worker.pid) == "T", 5, "the worker to stop")
+            read = session.start_read(tensor)
+            with pytest.raises(RequestTimeout):
+                read.result(timeout=0.5)
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        assert len(bulk._RETIRED) == retired + 1  # its addresses stay reserved, unusable
+        # the worker's late write failed (EFAULT), its answer dropped: the session goes on
+        np.testing.assert_array_equal(tensor.numpy(), np.arange(MiB, dtype=np.float64))
+        assert worker.poll() is None
+
+
 def _put_from(session: fabric.Session, shape: list, address: int) -> fabric.Tensor:
     """A put naming ``address`` in this process's memory, sent by hand (as a hostile or
     broken client would)."""
@@ -115,7 +156,7 @@ def _put_from(session: fabric.Session, shape: list, address: int) -> fabric.Tens
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("shape, address, error", [
-    ([1024], 8, "could not be read"),  # (not mapped in the client)
+    ([1024], 8, "could not be reached"),  # (not mapped in the client)
     ([1024], -5, "names the address"),
     ([1024], "here", "names the address"),
     ([-1], None, "shape"),
@@ -141,16 +182,41 @@ def test_a_worker_reaches_no_memory_of_a_client_that_did_not_offer_it(shm_cluste
         kept = np.ones(1024)
         with pytest.raises(FabricError, match="probe said so"):
             _put_from(session, [1024], kept.ctypes.data).numpy()
-        np.testing.assert_array_equal(session.asarray(kept).numpy(), kept)  # (a slot)
+        tensor = session.asarray(kept)
+        with pytest.raises(FabricError, match="probe said so"):
+            session._call({"op": "read_into", "id": tensor.id, "dtype": F8,
+                           "shape": (1024,), "into_memory": [kept.ctypes.data, kept.nbytes]})
+        np.testing.assert_array_equal(tensor.numpy(), kept)
 
 
-def test_a_read_goes_in_pieces_and_fails_with_the_kernels_error():
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("target, error", [
+    (lambda kept: [kept.ctypes.data, kept.nbytes // 2], "cannot take"),  # a smaller target
+    (lambda kept: [8, kept.nbytes], "could not be reached"),
+    (lambda kept: [kept.ctypes.data], "into_memory is"),
+])
+def test_a_bad_read_into_the_clients_memory_fails_alone(shm_cluster, target, error):
+    with connect(shm_cluster) as session:
+        assert session.arange(4).sum().numpy() == 6 and through_memory(session)
+        kept = np.zeros(1024)
+        tensor = session.arange(1024.0)
+        with pytest.raises(FabricError, match=error):
+            session._call({"op": "read_into", "id": tensor.id, "dtype": F8,
+                           "shape": (1024,), "into_memory": target(kept)})
+        assert not kept.any()  # nothing written past a target it refused
+        np.testing.assert_array_equal(tensor.numpy(), np.arange(1024.0))
+
+
+def test_reads_and_writes_go_in_pieces_and_fail_with_the_kernels_error():
     source = np.random.default_rng(3).random(3 * MiB)  # 24 MiB: cut into 2 MiB-aligned pieces
     copies = ParallelCopy(threads=3, min_bytes=0)
     try:
         into = cross_memory.new_array(source.shape, source.dtype)
         cross_memory.read(os.getpid(), source.ctypes.data, into, copies)
         assert into.tobytes() == source.tobytes()
+        target = cross_memory.new_memory(source.nbytes)
+        cross_memory.write(os.getpid(), cross_memory.address(target), source, copies)
+        assert bytes(target) == source.tobytes()
         with pytest.raises(OSError) as failed:
             cross_memory.read(os.getpid(), 8, into)
         assert failed.value.errno == 14  # EFAULT
@@ -158,6 +224,14 @@ def test_a_read_goes_in_pieces_and_fails_with_the_kernels_error():
             cross_memory.read(os.getpid(), source.ctypes.data, into[::2])
     finally:
         copies.close()
+
+
+def test_retired_memory_takes_no_late_write():
+    memory = cross_memory.new_memory(MiB)
+    start = cross_memory.address(memory)
+    cross_memory.retire(memory)
+    with pytest.raises(OSError):  # (EFAULT: nothing lands there)
+        cross_memory.write(os.getpid(), start, np.ones(16))
 
 
 def test_huge_pages_are_not_used_where_the_host_takes_free_pages_back(tmp_path):
