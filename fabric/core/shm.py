@@ -85,9 +85,9 @@ class SharedMemory:
     once (None: ``FABRIC_COPY_THREADS``, else the cores it may use, at most 4; 1: one
     ``np.copyto``, ``fabric.core.parallel_copy``). With ``cross_memory`` (the default), where
     no slot that fits is ready, the worker reads an upload straight out of the client's
-    array, where the kernel lets it (it may ptrace the client: the same user), so the first
-    upload of a size faults in no slot (``fabric.core.cross_memory``); False: every upload
-    takes a slot."""
+    array, and writes a first read of a size straight into new memory of the client's,
+    where the kernel lets it (it may ptrace the client: the same user), so a first transfer
+    faults in no slot (``fabric.core.cross_memory``); False: every transfer takes a slot."""
 
     threshold: int = THRESHOLD_BYTES
     limit: int = DEFAULT_POOL_BYTES
