@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -50,8 +50,19 @@ from fabric.core.worker_options import WorkerOptions
 from .device_session import DeviceSession
 from .pins import SessionPins
 
-if TYPE_CHECKING:
-    from .device_pool import DevicePool
+
+class LendingPool(Protocol):
+    """What a session's segments ask of the device's own pool whose slots they were offered
+    (``workers.device_pool.DevicePool``, which builds on this module)."""
+
+    def charge(self, segment: Segment, owner: SessionSegments | None, amount: int) -> None:
+        """Charge ``amount`` bytes of ``segment`` to ``owner`` (None: the device)."""
+
+    def settle(self) -> None:
+        """Charge the device for its free segments, and no one for those it closed."""
+
+    def give_back_from_any_thread(self, slot: Slot, retire: bool = False) -> None:
+        """Take ``slot`` back, from whatever thread."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,8 @@ class SessionSegments:
     """The shared memory of one session: its client process and its segments, as this
     worker maps them, the slots of the device's own pool offered to its uploads and not yet
     used, those its client's read-only views pin (``workers.pins``), and the bytes of the
-    device's pool charged to it (``DevicePool``; not in its ``resident`` bytes)."""
+    device's pool charged to it (``workers.device_pool.DevicePool``; not in its ``resident``
+    bytes)."""
 
     def __init__(self, process: ClientProcess) -> None:
         self.process = process
@@ -155,7 +167,7 @@ class SessionSegments:
         # (``read_from_client``: its probe said so)
         self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
         self.watched: list[ClientProcess] = []  # (those processes)
-        self.offered: dict[str, tuple["DevicePool", Slot]] = {}
+        self.offered: dict[str, tuple[LendingPool, Slot]] = {}
         self.charged = 0
         self.closed = False
         self.pins = SessionPins()
@@ -207,7 +219,7 @@ class SessionSegments:
             self.peers[pid] = PeerSegments(pid)
         return _slot_bytes(self.peers[pid].map(slot.name, slot.offset, slot.nbytes), slot)
 
-    def lend(self, pool: "DevicePool", slot: Slot) -> None:
+    def lend(self, pool: LendingPool, slot: Slot) -> None:
         """``slot`` of the device's own ``pool`` is offered to this session's uploads."""
         name = slot.segment.name
         self.offered[name] = (pool, slot)
@@ -215,7 +227,7 @@ class SessionSegments:
             _OFFERED[name] = self.process.key
         pool.charge(slot.segment, self, slot.segment.size)
 
-    def take(self, name: str) -> tuple["DevicePool", Slot]:
+    def take(self, name: str) -> tuple[LendingPool, Slot]:
         """The offered slot ``name``, used now (its charge stays until its user says)."""
         pool, slot = self.offered.pop(name)
         with _OFFERED_LOCK:
@@ -284,13 +296,18 @@ def _reads_memory(process: ClientProcess, body: dict[str, Any]) -> bool:
     ``"heap"`` (the address of 8 bytes of the client's own, holding its token) reads as the
     token (a client that predates it names none)."""
     address, token = body.get("heap"), np.zeros(1, np.uint64)
-    if type(address) is not int or not 0 < address < 1 << 64:
+    if not _an_address(address):
         return False
     try:
         cross_memory.read(process.pid, address, token)
     except OSError:  # no right to ptrace it (another user, Yama), or no such bytes
         return False
     return int(token[0]) == body.get("token") and process.same()
+
+
+def _an_address(value: Any) -> bool:
+    """Whether ``value``, as a peer sent it, can be an address in a 64-bit process."""
+    return type(value) is int and 0 < value < 1 << 64
 
 
 def _proved(body: dict[str, Any], enabled: bool) -> ClientProcess | str:
@@ -407,7 +424,7 @@ def _client_memory(session: DeviceSession, copy: Any, address: Any, local: np.nd
     if not segments.reads_memory:
         raise ProtocolError(f"This worker cannot reach this session's client's memory (its "
                             f"probe said so): {what} through a shared-memory slot.")
-    if type(address) is not int or not 0 < address < 1 << 64 or not segments.process.same():
+    if not _an_address(address) or not segments.process.same():
         raise ProtocolError("A transfer through the client's memory names the address of "
                             "its bytes in the client process that probed, while it lives.")
     try:

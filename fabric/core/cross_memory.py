@@ -72,14 +72,12 @@ def write(pid: int, address: int, data: np.ndarray, copies: ParallelCopy | None 
 
 def _in_pieces(call: Any, pid: int, local: np.ndarray, address: int,
                copies: ParallelCopy | None) -> None:
-    nbytes = local.nbytes
-    if copies is None or copies.threads < 2 or nbytes < copies.min_bytes:
-        _copy(call, pid, local.reshape(-1).view(np.uint8), address)
-        return
     flat = local.reshape(-1).view(np.uint8)
-    step = -(-nbytes // copies.threads // HUGE_PAGE) * HUGE_PAGE
-    copies.each(_copy, [(call, pid, flat[start:start + step], address + start)
-                        for start in range(0, nbytes, step)])
+    if copies is None:
+        _copy(call, pid, flat, address)
+        return
+    copies.each(_copy, [(call, pid, flat[start:start + length], address + start)
+                        for start, length in copies.spans(local.nbytes, HUGE_PAGE)])
 
 
 def _copy(call: Any, pid: int, local: np.ndarray, address: int) -> None:

@@ -123,10 +123,22 @@ class ParallelCopy:
         self.cut += 1
         self.each(np.copyto, cut)
 
+    def spans(self, nbytes: int, align: int) -> list[tuple[int, int]]:
+        """``nbytes`` bytes cut as ``copy`` cuts a copy: a span (start, length) for each
+        thread, each but the last a whole number of ``align`` bytes; one span where a copy
+        is not cut (one thread, or fewer than ``min_bytes``, or none)."""
+        if self.threads < 2 or nbytes < self.min_bytes or nbytes == 0:
+            return [(0, nbytes)]
+        step = -(-nbytes // self.threads // align) * align
+        return [(start, min(step, nbytes - start)) for start in range(0, nbytes, step)]
+
     def each(self, copy: Callable[..., Any], cut: Sequence[tuple[Any, ...]]) -> None:
         """``copy(*piece)`` for every piece of ``cut``: the first here, the others on the
         pool's threads (any not started by then, here too). Returns once every piece is
         copied (the first error of a piece is raised then)."""
+        if len(cut) < 2:
+            copy(*cut[0])
+            return
         futures = self._submit(copy, cut[1:])
         try:
             copy(*cut[0])

@@ -224,14 +224,12 @@ class Segment:
             self.map.madvise(mmap.MADV_HUGEPAGE)
         except OSError:
             pass
-        if copies is None or copies.threads < 2 or self.size < copies.min_bytes:
+        if copies is None:
             self._allocate(0, self.size)
-            return
-        step = -(-self.size // copies.threads // SEGMENT_ALIGN) * SEGMENT_ALIGN
-        copies.each(self._allocate, [(offset, step) for offset in range(0, self.size, step)])
+        else:
+            copies.each(self._allocate, copies.spans(self.size, SEGMENT_ALIGN))
 
     def _allocate(self, offset: int, nbytes: int) -> None:
-        nbytes = min(nbytes, self.size - offset)
         try:  # (a populate allocates as it faults, ENOMEM where no memory is left; in pieces:
             # it holds the process's memory map lock, which an mmap in another thread,
             # mapping a peer's segment for a transfer, waits for; no fallocate first: it

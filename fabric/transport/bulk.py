@@ -323,7 +323,7 @@ def _on_its_way(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | No
     except RequestTimeout:
         return None
     ahead.on_answer(request, _lent_slot(session, pool, reply))
-    return None if session.id in pool.slotless else ahead.take(nbytes)
+    return _lent_ahead(session, pool, nbytes)
 
 
 def take_answers(session: Any, pool: SegmentPool) -> None:
