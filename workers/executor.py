@@ -50,6 +50,7 @@ from .elision import ELIDE_FROM_ELEMENTS, run_elided
 from .in_place import write_in_place
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget
 from .registered_graphs import GraphOps, SessionGraphs, plan_op
+from .lent_memory import LentMemory, read_lent
 from .session_moves import SessionMoves
 from .tally import DeviceTally
 
@@ -71,6 +72,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         self.device = device
         self.memory_limit = memory_limit  # per session; the budget is the worker's
         self.allowance = (budget or MemoryBudget(None)).allowance()
+        self.lent = LentMemory(self.allowance)  # tensors moved by memory, till read
         self.sessions: dict[int, DeviceSession] = {}
         self._plain_impls = _PLAIN_IMPLS if device.plain_below else {}
         self.tally = DeviceTally()  # what the device did, for the worker's heartbeats
@@ -137,6 +139,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         shared_memory.closed(self, session)
         self.allowance.refund(session, session.resident)
         self.allowance.held -= session.replies.nbytes
+        self.lent.expire()
         self.allowance.settle()
         return [Message(Kind.CLOSED, message.session, message.request)]
 
@@ -168,7 +171,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         for session in self.sessions.values():
             shared_memory.closed(self, session)
         self.sessions.clear()
-        self.allowance.held = 0
+        self.allowance.held = self.lent.nbytes  # (kept past their sessions: lent_memory)
         if self.slots is not None:
             self.slots.recount()
         self.allowance.settle()
@@ -344,7 +347,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
 
     # Ops that are not the op table's: they act on the session, and make no tensor of theirs.
     _special_ops: dict[str, Callable[..., None]] = {
-        "seed": _seed, "send": _send, **GraphOps._graph_ops}
+        "seed": _seed, "send": _send, "release": SessionMoves._release, **GraphOps._graph_ops}
 
     def _materialize(self, session: DeviceSession, tensor_id: Any) -> None:
         """Compute a value the device deferred (the numexpr device's fused chains)."""
@@ -406,16 +409,18 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
         memory first: a view of the frame ``buffers[index]`` that brought it, allocating
         nothing; or out of shared memory, counted, where the device keeps its own slot as it
         is and copies the client's (which the client reuses once this ran); or read out of
-        the client's own memory (a put's ``"from"``)."""
-        if "from" in params:  # (its client's own memory, read here: one copy)
-            session.slots_used = True  # (its client waits for this batch's CREDIT, even
-            # where the put fails)
+        the client's own memory (a put's ``"from"``), or the sending worker's (a TRANSFER's
+        ``"lent"``)."""
+        if "from" in params or "lent" in params:  # (read here: one copy)
+            if "from" in params:  # (its client waits for this batch's CREDIT, even where
+                session.slots_used = True  # the put fails)
             shape, dtype = shared_memory.declared(params)
             nbytes = math.prod(shape) * dtype.itemsize
             self._require(session, what, nbytes, nbytes)
-            array = shared_memory.read_from_client(session, params["from"],
-                                                   cross_memory.new_array(shape, dtype),
-                                                   self.sharing.copies)
+            into = cross_memory.new_array(shape, dtype)
+            array = shared_memory.read_from_client(session, params["from"], into,
+                                                   self.sharing.copies) if "from" in params \
+                else read_lent(params["lent"], into, self.sharing)
             self.tally.came_shared(nbytes)
             return self.device.from_host(array)
         shared = "shm" in params
@@ -530,6 +535,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
             "ops": session.ops, "poisoned": len(session.poisoned),
             "device_sessions": len(self.sessions),
             "device_resident_bytes": sum(s.resident for s in self.sessions.values()),
+            "device_lent_bytes": self.lent.nbytes,
             "transfers_refused": session.transfers_refused, **session.counters,
             **session.graphs.stats(), **(self.batches.stats() if self.batches else {}),
             **self.device.stats()})]

@@ -5,8 +5,9 @@ arrives (a TRANSFER), and answers who waits for it (``await``).
 Rule: a session takes a tensor only under a ticket its own client gave (``expect``), used
 once: no session can push tensors into another, nor replace one there, whatever ids it
 knows; what arrives under no ticket is dropped and counted (``transfers_refused``). A
-tensor's poison travels in its place. The bytes go in the TRANSFER's frame, or through a slot
-of shared memory the receiving client lent (``workers.shared_memory``).
+tensor's poison travels in its place. The bytes go in the TRANSFER's frame, through a slot
+of shared memory the receiving client lent (``workers.shared_memory``), or, between two
+workers of one host, are read by the receiver where they lie (``workers.lent_memory``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ MAX_EXPECTED = 1024  # tensors one session may wait for from other sessions at o
 
 class SessionMoves:
     """The ``Executor``'s handling of tensors moved between sessions (a mixin: it uses the
-    executor's ``sessions``, ``device``, ``sharing``, ``tally``, ``_materialize``,
-    ``arrived``, ``_store`` and ``_op_error``)."""
+    executor's ``sessions``, ``device``, ``sharing``, ``tally``, ``lent``,
+    ``_materialize``, ``arrived``, ``_store`` and ``_op_error``)."""
 
     def _transfer(self, session: DeviceSession, tensor_id: int,
                   params: dict[str, Any]) -> Message:
@@ -51,9 +52,22 @@ class SessionMoves:
                                              body)
                 if "shm" in body:  # (else the slot was refused: the error goes instead)
                     self.tally.went_shared(array.nbytes)
-            else:
-                buffers = (np.ascontiguousarray(array).reshape(-1).view(np.uint8),)
+                return Message(Kind.TRANSFER, params["session"], session.id, body)
+            array = np.ascontiguousarray(array)
+            lent = self.lent.lend(session.id, params["ticket"], array) \
+                if params.get("by_memory") is True and self.sharing.enabled else None
+            if lent is None:
+                buffers = (array.reshape(-1).view(np.uint8),)
+            else:  # its receiver, a worker of this host, reads it here (``lent_memory``)
+                body["lent"] = lent
+                self.tally.went_shared(array.nbytes)
         return Message(Kind.TRANSFER, params["session"], session.id, body, buffers)
+
+    def _release(self, session: DeviceSession, out: int, args: list[Any],
+                 params: dict[str, Any]) -> None:
+        """A ``release`` op: the tensor this session lent by memory for the move
+        ``params["ticket"]`` was read by its receiver (or given up on)."""
+        self.lent.release(session.id, params.get("ticket"))
 
     def _receive(self, message: Message) -> list[Message]:
         """A tensor sent from another session arrives: stored as the tensor its ticket names,

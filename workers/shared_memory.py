@@ -107,7 +107,7 @@ def user_of(pid: int) -> int | None:
     return None
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot; None where it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -133,7 +133,7 @@ class ClientProcess:
             self._pidfd = None
         self.pid = pid
         self.uid = user_of(pid)
-        self.key = (pid, _start_time(pid))
+        self.key = (pid, start_time(pid))
         if self.key[1] is None:
             self.close()
             raise ProcessLookupError(errno.ESRCH, f"process {pid} is gone")
@@ -141,7 +141,7 @@ class ClientProcess:
     def same(self) -> bool:
         """Whether ``pid`` is still the process it was."""
         if self._pidfd is None:
-            return _start_time(self.pid) == self.key[1]
+            return start_time(self.pid) == self.key[1]
         watch = select.poll()
         watch.register(self._pidfd, select.POLLIN)
         return not watch.poll(0)  # (a pidfd turns readable once its process ended)
@@ -393,14 +393,14 @@ def uploaded(session: DeviceSession, params: dict[str, Any]) -> np.ndarray:
 
 
 def declared(params: dict[str, Any]) -> tuple[tuple[int, ...], np.dtype]:
-    """The shape and dtype a ``put`` that reads its client's memory (``"from"``) declares,
-    which say how many bytes it reads; ProtocolError for a shape that is not a list of
-    whole numbers of at least 0."""
+    """The shape and dtype that a transfer read out of another process's memory declares (a
+    put's ``"from"``, a TRANSFER's ``"lent"``), which say how many bytes it reads;
+    ProtocolError for a shape that is not a list of whole numbers of at least 0."""
     shape = params.get("shape")
     if type(shape) is not list or len(shape) > 64 \
             or not all(type(length) is int and length >= 0 for length in shape):
-        raise ProtocolError("A put from the client's memory needs a shape: a list of at most "
-                            "64 whole numbers of at least 0.")
+        raise ProtocolError("A transfer read from another process's memory needs a shape: a "
+                            "list of at most 64 whole numbers of at least 0.")
     return tuple(shape), device_dtype(params.get("dtype"))
 
 

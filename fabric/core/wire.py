@@ -76,7 +76,8 @@ GRAPH_CACHE_SIZE = 64  # graphs a session holds on its worker (the client mirror
 # registration, each naming the bound.
 MAX_GRAPH_OPS = 10_000
 GRAPH_OPS = ("graph_register", "graph_call", "graph_free")
-SESSION_OPS = ("seed", "send", *GRAPH_OPS)  # ops that act on the session, not the op table's
+# ops that act on the session, not the op table's
+SESSION_OPS = ("seed", "send", "release", *GRAPH_OPS)
 INT_RANGE = (-2**63, 2**64)  # the ints that travel as ints (msgpack's)
 MAX_WARNINGS = 64  # distinct device warnings one reply carries; more are only counted
 PACKED_INDEX_BYTES = 512  # the longest packed index a worker keeps decoded

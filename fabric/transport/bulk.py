@@ -26,7 +26,7 @@ import math
 import mmap
 import secrets
 import weakref
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator, Literal, NamedTuple
 
 import numpy as np
 
@@ -150,8 +150,7 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     lent = _lent_ahead(session, pool, array.nbytes)
     if lent is None and _read_from_memory(session, pool, array, dtype):
         tensor = _upload_from_memory(session, pool, array)
-        if session.slots_ahead.uploaded_sizes.again(array.nbytes):  # (after: its fault-in
-            _ask_ahead(session, pool, array.nbytes)  # took no core from the read)
+        after_memory_read(session, array.nbytes)
         return tensor
     if lent is None:
         lent = _on_its_way(session, pool, array.nbytes)
@@ -190,6 +189,14 @@ def _put(session: Any, shape: tuple[int, ...], dtype: np.dtype,
     stream.enqueue(["put", tensor.id, [], {"dtype": dtype.str, "shape": list(shape),
                                            **source}], None, tensor)
     return tensor
+
+
+def after_memory_read(session: Any, nbytes: int) -> None:
+    """``session``'s worker read an upload or a move of ``nbytes`` bytes out of another
+    process's memory: where that size came before (a loop's), a slot is asked for ahead, so
+    that a later one finds it warm; asked now, its fault-in takes no core from the read."""
+    if session.slots_ahead.read_from_memory.again(nbytes):
+        _ask_ahead(session, session.connection.segments, nbytes)
 
 
 def _read_from_memory(session: Any, pool: SegmentPool, array: np.ndarray,
@@ -460,14 +467,18 @@ def _read_target(session: Any, pool: SegmentPool, nbytes: int) -> mmap.mmap | No
         return None
 
 
-def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceSlot | None:
-    """A slot of shared memory for ``source`` (a tensor of another session of this process)
-    to move to ``session`` through (``t.to()``), which ``source``'s worker writes into: one
-    ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come, or
-    else asked for now (a round trip); or else one of this process's pool (``session``'s
-    worker copies it out). None where either worker cannot share memory with this process,
-    or neither has a slot free. The next move's (or upload's) slot is asked for ahead.
-    ``moved``: the tensor ``source`` becomes in ``session``."""
+def slot_for_move(session: Any, source: Tensor, moved: Tensor) \
+        -> Slot | DeviceSlot | Literal["by_memory"] | None:
+    """How ``source`` (a tensor of another session of this process) moves to ``session``
+    (``t.to()``): through a slot of shared memory that ``source``'s worker writes into, one
+    ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come;
+    or else ``"by_memory"``, read by ``session``'s worker straight out of ``source``'s
+    (``workers.lent_memory``), where both can read this process's memory (after it,
+    ``after_memory_read``); or else a slot asked for now (a round trip);
+    or else one of this process's pool (``session``'s worker copies it out). None where
+    either worker cannot share memory with this process, or neither has a slot free. The
+    next move's (or upload's) slot is asked for ahead. ``moved``: the tensor ``source``
+    becomes in ``session``."""
     shared = session.connection.shared_memory
     nbytes = source.size * source.dtype.itemsize
     if shared is None or nbytes < shared.threshold \
@@ -477,6 +488,8 @@ def slot_for_move(session: Any, source: Tensor, moved: Tensor) -> Slot | DeviceS
     if pool is None or pool_of(source.session) is None:
         return None
     ahead = _lent_ahead(session, pool, nbytes)
+    if ahead is None and session.probe.reads_memory and source.session.probe.reads_memory:
+        return "by_memory"
     # (the slot asked for now before the next one ahead: its device makes them in turn)
     lent = DeviceSlot([ahead.name, ahead.offset, nbytes]) if ahead is not None \
         else _lend_from_device(session, pool, nbytes)

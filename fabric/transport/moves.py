@@ -7,11 +7,13 @@ sends it with that ticket (a ``send`` op, flushed), and the receiving device wai
 before waiting on any device, so the moves of a reshard overlap across devices, where one
 move after another cost its round trips apiece. Shared memory between devices of this host:
 ``bulk.slot_for_move`` (a slot the receiving device lent ahead, as for uploads: no fourth
-round trip where its answer has come).
+round trip where its answer has come), or the receiving worker reads the tensor where it lies
+in the sending worker (``workers.lent_memory``), which keeps it until told (``release``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from contextlib import ExitStack
 from typing import Any, Sequence
@@ -49,25 +51,54 @@ def _move(moves: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
             break
     _answered([(target, request) for (_, target), (_, _, request) in zip(moves, agreed)],
               failed)
+    by_memory: dict[int, tuple[Tensor, Session, int]] = {}  # tensor id -> the move's parts
     with ExitStack() as lent:
         senders: dict[int, Any] = {}
         for (source, target), (tensor, ticket, _) in zip(moves, agreed):
             slot = bulk.slot_for_move(target, source, tensor)  # (None: the bytes go in the
             # TRANSFER)
-            lent.enter_context(bulk.lent(target.connection.segments, slot))
+            if slot == "by_memory":
+                way: dict[str, Any] = {"by_memory": True}
+                by_memory[tensor.id] = (source, target, ticket)
+            else:
+                lent.enter_context(bulk.lent(target.connection.segments, slot))
+                way = {"into": slot.ref()} if slot else {}
             source.session.stream.enqueue(["send", 0, [source.id], {
-                "session": target.id, "ticket": ticket, **({"into": slot.ref()} if slot else {})}])
+                "session": target.id, "ticket": ticket, **way}])
             senders[id(source.session)] = source.session
         for sender in senders.values():
             sender.flush()
-        _answered([(target, target._send_request({"op": "await", "id": tensor.id}))
-                   for (_, target), (tensor, _, _) in zip(moves, agreed)])
+        awaits = {(target, target._send_request({"op": "await", "id": tensor.id})): tensor.id
+                  for (_, target), (tensor, _, _) in zip(moves, agreed)}
+        answered: list[tuple[Session, int]] = []
+        try:
+            _answered(list(awaits), answered=answered)
+        finally:
+            _released([by_memory[awaits[a]] for a in answered if awaits[a] in by_memory])
     return [tensor for tensor, _, _ in agreed]
 
 
-def _answered(requests: list[tuple[Session, int]], failed: Exception | None = None) -> None:
-    """Wait for every request's reply (none is left unclaimed); raise ``failed`` or else the
-    first error."""
+def _released(by_memory: list[tuple[Tensor, Session, int]]) -> None:
+    """The moves read by memory whose receiving device answered (it read the tensor, or
+    failed to) are done with (``workers.lent_memory``): each sending device may let its
+    lend go (a ``release`` op, sent at once), and a size moved again is asked for ahead.
+    Where no answer came (a timeout), the lend stays until its time runs out: the receiver
+    may read it yet."""
+    senders: dict[int, Any] = {}
+    for source, target, ticket in by_memory:
+        with contextlib.suppress(Exception):  # (a session lost or closed: its worker lets
+            source.session.stream.enqueue(["release", 0, [], {"ticket": ticket}])  # go of
+            senders[id(source.session)] = source.session  # the lend once its time ran out)
+            bulk.after_memory_read(target, source.size * source.dtype.itemsize)
+    for sender in senders.values():
+        with contextlib.suppress(Exception):
+            sender.flush()
+
+
+def _answered(requests: list[tuple[Session, int]], failed: Exception | None = None,
+              answered: list[tuple[Session, int]] | None = None) -> None:
+    """Wait for every request's reply (none is left unclaimed), listing those that came in
+    ``answered``; raise ``failed`` or else the first error."""
     errors = [] if failed is None else [failed]
     for session, request in requests:
         try:
@@ -75,6 +106,8 @@ def _answered(requests: list[tuple[Session, int]], failed: Exception | None = No
         except Exception as exc:  # (a lost session, a timeout: the others still answer)
             errors.append(exc)
             continue
+        if answered is not None:
+            answered.append((session, request))
         if "error" in reply.body:
             errors.append(session._remote_error(reply.body["error"]))
     if errors:

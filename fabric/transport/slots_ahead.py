@@ -66,7 +66,7 @@ class SlotsAhead:
         self.returning: list[SegmentRef] = []  # (also an unused upload buffer's: bulk)
         self.used = 0
         self.missed = 0
-        self.uploaded_sizes = SizesSeen()  # of the uploads read from the client's memory
+        self.read_from_memory = SizesSeen()  # of the uploads and moves read out of memory
         self._clock = clock
 
     def on_answer(self, request: int, ref: SegmentRef | None) -> None:
