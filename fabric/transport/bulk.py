@@ -471,10 +471,10 @@ def slot_for_move(session: Any, source: Tensor, moved: Tensor) \
         -> Slot | DeviceSlot | Literal["by_memory"] | None:
     """How ``source`` (a tensor of another session of this process) moves to ``session``
     (``t.to()``): through a slot of shared memory that ``source``'s worker writes into, one
-    ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come;
-    or else ``"by_memory"``, read by ``session``'s worker straight out of ``source``'s
-    (``workers.lent_memory``), where both can read this process's memory (after it,
-    ``after_memory_read``); or else a slot asked for now (a round trip);
+    ``session``'s device lends (the moved tensor keeps it): lent ahead, its answer come
+    or on its way; or else ``"by_memory"``, read by ``session``'s worker straight out of
+    ``source``'s (``workers.lent_memory``), where both can read this process's memory
+    (after it, ``after_memory_read``); or else a slot asked for now (a round trip);
     or else one of this process's pool (``session``'s worker copies it out). None where
     either worker cannot share memory with this process, or neither has a slot free. The
     next move's (or upload's) slot is asked for ahead. ``moved``: the tensor ``source``
@@ -487,7 +487,7 @@ def slot_for_move(session: Any, source: Tensor, moved: Tensor) \
     pool = pool_of(session)
     if pool is None or pool_of(source.session) is None:
         return None
-    ahead = _lent_ahead(session, pool, nbytes)
+    ahead = _lent_ahead(session, pool, nbytes) or _on_its_way(session, pool, nbytes)
     if ahead is None and session.probe.reads_memory and source.session.probe.reads_memory:
         return "by_memory"
     # (the slot asked for now before the next one ahead: its device makes them in turn)
