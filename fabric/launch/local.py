@@ -31,6 +31,7 @@ from fabric.client.admin import Admin
 from fabric.client.dashboard import dashboard_address
 from fabric.transport.failover import first_active
 from fabric.client.session import Session, dial
+from fabric.core import cross_memory
 from fabric.core.addresses import advertised
 from fabric.core.config import new_token, write_admin_file, write_connection_file
 from fabric.core.device import Device
@@ -48,12 +49,12 @@ _PR_SET_PDEATHSIG = 1
 # workers keep freed memory for the next large array: one heap (arena_max=1: the ZMQ I/O
 # thread's receive buffers too, which a thread's arena would map afresh each time), never
 # mmap (mmap_max=0: munmap hands the pages back), trimmed only once more than 1 GiB is free
-# at its top; and backed by transparent huge pages (one fault per 2 MiB, not per 4 KiB).
-# Bulk transfers ran 2-4x faster (bench/run.py W3, up: 0.38-0.57 GB/s before, 1.26-1.39
-# after; down: 0.43-0.65, 0.92-0.96). The price: a process's resident memory stays near its
-# high-water mark, less what passes 1 GiB free at the heap's top. (hugetlb: glibc 2.35+.)
-BULK_MALLOC_TUNABLES = ("glibc.malloc.hugetlb=1", "glibc.malloc.arena_max=1",
-                        "glibc.malloc.mmap_max=0", "glibc.malloc.trim_threshold=1073741824")
+# at its top. Bulk transfers ran 2-4x faster (bench/run.py W3, up: 0.38-0.57 GB/s before,
+# 1.26-1.39 after; down: 0.43-0.65, 0.92-0.96). The price: a process's resident memory stays
+# near its high-water mark, less what passes 1 GiB free at the heap's top. These settings are
+# the same on every host; ``bulk_malloc_tunables`` adds the one that is not.
+BULK_MALLOC_TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+                        "glibc.malloc.trim_threshold=1073741824")
 # OpenBLAS's idle threads spin 2**28 cycles (~0.1 s) after each call before they sleep, so a
 # loop of small matmuls keeps busy every core a worker's BLAS may use, and the client and broker
 # beside it wait for one; at 2**4 cycles they sleep at once (50 small matmuls 10 ms apart on 2
@@ -77,13 +78,24 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+def bulk_malloc_tunables() -> tuple[str, ...]:
+    """``BULK_MALLOC_TUNABLES``, after the heap on transparent huge pages (one fault per
+    2 MiB, not per 4 KiB; glibc 2.35+) where this host's memory pays them
+    (``fabric.core.cross_memory.huge_pages_pay``), else on 4 KiB pages: in a VM whose balloon
+    takes freed huge pages back, a worker's first 256 MiB ``a + b`` faulted its output in at
+    0.43 GB/s on huge pages, 3.5-4.2 GB/s on 4 KiB pages, and later ones ran alike (the heap
+    keeps them)."""
+    return (f"glibc.malloc.hugetlb={int(cross_memory.huge_pages_pay())}",
+            *BULK_MALLOC_TUNABLES)
+
+
 def with_bulk_malloc(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` for a process that moves large arrays: glibc's malloc set as
-    ``BULK_MALLOC_TUNABLES`` say (freed memory kept for reuse, on huge pages), each setting
-    only where ``env``'s GLIBC_TUNABLES does not already choose it."""
+    ``bulk_malloc_tunables`` say (freed memory kept for reuse), each setting only where
+    ``env``'s GLIBC_TUNABLES does not already choose it."""
     given = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
     chosen = {t.split("=", 1)[0] for t in given}
-    added = [t for t in BULK_MALLOC_TUNABLES if t.split("=", 1)[0] not in chosen]
+    added = [t for t in bulk_malloc_tunables() if t.split("=", 1)[0] not in chosen]
     return {**env, "GLIBC_TUNABLES": ":".join(given + added)}
 
 

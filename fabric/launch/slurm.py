@@ -94,7 +94,8 @@ class SlurmCluster(LocalCluster):
 
     def _job_env(self) -> dict[str, str]:
         # The tasks' environment: this one, the worker token (and no other), bulk malloc and
-        # quiet BLAS threads.
+        # quiet BLAS threads (the heap's huge pages are each node's to choose: a worker adds
+        # them at its start).
         env = {k: v for k, v in os.environ.items() if not k.startswith("FABRIC_")}
         return {**QUIET_BLAS, **env, "FABRIC_WORKER_TOKEN": self.worker_token, "PYTHONUNBUFFERED": "1",
                 "GLIBC_TUNABLES": ":".join(BULK_MALLOC_TUNABLES)}

@@ -116,6 +116,7 @@ def remote_worker_command(python: str, worker_options: Sequence[str]) -> str:
     token comes first on its standard input, and it stops when that input closes."""
     worker = [python, "-m", "fabric", "worker", *worker_options,
               "--worker-token-file", "-", "--stop-on-stdin-close"]
+    # (the heap's huge pages are the host's to choose: the worker adds them at its start)
     return shlex.join(["exec", "env", "PYTHONUNBUFFERED=1",
                        "GLIBC_TUNABLES=" + ":".join(BULK_MALLOC_TUNABLES),
                        *(f"{name}={value}" for name, value in QUIET_BLAS.items()), *worker])

@@ -133,7 +133,7 @@ def environment_of(pid: int) -> dict[str, str]:
 
 @pytest.mark.timeout(60)
 def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_users_choice():
-    from fabric.launch.local import BULK_MALLOC_STARTED, BULK_MALLOC_TUNABLES, QUIET_BLAS
+    from fabric.launch.local import BULK_MALLOC_STARTED, QUIET_BLAS, bulk_malloc_tunables
 
     bare = {k: v for k, v in os.environ.items()
             if k not in ("GLIBC_TUNABLES", BULK_MALLOC_STARTED, *QUIET_BLAS)}
@@ -144,7 +144,7 @@ def test_a_broker_and_worker_started_by_hand_get_the_bulk_allocator_keeping_the_
         ready = json.loads(first_line(broker) or "{}")
         assert ready.get("ready") == "broker", end(broker)
         # (the same process, re-executed in place: a supervisor's pid stays right)
-        assert environment_of(broker.pid)["GLIBC_TUNABLES"] == BULK_MALLOC_TUNABLES[0]
+        assert environment_of(broker.pid)["GLIBC_TUNABLES"] == bulk_malloc_tunables()[0]
         worker = fabric_cli("worker", "--broker", ready["workers"], "--name", "w0",
                             "--heartbeat", "0.2",
                             env={**bare, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})

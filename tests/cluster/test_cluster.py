@@ -212,9 +212,9 @@ def test_connect_with_nothing_named_runs_an_embedded_cluster_and_stops_it():
 
 
 def test_brokers_and_workers_start_with_bulk_malloc_and_quiet_blas_unless_told_otherwise(monkeypatch):
-    from fabric.launch.local import BULK_MALLOC_TUNABLES, with_bulk_malloc
+    from fabric.launch.local import bulk_malloc_tunables, with_bulk_malloc
 
-    ours = ":".join(BULK_MALLOC_TUNABLES)
+    ours = ":".join(bulk_malloc_tunables())
     assert with_bulk_malloc({})["GLIBC_TUNABLES"] == ours
     assert with_bulk_malloc({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"})[
         "GLIBC_TUNABLES"] == f"glibc.malloc.tcache_count=0:{ours}"
@@ -229,9 +229,19 @@ def test_brokers_and_workers_start_with_bulk_malloc_and_quiet_blas_unless_told_o
         for proc in (cluster.broker, *cluster.workers):
             # (glibc 2.36 cuts the string it has parsed to its first setting, in place)
             environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
-            assert any(e.startswith(f"GLIBC_TUNABLES={BULK_MALLOC_TUNABLES[0]}".encode())
+            assert any(e.startswith(f"GLIBC_TUNABLES={bulk_malloc_tunables()[0]}".encode())
                        for e in environ)
             assert b"OPENBLAS_THREAD_TIMEOUT=8" in environ
+
+
+@pytest.mark.parametrize("pays", [True, False])
+def test_the_heap_takes_huge_pages_only_where_this_hosts_memory_pays_them(monkeypatch, pays):
+    from fabric.core import cross_memory
+    from fabric.launch.local import BULK_MALLOC_TUNABLES, bulk_malloc_tunables
+
+    monkeypatch.setattr(cross_memory, "huge_pages_pay", lambda: pays)
+    assert bulk_malloc_tunables() == (f"glibc.malloc.hugetlb={int(pays)}",
+                                      *BULK_MALLOC_TUNABLES)
 
 
 @pytest.mark.parametrize("address, host, expected", [
