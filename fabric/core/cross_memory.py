@@ -43,7 +43,11 @@ for _call in (_LIBC.process_vm_readv, _LIBC.process_vm_writev):
 _LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                        ctypes.c_int, ctypes.c_long)
 _LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_LIBC.madvise.restype = ctypes.c_int
 HUGE_PAGE = 2 << 20  # pieces start on whole huge pages of the local side
+FAULT_IN_BYTES = 4 << 20  # a read faults in this much of its memory, then copies into it
+_MADV_POPULATE_WRITE = 23  # (Linux 5.14: not in Python's mmap module)
 BALLOON_FEATURES = "/sys/bus/virtio/drivers/virtio_balloon/*/features"
 _REPORTING_BIT = 5  # VIRTIO_BALLOON_F_REPORTING: the guest tells its host of free pages
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000
@@ -58,7 +62,7 @@ def read(pid: int, address: int, into: np.ndarray, copies: ParallelCopy | None =
     ``EFAULT`` (not all of them mapped there)."""
     if not into.flags.c_contiguous or not into.flags.writeable:
         raise ValueError("cross_memory.read fills a C-contiguous, writable array")
-    _in_pieces(_LIBC.process_vm_readv, pid, into, address, copies)
+    _in_pieces(_read_faulted_in, pid, into, address, copies)
 
 
 def write(pid: int, address: int, data: np.ndarray, copies: ParallelCopy | None = None) \
@@ -67,17 +71,34 @@ def write(pid: int, address: int, data: np.ndarray, copies: ParallelCopy | None 
     ``read`` does (OSError as it raises it)."""
     if not data.flags.c_contiguous:
         raise ValueError("cross_memory.write writes a C-contiguous array")
-    _in_pieces(_LIBC.process_vm_writev, pid, data, address, copies)
+    _in_pieces(_write, pid, data, address, copies)
 
 
-def _in_pieces(call: Any, pid: int, local: np.ndarray, address: int,
+def _in_pieces(copy: Any, pid: int, local: np.ndarray, address: int,
                copies: ParallelCopy | None) -> None:
     flat = local.reshape(-1).view(np.uint8)
     if copies is None:
-        _copy(call, pid, flat, address)
+        copy(pid, flat, address)
         return
-    copies.each(_copy, [(call, pid, flat[start:start + length], address + start)
-                        for start, length in copies.spans(local.nbytes, HUGE_PAGE)])
+    copies.each(copy, [(pid, flat[start:start + length], address + start)
+                       for start, length in copies.spans(local.nbytes, HUGE_PAGE)])
+
+
+def _read_faulted_in(pid: int, local: np.ndarray, address: int) -> None:
+    """Read into ``local`` ``FAULT_IN_BYTES`` at a time, each faulted in first
+    (``MADV_POPULATE_WRITE``, Linux 5.14; before, the copy faults them in): 256 MiB into new
+    memory on two threads ran 4.3-4.9 GB/s so, 3.3 GB/s faulted in by the copy."""
+    for start in range(0, local.nbytes, FAULT_IN_BYTES):
+        piece = local[start:start + FAULT_IN_BYTES]
+        begin = -(-piece.ctypes.data // mmap.PAGESIZE) * mmap.PAGESIZE  # (its whole pages)
+        end = piece.ctypes.data + piece.nbytes
+        if begin < end:
+            _LIBC.madvise(begin, end - begin, _MADV_POPULATE_WRITE)  # (an error: no matter)
+        _copy(_LIBC.process_vm_readv, pid, piece, address + start)
+
+
+def _write(pid: int, local: np.ndarray, address: int) -> None:
+    _copy(_LIBC.process_vm_writev, pid, local, address)
 
 
 def _copy(call: Any, pid: int, local: np.ndarray, address: int) -> None:
