@@ -44,7 +44,7 @@ from typing import Any
 
 import zmq
 
-from fabric.core import protocol
+from fabric.core import cross_memory, protocol
 from fabric.core.flow import Outbox
 from fabric.core.protocol import (MAX_REPORTED_SESSIONS, Kind, LinkReport, WorkerReport,
                                   report_body)
@@ -69,6 +69,7 @@ __all__ = ["RegistrationRefused", "Worker", "serve"]
 
 log = logging.getLogger("fabric.worker")
 
+HEAP_AT_START = 32 << 20  # bytes a worker's heap holds faulted in from its start
 _STOP_WAIT = 5.0  # seconds a stopping worker waits, in all, for its device threads to end
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -377,6 +378,8 @@ def serve(broker: str, options: WorkerOptions | None = None, **fields: Any) -> N
     limit_threads(options.threads or default_worker_threads(options.devices))
     prepare(options.backend, options.devices)
     worker = Worker(broker, options)
+    if options.shared_memory:  # (its first transfers' memory, faulted in: the heap keeps it)
+        cross_memory.keep_in_heap(HEAP_AT_START)
     signal.signal(signal.SIGINT, worker.stop)
     signal.signal(signal.SIGTERM, worker.stop)
     log.info("worker %s: %d %s device(s), broker %s", options.name, len(worker.devices),

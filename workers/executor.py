@@ -417,7 +417,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
             shape, dtype = shared_memory.declared(params)
             nbytes = math.prod(shape) * dtype.itemsize
             self._require(session, what, nbytes, nbytes)
-            into = cross_memory.new_array(shape, dtype)
+            into = cross_memory.array_to_read_into(shape, dtype)
             array = shared_memory.read_from_client(session, params["from"], into,
                                                    self.sharing.copies) if "from" in params \
                 else read_lent(params["lent"], into, self.sharing)

@@ -45,6 +45,19 @@ _LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _LIBC.mmap.restype = ctypes.c_void_p
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _LIBC.madvise.restype = ctypes.c_int
+
+
+class _MallInfo2(ctypes.Structure):  # (glibc's struct mallinfo2, 2.33+)
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+_LIBC_MALLINFO = getattr(_LIBC, "mallinfo2", None)  # (None: another C library)
+if _LIBC_MALLINFO is not None:
+    _LIBC_MALLINFO.restype = _MallInfo2
+    _LIBC_MALLINFO.argtypes = ()
+HEAP_SLACK = 1 << 20  # of the heap's top left over when an array is taken from it
 HUGE_PAGE = 2 << 20  # pieces start on whole huge pages of the local side
 FAULT_IN_BYTES = 4 << 20  # a read faults in this much of its memory, then copies into it
 _MADV_POPULATE_WRITE = 23  # (Linux 5.14: not in Python's mmap module)
@@ -129,6 +142,29 @@ def new_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An array of ``shape`` and ``dtype`` over ``new_memory`` (which it keeps)."""
     count = math.prod(shape)
     return np.frombuffer(new_memory(count * dtype.itemsize), dtype, count).reshape(shape)
+
+
+def array_to_read_into(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` for a transfer to be read into: in memory this
+    process's heap kept from arrays freed before, whose pages are faulted in already, where
+    the heap's top holds it (a fabric broker or worker keeps freed memory:
+    ``fabric.launch.local.bulk_malloc_tunables``; 8 MiB filled in 0.44 ms there, 1.5 ms in
+    new memory); else ``new_array``."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if _LIBC_MALLINFO is not None:
+        before = _LIBC_MALLINFO()
+        if before.keepcost >= nbytes + HEAP_SLACK:
+            array = np.empty(shape, dtype)
+            if _LIBC_MALLINFO().hblks == before.hblks:  # (not mapped afresh by malloc)
+                return array
+    return new_array(shape, dtype)
+
+
+def keep_in_heap(nbytes: int) -> None:
+    """Fault in ``nbytes`` of this process's heap and free them: a process whose heap keeps
+    freed memory (``array_to_read_into``) then has that much ready for its first transfers
+    (elsewhere they go back to the kernel)."""
+    np.empty(nbytes, np.uint8).fill(0)
 
 
 @functools.cache

@@ -9,6 +9,8 @@ import gc
 import mmap
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -258,3 +260,31 @@ def test_a_probes_heap_that_does_not_hold_its_token_reads_as_unreachable(shm_clu
     finally:
         process.close()
 
+
+
+_HEAP_PROBE = """
+import mmap, numpy as np
+from fabric.core import cross_memory
+cross_memory.keep_in_heap(32 << 20)
+array = cross_memory.array_to_read_into((1 << 20,), np.dtype("float64"))  # 8 MiB
+owner = array
+while isinstance(owner, np.ndarray):
+    owner = owner.base
+print("new memory" if isinstance(getattr(owner, "obj", owner), mmap.mmap) else "heap")
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tunables, where", [(True, "heap"), (False, "new memory")])
+def test_a_transfer_is_read_into_memory_the_heap_kept_only_where_it_keeps_it(tunables, where):
+    # A worker's heap keeps freed memory (its malloc settings), faulted in: a first transfer
+    # lands there. A process whose malloc hands freed memory back reads into new memory.
+    from fabric.launch.local import bulk_malloc_tunables
+
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    if tunables:
+        env["GLIBC_TUNABLES"] = ":".join(bulk_malloc_tunables())
+    ran = subprocess.run([sys.executable, "-c", _HEAP_PROBE], env=env, capture_output=True,
+                         text=True, timeout=50)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == where
