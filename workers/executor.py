@@ -48,9 +48,9 @@ from .batch_graphs import BatchGraphs, BatchOps
 from .device_session import DeviceSession
 from .elision import ELIDE_FROM_ELEMENTS, run_elided
 from .in_place import write_in_place
+from .lent_memory import LentMemory, read_lent
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget
 from .registered_graphs import GraphOps, SessionGraphs, plan_op
-from .lent_memory import LentMemory, read_lent
 from .session_moves import SessionMoves
 from .tally import DeviceTally
 

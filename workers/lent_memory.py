@@ -46,6 +46,7 @@ class LentMemory:
         self.kept: dict[int, tuple[int, np.ndarray, float]] = {}
         self.nbytes = 0
         self._clock = clock
+        self._lender = [boot_id(), os.getpid(), start_time(os.getpid()) or 0]  # (this one)
 
     def lend(self, session: int, ticket: int, array: np.ndarray) -> list[Any] | None:
         """Keep ``array`` (C-contiguous) for the move ``ticket`` of ``session``; what the
@@ -59,7 +60,7 @@ class LentMemory:
         self.kept[ticket] = (session, array, until)
         self.nbytes += array.nbytes
         self.allowance.held += array.nbytes
-        return [boot_id(), os.getpid(), start_time(os.getpid()) or 0, array.ctypes.data, until]
+        return [*self._lender, array.ctypes.data, until]
 
     def release(self, session: int, ticket: Any) -> None:
         """The client of ``session`` says the move ``ticket`` was read (or given up): its

@@ -13,9 +13,8 @@ in the sending worker (``workers.lent_memory``), which keeps it until told (``re
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from typing import Any, Sequence
 
 from fabric.arrays.origins import issued_at
@@ -86,12 +85,13 @@ def _released(by_memory: list[tuple[Tensor, Session, int]]) -> None:
     may read it yet."""
     senders: dict[int, Any] = {}
     for source, target, ticket in by_memory:
-        with contextlib.suppress(Exception):  # (a session lost or closed: its worker lets
-            source.session.stream.enqueue(["release", 0, [], {"ticket": ticket}])  # go of
-            senders[id(source.session)] = source.session  # the lend once its time ran out)
+        # (a session lost or closed: its worker lets the lend go once its time ran out)
+        with suppress(Exception):
+            source.session.stream.enqueue(["release", 0, [], {"ticket": ticket}])
+            senders[id(source.session)] = source.session
             bulk.after_memory_read(target, source.size * source.dtype.itemsize)
     for sender in senders.values():
-        with contextlib.suppress(Exception):
+        with suppress(Exception):
             sender.flush()
 
 
