@@ -173,7 +173,8 @@ def huge_pages_pay() -> bool:
     in a virtual machine whose balloon reports free pages to its host
     (``host_takes_free_pages``): each huge page freed goes back to the host, and its next
     first touch faults there too (about 0.45 GB/s on the machine measured, beside 6 GB/s for
-    a huge page still the guest's, and 2 GB/s for 4 KiB pages, which stay in the guest)."""
+    a huge page still the guest's, and 2 GB/s for 4 KiB pages, most of which stay in the
+    guest: those of a 2 MiB block freed whole and reported go back too)."""
     return not host_takes_free_pages(glob.glob(BALLOON_FEATURES))
 
 
