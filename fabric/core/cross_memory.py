@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from fabric.core.parallel_copy import ParallelCopy
+from fabric.core.shm import populate
 
 
 class _IoVec(ctypes.Structure):
@@ -43,8 +44,6 @@ for _call in (_LIBC.process_vm_readv, _LIBC.process_vm_writev):
 _LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
                        ctypes.c_int, ctypes.c_long)
 _LIBC.mmap.restype = ctypes.c_void_p
-_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_LIBC.madvise.restype = ctypes.c_int
 
 
 class _MallInfo2(ctypes.Structure):  # (glibc's struct mallinfo2, 2.33+)
@@ -60,7 +59,6 @@ if _LIBC_MALLINFO is not None:
 HEAP_SLACK = 1 << 20  # of the heap's top left over when an array is taken from it
 HUGE_PAGE = 2 << 20  # pieces start on whole huge pages of the local side
 FAULT_IN_BYTES = 4 << 20  # a read faults in this much of its memory, then copies into it
-_MADV_POPULATE_WRITE = 23  # (Linux 5.14: not in Python's mmap module)
 BALLOON_FEATURES = "/sys/bus/virtio/drivers/virtio_balloon/*/features"
 _REPORTING_BIT = 5  # VIRTIO_BALLOON_F_REPORTING: the guest tells its host of free pages
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000
@@ -99,14 +97,12 @@ def _in_pieces(copy: Any, pid: int, local: np.ndarray, address: int,
 
 def _read_faulted_in(pid: int, local: np.ndarray, address: int) -> None:
     """Read into ``local`` ``FAULT_IN_BYTES`` at a time, each faulted in first
-    (``MADV_POPULATE_WRITE``, Linux 5.14; before, the copy faults them in): 256 MiB into new
-    memory on two threads ran 4.3-4.9 GB/s so, 3.3 GB/s faulted in by the copy."""
+    (``fabric.core.shm.populate``; before Linux 5.14, the copy faults them in): 256 MiB into
+    new memory on two threads ran 4.3-4.9 GB/s so, 3.3 GB/s faulted in by the copy."""
     for start in range(0, local.nbytes, FAULT_IN_BYTES):
         piece = local[start:start + FAULT_IN_BYTES]
-        begin = -(-piece.ctypes.data // mmap.PAGESIZE) * mmap.PAGESIZE  # (its whole pages)
-        end = piece.ctypes.data + piece.nbytes
-        if begin < end:
-            _LIBC.madvise(begin, end - begin, _MADV_POPULATE_WRITE)  # (an error: no matter)
+        with contextlib.suppress(OSError):
+            populate(piece.ctypes.data, piece.nbytes)
         _copy(_LIBC.process_vm_readv, pid, piece, address + start)
 
 

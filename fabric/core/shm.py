@@ -69,6 +69,16 @@ _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
+def populate(address: int, nbytes: int) -> None:
+    """Fault in, for writing, every page of this process's memory that the ``nbytes`` bytes at
+    ``address`` touch, in one call, without holding the GIL (``MADV_POPULATE_WRITE``: their
+    contents stay as they are); OSError where the kernel refuses (before Linux 5.14)."""
+    start = address - address % mmap.PAGESIZE
+    if _LIBC.madvise(start, address + nbytes - start, _MADV_POPULATE_WRITE):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
 def fits(slot_bytes: int, nbytes: int) -> bool:
     """Whether a slot (or segment) of ``slot_bytes`` bytes is one to use for ``nbytes``: large
     enough, and at most twice as large (twice a huge page for a smaller array), so that small
@@ -249,12 +259,8 @@ class Segment:
         pages mapped so ran at half speed here, in a warm loop's uploads); OSError where the
         kernel refuses (before Linux 5.14)."""
         end = self.size if nbytes is None else min(offset + nbytes, self.size)
-        start = offset - offset % mmap.PAGESIZE
-        if self.map is None or end <= start:
-            return
-        if _LIBC.madvise(self.memory.ctypes.data + start, end - start, _MADV_POPULATE_WRITE):
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
+        if self.map is not None and end > offset:
+            populate(self.memory.ctypes.data + offset, end - offset)
 
     @classmethod
     def open(cls, name: str, path: str, sizes: tuple[int, int] | None = None) -> "Segment":
