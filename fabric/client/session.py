@@ -41,7 +41,7 @@ from fabric.core.sockets import try_send
 from fabric.core.wire import array_from_frame, device_dtype, dtype_name
 from fabric.graphs.function import Function
 from fabric.mesh.device_mesh import Mesh, close_each
-from fabric.transport import bulk, direct_link
+from fabric.transport import bulk, direct_link, probe
 from fabric.transport.connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices,
                                          check_version, expect_reply, naming_connection_file)
 from fabric.transport.moves import move_all
@@ -87,7 +87,7 @@ class Session(ArrayNamespace):
         self.opened: list[Session] = []  # opened by open() (a mesh's too), closed with it
         self.parent: Session | None = None  # the session whose open() opened this one
         self.shares_memory: bool | None = None  # with its worker (None: not known yet, bulk)
-        self.probe: bulk.Probe | None = None  # asking it (bulk)
+        self.probe: probe.Probe | None = None  # asking it (fabric.transport.probe)
         # The last request ``_send_request`` sent, and the batches sent before it and with it
         self._last_request = (0, 0)
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
@@ -105,6 +105,7 @@ class Session(ArrayNamespace):
         # What the client waited for (stats): every request answered, the reads among them
         self.stream.counts.update(round_trips=0, reads=0, bytes_read=0)
         _OPEN.add(self)
+        probe.warm_at_open(self)  # (a first read's memory, faulted in ahead)
         # Registered again with each session: atexit runs the last registered first, so
         # sessions close while the clusters started before them still serve.
         atexit.unregister(_close_at_exit)

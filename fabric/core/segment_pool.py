@@ -18,10 +18,13 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from fabric.core.cross_memory import WarmMemory
 from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.segment_maker import SegmentMaker
 from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, SEGMENT_ALIGN, PeerSegments,
                              Segment, boot_id, fits, next_name)
+
+WARM_BLOCKS = 2  # at most this many blocks of warm memory held or being made (``warm_ahead``)
 
 
 class Slot(NamedTuple):
@@ -55,7 +58,9 @@ class SegmentPool:
     ``wake`` is called from it after each), its bytes counted in ``held`` from the start, so
     that the limit holds while it is made (a device's pool: ``workers.device_pool``).
     ``copies`` copies large arrays into slots with ``copy_threads`` threads (its threads, and
-    the maker's, end with the pool).
+    the maker's, end with the pool). The maker also faults in warm memory ahead of a read
+    into this process's own memory (``warm_ahead``, ``take_warm``), counted in ``held`` until
+    taken, and closed as idle segments are.
     """
 
     def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
@@ -73,7 +78,9 @@ class SegmentPool:
         self.lent: dict[Segment, tuple[int, int] | None] = {}  # -> (session, batch) or None
         self.keys: dict[Segment, Any] = {}  # -> the borrower it is lent to alone (``acquire``)
         self.held = 0  # bytes of every segment, free, lent or being made
-        self.making: dict[Segment, threading.Event] = {}  # being faulted in: -> set once made
+        self.making: dict[Segment | WarmMemory, threading.Event] = {}  # being faulted in:
+        # -> set once made
+        self.warm: dict[WarmMemory, float] = {}  # faulted in ahead, not taken: -> since when
         self._maker: SegmentMaker | None = None  # (started at the first ``_make``)
         self._wake = wake  # called by the maker's thread after each segment
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
@@ -113,7 +120,7 @@ class SegmentPool:
         self.transfers += 1
         return Slot(segment, 0, nbytes)
 
-    def _make(self, segment: Segment) -> None:
+    def _make(self, segment: Segment | WarmMemory) -> None:
         """Fault ``segment`` (reserved) in on the maker's thread."""
         if self._maker is None:
             self._maker = SegmentMaker(self._wake)
@@ -144,16 +151,52 @@ class SegmentPool:
         self.held += size
         return segment
 
-    def made(self, segment: Segment, failed: OSError | None) -> None:
-        """``segment``, made on the maker's thread (``_make``), is free now; or where making it
-        ``failed``, closed, its bytes given back. (A device's pool lends it to the request
-        that waits for it: ``workers.device_pool``.)"""
-        del self.making[segment]
-        if failed is None:
-            self.free[segment] = self._clock()
-        else:
+    def made(self, segment: Segment | WarmMemory, failed: OSError | None) -> None:
+        """``segment``, made on the maker's thread (``_make``), is free now (or warm); or where
+        making it ``failed``, closed, its bytes given back; warm memory taken meanwhile is its
+        taker's. (A device's pool lends it to the request that waits for it:
+        ``workers.device_pool``.)"""
+        if self.making.pop(segment, None) is None:
+            return
+        if failed is not None:
             self.held -= segment.size
             segment.close()
+        elif isinstance(segment, WarmMemory):
+            self.warm[segment] = self._clock()
+        else:
+            self.free[segment] = self._clock()
+
+    def warm_ahead(self, nbytes: int) -> None:
+        """Fault in memory of ``nbytes`` bytes ahead, on the maker's thread, for a read into
+        this process's own memory to take (``take_warm``); not where such memory is warm or
+        being made already, ``WARM_BLOCKS`` are, or the pool's ``limit`` would not hold it."""
+        self.reclaim()
+        blocks = [block for block in [*self.warm, *self.making] if isinstance(block, WarmMemory)]
+        size = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
+        if len(blocks) >= WARM_BLOCKS or any(fits(block.size, nbytes) for block in blocks) \
+                or self.held + size > self.limit:
+            return
+        try:
+            block = WarmMemory(size)
+        except OSError:  # (no addresses left: then the read makes new memory, or fails)
+            return
+        self.held += size
+        self._make(block)
+
+    def take_warm(self, nbytes: int) -> mmap.mmap | None:
+        """Memory of at least ``nbytes`` bytes faulted in ahead (``warm_ahead``), or still
+        being faulted in, that fits (``fits``), the caller's from now on; None where none
+        does."""
+        self.reclaim()
+        blocks = [block for block in [*self.warm, *self.making]
+                  if isinstance(block, WarmMemory) and fits(block.size, nbytes)]
+        if not blocks:
+            return None
+        block = min(blocks, key=lambda block: (block not in self.warm, block.size))
+        if self.warm.pop(block, None) is None:
+            del self.making[block]  # (``made`` then passes it by)
+        self.held -= block.size
+        return block.memory
 
     def probe_segment(self, token: int) -> Segment:
         """A one-page segment holding ``token`` (its first 8 bytes), for a peer to prove it
@@ -234,6 +277,11 @@ class SegmentPool:
         for segment, since in list(self.free.items()):
             if now - since > self.idle_seconds:
                 self._remove(segment)
+        for block, since in list(self.warm.items()):
+            if now - since > self.idle_seconds:
+                del self.warm[block]
+                self.held -= block.size
+                block.close()
         if now - self._pruned > self.idle_seconds:  # (peers close theirs as idle)
             self._prune_peers()
 
@@ -250,13 +298,14 @@ class SegmentPool:
         self.copies.close()
         if self._maker is not None:
             self._maker.close()
-        for segment in [*self.free, *self.lent, *self.making]:
+        for segment in [*self.free, *self.lent, *self.making, *self.warm]:
             segment.close()
         for peer in self.peers.values():
             peer.close()
         self.free.clear()
         self.lent.clear()
         self.making.clear()
+        self.warm.clear()
         self.keys.clear()
         self.held = 0
 

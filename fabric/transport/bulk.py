@@ -2,7 +2,7 @@
 (``fabric.core.shm``) instead of inside messages, when its worker shares this host.
 
 Rule: a session asks its worker once, at its first array of at least the threshold
-(``shm_probe``, ``fabric.core.wire``: ``Probe``); until the worker agrees, and whenever no
+(``shm_probe``, ``fabric.core.wire``: ``fabric.transport.probe``); until the worker agrees, and whenever no
 slot is free, the session is off or the op stream is being captured, every array takes the
 socket path as before, so this path only ever replaces a transfer the socket path would
 make. An upload or a move goes into a slot the receiving device lends from its own pool
@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
-import secrets
 import weakref
 from typing import Any, Iterator, Literal, NamedTuple
 
@@ -37,96 +36,14 @@ from fabric.core import cross_memory
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
-from fabric.core.shm import boot_id, fits
+from fabric.core.shm import fits
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
-from fabric.transport.connection import expect_reply
+from fabric.transport.probe import pool_of
 
 # (A session is typed Any here: fabric.client.session imports this module.)
 
 
-PROBE_SECONDS = 2.0  # an upload's wait for the probe's answer; then it takes the sockets
 SLOT_SECONDS = 2.0  # an upload's wait for a slot asked ahead, not yet answered (``_on_its_way``)
-
-
-def pool_of(session: Any) -> SegmentPool | None:
-    """The pool ``session`` moves arrays through, or None where its worker cannot share its
-    memory, or has not said so yet (asked once per session: ``Probe``)."""
-    if session.shares_memory is None:
-        if session.probe is None:
-            session.probe = Probe.send(session)
-        session.shares_memory = session.probe.answer(session)
-    return session.connection.segments if session.shares_memory else None
-
-
-class Probe:
-    """A session's ``shm_probe``, sent: its request, and the segment its worker must map.
-
-    The answer comes after the device's queued work (a probe is one of the session's
-    requests), so the first upload waits for it ``PROBE_SECONDS`` at most, then takes the
-    socket path; later ones take the answer once it has come, without waiting. An upload
-    never fails because its device is busy, on either path."""
-
-    def __init__(self, request: int | None, segment: Any, heap: np.ndarray | None = None) \
-            -> None:
-        self.request = request  # None: not sent (no shared memory here: the answer is no)
-        self.segment = segment
-        self.heap = heap  # the token in this process's own memory, for the worker to read
-        self.reads_memory = False  # whether the worker said it can (``_upload_from_memory``)
-        self.waited = False
-
-    @classmethod
-    def send(cls, session: Any) -> "Probe":
-        """Ask ``session``'s worker whether it maps this process's shared memory."""
-        connection = session.connection
-        if connection.shared_memory is None or not boot_id():
-            return cls(None, None)
-        if connection.segments is None:
-            options = connection.shared_memory
-            connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
-                                              options.limit, options.idle_seconds,
-                                              copy_threads=options.copy_threads)
-        token = secrets.randbits(63)
-        try:
-            segment = connection.segments.probe_segment(token)
-        except OSError:  # no memory left for it
-            return cls(None, None)
-        body = {"op": "shm_probe", "boot": boot_id(), "segment": segment.name, "token": token}
-        heap = np.array([token], np.uint64) if connection.shared_memory.cross_memory else None
-        if heap is not None:
-            body["heap"] = heap.ctypes.data
-        try:
-            return cls(session._send_request(body), segment, heap)
-        except BaseException:
-            segment.close()
-            raise
-
-    def answer(self, session: Any) -> bool | None:
-        """Whether the worker agreed; None while it has not answered."""
-        if self.request is None:
-            return False
-        connection = session.connection
-        wait, self.waited = 0.0 if self.waited else PROBE_SECONDS, True
-        connection.receive_arrived()
-        try:
-            reply = connection.wait_for_reply(self.request, wait, session=session.id,
-                                              keep_on_timeout=True)
-            body = expect_reply(reply, Kind.REPLY).body
-            session._answered(self.request)
-            agreed = body.get("shared_memory") is True
-            self.reads_memory = agreed and body.get("reads_memory") is True
-        except RequestTimeout:
-            return None
-        except ProtocolError:  # a worker that predates shared memory
-            agreed = False
-        self.close()
-        return agreed
-
-    def close(self) -> None:
-        """The worker answered, or the session ends: no one maps the segment any more."""
-        if self.segment is not None:
-            self.segment.close()
-            self.segment = None
-        self.heap = None
 
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
@@ -151,6 +68,7 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     if lent is None and _read_from_memory(session, pool, array, dtype):
         tensor = _upload_from_memory(session, pool, array)
         after_memory_read(session, array.nbytes)
+        _warm_for_read(session, pool, array.nbytes)
         return tensor
     if lent is None:
         lent = _on_its_way(session, pool, array.nbytes)
@@ -191,6 +109,14 @@ def _put(session: Any, shape: tuple[int, ...], dtype: np.dtype,
     return tensor
 
 
+def _warm_for_read(session: Any, pool: SegmentPool, nbytes: int) -> None:
+    """An upload of ``nbytes`` bytes is on its way: where a first read of that size would be
+    written into this process's own memory (``_read_target``), fault some in ahead for it
+    (a result read back is often the size of what went up), on the pool's maker thread."""
+    if session.probe.reads_memory and nbytes not in session.read_sizes.sizes:
+        pool.warm_ahead(nbytes)
+
+
 def after_memory_read(session: Any, nbytes: int) -> None:
     """``session``'s worker read an upload or a move of ``nbytes`` bytes out of another
     process's memory: where that size came before (a loop's), a slot is asked for ahead, so
@@ -205,12 +131,12 @@ def _read_from_memory(session: Any, pool: SegmentPool, array: np.ndarray,
     no slot of this process's pool that fits is free (a fresh one is faulted in 4 KiB at a
     time, and then copied out: ``fabric.core.cross_memory``), the worker said it can read
     here, the array is as the device keeps it (C order, its dtype), and the device, as far
-    as this session knows, has run all it was sent, and nothing waits to be sent: the upload
-    waits for the read, so it must not wait for the device's other work (an upload never
-    waits for a busy device)."""
+    as this session knows, has run all it was sent, and nothing but frees (which take it no
+    time) waits to be sent: the upload waits for the read, so it must not wait for the
+    device's other work (an upload never waits for a busy device)."""
     stream = session.stream
     return session.probe.reads_memory and array.flags.c_contiguous and array.dtype == dtype \
-        and not stream.batch \
+        and all(type(entry) is int for entry in stream.batch) \
         and session.connection.pending.done.get(session.id, 0) >= stream.counts["batches_sent"] \
         and pool.free_fitting(array.nbytes) is None
 
@@ -452,17 +378,18 @@ def start_read(session: Any, tensor: Tensor,
 
 
 def _read_target(session: Any, pool: SegmentPool, nbytes: int) -> mmap.mmap | None:
-    """New memory of this process's own for the worker to write a read of ``nbytes`` bytes
-    into (``fabric.core.cross_memory.new_memory``: one fault-in, where a new slot is faulted
-    in here and then again in the worker's mapping of it), where it can, no slot that fits
-    is free, and no read of that size came before (``SizesSeen``): a loop's next read finds
-    the slot its second one made, warm, where new memory would be faulted in each time.
-    None where the read takes a slot (or no memory that large can be had here)."""
+    """Memory of this process's own for the worker to write a read of ``nbytes`` bytes into:
+    faulted in ahead where an upload of that size made some (``_warm_for_read``), else new
+    (``fabric.core.cross_memory.new_memory``: one fault-in, where a new slot is faulted in
+    here and then again in the worker's mapping of it); where the worker can, no slot that
+    fits is free, and no read of that size came before (``SizesSeen``): a loop's next read
+    finds the slot its second one made, warm, where new memory would be faulted in each
+    time. None where the read takes a slot (or no memory that large can be had here)."""
     if not session.probe.reads_memory or pool.free_fitting(nbytes) is not None \
             or session.read_sizes.again(nbytes):
         return None
     try:
-        return cross_memory.new_memory(nbytes)
+        return pool.take_warm(nbytes) or cross_memory.new_memory(nbytes)
     except OSError:  # (ENOMEM: then no slot either; the sockets say why)
         return None
 

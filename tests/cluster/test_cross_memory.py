@@ -19,9 +19,10 @@ import fabric
 from fabric.core import cross_memory
 from fabric.core.errors import FabricError, RequestTimeout
 from fabric.core.parallel_copy import ParallelCopy
+from fabric.core.segment_pool import SegmentPool
 from fabric.core.shm import SharedMemory
 from fabric.core.wire import dtype_name
-from fabric.transport import bulk
+from fabric.transport import bulk, probe
 from fabric.workers.shared_memory import ClientProcess, _reads_memory
 
 from polling import wait_for
@@ -288,3 +289,56 @@ def test_a_transfer_is_read_into_memory_the_heap_kept_only_where_it_keeps_it(tun
                          text=True, timeout=50)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == where
+
+
+@pytest.mark.timeout(60)
+def test_first_reads_land_in_memory_faulted_in_ahead_at_open_and_after_an_upload(shm_cluster):
+    with connect(shm_cluster) as session:
+        pool = session.connection.segments  # (made at open, to warm memory ahead)
+        wait_for(lambda: pool.reclaim() or pool.warm, 20, "the memory warmed at open")
+        (at_open,) = pool.warm
+        assert at_open.size == probe.WARM_AT_OPEN == pool.held
+        assert through_memory(session)
+        back = session.arange(1_000_000, dtype="float64").numpy()  # (made on the device)
+        assert np.array_equal(back, np.arange(1_000_000.0)) and back.flags.writeable
+        assert owner(back) is at_open.memory and pool.held == 0 and not pool.warm  # taken
+        array = np.random.default_rng(0).random(3_000_000)
+        assert session.stream.batch  # (the frees of the tensors above: they let the upload
+        # be read out of this process's memory, which warms 24 MB ahead on the maker thread)
+        tensor = session.asarray(array)
+        assert session.stats()["bytes_uploaded_by_shared_memory"] == array.nbytes \
+            and not pool.free and not pool.lent  # (no slot)
+        wait_for(lambda: pool.reclaim() or pool.warm, 20, "the memory warmed for a read")
+        (block,) = pool.warm
+        assert block.size >= array.nbytes and pool.held == block.size
+        back = (tensor * 2.0).numpy()  # (a result of the same size, read back once)
+        assert back.tobytes() == (array * 2.0).tobytes() and owner(back) is block.memory
+        assert pool.held == 0 and not pool.warm
+        session.asarray(array)  # a size read before takes the slots: nothing warmed
+        assert not pool.warm and not pool.making
+
+
+def test_warm_memory_is_bounded_taken_where_it_fits_and_closed_when_idle():
+    now = [0.0]
+    pool = SegmentPool(lambda _session: 0, limit=64 * MiB, idle_seconds=30,
+                       clock=lambda: now[0])
+    try:
+        pool.warm_ahead(8 * MiB)
+        pool.warm_ahead(6 * MiB)  # (8 MiB fits it: no second block)
+        assert pool.held == 8 * MiB and len(pool.making) == 1
+        taken = pool.take_warm(6 * MiB)  # taken while being faulted in: the taker's now
+        assert len(taken) == 8 * MiB and pool.held == 0 and not pool.making
+        assert pool.take_warm(6 * MiB) is None  # (none left)
+        pool.warm_ahead(1 * MiB)
+        pool.warm_ahead(30 * MiB)
+        pool.warm_ahead(20 * MiB)  # past WARM_BLOCKS: not made
+        pool.warm_ahead(64 * MiB)  # past the limit either way
+        assert pool.held == 31 * MiB
+        wait_for(lambda: pool.reclaim() or len(pool.warm) == 2, 20, "both blocks made")
+        assert pool.take_warm(100 * MiB) is None and pool.take_warm(12 * MiB) is None  # fits
+        now[0] = 31.0  # idle past idle_seconds: both closed
+        pool.reclaim()
+        assert pool.held == 0 and not pool.warm
+        taken[:] = b"x" * len(taken)  # (still the taker's, writable)
+    finally:
+        pool.close()
