@@ -105,7 +105,7 @@ class Session(ArrayNamespace):
         # What the client waited for (stats): every request answered, the reads among them
         self.stream.counts.update(round_trips=0, reads=0, bytes_read=0)
         _OPEN.add(self)
-        probe.warm_at_open(self)  # (a first read's memory, faulted in ahead)
+        probe.at_open(self)  # (its probe sent, a first read's memory faulted in ahead)
         # Registered again with each session: atexit runs the last registered first, so
         # sessions close while the clusters started before them still serve.
         atexit.unregister(_close_at_exit)

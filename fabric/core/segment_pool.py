@@ -88,6 +88,7 @@ class SegmentPool:
         self.peers: dict[int, PeerSegments] = {}  # pid -> its segments mapped here
         self._pruned = clock()  # when the peers' closed segments were last unmapped
         self.slotless: set[int] = set()  # sessions whose device lends no slots of its own
+        self.probes: set[Segment] = set()  # probe segments not yet closed (``probe_segment``)
         self._thread = threading.get_ident()
 
     def acquire(self, nbytes: int, key: Any = None,
@@ -200,11 +201,18 @@ class SegmentPool:
 
     def probe_segment(self, token: int) -> Segment:
         """A one-page segment holding ``token`` (its first 8 bytes), for a peer to prove it
-        maps this process's shared memory; the caller closes it."""
+        maps this process's shared memory; in ``probes`` until the caller closes it
+        (``close_probe``)."""
         segment = Segment.create(next_name(*self._prefix),
                                  mmap.PAGESIZE)
         segment.memory[:8].view(np.uint64)[0] = token
+        self.probes.add(segment)
         return segment
+
+    def close_probe(self, segment: Segment) -> None:
+        """Close ``probe_segment``'s ``segment``: its peer answered, or will not."""
+        self.probes.discard(segment)
+        segment.close()
 
     def peer(self, pid: int) -> PeerSegments:
         """Process ``pid``'s segments, as this process maps them (a new peer's first: the
@@ -298,7 +306,7 @@ class SegmentPool:
         self.copies.close()
         if self._maker is not None:
             self._maker.close()
-        for segment in [*self.free, *self.lent, *self.making, *self.warm]:
+        for segment in [*self.free, *self.lent, *self.making, *self.warm, *self.probes]:
             segment.close()
         for peer in self.peers.values():
             peer.close()
@@ -306,6 +314,7 @@ class SegmentPool:
         self.lent.clear()
         self.making.clear()
         self.warm.clear()
+        self.probes.clear()
         self.keys.clear()
         self.held = 0
 

@@ -1,7 +1,7 @@
 """Whether a session's worker shares this process's memory, asked once (the ``shm_probe``:
-``Probe``), and the connection's pool of shared memory (``connection_pool``), made at a
-connection's first session, with memory faulted in ahead there for a first read
-(``warm_at_open``). The transfers themselves: ``fabric.transport.bulk``.
+``Probe``), as the session opens, and the connection's pool of shared memory
+(``connection_pool``), made at its first session, with memory faulted in ahead there for a
+first read (``at_open``). The transfers themselves: ``fabric.transport.bulk``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from fabric.transport.connection import expect_reply
 
 PROBE_SECONDS = 2.0  # an upload's wait for the probe's answer; then it takes the sockets
 WARM_AT_OPEN = 8 << 20  # memory a connection faults in ahead at its first session, for a read
+PROBES_AT_OPEN = 8  # a connection's probes sent as sessions open and not yet answered, at most
 
 
 def pool_of(session: Any) -> SegmentPool | None:
@@ -38,14 +39,16 @@ class Probe:
     """A session's ``shm_probe``, sent: its request, and the segment its worker must map.
 
     The answer comes after the device's queued work (a probe is one of the session's
-    requests), so the first upload waits for it ``PROBE_SECONDS`` at most, then takes the
-    socket path; later ones take the answer once it has come, without waiting. An upload
-    never fails because its device is busy, on either path."""
+    requests; sent as the session opens, it has come by its first transfer), so the first
+    upload waits for it ``PROBE_SECONDS`` at most, then takes the socket path; later ones
+    take the answer once it has come, without waiting. An upload never fails because its
+    device is busy, on either path."""
 
-    def __init__(self, request: int | None, segment: Any, heap: np.ndarray | None = None) \
-            -> None:
+    def __init__(self, request: int | None, segment: Any, heap: np.ndarray | None = None,
+                 pool: SegmentPool | None = None) -> None:
         self.request = request  # None: not sent (no shared memory here: the answer is no)
         self.segment = segment
+        self.pool = pool  # whose ``probe_segment`` it is
         self.heap = heap  # the token in this process's own memory, for the worker to read
         self.reads_memory = False  # whether the worker said it can (``_upload_from_memory``)
         self.waited = False
@@ -57,8 +60,9 @@ class Probe:
         if connection.shared_memory is None or not boot_id():
             return cls(None, None)
         token = secrets.randbits(63)
+        pool = connection_pool(connection)
         try:
-            segment = connection_pool(connection).probe_segment(token)
+            segment = pool.probe_segment(token)
         except OSError:  # no memory left for it
             return cls(None, None)
         body = {"op": "shm_probe", "boot": boot_id(), "segment": segment.name, "token": token}
@@ -66,9 +70,9 @@ class Probe:
         if heap is not None:
             body["heap"] = heap.ctypes.data
         try:
-            return cls(session._send_request(body), segment, heap)
+            return cls(session._send_request(body), segment, heap, pool)
         except BaseException:
-            segment.close()
+            pool.close_probe(segment)
             raise
 
     def answer(self, session: Any) -> bool | None:
@@ -95,7 +99,7 @@ class Probe:
     def close(self) -> None:
         """The worker answered, or the session ends: no one maps the segment any more."""
         if self.segment is not None:
-            self.segment.close()
+            self.pool.close_probe(self.segment)
             self.segment = None
         self.heap = None
 
@@ -111,14 +115,22 @@ def connection_pool(connection: Any) -> SegmentPool:
     return connection.segments
 
 
-def warm_at_open(session: Any) -> None:
-    """``session`` opened, its connection's first: where its workers may write reads into
-    this process's own memory (``fabric.core.cross_memory``), fault ``WARM_AT_OPEN`` bytes in
-    ahead on the pool's maker thread, for a first read to take (``_read_target``); uploads
-    warm more, sized as they are (``_warm_for_read``). Unused, it goes after the pool's
+def at_open(session: Any) -> None:
+    """``session`` opened, where this process may share memory: its probe is sent now (not at
+    its first transfer, which then finds the answer come: about 2.5 ms of a first upload of
+    8 MiB), unless ``PROBES_AT_OPEN`` of its connection's still hold their segments (a
+    descriptor each, until answered: a session past them asks at its first transfer); and
+    at its connection's first session, where workers may write reads into this process's own
+    memory (``fabric.core.cross_memory``), ``WARM_AT_OPEN`` bytes are faulted in ahead on the
+    pool's maker thread, for a first read to take (``bulk._read_target``; uploads warm more,
+    sized as they are: ``bulk._warm_for_read``). Unused, that memory goes after the pool's
     ``idle_seconds``."""
     connection = session.connection
     options = connection.shared_memory
-    if options is not None and options.cross_memory and connection.segments is None \
-            and boot_id():
-        connection_pool(connection).warm_ahead(WARM_AT_OPEN)
+    if options is None or not boot_id():
+        return
+    first = connection.segments is None
+    if len(connection_pool(connection).probes) < PROBES_AT_OPEN:
+        session.probe = Probe.send(session)
+    if first and options.cross_memory:
+        connection.segments.warm_ahead(WARM_AT_OPEN)

@@ -17,6 +17,7 @@ from fabric.core.errors import FabricError
 from fabric.core.protocol import Kind, Message
 from fabric.core.shm import SharedMemory, held_segments, parse_name
 from fabric.core.wire import decode_segment_ref
+from fabric.transport.probe import PROBES_AT_OPEN
 from fabric.transport.slots_ahead import IN_ALL, PER_SIZE, SlotsAhead
 from fabric.workers.lane import jumps_the_queue
 
@@ -68,8 +69,15 @@ def test_an_upload_returns_while_its_device_is_stopped():
 def test_a_first_upload_to_a_busy_device_takes_the_sockets_and_later_ones_shared_memory():
     # The probe of shared memory is answered after the device's queued work: an upload
     # waits for it PROBE_SECONDS at most (it timed out with the session's timeout before).
+    # Sessions send it as they open, PROBES_AT_OPEN at most per connection until answered
+    # (each holds a segment's descriptor); a session past them probes at its first upload.
     with fabric.LocalCluster(workers=1, heartbeat=2.0) as cluster, \
-            connect(cluster, timeout=10) as session:
+            connect(cluster, timeout=10) as first_opened:
+        probing = [first_opened] + [first_opened.open(0) for _ in range(PROBES_AT_OPEN - 1)]
+        assert all(opened.probe is not None for opened in probing)
+        session = first_opened.open(0)
+        assert session.probe is None  # (past the bound: none sent at open)
+        assert len(session.connection.segments.probes) == PROBES_AT_OPEN
         a, b = (random_array("float64", (300_000,), seed) for seed in range(2))
         worker = cluster.workers[0]
         worker.send_signal(signal.SIGSTOP)
@@ -83,6 +91,9 @@ def test_a_first_upload_to_a_busy_device_takes_the_sockets_and_later_ones_shared
         second = session.asarray(b)  # the answer came meanwhile: without waiting
         assert session.shares_memory is True and second.numpy().tobytes() == b.tobytes()
         assert session.stats()["bytes_uploaded_by_socket"] == a.nbytes  # the first one only
+        assert probing[1].asarray(a).numpy().tobytes() == a.tobytes()  # its answer taken:
+        assert len(session.connection.segments.probes) == PROBES_AT_OPEN - 1  # closed
+        assert probing[1].stats()["bytes_uploaded_by_socket"] == 0
 
 
 @pytest.mark.timeout(90)
