@@ -24,6 +24,7 @@ import glob
 import math
 import mmap
 import os
+import threading
 from typing import Any
 
 import numpy as np
@@ -144,15 +145,19 @@ class WarmMemory:
     def __init__(self, size: int) -> None:
         self.size = size
         self.memory = new_memory(size)  # (held until the maker is done with it)
+        self.stopped = False  # set as its pool closes: ``allocate`` ends at its next piece
 
     def allocate(self) -> None:
-        """Fault every page in, ``FAULT_IN_BYTES`` at a time (a populate holds the memory map
-        lock, which a read's copy, on other threads, takes too); OSError where no memory is
-        left."""
+        """Fault every page in, ``FAULT_IN_BYTES`` at a time, at the calling thread's lowest
+        priority (nice 19: it yields its core to other work, yet goes on, as each populate
+        holds the memory map lock that an ``mmap`` elsewhere waits for), until ``stopped``;
+        OSError where no memory is left."""
+        with contextlib.suppress(OSError):  # (Linux sets a thread's own nice so)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         start = address(self.memory)
-        with contextlib.suppress(OSError, AttributeError):  # (the thread's own, Linux only)
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         for offset in range(0, self.size, FAULT_IN_BYTES):
+            if self.stopped:
+                raise OSError(errno.ECANCELED, "its pool closed")
             populate(start + offset, min(FAULT_IN_BYTES, self.size - offset))
 
     def close(self) -> None:

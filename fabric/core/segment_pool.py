@@ -304,6 +304,9 @@ class SegmentPool:
         """Close every segment (arrays still over them keep their memory until collected),
         and end the copying and making threads."""
         self.copies.close()
+        for block in self.making:
+            if isinstance(block, WarmMemory):
+                block.stopped = True  # (the maker waits for none)
         if self._maker is not None:
             self._maker.close()
         for segment in [*self.free, *self.lent, *self.making, *self.warm, *self.probes]:

@@ -340,5 +340,13 @@ def test_warm_memory_is_bounded_taken_where_it_fits_and_closed_when_idle():
         pool.reclaim()
         assert pool.held == 0 and not pool.warm
         taken[:] = b"x" * len(taken)  # (still the taker's, writable)
+        pool.warm_ahead(32 * MiB)
+        (making,) = pool.making
     finally:
         pool.close()
+    assert making.stopped  # (its pool closed: the maker faults in no more of it)
+    stopped = cross_memory.WarmMemory(8 * MiB)
+    stopped.stopped = True
+    with pytest.raises(OSError, match="its pool closed"):
+        stopped.allocate()
+    stopped.close()
