@@ -25,6 +25,7 @@ import math
 import mmap
 import os
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -139,13 +140,15 @@ class WarmMemory:
     """``new_memory`` of ``size`` bytes, mapped now, its pages faulted in ahead of the read
     that will take it (``allocate``, on a pool's maker thread: ``SegmentPool.warm_ahead``).
     A worker writes 8 MiB into it in about 1 ms, where it faults new memory in at 2-3 GB/s.
-    It may be taken while still being faulted in: the writer's faults and the maker's then
-    share the work (a populate leaves what is written as it is)."""
+    It may be taken while still being faulted in (``stopped`` then: the writer's faults do
+    the rest, where two faulting threads would only contend). ``after``: seconds to wait
+    before the first fault, so that it takes no core from a transfer that follows at once."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, after: float = 0.0) -> None:
         self.size = size
+        self.after = after
         self.memory = new_memory(size)  # (held until the maker is done with it)
-        self.stopped = False  # set as its pool closes: ``allocate`` ends at its next piece
+        self.stopped = False  # taken, or its pool closes: ``allocate`` ends at its next piece
 
     def allocate(self) -> None:
         """Fault every page in, ``FAULT_IN_BYTES`` at a time, at the calling thread's lowest
@@ -154,10 +157,11 @@ class WarmMemory:
         OSError where no memory is left."""
         with contextlib.suppress(OSError):  # (Linux sets a thread's own nice so)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        time.sleep(self.after)
         start = address(self.memory)
         for offset in range(0, self.size, FAULT_IN_BYTES):
             if self.stopped:
-                raise OSError(errno.ECANCELED, "its pool closed")
+                raise OSError(errno.ECANCELED, "taken, or its pool closed")
             populate(start + offset, min(FAULT_IN_BYTES, self.size - offset))
 
     def close(self) -> None:

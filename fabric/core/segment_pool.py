@@ -167,10 +167,11 @@ class SegmentPool:
         else:
             self.free[segment] = self._clock()
 
-    def warm_ahead(self, nbytes: int) -> None:
-        """Fault in memory of ``nbytes`` bytes ahead, on the maker's thread, for a read into
-        this process's own memory to take (``take_warm``); not where such memory is warm or
-        being made already, ``WARM_BLOCKS`` are, or the pool's ``limit`` would not hold it."""
+    def warm_ahead(self, nbytes: int, after: float = 0.0) -> None:
+        """Fault in memory of ``nbytes`` bytes ahead, on the maker's thread, ``after`` seconds
+        from now, for a read into this process's own memory to take (``take_warm``); not where
+        such memory is warm or being made already, ``WARM_BLOCKS`` are, or the pool's
+        ``limit`` would not hold it."""
         self.reclaim()
         blocks = [block for block in [*self.warm, *self.making] if isinstance(block, WarmMemory)]
         size = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
@@ -178,7 +179,7 @@ class SegmentPool:
                 or self.held + size > self.limit:
             return
         try:
-            block = WarmMemory(size)
+            block = WarmMemory(size, after)
         except OSError:  # (no addresses left: then the read makes new memory, or fails)
             return
         self.held += size
@@ -196,6 +197,7 @@ class SegmentPool:
         block = min(blocks, key=lambda block: (block not in self.warm, block.size))
         if self.warm.pop(block, None) is None:
             del self.making[block]  # (``made`` then passes it by)
+            block.stopped = True
         self.held -= block.size
         return block.memory
 

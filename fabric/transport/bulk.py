@@ -44,6 +44,7 @@ from fabric.transport.probe import pool_of
 
 
 SLOT_SECONDS = 2.0  # an upload's wait for a slot asked ahead, not yet answered (``_on_its_way``)
+WARM_AFTER = 0.05  # an upload warms memory for a read after this long (``_warm_for_read``)
 
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
@@ -110,11 +111,13 @@ def _put(session: Any, shape: tuple[int, ...], dtype: np.dtype,
 
 
 def _warm_for_read(session: Any, pool: SegmentPool, nbytes: int) -> None:
-    """An upload of ``nbytes`` bytes is on its way: where a first read of that size would be
-    written into this process's own memory (``_read_target``), fault some in ahead for it
-    (a result read back is often the size of what went up), on the pool's maker thread."""
+    """An upload of ``nbytes`` bytes went: where a first read of that size would be written
+    into this process's own memory (``_read_target``), fault some in ahead for it (a result
+    read back is often the size of what went up), on the pool's maker thread, once
+    ``WARM_AFTER`` passed: a read, or a ``sync``, that follows at once then has the cores to
+    itself (and a read that takes the memory before stops its fault-in)."""
     if session.probe.reads_memory and nbytes not in session.read_sizes.sizes:
-        pool.warm_ahead(nbytes)
+        pool.warm_ahead(nbytes, WARM_AFTER)
 
 
 def after_memory_read(session: Any, nbytes: int) -> None:

@@ -325,9 +325,11 @@ def test_warm_memory_is_bounded_taken_where_it_fits_and_closed_when_idle():
     try:
         pool.warm_ahead(8 * MiB)
         pool.warm_ahead(6 * MiB)  # (8 MiB fits it: no second block)
-        assert pool.held == 8 * MiB and len(pool.making) == 1
-        taken = pool.take_warm(6 * MiB)  # taken while being faulted in: the taker's now
-        assert len(taken) == 8 * MiB and pool.held == 0 and not pool.making
+        (block,) = pool.making
+        assert pool.held == 8 * MiB and block.size == 8 * MiB
+        taken = pool.take_warm(6 * MiB)  # taken while being faulted in: the taker's now,
+        assert taken is block.memory and block.stopped  # its fault-in stopped
+        assert pool.held == 0 and not pool.making and not pool.warm
         assert pool.take_warm(6 * MiB) is None  # (none left)
         pool.warm_ahead(1 * MiB)
         pool.warm_ahead(30 * MiB)
@@ -347,6 +349,6 @@ def test_warm_memory_is_bounded_taken_where_it_fits_and_closed_when_idle():
     assert making.stopped  # (its pool closed: the maker faults in no more of it)
     stopped = cross_memory.WarmMemory(8 * MiB)
     stopped.stopped = True
-    with pytest.raises(OSError, match="its pool closed"):
+    with pytest.raises(OSError, match="taken, or its pool closed"):
         stopped.allocate()
     stopped.close()
