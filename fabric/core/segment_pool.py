@@ -95,11 +95,11 @@ class SegmentPool:
                 grow: Callable[[int], bool] | None = None) -> Slot | None:
         """A slot of ``nbytes`` bytes, lent until given back; None when the pool is full.
 
-        A free segment that fits, or else a new one, made now. ``key`` (a borrower that maps the segment itself,
-        whose old mapping would show what the segment holds next): the segment is lent again
-        to that borrower alone, a free one lent to another is never taken (it is closed first
-        when room is needed), and once closed free, its pages go at once (``Segment.empty``),
-        whoever still maps it. ``grow``: asked before a new segment of that many bytes is
+        A free segment that fits, or else a new one, made now. ``key`` (a borrower that maps
+        the segment itself, whose old mapping would show what the segment holds next): the
+        segment is lent again to that borrower alone, a free one lent to another is never
+        taken (it is closed first when room is needed), and once closed free, its pages go
+        at once (``Segment.empty``), whoever still maps it. ``grow``: asked before a new segment of that many bytes is
         made; False, and none is (None is answered)."""
         self.reclaim()
         segment = self.free_fitting(nbytes, key)

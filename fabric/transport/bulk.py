@@ -1,11 +1,11 @@
 """A session's shared-memory path: large uploads, reads and moves through segments
 (``fabric.core.shm``) instead of inside messages, when its worker shares this host.
 
-Rule: a session asks its worker once, at its first array of at least the threshold
-(``shm_probe``, ``fabric.core.wire``: ``fabric.transport.probe``); until the worker agrees, and whenever no
-slot is free, the session is off or the op stream is being captured, every array takes the
-socket path as before, so this path only ever replaces a transfer the socket path would
-make. An upload or a move goes into a slot the receiving device lends from its own pool
+Rule: a session asks its worker once, as it opens or at its first array of at least the
+threshold (``shm_probe``, ``fabric.core.wire``: ``fabric.transport.probe``); until the worker
+agrees, and whenever no slot is free, the session is off or the op stream is being
+captured, every array takes the socket path as before, so this path only ever replaces a
+transfer the socket path would make. An upload or a move goes into a slot the receiving device lends from its own pool
 (``shm_slot``; for an upload, one lent ahead, whose answer has come or is waited for a
 bounded time: ``fabric.transport.slots_ahead``), else, for an upload the device is idle for
 and whose worker may read this process's memory, no slot: the worker reads the array itself

@@ -6,12 +6,13 @@ first read (``at_open``). The transfers themselves: ``fabric.transport.bulk``.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from typing import Any
 
 import numpy as np
 
-from fabric.core.errors import ProtocolError, RequestTimeout
+from fabric.core.errors import FabricError, ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind
 from fabric.core.segment_pool import SegmentPool
 from fabric.core.shm import boot_id
@@ -131,6 +132,7 @@ def at_open(session: Any) -> None:
         return
     first = connection.segments is None
     if len(connection_pool(connection).probes) < PROBES_AT_OPEN:
-        session.probe = Probe.send(session)
+        with contextlib.suppress(FabricError):  # (its connection lost since the welcome:
+            session.probe = Probe.send(session)  # its first transfer asks, and says so)
     if first and options.cross_memory:
         connection.segments.warm_ahead(WARM_AT_OPEN)
