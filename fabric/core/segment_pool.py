@@ -99,8 +99,8 @@ class SegmentPool:
         the segment itself, whose old mapping would show what the segment holds next): the
         segment is lent again to that borrower alone, a free one lent to another is never
         taken (it is closed first when room is needed), and once closed free, its pages go
-        at once (``Segment.empty``), whoever still maps it. ``grow``: asked before a new segment of that many bytes is
-        made; False, and none is (None is answered)."""
+        at once (``Segment.empty``), whoever still maps it. ``grow``: asked before a new
+        segment of that many bytes is made; False, and none is (None is answered)."""
         self.reclaim()
         segment = self.free_fitting(nbytes, key)
         if segment is not None:

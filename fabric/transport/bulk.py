@@ -2,21 +2,22 @@
 (``fabric.core.shm``) instead of inside messages, when its worker shares this host.
 
 Rule: a session asks its worker once, as it opens or at its first array of at least the
-threshold (``shm_probe``, ``fabric.core.wire``: ``fabric.transport.probe``); until the worker
-agrees, and whenever no slot is free, the session is off or the op stream is being
+threshold (``shm_probe``, ``fabric.core.wire``: ``fabric.transport.probe``); until the
+worker agrees, and whenever no slot is free, the session is off or the op stream is being
 captured, every array takes the socket path as before, so this path only ever replaces a
-transfer the socket path would make. An upload or a move goes into a slot the receiving device lends from its own pool
-(``shm_slot``; for an upload, one lent ahead, whose answer has come or is waited for a
-bounded time: ``fabric.transport.slots_ahead``), else, for an upload the device is idle for
-and whose worker may read this process's memory, no slot: the worker reads the array itself
-(``_upload_from_memory``), else into one of the connection's pool; a read into one of the
-connection's pool (a first read of a size, into new memory the worker writes:
-``_read_target``), or, for a read-only view of a tensor that lies in a slot of its device's
-own pool, that slot itself, pinned on the worker until the view is collected
-(``workers.pins``; the unpin goes with the session's next message: ``send_unpins``). Small
-arrays never come here: the caller tests the size first. An upload buffer
-(``upload_buffer``) is a slot the device lent, handed to the caller to write in; ``seal``
-makes it the tensor, as an upload into a lent slot, without the copy.
+transfer the socket path would make. An upload or a move goes into a slot the receiving
+device lends from its own pool (``shm_slot``; for an upload, one lent ahead, whose answer
+has come or is waited for a bounded time: ``fabric.transport.slots_ahead``), else, for an
+upload the device is idle for and whose worker may read this process's memory, no slot: the
+worker reads the array itself (``_upload_from_memory``), else into one of the connection's
+pool; a read into one of the connection's pool (a first read of a size, into memory of its
+own the worker writes, faulted in ahead where it can be: ``_read_target``), or, for a
+read-only view of a tensor that lies in a slot of its device's own pool, that slot itself,
+pinned on the worker until the view is collected (``workers.pins``; the unpin goes with the
+session's next message: ``send_unpins``). Small arrays never come here: the caller tests the
+size first. An upload buffer (``upload_buffer``) is a slot the device lent, handed to the
+caller to write in; ``seal`` makes it the tensor, as an upload into a lent slot, without the
+copy.
 """
 
 from __future__ import annotations
