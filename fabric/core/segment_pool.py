@@ -25,6 +25,7 @@ from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, SEGMENT_ALIGN, Pe
                              Segment, boot_id, fits, next_name)
 
 WARM_BLOCKS = 2  # at most this many blocks of warm memory held or being made (``warm_ahead``)
+WARM_MOST = 256 << 20  # the largest block of warm memory (a larger read faults its own in)
 
 
 class Slot(NamedTuple):
@@ -170,13 +171,13 @@ class SegmentPool:
     def warm_ahead(self, nbytes: int, after: float = 0.0) -> None:
         """Fault in memory of ``nbytes`` bytes ahead, on the maker's thread, ``after`` seconds
         from now, for a read into this process's own memory to take (``take_warm``); not where
-        such memory is warm or being made already, ``WARM_BLOCKS`` are, or the pool's
-        ``limit`` would not hold it."""
+        such memory is warm or being made already, ``WARM_BLOCKS`` are, it would be larger
+        than ``WARM_MOST``, or the pool's ``limit`` would not hold it."""
         self.reclaim()
         blocks = [block for block in [*self.warm, *self.making] if isinstance(block, WarmMemory)]
         size = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         if len(blocks) >= WARM_BLOCKS or any(fits(block.size, nbytes) for block in blocks) \
-                or self.held + size > self.limit:
+                or size > WARM_MOST or self.held + size > self.limit:
             return
         try:
             block = WarmMemory(size, after)

@@ -19,7 +19,7 @@ import fabric
 from fabric.core import cross_memory
 from fabric.core.errors import FabricError, RequestTimeout
 from fabric.core.parallel_copy import ParallelCopy
-from fabric.core.segment_pool import SegmentPool
+from fabric.core.segment_pool import WARM_MOST, SegmentPool
 from fabric.core.shm import SharedMemory
 from fabric.core.wire import dtype_name
 from fabric.transport import bulk, probe
@@ -323,6 +323,10 @@ def test_warm_memory_is_bounded_taken_where_it_fits_and_closed_when_idle():
     pool = SegmentPool(lambda _session: 0, limit=64 * MiB, idle_seconds=30,
                        clock=lambda: now[0])
     try:
+        pool.limit = 1 << 40
+        pool.warm_ahead(WARM_MOST + 1)  # (past the largest block: a read faults its own in)
+        assert not pool.making and pool.held == 0
+        pool.limit = 64 * MiB
         pool.warm_ahead(8 * MiB)
         pool.warm_ahead(6 * MiB)  # (8 MiB fits it: no second block)
         (block,) = pool.making
