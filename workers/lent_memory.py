@@ -44,9 +44,13 @@ class LentMemory:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.allowance = allowance
         self.kept: dict[int, tuple[int, np.ndarray, float]] = {}
-        self.nbytes = 0
         self._clock = clock
         self._lender = [boot_id(), os.getpid(), start_time(os.getpid()) or 0]  # (this one)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of every array kept."""
+        return sum(array.nbytes for _, array, _ in self.kept.values())
 
     def lend(self, session: int, ticket: int, array: np.ndarray) -> list[Any] | None:
         """Keep ``array`` (C-contiguous) for the move ``ticket`` of ``session``; what the
@@ -58,7 +62,6 @@ class LentMemory:
             return None
         until = self._clock() + LEND_SECONDS
         self.kept[ticket] = (session, array, until)
-        self.nbytes += array.nbytes
         self.allowance.held += array.nbytes
         return [*self._lender, array.ctypes.data, until]
 
@@ -78,7 +81,6 @@ class LentMemory:
 
     def _drop(self, ticket: int) -> None:
         _, array, _ = self.kept.pop(ticket)
-        self.nbytes -= array.nbytes
         self.allowance.held -= array.nbytes
 
 

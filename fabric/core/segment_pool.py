@@ -174,7 +174,7 @@ class SegmentPool:
         such memory is warm or being made already, ``WARM_BLOCKS`` are, it would be larger
         than ``WARM_MOST``, or the pool's ``limit`` would not hold it."""
         self.reclaim()
-        blocks = [block for block in [*self.warm, *self.making] if isinstance(block, WarmMemory)]
+        blocks = self._warm_blocks()
         size = -(-max(nbytes, 1) // mmap.PAGESIZE) * mmap.PAGESIZE
         if len(blocks) >= WARM_BLOCKS or any(fits(block.size, nbytes) for block in blocks) \
                 or size > WARM_MOST or self.held + size > self.limit:
@@ -191,8 +191,7 @@ class SegmentPool:
         being faulted in, that fits (``fits``), the caller's from now on; None where none
         does."""
         self.reclaim()
-        blocks = [block for block in [*self.warm, *self.making]
-                  if isinstance(block, WarmMemory) and fits(block.size, nbytes)]
+        blocks = [block for block in self._warm_blocks() if fits(block.size, nbytes)]
         if not blocks:
             return None
         block = min(blocks, key=lambda block: (block not in self.warm, block.size))
@@ -201,6 +200,10 @@ class SegmentPool:
             block.stopped = True
         self.held -= block.size
         return block.memory
+
+    def _warm_blocks(self) -> list[WarmMemory]:
+        """The warm memory made (first) and being made."""
+        return [*self.warm, *(block for block in self.making if isinstance(block, WarmMemory))]
 
     def probe_segment(self, token: int) -> Segment:
         """A one-page segment holding ``token`` (its first 8 bytes), for a peer to prove it

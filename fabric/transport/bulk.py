@@ -117,7 +117,7 @@ def _warm_for_read(session: Any, pool: SegmentPool, nbytes: int) -> None:
     read back is often the size of what went up), on the pool's maker thread, once
     ``WARM_AFTER`` passed: a read, or a ``sync``, that follows at once then has the cores to
     itself (and a read that takes the memory before stops its fault-in)."""
-    if session.probe.reads_memory and nbytes not in session.read_sizes.sizes:
+    if session.probe.reads_memory and nbytes not in session.read_sizes:
         pool.warm_ahead(nbytes, WARM_AFTER)
 
 

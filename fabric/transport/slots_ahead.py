@@ -54,6 +54,10 @@ class SizesSeen:
         self.sizes.append(nbytes)
         return False
 
+    def __contains__(self, nbytes: int) -> bool:
+        """Whether a transfer of ``nbytes`` bytes came before (nothing remembered)."""
+        return nbytes in self.sizes
+
 
 class SlotsAhead:
     """One session's slots lent ahead: asked (request id -> bytes asked), arrived, and those
