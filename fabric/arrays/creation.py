@@ -23,7 +23,7 @@ from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.progress import Progress, upload as upload_in_chunks, wanted as progress_wanted
 from fabric.arrays.random import Random
-from fabric.arrays.stream import OpStream, batch_elements_bound
+from fabric.arrays.stream import OpStream
 from fabric.arrays.tensor import Tensor
 from fabric.core.device import Device
 from fabric.core.errors import DtypeNotSupported, MessageTooLarge
@@ -57,7 +57,7 @@ class ArrayNamespace(ABC):
         self.device = device
         # Every op of this namespace's tensors; ``life``: the session's (None: the stream's own)
         self.stream = OpStream(self, session_id, life)
-        self.stream.max_batch_elements = batch_elements_bound(device.settings)
+        self.stream.for_device(device.settings)
         # The dtypes the device holds, where it says (a jax device has no float128): an op or
         # upload of another is refused at the call (None: every dtype numpy has)
         held = device.settings.get("dtypes")

@@ -52,6 +52,12 @@ MAX_BATCH_ELEMENTS = 1 << 22
 def batch_elements_bound(settings: dict[str, Any]) -> float:
     """The elements a batch's ops may touch before it is sent, on a device of ``settings``."""
     return math.inf if settings.get("compiles") == COMPILES_BATCHES else MAX_BATCH_ELEMENTS
+# ... and there a full batch is cut where the loop that fills it repeats (``repeat_cut``): a
+# loop's body rarely divides MAX_BATCH_ENTRIES, and batches cut at a count begin at another
+# step of it each time, each of those a new batch to compile (bench W5's 100-entry step, at
+# 1k elements: 50 batches compiled in 3 s before its loop ran as graphs, where one is enough)
+REPEAT_MOST = MAX_BATCH_ENTRIES // 3  # the longest loop body that cuts are aligned to
+_FREE = "\0"  # (a free's letter in repeat_cut's spelling of a batch)
 # ... or when its graph calls run this many ops. A call costs the client one op and the
 # worker all of the graph's: the worker sets the pace, so each message's own cost counts, and
 # bigger batches than MAX_BATCH_ENTRIES pay (bench W5).
@@ -59,6 +65,37 @@ MAX_BATCH_GRAPH_OPS = 4096
 REMEMBERED_ORIGINS = 4096  # at least this many freed tensors' origins, for late errors
 
 _new_object = object.__new__
+
+
+def repeat_cut(batch: list[Any]) -> int:
+    """Where to cut a full ``batch`` (ops and frees, as queued): where its entries, from its
+    first quarter on, repeat with a period (a loop's body, up to REPEAT_MOST entries, its
+    frees included), the last place in it where a period starts at the same step as every
+    other batch of that loop is cut (the step that begins the least of the body's rotations);
+    elsewhere its end. An entry is read as its op and how far back each tensor it reads was
+    made (one made more than REPEAT_MOST tensors before: far), so a loop's steps spell the
+    same each time round."""
+    letters: dict[Any, str] = {}
+    spelled = []
+    for entry in batch:
+        if type(entry) is int:
+            spelled.append(_FREE)
+            continue
+        first = entry[0]  # (read by position, as fabric.core.wire.op_entry lists)
+        out, name, args = (first, entry[1], entry[2:]) if type(first) is int \
+            else (entry[1], first, entry[2])  # (the compact form, or the full one)
+        step = (name, *[out - arg if type(arg) is int and out - arg <= REPEAT_MOST
+                        else type(arg) is int for arg in args])
+        spelled.append(letters.setdefault(step, chr(0x100 + len(letters))))
+    text = "".join(spelled)
+    tail = text[len(text) // 4:]
+    period = next((p for p in range(1, min(REPEAT_MOST, len(tail) // 2) + 1)
+                   if tail[p:] == tail[:-p]), None)
+    if period is None:
+        return len(batch)
+    body = text[-period:]
+    start = min(range(period), key=lambda step: body[step:] + body[:step])
+    return len(batch) - period + start if start else len(batch)
 
 
 class OpSink(Protocol):
@@ -103,6 +140,8 @@ class OpStream:
         self.batch_bytes = 0
         self.batch_elements = 0  # array elements the batch's ops touch
         self.max_batch_elements = MAX_BATCH_ELEMENTS  # (its owner's device may lift it)
+        self.cut_at_repeats = False  # a full batch is cut where its loop repeats
+        self.full = False  # (while a full batch is flushed: it may be cut)
         self.batch_graph_ops = 0  # ops of the batch's graph calls (fabric.graphs.function)
         # Where each tensor's op was issued: live tensors', and the last freed ones' (at least
         # REMEMBERED_ORIGINS of them), whose ops may still fail after the user let them go.
@@ -150,7 +189,7 @@ class OpStream:
         batch.append(entry)
         self.batch_elements = elements = self.batch_elements + inputs + size
         if len(batch) >= MAX_BATCH_ENTRIES or elements >= self.max_batch_elements:
-            self.owner.flush()
+            self.flush_full()
         return tensor
 
     def push_op(self, name: str, args: tuple[Any, ...], params: dict[str, Any], inputs: int,
@@ -194,7 +233,22 @@ class OpStream:
                 return
         if (len(self.batch) >= MAX_BATCH_ENTRIES
                 or self.batch_elements >= self.max_batch_elements):
+            self.flush_full()
+
+    def for_device(self, settings: dict[str, Any]) -> None:
+        """Batch for a device of ``settings``: one that compiles the batches it sees again
+        takes batches of any work, cut where their loop repeats (``repeat_cut``)."""
+        self.max_batch_elements = batch_elements_bound(settings)
+        self.cut_at_repeats = settings.get("compiles") == COMPILES_BATCHES
+
+    def flush_full(self) -> None:
+        """The owner's flush of a full batch, which (unlike a read's or a sync's, which send
+        every op queued) may keep the ops past its cut for the next batch."""
+        self.full = True
+        try:
             self.owner.flush()
+        finally:
+            self.full = False
 
     def close(self) -> Phase:
         """Close the session's life, so that every later op is refused, and drop the batch
@@ -232,6 +286,11 @@ class OpStream:
         thread letting tensors go) go next time."""
         batch, self.batch = self.batch, []
         freed = len(self.freed)  # (each free in the batch is in both lists)
+        kept: list[Any] = []  # the entries past a full batch's cut, for the next batch
+        if self.full and self.cut_at_repeats and not self.buffers and not self.batch_graph_ops:
+            kept = batch[repeat_cut(batch):]
+            del batch[len(batch) - len(kept):]
+            self.batch[:0] = kept  # (one step: frees from other threads go after it)
         try:
             body = {"ops": batch}
             if self.numbered:  # (a device that ran it already skips it when it comes again)
@@ -240,6 +299,8 @@ class OpStream:
         except BaseException:
             self.batch = batch + self.batch
             raise
+        ops_kept = [entry for entry in kept if type(entry) is not int]
+        freed -= len(kept) - len(ops_kept)
         self.counts["ops_sent"] += len(batch) - (freed - self._freed_counted)
         if freed >= 2 * REMEMBERED_ORIGINS:  # the older half goes, at once, in C
             forgotten = self.freed[:-REMEMBERED_ORIGINS]
@@ -248,7 +309,8 @@ class OpStream:
             freed -= len(forgotten)
         self._freed_counted = freed
         self.counts["batches_sent"] += 1
-        self.sent_through = next(self.ids)  # (an id of no tensor: the ones before were sent)
+        # (an id of no tensor, the ones before sent; or the last before the first op kept's)
+        self.sent_through = next(self.ids) if not ops_kept else parse_op(ops_kept[0]).out - 1
         self.counts["bytes_uploaded"] += self.batch_bytes
         self.counts["bytes_uploaded_by_socket"] += self.batch_bytes
         self.buffers, self.batch_bytes, self.batch_elements, self.batch_graph_ops = [], 0, 0, 0

@@ -130,7 +130,8 @@ def op_entry(name: str, out: int, args: tuple[Any, ...], params: dict[str, Any]
       (``send``), ``fabric.graphs.capture`` (``Trace.replay``: an op without a result) and
       ``fabric.graphs.function`` (``trace_function``: ``graph_register``; ``call``:
       ``graph_call`` and ``graph_free``);
-    - read by position on the client: ``OpStream.push`` shows its sinks ``parse_op``'s full
+    - read by position on the client: ``fabric.arrays.stream.repeat_cut`` (an op's name, out
+      and args, in either form); ``OpStream.push`` shows its sinks ``parse_op``'s full
       form, which ``fabric.graphs.function`` (``Tracer.record``: ``op[0]``;
       ``trace_function``: ``op[1]``; ``TracedGraph.op_count``: ``register_op[3]``) and
       ``fabric.graphs.capture`` (``Trace.record``: four items) read;

@@ -171,6 +171,30 @@ def test_a_streamed_loop_on_large_arrays_is_cut_by_entries_alone_and_replayed(ja
     assert stats["device_batch_replays"] >= 1
 
 
+def test_a_streamed_loop_is_cut_where_it_repeats_so_that_few_batches_compile(jax_session):
+    """A loop whose body does not divide a batch's entries (bench W5's cheap step: 50 ops
+    and their 50 frees a call, against 512 entries a batch) sends the same batch each time
+    round, cut where the body repeats: the device compiles a few, where batches cut at a
+    count began at another step of the body each time (a new batch to compile for most)."""
+    def step(x, b, c):  # (its argument let go after it returns: a body of 100 entries)
+        for _ in range(25):
+            x = x * b + c
+        return x
+    values = np.random.default_rng(3).random((3, 1000)) * [[1], [0.4], [1]]
+    x, b, c = (jax_session.asarray(v) for v in values)
+    before = jax_session.stats()
+    for _ in range(3):
+        y, expected = x, values[0]
+        for _ in range(60):
+            y, expected = step(y, b, c), step(expected, *values[1:])
+        np.testing.assert_allclose(y.numpy(), expected, rtol=1e-12)
+    stats = jax_session.stats()
+    assert stats["device_compiles"] - before["device_compiles"] <= 4  # (cut at a count:
+    # 12, and 12 replays)
+    assert stats["device_batch_replays"] - before["device_batch_replays"] >= 20  # (of about
+    # 12 batches a pass)
+
+
 def test_sort_and_argsort_take_kind_and_stable_giving_numpys_stable_order_of_ties(jax_session):
     # (found by test_differential's chains: jax's sorts refused numpy's kind, and the client
     # numpy 2's stable)

@@ -20,6 +20,7 @@ import numpy as np
 
 import fabric
 from fabric.arrays.creation import ArrayNamespace
+from fabric.arrays.stream import MAX_BATCH_ENTRIES, repeat_cut
 from fabric.core.device import Device
 from fabric.core.protocol import Kind, Message, decode, encode
 from fabric.core.wire import GRAPH_CACHE_SIZE, encode_scalar, op_entry, parse_op
@@ -146,3 +147,22 @@ def test_every_inline_op_entry_is_op_entrys_and_reads_back_to_its_op():
     again = function(a)  # its graph was let go meanwhile: the oldest goes, it comes again
     assert again.id == batch[-1][1]
     assert_is_op_entrys(batch[-3], "graph_free", 0, (), {"graph": -GRAPH_CACHE_SIZE})
+
+
+def test_repeat_cut_reads_an_op_in_either_form_alike():
+    """``fabric.arrays.stream.repeat_cut`` reads entries by position: a loop's batch, its ops
+    compact where they have no params, is cut where the same batch in the full form is."""
+    batch: list[Any] = []
+    ids = itertools.count(10)
+    x = 1
+    for _ in range(60):  # a body of three ops and two frees
+        total = next(ids)
+        batch.append(op_entry("sum", total, (x,), {"axis": 0}))
+        y = next(ids)
+        batch += [op_entry("add", y, (x, total), {}), total]
+        x, previous = next(ids), y
+        batch += [op_entry("negative", x, (previous,), {}), previous]
+    batch = batch[7:7 + MAX_BATCH_ENTRIES // 2]
+    full = [entry if type(entry) is int else list(parse_op(entry)) for entry in batch]
+    assert any(type(entry) is tuple and type(entry[0]) is int for entry in batch)
+    assert repeat_cut(batch) == repeat_cut(full) < len(batch)

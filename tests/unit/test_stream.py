@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from fabric.arrays.stream import (MAX_BATCH_BYTES, MAX_BATCH_ELEMENTS, MAX_BATCH_ENTRIES,
-                                  MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, OpStream,
-                                  batch_elements_bound)
+                                  MAX_BATCH_GRAPH_OPS, REMEMBERED_ORIGINS, REPEAT_MOST, OpStream,
+                                  batch_elements_bound, repeat_cut)
 from fabric.core.errors import FabricError, ProtocolError, SessionClosed
 from fabric.core.flow import COMPILES_BATCHES, SUBMIT_WINDOW
 from fabric.core.protocol import Kind
@@ -99,6 +99,67 @@ def test_a_device_that_compiles_batches_lifts_the_element_bound():
     for _ in range(4):
         add(owner.stream, MAX_BATCH_ELEMENTS)
     assert owner.sent == []  # only the entries (and bytes) cut its batches now
+
+
+def cheap_step(stream: OpStream, x, b):
+    """Bench W5's cheap step as the operators queue it: 25 rounds of x = x*b + 0.5, 100
+    entries a call with the frees of what each round lets go."""
+    for _ in range(25):
+        x = stream.push_op("add", (stream.push_op("multiply", (x.id, b.id), {}, 8, (4,), F8,
+                                                  None).id, 0.5), {}, 4, (4,), F8, None)
+    return x
+
+
+def spelled(entries: list) -> list:
+    """A batch's entries as the worker's batch signature sees them: each op's name and its
+    inputs numbered by their first appearance (its own output and frees kept by order)."""
+    numbers: dict = {}
+    return [("free",) if type(entry) is int else (parse_op(entry).name, *[
+        numbers.setdefault(arg, len(numbers)) - len(numbers) if type(arg) is int else arg
+        for arg in parse_op(entry).args]) for entry in entries]
+
+
+def test_a_full_batch_for_a_compiling_device_is_cut_where_its_loop_repeats():
+    """A loop whose body (100 entries) does not divide a batch's entries sends, on a device
+    that compiles the batches it sees again, the same batch again and again: each cut where
+    the loop's body begins at the same step. Ops past a cut go first in the next batch; a
+    read's or a sync's flush sends every op; counts and what was sent stay exact."""
+    owner = Owner()
+    owner.stream.for_device({"compiles": COMPILES_BATCHES})
+    x, b = add(owner.stream), add(owner.stream)
+    for _ in range(40):
+        x = cheap_step(owner.stream, x, b)
+    batches = [message.body["ops"] for message in owner.sent]
+    assert len(batches) == 7 and {len(ops) for ops in batches[2:]} == {500}  # five bodies
+    assert len({repr(spelled(ops)) for ops in batches[2:]}) == 1
+    pending = owner.stream.batch
+    assert 0 < len(pending) < MAX_BATCH_ENTRIES and x.id > owner.stream.sent_through
+    first_kept = next(parse_op(entry).out for entry in pending if type(entry) is not int)
+    assert owner.stream.sent_through == first_kept - 1
+    owner.flush()  # (a read's flush: everything goes)
+    assert not owner.stream.batch
+    sent = [entry for message in owner.sent for entry in message.body["ops"]]
+    made = [parse_op(entry).out for entry in sent if type(entry) is not int]
+    assert made == sorted(set(made)) and made[-1] == x.id  # (each op once, in order)
+    assert owner.stream.counts["ops_sent"] == len(made) == 2 + 40 * 50
+    assert owner.stream.sent_through > x.id
+
+    plain = Owner()  # (a device that does not compile batches: cut at the count)
+    x, b = add(plain.stream), add(plain.stream)
+    for _ in range(40):
+        x = cheap_step(plain.stream, x, b)
+    assert {len(message.body["ops"]) for message in plain.sent} == {MAX_BATCH_ENTRIES}
+
+
+def test_repeat_cut_keeps_a_batch_whole_where_nothing_repeats():
+    ids = list(range(1, MAX_BATCH_ENTRIES + 1))
+    assert repeat_cut([(i, f"op{i}", i - 1) for i in ids]) == MAX_BATCH_ENTRIES
+    # (a body longer than REPEAT_MOST entries is not looked for)
+    body = REPEAT_MOST + 1
+    assert repeat_cut([(i, f"op{i % body}", 1.0) for i in ids]) == MAX_BATCH_ENTRIES
+    sevens = [(i, f"op{i % 7}", 1.0) for i in ids]  # (cut where a body begins as the first)
+    cut = repeat_cut(sevens)
+    assert MAX_BATCH_ENTRIES - 7 < cut < MAX_BATCH_ENTRIES and sevens[cut][1] == "op1"
 
 
 def test_a_batch_goes_at_its_element_byte_and_graph_op_bounds():
@@ -230,7 +291,7 @@ class StreamMachine(RuleBasedStateMachine):
         tensor = self.owner.stream.push_op("negative", (0,), {}, size, (size,), F8, None)
         self.expected.append(tensor.id)
         self.live.append(tensor)
-        if 2 * size >= MAX_BATCH_ELEMENTS:  # a heavy op goes at once
+        if 2 * size >= self.owner.stream.max_batch_elements:  # a heavy op goes at once
             assert len(self.owner.sent) == sent + 1
 
     @rule(nbytes=st.sampled_from([8, 4096, MAX_BATCH_BYTES // 3, MAX_BATCH_BYTES]))
@@ -266,8 +327,9 @@ class StreamMachine(RuleBasedStateMachine):
         stream = self.owner.stream
         entries = [e for m in self.owner.sent for e in m.body["ops"]] + stream.batch
         assert [e if type(e) is int else parse_op(e).out for e in entries] == self.expected
-        assert len(stream.batch) < MAX_BATCH_ENTRIES
-        assert stream.batch_elements < MAX_BATCH_ELEMENTS
+        assert sum(type(e) is not int for e in stream.batch) < MAX_BATCH_ENTRIES  # (frees
+        # go with the next op or read)
+        assert stream.batch_elements < stream.max_batch_elements
         assert stream.batch_bytes < MAX_BATCH_BYTES
         assert stream.batch_graph_ops < MAX_BATCH_GRAPH_OPS
         for message in self.owner.sent:
@@ -280,7 +342,33 @@ class StreamMachine(RuleBasedStateMachine):
                                          for e in m.body["ops"])
         assert counts["bytes_uploaded"] == sum(b.nbytes for m in self.owner.sent
                                                for b in m.buffers)
+        made = {parse_op(e).out for m in self.owner.sent for e in m.body["ops"]
+                if type(e) is not int}  # (a read of a tensor up to sent_through goes alone)
+        assert all(t in made for t in self.expected if 0 < t <= stream.sent_through)
+
+
+class CompilingStreamMachine(StreamMachine):
+    """The same on a device that compiles the batches it sees again, whose full batches are
+    cut where their ops repeat, with loops among the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner.stream.for_device({"compiles": COMPILES_BATCHES})
+
+    @rule(body=st.integers(1, 5), rounds=st.integers(1, 200))
+    def loop(self, body: int, rounds: int) -> None:
+        x = self.owner.stream.push_op("negative", (0,), {}, 1, (1,), F8, None)
+        self.expected.append(x.id)
+        for step in range(body * rounds):
+            previous = x
+            x = self.owner.stream.push_op("add" if step % body else "negative", (x.id,), {},
+                                          1, (1,), F8, None)
+            self.expected += [x.id, previous.id]
+            del previous  # (let go, after the op that read it)
+        self.live.append(x)
 
 
 TestStreamMachine = StreamMachine.TestCase
 TestStreamMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestCompilingStreamMachine = CompilingStreamMachine.TestCase
+TestCompilingStreamMachine.settings = TestStreamMachine.settings
