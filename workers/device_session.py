@@ -33,6 +33,13 @@ class DeviceSession:
     awaiting: dict[int, list[Message]] = field(default_factory=dict)  # id -> "await" requests
     # Tensors this session consented to receive (``expect``): one-time ticket -> new tensor id.
     expected: dict[int, int] = field(default_factory=dict)
+    # TRANSFERs that came before their ticket (``workers.session_moves``): ticket -> (the
+    # TRANSFER, when it stops waiting), and the tickets of those dropped; the tickets used,
+    # the newest, in order; and the tensors whose TRANSFER must come again, and why
+    early: dict[int, tuple[Message, float]] = field(default_factory=dict)
+    early_dropped: dict[int, None] = field(default_factory=dict)
+    used_tickets: dict[int, None] = field(default_factory=dict)
+    again: dict[int, str] = field(default_factory=dict)
     transfers_refused: int = 0  # TRANSFERs without a ticket it gave: dropped
     # numpy's warnings since the last REPLY (distinct ones, in order), and how many more
     warnings: dict[DeviceWarning, None] = field(default_factory=dict)

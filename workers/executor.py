@@ -51,7 +51,7 @@ from .in_place import write_in_place
 from .lent_memory import LentMemory, read_lent
 from .memory import BOUND_PER_ELEMENT, SAME_SIZE_OPS, MemoryBudget
 from .registered_graphs import GraphOps, SessionGraphs, plan_op
-from .session_moves import SessionMoves
+from .session_moves import SessionMoves, expire_early
 from .tally import DeviceTally
 
 # For a device's ops on fewer than its ``plain_below`` elements, an op without params is this
@@ -530,6 +530,7 @@ class Executor(GraphOps, Admission, BatchOps, SessionMoves):
             message, {"shape": list(array.shape), "dtype": dtype_name(array.dtype)})]
 
     def _stats(self, session: DeviceSession, message: Message) -> list[Message]:
+        expire_early(session)  # (counted in transfers_refused)
         return [reply_to(message, {
             "tensors": len(session.tensors), "resident_bytes": session.resident,
             "ops": session.ops, "poisoned": len(session.poisoned),

@@ -12,8 +12,10 @@ sends the bytes in the TRANSFER instead), and at most ``MAX_LENT`` are kept at o
 
 Rule 2 (reader): it reads only a process of this host (its boot id) and of its own user that
 is still the one that lent (its start time), with more than ``READ_MARGIN_SECONDS`` of the
-lend left; anything else is the moved tensor's poison, with a sentence. The monotonic clock is
-one for every process of a host, so the lender's deadline means the same here.
+lend left; a lend it cannot read so (``LendUnreadable``, with a sentence) is sent again with
+its bytes (``workers.session_moves``), and a malformed one is the moved tensor's poison. The
+monotonic clock is one for every process of a host, so the lender's deadline means the same
+here.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from .shared_memory import ClientProcess, HostSharing, start_time
 LEND_SECONDS = 60.0  # a lent tensor's longest keep, released or not
 READ_MARGIN_SECONDS = 10.0  # a reader reads no lend with less than this left
 MAX_LENT = 256  # lends a device keeps at once; beyond, a move carries its bytes
+
+
+class LendUnreadable(ProtocolError):
+    """A lend this worker cannot read (no shared memory here, another host, run out, its
+    process gone, another's, or refused by the kernel): its move sends the bytes instead."""
 
 
 class LentMemory:
@@ -88,13 +95,12 @@ def read_lent(lent: Any, into: np.ndarray, sharing: HostSharing,
               clock: Callable[[], float] = time.monotonic) -> np.ndarray:
     """``into``, filled with the bytes another worker of this host lent (a TRANSFER's
     ``"lent"``: ``LentMemory.lend``'s list), by the copy threads of ``sharing``.
-    ProtocolError where this worker shares no memory (``--no-shared-memory``), the list is
-    malformed, the lend is about to end, or its process is gone, is another user's, or
-    cannot be read."""
+    ProtocolError where the list is malformed; ``LendUnreadable`` where this worker shares no
+    memory (``--no-shared-memory``), the lend is about to end, or its process is gone, is
+    another user's, or cannot be read."""
     if not sharing.enabled:
-        raise ProtocolError("This worker shares no memory with other processes "
-                            "(--no-shared-memory): a tensor moved here comes in its "
-                            "TRANSFER.")
+        raise LendUnreadable("This worker shares no memory with other processes "
+                             "(--no-shared-memory).")
     if type(lent) is not list or len(lent) != 5 or type(lent[0]) is not str \
             or not all(type(n) is int and n >= 0 for n in lent[1:4]) \
             or type(lent[4]) is not float:
@@ -102,28 +108,25 @@ def read_lent(lent: Any, into: np.ndarray, sharing: HostSharing,
                             "deadline].")
     boot, pid, started, address, until = lent
     if boot != boot_id():
-        raise ProtocolError("The tensor was lent by a worker of another host: it moves in "
-                            "its TRANSFER there.")
+        raise LendUnreadable("The tensor was lent by a worker of another host.")
     if until - clock() < READ_MARGIN_SECONDS:
-        raise ProtocolError("The moved tensor waited on this device until its sender's lend "
-                            "of it ran out: move it again (t.to()).")
+        raise LendUnreadable("The moved tensor waited on this device until its sender's lend "
+                             "of it ran out.")
     try:
         process = ClientProcess(pid)
     except OSError:
-        raise ProtocolError(f"The worker process {pid} that sent this tensor is gone: move "
-                            "it again from a live session.") from None
+        raise LendUnreadable(f"The worker process {pid} that sent this tensor is gone.") \
+            from None
     try:
         if process.key[1] != started or process.uid != os.geteuid():
-            raise ProtocolError(f"Process {pid} is not the worker that sent this tensor.")
+            raise LendUnreadable(f"Process {pid} is not the worker that sent this tensor.")
         cross_memory.read(pid, address, into, sharing.copies)
         if not process.same():
-            raise ProtocolError(f"The worker process {pid} that sent this tensor ended while "
-                                "it was read: move it again from a live session.")
+            raise LendUnreadable(f"The worker process {pid} that sent this tensor ended while "
+                                 "it was read.")
     except OSError as exc:
-        raise ProtocolError(f"The moved tensor's {into.nbytes} bytes could not be read from "
-                            f"worker process {pid} ({exc.strerror}): pass "
-                            "fabric.SharedMemory(cross_memory=False) to move through "
-                            "shared-memory slots.") from None
+        raise LendUnreadable(f"The moved tensor's {into.nbytes} bytes could not be read from "
+                             f"worker process {pid} ({exc.strerror}).") from None
     finally:
         process.close()
     return into

@@ -83,6 +83,12 @@ CREDIT_EVERY = 16
 CLIENT_HEARTBEAT_MS = 1000
 CLIENT_HEARTBEAT_TIMEOUT_MS = 3000
 
+# A move's TRANSFER this small (its bytes by memory or through a slot, or few) may come before
+# the receiving device agreed to take it (``expect``) and wait there for its ticket: the
+# client sends a move's three messages at once, where a larger one waits for the agreement
+# first (``workers.session_moves``, ``fabric.transport.moves``)
+EARLY_TRANSFER_BYTES = 64 << 10
+
 
 def largest_frame(frames: Sequence[Any]) -> int:
     """The size in bytes of the biggest frame (what ``MAXMSGSIZE`` is compared with)."""

@@ -15,6 +15,7 @@ import pytest
 from polling import wait_for
 
 import fabric
+from fabric.core.flow import EARLY_TRANSFER_BYTES
 
 
 def _devices(cluster) -> dict[str, int]:
@@ -89,3 +90,32 @@ def test_moves_made_at_once_carry_poison_and_fail_together_cleanly(cluster):
             move_all([(good, there), (good, closed)])
         assert not here.connection.pending._waiting  # ... after the others answered
         np.testing.assert_array_equal((good.to(there) + 1).numpy(), np.arange(6.0) + 1)
+
+
+@pytest.mark.parametrize("size, at_once", [(3, True), (EARLY_TRANSFER_BYTES // 8 + 1, False)])
+def test_a_move_whose_transfer_is_small_goes_without_waiting_for_its_agreement(cluster, size,
+                                                                                at_once):
+    """A move sends its ``expect``, its ``send`` and its ``await`` before it waits for any
+    answer where its TRANSFER is small (one wait, where there were two: the receiving device
+    keeps a TRANSFER that comes before its ticket); a larger one, its bytes in the TRANSFER
+    (no shared memory), waits for the receiving device's agreement first."""
+    devices = _devices(cluster)
+    with fabric.connect(cluster.address, token=cluster.token, device=devices["worker-0"],
+                        timeout=5, shared_memory=False) as a, \
+            fabric.connect(cluster.address, token=cluster.token, device=devices["worker-1"],
+                           timeout=5, shared_memory=False) as b:
+        values = np.arange(float(size))
+        source = a.asarray(values)
+        a.sync()
+        sends = a.stream.counts["batches_sent"]
+        sent_at_first_wait = []
+        reply = b._reply  # (b's answers are waited for here, each call passed on)
+        b._reply = lambda request, timeout=None: (
+            sent_at_first_wait.append(a.stream.counts["batches_sent"]), reply(request, timeout)
+        )[1]
+        moved = source.to(b)
+        del b._reply
+        assert sent_at_first_wait[0] == sends + at_once  # (the send's batch had gone, or not)
+        assert len(sent_at_first_wait) == 2  # (the expect's answer, and the await's)
+        np.testing.assert_array_equal(moved.numpy(), values)
+        assert b.stats()["transfers_refused"] == 0

@@ -13,7 +13,8 @@ import pytest
 
 from fabric.core.errors import ProtocolError
 from fabric.core.shm import boot_id
-from fabric.workers.lent_memory import LEND_SECONDS, MAX_LENT, LentMemory, read_lent
+from fabric.workers.lent_memory import (LEND_SECONDS, MAX_LENT, LendUnreadable, LentMemory,
+                                        read_lent)
 from fabric.workers.memory import MemoryBudget
 from fabric.workers.shared_memory import HostSharing, start_time
 
@@ -110,6 +111,8 @@ def test_a_reader_refuses_what_it_must_not_read_with_a_sentence(case, error):
     elif case == "no sharing":
         sharing = HostSharing(enabled=False)
     into = np.zeros(64)
-    with pytest.raises(ProtocolError, match=error):
+    with pytest.raises(ProtocolError, match=error) as refused:
         read_lent(named, into, sharing, clock)
     assert not into.any()
+    # (a lend it cannot read is sent again with its bytes; a malformed one poisons)
+    assert isinstance(refused.value, LendUnreadable) is (error != "lent is \\[boot, pid, start time")
