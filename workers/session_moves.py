@@ -168,16 +168,17 @@ class SessionMoves:
                 f"This session already waits for {MAX_EXPECTED} tensors moved from other "
                 "sessions: move them (t.to()) one after another."))]
         expire_early(session)
-        early, _ = session.early.pop(ticket, (None, 0.0))  # (its TRANSFER came first)
-        if early is not None:
-            return [*self._take(session, ticket, tensor_id, early),
-                    reply_to(message, {"ok": True})]
+        agreed = [reply_to(message, {"ok": True})]
+        if ticket in session.early:  # (its TRANSFER came first)
+            return [*self._take(session, ticket, tensor_id, session.early.pop(ticket)[0]),
+                    *agreed]
         session.expected[ticket] = tensor_id
         if ticket in session.early_dropped:  # (it came, and was dropped: it comes again)
             del session.early_dropped[ticket]
-            self._again(session, tensor_id, "Its TRANSFER came before the device agreed to "
-                                            "take it, and could not wait.")
-        return [reply_to(message, {"ok": True})]
+            return [*self._again(session, tensor_id, "Its TRANSFER came before the device "
+                                                     "agreed to take it, and could not wait."),
+                    *agreed]
+        return agreed
 
     def _await(self, session: DeviceSession, message: Message) -> list[Message]:
         tensor_id = message.body.get("id")
