@@ -103,7 +103,7 @@ class Session(ArrayNamespace):
             weakref.WeakValueDictionary()
         connection.set_send_timeout(timeout)
         # What the client waited for (stats): every request answered, the reads among them
-        self.stream.counts.update(round_trips=0, reads=0, bytes_read=0)
+        self.stream.counts.update(round_trips=0, reads=0, bytes_read=0, moves_sent_again=0)
         _OPEN.add(self)
         probe.at_open(self)  # (its probe sent, a first read's memory faulted in ahead)
         # Registered again with each session: atexit runs the last registered first, so
@@ -432,6 +432,9 @@ class Session(ArrayNamespace):
         ``round_trips`` counts the requests whose answer the client waited for (reads, shapes
         learned from the device, syncs, moves; not these stats), the points where a program
         blocks; ``reads`` and ``bytes_read`` the reads of values among them, and their bytes.
+        ``moves_sent_again`` counts the tensors moved here (``t.to()``) that the device could
+        not take as they came (a lend of a worker it may not read, a message that overtook its
+        agreement to take it), sent once more, their bytes in the message.
         """
         device = self._call({"op": "stats"}).body  # flushes first, so counts are current
         self.stream.counts["round_trips"] -= 1  # (this call's own is not the program's)

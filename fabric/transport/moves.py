@@ -94,6 +94,7 @@ def _move(moves: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
         again = [part for part, reply in answered.items() if "again" in reply.body]
         for part in again:  # (the receiving device could not take it so: its bytes, now)
             part.way = {}
+            part.target.stream.counts["moves_sent_again"] += 1
         answered.update(_awaited(_sent(again), errors))
         _released([part for part in answered if "by_memory" in part.way or part in again])
     if errors:

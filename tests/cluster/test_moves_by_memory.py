@@ -4,13 +4,20 @@ memory is ready: real brokers and workers on loopback."""
 
 from __future__ import annotations
 
+import json
+import os
+import pwd
+import shutil
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import fabric
 from fabric.core.errors import RequestTimeout
+from fabric.launch.local import BULK_MALLOC_STARTED
 from fabric.transport import bulk
 
 from polling import wait_for
@@ -88,3 +95,62 @@ def test_without_cross_memory_a_move_takes_a_slot(shm_cluster):
         moved = tensor.to(other)
         np.testing.assert_array_equal(moved.numpy(), np.arange(MiB, dtype=np.float64))
         assert lent_bytes(session) == 0 and other.in_device_slots
+
+
+# A process run as another user (nobody), where this test runs as root and may start one
+AS_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+# The client's part, as nobody: a move from a session on the sending worker (device 1) to one
+# on the receiving worker (device 0), and what came of it
+MOVE_AS_NOBODY = """
+import json, sys
+import numpy as np
+import fabric
+address, token = sys.argv[1:]
+with fabric.connect(address, token=token, device=1, timeout=30) as sender, \\
+        sender.open(0, timeout=30) as receiver:
+    array = np.arange(1 << 20, dtype=np.float64)
+    moved = sender.asarray(array).to(receiver)
+    print(json.dumps({"same": bool(np.array_equal(moved.numpy(), array)),
+                      "by memory": [s.probe.reads_memory for s in (sender, receiver)],
+                      "sent again": receiver.stats()["moves_sent_again"],
+                      "lent": sender.stats()["device_lent_bytes"]}))
+"""
+
+
+def _nobody() -> bool:
+    try:
+        return os.geteuid() == 0 and shutil.which("setpriv") is not None \
+            and pwd.getpwnam("nobody") is not None
+    except KeyError:
+        return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not _nobody(), reason="starts processes as nobody: root and setpriv")
+def test_a_lend_the_receiving_worker_may_not_read_is_sent_again_with_its_bytes(tmp_path):
+    """The client and the sending worker run as another user (nobody), the receiving worker
+    as root: it reads the client's memory, so the move goes by memory, but it refuses a lend
+    of another user's process. The move is asked for ``again`` and comes with its bytes: it
+    lands, counted, and the sender's lend is let go."""
+    with fabric.LocalCluster(workers=1) as cluster, open(tmp_path / "nobody.log", "wb") as log:
+        sender = subprocess.Popen(
+            [*AS_NOBODY, sys.executable, "-m", "fabric", "worker", "--broker",
+             cluster.worker_address, "--name", "worker-nobody"],
+            env={**os.environ, "FABRIC_WORKER_TOKEN": cluster.worker_token,
+                 BULK_MALLOC_STARTED: "1"},  # (it starts as it is: nobody may not exec it)
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            cluster.wait_for_devices(2)
+            done = subprocess.run([*AS_NOBODY, sys.executable, "-c", MOVE_AS_NOBODY,
+                                   cluster.address, cluster.token],
+                                  capture_output=True, text=True, timeout=90)
+            assert done.returncode == 0, done.stderr
+            assert json.loads(done.stdout.splitlines()[-1]) == {
+                "same": True, "by memory": [True, True], "sent again": 1, "lent": 0}
+        finally:
+            sender.terminate()
+            try:
+                sender.wait(10)
+            except subprocess.TimeoutExpired:
+                sender.kill()
+                sender.wait(10)
