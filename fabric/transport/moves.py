@@ -15,6 +15,7 @@ another cost its round trips apiece. Shared memory between devices of this host:
 round trip where its answer has come), or the receiving worker reads the tensor where it lies
 in the sending worker (``workers.lent_memory``), which keeps it until told (``release``).
 """
+
 from __future__ import annotations
 
 import secrets
@@ -84,6 +85,7 @@ def _move(moves: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
             else:
                 lent.enter_context(bulk.lent(part.target.connection.segments, slot))
                 part.way = {"into": slot.ref()} if slot else {}
+        by_memory = [part for part in parts if "by_memory" in part.way]
         at_once = [part for part in parts if part.small()]
         later = [part for part in parts if not part.small()]
         awaits = _sent(at_once)
@@ -96,7 +98,7 @@ def _move(moves: Sequence[tuple[Tensor, Session]]) -> list[Tensor]:
             part.way = {}
             part.target.stream.counts["moves_sent_again"] += 1
         answered.update(_awaited(_sent(again), errors))
-        _released([part for part in answered if "by_memory" in part.way or part in again])
+        _released([part for part in by_memory if part in answered])
     if errors:
         raise errors[0]
     return [part.tensor for part in parts]
