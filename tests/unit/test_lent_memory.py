@@ -77,9 +77,12 @@ def test_a_reader_fills_its_array_from_the_lending_process():
     np.testing.assert_array_equal(into, array)
 
 
+MALFORMED = "lent is \\[boot, pid, start time"
+
+
 @pytest.mark.parametrize("case, error", [
-    ("malformed", "lent is \\[boot, pid, start time"),
-    ("negative address", "lent is \\[boot, pid, start time"),
+    ("malformed", MALFORMED),
+    ("negative address", MALFORMED),
     ("another host", "another host"),
     ("running out", "ran out"),
     ("another start time", "is not the worker"),
@@ -115,4 +118,4 @@ def test_a_reader_refuses_what_it_must_not_read_with_a_sentence(case, error):
         read_lent(named, into, sharing, clock)
     assert not into.any()
     # (a lend it cannot read is sent again with its bytes; a malformed one poisons)
-    assert isinstance(refused.value, LendUnreadable) is (error != "lent is \\[boot, pid, start time")
+    assert isinstance(refused.value, LendUnreadable) is (error != MALFORMED)
