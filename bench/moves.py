@@ -18,38 +18,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import fabric  # noqa: E402
-from bench.raw import RawPeers, raw_read  # noqa: E402
-from bench.run import percentiles  # noqa: E402
+from bench.raw import RawPeers  # noqa: E402
+from bench.run import percentiles, w2_raw  # noqa: E402
+from bench.timing import seconds  # noqa: E402
 
 MOVES = 300
 
 
 def moves(source: fabric.Tensor, target: fabric.Session) -> list[float]:
-    """The seconds each of ``MOVES`` moves of ``source`` to ``target`` took."""
-    times = []
-    for _ in range(MOVES):
-        start = time.perf_counter()
-        moved = source.to(target)
-        times.append(time.perf_counter() - start)
-        del moved  # (freed on its device with the next move's messages)
-    return times
-
-
-def round_trips(peers: RawPeers) -> list[float]:
-    payload = np.arange(128.0).tobytes()
-    times = []
-    for _ in range(MOVES):
-        start = time.perf_counter()
-        raw_read(peers.sock, payload)
-        times.append(time.perf_counter() - start)
-    return times
+    """The seconds each of ``MOVES`` moves of ``source`` to ``target`` took (each moved
+    tensor let go at once: freed on its device with the next move's messages)."""
+    return [seconds(lambda: source.to(target)) for _ in range(MOVES)]
 
 
 def main() -> None:
@@ -67,7 +52,7 @@ def main() -> None:
         sources = {kib: here.asarray(np.ones(kib * 1024 // 8)) for kib in args.kib}
         here.sync()
         for _ in range(args.runs):
-            times.setdefault("hop", []).extend(round_trips(hop))
+            times.setdefault("hop", []).extend(w2_raw(hop, MOVES))
             for kib, source in sources.items():
                 times.setdefault(f"{kib} KiB", []).extend(moves(source, there))
     hop_p50 = percentiles(times["hop"])[0]

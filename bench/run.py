@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import fabric  # noqa: E402
 from fabric.launch.local import with_bulk_malloc  # noqa: E402
 from bench.raw import BULK_BYTES, RawPeers, raw_read  # noqa: E402
+from bench.timing import seconds  # noqa: E402
 
 W1_OPS = 10_000
 W2_READS = 2_000
@@ -59,22 +60,13 @@ def w2_fabric(session: fabric.Session, reads: int = W2_READS) -> list[float]:
     """The seconds each of ``reads`` sequential reads of a 100-element tensor took."""
     x = session.asarray(np.arange(100.0))
     x.numpy()
-    times = []
-    for _ in range(reads):
-        start = time.perf_counter()
-        x.numpy()
-        times.append(time.perf_counter() - start)
-    return times
+    return [seconds(x.numpy) for _ in range(reads)]
 
 
-def w2_raw(peers: RawPeers) -> list[float]:
+def w2_raw(peers: RawPeers, reads: int = W2_READS) -> list[float]:
+    """The seconds each of ``reads`` raw round trips of 800 bytes took."""
     payload = np.arange(100.0).tobytes()
-    times = []
-    for _ in range(W2_READS):
-        start = time.perf_counter()
-        raw_read(peers.sock, payload)
-        times.append(time.perf_counter() - start)
-    return times
+    return [seconds(lambda: raw_read(peers.sock, payload)) for _ in range(reads)]
 
 
 def percentiles(times: list[float]) -> tuple[float, float]:
