@@ -9,8 +9,10 @@ a round trip's cost shows: a move into a slot the receiver lent ahead makes thre
 
 "shm" is ``fabric.connect``'s default on one host (uploads of 1 MiB and more written into a
 slot of the device's own pool lent ahead, which the tensor keeps: the first run's upload,
-with none lent yet, goes through the connection's pool; reads written by the worker into a
-slot of the connection's pool); "shm copy-out" is the same on workers started with
+with none lent yet, goes through the connection's pool; a read of a tensor in the device's
+slot maps that slot copy on write, pinned: no copy, its GB/s the tensor's bytes over one round
+trip and the mapping; the first run's read is written by the worker into a slot of the
+connection's pool); "shm copy-out" is the same on workers started with
 ``--shared-memory-limit 0``, whose uploads and moves go through the client's slots and are
 copied out on the worker (the path before one-copy uploads); "shm view" reads with
 ``t.numpy(copy=False)`` (a read-only view of the device's own slot, pinned: no copy; its

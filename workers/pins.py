@@ -1,5 +1,7 @@
-"""Pins: the device slots a client's read-only views (``t.numpy(copy=False)``) show it
-without a copy, kept from reuse while those views live.
+"""Pins: the device slots a client's reads show it without a copy, kept from reuse while the
+arrays read (views, here) live: ``t.numpy()`` maps the slot copy on write, the client's own
+array; ``t.numpy(copy=False)`` maps it shared, read-only. Either way the slot must not change
+while pinned: a tensor never changes, and its slot is never written in place.
 
 Rule: a tensor that lives in a slot of its device's own pool (an upload or a move written
 there: ``workers.shared_memory.uploaded``) is shown to its client as that slot itself: the
@@ -57,7 +59,7 @@ class SessionPins:
         if name not in self.pinned:
             size = holder.values.nbytes
             try:
-                executor._require(session, "a read-only view (t.numpy(copy=False))", size, size)
+                executor._require(session, "an array read without a copy", size, size)
             except QuotaExceeded:
                 return None
             executor.allowance.charge(session, size)
@@ -80,7 +82,7 @@ class SessionPins:
         if any(name not in self.pinned or self.pinned[name].views < count
                for name, count in wanted.items()):
             raise ProtocolError("An unpin may name only slots this session pinned for its "
-                                "read-only views (t.numpy(copy=False)), once per view: "
+                                "arrays read without a copy, once per view: "
                                 "nothing was unpinned.")
         for name, count in wanted.items():
             pin = self.pinned[name]

@@ -156,7 +156,7 @@ class ClientProcess:
 class SessionSegments:
     """The shared memory of one session: its client process and its segments, as this
     worker maps them, the slots of the device's own pool offered to its uploads and not yet
-    used, those its client's read-only views pin (``workers.pins``), and the bytes of the
+    used, those its client's reads pin (``workers.pins``), and the bytes of the
     device's pool charged to it (``workers.device_pool.DevicePool``; not in its ``resident``
     bytes)."""
 
@@ -468,8 +468,9 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     ``Executor._read`` answers) written into the client's slot (``"into"``), or straight
     into its own memory (``"into_memory"``: ``[address, nbytes]``, where its probe found
     that this worker may: ``fabric.core.cross_memory``), instead of carried; an error
-    reply as it is. With ``"view": True`` (``t.numpy(copy=False)``), a tensor that lies in
-    a slot of the device's own pool is not written: that slot is pinned and named
+    reply as it is. With ``"view": True`` (a client that maps it: ``fabric.transport.bulk``),
+    a tensor that lies in a slot of the device's own pool is not written: that slot is pinned
+    and named
     (``{"pinned": slot}``), for the client to map; for any other, a request that names
     neither is answered ``{"pinned": None}``."""
     replies = executor._read(session, message)
@@ -515,6 +516,6 @@ def _memory_target(target: Any) -> tuple[int, int]:
 
 def unpin(executor: Any, session: DeviceSession, message: Message) -> list[Message]:
     """Answer an ``unpin`` (an ``Executor`` request, ``{"slots": [name, ...]}``): the client's
-    read-only views of those pinned slots are gone (``workers.pins``)."""
+    arrays read from those pinned slots are gone (``workers.pins``)."""
     segments_of(session).pins.unpin(executor, session, message.body.get("slots"))
     return [reply_to(message, {"ok": True})]

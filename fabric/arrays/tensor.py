@@ -161,8 +161,10 @@ class Tensor(Printed, Spec):
 
     def numpy(self, copy: bool = True, *, progress: Progress = None) -> np.ndarray:
         """Read the array back: an ordinary, writable numpy array of its own; with
-        ``copy=False``, a read-only one that may share memory with the worker (a large array
-        read through shared memory is not copied: it keeps its slot until collected).
+        ``copy=False``, a read-only one that may share memory with the worker. A large array
+        that lies in its device's shared memory (an upload or a move written there) is not
+        copied either way: the array keeps its slot until collected, mapped copy on write
+        (its writes are its own) or, with ``copy=False``, shared.
         A read that waits over a second shows the time waited where a person watches;
         ``progress=True`` shows a large read's bytes from the start, a callable is told the
         bytes read so far (``fabric.arrays.progress``)."""

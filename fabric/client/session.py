@@ -93,7 +93,7 @@ class Session(ArrayNamespace):
         self.slots_ahead = SlotsAhead()  # its device's slots lent ahead of uploads (bulk)
         self.read_sizes = SizesSeen()  # of its reads through shared memory (bulk)
         self.unpinning: deque[str] = deque()  # slots of views collected, to unpin (bulk)
-        # Tensors written into a slot of the device's own pool, by id: a view pins it (bulk;
+        # Tensors written into a slot of the device's own pool, by id: a read pins it (bulk;
         # not a WeakSet, whose look-ups would compare tensors with ==, an op)
         self.in_device_slots: weakref.WeakValueDictionary[int, Tensor] = \
             weakref.WeakValueDictionary()
@@ -354,15 +354,16 @@ class Session(ArrayNamespace):
             raise self._remote_error(reply.body["error"])
         return read_values(reply, tensor)
 
-    def start_read(self, tensor: Tensor, copy: bool = True) -> "ReadInFlight":
+    def start_read(self, tensor: Tensor, copy: bool = True, pin: bool = True) -> "ReadInFlight":
         """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
         for the values: ``.result()`` waits for them (``copy`` as ``read`` takes it). Reads of
         many sessions can so be in flight at once (a sharded tensor's ``numpy()`` gathers its
-        shards so)."""
+        shards so). ``pin``: a tensor in a slot of its device's own shared memory may be
+        shown as that slot, without a copy (False: the device writes a copy)."""
         self._count_read(tensor)
         sent = None
         if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
-            sent = bulk.start_read(self, tensor, view=not copy)
+            sent = bulk.start_read(self, tensor, pin)
         if sent is None and tensor.size >= direct_link.DIRECT_ELEMENTS:
             read = direct_link.start_read(self, tensor, _read_body(tensor), read_values)
             if read is not None:  # (another host's worker: over a direct link)
@@ -508,9 +509,8 @@ class SharedReadInFlight(ReadInFlight):
                 bulk.unused(self.session, slot, written=True)
             raise self.session._remote_error(reply.body["error"])
         values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
-        if values is None:  # (a view the device did not pin, or that cannot be mapped here)
-            values = self.session.start_read(self.tensor).result(timeout)
-            values.flags.writeable = False
+        if values is None:  # (a slot the device did not pin, or that cannot be mapped here)
+            values = self.session.start_read(self.tensor, self.copy, pin=False).result(timeout)
         return values
 
     def cancel(self) -> None:

@@ -39,6 +39,7 @@ import itertools
 import mmap
 import os
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
@@ -51,13 +52,13 @@ THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared me
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
 IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
 SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
-MAX_PINS = 1024  # read-only views of device slots one session may hold (``workers.pins``)
+MAX_PINS = 1024  # arrays read from device slots one session may hold (``workers.pins``)
 # A pid has at most 7 digits (Linux caps pid_max at 2**22) and a segment number at most 19:
 # a name a peer sends is matched within those bounds, so that no digit string past what
 # int() takes (4,300 digits) is ever converted (finding 10 of issue 41).
 _NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]{1,7})-([0-9]{1,19})\Z")
 _POPULATE_PIECE = 8 << 20  # bytes a segment made is faulted in at a time (``allocate``)
-_MADV_POPULATE_WRITE = 23  # Linux 5.14: fault every page in now, in one call
+_MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23  # Linux 5.14: fault every page in now
 _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
 # Segment numbers (``next_name``). (next() on a count is atomic: threads share it.)
 _NUMBERS = itertools.count()
@@ -67,14 +68,20 @@ _MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]{1,7}-[0-9]{1,19}) \(
 # during which no other thread of the process (a worker's control thread) could run.
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long)
+_LIBC.mmap.restype = ctypes.c_void_p
+_LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+_MAP_FAILED = ctypes.c_void_p(-1).value
 
 
-def populate(address: int, nbytes: int) -> None:
+def populate(address: int, nbytes: int, advice: int = _MADV_POPULATE_WRITE) -> None:
     """Fault in, for writing, every page of this process's memory that the ``nbytes`` bytes at
     ``address`` touch, in one call, without holding the GIL (``MADV_POPULATE_WRITE``: their
-    contents stay as they are); OSError where the kernel refuses (before Linux 5.14)."""
+    contents stay as they are; ``advice`` ``MADV_POPULATE_READ``: for reading, which breaks
+    no copy on write); OSError where the kernel refuses (before Linux 5.14)."""
     start = address - address % mmap.PAGESIZE
-    if _LIBC.madvise(start, address + nbytes - start, _MADV_POPULATE_WRITE):
+    if _LIBC.madvise(start, address + nbytes - start, advice):
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
 
@@ -84,6 +91,33 @@ def fits(slot_bytes: int, nbytes: int) -> bool:
     enough, and at most twice as large (twice a huge page for a smaller array), so that small
     arrays do not tie up large slots."""
     return nbytes <= slot_bytes <= 2 * max(nbytes, SEGMENT_ALIGN)
+
+
+def map_private(fd: int, offset: int, nbytes: int) -> np.ndarray:
+    """``nbytes`` bytes of the shared memory open as ``fd`` at ``offset``, mapped copy on
+    write (``MAP_PRIVATE``): a writable array of this process's own, whose pages stay the
+    segment's until written (so the segment must not change while it lives: a device's
+    pinned slot), mapped into the page tables now (``MADV_POPULATE_READ``, which breaks no
+    copy on write: reading it then faults nothing). The mapping keeps no descriptor (close
+    ``fd``), and goes once the array and every array made from it are collected. OSError
+    where it cannot be mapped."""
+    if not nbytes:  # (no mapping is empty)
+        return np.empty(0, np.uint8)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    length = offset + nbytes - start
+    address = _LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE,
+                         fd, start)
+    if address in (None, _MAP_FAILED):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    memory = (ctypes.c_char * length).from_address(address)
+    weakref.finalize(memory, _LIBC.munmap, address, length)
+    values = np.frombuffer(memory, np.uint8, nbytes, offset - start)
+    try:
+        populate(values.ctypes.data, nbytes, _MADV_POPULATE_READ)
+    except OSError:  # (before Linux 5.14: faulted in as it is read)
+        pass
+    return values
 
 
 @dataclass(frozen=True)
@@ -347,7 +381,34 @@ class PeerSegments:
                     pass
         return segment
 
-    def _open(self, name: str, need: int | None) -> Segment:
+    def private(self, name: str, offset: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` bytes at ``offset`` of the peer's segment ``name``, mapped anew copy on
+        write (``map_private``), not kept here (``map``'s mapping is neither made nor used);
+        ProtocolError where it cannot be, saying why."""
+        path = self._path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ProtocolError(f"Shared-memory segment {name} cannot be opened here: "
+                                f"{exc.strerror}.") from None
+        try:  # (the descriptor that ``path`` names may have been closed, and its number reused)
+            link = _MEMFD_LINK.match(os.readlink(f"/proc/self/fd/{fd}"))
+            if link is None or link[1] != name:
+                raise ProtocolError(f"Shared-memory segment {name} was closed by its owner.")
+            if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK \
+                    or offset + nbytes > os.fstat(fd).st_size:
+                raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
+                                    f"shrinking, or has no {nbytes} bytes at {offset}.")
+            return map_private(fd, offset, nbytes)
+        except OSError as exc:
+            raise ProtocolError(f"Shared-memory segment {name} cannot be mapped here: "
+                                f"{exc.strerror}.") from None
+        finally:
+            os.close(fd)
+
+    def _path(self, name: str) -> str:
+        """A path that opens the peer's segment ``name`` (``held_segments``; the segments it
+        closed are unmapped here); ProtocolError where it holds none of that name."""
         try:
             held = held_segments(self.pid)
         except OSError:
@@ -357,10 +418,14 @@ class PeerSegments:
         if name not in held:
             raise ProtocolError(f"Shared-memory segment {name} does not exist: its owner "
                                 "closed it before it was used.")
+        return held[name]
+
+    def _open(self, name: str, need: int | None) -> Segment:
+        path = self._path(name)
         sizes = None if self.proved is None or need is None \
             else (need, 2 * max(need, SEGMENT_ALIGN))
         try:
-            return Segment.open(name, held[name], sizes)
+            return Segment.open(name, path, sizes)
         except UnsealedSegment:
             raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
                                 "shrinking (F_SEAL_SHRINK): make segments with fabric's "

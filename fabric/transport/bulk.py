@@ -12,12 +12,13 @@ upload the device is idle for and whose worker may read this process's memory, n
 worker reads the array itself (``_upload_from_memory``), else into one of the connection's
 pool; a read into one of the connection's pool (a first read of a size, into memory of its
 own the worker writes, faulted in ahead where it can be: ``_read_target``), or, for a
-read-only view of a tensor that lies in a slot of its device's own pool, that slot itself,
-pinned on the worker until the view is collected (``workers.pins``; the unpin goes with the
-session's next message: ``send_unpins``). Small arrays never come here: the caller tests the
-size first. An upload buffer (``upload_buffer``) is a slot the device lent, handed to the
-caller to write in; ``seal`` makes it the tensor, as an upload into a lent slot, without the
-copy.
+tensor that lies in a slot of its device's own pool, that slot itself, without a copy,
+pinned on the worker until the array read is collected (``workers.pins``; the unpin goes
+with the session's next message: ``send_unpins``): mapped copy on write, the caller's own
+(``t.numpy()``), or shared and read-only (``t.numpy(copy=False)``). Small arrays never come
+here: the caller tests the size first. An upload buffer (``upload_buffer``) is a slot the
+device lent, handed to the caller to write in; ``seal`` makes it the tensor, as an upload into
+a lent slot, without the copy.
 """
 
 from __future__ import annotations
@@ -343,16 +344,25 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
     return segment.memory[slot.offset:slot.offset + nbytes]
 
 
+def _own_mapping(pool: SegmentPool, slot: SegmentRef) -> np.ndarray | None:
+    """``slot`` of a device (pinned: it does not change while pinned), mapped anew copy on
+    write (``fabric.core.shm.map_private``): the caller's own array, without a
+    copy; None where it cannot be."""
+    try:
+        return pool.peer(slot.owner.pid).private(slot.name, slot.offset, slot.nbytes)
+    except ProtocolError:
+        return None
+
+
 def start_read(session: Any, tensor: Tensor,
-               view: bool = False) -> tuple[int, Slot | mmap.mmap | None] | None:
+               pin: bool = True) -> tuple[int, Slot | mmap.mmap | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
     slot; or, for a first read of its size, where no slot that fits is free and its worker
     said it can, into new memory of this process's own that the worker writes
     (``_read_target``); None, sending nothing, where it must take the socket path.
-    ``view``: the device
-    may answer with its own slot instead, pinned (``take``); for a tensor written into one
-    (``Session.in_device_slots``), no slot is lent for the read (should the device not pin
-    it after all, the read is made again, as a copy)."""
+    ``pin``: the device may answer with its own slot instead, pinned (``take``); for a
+    tensor written into one (``Session.in_device_slots``), no slot is lent for the read
+    (should the device not pin it after all, the read is made again, without a pin)."""
     nbytes = tensor.size * tensor.dtype.itemsize
     if nbytes < session.connection.shared_memory.threshold:
         return None
@@ -361,7 +371,7 @@ def start_read(session: Any, tensor: Tensor,
         return None
     body = {"op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
             "shape": tensor.shape}
-    if view and session.id not in pool.slotless:
+    if pin and session.id not in pool.slotless:
         body["view"] = True
         if session.in_device_slots.get(tensor.id) is tensor:
             return session._send_request(body), None
@@ -453,11 +463,14 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
     """The values a read wrote into ``slot``, as an array over the slot itself, which stays
     lent to it until it and every array made from it are gone: no one else writes there, so
     it is the caller's own (writable), or with ``copy`` False read-only. Where the device
-    pinned its own slot instead (``"pinned"``), a read-only view of that, which unpins it
-    once collected. None where the device pinned none for a read that lent it no slot, or
-    this process cannot map it (then unpinned, and the device asked for no view again): the
-    read is then to be made again, as a copy."""
+    pinned its own slot instead (``"pinned"``), that slot, which is unpinned once the array
+    and every array made from it are collected: with ``copy``, mapped anew copy on write
+    (``_own_mapping``: writable, the caller's own, its writes never reaching the slot);
+    else a read-only view of the slot's mapping. None where the device pinned none for a
+    read that lent it no slot, or this process cannot map it (then unpinned, and the device
+    asked for no pins again): the read is then to be made again, without a pin."""
     pool = session.connection.segments
+    counted = slot is not None  # (lending a target counted the transfer)
     if isinstance(slot, mmap.mmap):
         if "pinned" not in reply.body:  # (written there)
             values = np.frombuffer(slot, tensor.dtype, tensor.size).reshape(tensor.shape)
@@ -469,10 +482,10 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
         weakref.finalize(holder, pool.give_back_from_any_thread, slot)
         return np.asarray(holder)
     if slot is not None:
-        pool.give_back(slot)  # (not written into; it counted the transfer)
+        pool.give_back(slot)  # (not written into)
     elif reply.body["pinned"] is None:
         return None
-    else:
+    if not counted:
         pool.transfers += 1
     nbytes = tensor.size * tensor.dtype.itemsize
     try:
@@ -480,13 +493,13 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
     except ProtocolError:
         pool.slotless.add(session.id)
         return None  # (then unknown to the device: nothing to unpin)
-    values = _device_memory(session, pool, pinned, nbytes) \
-        if pinned.nbytes == nbytes else None
+    values = None if pinned.nbytes != nbytes else _own_mapping(pool, pinned) if copy \
+        else _device_memory(session, pool, pinned, nbytes)
     if values is None:
         pool.slotless.add(session.id)
         session.unpinning.append(pinned.name)
         return None
-    holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=False)
+    holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=copy)
     weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
     return np.asarray(holder)
 

@@ -127,6 +127,7 @@ def test_a_smaller_array_takes_a_larger_lent_slot_and_keeps_its_own_shape(shm_cl
         back = tensor.numpy()
         assert back.shape == small.shape and back.dtype == small.dtype
         assert back.tobytes() == small.tobytes()
+        del back  # (it shows the slot, pinned and charged as a copy while it lives)
         assert session.stats()["resident_bytes"] == small.nbytes  # the array's, not the slot's
 
 
@@ -149,6 +150,7 @@ def test_moves_take_slots_their_receiver_lent_ahead(shm_cluster):
         back = moved[4].numpy()
         assert back.shape == small.shape and back.dtype == small.dtype
         assert back.tobytes() == small.tobytes()
+        del back  # (it shows the slot, pinned and charged as a copy while it lives)
         assert destination.stats()["resident_bytes"] == 4 * a.nbytes + small.nbytes
 
 

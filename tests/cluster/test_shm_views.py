@@ -1,7 +1,8 @@
-"""Read-only views of tensors that live in a device's own slot (``t.numpy(copy=False)``;
-``fabric.transport.bulk.take``, ``workers.pins``): no copy, the slot pinned on the worker while a
-view lives, unpinned with the session's next message, retired when the session ends. End to end
-on real processes, and the worker's rules sans I/O. The leak checks of ``test_shm_path``
+"""Reads of tensors that live in a device's own slot (``fabric.transport.bulk.take``,
+``workers.pins``): no copy, the slot pinned on the worker while the array read lives, unpinned
+with the session's next message, retired when the session ends; shown as a read-only view
+(``t.numpy(copy=False)``) or mapped copy on write, the caller's own (``t.numpy()``). End to
+end on real processes, and the worker's rules sans I/O. The leak checks of ``test_shm_path``
 apply here too."""
 
 from __future__ import annotations
@@ -87,6 +88,32 @@ def test_a_view_is_the_devices_slot_read_only_and_identical(shm_cluster, dtype):
 
 
 @pytest.mark.timeout(90)
+def test_a_read_of_a_tensor_in_a_slot_maps_it_copy_on_write_as_the_callers_own(shm_cluster):
+    worker = shm_cluster.workers[0].pid
+    with connect(shm_cluster) as session:
+        a = random_array("float64", (1024, 1024))
+        tensor, view = viewed(session, a)
+        mine = tensor.numpy()
+        assert in_device_slot(mine, worker) and segment_at(mine) == segment_at(view)  # no copy
+        assert mine.flags.writeable and mine.flags.c_contiguous and mine.base is not None
+        np.testing.assert_array_equal(mine, a)
+        mine[0] = -1  # its writes are its own: the tensor, the view and a new read keep theirs
+        again = tensor.numpy()
+        assert view[0, 0] == a[0, 0] == again[0, 0] == (tensor[0, 0] + 0).numpy()
+        np.testing.assert_array_equal(mine[1:], a[1:])
+        del tensor, view, again
+        gc.collect()
+        session.sync()  # (the unpins go with it)
+        np.testing.assert_array_equal(mine[1:], a[1:])  # it outlives its tensor
+        assert (mine[0] == -1).all()
+        assert session.stats()["resident_bytes"] == a.nbytes  # its pin, charged as a copy
+        del mine
+        gc.collect()
+        session.sync()
+        assert session.stats()["resident_bytes"] == 0
+
+
+@pytest.mark.timeout(90)
 def test_a_view_outlives_its_tensor_and_its_slot_is_not_lent_again_meanwhile(shm_cluster):
     with connect(shm_cluster) as session:
         a = random_array("float64", (1024, 1024))
@@ -144,13 +171,22 @@ def test_a_view_outlives_its_session_which_retires_the_slot(shm_cluster):
     other = session.open(0)  # (keeps the connection, and its mapping, open)
     a = random_array("int32", (1024, 1024))
     tensor, view = viewed(session, a)
+    mine = tensor.numpy()  # (mapped copy on write: its own mapping)
     name = segment_at(view)
     session.close()
     wait_for(lambda: name not in held_segments(worker), 10, "the worker to retire the slot")
     np.testing.assert_array_equal(view, a)
     other.close()  # the connection closes: the view still keeps its mapping
     np.testing.assert_array_equal(view, a)
-    del tensor, view
+    # A new session's uploads of the size take other slots: the retired one is no one's.
+    with connect(shm_cluster) as later:
+        others = [later.asarray(np.full_like(a, i)) for i in range(3)]
+        later.sync()
+        np.testing.assert_array_equal(mine, a)
+        mine[-1] = 7
+        np.testing.assert_array_equal(mine[:-1], a[:-1])
+        del others
+    del tensor, view, mine
     gc.collect()
     assert name not in held_segments(os.getpid())
 
@@ -276,8 +312,11 @@ def test_past_the_memory_limit_a_view_is_a_copy():
         assert not in_device_slot(view, cluster.workers[0].pid)
         np.testing.assert_array_equal(view, a)
         assert not view.flags.writeable
+        mine = tensor.numpy()  # so is a read: its own copy
+        assert not in_device_slot(mine, cluster.workers[0].pid) and mine.flags.writeable
+        np.testing.assert_array_equal(mine, a)
         assert session.stats()["resident_bytes"] == a.nbytes
-        del tensor, view
+        del tensor, view, mine
 
 
 # -- the worker's rules, sans I/O -------------------------------------------------------------
