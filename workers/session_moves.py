@@ -139,9 +139,7 @@ class SessionMoves:
             session.poisoned[tensor_id] = RemoteError(
                 f"The tensor moved to this session could not be stored: "
                 f"{type(exc).__name__}: {exc}", op="to", tensor=tensor_id).to_wire()
-        session.used_tickets[ticket] = None
-        if len(session.used_tickets) > USED_TICKETS:
-            del session.used_tickets[next(iter(session.used_tickets))]
+        _remember(session.used_tickets, ticket, USED_TICKETS)
         return [reply_to(request, {"ok": True})
                 for request in session.awaiting.pop(tensor_id, [])]
 
@@ -209,6 +207,11 @@ def expire_early(session: DeviceSession) -> None:
 
 def _dropped(session: DeviceSession, ticket: int) -> None:
     session.transfers_refused += 1
-    session.early_dropped[ticket] = None
-    if len(session.early_dropped) > MAX_EXPECTED:  # (the oldest goes)
-        del session.early_dropped[next(iter(session.early_dropped))]
+    _remember(session.early_dropped, ticket, MAX_EXPECTED)
+
+
+def _remember(tickets: dict[int, None], ticket: int, most: int) -> None:
+    """Add ``ticket`` to ``tickets`` (in order), the oldest going past ``most``."""
+    tickets[ticket] = None
+    if len(tickets) > most:
+        del tickets[next(iter(tickets))]

@@ -470,9 +470,8 @@ def read_into(executor: Any, session: DeviceSession, message: Message) -> list[M
     that this worker may: ``fabric.core.cross_memory``), instead of carried; an error
     reply as it is. With ``"view": True`` (a client that maps it: ``fabric.transport.bulk``),
     a tensor that lies in a slot of the device's own pool is not written: that slot is pinned
-    and named
-    (``{"pinned": slot}``), for the client to map; for any other, a request that names
-    neither is answered ``{"pinned": None}``."""
+    and named (``{"pinned": slot}``), for the client to map; for any other, a request that
+    names neither is answered ``{"pinned": None}``."""
     replies = executor._read(session, message)
     if len(replies) != 1 or len(replies[0].buffers) != 1:
         return replies

@@ -31,21 +31,17 @@ from typing import Any
 import numpy as np
 
 from fabric.core.parallel_copy import ParallelCopy
-from fabric.core.shm import populate
+from fabric.core.shm import LIBC, libc_error, populate
 
 
 class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)  # (ctypes lets the GIL go for the call)
-for _call in (_LIBC.process_vm_readv, _LIBC.process_vm_writev):
+for _call in (LIBC.process_vm_readv, LIBC.process_vm_writev):
     _call.argtypes = (ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
                       ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)
     _call.restype = ctypes.c_ssize_t
-_LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long)
-_LIBC.mmap.restype = ctypes.c_void_p
 
 
 class _MallInfo2(ctypes.Structure):  # (glibc's struct mallinfo2, 2.33+)
@@ -54,7 +50,7 @@ class _MallInfo2(ctypes.Structure):  # (glibc's struct mallinfo2, 2.33+)
         "fordblks", "keepcost")]
 
 
-_LIBC_MALLINFO = getattr(_LIBC, "mallinfo2", None)  # (None: another C library)
+_LIBC_MALLINFO = getattr(LIBC, "mallinfo2", None)  # (None: another C library)
 if _LIBC_MALLINFO is not None:
     _LIBC_MALLINFO.restype = _MallInfo2
     _LIBC_MALLINFO.argtypes = ()
@@ -105,11 +101,11 @@ def _read_faulted_in(pid: int, local: np.ndarray, address: int) -> None:
         piece = local[start:start + FAULT_IN_BYTES]
         with contextlib.suppress(OSError):
             populate(piece.ctypes.data, piece.nbytes)
-        _copy(_LIBC.process_vm_readv, pid, piece, address + start)
+        _copy(LIBC.process_vm_readv, pid, piece, address + start)
 
 
 def _write(pid: int, local: np.ndarray, address: int) -> None:
-    _copy(_LIBC.process_vm_writev, pid, local, address)
+    _copy(LIBC.process_vm_writev, pid, local, address)
 
 
 def _copy(call: Any, pid: int, local: np.ndarray, address: int) -> None:
@@ -119,8 +115,7 @@ def _copy(call: Any, pid: int, local: np.ndarray, address: int) -> None:
         there = _IoVec(address + done, nbytes - done)
         got = call(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
         if got < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
+            raise libc_error()
         if got == 0:
             raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
         done += got
@@ -234,7 +229,7 @@ def retire(memory: mmap.mmap) -> None:
     with ``EFAULT`` rather than landing in memory used since), for as long as ``memory`` is
     referenced: hold it (it costs addresses, no memory)."""
     start = address(memory)
-    if _LIBC.mmap(start, len(memory), _PROT_NONE,
+    if LIBC.mmap(start, len(memory), _PROT_NONE,
                   mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | _MAP_NORESERVE,
                   -1, 0) != start:
         raise OSError(ctypes.get_errno(), "could not retire a cross-memory target")

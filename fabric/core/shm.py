@@ -63,16 +63,23 @@ _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for
 # Segment numbers (``next_name``). (next() on a count is atomic: threads share it.)
 _NUMBERS = itertools.count()
 _MEMFD_LINK = re.compile(r"/memfd:(fabric-[0-9a-f]{8}-[0-9]{1,7}-[0-9]{1,19}) \(deleted\)\Z")
-# The C library's madvise, called through ctypes, which lets the GIL go for the call: Python's
+# The C library, called through ctypes, which lets the GIL go for the call: Python's
 # mmap.madvise holds it, and faulting a large segment in takes seconds on a loaded core,
-# during which no other thread of the process (a worker's control thread) could run.
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-_LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long)
-_LIBC.mmap.restype = ctypes.c_void_p
-_LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+# during which no other thread of the process (a worker's control thread) could run. Its
+# memory calls are declared here (``fabric.core.cross_memory`` adds its cross-process copies).
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+LIBC.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long)
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
 _MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def libc_error() -> OSError:
+    """The error of the C library call that just failed (its ``errno``)."""
+    code = ctypes.get_errno()
+    return OSError(code, os.strerror(code))
 
 
 def populate(address: int, nbytes: int, advice: int = _MADV_POPULATE_WRITE) -> None:
@@ -81,9 +88,8 @@ def populate(address: int, nbytes: int, advice: int = _MADV_POPULATE_WRITE) -> N
     contents stay as they are; ``advice`` ``MADV_POPULATE_READ``: for reading, which breaks
     no copy on write); OSError where the kernel refuses (before Linux 5.14)."""
     start = address - address % mmap.PAGESIZE
-    if _LIBC.madvise(start, address + nbytes - start, advice):
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
+    if LIBC.madvise(start, address + nbytes - start, advice):
+        raise libc_error()
 
 
 def fits(slot_bytes: int, nbytes: int) -> bool:
@@ -105,13 +111,12 @@ def map_private(fd: int, offset: int, nbytes: int) -> np.ndarray:
         return np.empty(0, np.uint8)
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
     length = offset + nbytes - start
-    address = _LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE,
-                         fd, start)
+    address = LIBC.mmap(None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE,
+                        fd, start)
     if address in (None, _MAP_FAILED):
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
+        raise libc_error()
     memory = (ctypes.c_char * length).from_address(address)
-    weakref.finalize(memory, _LIBC.munmap, address, length)
+    weakref.finalize(memory, LIBC.munmap, address, length)
     values = np.frombuffer(memory, np.uint8, nbytes, offset - start)
     try:
         populate(values.ctypes.data, nbytes, _MADV_POPULATE_READ)
@@ -196,6 +201,15 @@ def held_segments(pid: int) -> dict[str, str]:
         if match is not None:
             held[match[1]] = f"{folder}/{fd}"
     return held
+
+
+def _sealed(fd: int) -> bool:
+    """Whether the file open as ``fd`` is shared memory that can never shrink (a peer's
+    mapping of one that could would die of SIGBUS)."""
+    try:
+        return bool(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK)
+    except OSError:  # not shared memory at all
+        return False
 
 
 class UnsealedSegment(OSError):
@@ -304,11 +318,7 @@ class Segment:
         allocated all of it; OSError if it is gone. Nothing is faulted in (``populate``)."""
         fd = os.open(path, os.O_RDWR)
         try:
-            try:
-                sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK
-            except OSError:  # not shared memory at all
-                sealed = 0
-            if not sealed:
+            if not _sealed(fd):
                 raise UnsealedSegment(f"{name} is not sealed against shrinking")
             if sizes is not None:
                 found = os.fstat(fd)
@@ -395,8 +405,7 @@ class PeerSegments:
             link = _MEMFD_LINK.match(os.readlink(f"/proc/self/fd/{fd}"))
             if link is None or link[1] != name:
                 raise ProtocolError(f"Shared-memory segment {name} was closed by its owner.")
-            if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK \
-                    or offset + nbytes > os.fstat(fd).st_size:
+            if not _sealed(fd) or offset + nbytes > os.fstat(fd).st_size:
                 raise ProtocolError(f"Shared-memory segment {name} is not sealed against "
                                     f"shrinking, or has no {nbytes} bytes at {offset}.")
             return map_private(fd, offset, nbytes)
