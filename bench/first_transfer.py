@@ -1,8 +1,9 @@
 """A user's first transfers of a large array, as a new user makes them: for each size, a fresh
 cluster (two workers) and a fresh session, one small op to warm the session up, then the first
-upload (``s.asarray(a); s.sync()``), the first read of that tensor (``t.numpy()``) and the
-first move of it to the other worker (``t.to()``), each beside a warm memcpy of the same bytes
-measured in the same run.
+upload (``s.asarray(a); s.sync()``), the first read of that tensor (``t.numpy()``: "down") and
+the first move of it to the other worker (``t.to()``), each beside a warm memcpy of the same
+bytes measured in the same run; and, in another fresh cluster, the first read into a buffer
+the caller holds, its pages mapped (``t.numpy(out=buffer)``: "down into").
 
     python bench/first_transfer.py                  # 8, 64, 256 MiB and 1 GiB, 3 runs each
     python bench/first_transfer.py --sizes 8,256 --runs 5
@@ -13,10 +14,11 @@ the first one's pages warm. Prints the medians over the runs, in GB/s and as rat
 warm memcpy (``np.copyto`` into a buffer whose pages are already mapped), beside "new
 memory": a copy into memory this process has not touched yet, as a first transfer's
 receiver has not (faulted in page by page, on as many threads as a worker copies with: the
-limit of a first transfer on this machine). Where Ray is
-installed, its first ``ray.put`` and ``ray.get`` of the same array in a fresh local Ray are
-timed in the same runs (its get copied into a warm buffer, as fabric's read makes the
-caller's own array).
+limit of a first transfer on this machine). Where Ray is installed, its first ``ray.put``
+and ``ray.get`` of the same array in a fresh local Ray are timed in the same runs, the get
+made the caller's own array as fabric's reads make it: copied into the same warm buffer
+("ray down into", the first get), and into a new array (``np.array(ray.get(ref))``: "ray
+down", the second get).
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ from bench.run import w3_fabric  # noqa: E402
 MiB = 1 << 20
 
 
-def first_transfers(array: np.ndarray) -> dict[str, float]:
-    """Seconds of the first upload, read and move of ``array`` in a fresh cluster."""
+def first_transfers(array: np.ndarray, out: np.ndarray | None = None) -> dict[str, float]:
+    """Seconds of the first upload, read (into a new array, or into ``out``) and move of
+    ``array`` in a fresh cluster."""
     with fabric.LocalCluster(workers=2) as cluster, \
             fabric.connect(cluster.address, token=cluster.token, timeout=120) as session, \
             session.open(1, timeout=120) as other:
         assert session.arange(4).sum().numpy() == 6  # (a warm-up op, as a user's first)
         assert other.arange(4).sum().numpy() == 6
-        up, down, tensor = w3_fabric(session, array)  # (W3's first round)
+        up, down, tensor = w3_fabric(session, array, out)  # (W3's first round)
         start = time.perf_counter()
         moved = tensor.to(other)
         other.sync()
@@ -69,7 +72,12 @@ def ray_first(array: np.ndarray, warm: np.ndarray) -> dict[str, float]:
         up = time.perf_counter() - start
         start = time.perf_counter()
         np.copyto(warm, ray.get(ref))
-        return {"ray up": up, "ray down": time.perf_counter() - start}
+        down_into = time.perf_counter() - start
+        start = time.perf_counter()
+        own = np.array(ray.get(ref))
+        down = time.perf_counter() - start
+        assert own[-1] == array[-1]
+        return {"ray up": up, "ray down": down, "ray down into": down_into}
     finally:
         ray.shutdown()
 
@@ -108,7 +116,8 @@ def main() -> None:
     with_ray = ray_installed()
     print(f"first transfers, fresh cluster and session per run; medians of {args.runs} runs; "
           "GB/s (x warm memcpy in the same runs)")
-    columns = ["new memory", "up", "down", "to"] + (["ray up", "ray down"] if with_ray else [])
+    columns = ["new memory", "up", "down", "down into", "to"] \
+        + (["ray up", "ray down", "ray down into"] if with_ray else [])
     print(f"{'size':>9}{'memcpy':>8}" + "".join(f"{name:>17}" for name in columns))
     for size in sizes:
         array = np.random.default_rng(size).random(size * MiB // 8)
@@ -116,6 +125,7 @@ def main() -> None:
         figures: dict[str, list[float]] = {}
         for _ in range(args.runs):
             measured: dict[str, Any] = first_transfers(array)
+            measured["down into"] = first_transfers(array, warm)["down"]
             if with_ray:
                 measured.update(ray_first(array, warm))
             measured["memcpy"] = memcpy(array, warm)

@@ -76,15 +76,17 @@ def percentiles(times: list[float]) -> tuple[float, float]:
 
 # -- W3: 256 MiB float64 up and back ----------------------------------------------------------
 
-def w3_fabric(session: fabric.Session, array: np.ndarray) -> tuple[float, float, fabric.Tensor]:
+def w3_fabric(session: fabric.Session, array: np.ndarray, out: np.ndarray | None = None) \
+        -> tuple[float, float, fabric.Tensor]:
     """Seconds of one upload of ``array`` (``asarray``, then ``sync``) and of the read of it
-    back (``numpy()``, into an array dropped before this returns), and the tensor uploaded."""
+    back (``numpy()``, into an array dropped before this returns, or into ``out``), and the
+    tensor uploaded."""
     start = time.perf_counter()
     tensor = session.asarray(array)
     session.sync()
     up = time.perf_counter() - start
     start = time.perf_counter()
-    back = tensor.numpy()
+    back = tensor.numpy(out=out)
     down = time.perf_counter() - start
     assert back.nbytes == array.nbytes and back[-1] == array[-1]
     return up, down, tensor

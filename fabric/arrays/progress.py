@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, TypeVar, Union
 
 import numpy as np
 
+from fabric.arrays import read_target
 from fabric.core.errors import RequestTimeout
 
 MIN_BYTES = 64 << 20  # the smallest transfer for which a bar may show
@@ -130,20 +131,33 @@ def upload(session: Any, array: np.ndarray, progress: Progress) -> Any:
     return tensor.reshape(array.shape)
 
 
-def read_showing(tensor: Any, progress: Progress) -> np.ndarray:
+def read_showing(tensor: Any, progress: Progress, out: np.ndarray | None = None) \
+        -> np.ndarray:
     """``tensor``'s values read a chunk at a time, where ``progress`` is ``wanted`` (see the
-    module's rule), the next chunk's read sent before the last one's values are waited for."""
+    module's rule), the next chunk's read sent before the last one's values are waited for;
+    into ``out`` where given (checked: ``fabric.arrays.read_target``), each chunk written
+    straight there where it can be (new memory is not: it faults in slower so than under a
+    copy)."""
     session = tensor.session
-    out = np.empty(tensor.size, tensor.dtype)
+    in_place = out is not None and read_target.direct(tensor, out)
+    into = out.reshape(-1) if in_place else np.empty(tensor.size, tensor.dtype)
     flat = tensor.reshape(-1)
-    chunks = list(_chunks(tensor.size, out.itemsize))
-    with _reporter(progress, out.nbytes, f"read from device {session.device.index}") as done:
+    chunks = list(_chunks(tensor.size, into.itemsize))
+
+    def start(chunk: tuple[int, int]) -> Any:
+        return session.start_read(flat[slice(*chunk)],
+                                  out=into[slice(*chunk)] if in_place else None)
+
+    with _reporter(progress, into.nbytes, f"read from device {session.device.index}") as done:
         done(0)
-        pending = session.start_read(flat[slice(*chunks[0])]) if chunks else None
-        for index, (start, stop) in enumerate(chunks):
+        pending = start(chunks[0]) if chunks else None
+        for index, (begin, stop) in enumerate(chunks):
             current = pending
             if index + 1 < len(chunks):
-                pending = session.start_read(flat[slice(*chunks[index + 1])])
-            out[start:stop] = current.result()
-            done(stop * out.itemsize)
-    return out.reshape(tensor.shape)
+                pending = start(chunks[index + 1])
+            read_target.fill(into[begin:stop], current.result())
+            done(stop * into.itemsize)
+    if in_place:
+        return out
+    values = into.reshape(tensor.shape)
+    return values if out is None else read_target.fill(out, values)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from fabric.arrays import read_target
 from fabric.arrays.html_repr import byte_text
 from fabric.arrays.indexing import (PreparedIndex, Remembered, as_shape, basic_index_key,
                                     prepare_index, update_key)
@@ -159,19 +160,28 @@ class Tensor(Printed, Spec):
             return self.numpy()
         return self.to(self.__array_namespace__().session_on(device))
 
-    def numpy(self, copy: bool = True, *, progress: Progress = None) -> np.ndarray:
+    def numpy(self, copy: bool = True, *, out: np.ndarray | None = None,
+              progress: Progress = None) -> np.ndarray:
         """Read the array back: an ordinary, writable numpy array of its own; with
         ``copy=False``, a read-only one that may share memory with the worker. A large array
         that lies in its device's shared memory (an upload or a move written there) is not
         copied either way: the array keeps its slot until collected, mapped copy on write
         (its writes are its own) or, with ``copy=False``, shared.
+        ``out``: a writable numpy array of the tensor's shape (and a dtype numpy's
+        ``same_kind`` casting takes it into) to read into, and return; a loop that reads into
+        one buffer so never faults in new memory. Where its worker shares this host, and
+        ``out`` is C-contiguous and of the tensor's dtype, the worker writes it in place.
         A read that waits over a second shows the time waited where a person watches;
         ``progress=True`` shows a large read's bytes from the start, a callable is told the
         bytes read so far (``fabric.arrays.progress``)."""
+        if out is not None:
+            if not copy:
+                raise ValueError("numpy(out=) writes into out: copy=False does not apply.")
+            read_target.check(self, out)
         # (None reads in one message: in pieces, a warm read ran at half the speed)
         if progress is not None and progress_wanted(progress, self.nbytes):
-            return read_showing(self, progress)
-        return self.session.read(self, copy)
+            return read_showing(self, progress, out)
+        return self.session.read(self, copy, out)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         array = self.numpy()

@@ -25,6 +25,7 @@ from fabric.arrays.creation import ArrayNamespace
 from fabric.arrays.device_warnings import issue_warnings
 from fabric.arrays.html_repr import byte_text, one_line, table
 from fabric.arrays.origins import origin_line
+from fabric.arrays import read_target
 from fabric.arrays.progress import WAIT_BEFORE_BAR, wait_showing
 from fabric.arrays.tensor import Tensor
 from fabric.core import protocol
@@ -251,6 +252,7 @@ class Session(ArrayNamespace):
         return bulk.upload_buffer(self, shape, dtype)
 
     def _upload(self, array: np.ndarray) -> Tensor:
+        self.life.check_usable()  # (before the paths below send anything)
         tensor, path = bulk.seal(self, array), "shared_memory"
         if tensor is None and array.size >= self.connection.bulk_elements:
             tensor = bulk.upload(self, array)
@@ -342,9 +344,12 @@ class Session(ArrayNamespace):
             error.args = (f"{error.args[0]}\n  inside {graph.name}, at {file}, line {line}",)
         return error
 
-    def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
+    def read(self, tensor: Tensor, copy: bool = True, out: np.ndarray | None = None) \
+            -> np.ndarray:
         """``tensor``'s values, read back (``t.numpy()``): an ordinary, writable numpy array,
-        or with ``copy=False`` a read-only one that may share memory with the worker."""
+        with ``copy=False`` a read-only one that may share memory with the worker, or ``out``."""
+        if out is not None:
+            return read_target.fill(out, self.start_read(tensor, out=out).result())
         if not copy or tensor.size >= self.connection.bulk_elements \
                 or tensor.size >= direct_link.DIRECT_ELEMENTS:
             return self.start_read(tensor, copy).result()
@@ -354,16 +359,18 @@ class Session(ArrayNamespace):
             raise self._remote_error(reply.body["error"])
         return read_values(reply, tensor)
 
-    def start_read(self, tensor: Tensor, copy: bool = True, pin: bool = True) -> "ReadInFlight":
+    def start_read(self, tensor: Tensor, copy: bool = True, pin: bool = True,
+                   out: np.ndarray | None = None) -> "ReadInFlight":
         """Send a read of ``tensor`` (and the ops batched before it) now, without waiting
         for the values: ``.result()`` waits for them (``copy`` as ``read`` takes it). Reads of
         many sessions can so be in flight at once (a sharded tensor's ``numpy()`` gathers its
         shards so). ``pin``: a tensor in a slot of its device's own shared memory may be
-        shown as that slot, without a copy (False: the device writes a copy)."""
+        shown as that slot, without a copy (False: the device writes a copy). ``out``: where
+        the values may be written (``.result()`` is then ``out``, else to ``fill`` it with)."""
         self._count_read(tensor)
         sent = None
         if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
-            sent = bulk.start_read(self, tensor, pin)
+            sent = bulk.start_read(self, tensor, pin, out)
         if sent is None and tensor.size >= direct_link.DIRECT_ELEMENTS:
             read = direct_link.start_read(self, tensor, _read_body(tensor), read_values)
             if read is not None:  # (another host's worker: over a direct link)
@@ -416,8 +423,7 @@ class Session(ArrayNamespace):
         """``fn`` traced once per input signature and replayed on this session's device.
 
         Like ``@fabric.function``, bound to this session: numpy array arguments are
-        uploaded to it, and tensors of other sessions are refused.
-        """
+        uploaded to it, and tensors of other sessions are refused."""
         return Function(fn, session=self)
 
     def stats(self) -> dict[str, int]:
@@ -486,15 +492,15 @@ def read_values(reply: Message, tensor: Tensor) -> np.ndarray:
 
 
 class SharedReadInFlight(ReadInFlight):
-    """A read whose values the worker writes into ``slot``, shared memory of this client's
-    pool (``fabric.transport.bulk``), or shows in its device's own slot (a view; ``slot`` None
-    where the client lent none), its reply not yet taken."""
+    """A read whose values the worker writes into ``slot``: shared memory of this client's
+    pool (``fabric.transport.bulk``), or memory of its own (``fabric.core.cross_memory``: new,
+    or the caller's ``out=``); or shows in its device's own slot (a view; ``slot`` None where
+    the client lent none); its reply not yet taken."""
 
     def __init__(self, session: Session, tensor: Tensor, request: int,
-                 slot: Slot | mmap.mmap | None) -> None:
+                 slot: Slot | mmap.mmap | np.ndarray | None) -> None:
         super().__init__(session, tensor, request)
-        self.slot: Slot | mmap.mmap | None = slot  # (memory of this process's own, where
-        # the worker writes there: ``fabric.core.cross_memory``)
+        self.slot = slot
 
     def result(self, timeout: float | None = None) -> np.ndarray:
         """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""

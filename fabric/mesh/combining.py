@@ -106,6 +106,17 @@ def same_values(copies: Sequence[Tensor], sources: Sequence[Tensor]) -> None:
         _COPIES.popitem(last=False)
 
 
+def forget_sessions(sessions: Sequence[Any]) -> None:
+    """``sessions`` closed (their mesh did): what ``reduced`` and ``same_values`` keep of
+    their tensors goes, and with the partials, their values read (``_READ``: shared memory
+    of the connection among them)."""
+    ids = {session.id for session in sessions}
+    for key in [key for key in _REDUCED if any(name[0] in ids for name in key[-1])]:
+        del _REDUCED[key]
+    for name in [name for name in _COPIES if name[0] in ids]:
+        del _COPIES[name]
+
+
 def reduced(reduction: tuple[Any, ...], shards: Sequence[Tensor],
             make: Callable[[], Partials]) -> Partials:
     """The partials of ``reduction`` (its name and parameters, hashable) of ``shards``: those

@@ -15,10 +15,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
+from fabric.arrays import read_target
 from fabric.arrays.html_repr import devices_svg, one_line, table
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import Tensor
 from fabric.core.errors import DeviceDraining, named
+from fabric.mesh import combining
 from fabric.mesh import sharded_array_api  # noqa: F401  (a sharded tensor's namespace)
 from fabric.mesh import sharded_linalg  # noqa: F401  (register numpy's contractions)
 from fabric.mesh import sharded_selection  # noqa: F401  (register masks and assignment)
@@ -128,18 +130,24 @@ class Mesh:
             return
         self.closed = True
         self.parent.meshes.remove(self)
+        combining.forget_sessions(self.sessions)
         close_each(self.sessions, timeout)
 
     # -- reading -------------------------------------------------------------------------------
 
-    def gather(self, tensors: Sequence[Tensor]) -> list[np.ndarray]:
+    def gather(self, tensors: Sequence[Tensor],
+               outs: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         """The values of ``tensors`` (each of one of the mesh's sessions), every read sent
-        before any is waited for, so the devices answer in parallel."""
+        before any is waited for, so the devices answer in parallel; with ``outs`` (one
+        array of each tensor's shape), written into those, which are returned."""
         reads = []
         try:
-            for tensor in tensors:
-                reads.append(tensor.session.start_read(tensor))
-            return [read.result() for read in reads]
+            for index, tensor in enumerate(tensors):
+                out = None if outs is None else outs[index]
+                reads.append(tensor.session.start_read(tensor, out=out))
+            if outs is None:
+                return [read.result() for read in reads]
+            return [read_target.fill(out, read.result()) for out, read in zip(outs, reads)]
         finally:  # (after an error: the replies still to come are dropped)
             for read in reads:
                 read.cancel()

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
+from fabric.arrays import read_target
 from fabric.arrays.html_repr import blocks_svg, byte_text
 from fabric.arrays.printing import summary_positions
 from fabric.arrays.numpy_functions import ufunc_method_params
@@ -135,18 +136,27 @@ class ShardedTensor(Tensor):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def numpy(self) -> np.ndarray:
+    def numpy(self, *, out: np.ndarray | None = None) -> np.ndarray:
         """Gather the array: every shard's read is sent before any is waited for, and the
-        values are joined in order."""
+        values are joined in order; with ``out`` (as ``Tensor.numpy`` takes it), each is
+        written into its block of ``out``, straight from its worker where the block is
+        contiguous there."""
+        if out is not None:
+            read_target.check(self, out)
         if self._partials is not None:
             partials, combine = self._partials
             value = np.asarray(combine(combining.read_partials(self.mesh, partials))).astype(
                 self.dtype, copy=False).reshape(self.shape)
             self._partials = ([], lambda _: value.copy())  # (read once: kept)
-            return value.copy()
+            return value.copy() if out is None else read_target.fill(out, value)
         if self.axis is None:
-            return self.mesh.gather(self._tensors()[:1])[0]
-        return np.concatenate(self.mesh.gather(self._tensors()), axis=self.axis)
+            return self.mesh.gather(self._tensors()[:1], None if out is None else [out])[0]
+        if out is None:  # (the shards' reads land in warm slots; new memory faults slower
+            # under the workers' writes than under one copy)
+            return np.concatenate(self.mesh.gather(self._tensors()), axis=self.axis)
+        self.mesh.gather(self._tensors(), [out[along(self.axis, self.ndim, slice(*block))]
+                                           for block in block_ranges(self.sharding.blocks)])
+        return out
 
     # -- ops on each shard ---------------------------------------------------------------------
 

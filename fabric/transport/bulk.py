@@ -10,8 +10,9 @@ device lends from its own pool (``shm_slot``; for an upload, one lent ahead, who
 has come or is waited for a bounded time: ``fabric.transport.slots_ahead``), else, for an
 upload the device is idle for and whose worker may read this process's memory, no slot: the
 worker reads the array itself (``_upload_from_memory``), else into one of the connection's
-pool; a read into one of the connection's pool (a first read of a size, into memory of its
-own the worker writes, faulted in ahead where it can be: ``_read_target``), or, for a
+pool; a read into the caller's own array (``t.numpy(out=)``, which the worker writes), or
+into one of the connection's pool (a first read of a size, into memory of its own the
+worker writes, faulted in ahead where it can be: ``_read_target``), or, for a
 tensor that lies in a slot of its device's own pool, that slot itself, without a copy,
 pinned on the worker until the array read is collected (``workers.pins``; the unpin goes
 with the session's next message: ``send_unpins``): mapped copy on write, the caller's own
@@ -31,6 +32,7 @@ from typing import Any, Iterator, Literal, NamedTuple
 
 import numpy as np
 
+from fabric.arrays import read_target
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
@@ -354,12 +356,14 @@ def _own_mapping(pool: SegmentPool, slot: SegmentRef) -> np.ndarray | None:
         return None
 
 
-def start_read(session: Any, tensor: Tensor,
-               pin: bool = True) -> tuple[int, Slot | mmap.mmap | None] | None:
+def start_read(session: Any, tensor: Tensor, pin: bool = True, out: np.ndarray | None = None) \
+        -> tuple[int, Slot | mmap.mmap | np.ndarray | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; or, for a first read of its size, where no slot that fits is free and its worker
-    said it can, into new memory of this process's own that the worker writes
-    (``_read_target``); None, sending nothing, where it must take the socket path.
+    slot; or, where its worker said it can, into memory of this process's own that the
+    worker writes: ``out``, where the values can be written there as they are
+    (``fabric.arrays.read_target.direct``), else, for a first read of its size, where no
+    slot that fits is free, new memory (``_read_target``); None, sending nothing, where it
+    must take the socket path.
     ``pin``: the device may answer with its own slot instead, pinned (``take``); for a
     tensor written into one (``Session.in_device_slots``), no slot is lent for the read
     (should the device not pin it after all, the read is made again, without a pin)."""
@@ -371,6 +375,9 @@ def start_read(session: Any, tensor: Tensor,
         return None
     body = {"op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
             "shape": tensor.shape}
+    if out is not None and session.probe.reads_memory and read_target.direct(tensor, out):
+        pool.transfers += 1
+        return session._send_request({**body, "into_memory": [out.ctypes.data, nbytes]}), out
     if pin and session.id not in pool.slotless:
         body["view"] = True
         if session.in_device_slots.get(tensor.id) is tensor:
@@ -471,6 +478,8 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
     asked for no pins again): the read is then to be made again, without a pin."""
     pool = session.connection.segments
     counted = slot is not None  # (lending a target counted the transfer)
+    if isinstance(slot, np.ndarray):  # (the caller's out=, written there)
+        return slot
     if isinstance(slot, mmap.mmap):
         if "pinned" not in reply.body:  # (written there)
             values = np.frombuffer(slot, tensor.dtype, tensor.size).reshape(tensor.shape)
@@ -504,11 +513,15 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
     return np.asarray(holder)
 
 
-def unused(session: Any, slot: Slot | mmap.mmap, written: bool) -> None:
+def unused(session: Any, slot: Slot | mmap.mmap | np.ndarray, written: bool) -> None:
     """A read's ``slot`` will not be read: back to the pool, where the worker ``written``
     into it (it answered); else, as it may still write, closed (a slot) or retired and kept
-    (memory of this process's own: ``fabric.core.cross_memory.retire``)."""
-    if isinstance(slot, mmap.mmap):
+    (memory of this process's own: ``fabric.core.cross_memory.retire``; the caller's
+    ``out=``, kept alive, so that a late write never lands in memory reused since)."""
+    if isinstance(slot, np.ndarray):
+        if not written:
+            _RETIRED.append(slot)
+    elif isinstance(slot, mmap.mmap):
         if not written:
             cross_memory.retire(slot)
             _RETIRED.append(slot)
@@ -519,8 +532,8 @@ def unused(session: Any, slot: Slot | mmap.mmap, written: bool) -> None:
 
 
 # The memory of the reads given up before their workers wrote it: retired, its addresses
-# reserved for this process's life (they cost no memory)
-_RETIRED: list[mmap.mmap] = []
+# reserved for this process's life (they cost no memory), or a caller's out=, kept
+_RETIRED: list[mmap.mmap | np.ndarray] = []
 
 
 def _unpin_later(session: weakref.ref, name: str) -> None:

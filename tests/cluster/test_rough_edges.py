@@ -162,8 +162,11 @@ def test_a_worker_restarted_after_its_process_died_is_accepted_at_its_first_regi
 def test_a_session_its_user_closed_says_closed_not_lost(cluster):
     session = fabric.connect(cluster.address, token=cluster.token, timeout=10)
     t = session.ones(3)
+    session.asarray(np.ones(1 << 18))  # (the shared-memory path, agreed to)
     session.close()
-    for use in (lambda: t + 1, t.numpy, session.sync, lambda: session.zeros(2)):
+    large = np.ones(1 << 18)  # (2 MiB: an upload that would send a slot's request first)
+    for use in (lambda: t + 1, t.numpy, session.sync, lambda: session.zeros(2),
+                lambda: session.asarray(large), lambda: t.numpy(out=np.zeros(3))):
         with pytest.raises(fabric.SessionClosed, match="is closed: open a new session"):
             use()
     assert issubclass(fabric.SessionClosed, fabric.SessionLost)  # (handlers of a loss see it)
