@@ -71,8 +71,10 @@ class ArrayNamespace(ABC):
         """Send the batched ops now (the stream calls this when a batch is full)."""
 
     @abstractmethod
-    def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
-        """``tensor``'s values (``t.numpy()``; ``copy=False``: read-only, maybe shared)."""
+    def read(self, tensor: Tensor, copy: bool = True, out: np.ndarray | None = None) \
+            -> np.ndarray:
+        """``tensor``'s values (``t.numpy()``; ``copy=False``: read-only, maybe shared;
+        ``out``: written into that array, checked already, and returned)."""
 
     @abstractmethod
     def resolve_shape(self, tensor: Tensor) -> None:

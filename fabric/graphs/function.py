@@ -138,7 +138,8 @@ class Tracer(ArrayNamespace):
             "argument, so that each call uses its current value, or create it inside from an "
             "argument's session (x.session.zeros(...))")
 
-    def read(self, tensor: Tensor, copy: bool = True) -> np.ndarray:
+    def read(self, tensor: Tensor, copy: bool = True, out: np.ndarray | None = None) \
+            -> np.ndarray:
         """Refused: a trace knows no values."""
         raise self._refuse(
             f"Tensor values are unknown while tracing, and {_value_use()} needs one",

@@ -199,9 +199,10 @@ def test_a_traced_function_called_from_another_is_inlined(session):
     (lambda x: x * float(x[0]), "float(t)"),
     (lambda x: x + x.max().item(), "t.item()"),
     (lambda x: x + x.numpy(), "t.numpy()"),
+    (lambda x: x + x.numpy(out=np.zeros(4)), "t.numpy()"),
     (lambda x: x[:int(x.sum())], "int(t)"),
     (lambda x: np.asarray(x) + 1, "np.asarray(t)"),
-], ids=["if", "float", "item", "numpy", "int", "asarray"])
+], ids=["if", "float", "item", "numpy", "numpy_out", "int", "asarray"])
 def test_control_flow_on_tensor_values_is_refused_at_trace_time(session, body, says):
     traced = fabric.function(body)
     x = session.ones(4)
