@@ -60,6 +60,7 @@ FAULT_IN_BYTES = 4 << 20  # a read faults in this much of its memory, then copie
 BALLOON_FEATURES = "/sys/bus/virtio/drivers/virtio_balloon/*/features"
 _REPORTING_BIT = 5  # VIRTIO_BALLOON_F_REPORTING: the guest tells its host of free pages
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000
+_WAIT_STEP = 0.005  # seconds between a block's looks at ``stopped`` while it waits ``after``
 
 
 def read(pid: int, address: int, into: np.ndarray, copies: ParallelCopy | None = None) \
@@ -152,7 +153,9 @@ class WarmMemory:
         OSError where no memory is left."""
         with contextlib.suppress(OSError):  # (Linux sets a thread's own nice so)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        time.sleep(self.after)
+        waited = time.monotonic() + self.after
+        while not self.stopped and time.monotonic() < waited:  # (taken: the maker's next
+            time.sleep(_WAIT_STEP)  # job need not wait)
         start = address(self.memory)
         for offset in range(0, self.size, FAULT_IN_BYTES):
             if self.stopped:

@@ -26,6 +26,7 @@ from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, SEGMENT_ALIGN, Pe
 
 WARM_BLOCKS = 2  # at most this many blocks of warm memory held or being made (``warm_ahead``)
 WARM_MOST = 256 << 20  # the largest block of warm memory (a larger read faults its own in)
+# (and the largest segment made ahead: ``make_ahead``)
 
 
 class Slot(NamedTuple):
@@ -61,7 +62,8 @@ class SegmentPool:
     ``copies`` copies large arrays into slots with ``copy_threads`` threads (its threads, and
     the maker's, end with the pool). The maker also faults in warm memory ahead of a read
     into this process's own memory (``warm_ahead``, ``take_warm``), counted in ``held`` until
-    taken, and closed as idle segments are.
+    taken, and closed as idle segments are; and segments ahead of a size's next read
+    (``make_ahead``), free once made.
     """
 
     def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
@@ -121,6 +123,24 @@ class SegmentPool:
             self.keys[segment] = key
         self.transfers += 1
         return Slot(segment, 0, nbytes)
+
+    def make_ahead(self, nbytes: int) -> None:
+        """Make a segment that fits ``nbytes`` bytes on the maker's thread, for a later
+        ``acquire`` to find free (a read of that size came: the next ones take a slot);
+        not where one that fits is free or being made, it would be larger than
+        ``WARM_MOST``, or the limit refuses it (as ``acquire``'s would)."""
+        self.reclaim()
+        if nbytes > WARM_MOST or self.free_fitting(nbytes) is not None \
+                or self.being_made(nbytes):
+            return
+        segment = self._reserve(nbytes, None)
+        if segment is not None:
+            self._make(segment)
+
+    def being_made(self, nbytes: int) -> bool:
+        """Whether a segment that fits ``nbytes`` is being made ahead (``make_ahead``)."""
+        return any(isinstance(segment, Segment) and fits(segment.size, nbytes)
+                   for segment in self.making)
 
     def _make(self, segment: Segment | WarmMemory) -> None:
         """Fault ``segment`` (reserved) in on the maker's thread."""

@@ -403,11 +403,12 @@ def _read_target(session: Any, pool: SegmentPool, nbytes: int) -> mmap.mmap | No
     faulted in ahead where an upload of that size made some (``_warm_for_read``), else new
     (``fabric.core.cross_memory.new_memory``: one fault-in, where a new slot is faulted in
     here and then again in the worker's mapping of it); where the worker can, no slot that
-    fits is free, and no read of that size came before (``SizesSeen``): a loop's next read
-    finds the slot its second one made, warm, where new memory would be faulted in each
-    time. None where the read takes a slot (or no memory that large can be had here)."""
+    fits is free, and no read of that size came before (``SizesSeen``), or one did and the
+    slot that its read had made ahead (``take``: ``SegmentPool.make_ahead``) is still being
+    made: a loop's next reads find that slot, warm, where new memory would be faulted in
+    each time. None where the read takes a slot (or no memory that large can be had here)."""
     if not session.probe.reads_memory or pool.free_fitting(nbytes) is not None \
-            or session.read_sizes.again(nbytes):
+            or session.read_sizes.again(nbytes) and not pool.being_made(nbytes):
         return None
     try:
         return pool.take_warm(nbytes) or cross_memory.new_memory(nbytes)
@@ -484,6 +485,7 @@ def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool
         if "pinned" not in reply.body:  # (written there)
             values = np.frombuffer(slot, tensor.dtype, tensor.size).reshape(tensor.shape)
             values.flags.writeable = copy
+            pool.make_ahead(values.nbytes)  # (the next read of the size takes a slot)
             return values
         slot = None  # (the device pinned its own: nothing was written, or will be)
     if "pinned" not in reply.body:

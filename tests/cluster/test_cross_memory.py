@@ -68,11 +68,17 @@ def test_every_dtype_goes_up_and_down_through_the_clients_own_memory(shm_cluster
         assert isinstance(owner(back), mmap.mmap) and back.flags.writeable  # its own
         # (memory the worker wrote into)
         assert pool.transfers == 2 and not pool.lent
-        again = tensor.numpy()  # a second read of the size: a slot, which the next reuses
+        # the read had a slot of its size made ahead, on the pool's maker thread: a second
+        # read of the size takes it (before it is made, new memory as the first did)
+        wait_for(lambda: pool.reclaim() or pool.free, 20, "the slot made ahead")
+        (made,) = pool.free
+        again = tensor.numpy()
         assert again.tobytes() == array.tobytes() and not isinstance(owner(again), mmap.mmap)
+        assert set(pool.lent) == {made} and not pool.free and not pool.making
         del again
         gc.collect()
         assert tensor.numpy().tobytes() == array.tobytes() and pool.transfers == 4
+        assert set(pool.free) | set(pool.lent) == {made}  # (the next reuses it)
         assert session.stats()["bytes_uploaded_by_socket"] == 0
 
 
@@ -301,21 +307,62 @@ def test_first_reads_land_in_memory_faulted_in_ahead_at_open_and_after_an_upload
         assert through_memory(session)
         back = session.arange(1_000_000, dtype="float64").numpy()  # (made on the device)
         assert np.array_equal(back, np.arange(1_000_000.0)) and back.flags.writeable
-        assert owner(back) is at_open.memory and pool.held == 0 and not pool.warm  # taken
+        assert owner(back) is at_open.memory and not pool.warm  # taken
+        assert pool.held == ahead(pool) >= back.nbytes  # (and a slot of its size made ahead)
         array = np.random.default_rng(0).random(3_000_000)
         assert session.stream.batch  # (the frees of the tensors above: they let the upload
         # be read out of this process's memory, which warms 24 MB ahead on the maker thread)
         tensor = session.asarray(array)
         assert session.stats()["bytes_uploaded_by_shared_memory"] == array.nbytes \
-            and not pool.free and not pool.lent  # (no slot)
+            and not pool.lent  # (no slot: the 8 MB one made ahead does not fit)
         wait_for(lambda: pool.reclaim() or pool.warm, 20, "the memory warmed for a read")
         (block,) = pool.warm
-        assert block.size >= array.nbytes and pool.held == block.size
+        assert block.size >= array.nbytes and pool.held == block.size + ahead(pool)
         back = (tensor * 2.0).numpy()  # (a result of the same size, read back once)
         assert back.tobytes() == (array * 2.0).tobytes() and owner(back) is block.memory
-        assert pool.held == 0 and not pool.warm
+        assert not pool.warm and pool.held == ahead(pool)
+        wait_for(lambda: pool.reclaim() or not pool.making, 20, "the slots made ahead")
         session.asarray(array)  # a size read before takes the slots: nothing warmed
         assert not pool.warm and not pool.making
+
+
+def test_a_slot_made_ahead_is_bounded_and_taken_by_the_next_acquire_that_fits():
+    pool = SegmentPool(lambda _session: 0, limit=64 * MiB, idle_seconds=30)
+    try:
+        pool.make_ahead(WARM_MOST + 1)  # (past the largest: a read that large makes its own)
+        pool.make_ahead(100 * MiB)  # (past the limit)
+        assert not pool.making and pool.held == 0
+        pool.make_ahead(8 * MiB)
+        pool.make_ahead(6 * MiB)  # (the 8 MiB one fits it: no second)
+        (segment,) = pool.making
+        assert pool.being_made(6 * MiB) and not pool.being_made(20 * MiB)
+        assert pool.held == 8 * MiB
+        wait_for(lambda: pool.reclaim() or pool.free, 20, "the segment made ahead")
+        assert set(pool.free) == {segment} and not pool.being_made(6 * MiB)
+        pool.make_ahead(8 * MiB)  # (a free one fits)
+        assert not pool.making
+        slot = pool.acquire(7 * MiB)
+        assert slot.segment is segment and pool.held == 8 * MiB and not pool.free
+        pool.give_back(slot)
+    finally:
+        pool.close()
+
+
+def test_a_block_taken_while_it_waits_to_start_lets_the_maker_go_on_at_once():
+    pool = SegmentPool(lambda _session: 0, limit=64 * MiB, idle_seconds=30)
+    try:
+        pool.warm_ahead(8 * MiB, after=60.0)
+        assert pool.take_warm(8 * MiB) is not None  # (taken before its fault-in began)
+        pool.make_ahead(8 * MiB)
+        wait_for(lambda: pool.reclaim() or pool.free, 10, "the segment queued after it")
+    finally:
+        pool.close()
+
+
+def ahead(pool: SegmentPool) -> int:
+    """The bytes of the segments ``pool`` made ahead of reads, or is making (free, unused)."""
+    return sum(segment.size for segment in [*pool.free, *pool.making]
+               if not isinstance(segment, cross_memory.WarmMemory))
 
 
 def test_warm_memory_is_bounded_taken_where_it_fits_and_closed_when_idle():
