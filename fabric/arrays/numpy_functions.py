@@ -3,7 +3,8 @@
 
 Rule: everything stays on the device. A handler is one op of the table (``session.apply``) or
 a composite of tensor ops and numpy functions on tensors (``_roll``, ``_tile``, ``_triangle``,
-...), never a read; where the result's shape depends on the data (``np.nonzero``,
+...), never a read (but ``np.copyto`` into a numpy array, which asks for one, as
+``np.asarray(t)`` does); where the result's shape depends on the data (``np.nonzero``,
 ``np.unique``, ``np.bincount``), the device says it in one small round trip
 (``resolve_shape``). A form fabric does not take is refused with numpy's error type and a
 sentence that says what to do. (Linear algebra and ``np.cov``: ``fabric.arrays.numpy_linalg``;
@@ -21,7 +22,8 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import ARRAY_FUNCTIONS, UFUNC_METHODS, Tensor, given_params
-from fabric.arrays.views import link, root
+from fabric.arrays import read_target
+from fabric.arrays.views import check_writable, link, root, store_into
 from fabric.core.ops import QUANTILES, REDUCTIONS
 
 
@@ -216,6 +218,39 @@ def no_out(name: str, out: Any) -> None:
                         "(t[...] = result).")
 
 
+def _copyto(dst: Any, src: Any, casting: str = "same_kind", where: Any = True) -> None:
+    """numpy's copyto with a tensor on either side: into a numpy array, ``src``'s values read
+    there (``Tensor.numpy(out=)``: straight in where they can be); into a tensor, an update
+    in place of it (``dst[...] = src``, copy on write, as every update), on its device.
+    ``casting`` and ``where`` as numpy takes them, and ``src`` broadcast to ``dst``."""
+    if not isinstance(dst, Tensor):  # (src or where is a tensor: numpy asked here)
+        if not isinstance(dst, np.ndarray):
+            raise TypeError(f"copyto() argument 1 must be a numpy array or a fabric tensor, "
+                            f"not {type(dst).__name__}.")
+        if isinstance(src, Tensor):
+            _check_cast(src.dtype, dst.dtype, casting)
+            if where is True and src.shape == dst.shape and dst.flags.writeable \
+                    and read_target.direct(src, dst):
+                src.numpy(out=dst)
+                return
+            src = src.numpy()
+        np.copyto(dst, src, casting=casting,
+                  where=where.numpy() if isinstance(where, Tensor) else where)
+        return
+    check_writable(dst)
+    values = src if isinstance(src, Tensor) else dst.session.asarray(src)
+    _check_cast(values.dtype, dst.dtype, casting)
+    if where is not True:
+        values = _where(where, values, dst)
+    store_into(dst, values)
+
+
+def _check_cast(source: np.dtype, target: np.dtype, casting: str) -> None:
+    if not np.can_cast(source, target, casting):
+        raise TypeError(f"Cannot cast array data from {source!r} to {target!r} according to "
+                        f"the rule {casting!r}")
+
+
 def _median_function(name: str) -> Any:
     # np.median and np.nanmedian
     def function(a: Tensor, axis: Any = None, out: Any = None, overwrite_input: bool = False,
@@ -393,6 +428,7 @@ ARRAY_FUNCTIONS.update({
     np.concatenate: _join_function("concatenate"),
     np.stack: _join_function("stack"),
     np.copy: lambda a: a.copy(),
+    np.copyto: _copyto,
     np.ravel: lambda a: a.ravel(),
     np.moveaxis: _moveaxis,
     np.hstack: lambda arrays: np.concatenate([_atleast(a, 1) for a in arrays],

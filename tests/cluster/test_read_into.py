@@ -140,6 +140,47 @@ def test_a_sharded_tensor_is_gathered_into_out(shm_cluster):
 
 
 @pytest.mark.timeout(60)
+def test_np_copyto_into_a_numpy_array_reads_there_and_into_a_tensor_updates_it(shm_cluster):
+    with connect(shm_cluster) as session:
+        a = np.random.default_rng(6).random((1024, 1024))
+        tensor = session.asarray(a)
+        session.sync()
+        pool, transfers = session.connection.segments, session.connection.segments.transfers
+        buffer = np.zeros_like(a)
+        assert np.copyto(buffer, tensor) is None
+        np.testing.assert_array_equal(buffer, a)
+        assert pool.transfers == transfers + 1  # (written straight in: t.numpy(out=))
+        rows = np.zeros((2, 1024))
+        np.copyto(rows, tensor[0])  # (broadcast, as numpy's)
+        np.testing.assert_array_equal(rows, [a[0], a[0]])
+        mask = np.arange(1024) % 2 == 0
+        kept = np.full((4, 1024), -1.0)
+        np.copyto(kept, tensor[:4], where=mask)
+        np.testing.assert_array_equal(kept, np.where(mask, a[:4], -1.0))
+        np.copyto(kept, 7.0, where=session.asarray(mask))  # (a tensor mask: read)
+        np.testing.assert_array_equal(kept, np.broadcast_to(np.where(mask, 7.0, -1.0), (4, 1024)))
+        with pytest.raises(TypeError, match="same_kind"):
+            np.copyto(np.zeros(a.shape, np.int64), tensor)
+        truncated = np.zeros(a.shape, np.int64)
+        np.copyto(truncated, tensor * 10, casting="unsafe")
+        np.testing.assert_array_equal(truncated, (a * 10).astype(np.int64))
+        target = session.zeros((4, 1024))
+        row = target[1]  # (a view: the update reaches its base, as numpy's)
+        np.copyto(target, a[:4])
+        np.copyto(row, tensor[0] * 2)
+        np.copyto(target, 5.0, where=mask)
+        expected = a[:4].copy()
+        expected[1] = a[0] * 2
+        expected[:, mask] = 5.0
+        np.testing.assert_array_equal(target.numpy(), expected)
+        with pytest.raises(TypeError, match="same_kind"):
+            np.copyto(session.zeros(3, dtype="int64"), tensor[0, :3])
+        with pytest.raises(ValueError):
+            np.copyto(target, np.ones(5))
+        np.testing.assert_array_equal(target.numpy(), expected)  # (refused: unchanged)
+
+
+@pytest.mark.timeout(60)
 def test_a_closed_mesh_keeps_none_of_its_reductions_partials(shm_cluster):
     # (found through the test above: the partials kept for the same reduction again held
     # their values, read into slots of this process's pool, past the session's close)
