@@ -20,9 +20,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
+from fabric.arrays import read_target
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.tensor import ARRAY_FUNCTIONS, UFUNC_METHODS, Tensor, given_params
-from fabric.arrays import read_target
 from fabric.arrays.views import check_writable, link, root, store_into
 from fabric.core.ops import QUANTILES, REDUCTIONS
 
@@ -228,10 +228,9 @@ def _copyto(dst: Any, src: Any, casting: str = "same_kind", where: Any = True) -
             raise TypeError(f"copyto() argument 1 must be a numpy array or a fabric tensor, "
                             f"not {type(dst).__name__}.")
         if isinstance(src, Tensor):
-            _check_cast(src.dtype, dst.dtype, casting)
-            if where is True and src.shape == dst.shape and dst.flags.writeable \
-                    and read_target.direct(src, dst):
-                src.numpy(out=dst)
+            read_target.check_cast(src.dtype, dst.dtype, casting)
+            if where is True and src.shape == dst.shape and read_target.direct(src, dst):
+                src.numpy(out=dst)  # (which refuses a read-only dst, as numpy does)
                 return
             src = src.numpy()
         np.copyto(dst, src, casting=casting,
@@ -239,16 +238,10 @@ def _copyto(dst: Any, src: Any, casting: str = "same_kind", where: Any = True) -
         return
     check_writable(dst)
     values = src if isinstance(src, Tensor) else dst.session.asarray(src)
-    _check_cast(values.dtype, dst.dtype, casting)
+    read_target.check_cast(values.dtype, dst.dtype, casting)
     if where is not True:
         values = _where(where, values, dst)
     store_into(dst, values)
-
-
-def _check_cast(source: np.dtype, target: np.dtype, casting: str) -> None:
-    if not np.can_cast(source, target, casting):
-        raise TypeError(f"Cannot cast array data from {source!r} to {target!r} according to "
-                        f"the rule {casting!r}")
 
 
 def _median_function(name: str) -> Any:

@@ -28,11 +28,16 @@ def check(tensor: Any, out: Any) -> bool:
                          "read into an array of the tensor's shape.")
     if not out.flags.writeable:
         raise ValueError("out= is read-only: read into a writable array.")
-    if not np.can_cast(tensor.dtype, out.dtype, "same_kind"):
-        raise TypeError(f"Cannot read {tensor.dtype} values into out= of {out.dtype} "
-                        "(numpy's same_kind casting): read into an array of the tensor's "
-                        "dtype, or astype() the tensor first.")
+    check_cast(tensor.dtype, out.dtype)
     return direct(tensor, out)
+
+
+def check_cast(source: np.dtype, target: np.dtype, casting: str = "same_kind") -> None:
+    """numpy's TypeError where ``casting`` does not take ``source`` values into ``target``
+    (as ``np.copyto`` raises it)."""
+    if not np.can_cast(source, target, casting):
+        raise TypeError(f"Cannot cast array data from {source!r} to {target!r} according to "
+                        f"the rule {casting!r}: astype() the values to {target} first.")
 
 
 def direct(tensor: Any, out: np.ndarray) -> bool:

@@ -21,11 +21,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from fabric.arrays import read_target
 from fabric.arrays.creation import ArrayNamespace
 from fabric.arrays.device_warnings import issue_warnings
 from fabric.arrays.html_repr import byte_text, one_line, table
 from fabric.arrays.origins import origin_line
-from fabric.arrays import read_target
 from fabric.arrays.progress import WAIT_BEFORE_BAR, wait_showing
 from fabric.arrays.tensor import Tensor
 from fabric.core import protocol

@@ -25,7 +25,6 @@ import math
 import mmap
 import os
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,6 @@ FAULT_IN_BYTES = 4 << 20  # a read faults in this much of its memory, then copie
 BALLOON_FEATURES = "/sys/bus/virtio/drivers/virtio_balloon/*/features"
 _REPORTING_BIT = 5  # VIRTIO_BALLOON_F_REPORTING: the guest tells its host of free pages
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000
-_WAIT_STEP = 0.005  # seconds between a block's looks at ``stopped`` while it waits ``after``
 
 
 def read(pid: int, address: int, into: np.ndarray, copies: ParallelCopy | None = None) \
@@ -144,7 +142,17 @@ class WarmMemory:
         self.size = size
         self.after = after
         self.memory = new_memory(size)  # (held until the maker is done with it)
-        self.stopped = False  # taken, or its pool closes: ``allocate`` ends at its next piece
+        self._stop = threading.Event()  # (set: ``stopped``)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether it was taken, or its pool closes (``stop``)."""
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        """It was taken, or its pool closes: ``allocate`` ends at once if it has not begun
+        faulting in, else at its next piece."""
+        self._stop.set()
 
     def allocate(self) -> None:
         """Fault every page in, ``FAULT_IN_BYTES`` at a time, at the calling thread's lowest
@@ -153,9 +161,7 @@ class WarmMemory:
         OSError where no memory is left."""
         with contextlib.suppress(OSError):  # (Linux sets a thread's own nice so)
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        waited = time.monotonic() + self.after
-        while not self.stopped and time.monotonic() < waited:  # (taken: the maker's next
-            time.sleep(_WAIT_STEP)  # job need not wait)
+        self._stop.wait(self.after)  # (taken meanwhile: the maker's next job need not wait)
         start = address(self.memory)
         for offset in range(0, self.size, FAULT_IN_BYTES):
             if self.stopped:

@@ -217,7 +217,7 @@ class SegmentPool:
         block = min(blocks, key=lambda block: (block not in self.warm, block.size))
         if self.warm.pop(block, None) is None:
             del self.making[block]  # (``made`` then passes it by)
-            block.stopped = True
+            block.stop()
         self.held -= block.size
         return block.memory
 
@@ -332,7 +332,7 @@ class SegmentPool:
         self.copies.close()
         for block in self.making:
             if isinstance(block, WarmMemory):
-                block.stopped = True  # (the maker waits for none)
+                block.stop()  # (the maker waits for none)
         if self._maker is not None:
             self._maker.close()
         for segment in [*self.free, *self.lent, *self.making, *self.warm, *self.probes]:

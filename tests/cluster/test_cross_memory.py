@@ -399,7 +399,7 @@ def test_warm_memory_is_bounded_taken_where_it_fits_and_closed_when_idle():
         pool.close()
     assert making.stopped  # (its pool closed: the maker faults in no more of it)
     stopped = cross_memory.WarmMemory(8 * MiB)
-    stopped.stopped = True
+    stopped.stop()
     with pytest.raises(OSError, match="taken, or its pool closed"):
         stopped.allocate()
     stopped.close()
