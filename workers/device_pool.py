@@ -10,6 +10,15 @@ counts against: the pool's ``--shared-memory-limit``, the worker's ``--memory-bu
 session's ``--memory-limit`` (charged to the session), so that no limit is passed while a
 segment is being made.
 
+A session's start slot (``"start": True``: ``fabric.transport.slots_ahead``) is lent as any
+other, but charged to the device until an upload takes it (the session's limit stays its
+own to use); the device lends at most ``START_SLOTS`` that no upload has taken yet, so that
+idle sessions hold a bounded amount of its memory. A free segment for the next one is kept
+made (``ready_for_start``: from the device's start, and again after each start slot lent),
+never closed as idle (a session that opens on an idle cluster finds it ready), only where
+the budget needs the room: one segment of the worker's ``--start-slot`` bytes per device,
+charged to it. Both only where the budget has room for ``READY_SHARE`` times as much.
+
 Memory: the pool counts against the worker's ``--memory-budget`` (``DevicePool``): a free
 segment as the device's, a slot offered and not yet used (or being made to be offered), and
 the part of a slot that its tensor does not use, as its session's; and an offer is refused
@@ -32,6 +41,10 @@ from .device_session import DeviceSession
 from .memory import Allowance
 from .shared_memory import HostSharing, SessionSegments, segments_of
 
+START_SLOTS = 4  # a device's start slots lent (or being made) and not yet taken, at most
+READY_SHARE = 8  # a segment is kept ready where the budget has room for this many of it
+
+
 class DevicePool(SegmentPool):
     """A device's own pool (``offer``), whose memory counts against the worker's budget
     through the device's ``allowance``: each segment is charged, beyond what its tensor
@@ -48,6 +61,32 @@ class DevicePool(SegmentPool):
         self.why: str | None = None
         self.waiting: dict[Segment, tuple[Message, SessionSegments, int]] = {}
         self.answers: list[Message] = []
+        self.ready: Segment | None = None  # made ahead for a start slot (``keep_ready``)
+
+    def keep_ready(self, nbytes: int) -> None:
+        """Have a free segment for a start slot of ``nbytes`` bytes (none: 0) made ahead, on
+        the maker thread, charged to the device from now on, where none that fits is free or
+        being made, and the budget has room for ``READY_SHARE`` times as many bytes."""
+        self.reclaim()
+        if nbytes and self.spares(nbytes) and self.free_fitting(nbytes) is None \
+                and not self.being_made(nbytes):
+            self.ready = self._reserve(nbytes, self.room)
+            if self.ready is not None:
+                self.charge(self.ready, None, self.ready.size)
+                self._make(self.ready)
+
+    def spares(self, nbytes: int) -> bool:
+        """Whether the budget has room for ``READY_SHARE`` times ``nbytes`` more bytes: for
+        a start slot, and the segment kept ready for the next, which yield to the work of
+        a worker whose budget is tight."""
+        budget = self.allowance.budget
+        return budget.limit is None or budget.held() + READY_SHARE * nbytes <= budget.limit
+
+    def reclaim(self) -> None:
+        """``SegmentPool.reclaim``, the segment kept ready for a start slot never idle."""
+        if self.ready in self.free:
+            self.free[self.ready] = self._clock()
+        super().reclaim()
 
     def charge(self, segment: Segment, owner: SessionSegments | None, amount: int) -> None:
         """Charge ``amount`` bytes of ``segment`` to ``owner`` (None: the device), in place of
@@ -94,17 +133,31 @@ class DevicePool(SegmentPool):
         self.settle()
         return bool(free)
 
-    def make_for(self, message: Message, segments: SessionSegments, nbytes: int) -> bool:
+    def make_for(self, message: Message, segments: SessionSegments, nbytes: int,
+                 start: bool = False) -> bool:
         """Make a segment for ``nbytes`` bytes on the maker thread, charged to ``segments``'s
-        session from now on, to answer ``message`` with once made (``made``); False where
-        the limit or the budget refuses it."""
+        session from now on (``start``: the session's start slot, to the device), to answer
+        ``message`` with once made (``made``); False where the limit or the budget refuses
+        it."""
         segment = self._reserve(nbytes, self.room)
         if segment is None:
             return False
         self.waiting[segment] = (message, segments, nbytes)
-        self.charge(segment, segments, segment.size)
+        if start:
+            segments.start = segment.name
+        self.charge(segment, None if start else segments, segment.size)
         self._make(segment)
         return True
+
+    def lend_to(self, segments: SessionSegments, slot: Slot, start: bool = False) -> None:
+        """Offer ``slot`` to ``segments``'s session: charged to it, or, its start slot (``start``,
+        or the one being made for it), to the device until an upload takes it (a session's
+        limit is its own to use)."""
+        if start:
+            segments.start = slot.segment.name
+        segments.lend(self, slot)
+        if segments.start == slot.segment.name:
+            self.charge(slot.segment, None, slot.segment.size)
 
     def made(self, segment: Segment, failed: OSError | None) -> None:
         """``segment`` was made (or making it ``failed``): lent to the request waiting for
@@ -120,7 +173,7 @@ class DevicePool(SegmentPool):
             self.keys[segment] = segments.process.key
             self.transfers += 1
             slot = Slot(segment, 0, nbytes)
-            segments.lend(self, slot)
+            self.lend_to(segments, slot)
             self.answers.append(reply_to(message, {"slot": slot.ref()}))
         elif not segments.closed:
             self.answers.append(reply_to(message, {"slot": None, "reason": (
@@ -135,11 +188,17 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
     full, or the slot would pass the session's memory limit or the worker's budget. A free
     segment that fits is offered at once; else one is made on the pool's maker thread, and
     the answer comes once it is (nothing is answered now). The slots it lists in
-    ``give_back`` (offered to this session, unused) go back to the pool first."""
+    ``give_back`` (offered to this session, unused) go back to the pool first. A start slot
+    (``"start": True``) is refused where ``START_SLOTS`` are lent and not yet taken, or the
+    budget is tight (``_why_no_start``)."""
     body = message.body
     nbytes = body.get("nbytes")
     if type(nbytes) is not int or nbytes < 0:
         raise ProtocolError("A shm_slot request needs 'nbytes', an int of at least 0.")
+    start = body.get("start") is True
+    if start and session.segments is None:  # (its probe was refused)
+        return [reply_to(message, {"slot": None, "reason": "This session shares no memory "
+                                   "with this worker."})]
     segments = segments_of(session)
     returned = body.get("give_back", [])
     names = [decode_segment_ref(ref).name for ref in returned] if type(returned) is list \
@@ -150,31 +209,65 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
                             "session and not yet used, as a list of slots.")
     for name in names:
         segments.give_back(name)
-    if executor.slots is None:  # (made in the device's thread, which owns it)
-        executor.slots = DevicePool(executor.allowance, executor.sharing, executor.wake)
-        executor.allowance.reclaim = executor.slots.release_free
-    pool: DevicePool = executor.slots
+    pool = _pool(executor)
     pool.reclaim()
     pool.settle()  # (what was given back is charged to the device again)
     limit, held = executor.memory_limit, session.resident + segments.charged
     least = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN  # (a new segment's size)
-    pool.why = None
+    pool.why = None if not start else _why_no_start(executor, pool, nbytes)
     slot = None
-    if limit is None or held + least <= limit:
+    if pool.why is None and (limit is None or held + least <= limit):
         if pool.free_fitting(nbytes, segments.process.key) is not None:
             slot = pool.acquire(nbytes, segments.process.key)
-        elif pool.make_for(message, segments, nbytes):
+        elif pool.make_for(message, segments, nbytes, start):
+            if start:
+                pool.keep_ready(executor.sharing.start_slot)  # (for the next session)
             return []  # (answered once made: ``made``)
     if slot is not None and limit is not None and held + slot.segment.size > limit:
         pool.give_back(slot)  # (a free one larger than a new one would be)
         slot = None
     if slot is not None:
-        segments.lend(pool, slot)
+        pool.lend_to(segments, slot, start)
+        if start:
+            pool.keep_ready(executor.sharing.start_slot)
     pool.settle()
     if slot is None:
         return [reply_to(message, {"slot": None, "reason": pool.why or _why_not(
             executor, session, segments, least)})]
     return [reply_to(message, {"slot": slot.ref()})]
+
+
+def ready_for_start(executor: Any) -> None:
+    """The device starts (on its thread, which owns its pool): where its worker shares
+    memory, a segment for the first session's start slot is made ahead."""
+    if executor.sharing.enabled and executor.sharing.start_slot:
+        _pool(executor).keep_ready(executor.sharing.start_slot)
+
+
+def _pool(executor: Any) -> DevicePool:
+    """``executor``'s device pool, made at its first need (in the device's thread, which
+    owns it)."""
+    if executor.slots is None:
+        executor.slots = DevicePool(executor.allowance, executor.sharing, executor.wake)
+        executor.allowance.reclaim = executor.slots.release_free
+    return executor.slots
+
+
+def _why_no_start(executor: Any, pool: DevicePool, nbytes: int) -> str | None:
+    """Why no start slot of ``nbytes`` bytes is lent now, if one may not be: ``START_SLOTS``
+    of them lent to ``executor``'s sessions (or being made for them) that no upload has
+    taken yet, or a tight budget (``DevicePool.spares``)."""
+    making = {segment.name for segment in pool.waiting}
+    lent = sum(1 for session in executor.sessions.values() if session.segments is not None
+               and (session.segments.start in session.segments.offered
+                    or session.segments.start in making))
+    if lent >= START_SLOTS:
+        return (f"This device has lent {START_SLOTS} start slots that no upload has taken "
+                "yet: the first upload goes the way a later one does.")
+    if not pool.spares(nbytes):
+        return (f"This worker's --memory-budget has no room to spare for a start slot of "
+                f"{nbytes} bytes: the first upload goes the way a later one does.")
+    return None
 
 
 def made(executor: Any) -> list[Message]:

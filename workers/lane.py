@@ -54,12 +54,13 @@ def jumps_the_queue(header: Header, frames: Sequence[Any]) -> bool:
     """Whether a message runs as soon as the device reads it, ahead of its session's
     waiting ones: a lone ``shm_slot`` request (no ops batched in it), whose answer depends
     on none of them, so that the slot an upload asks for ahead comes after the op running
-    now, not after all the device's queued work (``fabric.transport.slots_ahead``). Only a small
+    now, not after all the device's queued work (``fabric.transport.slots_ahead``); not a
+    session's start slot, asked right behind its probe, which must run first. Only a small
     REQUEST is looked into."""
     if header.kind not in _REQUESTS or len(frames) != 2 or len(frames[1]) > _LONE_REQUEST:
         return False
     body = message_body(header, frames)
-    return body.get("op") == "shm_slot" and "ops" not in body
+    return body.get("op") == "shm_slot" and "ops" not in body and "start" not in body
 
 
 class Lane:

@@ -32,6 +32,7 @@ from fabric.core.security import present_token
 from fabric.core.sockets import POLLIN, message_check, recv_frames, try_send
 from fabric.core.worker_options import WorkerOptions
 
+from . import device_pool
 from .control import zmtp_heartbeats
 from .executor import Executor
 from .lane import DEVICE_KINDS, Lane, jumps_the_queue, message_body
@@ -146,6 +147,7 @@ class DeviceThread:
         # numpy's warnings of this device's ops go to their sessions, not to stderr; the
         # device's own state (where its module places new arrays) holds for its thread
         executor = self.lane.executor
+        device_pool.ready_for_start(executor)
         with executor.floating_point_errors(), executor.device.on_thread():
             self._serve()
 

@@ -42,8 +42,8 @@ from fabric.core.errors import ProtocolError
 from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.protocol import Message, reply_to
 from fabric.core.segment_pool import Slot, SlotMemory
-from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, PeerSegments, Segment,
-                             WrongSizeSegment, boot_id, held_segments)
+from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, START_SLOT_BYTES, PeerSegments,
+                             Segment, WrongSizeSegment, boot_id, held_segments)
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype
 from fabric.core.worker_options import WorkerOptions
 
@@ -75,13 +75,14 @@ class HostSharing:
     enabled: bool = True  # whether this worker agrees to shared memory
     pool_bytes: int = DEFAULT_POOL_BYTES  # each device's own pool
     idle: float = IDLE_SECONDS  # how long a free segment of it is kept
+    start_slot: int = START_SLOT_BYTES  # its segment kept for a start slot (0: none)
     copies: ParallelCopy = field(default_factory=lambda: ParallelCopy(threads=1, min_bytes=0))
 
     @classmethod
     def of(cls, options: WorkerOptions) -> "HostSharing":
         """The sharing ``options`` ask for."""
         return cls(options.shared_memory, options.shared_memory_limit,
-                   options.shared_memory_idle,
+                   options.shared_memory_idle, options.start_slot,
                    ParallelCopy(options.copy_threads, options.copy_min_bytes))
 
 # The slots the devices of this worker offered and are not yet used: segment name -> the
@@ -168,6 +169,7 @@ class SessionSegments:
         self.peers: dict[int, PeerSegments] = {}  # other processes' segments moves go to
         self.watched: list[ClientProcess] = []  # (those processes)
         self.offered: dict[str, tuple[LendingPool, Slot]] = {}
+        self.start: str | None = None  # the segment of its start slot, once lent or being made
         self.charged = 0
         self.closed = False
         self.pins = SessionPins()

@@ -30,7 +30,7 @@ from fabric.core.host_slot import claim_slot
 from fabric.core.parallel_copy import default_min_bytes, default_threads
 from fabric.core.protocol import MAX_LABEL_CHARS
 from fabric.core.security import CurveClient, CurveServer, generate_keys
-from fabric.core.shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
+from fabric.core.shm import DEFAULT_POOL_BYTES, IDLE_SECONDS, START_SLOT_BYTES
 from fabric.core.flow import DEFAULT_RESUME_GRACE
 from fabric.core.worker_options import DEFAULT_MEMORY_BUDGET, WorkerOptions, budget_from_option
 
@@ -196,6 +196,11 @@ def broker(frontend: str, worker_address: str, token: str | None, token_file: st
               show_default=True, metavar="SECONDS",
               help="Seconds a free segment of a device's shared memory is kept for the next "
                    "upload before it is closed.")
+@click.option("--start-slot", type=click.IntRange(min=0), default=START_SLOT_BYTES,
+              show_default=True, metavar="BYTES",
+              help="Size of the segment each device keeps made, never closed as idle, for the "
+                   "first upload of a client on this host that opens a session (its start "
+                   "slot; 0: none kept, one is made when asked).")
 @click.option("--copy-threads", type=click.IntRange(min=1), default=None, metavar="N",
               help="Threads that copy a large array into or out of shared memory together "
                    "(1: one) [default: FABRIC_COPY_THREADS, else the cores it may use, at "
@@ -208,8 +213,8 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
            name: str | None, memory_limit: int | None, memory_budget: str,
            give_up_after: float | None, resume_grace: float, admin_file: str | None,
            stop_on_stdin_close: bool, no_shared_memory: bool, bulk_host: str,
-           shared_memory_limit: int,
-           shared_memory_idle: float, copy_threads: int | None, worker_token: str | None,
+           shared_memory_limit: int, shared_memory_idle: float, start_slot: int,
+           copy_threads: int | None, worker_token: str | None,
            worker_token_file: str | None, heartbeat: float, liveness: int, log_level: str,
            curve: CurveClient | None, limits: dict[str, Any]) -> None:
     """Run a worker: host DEVICES devices of BACKEND for the broker at --broker.
@@ -259,7 +264,8 @@ def worker(broker_address: str, backend: str, devices: int, threads: int | None,
             memory_budget=budget, curve=curve, give_up_after=give_up_after,
             resume_grace=resume_grace, bulk_host=None if bulk_host == "none" else bulk_host,
             shared_memory=not no_shared_memory, shared_memory_limit=shared_memory_limit,
-            shared_memory_idle=shared_memory_idle, **copies, **limits))
+            shared_memory_idle=shared_memory_idle, start_slot=start_slot, **copies,
+            **limits))
     except DeviceNotHostable as exc:
         click.echo(exc.message, err=True)
         sys.exit(2)

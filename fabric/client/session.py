@@ -106,7 +106,7 @@ class Session(ArrayNamespace):
         # What the client waited for (stats): every request answered, the reads among them
         self.stream.counts.update(round_trips=0, reads=0, bytes_read=0, moves_sent_again=0)
         _OPEN.add(self)
-        probe.at_open(self)  # (its probe sent, a first read's memory faulted in ahead)
+        bulk.at_open(self)  # (its probe and start slot asked, a first read's memory warmed)
         # Registered again with each session: atexit runs the last registered first, so
         # sessions close while the clusters started before them still serve.
         atexit.unregister(_close_at_exit)
@@ -304,6 +304,7 @@ class Session(ArrayNamespace):
                 timeout - WAIT_BEFORE_BAR, self._waiting_for)
         self.stream.counts["round_trips"] += 1
         self._answered(request)
+        bulk.after_reply(self)
         reply = expect_reply(reply, Kind.REPLY)
         if "warnings" in reply.body:  # numpy's, on the device: issued here, at their lines
             issue_warnings(reply.body, self.stream)
@@ -321,8 +322,7 @@ class Session(ArrayNamespace):
         return f"waiting for device {self.device.index}"
 
     def _call(self, body: dict[str, Any], timeout: float | None = None) -> Message:
-        """Send a request to the device, with the batched ops (``_send_request``), and return
-        its reply (raising its error)."""
+        """Send a request with the batched ops (``_send_request``); its reply, or its error."""
         reply = self._reply(self._send_request(body, timeout), timeout)
         if "error" in reply.body:
             raise self._remote_error(reply.body["error"])

@@ -11,8 +11,9 @@ below it, written through the cache, ran slower together than the whole in one.
 Every piece is one ``np.copyto``, so any dtype, layout and byte order comes out as one
 ``np.copyto`` of the whole would make it; a copy that cannot be cut (a 0-d array, a
 broadcast, overlapping sides, too small) is that one ``np.copyto``. The pool's threads
-start at the first copy that is cut and are joined at ``close`` (a later copy starts them
-again), so nothing outlives its owner: a client's connection
+start at ``start`` (where the owner starts them ahead of its first transfer), else at the
+first copy that is cut, and are joined at ``close`` (a later copy starts them again), so
+nothing outlives its owner: a client's connection
 (``fabric.core.segment_pool.SegmentPool``), a worker process (``workers.shared_memory``).
 
 Its settings come from the environment where the owner gives none: ``FABRIC_COPY_THREADS``
@@ -161,9 +162,19 @@ class ParallelCopy:
                                                 thread_name_prefix="fabric-copy")
             return [self._pool.submit(copy, *piece) for piece in cut]
 
+    def start(self) -> None:
+        """Start the pool's threads now, where copies are cut (a thread started by a
+        transfer's first copy cost it 1-5 ms here)."""
+        if self.threads > 1:
+            self._submit(_started, [()] * (self.threads - 1))
+
     def close(self) -> None:
         """Join the pool's threads (a later copy starts them again)."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+def _started() -> None:
+    """A task that only starts a thread of the pool (``ParallelCopy.start``)."""

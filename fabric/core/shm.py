@@ -51,13 +51,14 @@ from fabric.core.parallel_copy import ParallelCopy
 THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
 IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
+START_SLOT_BYTES = 16 << 20  # a slot each session's device lends ahead of its first upload
 SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
 MAX_PINS = 1024  # arrays read from device slots one session may hold (``workers.pins``)
 # A pid has at most 7 digits (Linux caps pid_max at 2**22) and a segment number at most 19:
 # a name a peer sends is matched within those bounds, so that no digit string past what
 # int() takes (4,300 digits) is ever converted (finding 10 of issue 41).
 _NAME = re.compile(r"fabric-([0-9a-f]{8})-([0-9]{1,7})-([0-9]{1,19})\Z")
-_POPULATE_PIECE = 8 << 20  # bytes a segment made is faulted in at a time (``allocate``)
+POPULATE_PIECE = 8 << 20  # bytes a segment made is faulted in at a time (``allocate``)
 _MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23  # Linux 5.14: fault every page in now
 _SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL  # for ever
 # Segment numbers (``next_name``). (next() on a count is atomic: threads share it.)
@@ -136,19 +137,27 @@ class SharedMemory:
     no slot that fits is ready, the worker reads an upload straight out of the client's
     array, and writes a first read of a size straight into new memory of the client's,
     where the kernel lets it (it may ptrace the client: the same user), so a first transfer
-    faults in no slot (``fabric.core.cross_memory``); False: every transfer takes a slot."""
+    faults in no slot (``fabric.core.cross_memory``); False: every transfer takes a slot.
+    ``start_slot``: the bytes of a slot the first session asks its device to lend ahead as it
+    opens, mapped and faulted in here on the pool's thread, for its first upload that fits
+    it (half as many bytes to as many) to be written into (one copy, no wait:
+    ``fabric.transport.slots_ahead``); 0: none."""
 
     threshold: int = THRESHOLD_BYTES
     limit: int = DEFAULT_POOL_BYTES
     idle_seconds: float = IDLE_SECONDS
     copy_threads: int | None = None
     cross_memory: bool = True
+    start_slot: int = START_SLOT_BYTES
 
     def __post_init__(self) -> None:
         if self.copy_threads is not None and (type(self.copy_threads) is not int
                                               or self.copy_threads < 1):
             raise ConfigError(f"SharedMemory(copy_threads={self.copy_threads!r}): give a "
                               "whole number of threads of at least 1, or None for the default.")
+        if type(self.start_slot) is not int or self.start_slot < 0:
+            raise ConfigError(f"SharedMemory(start_slot={self.start_slot!r}): give a whole "
+                              "number of bytes of at least 0 (0: no slot ahead at the start).")
 
 
 def boot_id() -> str:
@@ -292,8 +301,8 @@ class Segment:
             # it holds the process's memory map lock, which an mmap in another thread,
             # mapping a peer's segment for a transfer, waits for; no fallocate first: it
             # holds the file's lock, and pieces on several threads took turns)
-            for start in range(offset, offset + nbytes, _POPULATE_PIECE):
-                self.populate(start, min(_POPULATE_PIECE, offset + nbytes - start))
+            for start in range(offset, offset + nbytes, POPULATE_PIECE):
+                self.populate(start, min(POPULATE_PIECE, offset + nbytes - start))
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
@@ -372,9 +381,11 @@ class PeerSegments:
         self.proved = proved
         self.maps: dict[str, Segment] = {}
 
-    def map(self, name: str, offset: int = 0, nbytes: int | None = None) -> Segment:
+    def map(self, name: str, offset: int = 0, nbytes: int | None = None,
+            populate: bool = True) -> Segment:
         """Segment ``name`` of the peer, mapped, for a transfer of ``nbytes`` bytes at
-        ``offset`` (None: no transfer yet), whose pages a new mapping faults in."""
+        ``offset`` (None: no transfer yet), whose pages a new mapping faults in (unless not
+        ``populate``: the caller has them faulted in elsewhere)."""
         segment = self.maps.get(name)
         if segment is None:
             segment = self._open(name, None if nbytes is None else offset + nbytes)
@@ -384,7 +395,7 @@ class PeerSegments:
                                     "is not the one that agreed to shared memory (it "
                                     "ended): open a new session.")
             self.maps[name] = segment
-            if nbytes is not None:
+            if nbytes is not None and populate:
                 try:  # (its first transfer's pages: a first transfer through a fresh mapping
                     segment.populate(offset, nbytes)  # ran at 2.4 GB/s here, 2.8 with this)
                 except OSError:  # an older kernel: faulted in as they are used

@@ -28,7 +28,8 @@ and a worker on one host: a slot travels as ``[segment name, offset, nbytes]``
 (``decode_segment_ref``). A ``put`` carries ``"shm": slot`` in place of ``"buffer"``; a
 ``read_into`` request is a read whose bytes the worker writes into the slot ``"into"``,
 answered by an empty body; a ``shm_slot`` request (``{"nbytes"}``, and optionally
-``"give_back"``: slots it offered the session earlier, unused, for its pool) is answered
+``"give_back"``: slots it offered the session earlier, unused, for its pool, and ``"start":
+True``: the session's start slot, which a device lends a bounded number of) is answered
 ``{"slot": slot}``, a slot of the device's own segments that the next ``put`` naming its start
 keeps (with the put's own bytes, at most the slot's), or ``{"slot": None}``; one without
 ops batched in it runs ahead of its session's queued messages. A ``read_into`` with ``"view":

@@ -24,7 +24,7 @@ from .errors import ConfigError
 from .flow import DEFAULT_HWM, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_RESUME_GRACE
 from .parallel_copy import default_min_bytes, default_threads
 from .security import CurveClient
-from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS
+from .shm import DEFAULT_POOL_BYTES, IDLE_SECONDS, START_SLOT_BYTES
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20,
           "mb": 10**6, "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30,
@@ -142,6 +142,7 @@ class WorkerOptions:
     shared_memory: bool = True
     shared_memory_limit: int = DEFAULT_POOL_BYTES
     shared_memory_idle: float = IDLE_SECONDS
+    start_slot: int = START_SLOT_BYTES  # a device's segment kept for a start slot (0: none)
     copy_threads: int = field(default_factory=default_threads)  # (FABRIC_COPY_THREADS)
     copy_min_bytes: int = field(default_factory=default_min_bytes)
     numexpr_min_size: int | None = field(default_factory=lambda: _environment_count(

@@ -42,6 +42,7 @@ from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
 from fabric.core.shm import fits
 from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
+from fabric.transport import probe
 from fabric.transport.probe import pool_of
 
 # (A session is typed Any here: fabric.client.session imports this module.)
@@ -60,7 +61,9 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     worker copies out); None, sending nothing, where it must take the socket path. The only
     waits are for the read out of ``array``, and, where the worker cannot read it, for the
     answer to a slot asked for ahead that fits and has not come (its segment being made:
-    ``_on_its_way``); the slot for a later upload is asked for now, its answer taken then
+    ``_on_its_way``); the slot for a later upload is asked for now (where the worker cannot
+    read this process's memory, or the size came before: a start slot's first of its size
+    is followed by a read out of memory), its answer taken then
     (``fabric.transport.slots_ahead``)."""
     if array.nbytes < session.connection.shared_memory.threshold or session.stream.sinks \
             or array.nbytes > session.max_upload_bytes:
@@ -78,7 +81,9 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
     if lent is None:
         lent = _on_its_way(session, pool, array.nbytes)
     values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
-    _ask_ahead(session, pool, array.nbytes)  # (before the put: answered the sooner)
+    if not session.probe.reads_memory or session.slots_ahead.read_from_memory.again(
+            array.nbytes):  # (a first of its size, in the start slot: the next is read from
+        _ask_ahead(session, pool, array.nbytes)  # memory; before the put: answered sooner)
     slot = None if values is not None else pool.acquire(array.nbytes)
     if slot is not None:
         values, ref = slot.array(np.uint8, (slot.nbytes,)), slot.ref()
@@ -266,16 +271,52 @@ def _on_its_way(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | No
     return _lent_ahead(session, pool, nbytes)
 
 
-def take_answers(session: Any, pool: SegmentPool) -> None:
+def take_answers(session: Any, pool: SegmentPool, fault_in: bool = False) -> None:
     """Take the answers to ``session``'s slot requests that have come, without waiting (a
-    device answers one that no free segment fits once it made the segment)."""
+    device answers one that no free segment fits once it made the segment); with
+    ``fault_in`` (no upload waits to take one), each slot lent is mapped now and faulted in
+    on the pool's maker thread (else the upload that takes it faults it in as it maps it)."""
     ahead = session.slots_ahead
     if ahead.asked and session.id not in pool.slotless:
         session.connection.receive_arrived()
         for request in list(ahead.asked):
             reply = session.connection.pending.take(request)
             if reply is not None:
-                ahead.on_answer(request, _lent_slot(session, pool, reply))
+                slot = _lent_slot(session, pool, reply)
+                ahead.on_answer(request, slot)
+                if fault_in and slot is not None:
+                    _fault_in_ahead(pool, slot)
+
+
+def _fault_in_ahead(pool: SegmentPool, slot: SegmentRef) -> None:
+    """Map ``slot`` here now and fault it in on ``pool``'s maker thread (``take_answers``);
+    nothing where it cannot be mapped (the upload that takes it says why)."""
+    try:
+        segment = pool.peer(slot.owner.pid).map(slot.name, slot.offset, slot.nbytes,
+                                                populate=False)
+    except ProtocolError:
+        return
+    if slot.offset + slot.nbytes <= segment.size:
+        pool.fault_in(segment.memory[slot.offset:slot.offset + slot.nbytes])
+
+
+def at_open(session: Any) -> None:
+    """``session`` opened: its probe is sent (``fabric.transport.probe.at_open``), and, where
+    it is its connection's first (this process's first upload is its), right behind it the
+    request for its start slot (``fabric.transport.slots_ahead``), which its device answers
+    after the probe."""
+    first = session.connection.segments is None
+    probe.at_open(session)
+    start = session.connection.shared_memory and session.connection.shared_memory.start_slot
+    if first and start and session.probe is not None and session.probe.request is not None:
+        _ask_ahead(session, session.connection.segments, start, start=True)
+
+
+def after_reply(session: Any) -> None:
+    """A reply of ``session``'s came (each round trip's end): the answers to slots asked ahead
+    that came are taken, their slots faulted in off this thread (none asked: one look)."""
+    if session.slots_ahead.asked and session.connection.segments is not None:
+        take_answers(session, session.connection.segments, fault_in=True)
 
 
 def _lent_slot(session: Any, pool: SegmentPool, reply: Message) -> SegmentRef | None:
@@ -293,15 +334,15 @@ def _lent_slot(session: Any, pool: SegmentPool, reply: Message) -> SegmentRef | 
         return None
 
 
-def _ask_ahead(session: Any, pool: SegmentPool, nbytes: int) -> None:
-    """Ask ``session``'s device for a slot of ``nbytes`` bytes for a later upload, without
-    waiting for the answer, where the bounds allow (``SlotsAhead.wanted``)."""
+def _ask_ahead(session: Any, pool: SegmentPool, nbytes: int, start: bool = False) -> None:
+    """Ask ``session``'s device for a slot of ``nbytes`` bytes for a later upload (``start``:
+    its start slot), not waiting for the answer, where ``SlotsAhead.wanted`` allows."""
     ahead = session.slots_ahead
     if session.id in pool.slotless or not ahead.wanted(nbytes, pool.idle_seconds):
         return
     connection = session.connection
     # (alone, never with the batched ops: it need not wait for them)
-    ahead.ask(connection.send_request(request_message(session.id, ahead.request(nbytes))),
+    ahead.ask(connection.send_request(request_message(session.id, ahead.request(nbytes, start))),
               nbytes)
 
 

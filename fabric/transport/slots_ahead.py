@@ -17,6 +17,13 @@ closes (the worker gives back what a closed session was offered and never used).
 Sizes: an upload takes the smallest arrived slot that ``fits`` it (at least its bytes, at
 most twice as many); its put names the slot's start and the array's own bytes, so the tensor
 is exactly the array's shape and dtype, and keeps the whole slot until it is freed.
+
+The start slot: as a connection's first session opens, right behind its probe, it asks for
+one slot of ``SharedMemory.start_slot`` bytes (``request``'s ``start``), for its first
+upload: a user's first upload is the common case, and one written into a slot lent ahead
+and faulted in here is one copy, where any other waits for its device. It takes an upload
+that ``fits`` it, as any slot (16 MiB by default: 8 to 16 MiB), and its device lends a
+bounded number of them at once (``workers.device_pool``).
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class SlotsAhead:
         self.used = 0
         self.missed = 0
         self.read_from_memory = SizesSeen()  # of the uploads and moves read out of memory
+        # (and those written into a slot where they could have been)
         self._clock = clock
 
     def on_answer(self, request: int, ref: SegmentRef | None) -> None:
@@ -108,10 +116,12 @@ class SlotsAhead:
             self._give_back(others[0])
         return len(self.asked) + len(self.arrived) < IN_ALL
 
-    def request(self, nbytes: int) -> dict[str, Any]:
-        """The body of a ``shm_slot`` request for ``nbytes`` bytes, giving back the slots set
-        to go back (``fabric.core.wire``)."""
+    def request(self, nbytes: int, start: bool = False) -> dict[str, Any]:
+        """The body of a ``shm_slot`` request for ``nbytes`` bytes (``start``: the start
+        slot), giving back the slots set to go back (``fabric.core.wire``)."""
         body: dict[str, Any] = {"op": "shm_slot", "nbytes": nbytes}
+        if start:
+            body["start"] = True
         if self.returning:  # (popped: an upload buffer's finalizer appends from any thread)
             body["give_back"] = [list(self.returning.pop()[:3])
                                  for _ in range(len(self.returning))]

@@ -35,7 +35,10 @@ F8 = dtype_name(np.dtype("float64"))
 
 
 def connect(cluster, **options) -> fabric.Session:
-    """A session whose arrays of 1 MiB or more take shared memory (the default)."""
+    """A session whose arrays of 1 MiB or more take shared memory (the default), whose
+    first upload is read out of this process's memory, not written into a start slot lent
+    ahead (``test_start_slot``)."""
+    options.setdefault("shared_memory", SharedMemory(start_slot=0))
     return fabric.connect(cluster.address, token=cluster.token, **options)
 
 

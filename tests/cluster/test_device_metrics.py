@@ -19,6 +19,7 @@ from fabric.core.errors import ProtocolError, error_from_wire
 from fabric.core.protocol import (MAX_REPORTED_SESSIONS, OP_SECONDS_BUCKETS, DeviceReport, Kind,
                                   LinkReport, Message, SessionReport, WorkerReport,
                                   decode_report, report_body)
+from fabric.core.shm import START_SLOT_BYTES
 from fabric.workers.tally import DeviceTally
 from conftest import HEARTBEAT
 from polling import wait_for
@@ -88,11 +89,17 @@ def test_ops_op_time_memory_and_graph_hits_move_by_the_workload(metered):
         # What the session holds now: a and its sum (the results of scaled were let go).
         held = a.nbytes + total.nbytes
         assert session.stats()["device_resident_bytes"] == held
-        assert value(during, "fabric_device_memory_resident_bytes", **DEVICE) == held
+        # The device's memory: the session's, and its own pool's (the start slot lent to the
+        # session, and the segment kept ready for the next: test_start_slot)
+        pool = value(during, "fabric_device_shared_memory_pool_bytes", **DEVICE)
+        assert pool == 2 * START_SLOT_BYTES
+        assert value(during, "fabric_device_memory_resident_bytes", **DEVICE) == held + pool
         assert value(during, "fabric_device_queued_messages", **DEVICE) == 0
         assert value(during, "fabric_worker_memory_budget_bytes", worker="worker-0") > held
     after = scrape_until(url, lambda s: value(s, "fabric_device_memory_resident_bytes",
-                                              **DEVICE) == 0, "device 0's memory released")
+                                              **DEVICE)
+                         == value(s, "fabric_device_shared_memory_pool_bytes", **DEVICE),
+                         "device 0's memory released")
     assert moved(after, "fabric_device_ops_total") == expected_ops  # a close runs no op
     assert moved(after, "fabric_device_graph_replays_total") == 2  # kept past the session
 

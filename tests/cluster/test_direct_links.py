@@ -375,10 +375,12 @@ def _cut_mid_send(second: simhosts.SecondNetwork, sender: int, receiver: int,
 
 
 def _held_once(cluster: SSHCluster, session: fabric.Session, nbytes: int) -> None:
-    """Wait until ``session``'s device reports holding ``nbytes`` (one copy, not two)."""
+    """Wait until ``session``'s device reports holding ``nbytes`` (one copy, not two)
+    beside its own pool's shared memory (a segment kept ready for a start slot)."""
     def held() -> int | None:
         with cluster.admin() as admin:
-            return next(row["resident_bytes"] for row in admin.devices()
+            return next((row["resident_bytes"] or 0) - (row["pool_bytes"] or 0)
+                        for row in admin.devices()
                         if row["index"] == session.device.index)
     wait_for(lambda: held() == nbytes, 10, f"{nbytes} bytes held on the device, once")
 

@@ -106,7 +106,8 @@ import json, sys
 import numpy as np
 import fabric
 address, token = sys.argv[1:]
-with fabric.connect(address, token=token, device=1, timeout=30) as sender, \\
+with fabric.connect(address, token=token, device=1, timeout=30,
+                   shared_memory=fabric.SharedMemory(start_slot=0)) as sender, \\
         sender.open(0, timeout=30) as receiver:
     array = np.arange(1 << 20, dtype=np.float64)
     moved = sender.asarray(array).to(receiver)

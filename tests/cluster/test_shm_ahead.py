@@ -23,9 +23,8 @@ from fabric.workers.lane import jumps_the_queue
 
 from conftest import HEARTBEAT
 from polling import wait_for
-from test_shm_path import (ahead_answered, connect, no_segments_left,  # noqa: F401 (fixtures)
-                           random_array,
-                           shm_cluster)
+from test_shm_path import (NO_START, ahead_answered, connect,
+                           no_segments_left, random_array, shm_cluster)  # noqa: F401 (fixtures)
 
 MiB = 1 << 20
 
@@ -244,8 +243,8 @@ def test_the_devices_own_pool_is_bounded_and_past_it_uploads_use_the_clients_slo
 @pytest.mark.timeout(90)
 def test_an_idle_devices_own_pool_closes_its_free_segments():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
-                             worker_args=("--shared-memory-idle", "0.5")) as cluster:
-        worker = cluster.workers[0].pid
+                             worker_args=("--shared-memory-idle", "0.5", *NO_START)) as cluster:
+        worker = cluster.workers[0].pid  # (no segment kept for a start slot: test_start_slot)
         own = lambda: {name for name in held_segments(worker) if parse_name(name).pid == worker}
         with connect(cluster) as session:
             for _ in range(2):  # the second into the slot lent ahead, which asks another
@@ -317,9 +316,11 @@ def _encoded(kind: Kind, body: dict, buffers=()):
 
 
 def test_only_a_lone_slot_request_jumps_its_sessions_queue_on_the_worker():
+    # (a start slot's request follows its session's probe: it waits its turn)
     give_back = [[f"fabric-0123abcd-1-{n}", 0, 1 << 30] for n in range(IN_ALL)]
     assert jumps_the_queue(*_encoded(Kind.REQUEST, {"op": "shm_slot", "nbytes": 8,
                                                     "give_back": give_back}))
     for kind, body in ((Kind.REQUEST, {"op": "shm_slot", "nbytes": 8, "ops": [["sync"]]}),
+                       (Kind.REQUEST, {"op": "shm_slot", "nbytes": 8, "start": True}),
                        (Kind.REQUEST, {"op": "read", "id": 4}), (Kind.SUBMIT, {"ops": []})):
         assert not jumps_the_queue(*_encoded(kind, body))

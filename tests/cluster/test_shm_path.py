@@ -27,9 +27,11 @@ from fabric.transport.bulk import take_answers
 from conftest import HEARTBEAT, children_of
 from polling import wait_for
 
-EVERYTHING = SharedMemory(threshold=0, cross_memory=False)  # every array through slots of
-# shared memory, however small (the worker reading and writing the client's own memory where
-# no slot is ready: test_cross_memory.py)
+EVERYTHING = SharedMemory(threshold=0, cross_memory=False, start_slot=0)  # every array
+# through slots of shared memory, however small (the worker reading and writing the client's
+# own memory where no slot is ready: test_cross_memory.py; a first upload into the start slot
+# its device lends ahead: test_start_slot.py)
+NO_START = ("--start-slot", "0")  # a worker that keeps no segment ready for a start slot
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64", "complex64", "complex128"]
 
@@ -225,9 +227,10 @@ def test_a_move_between_workers_goes_through_shared_memory(cluster, devices):
 
 @pytest.mark.timeout(90)
 def test_a_move_between_two_devices_of_one_worker_goes_into_the_receivers_own_slot():
-    with fabric.LocalCluster(workers=1, devices_per_worker=2, heartbeat=HEARTBEAT) as cluster, \
-            connect(cluster, SharedMemory(cross_memory=False), device=0) as source, \
-            source.open(1) as destination:
+    with fabric.LocalCluster(workers=1, devices_per_worker=2, heartbeat=HEARTBEAT,
+                             worker_args=NO_START) as cluster, \
+            connect(cluster, SharedMemory(cross_memory=False, start_slot=0),
+                    device=0) as source, source.open(1) as destination:
         a = np.random.default_rng(11).random((700, 400))
         uploaded = source.asarray(a)
         held = source.connection.segments.held  # (a first upload of a size: this client's)
@@ -296,7 +299,7 @@ def test_a_full_pool_falls_back_to_the_sockets_and_never_fails(shm_cluster):
 
 @pytest.mark.timeout(60)
 def test_uploads_reuse_the_same_segments(shm_cluster):
-    with connect(shm_cluster, SharedMemory(cross_memory=False)) as session:
+    with connect(shm_cluster, SharedMemory(cross_memory=False, start_slot=0)) as session:
         a = np.random.default_rng(2).random(400_000)
         for i in range(5):
             t = session.asarray(a + i)
@@ -315,8 +318,9 @@ def test_uploads_reuse_the_same_segments(shm_cluster):
 def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
     # A mapping keeps a closed segment's memory: each side unmaps what the other closed.
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT,
-                             worker_args=("--shared-memory-idle", "0.5")) as cluster, \
-            connect(cluster, SharedMemory(idle_seconds=0.5, cross_memory=False)) as session:
+                             worker_args=("--shared-memory-idle", "0.5", *NO_START)) as cluster, \
+            connect(cluster, SharedMemory(idle_seconds=0.5, cross_memory=False,
+                                          start_slot=0)) as session:
         worker, me = cluster.workers[0].pid, os.getpid()
         session.asarray(np.ones(300_000)).numpy()  # (a first upload: this client's pool)
         ahead_answered(session)
@@ -325,7 +329,9 @@ def test_a_segment_its_owner_closed_is_unmapped_by_its_peer_too():
         ahead_answered(session)
         gone = session.asarray(np.zeros(300_000))
         session.sync()
-        both = set(held_segments(worker)) & mapped(me, worker)
+        ahead = {entry.ref.name for entry in session.slots_ahead.arrived}  # (the next upload's,
+        # mapped as its answer came)
+        both = set(held_segments(worker)) & mapped(me, worker) - ahead
         assert len(both) == 2 and session.slots_ahead.used == 2  # the client wrote through them
         del gone
         session.sync()

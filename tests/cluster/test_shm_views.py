@@ -27,9 +27,8 @@ from fabric.workers.executor import Executor
 
 from conftest import HEARTBEAT
 from polling import wait_for
-from test_shm_path import (ahead_answered, connect, no_segments_left,  # noqa: F401 (fixtures)
-                           random_array,
-                           shm_cluster)
+from test_shm_path import (NO_START, ahead_answered, connect,
+                           no_segments_left, random_array, shm_cluster)  # noqa: F401 (fixtures)
 
 MiB = 1 << 20
 
@@ -136,7 +135,8 @@ def test_a_view_outlives_its_tensor_and_its_slot_is_not_lent_again_meanwhile(shm
 def test_a_pinned_slot_goes_back_to_the_devices_pool_once_its_view_is_collected():
     # Room for three 8 MiB segments in the device's pool.
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT, worker_args=(
-            "--shared-memory-limit", str(24 * MiB))) as cluster, connect(cluster) as session:
+            "--shared-memory-limit", str(24 * MiB), *NO_START)) as cluster, \
+            connect(cluster) as session:
         worker = cluster.workers[0].pid
         a = np.random.default_rng(9).random((1024, 1024))
         tensor, view = viewed(session, a)  # into segment A, pinned

@@ -157,9 +157,11 @@ def test_once_json_shows_each_device_s_memory_and_ops_as_its_worker_reports(clus
         done = top("--admin-file", admin_file, "--once", "--json", "--interval", "0.2")
         assert done.returncode == 0, done.stderr
         devices = {row["index"]: row for row in json.loads(done.stdout)["devices"]}
-    assert devices[1]["resident_bytes"] == held and devices[1]["ops"] == ran
+    # (and each device's own shared memory: a start slot lent, a segment kept ready)
+    assert devices[1]["resident_bytes"] == held + devices[1]["pool_bytes"]
+    assert devices[1]["ops"] == ran
     assert devices[1]["ops_per_s"] == 0.0  # nothing ran during the frame's interval
-    assert devices[0]["resident_bytes"] == 0
+    assert devices[0]["resident_bytes"] == devices[0]["pool_bytes"]
 
 
 def test_a_device_s_op_rate_is_over_its_reports_and_none_before_any():
