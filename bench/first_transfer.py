@@ -41,11 +41,14 @@ from bench.ray_peer import installed as ray_installed  # noqa: E402
 from bench.run import w3_fabric  # noqa: E402
 
 MiB = 1 << 20
+SETTLE_SECONDS = 1.0  # before each fresh cluster (and Ray): the last one's end (its processes
+# exiting, their memory given back) is not timed (first uploads ran 1.5-8 ms at 8 MiB without)
 
 
 def first_transfers(array: np.ndarray, out: np.ndarray | None = None) -> dict[str, float]:
     """Seconds of the first upload, read (into a new array, or into ``out``) and move of
     ``array`` in a fresh cluster."""
+    time.sleep(SETTLE_SECONDS)
     with fabric.LocalCluster(workers=2) as cluster, \
             fabric.connect(cluster.address, token=cluster.token, timeout=120) as session, \
             session.open(1, timeout=120) as other:
@@ -65,6 +68,7 @@ def ray_first(array: np.ndarray, warm: np.ndarray) -> dict[str, float]:
     """Seconds of Ray's first put and get of ``array`` in a fresh local Ray."""
     import ray
 
+    time.sleep(SETTLE_SECONDS)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         start = time.perf_counter()

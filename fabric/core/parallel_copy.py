@@ -163,8 +163,7 @@ class ParallelCopy:
             return [self._pool.submit(copy, *piece) for piece in cut]
 
     def start(self) -> None:
-        """Start the pool's threads now, where copies are cut (a thread started by a
-        transfer's first copy cost it 1-5 ms here)."""
+        """Start the pool's threads now, where copies are cut (not in a first transfer)."""
         if self.threads > 1:
             self._submit(_started, [()] * (self.threads - 1))
 

@@ -14,7 +14,6 @@ faulted in at a time, so the thread takes at most one core. ``wake``, where give
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Callable
@@ -27,30 +26,45 @@ _CLOSE_SECONDS = 10.0  # how long ``close`` waits for the segment being faulted 
 
 class SegmentMaker:
     """A thread that allocates and faults in the segments it is handed (``submit``), one at
-    a time, in order; ``done`` holds each one made, with the OSError that failed it, if one
-    did."""
+    a time, in order (but those handed ``first``); ``done`` holds each one made, with the
+    OSError that failed it, if one did."""
 
     def __init__(self, wake: Callable[[], None] | None = None) -> None:
         self.done: deque[tuple[Segment, OSError | None]] = deque()
         self._wake = wake
-        self._jobs: queue.SimpleQueue[tuple[Segment, threading.Event] | None] = \
-            queue.SimpleQueue()
+        self._jobs: deque[tuple[Segment, threading.Event] | None] = deque()
+        self._queued = threading.Condition()  # (notified as a job is queued)
         self._thread: threading.Thread | None = None
         self._closing = False
 
-    def submit(self, segment: Segment) -> threading.Event:
+    def submit(self, segment: Segment, first: bool = False) -> threading.Event:
         """Fault ``segment`` in on the maker's thread (started at the first); the event is
-        set once it is in ``done``."""
+        set once it is in ``done``. ``first``: before those waiting (a slot an upload may
+        be about to take, where they were made ahead of a need that may not come)."""
+        self.start()
+        made = threading.Event()
+        self._queue((segment, made), first)
+        return made
+
+    def start(self) -> None:
+        """Start the maker's thread, if it is not running."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="fabric-segment-maker",
                                             daemon=True)
             self._thread.start()
-        made = threading.Event()
-        self._jobs.put((segment, made))
-        return made
+
+    def _queue(self, job: tuple[Segment, threading.Event] | None, first: bool = False) -> None:
+        with self._queued:
+            (self._jobs.appendleft if first else self._jobs.append)(job)
+            self._queued.notify()
 
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            with self._queued:
+                self._queued.wait_for(lambda: self._jobs)
+                job = self._jobs.popleft()
+            if job is None:
+                return
             self._make(*job)
             job = None  # (no reference kept while waiting: its pool may close it meanwhile)
 
@@ -74,6 +88,6 @@ class SegmentMaker:
         unmapped), the others are not."""
         self._closing = True
         if self._thread is not None:
-            self._jobs.put(None)
+            self._queue(None)
             self._thread.join(_CLOSE_SECONDS)
             self._thread = None

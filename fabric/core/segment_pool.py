@@ -60,10 +60,12 @@ class SegmentPool:
     ``wake`` is called from it after each), its bytes counted in ``held`` from the start, so
     that the limit holds while it is made (a device's pool: ``workers.device_pool``).
     ``copies`` copies large arrays into slots with ``copy_threads`` threads (its threads, and
-    the maker's, end with the pool). The maker also faults in warm memory ahead of a read
-    into this process's own memory (``warm_ahead``, ``take_warm``), counted in ``held`` until
-    taken, and closed as idle segments are; and segments ahead of a size's next read
-    (``make_ahead``), free once made.
+    the makers', end with the pool). The maker also makes segments ahead of a size's next
+    read (``make_ahead``), free once made, and faults in the slots a peer lent this process
+    as their answers come (``fault_in``), first; another maker thread, at the lowest
+    priority, faults in warm memory ahead of a read into this process's own memory
+    (``warm_ahead``, ``take_warm``), counted in ``held`` until taken, and closed as idle
+    segments are.
     """
 
     def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
@@ -84,7 +86,9 @@ class SegmentPool:
         self.making: dict[Segment | WarmMemory, threading.Event] = {}  # being faulted in:
         # -> set once made
         self.warm: dict[WarmMemory, float] = {}  # faulted in ahead, not taken: -> since when
-        self._maker: SegmentMaker | None = None  # (started at the first ``_make``)
+        # Its makers (started at their first job): of warm memory (at the lowest priority:
+        # ``WarmMemory``), and of the rest (segments, and the slots lent here faulted in)
+        self._makers: dict[bool, SegmentMaker] = {}
         self._wake = wake  # called by the maker's thread after each segment
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
         self._returned: deque[tuple[Slot, bool]] = deque()  # from other threads: (slot, retire)
@@ -143,18 +147,26 @@ class SegmentPool:
                    for segment in self.making)
 
     def _make(self, segment: Segment | WarmMemory) -> None:
-        """Fault ``segment`` (reserved) in on the maker's thread."""
-        self.making[segment] = self._started_maker().submit(segment)
+        """Fault ``segment`` (reserved) in on a maker's thread (warm memory on its own)."""
+        self.making[segment] = self._maker(isinstance(segment, WarmMemory)).submit(segment)
 
     def fault_in(self, values: np.ndarray) -> None:
         """Fault ``values`` (memory of a peer's segment, mapped here) into this process's page
-        tables on the maker's thread (``MappingFaultIn``), for a transfer to come."""
-        self._started_maker().submit(MappingFaultIn(values))
+        tables on the maker's thread (``MappingFaultIn``), for a transfer to come: before
+        the segments and warm memory it makes ahead (an upload may be about to take it)."""
+        self._maker().submit(MappingFaultIn(values), first=True)
 
-    def _started_maker(self) -> SegmentMaker:
-        if self._maker is None:
-            self._maker = SegmentMaker(self._wake)
-        return self._maker
+    def start(self) -> None:
+        """Start its copy threads and its maker's thread now (a connection's, as its first
+        session opens), not in a first transfer (a thread started there cost it 1-5 ms)."""
+        self.copies.start()
+        self._maker().start()
+
+    def _maker(self, warm: bool = False) -> SegmentMaker:
+        """The maker of warm memory, or of the rest (started now if need be)."""
+        if warm not in self._makers:
+            self._makers[warm] = SegmentMaker(self._wake)
+        return self._makers[warm]
 
     def free_fitting(self, nbytes: int, key: Any = None) -> Segment | None:
         """The smallest free segment that fits ``nbytes`` bytes and may be lent to ``key``
@@ -303,8 +315,9 @@ class SegmentPool:
         other threads and those whose upload ran;
         close the segments idle past ``idle_seconds``, and once as often unmap the peers'
         segments they closed (``acquire`` does this first)."""
-        while self._maker is not None and self._maker.done:
-            self.made(*self._maker.done.popleft())
+        for maker in self._makers.values():
+            while maker.done:
+                self.made(*maker.done.popleft())
         while self._returned:
             slot, retire = self._returned.popleft()
             if retire:
@@ -341,9 +354,9 @@ class SegmentPool:
         for block in self.making:
             if isinstance(block, WarmMemory):
                 block.stop()  # (the maker waits for none)
-        if self._maker is not None:  # (dropped: the jobs it did not run hold mappings)
-            self._maker.close()
-            self._maker = None
+        for maker in self._makers.values():
+            maker.close()
+        self._makers.clear()  # (dropped: the jobs they did not run hold mappings)
         for segment in [*self.free, *self.lent, *self.making, *self.warm, *self.probes]:
             segment.close()
         for peer in self.peers.values():

@@ -113,7 +113,7 @@ def connection_pool(connection: Any) -> SegmentPool:
         connection.segments = SegmentPool(lambda s: connection.pending.done.get(s, 0),
                                           options.limit, options.idle_seconds,
                                           copy_threads=options.copy_threads)
-        connection.segments.copies.start()  # (not in a first transfer)
+        connection.segments.start()
     return connection.segments
 
 

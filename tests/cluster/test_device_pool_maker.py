@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from fabric.core.protocol import Kind, Message
+from fabric.core.segment_maker import SegmentMaker
 from fabric.core.segment_pool import SegmentPool
 from fabric.core.shm import Segment, boot_id, parse_name
 from fabric.workers import device_pool, shared_memory
@@ -94,3 +95,34 @@ def test_a_session_closed_while_its_slot_is_made_leaves_it_free_and_unanswered(g
              "the segment made")
     pool = executor.slots
     assert len(pool.free) == 1 and not pool.lent and executor.allowance.held == 8 * MiB
+
+
+@pytest.mark.timeout(30)
+def test_a_job_handed_first_runs_before_those_waiting_and_close_runs_none_after():
+    running, gate, order = threading.Event(), threading.Event(), []
+
+    class Job:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def allocate(self) -> None:
+            if self.name == "gated":
+                running.set()
+                assert gate.wait(10)
+            order.append(self.name)
+
+    maker = SegmentMaker()
+    try:
+        events = [maker.submit(Job("gated"))]
+        assert running.wait(10)  # (the others wait behind it)
+        events += [maker.submit(Job(name)) for name in ("ahead", "later")]
+        events.append(maker.submit(Job("slot"), first=True))
+        gate.set()
+        assert all(event.wait(10) for event in events)
+        assert order == ["gated", "slot", "ahead", "later"]
+        assert [job.name for job, failed in maker.done] == order
+    finally:
+        maker.close()
+    closed = maker.submit(Job("after close"))  # (its pool closed: failed, not faulted in)
+    assert closed.wait(10) and maker.done[-1][1] is not None and "after close" not in order
+    maker.close()

@@ -25,6 +25,7 @@ import pytest
 import fabric
 from conftest import HEARTBEAT
 from polling import wait_for
+from test_shm_ahead import _state
 from fabric.core.wire import MAX_GRAPH_OPS
 
 pytestmark = pytest.mark.timeout(240)
@@ -106,7 +107,9 @@ def test_a_stopped_worker_on_a_loaded_machine_is_lost_within_the_bound_and_comes
         victim = cluster.workers[1]
         with every_core_loaded(60):
             victim.send_signal(signal.SIGSTOP)
-            try:
+            try:  # (the stop takes effect a little later on a loaded machine: a read that
+                # the worker answered first was seen in a full run)
+                wait_for(lambda: _state(victim.pid) == "T", 10, "the worker to stop")
                 started = time.monotonic()
                 with pytest.raises(fabric.SessionLost) as lost:
                     doomed.arange(4).sum().numpy()
