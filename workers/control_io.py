@@ -378,8 +378,8 @@ def serve(broker: str, options: WorkerOptions | None = None, **fields: Any) -> N
     limit_threads(options.threads or default_worker_threads(options.devices))
     prepare(options.backend, options.devices)
     worker = Worker(broker, options)
-    if options.shared_memory:  # (its first transfers' memory, faulted in: the heap keeps it;
-        cross_memory.keep_in_heap(HEAP_AT_START)  # its copy threads, started)
+    if options.shared_memory:  # (its first transfers find memory faulted in, which the heap
+        cross_memory.keep_in_heap(HEAP_AT_START)  # keeps, and its copy threads started)
         worker.sharing.copies.start()
     signal.signal(signal.SIGINT, worker.stop)
     signal.signal(signal.SIGTERM, worker.stop)

@@ -29,6 +29,7 @@ its own pool, as when the device's pool is full.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from fabric.core.errors import ProtocolError
@@ -61,7 +62,9 @@ class DevicePool(SegmentPool):
         self.why: str | None = None
         self.waiting: dict[Segment, tuple[Message, SessionSegments, int]] = {}
         self.answers: list[Message] = []
-        self.ready: Segment | None = None  # made ahead for a start slot (``keep_ready``)
+        # The segment made ahead for a start slot (``keep_ready``), not kept alive by this:
+        # lent, then retired with a pin, it must close with its last array
+        self.ready: weakref.ref[Segment] | None = None
 
     def keep_ready(self, nbytes: int) -> None:
         """Have a free segment for a start slot of ``nbytes`` bytes (none: 0) made ahead, on
@@ -70,10 +73,11 @@ class DevicePool(SegmentPool):
         self.reclaim()
         if nbytes and self.spares(nbytes) and self.free_fitting(nbytes) is None \
                 and not self.being_made(nbytes):
-            self.ready = self._reserve(nbytes, self.room)
-            if self.ready is not None:
-                self.charge(self.ready, None, self.ready.size)
-                self._make(self.ready)
+            ready = self._reserve(nbytes, self.room)
+            if ready is not None:
+                self.ready = weakref.ref(ready)
+                self.charge(ready, None, ready.size)
+                self._make(ready)
 
     def spares(self, nbytes: int) -> bool:
         """Whether the budget has room for ``READY_SHARE`` times ``nbytes`` more bytes: for
@@ -84,8 +88,9 @@ class DevicePool(SegmentPool):
 
     def reclaim(self) -> None:
         """``SegmentPool.reclaim``, the segment kept ready for a start slot never idle."""
-        if self.ready in self.free:
-            self.free[self.ready] = self._clock()
+        ready = self.ready and self.ready()
+        if ready in self.free:
+            self.free[ready] = self._clock()
         super().reclaim()
 
     def charge(self, segment: Segment, owner: SessionSegments | None, amount: int) -> None:

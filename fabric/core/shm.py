@@ -51,7 +51,7 @@ from fabric.core.parallel_copy import ParallelCopy
 THRESHOLD_BYTES = 1 << 20  # arrays at least this large travel through shared memory
 DEFAULT_POOL_BYTES = 2 << 30  # the most shared memory one client connection holds
 IDLE_SECONDS = 30.0  # a segment unused this long is closed (the pool shrinks)
-START_SLOT_BYTES = 16 << 20  # a slot each session's device lends ahead of its first upload
+START_SLOT_BYTES = 16 << 20  # lent ahead of a connection's first upload (a start slot)
 SEGMENT_ALIGN = 2 << 20  # segments come in multiples of a huge page
 MAX_PINS = 1024  # arrays read from device slots one session may hold (``workers.pins``)
 # A pid has at most 7 digits (Linux caps pid_max at 2**22) and a segment number at most 19:

@@ -78,7 +78,7 @@ class SlotsAhead:
         self.used = 0
         self.missed = 0
         self.read_from_memory = SizesSeen()  # of the uploads and moves read out of memory
-        # (and those written into a slot where they could have been)
+        # (and of a first upload written into the start slot)
         self._clock = clock
 
     def on_answer(self, request: int, ref: SegmentRef | None) -> None:
