@@ -284,20 +284,10 @@ def take_answers(session: Any, pool: SegmentPool, fault_in: bool = False) -> Non
             if reply is not None:
                 slot = _lent_slot(session, pool, reply)
                 ahead.on_answer(request, slot)
-                if fault_in and slot is not None:
-                    _fault_in_ahead(pool, slot)
-
-
-def _fault_in_ahead(pool: SegmentPool, slot: SegmentRef) -> None:
-    """Map ``slot`` here now and fault it in on ``pool``'s maker thread (``take_answers``);
-    nothing where it cannot be mapped (the upload that takes it says why)."""
-    try:
-        segment = pool.peer(slot.owner.pid).map(slot.name, slot.offset, slot.nbytes,
-                                                populate=False)
-    except ProtocolError:
-        return
-    if slot.offset + slot.nbytes <= segment.size:
-        pool.fault_in(segment.memory[slot.offset:slot.offset + slot.nbytes])
+                values = None if not fault_in or slot is None \
+                    else _device_memory(session, pool, slot, slot.nbytes, populate=False)
+                if values is not None:
+                    pool.fault_in(values)
 
 
 def at_open(session: Any) -> None:
@@ -305,11 +295,11 @@ def at_open(session: Any) -> None:
     it is its connection's first (this process's first upload is its), right behind it the
     request for its start slot (``fabric.transport.slots_ahead``), which its device answers
     after the probe."""
-    first = session.connection.segments is None
-    probe.at_open(session)
-    start = session.connection.shared_memory and session.connection.shared_memory.start_slot
-    if first and start and session.probe is not None and session.probe.request is not None:
-        _ask_ahead(session, session.connection.segments, start, start=True)
+    if probe.at_open(session) and session.probe is not None \
+            and session.probe.request is not None:  # (its connection's first: options set)
+        start = session.connection.shared_memory.start_slot
+        if start:
+            _ask_ahead(session, session.connection.segments, start, start=True)
 
 
 def after_reply(session: Any) -> None:
@@ -372,12 +362,12 @@ def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlo
     return None if ref is None else DeviceSlot(ref)  # (None: full for now)
 
 
-def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef,
-                   nbytes: int) -> np.ndarray | None:
-    """The first ``nbytes`` bytes of ``slot``, mapped here; None, and the device asked for
-    none again, where they cannot be."""
+def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef, nbytes: int,
+                   populate: bool = True) -> np.ndarray | None:
+    """The first ``nbytes`` bytes of ``slot``, mapped here (faulted in, unless not
+    ``populate``); None, and the device asked for none again, where they cannot be."""
     try:
-        segment = pool.peer(slot.owner.pid).map(slot.name, slot.offset, nbytes)
+        segment = pool.peer(slot.owner.pid).map(slot.name, slot.offset, nbytes, populate)
         if slot.nbytes < nbytes or slot.offset + slot.nbytes > segment.size:
             raise ProtocolError(f"The device lent a slot of {slot.nbytes} bytes at "
                                 f"{slot.offset} in {segment.size} for {nbytes}.")

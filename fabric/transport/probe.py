@@ -117,7 +117,7 @@ def connection_pool(connection: Any) -> SegmentPool:
     return connection.segments
 
 
-def at_open(session: Any) -> None:
+def at_open(session: Any) -> bool:
     """``session`` opened, where this process may share memory: its probe is sent now (not at
     its first transfer, which then finds the answer come: about 2.5 ms of a first upload of
     8 MiB), unless ``PROBES_AT_OPEN`` of its connection's still hold their segments (a
@@ -126,14 +126,15 @@ def at_open(session: Any) -> None:
     memory (``fabric.core.cross_memory``), ``WARM_AT_OPEN`` bytes are faulted in ahead on the
     pool's maker thread, for a first read to take (``bulk._read_target``; uploads warm more,
     sized as they are: ``bulk._warm_for_read``). Unused, that memory goes after the pool's
-    ``idle_seconds``."""
+    ``idle_seconds``. Whether ``session`` is its connection's first to share memory."""
     connection = session.connection
     options = connection.shared_memory
     if options is None or not boot_id():
-        return
+        return False
     first = connection.segments is None
     if len(connection_pool(connection).probes) < PROBES_AT_OPEN:
         with contextlib.suppress(FabricError):  # (its connection lost since the welcome:
             session.probe = Probe.send(session)  # its first transfer asks, and says so)
     if first and options.cross_memory:
         connection.segments.warm_ahead(WARM_AT_OPEN)
+    return first
