@@ -42,7 +42,7 @@ from fabric.core.sockets import try_send
 from fabric.core.wire import array_from_frame, device_dtype, dtype_name
 from fabric.graphs.function import Function
 from fabric.mesh.device_mesh import Mesh, close_each
-from fabric.transport import bulk, direct_link, probe
+from fabric.transport import bulk, bulk_reads, direct_link, probe
 from fabric.transport.connection import (ZMTP_HANDSHAKE_LIMIT, Connection, ask_devices,
                                          check_version, expect_reply, naming_connection_file)
 from fabric.transport.moves import move_all
@@ -187,7 +187,7 @@ class Session(ArrayNamespace):
         try:
             if was is OPEN:  # (a lost session is gone on the broker: nothing to tell it)
                 if self.unpinning:  # (back to the pool: retired, were they pinned at the end)
-                    bulk.send_unpins(self)
+                    bulk_reads.send_unpins(self)
                 reply = self.connection.request(Message(Kind.CLOSE, self.id),
                                                 self.timeout if timeout is None else timeout,
                                                 session=self.id)
@@ -220,7 +220,7 @@ class Session(ArrayNamespace):
         if not self.stream.batch or self.life.phase is CLOSED:  # (closed: tensors freed
             return  # since, nothing to send)
         if self.unpinning:
-            bulk.send_unpins(self)
+            bulk_reads.send_unpins(self)
         self._make_room(timeout)
         self.stream.send_batch(self.connection.send)
 
@@ -275,7 +275,7 @@ class Session(ArrayNamespace):
         if self.life.phase is CLOSED:  # (every read: the call only to raise)
             self.life.check_usable()
         if self.unpinning:
-            bulk.send_unpins(self)
+            bulk_reads.send_unpins(self)
         connection = self.connection
         stream = self.stream
         if not stream.batch or reads is not None and reads.id <= stream.sent_through:
@@ -370,7 +370,7 @@ class Session(ArrayNamespace):
         self._count_read(tensor)
         sent = None
         if tensor.size >= self.connection.bulk_elements:  # (a small read tests only this)
-            sent = bulk.start_read(self, tensor, pin, out)
+            sent = bulk_reads.start_read(self, tensor, pin, out)
         if sent is None and tensor.size >= direct_link.DIRECT_ELEMENTS:
             read = direct_link.start_read(self, tensor, _read_body(tensor), read_values)
             if read is not None:  # (another host's worker: over a direct link)
@@ -503,7 +503,7 @@ class SharedReadInFlight(ReadInFlight):
         self.slot = slot
 
     def result(self, timeout: float | None = None) -> np.ndarray:
-        """The values, as ``ReadInFlight.result`` gives them (``bulk.take``)."""
+        """The values, as ``ReadInFlight.result`` gives them (``bulk_reads.take``)."""
         try:
             reply = self.session._reply(self.request, timeout)
         except BaseException:
@@ -512,19 +512,19 @@ class SharedReadInFlight(ReadInFlight):
         slot, self.slot = self.slot, None  # (given back, or its array's: cancel leaves it)
         if "error" in reply.body:
             if slot is not None:
-                bulk.unused(self.session, slot, written=True)
+                bulk_reads.unused(self.session, slot, written=True)
             raise self.session._remote_error(reply.body["error"])
-        values = bulk.take(self.session, slot, self.tensor, self.copy, reply)
+        values = bulk_reads.take(self.session, slot, self.tensor, self.copy, reply)
         if values is None:  # (a slot the device did not pin, or that cannot be mapped here)
             values = self.session.start_read(self.tensor, self.copy, pin=False).result(timeout)
         return values
 
     def cancel(self) -> None:
         """Stop waiting, and give the slot up: the worker may still write into it
-        (``bulk.unused``)."""
+        (``bulk_reads.unused``)."""
         super().cancel()
         if self.slot is not None:
-            bulk.unused(self.session, self.slot, written=False)
+            bulk_reads.unused(self.session, self.slot, written=False)
             self.slot = None
 
 

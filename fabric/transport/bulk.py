@@ -1,5 +1,6 @@
-"""A session's shared-memory path: large uploads, reads and moves through segments
-(``fabric.core.shm``) instead of inside messages, when its worker shares this host.
+"""A session's shared-memory path: large uploads and moves through segments
+(``fabric.core.shm``) instead of inside messages, when its worker shares this host (reads:
+``fabric.transport.bulk_reads``).
 
 Rule: a session asks its worker once, as it opens or at its first array of at least the
 threshold (``shm_probe``, ``fabric.core.wire``: ``fabric.transport.probe``); until the
@@ -10,13 +11,8 @@ device lends from its own pool (``shm_slot``; for an upload, one lent ahead, who
 has come or is waited for a bounded time: ``fabric.transport.slots_ahead``), else, for an
 upload the device is idle for and whose worker may read this process's memory, no slot: the
 worker reads the array itself (``_upload_from_memory``), else into one of the connection's
-pool; a read into the caller's own array (``t.numpy(out=)``, which the worker writes), or
-into one of the connection's pool (a first read of a size, into memory of its own the
-worker writes, faulted in ahead where it can be: ``_read_target``), or, for a
-tensor that lies in a slot of its device's own pool, that slot itself, without a copy,
-pinned on the worker until the array read is collected (``workers.pins``; the unpin goes
-with the session's next message: ``send_unpins``): mapped copy on write, the caller's own
-(``t.numpy()``), or shared and read-only (``t.numpy(copy=False)``). Small arrays never come
+pool. A tensor written into a slot of its device's own pool is noted
+(``Session.in_device_slots``): its reads may show or copy that slot. Small arrays never come
 here: the caller tests the size first. An upload buffer (``upload_buffer``) is a slot the
 device lent, handed to the caller to write in; ``seal`` makes it the tensor, as an upload into
 a lent slot, without the copy.
@@ -26,22 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-import mmap
 import weakref
 from typing import Any, Iterator, Literal, NamedTuple
 
 import numpy as np
 
-from fabric.arrays import read_target
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
-from fabric.core import cross_memory
 from fabric.core.errors import ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
-from fabric.core.segment_pool import SegmentPool, Slot, SlotMemory
+from fabric.core.segment_pool import SegmentPool, Slot
 from fabric.core.shm import fits
-from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype, dtype_name
+from fabric.core.wire import SegmentRef, decode_segment_ref, device_dtype
 from fabric.transport import probe
 from fabric.transport.probe import pool_of
 
@@ -80,7 +73,7 @@ def upload(session: Any, array: np.ndarray) -> Tensor | None:
         return tensor
     if lent is None:
         lent = _on_its_way(session, pool, array.nbytes)
-    values = _device_memory(session, pool, lent, array.nbytes) if lent is not None else None
+    values = device_memory(session, pool, lent, array.nbytes) if lent is not None else None
     if not session.probe.reads_memory or session.slots_ahead.read_from_memory.again(
             array.nbytes):  # (a first of its size, in the start slot: the next is read from
         _ask_ahead(session, pool, array.nbytes)  # memory; before the put: answered sooner)
@@ -208,7 +201,7 @@ def upload_buffer(session: Any, shape: Any, dtype: Any) -> np.ndarray:
             device = _lend_from_device(session, pool, nbytes)
             lent = None if device is None else decode_segment_ref(device.reference)
         _ask_ahead(session, pool, nbytes)
-    values = None if lent is None else _device_memory(session, pool, lent, nbytes)
+    values = None if lent is None else device_memory(session, pool, lent, nbytes)
     if values is None:
         return np.empty(shape, dtype)
     buffer = UploadBuffer(values.view(dtype).reshape(shape), session,
@@ -285,7 +278,7 @@ def take_answers(session: Any, pool: SegmentPool, fault_in: bool = False) -> Non
                 slot = _lent_slot(session, pool, reply)
                 ahead.on_answer(request, slot)
                 values = None if not fault_in or slot is None \
-                    else _device_memory(session, pool, slot, slot.nbytes, populate=False)
+                    else device_memory(session, pool, slot, slot.nbytes, populate=False)
                 if values is not None:
                     pool.fault_in(values)
 
@@ -350,7 +343,7 @@ class DeviceSlot(NamedTuple):
 def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlot | None:
     """A slot of ``nbytes`` bytes that ``session``'s device lends from its own pool, for a
     move; None where it has none free, or lends none (a worker that predates it, or one
-    whose memory this process cannot map: ``_device_memory``). A round trip: with ops
+    whose memory this process cannot map: ``device_memory``). A round trip: with ops
     batched before it, after the device ran them; alone, after the op it is running."""
     if session.id in pool.slotless:
         return None
@@ -362,8 +355,8 @@ def _lend_from_device(session: Any, pool: SegmentPool, nbytes: int) -> DeviceSlo
     return None if ref is None else DeviceSlot(ref)  # (None: full for now)
 
 
-def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef, nbytes: int,
-                   populate: bool = True) -> np.ndarray | None:
+def device_memory(session: Any, pool: SegmentPool, slot: SegmentRef, nbytes: int,
+                  populate: bool = True) -> np.ndarray | None:
     """The first ``nbytes`` bytes of ``slot``, mapped here (faulted in, unless not
     ``populate``); None, and the device asked for none again, where they cannot be."""
     try:
@@ -375,76 +368,6 @@ def _device_memory(session: Any, pool: SegmentPool, slot: SegmentRef, nbytes: in
         pool.slotless.add(session.id)
         return None
     return segment.memory[slot.offset:slot.offset + nbytes]
-
-
-def _own_mapping(pool: SegmentPool, slot: SegmentRef) -> np.ndarray | None:
-    """``slot`` of a device (pinned: it does not change while pinned), mapped anew copy on
-    write (``fabric.core.shm.map_private``): the caller's own array, without a
-    copy; None where it cannot be."""
-    try:
-        return pool.peer(slot.owner.pid).private(slot.name, slot.offset, slot.nbytes)
-    except ProtocolError:
-        return None
-
-
-def start_read(session: Any, tensor: Tensor, pin: bool = True, out: np.ndarray | None = None) \
-        -> tuple[int, Slot | mmap.mmap | np.ndarray | None] | None:
-    """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; or, where its worker said it can, into memory of this process's own that the
-    worker writes: ``out``, where the values can be written there as they are
-    (``fabric.arrays.read_target.direct``), else, for a first read of its size, where no
-    slot that fits is free, new memory (``_read_target``); None, sending nothing, where it
-    must take the socket path.
-    ``pin``: the device may answer with its own slot instead, pinned (``take``); for a
-    tensor written into one (``Session.in_device_slots``), no slot is lent for the read
-    (should the device not pin it after all, the read is made again, without a pin)."""
-    nbytes = tensor.size * tensor.dtype.itemsize
-    if nbytes < session.connection.shared_memory.threshold:
-        return None
-    pool = pool_of(session)
-    if pool is None:
-        return None
-    body = {"op": "read_into", "id": tensor.id, "dtype": dtype_name(tensor.dtype),
-            "shape": tensor.shape}
-    if out is not None and session.probe.reads_memory and read_target.direct(tensor, out):
-        pool.transfers += 1
-        return session._send_request({**body, "into_memory": [out.ctypes.data, nbytes]}), out
-    if pin and session.id not in pool.slotless:
-        body["view"] = True
-        if session.in_device_slots.get(tensor.id) is tensor:
-            return session._send_request(body), None
-    target = _read_target(session, pool, nbytes)
-    if target is not None:
-        pool.transfers += 1
-        return session._send_request(
-            {**body, "into_memory": [cross_memory.address(target), nbytes]}), target
-    slot = pool.acquire(nbytes)
-    if slot is None:
-        return None
-    try:
-        request = session._send_request({**body, "into": slot.ref()})
-    except BaseException:
-        pool.discard(slot)
-        raise
-    return request, slot
-
-
-def _read_target(session: Any, pool: SegmentPool, nbytes: int) -> mmap.mmap | None:
-    """Memory of this process's own for the worker to write a read of ``nbytes`` bytes into:
-    faulted in ahead where an upload of that size made some (``_warm_for_read``), else new
-    (``fabric.core.cross_memory.new_memory``: one fault-in, where a new slot is faulted in
-    here and then again in the worker's mapping of it); where the worker can, no slot that
-    fits is free, and no read of that size came before (``SizesSeen``), or one did and the
-    slot that its read had made ahead (``take``: ``SegmentPool.make_ahead``) is still being
-    made: a loop's next reads find that slot, warm, where new memory would be faulted in
-    each time. None where the read takes a slot (or no memory that large can be had here)."""
-    if not session.probe.reads_memory or pool.free_fitting(nbytes) is not None \
-            or session.read_sizes.again(nbytes) and not pool.being_made(nbytes):
-        return None
-    try:
-        return pool.take_warm(nbytes) or cross_memory.new_memory(nbytes)
-    except OSError:  # (ENOMEM: then no slot either; the sockets say why)
-        return None
 
 
 def slot_for_move(session: Any, source: Tensor, moved: Tensor) \
@@ -495,94 +418,3 @@ def lent(pool: SegmentPool | None, slot: Slot | DeviceSlot | None) -> Iterator[N
         raise
     if own is not None:
         pool.give_back(own)
-
-
-def take(session: Any, slot: Slot | mmap.mmap | None, tensor: Tensor, copy: bool,
-         reply: Message) -> np.ndarray | None:
-    """The values a read wrote into ``slot``, as an array over the slot itself, which stays
-    lent to it until it and every array made from it are gone: no one else writes there, so
-    it is the caller's own (writable), or with ``copy`` False read-only. Where the device
-    pinned its own slot instead (``"pinned"``), that slot, which is unpinned once the array
-    and every array made from it are collected: with ``copy``, mapped anew copy on write
-    (``_own_mapping``: writable, the caller's own, its writes never reaching the slot);
-    else a read-only view of the slot's mapping. None where the device pinned none for a
-    read that lent it no slot, or this process cannot map it (then unpinned, and the device
-    asked for no pins again): the read is then to be made again, without a pin."""
-    pool = session.connection.segments
-    counted = slot is not None  # (lending a target counted the transfer)
-    if isinstance(slot, np.ndarray):  # (the caller's out=, written there)
-        return slot
-    if isinstance(slot, mmap.mmap):
-        if "pinned" not in reply.body:  # (written there)
-            values = np.frombuffer(slot, tensor.dtype, tensor.size).reshape(tensor.shape)
-            values.flags.writeable = copy
-            pool.make_ahead(values.nbytes)  # (the next read of the size takes a slot)
-            return values
-        slot = None  # (the device pinned its own: nothing was written, or will be)
-    if "pinned" not in reply.body:
-        holder = SlotMemory(slot.array(tensor.dtype, tensor.shape), writable=copy)
-        weakref.finalize(holder, pool.give_back_from_any_thread, slot)
-        return np.asarray(holder)
-    if slot is not None:
-        pool.give_back(slot)  # (not written into)
-    elif reply.body["pinned"] is None:
-        return None
-    if not counted:
-        pool.transfers += 1
-    nbytes = tensor.size * tensor.dtype.itemsize
-    try:
-        pinned = decode_segment_ref(reply.body["pinned"])
-    except ProtocolError:
-        pool.slotless.add(session.id)
-        return None  # (then unknown to the device: nothing to unpin)
-    values = None if pinned.nbytes != nbytes else _own_mapping(pool, pinned) if copy \
-        else _device_memory(session, pool, pinned, nbytes)
-    if values is None:
-        pool.slotless.add(session.id)
-        session.unpinning.append(pinned.name)
-        return None
-    holder = SlotMemory(values.view(tensor.dtype).reshape(tensor.shape), writable=copy)
-    weakref.finalize(holder, _unpin_later, weakref.ref(session), pinned.name)
-    return np.asarray(holder)
-
-
-def unused(session: Any, slot: Slot | mmap.mmap | np.ndarray, written: bool) -> None:
-    """A read's ``slot`` will not be read: back to the pool, where the worker ``written``
-    into it (it answered); else, as it may still write, closed (a slot) or retired and kept
-    (memory of this process's own: ``fabric.core.cross_memory.retire``; the caller's
-    ``out=``, kept alive, so that a late write never lands in memory reused since)."""
-    if isinstance(slot, np.ndarray):
-        if not written:
-            _RETIRED.append(slot)
-    elif isinstance(slot, mmap.mmap):
-        if not written:
-            cross_memory.retire(slot)
-            _RETIRED.append(slot)
-    elif written:
-        session.connection.segments.give_back(slot)
-    else:
-        session.connection.segments.discard(slot)
-
-
-# The memory of the reads given up before their workers wrote it: retired, its addresses
-# reserved for this process's life (they cost no memory), or a caller's out=, kept
-_RETIRED: list[mmap.mmap | np.ndarray] = []
-
-
-def _unpin_later(session: weakref.ref, name: str) -> None:
-    """A view of pinned slot ``name`` was collected (in any thread): unpin it with the
-    session's next message (none once it closed: its device retired its pins)."""
-    live = session()
-    if live is not None and not live.closed:
-        live.unpinning.append(name)
-
-
-def send_unpins(session: Any) -> None:
-    """Unpin the slots of ``session``'s collected views (``_unpin_later``), in one request
-    sent alone, whose answer no one waits for."""
-    names = []
-    while session.unpinning:
-        names.append(session.unpinning.popleft())
-    connection = session.connection
-    connection.pending.forget(connection.send_request(
-        request_message(session.id, {"op": "unpin", "slots": names})))

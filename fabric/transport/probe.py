@@ -124,8 +124,8 @@ def at_open(session: Any) -> bool:
     descriptor each, until answered: a session past them asks at its first transfer); and
     at its connection's first session, where workers may write reads into this process's own
     memory (``fabric.core.cross_memory``), ``WARM_AT_OPEN`` bytes are faulted in ahead on the
-    pool's maker thread, for a first read to take (``bulk._read_target``; uploads warm more,
-    sized as they are: ``bulk._warm_for_read``). Unused, that memory goes after the pool's
+    pool's maker thread, for a first read to take (``bulk_reads._read_target``; uploads warm
+    more, sized as they are: ``bulk._warm_for_read``). Unused, that memory goes after the pool's
     ``idle_seconds``. Whether ``session`` is its connection's first to share memory."""
     connection = session.connection
     options = connection.shared_memory

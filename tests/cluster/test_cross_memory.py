@@ -22,7 +22,7 @@ from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.segment_pool import WARM_MOST, SegmentPool
 from fabric.core.shm import SharedMemory
 from fabric.core.wire import dtype_name
-from fabric.transport import bulk, probe
+from fabric.transport import bulk, bulk_reads, probe
 from fabric.workers.shared_memory import ClientProcess, _reads_memory
 
 from polling import wait_for
@@ -139,7 +139,7 @@ def test_a_read_given_up_before_its_worker_wrote_is_retired_and_the_write_lands_
         assert session.arange(4).sum().numpy() == 6 and through_memory(session)
         tensor = session.asarray(np.arange(MiB, dtype=np.float64))
         session.sync()
-        retired = len(bulk._RETIRED)
+        retired = len(bulk_reads._RETIRED)
         worker = cluster.workers[0]
         worker.send_signal(signal.SIGSTOP)
         try:
@@ -149,7 +149,7 @@ def test_a_read_given_up_before_its_worker_wrote_is_retired_and_the_write_lands_
                 read.result(timeout=0.5)
         finally:
             worker.send_signal(signal.SIGCONT)
-        assert len(bulk._RETIRED) == retired + 1  # its addresses stay reserved, unusable
+        assert len(bulk_reads._RETIRED) == retired + 1  # its addresses stay reserved, unusable
         # the worker's late write failed (EFAULT), its answer dropped: the session goes on
         np.testing.assert_array_equal(tensor.numpy(), np.arange(MiB, dtype=np.float64))
         assert worker.poll() is None

@@ -1,5 +1,5 @@
 """Reads into an array the caller holds (``t.numpy(out=buffer)``: ``fabric.arrays.read_target``,
-``fabric.transport.bulk``), end to end on real processes: a large read of the tensor's own
+``fabric.transport.bulk_reads``), end to end on real processes: a large read of the tensor's own
 layout and dtype is written there by the worker, with no segment and no new memory of this
 process's; any other is read and copied in; ``out`` is checked before anything is sent; a read
 given up keeps ``out`` alive for the worker's late write. The leak checks of ``test_shm_path``
@@ -18,7 +18,7 @@ import fabric
 from fabric.core.errors import RemoteError, RequestTimeout
 from fabric.core.shm import held_segments
 from fabric.mesh import combining
-from fabric.transport import bulk
+from fabric.transport import bulk_reads
 
 from polling import wait_for
 from test_cross_memory import _state, connect, through_memory
@@ -214,7 +214,7 @@ def test_a_read_given_up_keeps_out_alive_for_the_late_write():
         finally:
             session.timeout = 10
             worker.send_signal(signal.SIGCONT)
-        assert any(kept is out for kept in bulk._RETIRED)  # (kept alive, for ...)
+        assert any(kept is out for kept in bulk_reads._RETIRED)  # (kept alive, for ...)
         wait_for(lambda: np.array_equal(out, a), 10, "the worker's late write into out")
-        bulk._RETIRED[:] = [kept for kept in bulk._RETIRED if kept is not out]
+        bulk_reads._RETIRED[:] = [kept for kept in bulk_reads._RETIRED if kept is not out]
         assert tensor.numpy(out=np.zeros_like(a)).sum() == a.sum()  # (the session goes on)

@@ -1,4 +1,4 @@
-"""Reads of tensors that live in a device's own slot (``fabric.transport.bulk.take``,
+"""Reads of tensors that live in a device's own slot (``fabric.transport.bulk_reads.take``,
 ``workers.pins``): no copy, the slot pinned on the worker while the array read lives, unpinned
 with the session's next message, retired when the session ends; shown as a read-only view
 (``t.numpy(copy=False)``) or mapped copy on write, the caller's own (``t.numpy()``). End to

@@ -66,6 +66,28 @@ def test_a_first_upload_is_written_into_the_start_slot_faulted_in_ahead():
 
 
 @pytest.mark.timeout(90)
+def test_a_read_into_out_of_the_start_slot_is_copied_here_out_of_the_mapped_slot():
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
+            connect(cluster) as session:
+        wait_for(lambda: arrived(session), 10, "the start slot")
+        tensor = session.asarray(FIRST)
+        session.sync()
+        assert session.slots_ahead.used == 1 and session.probe.reads_memory
+        transfers = session.connection.segments.transfers
+        out = np.zeros_like(FIRST)
+        assert tensor.numpy(out=out) is out
+        np.testing.assert_array_equal(out, FIRST)
+        assert session.connection.segments.transfers == transfers + 1
+        # the worker pinned the slot and wrote nothing (where it may write into this
+        # process's memory, and would for a tensor in no slot); the unpin goes with what
+        # follows
+        assert len(session.unpinning) == 1
+        out[0] = -1  # a copy: the tensor keeps its values
+        assert (tensor[0] + 0).numpy() == FIRST[0]
+        assert not session.unpinning and session.stats()["resident_bytes"] == FIRST.nbytes
+
+
+@pytest.mark.timeout(90)
 def test_only_a_connections_first_session_asks_and_an_upload_it_does_not_fit_leaves_it():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
             connect(cluster) as session, session.open(0) as other:
