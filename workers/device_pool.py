@@ -14,10 +14,10 @@ A session's start slot (``"start": True``: ``fabric.transport.slots_ahead``) is 
 other, but charged to the device until an upload takes it (the session's limit stays its
 own to use); the device lends at most ``START_SLOTS`` that no upload has taken yet, so that
 idle sessions hold a bounded amount of its memory. A free segment for the next one is kept
-made (``ready_for_start``: from the device's start, and again after each start slot lent),
-never closed as idle (a session that opens on an idle cluster finds it ready), only where
-the budget needs the room: one segment of the worker's ``--start-slot`` bytes per device,
-charged to it. Both only where the budget has room for ``READY_SHARE`` times as much.
+made (``ready_for_start``: from the device's start, and again once the device idles after a
+start slot is asked for: ``idle``), never closed as idle (a session that opens on an idle
+cluster finds it ready), only where the budget needs the room: one segment of the worker's
+``--start-slot`` bytes per device, charged to it. Both only where the budget has room for ``READY_SHARE`` times as much.
 
 Memory: the pool counts against the worker's ``--memory-budget`` (``DevicePool``): a free
 segment as the device's, a slot offered and not yet used (or being made to be offered), and
@@ -44,6 +44,9 @@ from .shared_memory import HostSharing, SessionSegments, segments_of
 
 START_SLOTS = 4  # a device's start slots lent (or being made) and not yet taken, at most
 READY_SHARE = 8  # a segment is kept ready where the budget has room for this many of it
+READY_AFTER_IDLE_MS = 50  # the next start slot's segment is made once the device idled this
+# long (made at once, it took the cores of the session just begun, faulting in 16 MiB as that
+# session's first upload copied into its start slot)
 
 
 class DevicePool(SegmentPool):
@@ -65,6 +68,7 @@ class DevicePool(SegmentPool):
         # The segment made ahead for a start slot (``keep_ready``), not kept alive by this:
         # lent, then retired with a pin, it must close with its last array
         self.ready: weakref.ref[Segment] | None = None
+        self.ready_wanted = 0  # bytes of the next one, made once the device idles (``idle``)
 
     def keep_ready(self, nbytes: int) -> None:
         """Have a free segment for a start slot of ``nbytes`` bytes (none: 0) made ahead, on
@@ -220,26 +224,40 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
     limit, held = executor.memory_limit, session.resident + segments.charged
     least = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN  # (a new segment's size)
     pool.why = None if not start else _why_no_start(executor, pool, nbytes)
+    if start and pool.why is None:  # (made for the next session once the device idles)
+        pool.ready_wanted = executor.sharing.start_slot
     slot = None
     if pool.why is None and (limit is None or held + least <= limit):
         if pool.free_fitting(nbytes, segments.process.key) is not None:
             slot = pool.acquire(nbytes, segments.process.key)
         elif pool.make_for(message, segments, nbytes, start):
-            if start:
-                pool.keep_ready(executor.sharing.start_slot)  # (for the next session)
             return []  # (answered once made: ``made``)
     if slot is not None and limit is not None and held + slot.segment.size > limit:
         pool.give_back(slot)  # (a free one larger than a new one would be)
         slot = None
     if slot is not None:
         pool.lend_to(segments, slot, start)
-        if start:
-            pool.keep_ready(executor.sharing.start_slot)
     pool.settle()
     if slot is None:
         return [reply_to(message, {"slot": None, "reason": pool.why or _why_not(
             executor, session, segments, least)})]
     return [reply_to(message, {"slot": slot.ref()})]
+
+
+def idle_wait_ms(executor: Any) -> int:
+    """How long the device may wait for work before ``idle`` has something to do (-1: for
+    ever)."""
+    pool = executor.slots
+    return READY_AFTER_IDLE_MS if pool is not None and pool.ready_wanted else -1
+
+
+def idle(executor: Any) -> None:
+    """The device waited ``idle_wait_ms`` for work: the segment for the next start slot,
+    wanted since the last one was asked for, is made now."""
+    pool = executor.slots
+    if pool is not None and pool.ready_wanted:
+        nbytes, pool.ready_wanted = pool.ready_wanted, 0
+        pool.keep_ready(nbytes)
 
 
 def ready_for_start(executor: Any) -> None:

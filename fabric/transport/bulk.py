@@ -30,7 +30,7 @@ import numpy as np
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
-from fabric.core.errors import ProtocolError, RequestTimeout
+from fabric.core.errors import FabricError, ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot
 from fabric.core.shm import fits
@@ -43,6 +43,7 @@ from fabric.transport.probe import pool_of
 
 SLOT_SECONDS = 2.0  # an upload's wait for a slot asked ahead, not yet answered (``_on_its_way``)
 WARM_AFTER = 0.05  # an upload warms memory for a read after this long (``_warm_for_read``)
+START_ANSWER_SECONDS = 0.05  # a session opening waits this long for its start slot (``at_open``)
 
 
 def upload(session: Any, array: np.ndarray) -> Tensor | None:
@@ -260,7 +261,7 @@ def _on_its_way(session: Any, pool: SegmentPool, nbytes: int) -> SegmentRef | No
                                                   keep_on_timeout=True)
     except RequestTimeout:
         return None
-    ahead.on_answer(request, _lent_slot(session, pool, reply))
+    _on_answer(session, pool, request, reply, fault_in=False)
     return _lent_ahead(session, pool, nbytes)
 
 
@@ -275,24 +276,40 @@ def take_answers(session: Any, pool: SegmentPool, fault_in: bool = False) -> Non
         for request in list(ahead.asked):
             reply = session.connection.pending.take(request)
             if reply is not None:
-                slot = _lent_slot(session, pool, reply)
-                ahead.on_answer(request, slot)
-                values = None if not fault_in or slot is None \
-                    else device_memory(session, pool, slot, slot.nbytes, populate=False)
-                if values is not None:
-                    pool.fault_in(values)
+                _on_answer(session, pool, request, reply, fault_in)
+
+
+def _on_answer(session: Any, pool: SegmentPool, request: int, reply: Message,
+               fault_in: bool) -> None:
+    """Note the answer to ``session``'s slot request ``request``; with ``fault_in``, the
+    slot it lends (if any) mapped now and faulted in on the pool's maker thread."""
+    slot = _lent_slot(session, pool, reply)
+    session.slots_ahead.on_answer(request, slot)
+    values = None if not fault_in or slot is None \
+        else device_memory(session, pool, slot, slot.nbytes, populate=False)
+    if values is not None:
+        pool.fault_in(values)
 
 
 def at_open(session: Any) -> None:
     """``session`` opened: its probe is sent (``fabric.transport.probe.at_open``), and, where
     it is its connection's first (this process's first upload is its), right behind it the
     request for its start slot (``fabric.transport.slots_ahead``), which its device answers
-    after the probe."""
+    after the probe. That answer is waited for here, ``START_ANSWER_SECONDS`` at most, so
+    that the slot is faulted in while the caller goes on (taken at a later reply, it was
+    still being faulted in as a first upload right after a first op took it)."""
     if probe.at_open(session) and session.probe is not None \
             and session.probe.request is not None:  # (its connection's first: options set)
         start = session.connection.shared_memory.start_slot
+        pool = session.connection.segments
         if start:
-            _ask_ahead(session, session.connection.segments, start, start=True)
+            _ask_ahead(session, pool, start, start=True)
+        for request in list(session.slots_ahead.asked):
+            with contextlib.suppress(FabricError):  # (none by then: taken later; a session
+                # lost meanwhile: its next call says so)
+                reply = session.connection.wait_for_reply(
+                    request, START_ANSWER_SECONDS, session=session.id, keep_on_timeout=True)
+                _on_answer(session, pool, request, reply, fault_in=True)
 
 
 def after_reply(session: Any) -> None:

@@ -1,8 +1,9 @@
 """A device's own pool makes its segments on a thread of its own (``fabric.core.segment_maker``,
 ``workers.device_pool``): a slot request that no free segment fits is answered once its segment
 is made, its bytes counted against the budget and the limits from the start, and the device's
-thread is never held up meanwhile. The device's rules, sans I/O (end to end, the shared-memory
-tests of ``test_shm_path`` and ``test_shm_ahead`` take the same path)."""
+thread is never held up meanwhile; the segment kept ready for the next start slot is made once
+the device idles. The device's rules, sans I/O (end to end, the shared-memory tests of
+``test_shm_path``, ``test_shm_ahead`` and ``test_start_slot`` take the same path)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,10 @@ from polling import wait_for
 MiB = 1 << 20
 
 
-@pytest.fixture
-def gated(monkeypatch):
-    """An executor (a budget of 12 MiB, a session limit of 20) with a session agreed to shared
-    memory with this process, whose pool's maker waits at ``gate`` before it faults a
-    segment in."""
+def agreed_session(monkeypatch, executor: Executor) -> SegmentPool:
+    """Session 7 opened on ``executor``, agreed to shared memory with this process (playing
+    its client, whose pool this returns)."""
     monkeypatch.setattr(shared_memory, "_worker_pid", lambda: 1)
-    executor = Executor(NumpyDevice(0), memory_limit=20 * MiB, budget=MemoryBudget(12 * MiB))
     executor.handle(Message(Kind.OPEN, 7, 1, {"device": 0}))
     client = SegmentPool(lambda _session: 0)
     probe = client.probe_segment(5)
@@ -39,6 +37,16 @@ def gated(monkeypatch):
         "op": "shm_probe", "boot": boot_id(), "segment": probe.name, "token": 5}))
     assert agreed.body == {"shared_memory": True, "reads_memory": False}  # (no "heap" named)
     probe.close()
+    return client
+
+
+@pytest.fixture
+def gated(monkeypatch):
+    """An executor (a budget of 12 MiB, a session limit of 20) with a session agreed to shared
+    memory with this process, whose pool's maker waits at ``gate`` before it faults a
+    segment in."""
+    executor = Executor(NumpyDevice(0), memory_limit=20 * MiB, budget=MemoryBudget(12 * MiB))
+    client = agreed_session(monkeypatch, executor)
     gate, allocate = threading.Event(), Segment.allocate
 
     def allocate_at_the_gate(segment: Segment) -> None:
@@ -126,3 +134,30 @@ def test_a_job_handed_first_runs_before_those_waiting_and_close_runs_none_after(
     closed = maker.submit(Job("after close"))  # (its pool closed: failed, not faulted in)
     assert closed.wait(10) and maker.done[-1][1] is not None and "after close" not in order
     maker.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_next_start_slots_segment_is_made_once_the_device_idles_not_as_one_is_lent(
+        monkeypatch):
+    executor = Executor(NumpyDevice(0), sharing=shared_memory.HostSharing(start_slot=4 * MiB))
+    client = agreed_session(monkeypatch, executor)
+    try:
+        device_pool.ready_for_start(executor)  # (the device starts: one made at once)
+        pool = executor.slots
+        wait_for(lambda: (pool.reclaim(), pool.free)[1], 10, "the segment kept ready")
+        assert device_pool.idle_wait_ms(executor) == -1  # (nothing to do when idle)
+        [lent] = executor.handle(Message(Kind.REQUEST, 7, 3, {
+            "op": "shm_slot", "nbytes": 4 * MiB, "start": True}))
+        assert lent.body["slot"] is not None and not pool.free
+        # the next is not made while the session that just began works, but once the
+        # device waited READY_AFTER_IDLE_MS for work
+        assert not pool.being_made(4 * MiB)
+        assert device_pool.idle_wait_ms(executor) == device_pool.READY_AFTER_IDLE_MS
+        device_pool.idle(executor)
+        assert pool.being_made(4 * MiB) and device_pool.idle_wait_ms(executor) == -1
+        wait_for(lambda: (pool.reclaim(), pool.free)[1], 10, "the next segment kept ready")
+    finally:
+        executor.handle(Message(Kind.CLOSE, 7, 4))
+        client.close()
+        if executor.slots is not None:
+            executor.slots.close()
