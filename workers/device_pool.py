@@ -17,7 +17,8 @@ idle sessions hold a bounded amount of its memory. A free segment for the next o
 made (``ready_for_start``: from the device's start, and again once the device idles after a
 start slot is asked for: ``idle``), never closed as idle (a session that opens on an idle
 cluster finds it ready), only where the budget needs the room: one segment of the worker's
-``--start-slot`` bytes per device, charged to it. Both only where the budget has room for ``READY_SHARE`` times as much.
+``--start-slot`` bytes per device, charged to it. Both only where the budget has room for
+``READY_SHARE`` times as much.
 
 Memory: the pool counts against the worker's ``--memory-budget`` (``DevicePool``): a free
 segment as the device's, a slot offered and not yet used (or being made to be offered), and

@@ -155,12 +155,9 @@ class WarmMemory:
         self._stop.set()
 
     def allocate(self) -> None:
-        """Fault every page in, ``FAULT_IN_BYTES`` at a time, at the calling thread's lowest
-        priority (nice 19: it yields its core to other work, yet goes on, as each populate
-        holds the memory map lock that an ``mmap`` elsewhere waits for), until ``stopped``;
-        OSError where no memory is left."""
-        with contextlib.suppress(OSError):  # (Linux sets a thread's own nice so)
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        """Fault every page in, ``FAULT_IN_BYTES`` at a time (on a maker at the lowest
+        priority: ``SegmentPool.warm_ahead``), until ``stopped``; OSError where no memory is
+        left."""
         self._stop.wait(self.after)  # (taken meanwhile: the maker's next job need not wait)
         start = address(self.memory)
         for offset in range(0, self.size, FAULT_IN_BYTES):

@@ -14,6 +14,8 @@ faulted in at a time, so the thread takes at most one core. ``wake``, where give
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Callable
@@ -27,11 +29,15 @@ _CLOSE_SECONDS = 10.0  # how long ``close`` waits for the segment being faulted 
 class SegmentMaker:
     """A thread that allocates and faults in the segments it is handed (``submit``), one at
     a time, in order (but those handed ``first``); ``done`` holds each one made, with the
-    OSError that failed it, if one did."""
+    OSError that failed it, if one did. With ``lowest_priority``, the thread runs at nice 19:
+    it yields its core to other work, yet goes on (each populate holds the memory map lock
+    that an ``mmap`` elsewhere waits for)."""
 
-    def __init__(self, wake: Callable[[], None] | None = None) -> None:
+    def __init__(self, wake: Callable[[], None] | None = None,
+                 lowest_priority: bool = False) -> None:
         self.done: deque[tuple[Segment, OSError | None]] = deque()
         self._wake = wake
+        self._lowest_priority = lowest_priority
         self._jobs: deque[tuple[Segment, threading.Event] | None] = deque()
         self._queued = threading.Condition()  # (notified as a job is queued)
         self._thread: threading.Thread | None = None
@@ -59,6 +65,9 @@ class SegmentMaker:
             self._queued.notify()
 
     def _run(self) -> None:
+        if self._lowest_priority:  # (Linux sets a thread's own nice so)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while True:
             with self._queued:
                 self._queued.wait_for(lambda: self._jobs)

@@ -61,11 +61,11 @@ class SegmentPool:
     that the limit holds while it is made (a device's pool: ``workers.device_pool``).
     ``copies`` copies large arrays into slots with ``copy_threads`` threads (its threads, and
     the makers', end with the pool). The maker also makes segments ahead of a size's next
-    read (``make_ahead``), free once made, and faults in the slots a peer lent this process
-    as their answers come (``fault_in``), first; another maker thread, at the lowest
-    priority, faults in warm memory ahead of a read into this process's own memory
-    (``warm_ahead``, ``take_warm``), counted in ``held`` until taken, and closed as idle
-    segments are.
+    read, and the slots a peer lent this process as their answers come (``fault_in``),
+    first. Another maker thread, at the lowest priority, makes what is ahead of a need that
+    may not come: the segments ahead of a size's next read (``make_ahead``), free once made,
+    and warm memory ahead of a read into this process's own memory (``warm_ahead``,
+    ``take_warm``), counted in ``held`` until taken, and closed as idle segments are.
     """
 
     def __init__(self, done: Callable[[int], int], limit: int = DEFAULT_POOL_BYTES,
@@ -86,8 +86,8 @@ class SegmentPool:
         self.making: dict[Segment | WarmMemory, threading.Event] = {}  # being faulted in:
         # -> set once made
         self.warm: dict[WarmMemory, float] = {}  # faulted in ahead, not taken: -> since when
-        # Its makers (started at their first job): of warm memory (at the lowest priority:
-        # ``WarmMemory``), and of the rest (segments, and the slots lent here faulted in)
+        # Its makers (started at their first job), by whether theirs is work ahead of a need
+        # that may not come (at the lowest priority: segments and warm memory made ahead)
         self._makers: dict[bool, SegmentMaker] = {}
         self._wake = wake  # called by the maker's thread after each segment
         self.transfers = 0  # transfers through shared memory so far (own slots or a device's)
@@ -139,16 +139,19 @@ class SegmentPool:
             return
         segment = self._reserve(nbytes, None)
         if segment is not None:
-            self._make(segment)
+            self._make(segment, ahead=True)
 
     def being_made(self, nbytes: int) -> bool:
         """Whether a segment that fits ``nbytes`` is being made ahead (``make_ahead``)."""
         return any(isinstance(segment, Segment) and fits(segment.size, nbytes)
                    for segment in self.making)
 
-    def _make(self, segment: Segment | WarmMemory) -> None:
-        """Fault ``segment`` (reserved) in on a maker's thread (warm memory on its own)."""
-        self.making[segment] = self._maker(isinstance(segment, WarmMemory)).submit(segment)
+    def _make(self, segment: Segment | WarmMemory, ahead: bool = False) -> None:
+        """Fault ``segment`` (reserved) in on a maker's thread: ``ahead`` of a need that may
+        not come, on the one at the lowest priority (a first move right after a first read
+        of 256 MiB took 120-130 ms where the segment made ahead of the next read took a core
+        from it, 86-91 ms where it yielded)."""
+        self.making[segment] = self._maker(ahead).submit(segment)
 
     def fault_in(self, values: np.ndarray) -> None:
         """Fault ``values`` (memory of a peer's segment, mapped here) into this process's page
@@ -162,11 +165,11 @@ class SegmentPool:
         self.copies.start()
         self._maker().start()
 
-    def _maker(self, warm: bool = False) -> SegmentMaker:
-        """The maker of warm memory, or of the rest (started now if need be)."""
-        if warm not in self._makers:
-            self._makers[warm] = SegmentMaker(self._wake)
-        return self._makers[warm]
+    def _maker(self, ahead: bool = False) -> SegmentMaker:
+        """The maker of what is made ahead of a need that may not come, or of the rest."""
+        if ahead not in self._makers:
+            self._makers[ahead] = SegmentMaker(self._wake, lowest_priority=ahead)
+        return self._makers[ahead]
 
     def free_fitting(self, nbytes: int, key: Any = None) -> Segment | None:
         """The smallest free segment that fits ``nbytes`` bytes and may be lent to ``key``
@@ -224,7 +227,7 @@ class SegmentPool:
         except OSError:  # (no addresses left: then the read makes new memory, or fails)
             return
         self.held += size
-        self._make(block)
+        self._make(block, ahead=True)
 
     def take_warm(self, nbytes: int) -> mmap.mmap | None:
         """Memory of at least ``nbytes`` bytes faulted in ahead (``warm_ahead``), or still

@@ -304,12 +304,13 @@ def at_open(session: Any) -> None:
         pool = session.connection.segments
         if start:
             _ask_ahead(session, pool, start, start=True)
-        for request in list(session.slots_ahead.asked):
-            with contextlib.suppress(FabricError):  # (none by then: taken later; a session
-                # lost meanwhile: its next call says so)
-                reply = session.connection.wait_for_reply(
-                    request, START_ANSWER_SECONDS, session=session.id, keep_on_timeout=True)
-                _on_answer(session, pool, request, reply, fault_in=True)
+            for request in list(session.slots_ahead.asked):  # (none: asked for none)
+                with contextlib.suppress(FabricError):  # (none by then: taken later; a
+                    # session lost meanwhile: its next call says so)
+                    reply = session.connection.wait_for_reply(
+                        request, START_ANSWER_SECONDS, session=session.id,
+                        keep_on_timeout=True)
+                    _on_answer(session, pool, request, reply, fault_in=True)
 
 
 def after_reply(session: Any) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import pytest
 
+from fabric.core.cross_memory import WarmMemory
 from fabric.core.protocol import Kind, Message
 from fabric.core.segment_maker import SegmentMaker
 from fabric.core.segment_pool import SegmentPool
@@ -161,3 +163,32 @@ def test_the_next_start_slots_segment_is_made_once_the_device_idles_not_as_one_i
         client.close()
         if executor.slots is not None:
             executor.slots.close()
+
+
+@pytest.mark.timeout(60)
+def test_what_a_pool_makes_ahead_of_a_need_is_made_at_the_lowest_priority(monkeypatch):
+    niceness: dict[Any, int] = {}  # segment size, or "warm" -> its maker thread's nice
+    allocate, warm = Segment.allocate, WarmMemory.allocate
+
+    def allocate_noting_priority(segment: Segment, copies=None) -> None:
+        niceness[segment.size] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        allocate(segment, copies)
+
+    def warm_noting_priority(block: WarmMemory) -> None:
+        niceness["warm"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        warm(block)
+
+    monkeypatch.setattr(Segment, "allocate", allocate_noting_priority)
+    monkeypatch.setattr(WarmMemory, "allocate", warm_noting_priority)
+    pool = SegmentPool(lambda _session: 0)
+    try:
+        here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        pool.make_ahead(4 * MiB)  # (a size's next read: it may never come)
+        pool.warm_ahead(2 * MiB)
+        wait_for(lambda: (pool.reclaim(), pool.free and pool.warm)[1], 10, "both made ahead")
+        assert niceness == {4 * MiB: 19, "warm": 19}
+        slot = pool.acquire(6 * MiB)  # a slot needed now: made on the caller's thread
+        assert niceness[6 * MiB] == here
+        pool.give_back(slot)
+    finally:
+        pool.close()
