@@ -36,11 +36,12 @@ from fabric.transport.probe import pool_of
 def start_read(session: Any, tensor: Tensor, pin: bool = True, out: np.ndarray | None = None) \
         -> tuple[int, Slot | mmap.mmap | np.ndarray | None] | None:
     """A read of ``tensor`` into a slot of shared memory, sent: its request id and the
-    slot; or, where its worker said it can, into memory of this process's own that the
-    worker writes: ``out``, where the values can be written there as they are
-    (``fabric.arrays.read_target.direct``), else, for a first read of its size, where no
-    slot that fits is free, new memory (``_read_target``); None, sending nothing, where it
-    must take the socket path.
+    slot; or ``out``, where the values can be written there as they are
+    (``fabric.arrays.read_target.direct``): copied there by this process out of the slot
+    the tensor lies in, pinned (``take``), or else written by a worker that said it can;
+    or, for a first read of its size, where no slot that fits is free, new memory of this
+    process's own that the worker writes (``_read_target``); None, sending nothing, where
+    it must take the socket path.
     ``pin``: the device may answer with its own slot instead, pinned (``take``); for a
     tensor written into one (``Session.in_device_slots``), no slot is lent for the read
     (should the device not pin it after all, the read is made again, without a pin)."""
