@@ -30,6 +30,7 @@ import numpy as np
 from fabric.arrays.indexing import as_shape
 from fabric.arrays.origins import issued_at
 from fabric.arrays.tensor import Tensor
+from fabric.core.addresses import only_this_host
 from fabric.core.errors import FabricError, ProtocolError, RequestTimeout
 from fabric.core.protocol import Kind, Message, request_message
 from fabric.core.segment_pool import SegmentPool, Slot
@@ -295,15 +296,19 @@ def at_open(session: Any) -> None:
     """``session`` opened: its probe is sent (``fabric.transport.probe.at_open``), and, where
     it is its connection's first (this process's first upload is its), right behind it the
     request for its start slot (``fabric.transport.slots_ahead``), which its device answers
-    after the probe. That answer is waited for here, ``START_ANSWER_SECONDS`` at most, so
-    that the slot is faulted in while the caller goes on (taken at a later reply, it was
-    still being faulted in as a first upload right after a first op took it)."""
+    after the probe. Where the broker is on this host (``only_this_host``: a round trip is
+    short), that answer is waited for here, ``START_ANSWER_SECONDS`` at most, so that the
+    slot is faulted in while the caller goes on (taken at a later reply, it was still being
+    faulted in as a first upload right after a first op took it); elsewhere it is taken at
+    a later reply (the worker is most likely not on this host, and no round trip is added
+    to connecting)."""
     if probe.at_open(session) and session.probe is not None \
             and session.probe.request is not None:  # (its connection's first: options set)
         start = session.connection.shared_memory.start_slot
         pool = session.connection.segments
         if start:
             _ask_ahead(session, pool, start, start=True)
+        if start and only_this_host(session.connection.address):
             for request in list(session.slots_ahead.asked):  # (none: asked for none)
                 with contextlib.suppress(FabricError):  # (none by then: taken later; a
                     # session lost meanwhile: its next call says so)

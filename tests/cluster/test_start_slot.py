@@ -81,6 +81,19 @@ def test_a_connections_first_session_takes_its_start_slot_as_it_opens(monkeypatc
 
 
 @pytest.mark.timeout(90)
+def test_a_session_whose_broker_is_elsewhere_takes_its_start_slot_at_a_later_reply(
+        monkeypatch):
+    # (where the broker's address is not this host's alone, a round trip may be long: the
+    # session opens without waiting for the answer)
+    monkeypatch.setattr(bulk, "START_ANSWER_SECONDS", 10.0)
+    monkeypatch.setattr(bulk, "only_this_host", lambda address: False)
+    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
+            connect(cluster) as session:
+        assert len(session.slots_ahead.asked) == 1 and not session.slots_ahead.arrived
+        wait_for(lambda: arrived(session), 10, "the start slot, taken with a reply")
+
+
+@pytest.mark.timeout(90)
 def test_a_read_into_out_of_the_start_slot_is_copied_here_out_of_the_mapped_slot():
     with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
             connect(cluster) as session:
