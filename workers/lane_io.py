@@ -156,9 +156,9 @@ class DeviceThread:
         try:
             while True:
                 # (Messages waiting: only a look at the sockets between two turns.)
-                idle_ms = -1 if waiting.messages else device_pool.idle_wait_ms(self.lane.executor)
-                events = zmq.zmq_poll(self._poll_items, 0 if waiting.messages else idle_ms)
-                if not events and idle_ms >= 0:
+                wait = 0 if waiting.messages else device_pool.idle_wait_ms(self.lane.executor)
+                events = zmq.zmq_poll(self._poll_items, wait)
+                if not events and wait > 0:  # (the device idled that long)
                     device_pool.idle(self.lane.executor)
                 for sock, _ in events:
                     if sock is self._lane_socket:
