@@ -13,7 +13,6 @@ import pytest
 import fabric
 from fabric.core.errors import ConfigError
 from fabric.core.shm import START_SLOT_BYTES, SharedMemory
-from fabric.transport import bulk
 from fabric.workers.device_pool import START_SLOTS
 
 from conftest import HEARTBEAT
@@ -64,33 +63,6 @@ def test_a_first_upload_is_written_into_the_start_slot_faulted_in_ahead():
         assert session.slots_ahead.asked and session.slots_ahead.used == 1
         np.testing.assert_array_equal(second.numpy(), FIRST + 1)
         del view
-
-
-@pytest.mark.timeout(90)
-def test_a_connections_first_session_takes_its_start_slot_as_it_opens(monkeypatch):
-    # (a loaded machine's worker may answer past START_ANSWER_SECONDS: the session then takes
-    # the answer at a later reply; here it is waited for)
-    monkeypatch.setattr(bulk, "START_ANSWER_SECONDS", 10.0)
-    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
-            connect(cluster) as session:
-        # no round trip yet: the answer came as it opened, and its slot is faulted in
-        assert not session.slots_ahead.asked and len(session.slots_ahead.arrived) == 1
-        [slot] = [entry.ref for entry in session.slots_ahead.arrived]
-        wait_for(lambda: resident_in_mappings(cluster.workers[0].pid).get(slot.name)
-                 == START_SLOT_BYTES, 10, "the start slot faulted in here")
-
-
-@pytest.mark.timeout(90)
-def test_a_session_whose_broker_is_elsewhere_takes_its_start_slot_at_a_later_reply(
-        monkeypatch):
-    # (where the broker's address is not this host's alone, a round trip may be long: the
-    # session opens without waiting for the answer)
-    monkeypatch.setattr(bulk, "START_ANSWER_SECONDS", 10.0)
-    monkeypatch.setattr(bulk, "only_this_host", lambda address: False)
-    with fabric.LocalCluster(workers=1, heartbeat=HEARTBEAT) as cluster, \
-            connect(cluster) as session:
-        assert len(session.slots_ahead.asked) == 1 and not session.slots_ahead.arrived
-        wait_for(lambda: arrived(session), 10, "the start slot, taken with a reply")
 
 
 @pytest.mark.timeout(90)
