@@ -69,7 +69,7 @@ class DevicePool(SegmentPool):
         # The segment made ahead for a start slot (``keep_ready``), not kept alive by this:
         # lent, then retired with a pin, it must close with its last array
         self.ready: weakref.ref[Segment] | None = None
-        self.ready_wanted = 0  # bytes of the next one, made once the device idles (``idle``)
+        self.ready_wanted = False  # the next one, made once the device idles (``idle``)
 
     def keep_ready(self, nbytes: int) -> None:
         """Have a free segment for a start slot of ``nbytes`` bytes (none: 0) made ahead, on
@@ -226,7 +226,7 @@ def offer(executor: Any, session: DeviceSession, message: Message) -> list[Messa
     least = -(-max(nbytes, 1) // SEGMENT_ALIGN) * SEGMENT_ALIGN  # (a new segment's size)
     pool.why = None if not start else _why_no_start(executor, pool, nbytes)
     if start and pool.why is None:  # (made for the next session once the device idles)
-        pool.ready_wanted = executor.sharing.start_slot
+        pool.ready_wanted = bool(executor.sharing.start_slot)
     slot = None
     if pool.why is None and (limit is None or held + least <= limit):
         if pool.free_fitting(nbytes, segments.process.key) is not None:
@@ -257,8 +257,8 @@ def idle(executor: Any) -> None:
     wanted since the last one was asked for, is made now."""
     pool = executor.slots
     if pool is not None and pool.ready_wanted:
-        nbytes, pool.ready_wanted = pool.ready_wanted, 0
-        pool.keep_ready(nbytes)
+        pool.ready_wanted = False
+        pool.keep_ready(executor.sharing.start_slot)
 
 
 def ready_for_start(executor: Any) -> None:
