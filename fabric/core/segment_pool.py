@@ -22,7 +22,7 @@ from fabric.core.cross_memory import WarmMemory
 from fabric.core.parallel_copy import ParallelCopy
 from fabric.core.segment_maker import SegmentMaker
 from fabric.core.shm import (DEFAULT_POOL_BYTES, IDLE_SECONDS, POPULATE_PIECE, SEGMENT_ALIGN,
-                             PeerSegments, Segment, boot_id, fits, next_name, populate)
+                             PeerSegments, Segment, boot_id, fits, map_in, next_name)
 
 WARM_BLOCKS = 2  # at most this many blocks of warm memory held or being made (``warm_ahead``)
 WARM_MOST = 256 << 20  # the largest block of warm memory (a larger read faults its own in)
@@ -390,7 +390,7 @@ class MappingFaultIn:
         values, self.values = self.values, None
         start, nbytes = values.ctypes.data, values.nbytes
         for offset in range(0, nbytes, POPULATE_PIECE):
-            populate(start + offset, min(POPULATE_PIECE, nbytes - offset))
+            map_in(start + offset, min(POPULATE_PIECE, nbytes - offset))
 
 
 class SlotMemory:
