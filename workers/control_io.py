@@ -59,6 +59,7 @@ from .control import (Action, Attach, Connect, Control, Drop, Link, Probe, Regis
 from .direct_links import LINK_THRESHOLD, Fallback
 from .direct_links_io import BulkLinks, reachable_host
 from .executor import Executor
+from .heap import Heap
 from .lane_io import (ATTACH, DROP, KEEP, LINK_READ, LINK_REPLY, RESET, STOP, DeviceThread,
                       dealer, pair_socket)
 from .memory import MemoryBudget
@@ -110,6 +111,7 @@ class Worker:
             report=self.report, resume_grace=options.resume_grace, held=self.held)
         self._budget = MemoryBudget(options.memory_budget, options.devices)  # (the devices')
         self.sharing = HostSharing.of(options)
+        self.heap: Heap | None = None  # (the process's, where ``serve`` runs it: kept while busy)
         self._executors = [Executor(device, options.memory_limit, self._budget, self.sharing)
                            for device in self.devices]
         for executor in self._executors:  # (a pair's worker: ``fabric.core.resume``)
@@ -381,6 +383,7 @@ def serve(broker: str, options: WorkerOptions | None = None, **fields: Any) -> N
     if options.shared_memory:  # (its first transfers find memory faulted in, which the heap
         cross_memory.keep_in_heap(HEAP_AT_START)  # keeps, and its copy threads started)
         worker.sharing.copies.start()
+    worker.heap = Heap(len(worker.devices), HEAP_AT_START if options.shared_memory else 0)
     signal.signal(signal.SIGINT, worker.stop)
     signal.signal(signal.SIGTERM, worker.stop)
     log.info("worker %s: %d %s device(s), broker %s", options.name, len(worker.devices),

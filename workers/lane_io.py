@@ -35,6 +35,7 @@ from fabric.core.worker_options import WorkerOptions
 from . import device_pool
 from .control import zmtp_heartbeats
 from .executor import Executor
+from .heap import Heap
 from .lane import DEVICE_KINDS, Lane, jumps_the_queue, message_body
 
 log = logging.getLogger("fabric.worker")
@@ -83,6 +84,7 @@ class LaneHost(Protocol):
 
     context: zmq.Context
     options: WorkerOptions
+    heap: Heap | None  # (the process's: ``workers.heap``)
 
     def session_device(self, session: int) -> int | None:
         """The index of the device of this worker that serves ``session``, if one does."""
@@ -257,6 +259,8 @@ class DeviceThread:
                 self._waiting.park(header.session, frames, 0.0)  # (its turn comes; no clock)
         elif header.kind == Kind.HEARTBEAT:
             self.lane.reconcile(header, frames)
+            if self._worker.heap is not None:
+                self._worker.heap.heartbeat(self.index, self.lane.executor.tally.op_seconds)
         elif header.kind in (Kind.ERROR, Kind.REJECT):
             log.warning("the broker reported on device %d's lane: %s", self.index,
                         message_body(header, frames).get("message"))

@@ -192,6 +192,12 @@ def array_to_read_into(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return new_array(shape, dtype)
 
 
+def heap_free() -> int | None:
+    """The bytes free in this process's heap (glibc's ``mallinfo2``: what freed arrays left,
+    held for the next); None in another C library."""
+    return None if _LIBC_MALLINFO is None else _LIBC_MALLINFO().fordblks
+
+
 def keep_in_heap(nbytes: int) -> None:
     """Fault in ``nbytes`` of this process's heap and free them: a process whose heap keeps
     freed memory (``array_to_read_into``) then has that much ready for its first transfers
