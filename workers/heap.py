@@ -8,10 +8,11 @@ later runs took 5.7-6.9 s so, 3.2-3.3 s with the memory kept). So from its start
 heap keeps ``KEEP_WHILE_BUSY`` bytes free at its top whenever glibc trims it (``M_TOP_PAD``),
 and gives back all its free memory but what the worker faulted in at start (``malloc_trim``)
 at a broker heartbeat of a device where no device of the worker has run a batch since its own
-heartbeat before (``all_idle``), and the heap holds ``GIVE_BACK_FROM`` bytes more than that,
-freed since it last gave back. What a busy worker keeps is bounded by that pad and by its own
-high-water mark: memory its arrays held a moment before. An operator's own
-``glibc.malloc.top_pad`` stands: such a worker keeps that, and gives nothing back here.
+heartbeat before (``IdleRule``), once the heap holds ``GIVE_BACK_FROM`` bytes more free than
+that, and than it held as it last gave back with no work since. What a busy worker keeps is
+bounded by that pad and by its own high-water mark: memory its arrays held a moment before.
+An operator's own ``glibc.malloc.top_pad`` stands: such a worker keeps that, and gives
+nothing back here.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ if _MALLOPT is not None and _MALLOC_TRIM is not None:
 
 class IdleRule:
     """Whether all of a worker's devices idle: at a device's broker heartbeat, none ran a batch
-    since its own heartbeat before. Its devices' threads share it."""
+    since its own heartbeat before (its devices' threads call it under ``Heap``'s lock)."""
 
     def __init__(self, devices: int) -> None:
         self._ran = [0.0] * devices  # each device's seconds of ops at its last heartbeat
@@ -67,16 +68,17 @@ class Heap:
             and heap_free() is not None \
             and _OPERATORS_PAD not in environ.get("GLIBC_TUNABLES", "") \
             and _MALLOPT(_M_TOP_PAD, KEEP_WHILE_BUSY) == 1
-        self._left = 0  # free bytes the heap held as it last gave back (some it cannot)
+        self._left = 0  # free bytes the heap held as it last gave back, idle since (it cannot
+        # give back a free chunk's partial pages, and they stay free)
         self._lock = threading.Lock()
 
     def heartbeat(self, device: int, ran: float) -> None:
         """A broker heartbeat on ``device``'s lane, its ops having run ``ran`` seconds in
         all; on its thread."""
         with self._lock:
-            if not self.rule.all_idle(device, ran) or not self.keeps:
-                return
-            free = heap_free() or 0
-            if free >= max(self._left, self.kept_at_rest) + GIVE_BACK_FROM:
+            if not self.rule.all_idle(device, ran):
+                self._left = 0  # (work may have faulted in again what was given back)
+            elif self.keeps and (heap_free() or 0) >= max(self._left, self.kept_at_rest) \
+                    + GIVE_BACK_FROM:
                 _MALLOC_TRIM(self.kept_at_rest)
                 self._left = heap_free() or 0
