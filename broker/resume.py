@@ -21,8 +21,9 @@ session it does not know) only once every worker of the last known table (the de
 numbering the pair's state file holds) has registered, or ``Limits.settle_time`` has passed
 (those still missing are declared lost). Without a known table it serves HELLO and DEVICES
 once the first worker registered, but a RESUME of a session no worker reported waits out the
-bound (its worker may be on its way). A refusal while settling is marked ``settling``: the
-client retries.
+bound (its worker may be on its way). A RESUME of a reported session whose worker registered
+but has not attached all its device lanes yet (its device is not online) is refused the same
+way. A refusal while settling is marked ``settling``: the client retries.
 """
 
 from __future__ import annotations
@@ -152,6 +153,9 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
             ". Open a new session.", session=message.session, reason="not_reported"), now)
     if not _shows_its_secret(session, token, body):
         return _wrong_secret(registry, identity, message, now)
+    if registry.worker_table.owner(session.device) is None:  # (its lanes not all attached)
+        return registry._reject(identity, message.header,
+                                registry.settling.mark(settling_refusal()), now)
     registry._sessions.resume(session, identity, now)
     session.client_max = size_limit(body, registry.limits.max_message_bytes)
     registry.counters["sessions_resumed"] += 1

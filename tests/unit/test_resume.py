@@ -375,3 +375,19 @@ def test_a_register_reporting_the_most_sessions_stays_within_its_bound():
     body = pack_body({"token": "t" * 64, "name": "w" * 64, "backend": "numpy",
                       "devices": devices, "sessions": [largest] * MAX_REPORTED})
     assert len(body) < CONTROL_BODY_BYTES[Kind.REGISTER]
+
+
+def test_a_resume_before_its_workers_lanes_attach_is_told_to_retry_and_then_resumes():
+    # A takeover's race (seen in CI): the worker registered, reporting the session, and the
+    # client's RESUME came before the worker's lane did; the broker looked up a device that
+    # was not online yet, and its KeyError ended the broker.
+    registry = make_registry()
+    body = decoded_body(register_frames("a", [{"n": 0}]))
+    registry.from_worker(W, frames(Kind.REGISTER, body={**body, "sessions": [report()],
+                                                        "lanes": [b"lane-a"]}), 1.0)
+    session = registry.sessions[0x51]
+    _, error = rejected(resume(registry, C1, 0x51, SECRET), C1, HandshakeError)
+    assert error.details["settling"] is True and session.phase is SessionPhase.RESUMABLE
+    registry.from_worker(b"lane-a", frames(Kind.HEARTBEAT), 1.6)  # (the lane attached)
+    only(resume(registry, C1, 0x51, SECRET, now=1.7), Side.FRONTEND, C1, Kind.RESUMED)
+    assert session.phase is SessionPhase.OPEN
