@@ -31,9 +31,11 @@ KEEP_WHILE_BUSY = min((1 << 31) - 1, os.sysconf("SC_PHYS_PAGES") * os.sysconf("S
 GIVE_BACK_FROM = 64 << 20  # free bytes past those kept at rest that an idle worker gives back
 _M_TOP_PAD = -2  # mallopt's parameter (malloc.h)
 _OPERATORS_PAD = "glibc.malloc.top_pad="
-_MALLOPT = getattr(LIBC, "mallopt", None)  # (None: a C library without them)
+_MALLOPT = getattr(LIBC, "mallopt", None)
 _MALLOC_TRIM = getattr(LIBC, "malloc_trim", None)
-if _MALLOPT is not None and _MALLOC_TRIM is not None:
+# (glibc's: another C library lacks these calls, or mallinfo2 to see what is free)
+_GLIBC = _MALLOPT is not None and _MALLOC_TRIM is not None and heap_free() is not None
+if _GLIBC:
     _MALLOPT.argtypes = (ctypes.c_int, ctypes.c_int)
     _MALLOC_TRIM.argtypes = (ctypes.c_size_t,)
 
@@ -57,16 +59,14 @@ class IdleRule:
 class Heap:
     """The worker's heap (one per worker process): from its start it keeps freed memory while
     the worker's ``devices`` work, and gives it back, but ``kept_at_rest`` bytes, once they
-    all idle (``heartbeat``); neither where the operator chose a top pad or this C library
-    has no ``mallopt``."""
+    all idle (``heartbeat``); neither where the operator chose a top pad or the C library
+    is not glibc."""
 
     def __init__(self, devices: int, kept_at_rest: int,
                  environ: Mapping[str, str] = os.environ) -> None:
         self.rule = IdleRule(devices)
         self.kept_at_rest = kept_at_rest
-        self.keeps = _MALLOPT is not None and _MALLOC_TRIM is not None \
-            and heap_free() is not None \
-            and _OPERATORS_PAD not in environ.get("GLIBC_TUNABLES", "") \
+        self.keeps = _GLIBC and _OPERATORS_PAD not in environ.get("GLIBC_TUNABLES", "") \
             and _MALLOPT(_M_TOP_PAD, KEEP_WHILE_BUSY) == 1
         self._left = 0  # free bytes the heap held as it last gave back, idle since (it cannot
         # give back a free chunk's partial pages, and they stay free)

@@ -10,17 +10,11 @@ import pytest
 import fabric
 
 from conftest import HEARTBEAT
+from test_peer_fields import resident
 
 pytestmark = pytest.mark.timeout(60)
 
 ARRAY = 256 << 20  # bytes: below the 1 GiB free that glibc's own trim waits for
-
-
-def resident(pid: int) -> int:
-    """A process's resident bytes now."""
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status
-                    if line.startswith("VmRSS:"))
 
 
 def test_an_idle_worker_gives_back_what_its_arrays_freed():
