@@ -18,12 +18,15 @@ limit of a first transfer on this machine). Where Ray is installed, its first ``
 and ``ray.get`` of the same array in a fresh local Ray are timed in the same runs, the get
 made the caller's own array as fabric's reads make it: copied into the same warm buffer
 ("ray down into", the first get), and into a new array (``np.array(ray.get(ref))``: "ray
-down", the second get).
+down", the second get). Last, whether this machine's balloon hands freed memory back to its
+host: there new memory faults in at the host's rate or the guest's, by chance, and figures
+from 256 MiB up swing with it (``docs/operations.md``).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import statistics
 import sys
@@ -41,6 +44,7 @@ from bench.ray_peer import installed as ray_installed  # noqa: E402
 from bench.run import w3_fabric  # noqa: E402
 
 MiB = 1 << 20
+REPORTING_ORDER = "/sys/module/page_reporting/parameters/page_reporting_order"
 SETTLE_SECONDS = 1.0  # before each fresh cluster (and Ray): the last one's end (its processes
 # exiting, their memory given back) is not timed (first uploads ran 1.5-8 ms at 8 MiB without)
 
@@ -110,6 +114,26 @@ def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
     return min(times)
 
 
+def free_page_reporting() -> str:
+    """Whether this machine's balloon hands freed memory back to its host, which decides how
+    fast a first transfer's new memory faults in (``docs/operations.md``)."""
+    if not cross_memory.host_takes_free_pages(glob.glob(cross_memory.BALLOON_FEATURES)):
+        return "memory: no balloon here reports free pages to its host"
+    try:
+        with open(REPORTING_ORDER) as setting:
+            order = int(setting.read())
+        with open("/proc/buddyinfo") as buddies:  # (a column per order the guest allocates)
+            largest = len(buddies.readline().split()) - 5
+    except (OSError, ValueError):
+        return "memory: this VM's balloon reports free pages to its host"
+    if order > largest:
+        return (f"memory: this VM's balloon reports no free pages to its host "
+                f"(page_reporting_order {order}): memory freed stays in the guest")
+    return (f"memory: this VM's balloon hands free blocks of 2^{order} pages back to its host "
+            f"(page_reporting_order {order}): a first transfer's new memory faults in at the "
+            "host's rate or the guest's, by chance (docs/operations.md)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,64,256,1024",
@@ -140,6 +164,7 @@ def main() -> None:
         copy = median["memcpy"]
         print(f"{size:>5} MiB{copy:>8.2f}" + "".join(
             f"{median[name]:>9.2f} ({median[name] / copy:.2f}x)" for name in columns))
+    print(free_page_reporting())
     if not with_ray:
         print("Ray: not installed here (pip install -e '.[bench]' to time its first put and get "
               "in the same runs)")
