@@ -26,7 +26,7 @@ from 256 MiB up swing with it (``docs/operations.md``).
 from __future__ import annotations
 
 import argparse
-import glob
+import mmap
 import os
 import statistics
 import sys
@@ -44,7 +44,6 @@ from bench.ray_peer import installed as ray_installed  # noqa: E402
 from bench.run import w3_fabric  # noqa: E402
 
 MiB = 1 << 20
-REPORTING_ORDER = "/sys/module/page_reporting/parameters/page_reporting_order"
 SETTLE_SECONDS = 1.0  # before each fresh cluster (and Ray): the last one's end (its processes
 # exiting, their memory given back) is not timed (first uploads ran 1.5-8 ms at 8 MiB without)
 
@@ -117,21 +116,13 @@ def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
 def free_page_reporting() -> str:
     """Whether this machine's balloon hands freed memory back to its host, which decides how
     fast a first transfer's new memory faults in (``docs/operations.md``)."""
-    if not cross_memory.host_takes_free_pages(glob.glob(cross_memory.BALLOON_FEATURES)):
-        return "memory: no balloon here reports free pages to its host"
-    try:
-        with open(REPORTING_ORDER) as setting:
-            order = int(setting.read())
-        with open("/proc/buddyinfo") as buddies:  # (a column per order the guest allocates)
-            largest = len(buddies.readline().split()) - 5
-    except (OSError, ValueError):
-        return "memory: this VM's balloon reports free pages to its host"
-    if order > largest:
-        return (f"memory: this VM's balloon reports no free pages to its host "
-                f"(page_reporting_order {order}): memory freed stays in the guest")
-    return (f"memory: this VM's balloon hands free blocks of 2^{order} pages back to its host "
-            f"(page_reporting_order {order}): a first transfer's new memory faults in at the "
-            "host's rate or the guest's, by chance (docs/operations.md)")
+    order = cross_memory.freed_memory_reported()
+    if order is None:
+        return "memory: freed memory stays on this machine (no balloon hands it to a host)"
+    return (f"memory: this VM's balloon hands free blocks of {mmap.PAGESIZE << order >> 10} KiB "
+            f"and more back to its host (page_reporting_order {order}): a first transfer's "
+            "new memory faults in at the host's rate or the guest's, by chance "
+            "(docs/operations.md)")
 
 
 def main() -> None:

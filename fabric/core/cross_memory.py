@@ -57,6 +57,9 @@ HEAP_SLACK = 1 << 20  # of the heap's top left over when an array is taken from 
 HUGE_PAGE = 2 << 20  # pieces start on whole huge pages of the local side
 FAULT_IN_BYTES = 4 << 20  # a read faults in this much of its memory, then copies into it
 BALLOON_FEATURES = "/sys/bus/virtio/drivers/virtio_balloon/*/features"
+REPORTING_ORDER = "/sys/module/page_reporting/parameters/page_reporting_order"
+BUDDY_INFO = "/proc/buddyinfo"
+PAGEBLOCK_ORDER = 9  # the default page_reporting_order: 2 MiB blocks of 4 KiB pages
 _REPORTING_BIT = 5  # VIRTIO_BALLOON_F_REPORTING: the guest tells its host of free pages
 _PROT_NONE, _MAP_FIXED, _MAP_NORESERVE = 0, 0x10, 0x4000
 
@@ -208,12 +211,43 @@ def keep_in_heap(nbytes: int) -> None:
 @functools.cache
 def huge_pages_pay() -> bool:
     """Whether new memory is faster to fault in as huge pages: not where this kernel runs
-    in a virtual machine whose balloon reports free pages to its host
-    (``host_takes_free_pages``): each huge page freed goes back to the host, and its next
+    in a virtual machine whose balloon hands freed memory back to its host
+    (``freed_memory_reported``): each huge page freed goes back to the host, and its next
     first touch faults there too (about 0.45 GB/s on the machine measured, beside 6 GB/s for
     a huge page still the guest's, and 2 GB/s for 4 KiB pages, most of which stay in the
-    guest: those of a 2 MiB block freed whole and reported go back too)."""
-    return not host_takes_free_pages(glob.glob(BALLOON_FEATURES))
+    guest: those of a 2 MiB block freed whole and reported go back too; later runs there
+    found either size handed back once a process holds a few GiB: ``docs/operations.md``)."""
+    return freed_memory_reported() is None
+
+
+@functools.cache
+def freed_memory_reported() -> int | None:
+    """The order (blocks of 2**order pages) from which this VM's balloon hands free memory
+    back to its host, whose next first touch then faults in at the host's rate
+    (``reported_order`` of this machine's settings); None where freed memory stays here."""
+    return reported_order(glob.glob(BALLOON_FEATURES), REPORTING_ORDER, BUDDY_INFO)
+
+
+def reported_order(feature_files: list[str], order_file: str, buddy_file: str) -> int | None:
+    """The smallest free block, as an order of pages, that a balloon of ``feature_files``
+    (``host_takes_free_pages``) hands back to its host: ``order_file``'s setting
+    (``page_reporting_order``; the kernel's default where it cannot be read). None where no
+    balloon reports free pages, or the setting is past the largest block the guest keeps
+    free lists of (``buddy_file``, as ``/proc/buddyinfo``: a column per order), which
+    reports nothing: an operator's way to keep freed memory in the guest."""
+    if not host_takes_free_pages(feature_files):
+        return None
+    try:
+        with open(order_file) as setting:
+            order = int(setting.read())
+    except (OSError, ValueError):
+        return PAGEBLOCK_ORDER
+    try:
+        with open(buddy_file) as buddies:
+            orders = len(buddies.readline().split()) - 4  # (after "Node 0, zone DMA")
+    except OSError:
+        return order
+    return None if 0 < orders <= order else order
 
 
 def host_takes_free_pages(feature_files: list[str]) -> bool:

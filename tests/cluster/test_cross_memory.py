@@ -257,6 +257,42 @@ def test_huge_pages_are_not_used_where_the_host_takes_free_pages_back(tmp_path):
     assert not cross_memory.host_takes_free_pages([])
 
 
+def test_freed_memory_is_reported_from_the_order_set_unless_past_the_largest_block(tmp_path):
+    reporting, plain = tmp_path / "reporting", tmp_path / "plain"
+    reporting.write_text("0110010" + "0" * 57 + "\n")  # bit 5: VIRTIO_BALLOON_F_REPORTING
+    plain.write_text("0110000" + "0" * 57 + "\n")
+    order, buddies = tmp_path / "page_reporting_order", tmp_path / "buddyinfo"
+    buddies.write_text("Node 0, zone      DMA      0 0 0 0 0 0 0 0 1 1 3\n"  # orders 0 to 10
+                       "Node 0, zone   Normal   2344 730 11104 9059 5841 3279 1947 935 543 40 "
+                       "2980\n")
+
+    def reported(features, setting, buddy_file=buddies):
+        order.unlink(missing_ok=True)
+        if setting is not None:
+            order.write_text(setting)
+        return cross_memory.reported_order([str(features)], str(order), str(buddy_file))
+
+    assert reported(reporting, "9\n") == 9
+    assert reported(reporting, "10\n") == 10  # the largest block the guest keeps
+    assert reported(reporting, "11\n") is None  # past it: nothing is reported
+    assert reported(reporting, "11\n", tmp_path / "absent") == 11  # (no orders to tell by)
+    assert reported(reporting, None) == cross_memory.PAGEBLOCK_ORDER  # (the kernel's default)
+    assert reported(reporting, "nine\n") == cross_memory.PAGEBLOCK_ORDER
+    assert reported(plain, "9\n") is None  # (no balloon reports)
+
+
+@pytest.mark.parametrize("reported, pays", [(9, False), (None, True)])
+def test_huge_pages_pay_where_freed_memory_stays_here(monkeypatch, reported, pays):
+    monkeypatch.setattr(cross_memory, "freed_memory_reported", lambda: reported)
+    assert cross_memory.huge_pages_pay.__wrapped__() is pays
+
+
+def test_a_worker_says_at_start_whether_freed_memory_goes_back_to_a_host(shm_cluster):
+    # (The same machine as this test's: the workers read the same settings.)
+    said = "back to its host" in shm_cluster.log_tail("worker-0", 100_000)
+    assert said == (cross_memory.freed_memory_reported() is not None)
+
+
 def test_a_probes_heap_that_does_not_hold_its_token_reads_as_unreachable(shm_cluster):
     # A client naming memory that is not its token (or none) gets no cross-memory path.
     process = ClientProcess(os.getpid())
