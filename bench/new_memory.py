@@ -38,6 +38,7 @@ WAYS = ("local", "written")
 def one_run(source: np.ndarray, hold: float, local_first: bool) -> dict[str, float]:
     """Milliseconds of filling new memory of ``source``'s size each way, in a fresh child
     process that first touched ``hold`` GiB of its own."""
+    ways = WAYS if local_first else WAYS[::-1]
     child_reads, parent_writes = os.pipe()
     parent_reads, child_writes = os.pipe()
     pid = os.fork()
@@ -48,7 +49,7 @@ def one_run(source: np.ndarray, hold: float, local_first: bool) -> dict[str, flo
             held = cross_memory.new_memory(int(hold * GiB))
             np.frombuffer(held, np.uint8)[::4096] = 1
             copies = ParallelCopy()
-            for way in WAYS if local_first else reversed(WAYS):
+            for way in ways:
                 memory = cross_memory.new_memory(source.nbytes)
                 target = np.frombuffer(memory, np.uint8)
                 if way == "local":
@@ -65,7 +66,7 @@ def one_run(source: np.ndarray, hold: float, local_first: bool) -> dict[str, flo
     copies = ParallelCopy()
     try:
         seconds = {}
-        for way in WAYS if local_first else reversed(WAYS):
+        for way in ways:
             answer = os.read(parent_reads, 64)
             if not answer:
                 raise RuntimeError("the child process ended early (out of memory?)")
