@@ -26,7 +26,6 @@ from 256 MiB up swing with it (``docs/operations.md``).
 from __future__ import annotations
 
 import argparse
-import mmap
 import os
 import statistics
 import sys
@@ -116,13 +115,9 @@ def memcpy(array: np.ndarray, warm: np.ndarray) -> float:
 def free_page_reporting() -> str:
     """Whether this machine's balloon hands freed memory back to its host, which decides how
     fast a first transfer's new memory faults in (``docs/operations.md``)."""
-    order = cross_memory.freed_memory_reported()
-    if order is None:
-        return "memory: freed memory stays on this machine (no balloon hands it to a host)"
-    return (f"memory: this VM's balloon hands free blocks of {mmap.PAGESIZE << order >> 10} KiB "
-            f"and more back to its host (page_reporting_order {order}): a first transfer's "
-            "new memory faults in at the host's rate or the guest's, by chance "
-            "(docs/operations.md)")
+    note = cross_memory.freed_memory_note()
+    return "memory: " + (note or "freed memory stays on this machine (no balloon hands it "
+                                 "to a host)")
 
 
 def main() -> None:

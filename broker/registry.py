@@ -235,8 +235,12 @@ class Registry(WorkerMessages):
         """The refusal of a client's HELLO or DEVICES while this broker settles, or None."""
         if not self.settling.active(now):
             return None
-        return self._reject(identity, header,
-                            self.settling.mark(resume.settling_refusal()), now)
+        return self._refuse_settling(identity, header, now)
+
+    def _refuse_settling(self, identity: bytes, header: Header, now: float) -> list[Send]:
+        """Refuse a client's request while this broker settles: it retries."""
+        return self._reject(identity, header, self.settling.mark(resume.settling_refusal()),
+                            now)
 
     def _token_refused(self, sends: list[Send], now: float) -> list[Send]:
         """The answer to a refused token, held back ``auth_delay`` by the I/O loop (it never

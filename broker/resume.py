@@ -144,8 +144,7 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
             session=message.session, reason="not_resumable"), now)
     if session is None:
         if registry.settling.unknown_may_come(now):
-            return registry._reject(identity, message.header,
-                                    registry.settling.mark(settling_refusal()), now)
+            return registry._refuse_settling(identity, message.header, now)
         registry.counters["sessions_not_resumed"] += 1
         return registry._reject(identity, message.header, ResumeRefused(
             f"Session {message.session:#x} cannot be resumed: no worker reported it to the "
@@ -154,8 +153,7 @@ def on_resume(registry: Any, identity: bytes, message: Message, now: float) -> l
     if not _shows_its_secret(session, token, body):
         return _wrong_secret(registry, identity, message, now)
     if registry.worker_table.owner(session.device) is None:  # (its lanes not all attached)
-        return registry._reject(identity, message.header,
-                                registry.settling.mark(settling_refusal()), now)
+        return registry._refuse_settling(identity, message.header, now)
     registry._sessions.resume(session, identity, now)
     session.client_max = size_limit(body, registry.limits.max_message_bytes)
     registry.counters["sessions_resumed"] += 1

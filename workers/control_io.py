@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import mmap
 import os
 import signal
 import socket
@@ -389,12 +388,9 @@ def serve(broker: str, options: WorkerOptions | None = None, **fields: Any) -> N
     signal.signal(signal.SIGTERM, worker.stop)
     log.info("worker %s: %d %s device(s), broker %s", options.name, len(worker.devices),
              options.backend, broker)
-    reported = cross_memory.freed_memory_reported()
-    if options.shared_memory and reported is not None:
-        log.info("this VM hands free blocks of %d KiB and more back to its host: a first "
-                 "transfer of a large array may fault its new memory in at the host's rate "
-                 "(docs/operations.md says how to keep freed memory here)",
-                 mmap.PAGESIZE << reported >> 10)
+    freed_memory = cross_memory.freed_memory_note()
+    if options.shared_memory and freed_memory is not None:
+        log.info("%s", freed_memory)
     worker.run()
     if worker.abandoned:
         # The interpreter's exit would wait for their sockets forever (a daemon thread stops

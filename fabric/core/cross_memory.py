@@ -228,6 +228,18 @@ def freed_memory_reported() -> int | None:
     return reported_order(glob.glob(BALLOON_FEATURES), REPORTING_ORDER, BUDDY_INFO)
 
 
+def freed_memory_note() -> str | None:
+    """What ``freed_memory_reported`` means for first transfers, in a sentence (a worker logs
+    it at start; ``bench/first_transfer.py`` prints it); None where freed memory stays here."""
+    order = freed_memory_reported()
+    if order is None:
+        return None
+    return (f"this VM hands free blocks of {mmap.PAGESIZE << order >> 10} KiB and more back "
+            f"to its host (page_reporting_order {order}): a first transfer of a large array "
+            "may fault its new memory in at the host's rate (docs/operations.md says how to "
+            "keep freed memory here)")
+
+
 def reported_order(feature_files: list[str], order_file: str, buddy_file: str) -> int | None:
     """The smallest free block, as an order of pages, that a balloon of ``feature_files``
     (``host_takes_free_pages``) hands back to its host: ``order_file``'s setting
